@@ -1,0 +1,164 @@
+//! Capabilities: which commands a process may yield.
+//!
+//! Every yield is checked against the yielding process's grant set before its handler
+//! runs; a denied command completes with `permission denied: <command>`. Children get
+//! their parent's grants (or fewer), never more.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::process::Command;
+
+const SLEEP: u8 = 1 << 0;
+const SPAWN: u8 = 1 << 1;
+const SEND: u8 = 1 << 2;
+const MONITOR: u8 = 1 << 3;
+const TERMINATE: u8 = 1 << 4;
+const ALL_BUILTINS: u8 = SLEEP | SPAWN | SEND | MONITOR | TERMINATE;
+
+/// The built-in command names, in the order `--help` lists them.
+pub const BUILTIN_COMMANDS: [&str; 5] = ["sleep", "spawn", "send", "monitor", "terminate"];
+
+/// A set of granted commands.
+///
+/// By default every built-in command (`sleep`, `spawn`, `send`, `monitor`, `terminate`)
+/// is granted and no custom command is: custom commands reach the embedder's code, so
+/// each must be granted by name ([`Capabilities::allow`]) or all at once
+/// ([`Capabilities::allow_all_custom`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    builtins: u8,
+    custom: Custom,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Custom {
+    All,
+    Only(Arc<BTreeSet<String>>),
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities { builtins: ALL_BUILTINS, custom: Custom::Only(Arc::default()) }
+    }
+}
+
+impl Capabilities {
+    /// Nothing granted.
+    pub fn none() -> Self {
+        Capabilities { builtins: 0, custom: Custom::Only(Arc::default()) }
+    }
+
+    /// Every built-in and every custom command.
+    pub fn all() -> Self {
+        Capabilities { builtins: ALL_BUILTINS, custom: Custom::All }
+    }
+
+    /// Grants `command`: a built-in name or a custom command's name.
+    pub fn allow(mut self, command: &str) -> Self {
+        match builtin_bit(command) {
+            Some(bit) => self.builtins |= bit,
+            None => {
+                if let Custom::Only(names) = &mut self.custom {
+                    Arc::make_mut(names).insert(command.to_owned());
+                }
+            }
+        }
+        self
+    }
+
+    /// Withdraws `command`. Withdrawing one custom command from [`Capabilities::all`]
+    /// is not supported: grant custom commands by name instead.
+    pub fn deny(mut self, command: &str) -> Self {
+        match builtin_bit(command) {
+            Some(bit) => self.builtins &= !bit,
+            None => {
+                if let Custom::Only(names) = &mut self.custom {
+                    Arc::make_mut(names).remove(command);
+                }
+            }
+        }
+        self
+    }
+
+    /// Grants every custom command.
+    pub fn allow_all_custom(mut self) -> Self {
+        self.custom = Custom::All;
+        self
+    }
+
+    /// Whether the command named `name` may be yielded.
+    pub fn allows(&self, name: &str) -> bool {
+        match builtin_bit(name) {
+            Some(bit) => self.builtins & bit != 0,
+            None => match &self.custom {
+                Custom::All => true,
+                Custom::Only(names) => names.contains(name),
+            },
+        }
+    }
+
+    /// Whether `command` may be yielded; checks built-ins without touching strings.
+    pub fn allows_command(&self, command: &Command) -> bool {
+        let bit = match command {
+            Command::Sleep(_) => SLEEP,
+            Command::Spawn(_) => SPAWN,
+            Command::Send { .. } => SEND,
+            Command::Monitor(_) => MONITOR,
+            Command::Terminate(_) => TERMINATE,
+            _ => return self.allows(command.name()),
+        };
+        self.builtins & bit != 0
+    }
+
+    /// What both `self` and `other` grant: the most a child of a `self` process may get
+    /// when it asks for `other`.
+    pub fn intersect(&self, other: &Capabilities) -> Capabilities {
+        let custom = match (&self.custom, &other.custom) {
+            (Custom::All, c) | (c, Custom::All) => c.clone(),
+            (Custom::Only(a), Custom::Only(b)) => {
+                Custom::Only(Arc::new(a.intersection(b).cloned().collect()))
+            }
+        };
+        Capabilities { builtins: self.builtins & other.builtins, custom }
+    }
+}
+
+fn builtin_bit(name: &str) -> Option<u8> {
+    Some(match name {
+        "sleep" => SLEEP,
+        "spawn" => SPAWN,
+        "send" => SEND,
+        "monitor" => MONITOR,
+        "terminate" => TERMINATE,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_grant_builtins_and_deny_custom() {
+        let caps = Capabilities::default();
+        for name in BUILTIN_COMMANDS {
+            assert!(caps.allows(name), "{name}");
+        }
+        assert!(!caps.allows("http.get"));
+        assert!(caps.clone().allow("http.get").allows("http.get"));
+        assert!(!caps.deny("spawn").allows("spawn"));
+    }
+
+    #[test]
+    fn intersection_never_widens() {
+        let parent = Capabilities::none().allow("send").allow("db");
+        let asked = Capabilities::all();
+        let child = parent.intersect(&asked);
+        assert!(child.allows("send") && child.allows("db"));
+        assert!(!child.allows("spawn") && !child.allows("http"));
+        let narrower = Capabilities::none().allow("db").allow("http");
+        let child = parent.intersect(&narrower);
+        assert!(child.allows("db") && !child.allows("http") && !child.allows("send"));
+    }
+}

@@ -1,0 +1,58 @@
+//! Errors callers match on.
+
+use crate::process::Pid;
+
+/// Why a spawn failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpawnError {
+    /// The process's `init` failed (for example: unknown entry method). The process
+    /// never ran and no exit is reported for it.
+    #[error("init of `{method}` failed: {source:#}")]
+    Init {
+        /// The entry method that was asked for.
+        method: String,
+        /// Why init failed.
+        source: anyhow::Error,
+    },
+    /// The host already runs as many processes as it is allowed to.
+    #[error("process limit reached: {limit} processes are running (raise `max_processes`)")]
+    LimitExceeded {
+        /// The limit.
+        limit: usize,
+    },
+    /// The scheduler is shutting down and takes no new processes.
+    #[error("scheduler is stopping: no new processes are accepted")]
+    Stopping,
+    /// No process kind is registered under this name.
+    #[error("unknown process kind `{0}`")]
+    UnknownKind(String),
+    /// The kind's factory failed to make a process.
+    #[error("could not create a process of kind `{kind}`: {source:#}")]
+    Factory {
+        /// The kind.
+        kind: String,
+        /// Why.
+        source: anyhow::Error,
+    },
+}
+
+/// Why a message, monitor or termination could not reach a process.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// No such process: it never existed or has ended.
+    #[error("no process {0}: it never existed or has ended")]
+    NotFound(Pid),
+    /// The process is finishing and accepts nothing more.
+    #[error("process {0} is exiting and accepts no more messages")]
+    Closed(Pid),
+    /// The process's mailbox is full; the message was not delivered.
+    #[error("mailbox of process {pid} is full ({capacity} undelivered messages); retry later or raise `mailbox_capacity`")]
+    MailboxFull {
+        /// The receiver.
+        pid: Pid,
+        /// Its mailbox capacity.
+        capacity: usize,
+    },
+}

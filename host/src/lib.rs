@@ -1,0 +1,72 @@
+//! wasmproc: a host that runs many untrusted processes on a work-stealing scheduler.
+//!
+//! A *process* is a state machine that the host steps: each step consumes events
+//! (completions of earlier commands, messages, cancellation) and yields commands (sleep,
+//! spawn, send, monitor, terminate, or custom commands the embedder handles). Processes
+//! never block a thread: while a command is outstanding the process is parked, and the
+//! command's completion wakes it.
+//!
+//! ```
+//! use wasmproc::{Event, Events, Payload, Pid, Process, Scheduler, StepOutput};
+//!
+//! /// Waits for one message and answers with its body doubled.
+//! struct Doubler;
+//!
+//! impl Process for Doubler {
+//!     fn init(&mut self, _pid: Pid, method: &str, _input: Vec<Payload>) -> anyhow::Result<()> {
+//!         anyhow::ensure!(method == "main", "unknown method `{method}`; entries: main");
+//!         Ok(())
+//!     }
+//!
+//!     fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+//!         for event in events {
+//!             if let Event::Message { body, .. } = event {
+//!                 let n = body.to_u64().unwrap_or(0);
+//!                 out.complete(Ok(Payload::u64(n * 2)));
+//!                 return Ok(());
+//!             }
+//!         }
+//!         out.set_status(wasmproc::Status::Idle);
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let scheduler = Scheduler::builder().workers(2).build()?;
+//! let process = scheduler.spawn(Doubler, "main", vec![])?;
+//! scheduler.send(process.pid(), "n", Payload::u64(21))?;
+//! assert_eq!(process.join()?.to_u64(), Some(42));
+//! scheduler.stop(std::time::Duration::from_secs(1));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Core concepts
+//!
+//! - [`Scheduler`]: owns the worker threads (one per core by default), each with a local
+//!   LIFO deque, plus a global FIFO queue and work stealing. Costly to build (starts
+//!   threads); build one per host. [`Scheduler::stop`] shuts it down gracefully.
+//! - [`Handle`]: a cheap, clonable reference to the scheduler for spawning, sending and
+//!   terminating from any thread, including command handlers.
+//! - [`Process`]: what the scheduler runs: `init` (choose an entry method), `step`, `close`.
+//!   Implement it natively, or load a Wasm component (see the Wasm module).
+//! - [`Event`] / [`StepOutput`] / [`Command`]: what flows into and out of a step.
+//! - [`Handler`] and [`Completer`]: custom commands and how they answer, now or later.
+//! - [`Capabilities`]: the commands a process may use; custom ones are denied by default.
+//! - Limits: process count, mailbox bound ([`Builder`]); more per-process limits apply to
+//!   Wasm processes.
+
+#![deny(missing_docs)]
+
+mod caps;
+mod dispatch;
+mod error;
+mod loom;
+mod process;
+mod scheduler;
+
+pub use caps::{BUILTIN_COMMANDS, Capabilities};
+pub use dispatch::{Completer, Factory, Handler, Request};
+pub use error::{SendError, SpawnError};
+pub use process::{
+    Command, Event, Events, Format, Outcome, Payload, Pid, Process, SpawnRequest, Status, StepOutput, Yield,
+};
+pub use scheduler::{Builder, Handle, ProcessHandle, Scheduler, SpawnOptions, Stats, StopReport, WorkerStats};

@@ -1,0 +1,381 @@
+//! What the scheduler runs: the [`Process`] trait and the values that cross it.
+//!
+//! A process is a state machine. The scheduler calls [`Process::init`] once, before the
+//! process is ever queued, then [`Process::step`] each time it has something to do: the
+//! step consumes [`Event`]s (completions of earlier yields, messages, cancellation) and
+//! writes a [`StepOutput`]: a [`Status`] and any number of [`Yield`]s, commands for the
+//! host to dispatch. [`Process::close`] runs exactly once at the end, whatever the end was.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The outcome of a yield, or the result of a whole process.
+///
+/// Errors are strings because they cross into guests and between processes; the host
+/// formats its own errors with their whole chain (`{:#}`) before they become one.
+pub type Outcome = Result<Payload, String>;
+
+/// The events a step consumes, in arrival order. A process may take them by value.
+pub type Events<'a> = std::vec::Drain<'a, Event>;
+
+/// A process: something the scheduler can initialise, step and close.
+///
+/// The scheduler never calls two methods of one process at once, and calls `close`
+/// exactly once, after the last `step` (or after a failed `init`). Implementations need
+/// not be `Sync`; a process moves between worker threads between steps.
+pub trait Process: Send + 'static {
+    /// Selects the entry `method` and hands the process its `input`.
+    ///
+    /// Runs before the process is queued. `pid` is the process's own id.
+    ///
+    /// # Errors
+    ///
+    /// An error (for example an unknown method) is returned to whoever spawned the
+    /// process; the process never runs and no exit is reported for it.
+    fn init(&mut self, pid: Pid, method: &str, input: Vec<Payload>) -> anyhow::Result<()>;
+
+    /// Advances the process: consumes `events` and writes the status and yields to `out`.
+    ///
+    /// `out` arrives cleared with status [`Status::Blocked`].
+    ///
+    /// # Errors
+    ///
+    /// An error ends the process with that error as its result; nothing else is affected.
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()>;
+
+    /// Releases the process's resources. Called exactly once.
+    fn close(&mut self) {}
+}
+
+/// A process id.
+///
+/// Ids are never reused while anyone could confuse them: each one carries the generation
+/// of the registry slot it names, so a message or completion for a finished process finds
+/// nothing instead of reaching the slot's next tenant.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Pid(u64);
+
+impl Pid {
+    /// The sender of messages that come from the embedder rather than from a process.
+    /// No process ever has this id.
+    pub const HOST: Pid = Pid(0);
+
+    /// Rebuilds a pid from [`Pid::as_u64`] (for example one that came back from a guest).
+    pub const fn from_u64(raw: u64) -> Self {
+        Pid(raw)
+    }
+
+    /// The pid as a number, as guests see it.
+    pub const fn as_u64(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Pid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Debug for Pid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Pid({})", self.0)
+    }
+}
+
+/// How to read a [`Payload`]'s bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Format {
+    /// UTF-8 JSON text.
+    #[default]
+    Json,
+    /// Opaque bytes.
+    Bytes,
+    /// UTF-8 text.
+    Text,
+    /// Any other format, by name.
+    Other(Arc<str>),
+}
+
+impl Format {
+    /// The format's name as guests see it: `json`, `bytes`, `text` or the other name.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Format::Json => "json",
+            Format::Bytes => "bytes",
+            Format::Text => "text",
+            Format::Other(name) => name,
+        }
+    }
+
+    /// The format named `name`; the three known names map to their variants.
+    pub fn from_name(name: &str) -> Self {
+        match name {
+            "json" => Format::Json,
+            "bytes" => Format::Bytes,
+            "text" => Format::Text,
+            other => Format::Other(other.into()),
+        }
+    }
+}
+
+/// Bytes plus how to read them: inputs, results, message bodies.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Payload {
+    /// How to read `data`.
+    pub format: Format,
+    /// The bytes.
+    pub data: Vec<u8>,
+}
+
+impl Payload {
+    /// An empty payload (format `bytes`, no data): the result of commands that return nothing.
+    pub fn empty() -> Self {
+        Payload { format: Format::Bytes, data: Vec::new() }
+    }
+
+    /// Opaque bytes.
+    pub fn bytes(data: impl Into<Vec<u8>>) -> Self {
+        Payload { format: Format::Bytes, data: data.into() }
+    }
+
+    /// UTF-8 text.
+    pub fn text(text: impl Into<String>) -> Self {
+        Payload { format: Format::Text, data: text.into().into_bytes() }
+    }
+
+    /// A value serialised as JSON.
+    ///
+    /// # Errors
+    ///
+    /// Fails if `value` cannot be serialised (for example a map with non-string keys).
+    pub fn json<T: serde::Serialize + ?Sized>(value: &T) -> serde_json::Result<Self> {
+        Ok(Payload { format: Format::Json, data: serde_json::to_vec(value)? })
+    }
+
+    /// A little-endian `u64` as 8 opaque bytes: the cheapest way to pass a number
+    /// between native processes.
+    pub fn u64(value: u64) -> Self {
+        Payload::bytes(value.to_le_bytes())
+    }
+
+    /// Reads back a [`Payload::u64`].
+    pub fn to_u64(&self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.data.as_slice().try_into().ok()?))
+    }
+
+    /// Reads the data as JSON, whatever the declared format.
+    ///
+    /// # Errors
+    ///
+    /// Fails if the data is not JSON of the shape `T` expects.
+    pub fn parse_json<T: serde::de::DeserializeOwned>(&self) -> serde_json::Result<T> {
+        serde_json::from_slice(&self.data)
+    }
+
+    /// The data as text if it is valid UTF-8.
+    pub fn as_str(&self) -> Option<&str> {
+        std::str::from_utf8(&self.data).ok()
+    }
+}
+
+/// Something a process learns at the start of a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A yield finished; `tag` is the tag the process gave it.
+    Completion {
+        /// The yield's tag.
+        tag: u64,
+        /// What the command produced, or why it failed.
+        result: Outcome,
+    },
+    /// A message from another process (or from the embedder: sender [`Pid::HOST`]).
+    Message {
+        /// Who sent it.
+        sender: Pid,
+        /// What it is about; free-form, used by receivers to filter.
+        topic: String,
+        /// The content.
+        body: Payload,
+    },
+    /// A monitored process ended with `result`.
+    ///
+    /// Exit events are never refused for a full mailbox: a process can only receive as
+    /// many as it asked for with monitors.
+    Exit {
+        /// The process that ended.
+        pid: Pid,
+        /// Its result. A process that did not exist when monitored reports `Err("noproc")`.
+        result: Outcome,
+    },
+    /// The host asks the process to finish (for example at shutdown). A process that
+    /// ignores it is terminated when the host's deadline passes.
+    Cancel {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A command for the host, tagged so its completion can be matched to it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Yield {
+    /// Chosen by the process; comes back in [`Event::Completion::tag`].
+    pub tag: u64,
+    /// What to do.
+    pub command: Command,
+}
+
+/// What a process can ask the host to do.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Command {
+    /// Complete after this long, with an empty payload.
+    Sleep(Duration),
+    /// Start a process; completes with the child's pid ([`Payload::u64`]).
+    Spawn(SpawnRequest),
+    /// Put a message in another process's mailbox; completes with an empty payload, or
+    /// with the reason it could not be delivered.
+    Send {
+        /// The receiver.
+        to: Pid,
+        /// See [`Event::Message::topic`].
+        topic: String,
+        /// The content.
+        body: Payload,
+    },
+    /// Ask for an [`Event::Exit`] when `pid` ends; completes at once with an empty payload.
+    Monitor(Pid),
+    /// End `pid` with the result `Err("terminated")`; completes once it has ended.
+    Terminate(Pid),
+    /// A command handled by a handler the embedder registered under `name`.
+    Custom {
+        /// The handler's name.
+        name: Cow<'static, str>,
+        /// The handler's input.
+        payload: Payload,
+    },
+}
+
+impl Command {
+    /// The command's name: the capability that grants it, and how errors refer to it.
+    pub fn name(&self) -> &str {
+        match self {
+            Command::Sleep(_) => "sleep",
+            Command::Spawn(_) => "spawn",
+            Command::Send { .. } => "send",
+            Command::Monitor(_) => "monitor",
+            Command::Terminate(_) => "terminate",
+            Command::Custom { name, .. } => name,
+        }
+    }
+}
+
+/// A request to start a process.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SpawnRequest {
+    /// The registered kind to start; `None` starts another process of the spawner's kind.
+    pub kind: Option<String>,
+    /// The entry method to run.
+    pub method: String,
+    /// The entry method's input.
+    pub input: Vec<Payload>,
+    /// Also monitor the child, atomically: its [`Event::Exit`] is sure to arrive even if it
+    /// ends before the spawn completes.
+    pub monitor: bool,
+}
+
+/// What a step asks the scheduler to do next.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum Status {
+    /// Wait for completions of outstanding yields (messages wake the process too).
+    #[default]
+    Blocked,
+    /// Wait for messages (completions wake the process too).
+    Idle,
+    /// Run again as soon as other processes have had a turn.
+    Continue,
+    /// The process is finished with this result. Yields written in the same step are
+    /// discarded.
+    Complete(Outcome),
+}
+
+/// Where a step writes its status and yields. The scheduler reuses one per worker, so a
+/// step allocates nothing here once the buffer has grown to fit.
+#[derive(Debug, Default)]
+pub struct StepOutput {
+    status: Status,
+    yields: Vec<Yield>,
+}
+
+impl StepOutput {
+    /// An empty output with status [`Status::Blocked`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Queues `command` for dispatch; its completion will carry `tag`.
+    pub fn yield_command(&mut self, tag: u64, command: Command) {
+        self.yields.push(Yield { tag, command });
+    }
+
+    /// Sets what happens after this step.
+    pub fn set_status(&mut self, status: Status) {
+        self.status = status;
+    }
+
+    /// Ends the process with `result`.
+    pub fn complete(&mut self, result: Outcome) {
+        self.status = Status::Complete(result);
+    }
+
+    /// The status set so far.
+    pub fn status(&self) -> &Status {
+        &self.status
+    }
+
+    /// The yields written so far.
+    pub fn yields(&self) -> &[Yield] {
+        &self.yields
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.status = Status::Blocked;
+        self.yields.clear();
+    }
+
+    pub(crate) fn take_status(&mut self) -> Status {
+        std::mem::take(&mut self.status)
+    }
+
+    pub(crate) fn yields_mut(&mut self) -> &mut Vec<Yield> {
+        &mut self.yields
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_round_trips() {
+        assert_eq!(Payload::u64(42).to_u64(), Some(42));
+        assert_eq!(Payload::text("hi").to_u64(), None);
+        let p = Payload::json(&serde_json::json!({"a": [1, 2]})).unwrap();
+        let v: serde_json::Value = p.parse_json().unwrap();
+        assert_eq!(v["a"][1], 2);
+        assert_eq!(Format::from_name("text"), Format::Text);
+        assert_eq!(Format::from_name("cbor").as_str(), "cbor");
+    }
+
+    #[test]
+    fn step_output_resets_to_blocked() {
+        let mut out = StepOutput::new();
+        out.yield_command(1, Command::Sleep(Duration::ZERO));
+        out.complete(Ok(Payload::empty()));
+        out.reset();
+        assert_eq!(out.status(), &Status::Blocked);
+        assert!(out.yields().is_empty());
+    }
+}

@@ -1,0 +1,160 @@
+//! The per-process inbox: a multi-producer, single-consumer event queue.
+//!
+//! Producers are command handlers completing yields, senders, monitors and the
+//! scheduler itself (cancel); the consumer is whichever worker owns the process. A
+//! mutex over a `Vec` is the right tool here: pushes are a few nanoseconds uncontended,
+//! the consumer takes every pending event with one swap, and the same lock makes
+//! "closed", the mailbox bound and the list of watchers consistent with the events.
+
+use std::borrow::Cow;
+use std::mem;
+
+use super::cell::Watcher;
+use crate::loom::Mutex;
+use crate::process::Event;
+
+/// Why an inbox refused an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The process has finished or is finishing.
+    Closed,
+    /// The mailbox holds `capacity` undelivered messages already.
+    Full { capacity: usize },
+}
+
+pub(crate) struct Inbox {
+    inner: Mutex<InboxState>,
+}
+
+struct InboxState {
+    events: Vec<Event>,
+    /// Messages in `events`; bounded by the mailbox capacity.
+    messages: usize,
+    closed: bool,
+    watchers: Vec<Watcher>,
+    terminate_reason: Option<Cow<'static, str>>,
+}
+
+/// What is left in an inbox when it closes.
+pub(crate) struct Closed {
+    /// Events the process will never see.
+    pub(crate) undelivered: Vec<Event>,
+    /// Everyone to tell about the exit.
+    pub(crate) watchers: Vec<Watcher>,
+    /// Set if the process was terminated rather than finishing by itself.
+    pub(crate) terminate_reason: Option<Cow<'static, str>>,
+}
+
+impl Inbox {
+    pub(crate) fn new() -> Self {
+        Inbox {
+            inner: Mutex::new(InboxState {
+                events: Vec::new(),
+                messages: 0,
+                closed: false,
+                watchers: Vec::new(),
+                terminate_reason: None,
+            }),
+        }
+    }
+
+    /// Pushes `event`. Messages count against `capacity`; other events (completions,
+    /// exits, cancel) are bounded by what the process itself asked for and always fit.
+    pub(crate) fn push(&self, event: Event, capacity: usize) -> Result<(), Refused> {
+        let mut inner = self.inner.lock();
+        if inner.closed {
+            return Err(Refused::Closed);
+        }
+        if matches!(event, Event::Message { .. }) {
+            if inner.messages >= capacity {
+                return Err(Refused::Full { capacity });
+            }
+            inner.messages += 1;
+        }
+        inner.events.push(event);
+        Ok(())
+    }
+
+    /// Moves every pending event into `buf` (which must be empty) by swapping buffers,
+    /// so neither side reallocates in the steady state.
+    pub(crate) fn drain_into(&self, buf: &mut Vec<Event>) {
+        debug_assert!(buf.is_empty());
+        let mut inner = self.inner.lock();
+        mem::swap(&mut inner.events, buf);
+        inner.messages = 0;
+    }
+
+    /// Registers someone to tell when the process ends; gives it back if it already has.
+    pub(crate) fn watch(&self, watcher: Watcher) -> Result<(), Watcher> {
+        let mut inner = self.inner.lock();
+        if inner.closed {
+            return Err(watcher);
+        }
+        inner.watchers.push(watcher);
+        Ok(())
+    }
+
+    /// Records why the process is being terminated; the first reason wins. Returns
+    /// false if the process has already finished.
+    pub(crate) fn set_terminate_reason(&self, reason: Cow<'static, str>) -> bool {
+        let mut inner = self.inner.lock();
+        if inner.closed {
+            return false;
+        }
+        inner.terminate_reason.get_or_insert(reason);
+        true
+    }
+
+    /// Refuses every later push and hands back what is left.
+    pub(crate) fn close(&self) -> Closed {
+        let mut inner = self.inner.lock();
+        inner.closed = true;
+        inner.messages = 0;
+        Closed {
+            undelivered: mem::take(&mut inner.events),
+            watchers: mem::take(&mut inner.watchers),
+            terminate_reason: inner.terminate_reason.take(),
+        }
+    }
+
+    #[cfg(any(test, loom))]
+    pub(crate) fn len(&self) -> usize {
+        self.inner.lock().events.len()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::process::{Payload, Pid};
+
+    fn message(n: u64) -> Event {
+        Event::Message { sender: Pid::HOST, topic: "t".into(), body: Payload::u64(n) }
+    }
+
+    #[test]
+    fn mailbox_bound_counts_messages_only() {
+        let inbox = Inbox::new();
+        assert_eq!(inbox.push(message(1), 1), Ok(()));
+        assert_eq!(inbox.push(message(2), 1), Err(Refused::Full { capacity: 1 }));
+        let completion = Event::Completion { tag: 7, result: Ok(Payload::empty()) };
+        assert_eq!(inbox.push(completion, 1), Ok(()));
+        let mut buf = Vec::new();
+        inbox.drain_into(&mut buf);
+        assert_eq!(buf.len(), 2);
+        assert_eq!(inbox.push(message(3), 1), Ok(()), "draining frees the mailbox");
+    }
+
+    #[test]
+    fn closed_inbox_refuses_and_returns_leftovers() {
+        let inbox = Inbox::new();
+        inbox.push(message(1), 8).unwrap();
+        assert!(inbox.set_terminate_reason("first".into()));
+        assert!(inbox.set_terminate_reason("second".into()));
+        let closed = inbox.close();
+        assert_eq!(closed.undelivered.len(), 1);
+        assert_eq!(closed.terminate_reason.as_deref(), Some("first"));
+        assert_eq!(inbox.push(message(2), 8), Err(Refused::Closed));
+        assert!(!inbox.set_terminate_reason("late".into()));
+    }
+}

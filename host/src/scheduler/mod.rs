@@ -1,0 +1,812 @@
+//! The work-stealing process scheduler.
+//!
+//! - `state.rs`: the per-process state word and the wakeup protocol (read it first);
+//! - `events.rs`: the per-process inbox (MPSC event queue, mailbox bound, watchers);
+//! - `cell.rs`: one process as the scheduler holds it, and the worker's turn;
+//! - `worker.rs`: the worker loop (local deque, global injector, stealing);
+//! - `idle.rs`: searching and parked workers;
+//! - `registry.rs`: pid → process routing;
+//! - this file: the public API and the process lifecycle (spawn, send, terminate,
+//!   finalize, stop).
+//!
+//! # Shutdown
+//!
+//! [`Scheduler::stop`]:
+//! 1. marks the scheduler stopping: every later spawn fails with [`SpawnError::Stopping`];
+//! 2. sends [`Event::Cancel`] to every live process;
+//! 3. waits until no process is left, or the grace period ends;
+//! 4. then terminates whatever is left (repeating for processes whose spawn raced step 1)
+//!    and waits for them: a process in the middle of a step ends when the step returns;
+//! 5. shuts the workers and the timer down and joins their threads.
+//!
+//! So when `stop` returns no step is running, every process has been closed, and every
+//! thread the scheduler started has exited.
+
+pub(crate) mod cell;
+mod events;
+pub(crate) mod handle;
+mod idle;
+mod registry;
+pub(crate) mod state;
+pub(crate) mod worker;
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use crossbeam_deque::{Injector, Stealer, Worker};
+use crossbeam_utils::CachePadded;
+use parking_lot::{Condvar, Mutex};
+
+use self::cell::{Spec, Watcher};
+use self::handle::ExitSlot;
+pub use self::handle::ProcessHandle;
+use self::idle::Idle;
+use self::registry::Registry;
+use self::state::Wake;
+use self::worker::Task;
+use crate::caps::{BUILTIN_COMMANDS, Capabilities};
+use crate::dispatch::timer::Timer;
+use crate::dispatch::{Factory, Handler};
+use crate::error::{SendError, SpawnError};
+use crate::process::{Event, Outcome, Payload, Pid, Process};
+
+/// Distinguishes schedulers in one OS process, so a worker thread of one never pushes
+/// work into another's deque.
+static NEXT_SCHEDULER_ID: AtomicUsize = AtomicUsize::new(1);
+
+pub(crate) struct Config {
+    pub(crate) workers: usize,
+    pub(crate) max_processes: usize,
+    pub(crate) mailbox_capacity: usize,
+    pub(crate) turn_budget: u32,
+    pub(crate) capabilities: Arc<Capabilities>,
+}
+
+/// Configures and starts a [`Scheduler`].
+pub struct Builder {
+    workers: Option<usize>,
+    max_processes: usize,
+    mailbox_capacity: usize,
+    turn_budget: u32,
+    capabilities: Capabilities,
+    thread_name: String,
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    kinds: HashMap<Arc<str>, Arc<dyn Factory>>,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            workers: None,
+            max_processes: 1_000_000,
+            mailbox_capacity: 1024,
+            turn_budget: 16,
+            capabilities: Capabilities::default(),
+            thread_name: "wasmproc".to_owned(),
+            handlers: HashMap::new(),
+            kinds: HashMap::new(),
+        }
+    }
+}
+
+impl Builder {
+    /// A builder with the defaults below.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Worker threads. By default, the machine's available parallelism.
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = Some(workers);
+        self
+    }
+
+    /// Processes alive at once; a spawn past it fails with
+    /// [`SpawnError::LimitExceeded`]. By default 1,000,000.
+    pub fn max_processes(mut self, max: usize) -> Self {
+        self.max_processes = max;
+        self
+    }
+
+    /// Undelivered messages a process's mailbox holds before sends to it fail with
+    /// [`SendError::MailboxFull`]. By default 1024: at about 100 bytes an entry plus the
+    /// bodies, a flooded process holds ~100 KiB of backlog, not unbounded memory.
+    pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
+        self.mailbox_capacity = capacity;
+        self
+    }
+
+    /// Steps a process may take back to back while completions keep arriving during its
+    /// steps, before it goes to the back of the global queue. By default 16: enough that
+    /// a process whose commands complete synchronously runs a burst without touching a
+    /// shared queue, few enough that it cannot hold a worker for long. Picked by
+    /// measurement on the yield-cycle benchmark; not sensitive between 8 and 64.
+    pub fn turn_budget(mut self, steps: u32) -> Self {
+        self.turn_budget = steps;
+        self
+    }
+
+    /// What processes spawned by the embedder may yield, unless their
+    /// [`SpawnOptions`] say otherwise. By default [`Capabilities::default`]: built-ins
+    /// granted, custom commands denied.
+    pub fn capabilities(mut self, capabilities: Capabilities) -> Self {
+        self.capabilities = capabilities;
+        self
+    }
+
+    /// Prefix of the scheduler's thread names. By default `wasmproc`.
+    pub fn thread_name(mut self, name: impl Into<String>) -> Self {
+        self.thread_name = name.into();
+        self
+    }
+
+    /// Registers `handler` for the custom command `name`.
+    pub fn handler(mut self, name: impl Into<String>, handler: impl Handler) -> Self {
+        self.handlers.insert(name.into(), Arc::new(handler));
+        self
+    }
+
+    /// Registers a process kind: `spawn` commands and [`Handle::spawn_kind`] name it.
+    pub fn kind(mut self, name: impl Into<String>, factory: impl Factory) -> Self {
+        self.kinds.insert(name.into().into(), Arc::new(factory));
+        self
+    }
+
+    /// Starts the worker threads and the timer thread.
+    ///
+    /// # Errors
+    ///
+    /// An out-of-range setting (zero or too many workers, zero mailbox capacity or
+    /// process limit, a handler named like a built-in command), or a thread that could
+    /// not be started.
+    pub fn build(self) -> anyhow::Result<Scheduler> {
+        let workers = match self.workers {
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        let max_workers = registry::MAX_SHARDS - 1;
+        ensure!((1..=max_workers).contains(&workers), "`workers` must be between 1 and {max_workers}, got {workers}");
+        ensure!(self.max_processes > 0, "`max_processes` must be at least 1");
+        ensure!(self.mailbox_capacity > 0, "`mailbox_capacity` must be at least 1");
+        ensure!(self.turn_budget > 0, "`turn_budget` must be at least 1");
+        for name in self.handlers.keys() {
+            if name.is_empty() || BUILTIN_COMMANDS.contains(&name.as_str()) {
+                bail!("cannot register a handler named `{name}`: the name is empty or a built-in command");
+            }
+        }
+
+        let queues: Vec<Worker<Task>> = (0..workers).map(|_| Worker::new_lifo()).collect();
+        let (timer, timer_thread) = Timer::start(&self.thread_name).context("failed to start the timer thread")?;
+        let shared = Arc::new(Shared {
+            id: NEXT_SCHEDULER_ID.fetch_add(1, Ordering::Relaxed),
+            injector: Injector::new(),
+            stealers: queues.iter().map(Worker::stealer).collect(),
+            idle: Idle::new(),
+            // One shard per worker and one for every other thread.
+            registry: Registry::new(workers + 1),
+            counters: (0..=workers).map(|_| CachePadded::default()).collect(),
+            live: AtomicUsize::new(0),
+            peak_live: AtomicUsize::new(0),
+            config: Config {
+                workers,
+                max_processes: self.max_processes,
+                mailbox_capacity: self.mailbox_capacity,
+                turn_budget: self.turn_budget,
+                capabilities: Arc::new(self.capabilities),
+            },
+            handlers: self.handlers,
+            kinds: self.kinds,
+            timer,
+            stopping: AtomicBool::new(false),
+            shut_down: AtomicBool::new(false),
+            drained_lock: Mutex::new(()),
+            drained: Condvar::new(),
+        });
+        let scheduler = Scheduler {
+            handle: Handle { shared: shared.clone() },
+            threads: Mutex::new(Some(Threads { workers: Vec::with_capacity(workers), timer: timer_thread })),
+        };
+        for (index, queue) in queues.into_iter().enumerate() {
+            let shared = shared.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("{}-worker-{index}", self.thread_name))
+                .spawn(move || worker::run(shared, index, queue))
+                .with_context(|| format!("failed to start worker thread {index}"))?;
+            if let Some(threads) = scheduler.threads.lock().as_mut() {
+                threads.workers.push(thread);
+            }
+        }
+        Ok(scheduler)
+    }
+}
+
+/// The scheduler: owns the worker threads. Dropping it stops it with no grace period
+/// (see [`Scheduler::stop`]).
+///
+/// It dereferences to its [`Handle`], which has the API to spawn and message processes;
+/// clone the handle to use it from elsewhere.
+pub struct Scheduler {
+    handle: Handle,
+    threads: Mutex<Option<Threads>>,
+}
+
+struct Threads {
+    workers: Vec<JoinHandle<()>>,
+    timer: JoinHandle<()>,
+}
+
+/// What [`Scheduler::stop`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StopReport {
+    /// Processes that were sent a cancel.
+    pub cancelled: usize,
+    /// Processes still alive at the deadline, terminated.
+    pub forced: usize,
+    /// How long the stop took.
+    pub elapsed: Duration,
+}
+
+impl Scheduler {
+    /// A builder with default settings.
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+
+    /// A handle to spawn and message processes from anywhere.
+    pub fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
+    /// Stops the scheduler: cancels every process, gives them `grace` to finish,
+    /// terminates the rest, and joins every thread. See the module docs, "Shutdown".
+    /// A second call returns at once with an empty report.
+    ///
+    /// A native process whose step never returns keeps `stop` from returning: steps are
+    /// not preemptible from outside (Wasm steps are, by their time slice).
+    ///
+    /// # Panics
+    ///
+    /// If called from one of this scheduler's own worker threads (it would wait for
+    /// itself).
+    pub fn stop(&self, grace: Duration) -> StopReport {
+        let shared = &self.handle.shared;
+        assert!(
+            worker::current_index(shared.id).is_none(),
+            "`Scheduler::stop` called from one of its own worker threads"
+        );
+        let mut threads = self.threads.lock();
+        let Some(taken) = threads.take() else { return StopReport::default() };
+        let start = Instant::now();
+        shared.stopping.store(true, Ordering::SeqCst);
+
+        let cells = shared.registry.snapshot();
+        let cancelled = cells.len();
+        for cell in cells {
+            if let Ok(Wake::Schedule) = cell.deliver(Event::Cancel { reason: "shutdown".to_owned() }) {
+                shared.schedule(cell);
+            }
+        }
+        let mut forced = 0;
+        if !shared.wait_drained(Some(start + grace)) {
+            // Spawns that passed the stopping check before it was set may still be
+            // registering: sweep until nothing is left.
+            loop {
+                for cell in shared.registry.snapshot() {
+                    if shared.terminate_cell(&cell, "terminated: shutdown deadline exceeded").is_ok() {
+                        forced += 1;
+                    }
+                }
+                if shared.wait_drained(Some(Instant::now() + Duration::from_millis(50))) {
+                    break;
+                }
+            }
+        }
+
+        shared.shut_down.store(true, Ordering::SeqCst);
+        shared.idle.shutdown();
+        shared.timer.shutdown();
+        for thread in taken.workers {
+            // A worker only panics on a broken scheduler invariant; the panic message has
+            // been printed by then and there is nothing left to clean up here.
+            let _ = thread.join();
+        }
+        let _ = taken.timer.join();
+        StopReport { cancelled, forced, elapsed: start.elapsed() }
+    }
+}
+
+impl std::ops::Deref for Scheduler {
+    type Target = Handle;
+
+    fn deref(&self) -> &Handle {
+        &self.handle
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        if !std::thread::panicking() || worker::current_index(self.handle.shared.id).is_none() {
+            self.stop(Duration::ZERO);
+        }
+    }
+}
+
+/// How to spawn a process from the embedder.
+#[derive(Debug, Clone, Default)]
+pub struct SpawnOptions {
+    method: String,
+    input: Vec<Payload>,
+    capabilities: Option<Capabilities>,
+    mailbox_capacity: Option<usize>,
+}
+
+impl SpawnOptions {
+    /// Runs entry `method`, with no input, the scheduler's default capabilities and
+    /// mailbox capacity.
+    pub fn new(method: impl Into<String>) -> Self {
+        SpawnOptions { method: method.into(), ..Self::default() }
+    }
+
+    /// The entry method's input.
+    pub fn input(mut self, input: Vec<Payload>) -> Self {
+        self.input = input;
+        self
+    }
+
+    /// What the process (and, at most, its children) may yield.
+    pub fn capabilities(mut self, capabilities: Capabilities) -> Self {
+        self.capabilities = Some(capabilities);
+        self
+    }
+
+    /// This process's mailbox bound.
+    pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
+        self.mailbox_capacity = Some(capacity);
+        self
+    }
+}
+
+/// Spawns, messages and inspects processes. Cheap to clone; usable from any thread,
+/// including from command handlers.
+#[derive(Clone)]
+pub struct Handle {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Handle {
+    /// Initialises `process` with entry `method` and `input` and queues it.
+    ///
+    /// # Errors
+    ///
+    /// See [`SpawnError`]: init failures (unknown method…), the process limit, stopping.
+    pub fn spawn(&self, process: impl Process, method: &str, input: Vec<Payload>) -> Result<ProcessHandle, SpawnError> {
+        self.spawn_with(Box::new(process), SpawnOptions::new(method).input(input))
+    }
+
+    /// Spawns a process of the registered `kind`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Handle::spawn`], and [`SpawnError::UnknownKind`] / [`SpawnError::Factory`].
+    pub fn spawn_kind(&self, kind: &str, method: &str, input: Vec<Payload>) -> Result<ProcessHandle, SpawnError> {
+        let (name, factory) =
+            self.shared.kinds.get_key_value(kind).ok_or_else(|| SpawnError::UnknownKind(kind.to_owned()))?;
+        let process = factory.make().map_err(|source| SpawnError::Factory { kind: kind.to_owned(), source })?;
+        self.spawn_inner(process, Some(name.clone()), SpawnOptions::new(method).input(input))
+    }
+
+    /// Spawns `process` with explicit options.
+    ///
+    /// # Errors
+    ///
+    /// As [`Handle::spawn`].
+    pub fn spawn_with(&self, process: Box<dyn Process>, options: SpawnOptions) -> Result<ProcessHandle, SpawnError> {
+        self.spawn_inner(process, None, options)
+    }
+
+    fn spawn_inner(
+        &self,
+        process: Box<dyn Process>,
+        kind: Option<Arc<str>>,
+        options: SpawnOptions,
+    ) -> Result<ProcessHandle, SpawnError> {
+        let shared = &self.shared;
+        let slot = Arc::new(ExitSlot::default());
+        let args = SpawnArgs {
+            kind,
+            method: options.method,
+            input: options.input,
+            caps: options.capabilities.map_or_else(|| shared.config.capabilities.clone(), Arc::new),
+            mailbox_capacity: options.mailbox_capacity.unwrap_or(shared.config.mailbox_capacity).max(1),
+            watcher: Some(Watcher::Handle(slot.clone())),
+        };
+        let cell = shared.spawn_unqueued(process, args)?;
+        let handle = ProcessHandle::new(cell.pid(), slot);
+        shared.schedule(cell);
+        Ok(handle)
+    }
+
+    /// Puts a message from the embedder (sender [`Pid::HOST`]) in `to`'s mailbox.
+    ///
+    /// # Errors
+    ///
+    /// See [`SendError`]: unknown or finished process, exiting process, full mailbox.
+    pub fn send(&self, to: Pid, topic: impl Into<String>, body: Payload) -> Result<(), SendError> {
+        self.shared.send(Pid::HOST, to, topic.into(), body)
+    }
+
+    /// Ends `pid` with the result `Err("terminated")`. Returns once termination is
+    /// requested; the process ends when its current step (if any) returns, which its
+    /// [`ProcessHandle`] and its monitors observe.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::NotFound`] or [`SendError::Closed`] if it has ended or is ending.
+    pub fn terminate(&self, pid: Pid) -> Result<(), SendError> {
+        let cell = self.shared.registry.get(pid).ok_or(SendError::NotFound(pid))?;
+        self.shared.terminate_cell(&cell, "terminated")
+    }
+
+    /// Processes alive now.
+    pub fn live(&self) -> usize {
+        self.shared.live.load(Ordering::Acquire)
+    }
+
+    /// Processes in the registry now (equal to [`Handle::live`] whenever no spawn or
+    /// exit is in flight).
+    pub fn registered(&self) -> usize {
+        self.shared.registry.len()
+    }
+
+    /// Blocks until no process is alive, or `timeout` passes: true if none is.
+    pub fn wait_idle(&self, timeout: Option<Duration>) -> bool {
+        self.shared.wait_drained(timeout.map(|t| Instant::now() + t))
+    }
+
+    /// Whether [`Scheduler::stop`] has begun.
+    pub fn is_stopping(&self) -> bool {
+        self.shared.stopping.load(Ordering::Acquire)
+    }
+
+    /// Counters, read without stopping anything (so slightly inconsistent with each other
+    /// while processes run).
+    pub fn stats(&self) -> Stats {
+        let shared = &self.shared;
+        let workers = shared.counters[..shared.config.workers]
+            .iter()
+            .map(|c| WorkerStats {
+                executed: c.steps.load(Ordering::Relaxed),
+                steals: c.steals.load(Ordering::Relaxed),
+                stolen: c.stolen.load(Ordering::Relaxed),
+            })
+            .collect();
+        let sum = |f: fn(&Counters) -> &AtomicU64| -> u64 {
+            shared.counters.iter().map(|c| f(c).load(Ordering::Relaxed)).sum()
+        };
+        Stats {
+            workers,
+            global_queue: shared.injector.len(),
+            live: self.live(),
+            peak_live: shared.peak_live.load(Ordering::Relaxed),
+            spawned: sum(|c| &c.spawned),
+            completed: sum(|c| &c.completed),
+            yields: sum(|c| &c.yields),
+            messages: sum(|c| &c.messages),
+            undelivered: sum(|c| &c.undelivered),
+        }
+    }
+}
+
+/// Scheduler counters; see [`Handle::stats`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Per worker, in worker order.
+    pub workers: Vec<WorkerStats>,
+    /// Processes in the global queue now.
+    pub global_queue: usize,
+    /// Processes alive now.
+    pub live: usize,
+    /// The most processes alive at once so far.
+    pub peak_live: usize,
+    /// Processes spawned (init succeeded).
+    pub spawned: u64,
+    /// Processes that ended, by themselves or terminated.
+    pub completed: u64,
+    /// Yields dispatched (granted and known).
+    pub yields: u64,
+    /// Messages delivered to mailboxes.
+    pub messages: u64,
+    /// Messages that were in a mailbox when its process ended, never read.
+    pub undelivered: u64,
+}
+
+/// One worker's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkerStats {
+    /// Steps run.
+    pub executed: u64,
+    /// Successful steals from other workers.
+    pub steals: u64,
+    /// Processes taken by those steals.
+    pub stolen: u64,
+}
+
+/// Counters of one worker (or, in the last slot, of every other thread). Relaxed
+/// increments: they order nothing and are only summed for [`Stats`].
+#[derive(Default)]
+pub(crate) struct Counters {
+    steps: AtomicU64,
+    steals: AtomicU64,
+    stolen: AtomicU64,
+    spawned: AtomicU64,
+    completed: AtomicU64,
+    yields: AtomicU64,
+    messages: AtomicU64,
+    undelivered: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn record_step(&self) {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_steal(&self, stolen: u64) {
+        self.steals.fetch_add(1, Ordering::Relaxed);
+        self.stolen.fetch_add(stolen, Ordering::Relaxed);
+    }
+}
+
+/// Everything a spawn needs besides the process.
+pub(crate) struct SpawnArgs {
+    pub(crate) kind: Option<Arc<str>>,
+    pub(crate) method: String,
+    pub(crate) input: Vec<Payload>,
+    pub(crate) caps: Arc<Capabilities>,
+    pub(crate) mailbox_capacity: usize,
+    pub(crate) watcher: Option<Watcher>,
+}
+
+/// State shared by the workers, the timer, handles and completers.
+pub(crate) struct Shared {
+    pub(crate) id: usize,
+    pub(crate) injector: Injector<Task>,
+    pub(crate) stealers: Box<[Stealer<Task>]>,
+    pub(crate) idle: Idle,
+    registry: Registry,
+    pub(crate) counters: Box<[CachePadded<Counters>]>,
+    live: AtomicUsize,
+    peak_live: AtomicUsize,
+    pub(crate) config: Config,
+    pub(crate) handlers: HashMap<String, Arc<dyn Handler>>,
+    pub(crate) kinds: HashMap<Arc<str>, Arc<dyn Factory>>,
+    pub(crate) timer: Timer,
+    stopping: AtomicBool,
+    shut_down: AtomicBool,
+    drained_lock: Mutex<()>,
+    drained: Condvar,
+}
+
+impl Shared {
+    /// Queues a `Ready` process: on this worker's own deque when called from one of our
+    /// workers (the process it just woke or spawned is likely to share its cache),
+    /// otherwise on the global queue.
+    pub(crate) fn schedule(&self, cell: Task) {
+        if let Err(cell) = worker::push_local(self.id, cell) {
+            self.injector.push(cell);
+        }
+        self.idle.notify_one();
+    }
+
+    /// Queues a `Ready` process behind everything already waiting.
+    pub(crate) fn schedule_global(&self, cell: Task) {
+        self.injector.push(cell);
+        self.idle.notify_one();
+    }
+
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn has_queued_work(&self) -> bool {
+        !self.injector.is_empty() || self.stealers.iter().any(|s| !s.is_empty())
+    }
+
+    /// This thread's counters: its worker's, or the shared slot for other threads.
+    fn counters_here(&self) -> &Counters {
+        let index = worker::current_index(self.id).unwrap_or(self.config.workers);
+        &self.counters[index]
+    }
+
+    pub(crate) fn count_yield(&self) {
+        self.counters_here().yields.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Registers and initialises a process and moves it to `Ready`; the caller queues it.
+    pub(crate) fn spawn_unqueued(&self, process: Box<dyn Process>, args: SpawnArgs) -> Result<Task, SpawnError> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(SpawnError::Stopping);
+        }
+        let limit = self.config.max_processes;
+        let before = self.live.fetch_add(1, Ordering::AcqRel);
+        if before >= limit {
+            self.release_live();
+            return Err(SpawnError::LimitExceeded { limit });
+        }
+        self.peak_live.fetch_max(before + 1, Ordering::Relaxed);
+
+        let shard = worker::current_index(self.id).unwrap_or(self.config.workers);
+        let spec = Spec { kind: args.kind, caps: args.caps, mailbox_capacity: args.mailbox_capacity };
+        let cell = match self.registry.insert(shard, process, spec) {
+            Ok(cell) => cell,
+            Err(mut process) => {
+                self.release_live();
+                close_quietly(&mut *process);
+                return Err(SpawnError::LimitExceeded { limit: registry::MAX_PER_SHARD });
+            }
+        };
+        let pid = cell.pid();
+        let method = args.method;
+        let init = cell
+            .with_process(|p| catch_unwind(AssertUnwindSafe(|| p.init(pid, &method, args.input))))
+            .expect("a process in `Init` is not closed");
+        let init = match init {
+            Ok(result) => result,
+            Err(panic) => Err(anyhow::anyhow!("init panicked: {}", worker::panic_message(&*panic))),
+        };
+        if let Err(source) = init {
+            self.retire(&cell, Err(format!("{source:#}")));
+            return Err(SpawnError::Init { method, source });
+        }
+        if let Some(watcher) = args.watcher
+            && cell.inbox.watch(watcher).is_err()
+        {
+            unreachable!("inbox of process {pid} closed during its init");
+        }
+        cell.state.transition_to_ready_from_init();
+        self.counters_here().spawned.fetch_add(1, Ordering::Relaxed);
+        Ok(cell)
+    }
+
+    pub(crate) fn send(&self, from: Pid, to: Pid, topic: String, body: Payload) -> Result<(), SendError> {
+        let cell = self.registry.get(to).ok_or(SendError::NotFound(to))?;
+        match cell.deliver(Event::Message { sender: from, topic, body }) {
+            Ok(wake) => {
+                self.counters_here().messages.fetch_add(1, Ordering::Relaxed);
+                if wake == Wake::Schedule {
+                    self.schedule(cell);
+                }
+                Ok(())
+            }
+            Err(events::Refused::Closed) => Err(SendError::Closed(to)),
+            Err(events::Refused::Full { capacity }) => Err(SendError::MailboxFull { pid: to, capacity }),
+        }
+    }
+
+    /// `watcher` gets an [`Event::Exit`] when `target` ends; at once (`Err("noproc")`)
+    /// if it already has.
+    pub(crate) fn monitor(&self, watcher: &Task, target: Pid) {
+        let refused = match self.registry.get(target) {
+            Some(cell) => cell.inbox.watch(Watcher::Process(watcher.clone())).is_err(),
+            None => true,
+        };
+        if refused
+            && let Ok(Wake::Schedule) = watcher.deliver(Event::Exit { pid: target, result: Err("noproc".to_owned()) })
+        {
+            self.schedule(watcher.clone());
+        }
+    }
+
+    /// Requests termination of `target`, telling `watcher` once it has ended. On error
+    /// the watcher is handed back.
+    pub(crate) fn terminate(
+        &self,
+        target: Pid,
+        watcher: Option<Watcher>,
+    ) -> Result<(), (SendError, Option<Watcher>)> {
+        let Some(cell) = self.registry.get(target) else {
+            return Err((SendError::NotFound(target), watcher));
+        };
+        if let Some(watcher) = watcher
+            && let Err(watcher) = cell.inbox.watch(watcher)
+        {
+            return Err((SendError::Closed(target), Some(watcher)));
+        }
+        // Once the watcher is registered the exit notifies it, even if the process
+        // finishes by itself before the request lands.
+        let _ = self.terminate_cell(&cell, "terminated");
+        Ok(())
+    }
+
+    pub(crate) fn terminate_cell(&self, cell: &Task, reason: &'static str) -> Result<(), SendError> {
+        if !cell.inbox.set_terminate_reason(Cow::Borrowed(reason)) {
+            return Err(SendError::Closed(cell.pid()));
+        }
+        if cell.state.request_terminate() == Wake::Schedule {
+            self.schedule(cell.clone());
+        }
+        Ok(())
+    }
+
+    /// Ends a process that was running (or was dequeued with a terminate request).
+    /// `None` means terminated: the result is the termination reason.
+    pub(crate) fn finalize(&self, cell: &Task, result: Option<Outcome>) {
+        self.retire_with(cell, result);
+        self.counters_here().completed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn retire(&self, cell: &Task, result: Outcome) {
+        self.retire_with(cell, Some(result));
+    }
+
+    /// The end of every process, in this order: close the inbox (refusing later events),
+    /// mark it complete, remove its pid (later sends find nothing), close the process
+    /// (exactly once: it is taken out of its cell), tell the watchers, and only then
+    /// count it out, so a waiter for "no process left" also sees every exit delivered.
+    fn retire_with(&self, cell: &Task, result: Option<Outcome>) {
+        let closed = cell.inbox.close();
+        let result = result.unwrap_or_else(|| Err(closed.terminate_reason.map_or_else(|| "terminated".to_owned(), Cow::into_owned)));
+        cell.state.transition_to_complete();
+        self.registry.remove(cell.pid());
+        if let Some(mut process) = cell.take_process() {
+            close_quietly(&mut *process);
+        }
+        let undelivered = closed.undelivered.iter().filter(|e| matches!(e, Event::Message { .. })).count();
+        if undelivered > 0 {
+            self.counters_here().undelivered.fetch_add(undelivered as u64, Ordering::Relaxed);
+        }
+        for watcher in closed.watchers {
+            match watcher {
+                Watcher::Process(watching) => {
+                    if let Ok(Wake::Schedule) = watching.deliver(Event::Exit { pid: cell.pid(), result: result.clone() }) {
+                        self.schedule(watching);
+                    }
+                }
+                Watcher::Yield(done) => done.complete(Ok(Payload::empty())),
+                Watcher::Handle(slot) => slot.set(result.clone()),
+            }
+        }
+        self.release_live();
+    }
+
+    fn release_live(&self) {
+        if self.live.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // Taking the lock orders this notify after a waiter's check of `live` (made
+            // under the lock), so the waiter is either still to check or already waiting.
+            let _guard = self.drained_lock.lock();
+            self.drained.notify_all();
+        }
+    }
+
+    /// Waits until no process is alive; false if `deadline` passed first.
+    pub(crate) fn wait_drained(&self, deadline: Option<Instant>) -> bool {
+        let mut guard = self.drained_lock.lock();
+        while self.live.load(Ordering::Acquire) > 0 {
+            match deadline {
+                Some(deadline) => {
+                    if self.drained.wait_until(&mut guard, deadline).timed_out() {
+                        return self.live.load(Ordering::Acquire) == 0;
+                    }
+                }
+                None => self.drained.wait(&mut guard),
+            }
+        }
+        true
+    }
+}
+
+/// Closes and drops a process, containing any panic: a broken `close` must not take a
+/// worker down with it.
+fn close_quietly(process: &mut dyn Process) {
+    if let Err(panic) = catch_unwind(AssertUnwindSafe(|| process.close())) {
+        eprintln!("wasmproc: process close panicked: {}", worker::panic_message(&*panic));
+    }
+}

@@ -1,0 +1,173 @@
+//! The PID registry: routes messages, monitors and terminations to live processes.
+//!
+//! Sharded slabs: one shard per worker plus one for threads outside the scheduler, each
+//! a mutex over a [`slab::Slab`]. A worker inserts the processes it spawns into its own
+//! shard, so the common case takes an uncontended lock; lookups and removals may touch
+//! any shard.
+//!
+//! A [`Pid`] packs `generation:32 | shard:8 | index:24`. Every insert takes the shard's
+//! next generation (never 0, so no pid is [`Pid::HOST`]), and a lookup succeeds only if
+//! the slot still holds that generation: a pid of a finished process finds nothing even
+//! after its slot has been reused.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use slab::Slab;
+
+use super::cell::{ProcessCell, Spec};
+use crate::process::{Pid, Process};
+
+const INDEX_BITS: u32 = 24;
+const SHARD_BITS: u32 = 8;
+const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+const SHARD_MASK: u64 = (1 << SHARD_BITS) - 1;
+
+/// The most shards a registry can have (and so the most workers a scheduler can have,
+/// less one).
+pub(crate) const MAX_SHARDS: usize = 1 << SHARD_BITS;
+/// The most processes one shard can hold at once.
+pub(crate) const MAX_PER_SHARD: usize = 1 << INDEX_BITS;
+
+pub(crate) struct Registry {
+    shards: Box<[Mutex<Shard>]>,
+}
+
+#[derive(Default)]
+struct Shard {
+    slots: Slab<Slot>,
+    next_generation: u32,
+}
+
+struct Slot {
+    generation: u32,
+    cell: Arc<ProcessCell>,
+}
+
+impl Registry {
+    pub(crate) fn new(shards: usize) -> Self {
+        assert!((1..=MAX_SHARDS).contains(&shards), "registry needs 1..={MAX_SHARDS} shards, got {shards}");
+        Registry { shards: (0..shards).map(|_| Mutex::default()).collect() }
+    }
+
+    /// Registers `process` under a fresh pid in `shard` (taken modulo the shard count).
+    /// Hands the process back if the shard is full.
+    pub(crate) fn insert(
+        &self,
+        shard: usize,
+        process: Box<dyn Process>,
+        spec: Spec,
+    ) -> Result<Arc<ProcessCell>, Box<dyn Process>> {
+        let shard_index = shard % self.shards.len();
+        let mut shard = self.shards[shard_index].lock();
+        let index = shard.slots.vacant_key();
+        if index >= MAX_PER_SHARD {
+            return Err(process);
+        }
+        shard.next_generation = shard.next_generation.wrapping_add(1).max(1);
+        let generation = shard.next_generation;
+        let pid = Pid::from_u64(
+            (u64::from(generation) << (INDEX_BITS + SHARD_BITS))
+                | ((shard_index as u64) << INDEX_BITS)
+                | index as u64,
+        );
+        let cell = Arc::new(ProcessCell::new(pid, process, spec));
+        shard.slots.insert(Slot { generation, cell: cell.clone() });
+        Ok(cell)
+    }
+
+    pub(crate) fn get(&self, pid: Pid) -> Option<Arc<ProcessCell>> {
+        let (shard, index, generation) = self.split(pid)?;
+        let shard = self.shards[shard].lock();
+        match shard.slots.get(index) {
+            Some(slot) if slot.generation == generation => Some(slot.cell.clone()),
+            _ => None,
+        }
+    }
+
+    /// Removes `pid`; false if it was not there (already removed, or a stale pid).
+    pub(crate) fn remove(&self, pid: Pid) -> bool {
+        let Some((shard, index, generation)) = self.split(pid) else { return false };
+        let mut shard = self.shards[shard].lock();
+        match shard.slots.get(index) {
+            Some(slot) if slot.generation == generation => {
+                let slot = shard.slots.remove(index);
+                // Dropping what may be the last reference to a cell may drop a process:
+                // not under the shard lock.
+                drop(shard);
+                drop(slot);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Every registered process at some moment during the call.
+    pub(crate) fn snapshot(&self) -> Vec<Arc<ProcessCell>> {
+        let mut all = Vec::new();
+        for shard in self.shards.iter() {
+            all.extend(shard.lock().slots.iter().map(|(_, slot)| slot.cell.clone()));
+        }
+        all
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().slots.len()).sum()
+    }
+
+    fn split(&self, pid: Pid) -> Option<(usize, usize, u32)> {
+        let raw = pid.as_u64();
+        let shard = ((raw >> INDEX_BITS) & SHARD_MASK) as usize;
+        let generation = (raw >> (INDEX_BITS + SHARD_BITS)) as u32;
+        (shard < self.shards.len() && generation != 0).then_some((shard, (raw & INDEX_MASK) as usize, generation))
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::process::{Events, Payload, StepOutput};
+
+    struct Inert;
+
+    impl Process for Inert {
+        fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+            Ok(())
+        }
+
+        fn step(&mut self, _: Events<'_>, _: &mut StepOutput) -> anyhow::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn insert(reg: &Registry, shard: usize) -> Pid {
+        let spec = Spec { kind: None, caps: Arc::default(), mailbox_capacity: 1 };
+        reg.insert(shard, Box::new(Inert), spec).ok().unwrap().pid()
+    }
+
+    #[test]
+    fn stale_pid_finds_nothing_after_slot_reuse() {
+        let reg = Registry::new(2);
+        let first = insert(&reg, 1);
+        assert!(reg.get(first).is_some());
+        assert!(reg.remove(first));
+        assert!(!reg.remove(first));
+        let second = insert(&reg, 1);
+        assert_ne!(first, second);
+        assert_eq!(first.as_u64() & INDEX_MASK, second.as_u64() & INDEX_MASK, "slot reused");
+        assert!(reg.get(first).is_none());
+        assert_eq!(reg.get(second).unwrap().pid(), second);
+        assert_eq!(reg.len(), 1);
+    }
+
+    #[test]
+    fn foreign_and_host_pids_are_rejected() {
+        let reg = Registry::new(1);
+        assert!(reg.get(Pid::HOST).is_none());
+        assert!(reg.get(Pid::from_u64(u64::MAX)).is_none());
+        assert!(!reg.remove(Pid::from_u64(1 << 40)));
+        let pid = insert(&reg, 5);
+        assert_eq!(reg.snapshot().len(), 1);
+        assert!(reg.get(pid).is_some());
+    }
+}

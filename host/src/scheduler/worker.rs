@@ -1,0 +1,265 @@
+//! The worker loop: find a process, run its turn, repeat; search and park when there is
+//! nothing to run.
+//!
+//! Work is looked for in this order (the scheduler spec's):
+//! 1. the worker's own deque, LIFO: the process it woke or spawned last is the one whose
+//!    data is still in cache;
+//! 2. the global injector, FIFO: take one and move up to [`GLOBAL_BATCH`] more into the
+//!    local deque, so the next few pops need no shared queue;
+//! 3. the other workers' deques: starting at a random victim and walking all of them,
+//!    steal half of a victim's oldest entries.
+//!
+//! Every [`GLOBAL_CHECK_INTERVAL`]th tick the global queue is looked at first, so a
+//! worker with an endless supply of local work still lets queued processes in.
+
+use std::cell::RefCell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::thread;
+
+use crossbeam_deque::{Steal, Worker};
+
+use super::Shared;
+use super::cell::{Decision, ProcessCell, TurnEnd};
+use super::idle::{PARK_AFTER_ROUNDS, Unparked, YIELD_AFTER_ROUNDS};
+use super::state::Lifecycle;
+use crate::process::{Event, Status, StepOutput};
+
+/// How many more processes to move from the global queue into the local deque when
+/// taking one. From the scheduler spec.
+pub(crate) const GLOBAL_BATCH: usize = 16;
+/// Ticks between looks at the global queue ahead of the local deque. 61 is Go's value:
+/// prime, so it does not fall into step with periodic work.
+const GLOBAL_CHECK_INTERVAL: u32 = 61;
+
+pub(crate) type Task = Arc<ProcessCell>;
+
+thread_local! {
+    static CURRENT: RefCell<Option<Local>> = const { RefCell::new(None) };
+}
+
+/// The identity and queue of the worker running on this thread.
+struct Local {
+    scheduler: usize,
+    index: usize,
+    queue: Rc<Worker<Task>>,
+}
+
+/// Pushes `task` onto this thread's local deque if this thread is one of `scheduler`'s
+/// workers; otherwise hands it back.
+pub(crate) fn push_local(scheduler: usize, task: Task) -> Result<(), Task> {
+    CURRENT.with_borrow(|current| match current {
+        Some(local) if local.scheduler == scheduler => {
+            local.queue.push(task);
+            Ok(())
+        }
+        _ => Err(task),
+    })
+}
+
+/// This thread's worker index if it is one of `scheduler`'s workers.
+pub(crate) fn current_index(scheduler: usize) -> Option<usize> {
+    CURRENT.with_borrow(|current| match current {
+        Some(local) if local.scheduler == scheduler => Some(local.index),
+        _ => None,
+    })
+}
+
+/// The body of worker thread `index`.
+pub(crate) fn run(shared: Arc<Shared>, index: usize, queue: Worker<Task>) {
+    let queue = Rc::new(queue);
+    CURRENT.set(Some(Local { scheduler: shared.id, index, queue: queue.clone() }));
+    let mut worker = WorkerLoop {
+        shared: &shared,
+        index,
+        queue: &queue,
+        rng: Rng::new(index as u64),
+        tick: 0,
+        events: Vec::new(),
+        out: StepOutput::new(),
+    };
+    worker.run();
+    CURRENT.set(None);
+}
+
+struct WorkerLoop<'a> {
+    shared: &'a Arc<Shared>,
+    index: usize,
+    queue: &'a Worker<Task>,
+    rng: Rng,
+    tick: u32,
+    /// Reused for every step: the drained events.
+    events: Vec<Event>,
+    /// Reused for every step: the status and yields.
+    out: StepOutput,
+}
+
+impl WorkerLoop<'_> {
+    fn run(&mut self) {
+        loop {
+            if let Some(task) = self.next_local() {
+                self.run_task(task);
+                continue;
+            }
+            // Out of local work: search, then park.
+            self.shared.idle.transition_to_searching();
+            match self.search() {
+                Some(task) => {
+                    self.shared.idle.transition_from_searching();
+                    self.run_task(task);
+                }
+                None => {
+                    self.shared.idle.leave();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Rounds of looking at the global queue and the victims; `None` at shutdown.
+    fn search(&mut self) -> Option<Task> {
+        let mut rounds = 0;
+        loop {
+            if let Some(task) = self.steal_global().or_else(|| self.steal_from_victims()) {
+                return Some(task);
+            }
+            if self.shared.is_shut_down() {
+                return None;
+            }
+            rounds += 1;
+            if rounds < YIELD_AFTER_ROUNDS {
+                for _ in 0..(1 << rounds) {
+                    std::hint::spin_loop();
+                }
+            } else if rounds < PARK_AFTER_ROUNDS {
+                thread::yield_now();
+            } else {
+                rounds = 0;
+                if self.shared.idle.park(|| self.shared.has_queued_work()) == Unparked::Shutdown {
+                    // Shutdown only starts once no process is left, so there is no work.
+                    return None;
+                }
+            }
+        }
+    }
+
+    fn next_local(&mut self) -> Option<Task> {
+        self.tick = self.tick.wrapping_add(1);
+        if self.tick % GLOBAL_CHECK_INTERVAL == 0
+            && let Some(task) = self.steal_global()
+        {
+            return Some(task);
+        }
+        self.queue.pop()
+    }
+
+    fn steal_global(&self) -> Option<Task> {
+        loop {
+            match self.shared.injector.steal_batch_with_limit_and_pop(self.queue, GLOBAL_BATCH + 1) {
+                Steal::Success(task) => return Some(task),
+                Steal::Empty => return None,
+                Steal::Retry => std::hint::spin_loop(),
+            }
+        }
+    }
+
+    fn steal_from_victims(&mut self) -> Option<Task> {
+        let stealers = &self.shared.stealers;
+        let n = stealers.len();
+        if n <= 1 {
+            return None;
+        }
+        loop {
+            let mut retry = false;
+            let start = self.rng.below(n);
+            for i in (0..n).map(|k| (start + k) % n).filter(|&i| i != self.index) {
+                let before = self.queue.len();
+                match stealers[i].steal_batch_and_pop(self.queue) {
+                    Steal::Success(task) => {
+                        let stolen = (self.queue.len() - before) as u64 + 1;
+                        self.shared.counters[self.index].record_steal(stolen);
+                        return Some(task);
+                    }
+                    Steal::Empty => {}
+                    Steal::Retry => retry = true,
+                }
+            }
+            if !retry {
+                return None;
+            }
+        }
+    }
+
+    fn run_task(&mut self, cell: Task) {
+        let shared = self.shared;
+        let counters = &shared.counters[self.index];
+        let out = &mut self.out;
+        let end = cell.run_turn(shared.config.turn_budget, &mut self.events, |events| {
+            out.reset();
+            counters.record_step();
+            let stepped = cell.with_process(|process| {
+                catch_unwind(AssertUnwindSafe(|| process.step(events.drain(..), out)))
+            });
+            // A step may leave events it did not take; they were delivered to it all the same.
+            events.clear();
+            match stepped {
+                Some(Ok(Ok(()))) => {}
+                Some(Ok(Err(error))) => return Decision::Complete(Err(format!("{error:#}"))),
+                Some(Err(panic)) => {
+                    return Decision::Complete(Err(format!("process panicked: {}", panic_message(&*panic))));
+                }
+                None => unreachable!("process {} closed while running", cell.pid()),
+            }
+            let status = out.take_status();
+            let yields = out.yields_mut();
+            if let Status::Complete(result) = status {
+                // Yields written with `Complete` are discarded (DESIGN 2).
+                yields.clear();
+                return Decision::Complete(result);
+            }
+            for y in yields.drain(..) {
+                shared.dispatch(&cell, y);
+            }
+            match status {
+                Status::Blocked => Decision::Wait(Lifecycle::Blocked),
+                Status::Idle => Decision::Wait(Lifecycle::Idle),
+                Status::Continue => Decision::Continue,
+                Status::Complete(_) => unreachable!("handled above"),
+            }
+        });
+        match end {
+            TurnEnd::Parked => {}
+            // Requeued processes go to the back of the global queue: behind everything
+            // already waiting, so one busy process cannot starve the others.
+            TurnEnd::Requeue => shared.schedule_global(cell),
+            TurnEnd::Complete(result) => shared.finalize(&cell, Some(result)),
+            TurnEnd::Terminated => shared.finalize(&cell, None),
+        }
+    }
+}
+
+/// The message of a caught panic, whichever way it was raised.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("non-string panic payload")
+}
+
+/// xorshift64*: victim selection only needs to spread workers out, not be unpredictable.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as usize % n
+    }
+}

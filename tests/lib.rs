@@ -1,0 +1,1 @@
+//! Native test processes shared by the integration tests.
