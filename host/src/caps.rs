@@ -116,9 +116,7 @@ impl Capabilities {
     pub fn intersect(&self, other: &Capabilities) -> Capabilities {
         let custom = match (&self.custom, &other.custom) {
             (Custom::All, c) | (c, Custom::All) => c.clone(),
-            (Custom::Only(a), Custom::Only(b)) => {
-                Custom::Only(Arc::new(a.intersection(b).cloned().collect()))
-            }
+            (Custom::Only(a), Custom::Only(b)) => Custom::Only(Arc::new(a.intersection(b).cloned().collect())),
         };
         Capabilities { builtins: self.builtins & other.builtins, custom }
     }

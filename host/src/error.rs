@@ -48,7 +48,9 @@ pub enum SendError {
     #[error("process {0} is exiting and accepts no more messages")]
     Closed(Pid),
     /// The process's mailbox is full; the message was not delivered.
-    #[error("mailbox of process {pid} is full ({capacity} undelivered messages); retry later or raise `mailbox_capacity`")]
+    #[error(
+        "mailbox of process {pid} is full ({capacity} undelivered messages); retry later or raise `mailbox_capacity`"
+    )]
     MailboxFull {
         /// The receiver.
         pid: Pid,

@@ -12,10 +12,7 @@ pub(crate) use std::sync::atomic::{AtomicU32, Ordering};
 pub(crate) use loom::sync::atomic::{AtomicU32, Ordering};
 
 /// A mutex with parking_lot's interface (no poisoning) over either implementation.
-pub(crate) struct Mutex<T>(
-    #[cfg(not(loom))] parking_lot::Mutex<T>,
-    #[cfg(loom)] loom::sync::Mutex<T>,
-);
+pub(crate) struct Mutex<T>(#[cfg(not(loom))] parking_lot::Mutex<T>, #[cfg(loom)] loom::sync::Mutex<T>);
 
 #[cfg(not(loom))]
 impl<T> Mutex<T> {

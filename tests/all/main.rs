@@ -1,1 +1,16 @@
-mod placeholder {}
+//! Integration tests of the wasmproc host, in one binary.
+
+/// Custom commands: unknown commands, handler errors, permissions (DESIGN 11).
+mod dispatch;
+/// Init, step statuses, step counts, errors, close (DESIGN 1, 2, 4, 12).
+mod lifecycle;
+/// Process limits and shutdown (DESIGN 13, 14).
+mod limits;
+/// Send, mailboxes, terminate, monitors (DESIGN 9, 10).
+mod messages;
+/// Queue order and fairness: global FIFO, `Continue`, turn budgets.
+mod queues;
+/// Thousands of processes mixing every kind of yield and message (DESIGN 6, 12).
+mod stress;
+/// Completion order and the wakeup protocol end to end (DESIGN 3, 5, 6, 7, 8).
+mod wakeups;

@@ -194,12 +194,19 @@ impl Shared {
     fn spawn_child(self: &Arc<Self>, parent: &Arc<ProcessCell>, request: SpawnRequest, done: Completer) {
         let kind = match &request.kind {
             Some(name) => self.kinds.get_key_value(name.as_str()).map(|(k, f)| (k.clone(), f.clone())),
-            None => parent.spec.kind.as_ref().and_then(|k| self.kinds.get_key_value(k.as_ref())).map(|(k, f)| (k.clone(), f.clone())),
+            None => parent
+                .spec
+                .kind
+                .as_ref()
+                .and_then(|k| self.kinds.get_key_value(k.as_ref()))
+                .map(|(k, f)| (k.clone(), f.clone())),
         };
         let Some((kind, factory)) = kind else {
             let error = match &request.kind {
                 Some(name) => format!("spawn failed: unknown process kind `{name}`"),
-                None => "spawn failed: the spawning process has no registered kind to spawn more of; name one".to_owned(),
+                None => {
+                    "spawn failed: the spawning process has no registered kind to spawn more of; name one".to_owned()
+                }
             };
             return done.complete(Err(error));
         };

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::events::{Inbox, Refused};
 use super::handle::ExitSlot;
-use super::state::{Lifecycle, State, Wake, Waiting};
+use super::state::{Lifecycle, State, Waiting, Wake};
 use crate::caps::Capabilities;
 use crate::dispatch::Completer;
 use crate::loom::Mutex;
@@ -69,13 +69,7 @@ pub(crate) enum TurnEnd {
 
 impl ProcessCell {
     pub(crate) fn new(pid: Pid, process: Box<dyn Process>, spec: Spec) -> Self {
-        ProcessCell {
-            pid,
-            state: State::new(),
-            inbox: Inbox::new(),
-            process: Mutex::new(Some(process)),
-            spec,
-        }
+        ProcessCell { pid, state: State::new(), inbox: Inbox::new(), process: Mutex::new(Some(process)), spec }
     }
 
     pub(crate) fn pid(&self) -> Pid {
@@ -180,12 +174,11 @@ mod loom_models {
         Event::Message { sender: Pid::HOST, topic: String::new(), body: Payload::empty() }
     }
 
-    /// Runs turns the way the scheduler would: once now, and once more for every
-    /// producer that reported `Wake::Schedule` (each such report is one queue entry).
-    fn run_until_parked(cell: &ProcessCell, target: Lifecycle, schedules: &AtomicUsize) -> usize {
+    /// Runs turns the way the scheduler would: `turns_owed` now, and one more for every
+    /// producer that reports `Wake::Schedule` meanwhile (each report is one queue entry).
+    fn run_owed_turns(cell: &ProcessCell, target: Lifecycle, schedules: &AtomicUsize, mut turns_owed: usize) -> usize {
         let mut seen = 0;
         let mut buf = Vec::new();
-        let mut turns_owed = 1;
         while turns_owed > 0 {
             turns_owed -= 1;
             let end = cell.run_turn(4, &mut buf, |events| {
@@ -217,12 +210,10 @@ mod loom_models {
                     }
                 })
             };
-            let mut seen = run_until_parked(&cell, Lifecycle::Blocked, &schedules);
+            let mut seen = run_owed_turns(&cell, Lifecycle::Blocked, &schedules, 1);
             producer.join().unwrap();
-            // A schedule that landed after the worker's last check is still owed a turn.
-            if schedules.load(Ordering::SeqCst) > 0 {
-                seen += run_until_parked(&cell, Lifecycle::Blocked, &schedules);
-            }
+            // A schedule that landed after the worker's last look is still owed its turn.
+            seen += run_owed_turns(&cell, Lifecycle::Blocked, &schedules, schedules.swap(0, Ordering::SeqCst));
             assert_eq!(seen, 1, "the completion must be consumed exactly once");
             assert_eq!(cell.inbox.len(), 0);
             assert_eq!(cell.state.load().lifecycle(), Lifecycle::Blocked);
@@ -248,11 +239,11 @@ mod loom_models {
                     })
                 })
                 .collect();
-            let mut seen = run_until_parked(&cell, Lifecycle::Idle, &schedules);
+            let mut seen = run_owed_turns(&cell, Lifecycle::Idle, &schedules, 1);
             for p in producers {
                 p.join().unwrap();
             }
-            seen += run_until_parked(&cell, Lifecycle::Idle, &schedules);
+            seen += run_owed_turns(&cell, Lifecycle::Idle, &schedules, schedules.swap(0, Ordering::SeqCst));
             assert_eq!(seen, 2);
             assert_eq!(cell.inbox.len(), 0);
             assert_eq!(cell.state.load().lifecycle(), Lifecycle::Idle);

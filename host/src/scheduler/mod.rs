@@ -707,11 +707,7 @@ impl Shared {
 
     /// Requests termination of `target`, telling `watcher` once it has ended. On error
     /// the watcher is handed back.
-    pub(crate) fn terminate(
-        &self,
-        target: Pid,
-        watcher: Option<Watcher>,
-    ) -> Result<(), (SendError, Option<Watcher>)> {
+    pub(crate) fn terminate(&self, target: Pid, watcher: Option<Watcher>) -> Result<(), (SendError, Option<Watcher>)> {
         let Some(cell) = self.registry.get(target) else {
             return Err((SendError::NotFound(target), watcher));
         };
@@ -747,18 +743,22 @@ impl Shared {
         self.retire_with(cell, Some(result));
     }
 
-    /// The end of every process, in this order: close the inbox (refusing later events),
-    /// mark it complete, remove its pid (later sends find nothing), close the process
-    /// (exactly once: it is taken out of its cell), tell the watchers, and only then
-    /// count it out, so a waiter for "no process left" also sees every exit delivered.
+    /// The end of every process, in this order: close the inbox (later events are
+    /// refused with `Closed`), mark it complete, close the process (exactly once: it is
+    /// taken out of its cell), remove its pid (later sends get `NotFound`), tell the
+    /// watchers, and only then count it out, so a waiter for "no process left" also sees
+    /// every exit delivered.
     fn retire_with(&self, cell: &Task, result: Option<Outcome>) {
         let closed = cell.inbox.close();
-        let result = result.unwrap_or_else(|| Err(closed.terminate_reason.map_or_else(|| "terminated".to_owned(), Cow::into_owned)));
+        let result = result
+            .unwrap_or_else(|| Err(closed.terminate_reason.map_or_else(|| "terminated".to_owned(), Cow::into_owned)));
         cell.state.transition_to_complete();
-        self.registry.remove(cell.pid());
+        // Closed before the pid leaves the registry: while `close` runs (dropping a Wasm
+        // store takes a while), senders get `Closed`, not `NotFound`.
         if let Some(mut process) = cell.take_process() {
             close_quietly(&mut *process);
         }
+        self.registry.remove(cell.pid());
         let undelivered = closed.undelivered.iter().filter(|e| matches!(e, Event::Message { .. })).count();
         if undelivered > 0 {
             self.counters_here().undelivered.fetch_add(undelivered as u64, Ordering::Relaxed);
@@ -766,7 +766,9 @@ impl Shared {
         for watcher in closed.watchers {
             match watcher {
                 Watcher::Process(watching) => {
-                    if let Ok(Wake::Schedule) = watching.deliver(Event::Exit { pid: cell.pid(), result: result.clone() }) {
+                    if let Ok(Wake::Schedule) =
+                        watching.deliver(Event::Exit { pid: cell.pid(), result: result.clone() })
+                    {
                         self.schedule(watching);
                     }
                 }

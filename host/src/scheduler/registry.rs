@@ -67,9 +67,7 @@ impl Registry {
         shard.next_generation = shard.next_generation.wrapping_add(1).max(1);
         let generation = shard.next_generation;
         let pid = Pid::from_u64(
-            (u64::from(generation) << (INDEX_BITS + SHARD_BITS))
-                | ((shard_index as u64) << INDEX_BITS)
-                | index as u64,
+            (u64::from(generation) << (INDEX_BITS + SHARD_BITS)) | ((shard_index as u64) << INDEX_BITS) | index as u64,
         );
         let cell = Arc::new(ProcessCell::new(pid, process, spec));
         shard.slots.insert(Slot { generation, cell: cell.clone() });

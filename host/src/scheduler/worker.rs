@@ -146,10 +146,16 @@ impl WorkerLoop<'_> {
 
     fn next_local(&mut self) -> Option<Task> {
         self.tick = self.tick.wrapping_add(1);
-        if self.tick % GLOBAL_CHECK_INTERVAL == 0
-            && let Some(task) = self.steal_global()
-        {
-            return Some(task);
+        if self.tick % GLOBAL_CHECK_INTERVAL == 0 {
+            // Just one, as Go does: a batch would land on top of the local work and
+            // push all of it back.
+            loop {
+                match self.shared.injector.steal() {
+                    Steal::Success(task) => return Some(task),
+                    Steal::Empty => break,
+                    Steal::Retry => std::hint::spin_loop(),
+                }
+            }
         }
         self.queue.pop()
     }
@@ -198,9 +204,8 @@ impl WorkerLoop<'_> {
         let end = cell.run_turn(shared.config.turn_budget, &mut self.events, |events| {
             out.reset();
             counters.record_step();
-            let stepped = cell.with_process(|process| {
-                catch_unwind(AssertUnwindSafe(|| process.step(events.drain(..), out)))
-            });
+            let stepped =
+                cell.with_process(|process| catch_unwind(AssertUnwindSafe(|| process.step(events.drain(..), out))));
             // A step may leave events it did not take; they were delivered to it all the same.
             events.clear();
             match stepped {

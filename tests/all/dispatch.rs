@@ -1,0 +1,102 @@
+use std::time::Duration;
+
+use wasmproc::{Capabilities, Command, Outcome, Payload, Scheduler, SpawnOptions, SpawnRequest};
+use wasmproc_tests::{HANG, Scripted, complete_now, completion, custom, stash};
+
+/// Runs one process that yields `command` (tag 1) and returns the completion it got.
+fn outcome_of(s: &Scheduler, caps: Option<Capabilities>, command: Command) -> Outcome {
+    let (p, probe) = Scripted::new(move |t| {
+        if t.step == 0 {
+            t.out.yield_command(1, command.clone());
+        } else {
+            t.out.complete(Ok(Payload::empty()));
+        }
+        Ok(())
+    });
+    let mut options = SpawnOptions::new("main");
+    if let Some(caps) = caps {
+        options = options.capabilities(caps);
+    }
+    s.spawn_with(Box::new(p), options).unwrap().join_timeout(HANG).unwrap().unwrap();
+    completion(&probe.events()[0], 1).unwrap().clone()
+}
+
+fn scheduler() -> Scheduler {
+    let (stash, stashed) = stash();
+    // Completers handed to this thread are dropped without being completed.
+    std::thread::spawn(move || stashed.into_iter().for_each(drop));
+    Scheduler::builder()
+        .workers(2)
+        .capabilities(Capabilities::default().allow_all_custom())
+        .handler("now", complete_now)
+        .handler("fails", |r: wasmproc::Request| {
+            let error = format!("no rows for {:?}", r.payload().as_str());
+            r.complete(Err(error));
+        })
+        .handler("panics", |_: wasmproc::Request| panic!("handler bug"))
+        .handler("forgets", stash)
+        .handler("elsewhere", |r: wasmproc::Request| {
+            let (payload, done) = r.into_parts();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(2));
+                done.complete(Ok(payload));
+            });
+        })
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn unknown_command_completes_with_an_error() {
+    let s = scheduler();
+    assert_eq!(outcome_of(&s, None, custom("teleport")), Err("unknown command `teleport`".to_owned()));
+}
+
+#[test]
+fn handler_error_is_the_completion() {
+    let s = scheduler();
+    let command = Command::Custom { name: "fails".into(), payload: Payload::text("users") };
+    assert_eq!(outcome_of(&s, None, command), Err("no rows for Some(\"users\")".to_owned()));
+}
+
+#[test]
+fn handler_completing_later_from_another_thread() {
+    let s = scheduler();
+    let command = Command::Custom { name: "elsewhere".into(), payload: Payload::text("echo") };
+    assert_eq!(outcome_of(&s, None, command), Ok(Payload::text("echo")));
+}
+
+#[test]
+fn handler_panic_or_lost_completer_completes_with_an_error() {
+    let s = scheduler();
+    assert_eq!(
+        outcome_of(&s, None, custom("panics")),
+        Err("command handler dropped the yield without completing it".to_owned())
+    );
+    assert_eq!(
+        outcome_of(&s, None, custom("forgets")),
+        Err("command handler dropped the yield without completing it".to_owned())
+    );
+    assert_eq!(outcome_of(&s, None, custom("now")), Ok(Payload::empty()), "the host is unaffected");
+}
+
+#[test]
+fn ungranted_commands_are_permission_denied() {
+    let s = scheduler();
+    let only_sleep = Capabilities::none().allow("sleep");
+    assert_eq!(outcome_of(&s, Some(only_sleep.clone()), custom("now")), Err("permission denied: now".to_owned()));
+    let spawn = Command::Spawn(SpawnRequest { kind: Some("x".into()), method: "main".into(), ..Default::default() });
+    assert_eq!(outcome_of(&s, Some(only_sleep.clone()), spawn), Err("permission denied: spawn".to_owned()));
+    assert_eq!(outcome_of(&s, Some(only_sleep), Command::Sleep(Duration::ZERO)), Ok(Payload::empty()));
+    // Default capabilities deny custom commands.
+    let defaults = Scheduler::builder().workers(1).handler("now", complete_now).build().unwrap();
+    assert_eq!(outcome_of(&defaults, None, custom("now")), Err("permission denied: now".to_owned()));
+}
+
+#[test]
+fn builder_rejects_bad_settings_with_clear_errors() {
+    let err = |b: wasmproc::Builder| b.build().err().unwrap().to_string();
+    assert!(err(Scheduler::builder().workers(0)).contains("`workers` must be between 1 and"));
+    assert!(err(Scheduler::builder().mailbox_capacity(0)).contains("`mailbox_capacity`"));
+    assert!(err(Scheduler::builder().handler("send", complete_now)).contains("built-in"));
+}

@@ -1,0 +1,315 @@
+use std::sync::mpsc;
+
+use wasmproc::{
+    Capabilities, Command, Event, Events, Payload, Pid, Process, Scheduler, SendError, SpawnOptions, SpawnRequest,
+    Status, StepOutput,
+};
+use wasmproc_tests::{HANG, Scripted, completion, custom, stash};
+
+fn idle_until_message() -> (Scripted, std::sync::Arc<wasmproc_tests::Probe>) {
+    Scripted::new(|t| {
+        match t.events.iter().find(|e| matches!(e, Event::Message { .. })) {
+            Some(Event::Message { body, .. }) => t.out.complete(Ok(body.clone())),
+            _ => t.out.set_status(Status::Idle),
+        }
+        Ok(())
+    })
+}
+
+#[test]
+fn send_to_unknown_or_finished_pid_is_not_found() {
+    let s = Scheduler::builder().workers(1).build().unwrap();
+    let nobody = Pid::from_u64(12345 << 32);
+    assert_eq!(s.send(nobody, "t", Payload::empty()), Err(SendError::NotFound(nobody)));
+    assert_eq!(s.send(Pid::HOST, "t", Payload::empty()), Err(SendError::NotFound(Pid::HOST)));
+    let (p, _) = idle_until_message();
+    let h = s.spawn(p, "main", vec![]).unwrap();
+    s.send(h.pid(), "t", Payload::empty()).unwrap();
+    h.join_timeout(HANG).unwrap().unwrap();
+    assert!(s.wait_idle(Some(HANG)));
+    assert_eq!(s.send(h.pid(), "t", Payload::empty()), Err(SendError::NotFound(h.pid())));
+}
+
+/// A process whose `close` waits for the test: it is exiting but not yet gone.
+struct SlowClose {
+    closing: mpsc::Sender<()>,
+    release: mpsc::Receiver<()>,
+}
+
+impl Process for SlowClose {
+    fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        out.complete(Ok(Payload::empty()));
+        Ok(())
+    }
+
+    fn close(&mut self) {
+        self.closing.send(()).unwrap();
+        self.release.recv().unwrap();
+    }
+}
+
+#[test]
+fn send_to_an_exiting_process_is_closed() {
+    let s = Scheduler::builder().workers(1).build().unwrap();
+    let (closing_tx, closing) = mpsc::channel();
+    let (release, release_rx) = mpsc::channel();
+    let h = s.spawn(SlowClose { closing: closing_tx, release: release_rx }, "main", vec![]).unwrap();
+    closing.recv_timeout(HANG).unwrap();
+    assert_eq!(s.send(h.pid(), "t", Payload::empty()), Err(SendError::Closed(h.pid())));
+    assert_eq!(s.terminate(h.pid()), Err(SendError::Closed(h.pid())));
+    release.send(()).unwrap();
+    assert_eq!(h.join_timeout(HANG), Some(Ok(Payload::empty())));
+}
+
+/// Per-sender order: a process yields 100 sends in one step, the host sends 100 more.
+#[test]
+fn per_sender_order_is_kept() {
+    let s = Scheduler::builder().workers(2).build().unwrap();
+    let (receiver, probe) = Scripted::new(|t| {
+        t.out.set_status(Status::Idle);
+        Ok(())
+    });
+    let receiver = s.spawn(receiver, "main", vec![]).unwrap();
+    let to = receiver.pid();
+    let mut sent = 0;
+    let (sender, _) = Scripted::new(move |t| {
+        if t.step == 0 {
+            for i in 0..100 {
+                t.out.yield_command(i, Command::Send { to, topic: "n".into(), body: Payload::u64(i) });
+            }
+        }
+        sent += count_completions(&t.events);
+        if sent == 100 {
+            t.out.complete(Ok(Payload::empty()));
+        }
+        Ok(())
+    });
+    let sender = s.spawn(sender, "main", vec![]).unwrap();
+    for i in 0..100 {
+        s.send(to, "n", Payload::u64(1000 + i)).unwrap();
+    }
+    // Wait until all 200 arrived: the receiver stays idle, so poll its probe.
+    let deadline = std::time::Instant::now() + HANG;
+    while messages_of(&probe.events()).len() < 200 {
+        assert!(std::time::Instant::now() < deadline, "messages lost");
+        std::thread::yield_now();
+    }
+    let all = messages_of(&probe.events());
+    let from_process: Vec<u64> = all.iter().filter(|(s, _)| *s == sender.pid()).map(|(_, n)| *n).collect();
+    let from_host: Vec<u64> = all.iter().filter(|(s, _)| *s == Pid::HOST).map(|(_, n)| *n).collect();
+    assert_eq!(from_process, (0..100).collect::<Vec<_>>());
+    assert_eq!(from_host, (1000..1100).collect::<Vec<_>>());
+    assert_eq!(sender.join_timeout(HANG), Some(Ok(Payload::empty())), "every send completed");
+}
+
+fn probe_messages(events: &[Event]) -> usize {
+    events.iter().filter(|e| matches!(e, Event::Message { .. })).count()
+}
+
+fn count_completions(events: &[Event]) -> usize {
+    events.iter().filter(|e| matches!(e, Event::Completion { .. })).count()
+}
+
+fn messages_of(events: &[Event]) -> Vec<(Pid, u64)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Message { sender, body, .. } => Some((*sender, body.to_u64().unwrap())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A full mailbox is an error to the sender, never unbounded growth; draining frees it.
+#[test]
+fn full_mailbox_is_an_error_to_the_sender() {
+    let s = Scheduler::builder().workers(1).build().unwrap();
+    let (running_tx, running) = mpsc::channel::<()>();
+    let (go_on, go_on_rx) = mpsc::channel::<()>();
+    let (p, probe) = Scripted::new(move |t| {
+        if t.step == 0 {
+            // Hold the worker so nothing drains the mailbox while the test fills it.
+            running_tx.send(()).unwrap();
+            go_on_rx.recv().unwrap();
+            t.out.set_status(Status::Idle);
+        } else if probe_messages(&t.events) == 2 {
+            t.out.complete(Ok(Payload::empty()));
+        } else {
+            t.out.complete(Err(format!("expected 2 messages, got {:?}", t.events)));
+        }
+        Ok(())
+    });
+    let h = s.spawn_with(Box::new(p), SpawnOptions::new("main").mailbox_capacity(2)).unwrap();
+    running.recv_timeout(HANG).unwrap();
+    s.send(h.pid(), "a", Payload::empty()).unwrap();
+    s.send(h.pid(), "b", Payload::empty()).unwrap();
+    let err = s.send(h.pid(), "c", Payload::empty()).unwrap_err();
+    assert_eq!(err, SendError::MailboxFull { pid: h.pid(), capacity: 2 });
+    assert!(err.to_string().contains("mailbox of process") && err.to_string().contains("full"), "{err}");
+    go_on.send(()).unwrap();
+    assert_eq!(h.join_timeout(HANG), Some(Ok(Payload::empty())));
+    assert_eq!(probe.steps(), 2);
+}
+
+/// DESIGN 10: terminate works on idle, blocked and ready processes; the result is
+/// "terminated", the pid is gone, monitors hear of it.
+#[test]
+fn terminate_idle_blocked_and_ready_processes() {
+    let (stash, _stashed) = stash();
+    let s = Scheduler::builder()
+        .workers(1)
+        .capabilities(Capabilities::default().allow("stash"))
+        .handler("stash", stash)
+        .build()
+        .unwrap();
+    let (idle, idle_probe) = idle_until_message();
+    let (blocked, blocked_probe) = Scripted::new(|t| {
+        t.out.yield_command(1, custom("stash"));
+        Ok(())
+    });
+    let idle = s.spawn(idle, "main", vec![]).unwrap();
+    let blocked = s.spawn(blocked, "main", vec![]).unwrap();
+
+    // A process that monitors both and reports the exits it saw.
+    let targets = [idle.pid(), blocked.pid()];
+    let (monitor, _) = Scripted::new(move |t| {
+        if t.step == 0 {
+            for (i, pid) in targets.into_iter().enumerate() {
+                t.out.yield_command(i as u64, Command::Monitor(pid));
+            }
+        }
+        let exits: Vec<_> = t.events.iter().filter(|e| matches!(e, Event::Exit { .. })).cloned().collect();
+        if !exits.is_empty() {
+            t.out.complete(Ok(Payload::json(&format!("{exits:?}")).unwrap()));
+        }
+        Ok(())
+    });
+    // Wait until both targets have parked, so the terminations below hit idle and
+    // blocked processes, not ready ones.
+    let deadline = std::time::Instant::now() + HANG;
+    while idle_probe.steps() == 0 || blocked_probe.steps() == 0 {
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::yield_now();
+    }
+    let monitor = s.spawn(monitor, "main", vec![]).unwrap();
+
+    // Ready: with the only worker held by a step, a fresh process stays queued.
+    let (running_tx, running) = mpsc::channel::<()>();
+    let (go_on, go_on_rx) = mpsc::channel::<()>();
+    let (holder, _) = Scripted::new(move |t| {
+        running_tx.send(()).unwrap();
+        go_on_rx.recv().unwrap();
+        t.out.complete(Ok(Payload::empty()));
+        Ok(())
+    });
+    let holder = s.spawn(holder, "main", vec![]).unwrap();
+    running.recv_timeout(HANG).unwrap();
+    let (ready, ready_probe) = idle_until_message();
+    let ready = s.spawn(ready, "main", vec![]).unwrap();
+    s.terminate(ready.pid()).unwrap();
+    s.terminate(idle.pid()).unwrap();
+    s.terminate(blocked.pid()).unwrap();
+    go_on.send(()).unwrap();
+
+    for h in [&ready, &idle, &blocked] {
+        assert_eq!(h.join_timeout(HANG), Some(Err("terminated".to_owned())));
+    }
+    assert_eq!(ready_probe.steps(), 0, "terminated before it ever ran");
+    holder.join_timeout(HANG).unwrap().unwrap();
+    let report = monitor.join_timeout(HANG).unwrap().unwrap();
+    let report: String = report.parse_json().unwrap();
+    assert!(report.contains("Err(\"terminated\")"), "{report}");
+    for h in [&ready, &idle, &blocked] {
+        assert_eq!(s.send(h.pid(), "t", Payload::empty()), Err(SendError::NotFound(h.pid())));
+        assert_eq!(s.terminate(h.pid()), Err(SendError::NotFound(h.pid())));
+    }
+    assert_eq!(idle_probe.closes() + blocked_probe.closes() + ready_probe.closes(), 3);
+}
+
+/// The `terminate` command completes once the target has ended: a send right after it
+/// finds nothing.
+#[test]
+fn terminate_command_completes_after_the_target_is_gone() {
+    let s = Scheduler::builder().workers(2).build().unwrap();
+    let (target, _) = idle_until_message();
+    let target = s.spawn(target, "main", vec![]).unwrap();
+    let pid = target.pid();
+    let (killer, probe) = Scripted::new(move |t| {
+        match t.step {
+            0 => t.out.yield_command(1, Command::Terminate(pid)),
+            1 => t.out.yield_command(2, Command::Send { to: pid, topic: "t".into(), body: Payload::empty() }),
+            _ => t.out.complete(Ok(Payload::empty())),
+        }
+        Ok(())
+    });
+    s.spawn(killer, "main", vec![]).unwrap().join_timeout(HANG).unwrap().unwrap();
+    assert_eq!(target.join_timeout(HANG), Some(Err("terminated".to_owned())));
+    let events = probe.events();
+    assert_eq!(completion(&events[0], 1), Some(&Ok(Payload::empty())));
+    let error = completion(&events[1], 2).unwrap().as_ref().unwrap_err();
+    assert!(error.starts_with(&format!("no process {pid}")), "{error}");
+}
+
+/// `spawn` with `monitor` and the `monitor` command both deliver the child's result;
+/// monitoring a pid that does not exist reports `noproc` at once.
+#[test]
+fn monitors_receive_exits_with_results() {
+    let s = Scheduler::builder()
+        .workers(2)
+        .kind("square", || {
+            let (p, _) = Scripted::with_entries(&["square"], |t| {
+                let n = 7u64;
+                t.out.complete(Ok(Payload::u64(n * n)));
+                Ok(())
+            });
+            Ok(Box::new(p) as Box<dyn Process>)
+        })
+        .build()
+        .unwrap();
+    let nobody = Pid::from_u64(99 << 40);
+    let (parent, probe) = Scripted::new(move |t| {
+        if t.step == 0 {
+            let request =
+                SpawnRequest { kind: Some("square".into()), method: "square".into(), monitor: true, input: vec![] };
+            t.out.yield_command(1, Command::Spawn(request));
+            t.out.yield_command(2, Command::Monitor(nobody));
+        }
+        t.out.set_status(Status::Idle);
+        Ok(())
+    });
+    let parent_pid = s.spawn(parent, "main", vec![]).unwrap().pid();
+    let deadline = std::time::Instant::now() + HANG;
+    loop {
+        let events = probe.events();
+        let exits: Vec<_> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Exit { pid, result } => Some((*pid, result.clone())),
+                _ => None,
+            })
+            .collect();
+        if exits.len() == 2 {
+            let child = events
+                .iter()
+                .find_map(|e| completion(e, 1))
+                .and_then(|r| r.as_ref().ok())
+                .and_then(Payload::to_u64)
+                .map(Pid::from_u64)
+                .unwrap();
+            assert!(exits.contains(&(child, Ok(Payload::u64(49)))), "{exits:?}");
+            assert!(exits.contains(&(nobody, Err("noproc".to_owned()))), "{exits:?}");
+            // The spawn completion always precedes the child's exit.
+            let spawn_at = events.iter().position(|e| completion(e, 1).is_some()).unwrap();
+            let exit_at = events.iter().position(|e| matches!(e, Event::Exit { pid, .. } if *pid == child)).unwrap();
+            assert!(spawn_at < exit_at);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "exits missing: {events:?}");
+        std::thread::yield_now();
+    }
+    s.terminate(parent_pid).unwrap();
+}
