@@ -1,1 +1,336 @@
-fn main() {}
+//! The scheduler alone against tokio doing the same work, in one run.
+//!
+//! `cargo bench -p wasmproc --bench scheduler` (release build). Each workload runs once
+//! to warm up and then `RUNS` times; the table shows the median and the spread (min–max)
+//! of both, and the ratio of the medians (below 1.0: wasmproc is faster). Both use the
+//! same number of worker threads (`WORKERS`, default: all cores).
+//!
+//! - `skynet`: a tree of processes, each spawning 10 children, 1,000,000 leaves
+//!   (1,111,111 processes); each parent sums its children's results. wasmproc: `spawn`
+//!   commands with `monitor`, results from the exit events. tokio: `tokio::spawn` and
+//!   awaiting the join handles.
+//! - `ping-pong`: two processes pass a counter back and forth 1,000,000 times. wasmproc:
+//!   `send` commands and messages. tokio: two tasks and two bounded mpsc channels.
+//! - `yield-cycles`: 10,000 processes each yield 100 times and are resumed. wasmproc: a
+//!   custom command whose handler completes at once. tokio: `yield_now().await`.
+
+use std::time::{Duration, Instant};
+
+use wasmproc::{
+    Capabilities, Command, Event, Events, Payload, Pid, Process, Request, Scheduler, SpawnRequest, Status, StepOutput,
+};
+
+const RUNS: usize = 5;
+const SKYNET_LEAVES: u64 = 1_000_000;
+const PING_PONG_MESSAGES: u64 = 1_000_000;
+const YIELD_PROCESSES: u64 = 10_000;
+const YIELDS_EACH: u64 = 100;
+
+fn main() {
+    let workers = std::env::var("WORKERS")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let scheduler = Scheduler::builder()
+        .workers(workers)
+        .capabilities(Capabilities::default().allow("now"))
+        .handler("now", |r: Request| r.complete(Ok(Payload::empty())))
+        .kind("skynet", || Ok(Box::new(Skynet::default()) as Box<dyn Process>))
+        .max_processes(2_000_000)
+        .build()
+        .expect("scheduler starts");
+    let tokio = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).build().expect("tokio starts");
+
+    println!("wasmproc scheduler vs tokio {} — {workers} workers, {RUNS} runs after 1 warm-up", tokio_version());
+    println!("{:<14} {:>24} {:>24} {:>8}", "workload", "wasmproc median (range)", "tokio median (range)", "ratio");
+    type Bench<'a> = (&'a str, Box<dyn Fn() -> Duration + 'a>, Box<dyn Fn() -> Duration + 'a>);
+    let benches: Vec<Bench<'_>> = vec![
+        ("skynet-1M", Box::new(|| skynet_wasmproc(&scheduler)), Box::new(|| skynet_tokio(&tokio))),
+        ("ping-pong-1M", Box::new(|| ping_pong_wasmproc(&scheduler)), Box::new(|| ping_pong_tokio(&tokio))),
+        ("yield-10kx100", Box::new(|| yields_wasmproc(&scheduler)), Box::new(|| yields_tokio(&tokio))),
+    ];
+    for (name, ours, theirs) in benches {
+        if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
+            continue;
+        }
+        let ours = measure(&*ours);
+        let theirs = measure(&*theirs);
+        println!(
+            "{name:<14} {:>24} {:>24} {:>8.2}",
+            ours.to_string(),
+            theirs.to_string(),
+            ours.median.as_secs_f64() / theirs.median.as_secs_f64()
+        );
+    }
+    let stats = scheduler.stats();
+    let per_worker: Vec<_> =
+        stats.workers.iter().map(|w| format!("{} steps/{} stolen", w.executed, w.stolen)).collect();
+    println!("wasmproc workers: {}", per_worker.join(", "));
+    scheduler.stop(Duration::from_secs(1));
+}
+
+struct Sample {
+    median: Duration,
+    min: Duration,
+    max: Duration,
+}
+
+impl std::fmt::Display for Sample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        write!(f, "{:.1} ms ({:.1}–{:.1})", ms(self.median), ms(self.min), ms(self.max))
+    }
+}
+
+fn measure(run: &dyn Fn() -> Duration) -> Sample {
+    run();
+    let mut times: Vec<Duration> = (0..RUNS).map(|_| run()).collect();
+    times.sort();
+    Sample { median: times[RUNS / 2], min: times[0], max: times[RUNS - 1] }
+}
+
+fn tokio_version() -> &'static str {
+    "1.x"
+}
+
+// --- skynet --------------------------------------------------------------------------
+
+/// A skynet node: a leaf returns its number; a parent spawns 10 children (monitored)
+/// and sums their exit results.
+#[derive(Default)]
+struct Skynet {
+    num: u64,
+    size: u64,
+    sum: u64,
+    exits: u32,
+}
+
+fn pair(a: u64, b: u64) -> Payload {
+    let mut data = Vec::with_capacity(16);
+    data.extend_from_slice(&a.to_le_bytes());
+    data.extend_from_slice(&b.to_le_bytes());
+    Payload::bytes(data)
+}
+
+impl Process for Skynet {
+    fn init(&mut self, _: Pid, _: &str, input: Vec<Payload>) -> anyhow::Result<()> {
+        let data = &input.first().ok_or_else(|| anyhow::anyhow!("skynet needs (num, size)"))?.data;
+        anyhow::ensure!(data.len() == 16, "skynet input must be two u64");
+        self.num = u64::from_le_bytes(data[..8].try_into()?);
+        self.size = u64::from_le_bytes(data[8..].try_into()?);
+        Ok(())
+    }
+
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        if self.size == 1 {
+            out.complete(Ok(Payload::u64(self.num)));
+            return Ok(());
+        }
+        let mut first = true;
+        for event in events {
+            first = false;
+            if let Event::Exit { result, .. } = event {
+                self.sum += result.map_err(anyhow::Error::msg)?.to_u64().unwrap_or(0);
+                self.exits += 1;
+            }
+        }
+        if first && self.exits == 0 && self.sum == 0 {
+            let child = self.size / 10;
+            for i in 0..10 {
+                let request = SpawnRequest {
+                    kind: None,
+                    method: "main".into(),
+                    input: vec![pair(self.num + i * child, child)],
+                    monitor: true,
+                };
+                out.yield_command(i, Command::Spawn(request));
+            }
+        }
+        if self.exits == 10 {
+            out.complete(Ok(Payload::u64(self.sum)));
+        } else {
+            out.set_status(Status::Idle);
+        }
+        Ok(())
+    }
+}
+
+fn skynet_wasmproc(s: &Scheduler) -> Duration {
+    let start = Instant::now();
+    let root = s.spawn_kind("skynet", "main", vec![pair(0, SKYNET_LEAVES)]).unwrap();
+    let sum = root.join().unwrap().to_u64().unwrap();
+    let elapsed = start.elapsed();
+    assert_eq!(sum, SKYNET_LEAVES * (SKYNET_LEAVES - 1) / 2);
+    elapsed
+}
+
+fn skynet_tokio(rt: &tokio::runtime::Runtime) -> Duration {
+    fn node(num: u64, size: u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = u64> + Send>> {
+        Box::pin(async move {
+            if size == 1 {
+                return num;
+            }
+            let child = size / 10;
+            let handles: Vec<_> = (0..10).map(|i| tokio::spawn(node(num + i * child, child))).collect();
+            let mut sum = 0;
+            for h in handles {
+                sum += h.await.unwrap();
+            }
+            sum
+        })
+    }
+    let start = Instant::now();
+    let sum = rt.block_on(async { tokio::spawn(node(0, SKYNET_LEAVES)).await.unwrap() });
+    let elapsed = start.elapsed();
+    assert_eq!(sum, SKYNET_LEAVES * (SKYNET_LEAVES - 1) / 2);
+    elapsed
+}
+
+// --- ping-pong -----------------------------------------------------------------------
+
+/// Waits for a counter and sends it back incremented until it reaches the limit. The
+/// client knows its peer from init and starts the exchange; the server learns its peer
+/// from the first message.
+struct PingPong {
+    peer: Option<Pid>,
+    started: bool,
+    sent_last: bool,
+    limit: u64,
+}
+
+impl Process for PingPong {
+    fn init(&mut self, _: Pid, method: &str, input: Vec<Payload>) -> anyhow::Result<()> {
+        if method == "client" {
+            self.peer = Some(Pid::from_u64(input[0].to_u64().unwrap()));
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        let mut next = None;
+        if !self.started {
+            self.started = true;
+            next = self.peer.map(|_| 0);
+        }
+        for event in events {
+            match event {
+                Event::Message { sender, body, .. } => {
+                    let n = body.to_u64().unwrap();
+                    if n >= self.limit {
+                        out.complete(Ok(Payload::u64(n)));
+                        return Ok(());
+                    }
+                    self.peer = Some(sender);
+                    next = Some(n + 1);
+                }
+                Event::Completion { result: Err(e), .. } => anyhow::bail!("send failed: {e}"),
+                // The send of the final count went through: done.
+                Event::Completion { .. } if self.sent_last => {
+                    out.complete(Ok(Payload::u64(self.limit)));
+                    return Ok(());
+                }
+                _ => {}
+            }
+        }
+        if let Some(n) = next {
+            let to = self.peer.unwrap();
+            out.yield_command(0, Command::Send { to, topic: String::new(), body: Payload::u64(n) });
+            self.sent_last = n >= self.limit;
+        }
+        out.set_status(Status::Idle);
+        Ok(())
+    }
+}
+
+fn ping_pong_wasmproc(s: &Scheduler) -> Duration {
+    let limit = PING_PONG_MESSAGES;
+    let start = Instant::now();
+    let server = s.spawn(PingPong { peer: None, started: false, sent_last: false, limit }, "serve", vec![]).unwrap();
+    let client = PingPong { peer: None, started: false, sent_last: false, limit };
+    let client = s.spawn(client, "client", vec![Payload::u64(server.pid().as_u64())]).unwrap();
+    let (a, b) = (server.join(), client.join());
+    let elapsed = start.elapsed();
+    assert_eq!((a.unwrap().to_u64(), b.unwrap().to_u64()), (Some(limit), Some(limit)));
+    elapsed
+}
+
+fn ping_pong_tokio(rt: &tokio::runtime::Runtime) -> Duration {
+    let limit = PING_PONG_MESSAGES;
+    let start = Instant::now();
+    rt.block_on(async {
+        let (to_b, mut b_rx) = tokio::sync::mpsc::channel::<u64>(16);
+        let (to_a, mut a_rx) = tokio::sync::mpsc::channel::<u64>(16);
+        let b = tokio::spawn(async move {
+            while let Some(n) = b_rx.recv().await {
+                if n + 1 >= limit || to_a.send(n + 1).await.is_err() {
+                    return n + 1;
+                }
+            }
+            0
+        });
+        let a = tokio::spawn(async move {
+            to_b.send(0).await.unwrap();
+            while let Some(n) = a_rx.recv().await {
+                if n + 1 >= limit || to_b.send(n + 1).await.is_err() {
+                    return n + 1;
+                }
+            }
+            0
+        });
+        let (a, b) = (a.await.unwrap(), b.await.unwrap());
+        assert_eq!(a.max(b), limit);
+    });
+    start.elapsed()
+}
+
+// --- yield cycles --------------------------------------------------------------------
+
+struct Yielder {
+    left: u64,
+}
+
+impl Process for Yielder {
+    fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        if self.left == 0 {
+            out.complete(Ok(Payload::empty()));
+        } else {
+            self.left -= 1;
+            out.yield_command(self.left, Command::Custom { name: "now".into(), payload: Payload::empty() });
+        }
+        Ok(())
+    }
+}
+
+fn yields_wasmproc(s: &Scheduler) -> Duration {
+    let start = Instant::now();
+    let handles: Vec<_> =
+        (0..YIELD_PROCESSES).map(|_| s.spawn(Yielder { left: YIELDS_EACH }, "main", vec![]).unwrap()).collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    start.elapsed()
+}
+
+fn yields_tokio(rt: &tokio::runtime::Runtime) -> Duration {
+    let start = Instant::now();
+    rt.block_on(async {
+        let handles: Vec<_> = (0..YIELD_PROCESSES)
+            .map(|_| {
+                tokio::spawn(async {
+                    for _ in 0..YIELDS_EACH {
+                        tokio::task::yield_now().await;
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.await.unwrap();
+        }
+    });
+    start.elapsed()
+}

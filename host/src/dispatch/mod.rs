@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::process::{Command, Event, Outcome, Payload, Pid, Process, SpawnRequest, Yield};
 use crate::scheduler::cell::{ProcessCell, Watcher};
 use crate::scheduler::state::Wake;
-use crate::scheduler::worker::panic_message;
+use crate::scheduler::worker::{self, panic_message};
 use crate::scheduler::{Handle, Shared, SpawnArgs};
 
 /// Code that carries out a custom command.
@@ -80,7 +80,8 @@ impl Request {
 
     /// The scheduler, to spawn, send or terminate on the caller's behalf.
     pub fn scheduler(&self) -> Handle {
-        Handle { shared: self.completer.shared.clone() }
+        let cell = self.completer.target.as_ref().expect("an uncompleted request has a target");
+        Handle { shared: cell.scheduler().clone() }
     }
 
     /// Completes the command now.
@@ -99,14 +100,13 @@ impl Request {
 ///
 /// Completing a yield of a process that has ended in the meantime does nothing.
 pub struct Completer {
-    shared: Arc<Shared>,
     target: Option<Arc<ProcessCell>>,
     tag: u64,
 }
 
 impl Completer {
-    pub(crate) fn new(shared: Arc<Shared>, target: Arc<ProcessCell>, tag: u64) -> Self {
-        Completer { shared, target: Some(target), tag }
+    pub(crate) fn new(target: Arc<ProcessCell>, tag: u64) -> Self {
+        Completer { target: Some(target), tag }
     }
 
     /// The tag of the yield this completes.
@@ -126,9 +126,12 @@ impl Completer {
 
     fn deliver(&mut self, result: Outcome) {
         let Some(cell) = self.target.take() else { return };
+        let Err(event) = worker::deliver_during_dispatch(&cell, Event::Completion { tag: self.tag, result }) else {
+            return;
+        };
         // A refused completion is for a process that has ended (DESIGN 8): nothing to do.
-        if let Ok(Wake::Schedule) = cell.deliver(Event::Completion { tag: self.tag, result }) {
-            self.shared.schedule(cell);
+        if let Ok(Wake::Schedule) = cell.deliver(event) {
+            cell.scheduler().schedule(cell.clone());
         }
     }
 }
@@ -150,12 +153,14 @@ impl std::fmt::Debug for Completer {
 impl Shared {
     /// Carries out one yield of `cell`'s last step.
     pub(crate) fn dispatch(self: &Arc<Self>, cell: &Arc<ProcessCell>, y: Yield) {
-        let done = Completer::new(self.clone(), cell.clone(), y.tag);
-        if let Command::Custom { name, .. } = &y.command
-            && !self.handlers.contains_key(name.as_ref())
-        {
-            return done.complete(Err(format!("unknown command `{name}`")));
-        }
+        let done = Completer::new(cell.clone(), y.tag);
+        let handler = match &y.command {
+            Command::Custom { name, .. } => match self.handlers.get(name.as_ref()) {
+                Some(handler) => Some(handler),
+                None => return done.complete(Err(format!("unknown command `{name}`"))),
+            },
+            _ => None,
+        };
         if !cell.spec.caps.allows_command(&y.command) {
             return done.complete(Err(format!("permission denied: {}", y.command.name())));
         }
@@ -180,7 +185,7 @@ impl Shared {
                 }
             }
             Command::Custom { name, payload } => {
-                let handler = self.handlers[name.as_ref()].clone();
+                let handler = handler.expect("looked up above");
                 let request = Request { caller: cell.pid(), name, payload, completer: done };
                 // A panicking handler drops the request while unwinding, and the
                 // completer's drop answers the yield with an error.

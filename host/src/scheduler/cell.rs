@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use super::Shared;
 use super::events::{Inbox, Refused};
 use super::handle::ExitSlot;
 use super::state::{Lifecycle, State, Waiting, Wake};
@@ -26,6 +27,10 @@ pub(crate) enum Watcher {
 
 /// What a process is allowed and bounded by; fixed at spawn.
 pub(crate) struct Spec {
+    /// The scheduler the process belongs to, so completers can queue it. Held here, once
+    /// per process, rather than in every completer: a reference count touched by every
+    /// yield on every worker would bounce between cores. `None` only in the loom models.
+    pub(crate) scheduler: Option<Arc<Shared>>,
     /// The registered kind it was made from, so it can spawn more of itself.
     pub(crate) kind: Option<Arc<str>>,
     pub(crate) caps: Arc<Capabilities>,
@@ -50,6 +55,9 @@ pub(crate) enum Decision {
     Wait(Lifecycle),
     /// Run again after others had their turn.
     Continue,
+    /// Run again now: events for the next step are waiting outside the inbox (the
+    /// worker kept completions made during dispatch).
+    Rerun,
     /// Finished.
     Complete(Outcome),
 }
@@ -74,6 +82,11 @@ impl ProcessCell {
 
     pub(crate) fn pid(&self) -> Pid {
         self.pid
+    }
+
+    /// The scheduler this process belongs to.
+    pub(crate) fn scheduler(&self) -> &Arc<Shared> {
+        self.spec.scheduler.as_ref().expect("only loom models make cells without a scheduler")
     }
 
     /// The producers' half of the protocol: push, then wake. `Ok(Wake::Schedule)` makes
@@ -117,6 +130,7 @@ impl ProcessCell {
                     self.state.transition_to_ready_from_running();
                     return TurnEnd::Requeue;
                 }
+                Decision::Rerun => terminate = self.state.load().is_terminate_requested(),
                 Decision::Wait(target) => match self.state.transition_to_waiting(target) {
                     Waiting::Parked => return TurnEnd::Parked,
                     Waiting::Rerun => terminate = self.state.load().is_terminate_requested(),
@@ -160,7 +174,7 @@ mod loom_models {
     }
 
     fn ready_cell() -> Arc<ProcessCell> {
-        let spec = Spec { kind: None, caps: Arc::default(), mailbox_capacity: 8 };
+        let spec = Spec { scheduler: None, kind: None, caps: Arc::default(), mailbox_capacity: 8 };
         let cell = Arc::new(ProcessCell::new(Pid::from_u64(1), Box::new(Inert), spec));
         cell.state.transition_to_ready_from_init();
         cell

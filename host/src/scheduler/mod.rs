@@ -31,7 +31,6 @@ pub(crate) mod state;
 pub(crate) mod worker;
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -42,6 +41,7 @@ use anyhow::{Context as _, bail, ensure};
 use crossbeam_deque::{Injector, Stealer, Worker};
 use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex};
+use rustc_hash::FxHashMap;
 
 use self::cell::{Spec, Watcher};
 use self::handle::ExitSlot;
@@ -76,8 +76,8 @@ pub struct Builder {
     turn_budget: u32,
     capabilities: Capabilities,
     thread_name: String,
-    handlers: HashMap<String, Arc<dyn Handler>>,
-    kinds: HashMap<Arc<str>, Arc<dyn Factory>>,
+    handlers: FxHashMap<String, Arc<dyn Handler>>,
+    kinds: FxHashMap<Arc<str>, Arc<dyn Factory>>,
 }
 
 impl Default for Builder {
@@ -89,8 +89,8 @@ impl Default for Builder {
             turn_budget: 16,
             capabilities: Capabilities::default(),
             thread_name: "wasmproc".to_owned(),
-            handlers: HashMap::new(),
-            kinds: HashMap::new(),
+            handlers: FxHashMap::default(),
+            kinds: FxHashMap::default(),
         }
     }
 }
@@ -586,8 +586,8 @@ pub(crate) struct Shared {
     live: AtomicUsize,
     peak_live: AtomicUsize,
     pub(crate) config: Config,
-    pub(crate) handlers: HashMap<String, Arc<dyn Handler>>,
-    pub(crate) kinds: HashMap<Arc<str>, Arc<dyn Factory>>,
+    pub(crate) handlers: FxHashMap<String, Arc<dyn Handler>>,
+    pub(crate) kinds: FxHashMap<Arc<str>, Arc<dyn Factory>>,
     pub(crate) timer: Timer,
     stopping: AtomicBool,
     shut_down: AtomicBool,
@@ -631,7 +631,11 @@ impl Shared {
     }
 
     /// Registers and initialises a process and moves it to `Ready`; the caller queues it.
-    pub(crate) fn spawn_unqueued(&self, process: Box<dyn Process>, args: SpawnArgs) -> Result<Task, SpawnError> {
+    pub(crate) fn spawn_unqueued(
+        self: &Arc<Self>,
+        process: Box<dyn Process>,
+        args: SpawnArgs,
+    ) -> Result<Task, SpawnError> {
         if self.stopping.load(Ordering::Acquire) {
             return Err(SpawnError::Stopping);
         }
@@ -644,7 +648,12 @@ impl Shared {
         self.peak_live.fetch_max(before + 1, Ordering::Relaxed);
 
         let shard = worker::current_index(self.id).unwrap_or(self.config.workers);
-        let spec = Spec { kind: args.kind, caps: args.caps, mailbox_capacity: args.mailbox_capacity };
+        let spec = Spec {
+            scheduler: Some(self.clone()),
+            kind: args.kind,
+            caps: args.caps,
+            mailbox_capacity: args.mailbox_capacity,
+        };
         let cell = match self.registry.insert(shard, process, spec) {
             Ok(cell) => cell,
             Err(mut process) => {

@@ -139,7 +139,7 @@ mod tests {
     }
 
     fn insert(reg: &Registry, shard: usize) -> Pid {
-        let spec = Spec { kind: None, caps: Arc::default(), mailbox_capacity: 1 };
+        let spec = Spec { scheduler: None, kind: None, caps: Arc::default(), mailbox_capacity: 1 };
         reg.insert(shard, Box::new(Inert), spec).ok().unwrap().pid()
     }
 

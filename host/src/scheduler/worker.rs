@@ -11,8 +11,19 @@
 //!
 //! Every [`GLOBAL_CHECK_INTERVAL`]th tick the global queue is looked at first, so a
 //! worker with an endless supply of local work still lets queued processes in.
+//!
+//! # Completions during dispatch
+//!
+//! A handler that completes a yield synchronously does so while the worker still owns
+//! the yielding process (`Running`). Such a completion skips the inbox: it is kept in
+//! the worker's `early` buffer and the worker steps the process again at once, with no
+//! inbox lock, no wake and no failed attempt to park it (the wakeup protocol exists for
+//! producers that race the worker; this one *is* the worker). The next step sees the
+//! inbox's events first, then these. If the process leaves the worker instead (it asked
+//! to continue, or used up its turn) the kept events go into its inbox before it is
+//! queued, while no one else can own it.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -44,6 +55,28 @@ struct Local {
     scheduler: usize,
     index: usize,
     queue: Rc<Worker<Task>>,
+    dispatch: Rc<Dispatching>,
+}
+
+/// The process whose yields this worker is dispatching, and the completions it got
+/// meanwhile. See the module docs, "Completions during dispatch".
+#[derive(Default)]
+struct Dispatching {
+    /// Address of the process's cell; 0 when not dispatching. Compared, never followed.
+    cell: Cell<usize>,
+    early: RefCell<Vec<Event>>,
+}
+
+/// Keeps `event` for the next step of `cell` if this thread is dispatching `cell`'s
+/// yields right now; otherwise hands it back for the inbox.
+pub(crate) fn deliver_during_dispatch(cell: &Task, event: Event) -> Result<(), Event> {
+    CURRENT.with_borrow(|current| match current {
+        Some(local) if local.dispatch.cell.get() == Arc::as_ptr(cell) as usize => {
+            local.dispatch.early.borrow_mut().push(event);
+            Ok(())
+        }
+        _ => Err(event),
+    })
 }
 
 /// Pushes `task` onto this thread's local deque if this thread is one of `scheduler`'s
@@ -69,11 +102,13 @@ pub(crate) fn current_index(scheduler: usize) -> Option<usize> {
 /// The body of worker thread `index`.
 pub(crate) fn run(shared: Arc<Shared>, index: usize, queue: Worker<Task>) {
     let queue = Rc::new(queue);
-    CURRENT.set(Some(Local { scheduler: shared.id, index, queue: queue.clone() }));
+    let dispatch = Rc::new(Dispatching::default());
+    CURRENT.set(Some(Local { scheduler: shared.id, index, queue: queue.clone(), dispatch: dispatch.clone() }));
     let mut worker = WorkerLoop {
         shared: &shared,
         index,
         queue: &queue,
+        dispatch: &dispatch,
         rng: Rng::new(index as u64),
         tick: 0,
         events: Vec::new(),
@@ -87,6 +122,7 @@ struct WorkerLoop<'a> {
     shared: &'a Arc<Shared>,
     index: usize,
     queue: &'a Worker<Task>,
+    dispatch: &'a Dispatching,
     rng: Rng,
     tick: u32,
     /// Reused for every step: the drained events.
@@ -201,7 +237,9 @@ impl WorkerLoop<'_> {
         let shared = self.shared;
         let counters = &shared.counters[self.index];
         let out = &mut self.out;
+        let dispatch = self.dispatch;
         let end = cell.run_turn(shared.config.turn_budget, &mut self.events, |events| {
+            events.append(&mut dispatch.early.borrow_mut());
             out.reset();
             counters.record_step();
             let stepped =
@@ -223,23 +261,43 @@ impl WorkerLoop<'_> {
                 yields.clear();
                 return Decision::Complete(result);
             }
+            dispatch.cell.set(Arc::as_ptr(&cell) as usize);
             for y in yields.drain(..) {
                 shared.dispatch(&cell, y);
             }
+            dispatch.cell.set(0);
             match status {
+                Status::Continue => Decision::Continue,
+                _ if !dispatch.early.borrow().is_empty() => Decision::Rerun,
                 Status::Blocked => Decision::Wait(Lifecycle::Blocked),
                 Status::Idle => Decision::Wait(Lifecycle::Idle),
-                Status::Continue => Decision::Continue,
                 Status::Complete(_) => unreachable!("handled above"),
             }
         });
+        let mut early = dispatch.early.borrow_mut();
         match end {
-            TurnEnd::Parked => {}
-            // Requeued processes go to the back of the global queue: behind everything
-            // already waiting, so one busy process cannot starve the others.
-            TurnEnd::Requeue => shared.schedule_global(cell),
-            TurnEnd::Complete(result) => shared.finalize(&cell, Some(result)),
-            TurnEnd::Terminated => shared.finalize(&cell, None),
+            TurnEnd::Parked => debug_assert!(early.is_empty(), "parked with completions kept aside"),
+            TurnEnd::Requeue => {
+                // `Ready` but in no queue yet: no one else can touch the process, so the
+                // kept completions can go into its inbox without a wake.
+                for event in early.drain(..) {
+                    cell.inbox.push(event, usize::MAX).expect("inbox of a live process is open");
+                }
+                drop(early);
+                // Requeued processes go to the back of the global queue: behind everything
+                // already waiting, so one busy process cannot starve the others.
+                shared.schedule_global(cell);
+            }
+            TurnEnd::Complete(result) => {
+                early.clear();
+                drop(early);
+                shared.finalize(&cell, Some(result));
+            }
+            TurnEnd::Terminated => {
+                early.clear();
+                drop(early);
+                shared.finalize(&cell, None);
+            }
         }
     }
 }

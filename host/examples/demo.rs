@@ -1,0 +1,132 @@
+//! A tour of the scheduler with native processes: a spawn tree, messages, a custom
+//! command, and the stats at the end.
+//!
+//! `cargo run --release -p wasmproc --example demo`
+
+use std::time::{Duration, Instant};
+
+use wasmproc::{
+    Capabilities, Command, Event, Events, Payload, Pid, Process, Request, Scheduler, SpawnRequest, Status, StepOutput,
+};
+
+/// Sums 0..n by splitting the range among 10 children until a range is a single number.
+#[derive(Default)]
+struct Tree {
+    start: u64,
+    len: u64,
+    sum: u64,
+    exits: u32,
+    spawned: bool,
+}
+
+impl Process for Tree {
+    fn init(&mut self, _: Pid, method: &str, input: Vec<Payload>) -> anyhow::Result<()> {
+        anyhow::ensure!(method == "sum", "unknown entry method `{method}`; entries: sum");
+        let range: (u64, u64) = input.first().ok_or_else(|| anyhow::anyhow!("missing input"))?.parse_json()?;
+        (self.start, self.len) = range;
+        Ok(())
+    }
+
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        if self.len == 1 {
+            out.complete(Ok(Payload::json(&self.start)?));
+            return Ok(());
+        }
+        for event in events {
+            if let Event::Exit { result, .. } = event {
+                self.sum += result.map_err(anyhow::Error::msg)?.parse_json::<u64>()?;
+                self.exits += 1;
+            }
+        }
+        if !self.spawned {
+            self.spawned = true;
+            let part = self.len / 10;
+            for i in 0..10 {
+                let input = vec![Payload::json(&(self.start + i * part, part))?];
+                let request = SpawnRequest { kind: None, method: "sum".into(), input, monitor: true };
+                out.yield_command(i, Command::Spawn(request));
+            }
+        }
+        if self.exits == 10 {
+            out.complete(Ok(Payload::json(&self.sum)?));
+        } else {
+            out.set_status(Status::Idle);
+        }
+        Ok(())
+    }
+}
+
+/// Asks the embedder's `greet` command for a greeting, then waits for one message and
+/// answers with both.
+struct Greeter {
+    greeting: Option<String>,
+}
+
+impl Process for Greeter {
+    fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        if self.greeting.is_none() && out.yields().is_empty() {
+            out.yield_command(1, Command::Custom { name: "greet".into(), payload: Payload::text("demo") });
+        }
+        for event in events {
+            match event {
+                Event::Completion { tag: 1, result } => {
+                    self.greeting = Some(result.map_err(anyhow::Error::msg)?.as_str().unwrap_or("").to_owned());
+                }
+                Event::Message { topic, body, .. } => {
+                    let greeting = self.greeting.clone().unwrap_or_default();
+                    out.complete(Ok(Payload::text(format!(
+                        "{greeting}; got `{topic}`: {}",
+                        body.as_str().unwrap_or("")
+                    ))));
+                    return Ok(());
+                }
+                _ => {}
+            }
+        }
+        out.set_status(Status::Idle);
+        Ok(())
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let scheduler = Scheduler::builder()
+        .kind("tree", || Ok(Box::new(Tree::default()) as Box<dyn Process>))
+        .handler("greet", |r: Request| {
+            let name = r.payload().as_str().unwrap_or("stranger").to_owned();
+            r.complete(Ok(Payload::text(format!("hello, {name}"))));
+        })
+        .build()?;
+
+    let n = 100_000u64;
+    let start = Instant::now();
+    let tree = scheduler.spawn_kind("tree", "sum", vec![Payload::json(&(0, n))?])?;
+    let sum: u64 = tree.join().map_err(anyhow::Error::msg)?.parse_json()?;
+    println!("sum of 0..{n} by a tree of {} processes: {sum} in {:.1?}", n + n / 9, start.elapsed());
+    assert_eq!(sum, n * (n - 1) / 2);
+
+    let options = wasmproc::SpawnOptions::new("main").capabilities(Capabilities::default().allow("greet"));
+    let greeter = scheduler.spawn_with(Box::new(Greeter { greeting: None }), options)?;
+    scheduler.send(greeter.pid(), "news", Payload::text("the scheduler works"))?;
+    println!("greeter answered: {}", greeter.join().map_err(anyhow::Error::msg)?.as_str().unwrap_or(""));
+
+    match scheduler.spawn_kind("tree", "product", vec![]) {
+        Err(e) => println!("a bad spawn is an error, not a crash: {e}"),
+        Ok(_) => anyhow::bail!("unknown method accepted"),
+    }
+
+    let stats = scheduler.stats();
+    println!(
+        "stats: {} spawned, {} completed, {} yields, {} messages, peak {} live",
+        stats.spawned, stats.completed, stats.yields, stats.messages, stats.peak_live
+    );
+    for (i, w) in stats.workers.iter().enumerate() {
+        println!("  worker {i}: {} steps, {} steals taking {} processes", w.executed, w.steals, w.stolen);
+    }
+    let report = scheduler.stop(Duration::from_secs(1));
+    println!("stopped in {:.1?}", report.elapsed);
+    Ok(())
+}
