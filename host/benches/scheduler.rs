@@ -20,7 +20,8 @@ use wasmproc::{
     Capabilities, Command, Event, Events, Payload, Pid, Process, Request, Scheduler, SpawnRequest, Status, StepOutput,
 };
 
-const RUNS: usize = 5;
+/// Measured runs per workload; `RUNS` in the environment overrides it.
+const DEFAULT_RUNS: usize = 5;
 const SKYNET_LEAVES: u64 = 1_000_000;
 const PING_PONG_MESSAGES: u64 = 1_000_000;
 const YIELD_PROCESSES: u64 = 10_000;
@@ -42,7 +43,7 @@ fn main() {
         .expect("scheduler starts");
     let tokio = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).build().expect("tokio starts");
 
-    println!("wasmproc scheduler vs tokio {} — {workers} workers, {RUNS} runs after 1 warm-up", tokio_version());
+    println!("wasmproc scheduler vs tokio — {workers} workers, {} runs after 1 warm-up", runs());
     println!("{:<14} {:>24} {:>24} {:>8}", "workload", "wasmproc median (range)", "tokio median (range)", "ratio");
     type Bench<'a> = (&'a str, Box<dyn Fn() -> Duration + 'a>, Box<dyn Fn() -> Duration + 'a>);
     let benches: Vec<Bench<'_>> = vec![
@@ -54,8 +55,7 @@ fn main() {
         if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
             continue;
         }
-        let ours = measure(&*ours);
-        let theirs = measure(&*theirs);
+        let (ours, theirs) = measure_pair(&*ours, &*theirs);
         println!(
             "{name:<14} {:>24} {:>24} {:>8.2}",
             ours.to_string(),
@@ -83,15 +83,29 @@ impl std::fmt::Display for Sample {
     }
 }
 
-fn measure(run: &dyn Fn() -> Duration) -> Sample {
-    run();
-    let mut times: Vec<Duration> = (0..RUNS).map(|_| run()).collect();
-    times.sort();
-    Sample { median: times[RUNS / 2], min: times[0], max: times[RUNS - 1] }
+fn runs() -> usize {
+    std::env::var("RUNS").ok().and_then(|r| r.parse().ok()).filter(|&r| r > 0).unwrap_or(DEFAULT_RUNS)
 }
 
-fn tokio_version() -> &'static str {
-    "1.x"
+/// Runs both sides once to warm up, then alternates them, so drift on the machine
+/// (frequency, other load) affects both alike.
+fn measure_pair(ours: &dyn Fn() -> Duration, theirs: &dyn Fn() -> Duration) -> (Sample, Sample) {
+    ours();
+    theirs();
+    let runs = runs();
+    let (mut a, mut b) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
+    for _ in 0..runs {
+        a.push(ours());
+        b.push(theirs());
+    }
+    (Sample::of(a), Sample::of(b))
+}
+
+impl Sample {
+    fn of(mut times: Vec<Duration>) -> Sample {
+        times.sort();
+        Sample { median: times[times.len() / 2], min: times[0], max: times[times.len() - 1] }
+    }
 }
 
 // --- skynet --------------------------------------------------------------------------

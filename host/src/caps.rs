@@ -98,6 +98,14 @@ impl Capabilities {
         }
     }
 
+    /// Whether the custom command `name` may be yielded (`name` is not a built-in).
+    pub(crate) fn allows_custom(&self, name: &str) -> bool {
+        match &self.custom {
+            Custom::All => true,
+            Custom::Only(names) => names.contains(name),
+        }
+    }
+
     /// Whether `command` may be yielded; checks built-ins without touching strings.
     pub fn allows_command(&self, command: &Command) -> bool {
         let bit = match command {

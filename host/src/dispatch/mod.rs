@@ -19,21 +19,23 @@ use std::sync::Arc;
 use crate::process::{Command, Event, Outcome, Payload, Pid, Process, SpawnRequest, Yield};
 use crate::scheduler::cell::{ProcessCell, Watcher};
 use crate::scheduler::state::Wake;
+use crate::scheduler::worker::Task;
 use crate::scheduler::worker::{self, panic_message};
 use crate::scheduler::{Handle, Shared, SpawnArgs};
 
 /// Code that carries out a custom command.
 ///
 /// Called on the worker thread that ran the yielding step, so it must not block: a
-/// handler with slow work moves the [`Request`] (or its [`Completer`]) to a thread of its
-/// own and completes from there. A panic in a handler completes the yield with an error.
+/// handler with slow work takes the [`Completer`] out of the [`Request`]
+/// ([`Request::into_parts`]) and completes from a thread of its own. A panic in a handler
+/// completes the yield with an error.
 pub trait Handler: Send + Sync + 'static {
     /// Carries out `request`, completing it now or later.
-    fn handle(&self, request: Request);
+    fn handle(&self, request: Request<'_>);
 }
 
-impl<F: Fn(Request) + Send + Sync + 'static> Handler for F {
-    fn handle(&self, request: Request) {
+impl<F: Fn(Request<'_>) + Send + Sync + 'static> Handler for F {
+    fn handle(&self, request: Request<'_>) {
         self(request)
     }
 }
@@ -54,18 +56,23 @@ impl<F: Fn() -> anyhow::Result<Box<dyn Process>> + Send + Sync + 'static> Factor
     }
 }
 
-/// One custom command to carry out.
-pub struct Request {
-    caller: Pid,
+/// One custom command to carry out, borrowed for the duration of the handler call.
+///
+/// Complete it with [`Request::complete`], or take a [`Completer`] with
+/// [`Request::into_parts`] to complete later. Dropping it unused completes the yield with
+/// an error, so a process never waits on a handler that forgot it.
+pub struct Request<'a> {
+    caller: &'a Arc<ProcessCell>,
+    tag: u64,
     name: Cow<'static, str>,
     payload: Payload,
-    completer: Completer,
+    answered: bool,
 }
 
-impl Request {
+impl Request<'_> {
     /// The process that yielded the command.
     pub fn caller(&self) -> Pid {
-        self.caller
+        self.caller.pid()
     }
 
     /// The command's name.
@@ -80,23 +87,36 @@ impl Request {
 
     /// The scheduler, to spawn, send or terminate on the caller's behalf.
     pub fn scheduler(&self) -> Handle {
-        let cell = self.completer.target.as_ref().expect("an uncompleted request has a target");
-        Handle { shared: cell.scheduler().clone() }
+        Handle { shared: self.caller.scheduler().clone() }
     }
 
     /// Completes the command now.
-    pub fn complete(self, result: Outcome) {
-        self.completer.complete(result);
+    pub fn complete(mut self, result: Outcome) {
+        self.answered = true;
+        complete(self.caller, self.tag, result);
     }
 
-    /// The input and the completer, to finish the work elsewhere.
-    pub fn into_parts(self) -> (Payload, Completer) {
-        (self.payload, self.completer)
+    /// The input and a completer, to finish the work elsewhere.
+    pub fn into_parts(mut self) -> (Payload, Completer) {
+        self.answered = true;
+        let payload = std::mem::take(&mut self.payload);
+        (payload, Completer::new(self.caller.clone(), self.tag))
     }
 }
 
-/// Completes one yield. Consumed by [`Completer::complete`]; dropping it unused
-/// completes the yield with an error, so a process never waits on a lost handler.
+impl Drop for Request<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            complete(self.caller, self.tag, Err(DROPPED.to_owned()));
+        }
+    }
+}
+
+const DROPPED: &str = "command handler dropped the yield without completing it";
+
+/// Completes one yield from anywhere, at any time. Consumed by [`Completer::complete`];
+/// dropping it unused completes the yield with an error, so a process never waits on a
+/// lost handler.
 ///
 /// Completing a yield of a process that has ended in the meantime does nothing.
 pub struct Completer {
@@ -121,25 +141,16 @@ impl Completer {
 
     /// Delivers `result` to the process and wakes it.
     pub fn complete(mut self, result: Outcome) {
-        self.deliver(result);
-    }
-
-    fn deliver(&mut self, result: Outcome) {
-        let Some(cell) = self.target.take() else { return };
-        let Err(event) = worker::deliver_during_dispatch(&cell, Event::Completion { tag: self.tag, result }) else {
-            return;
-        };
-        // A refused completion is for a process that has ended (DESIGN 8): nothing to do.
-        if let Ok(Wake::Schedule) = cell.deliver(event) {
-            cell.scheduler().schedule(cell.clone());
+        if let Some(cell) = self.target.take() {
+            complete(&cell, self.tag, result);
         }
     }
 }
 
 impl Drop for Completer {
     fn drop(&mut self) {
-        if self.target.is_some() {
-            self.deliver(Err("command handler dropped the yield without completing it".to_owned()));
+        if let Some(cell) = self.target.take() {
+            complete(&cell, self.tag, Err(DROPPED.to_owned()));
         }
     }
 }
@@ -150,91 +161,102 @@ impl std::fmt::Debug for Completer {
     }
 }
 
+/// Delivers the completion of yield `tag` to `cell`: kept aside for its next step when
+/// this thread is dispatching its yields right now, otherwise through its inbox.
+fn complete(cell: &Arc<ProcessCell>, tag: u64, result: Outcome) {
+    let Err(event) = worker::deliver_during_dispatch(cell, Event::Completion { tag, result }) else {
+        return;
+    };
+    // A refused completion is for a process that has ended (DESIGN 8): nothing to do.
+    if let Ok(Wake::Schedule) = cell.deliver(event) {
+        cell.scheduler().schedule(cell.clone());
+    }
+}
+
 impl Shared {
     /// Carries out one yield of `cell`'s last step.
     pub(crate) fn dispatch(self: &Arc<Self>, cell: &Arc<ProcessCell>, y: Yield) {
-        let done = Completer::new(cell.clone(), y.tag);
-        let handler = match &y.command {
-            Command::Custom { name, .. } => match self.handlers.get(name.as_ref()) {
-                Some(handler) => Some(handler),
-                None => return done.complete(Err(format!("unknown command `{name}`"))),
-            },
-            _ => None,
-        };
+        let tag = y.tag;
+        if let Command::Custom { name, payload } = y.command {
+            let Some(handler) = self.handlers.get(name.as_ref()) else {
+                return complete(cell, tag, Err(format!("unknown command `{name}`")));
+            };
+            if !cell.spec.caps.allows_custom(&name) {
+                return complete(cell, tag, Err(format!("permission denied: {name}")));
+            }
+            self.count_yield();
+            let request = Request { caller: cell, tag, name, payload, answered: false };
+            // A panicking handler drops the request while unwinding, and its drop
+            // answers the yield with an error.
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| handler.handle(request))) {
+                eprintln!("wasmproc: command handler panicked: {}", panic_message(&*panic));
+            }
+            return;
+        }
         if !cell.spec.caps.allows_command(&y.command) {
-            return done.complete(Err(format!("permission denied: {}", y.command.name())));
+            return complete(cell, tag, Err(format!("permission denied: {}", y.command.name())));
         }
         self.count_yield();
         match y.command {
-            Command::Sleep(duration) => self.timer.sleep(duration, done),
-            Command::Spawn(request) => self.spawn_child(cell, request, done),
+            Command::Sleep(duration) if duration.is_zero() => complete(cell, tag, Ok(Payload::empty())),
+            Command::Sleep(duration) => self.timer.sleep(duration, Completer::new(cell.clone(), tag)),
+            Command::Spawn(request) => {
+                let result = self.spawn_child(cell, request);
+                complete(
+                    cell,
+                    tag,
+                    result.as_ref().map(|child| Payload::u64(child.pid().as_u64())).map_err(Clone::clone),
+                );
+                // The spawn completes before the child is queued, so the parent always
+                // sees the child's pid before any exit event of the child.
+                if let Ok(child) = result {
+                    self.schedule(child);
+                }
+            }
             Command::Send { to, topic, body } => {
                 let sent = self.send(cell.pid(), to, topic, body);
-                done.complete(sent.map(|()| Payload::empty()).map_err(|e| e.to_string()));
+                complete(cell, tag, sent.map(|()| Payload::empty()).map_err(|e| e.to_string()));
             }
             Command::Monitor(target) => {
                 self.monitor(cell, target);
-                done.complete(Ok(Payload::empty()));
+                complete(cell, tag, Ok(Payload::empty()));
             }
             Command::Terminate(target) => {
-                // Completes once the target has ended: its exit notifies `done`.
-                if let Err((error, watcher)) = self.terminate(target, Some(Watcher::Yield(done))) {
-                    if let Some(Watcher::Yield(done)) = watcher {
-                        done.complete(Err(error.to_string()));
-                    }
+                // Completes once the target has ended: its exit notifies the completer.
+                let watcher = Watcher::Yield(Completer::new(cell.clone(), tag));
+                if let Err((error, watcher)) = self.terminate(target, Some(watcher))
+                    && let Some(Watcher::Yield(done)) = watcher
+                {
+                    done.complete(Err(error.to_string()));
                 }
             }
-            Command::Custom { name, payload } => {
-                let handler = handler.expect("looked up above");
-                let request = Request { caller: cell.pid(), name, payload, completer: done };
-                // A panicking handler drops the request while unwinding, and the
-                // completer's drop answers the yield with an error.
-                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| handler.handle(request))) {
-                    eprintln!("wasmproc: command handler panicked: {}", panic_message(&*panic));
-                }
-            }
+            Command::Custom { .. } => unreachable!("handled above"),
         }
     }
 
-    fn spawn_child(self: &Arc<Self>, parent: &Arc<ProcessCell>, request: SpawnRequest, done: Completer) {
+    /// Starts the child `request` asks for, not yet queued.
+    fn spawn_child(self: &Arc<Self>, parent: &Arc<ProcessCell>, request: SpawnRequest) -> Result<Task, String> {
         let kind = match &request.kind {
-            Some(name) => self.kinds.get_key_value(name.as_str()).map(|(k, f)| (k.clone(), f.clone())),
-            None => parent
-                .spec
-                .kind
-                .as_ref()
-                .and_then(|k| self.kinds.get_key_value(k.as_ref()))
-                .map(|(k, f)| (k.clone(), f.clone())),
+            Some(name) => self.kinds.get_key_value(name.as_str()),
+            None => parent.spec.kind.as_ref().and_then(|k| self.kinds.get_key_value(k.as_ref())),
         };
         let Some((kind, factory)) = kind else {
-            let error = match &request.kind {
+            return Err(match &request.kind {
                 Some(name) => format!("spawn failed: unknown process kind `{name}`"),
                 None => {
                     "spawn failed: the spawning process has no registered kind to spawn more of; name one".to_owned()
                 }
-            };
-            return done.complete(Err(error));
+            });
         };
-        let process = match factory.make() {
-            Ok(p) => p,
-            Err(e) => return done.complete(Err(format!("spawn failed: {e:#}"))),
-        };
+        let process = factory.make().map_err(|e| format!("spawn failed: {e:#}"))?;
         let args = SpawnArgs {
-            kind: Some(kind),
+            kind: Some(kind.clone()),
             method: request.method,
             input: request.input,
             caps: parent.spec.caps.clone(),
             mailbox_capacity: self.config.mailbox_capacity,
             watcher: request.monitor.then(|| Watcher::Process(parent.clone())),
         };
-        match self.spawn_unqueued(process, args) {
-            Ok(child) => {
-                // The spawn completes before the child is queued, so the parent always
-                // sees the child's pid before any exit event of the child.
-                done.complete(Ok(Payload::u64(child.pid().as_u64())));
-                self.schedule(child);
-            }
-            Err(e) => done.complete(Err(e.to_string())),
-        }
+        self.spawn_unqueued(process, args).map_err(|e| e.to_string())
     }
 }

@@ -4,6 +4,7 @@
 //! `state.rs`; [`ProcessCell::deliver`] is the producers' half. Both live here so the
 //! loom models at the bottom exercise exactly the code the scheduler runs.
 
+use std::cell::UnsafeCell;
 use std::sync::Arc;
 
 use super::Shared;
@@ -12,7 +13,6 @@ use super::handle::ExitSlot;
 use super::state::{Lifecycle, State, Waiting, Wake};
 use crate::caps::Capabilities;
 use crate::dispatch::Completer;
-use crate::loom::Mutex;
 use crate::process::{Event, Outcome, Pid, Process};
 
 /// Someone to tell when a process ends.
@@ -41,10 +41,9 @@ pub(crate) struct ProcessCell {
     pid: Pid,
     pub(crate) state: State,
     pub(crate) inbox: Inbox,
-    /// Only the worker that moved the state to `Running` (or the spawner during `Init`)
-    /// locks this, so the lock is never contended; it exists to make that exclusivity
-    /// checkable rather than assumed. `None` once the process has been closed.
-    process: Mutex<Option<Box<dyn Process>>>,
+    /// The process itself; `None` once it has been closed. Guarded by the state word,
+    /// not by a lock: see [`ProcessCell::with_process`].
+    process: UnsafeCell<Option<Box<dyn Process>>>,
     pub(crate) spec: Spec,
 }
 
@@ -75,9 +74,15 @@ pub(crate) enum TurnEnd {
     Terminated,
 }
 
+// SAFETY: every field but `process` is `Sync`. `process` is only reached through
+// `with_process`/`take_process`, whose callers own the process by the state word's
+// protocol, so it is never accessed from two threads at once; and the process is `Send`,
+// so moving between the threads that successively own it is fine.
+unsafe impl Sync for ProcessCell {}
+
 impl ProcessCell {
     pub(crate) fn new(pid: Pid, process: Box<dyn Process>, spec: Spec) -> Self {
-        ProcessCell { pid, state: State::new(), inbox: Inbox::new(), process: Mutex::new(Some(process)), spec }
+        ProcessCell { pid, state: State::new(), inbox: Inbox::new(), process: UnsafeCell::new(Some(process)), spec }
     }
 
     pub(crate) fn pid(&self) -> Pid {
@@ -97,14 +102,29 @@ impl ProcessCell {
     }
 
     /// Runs `f` on the process. `None` if it has been closed.
-    pub(crate) fn with_process<R>(&self, f: impl FnOnce(&mut dyn Process) -> R) -> Option<R> {
-        let mut slot = self.process.lock();
+    ///
+    /// # Safety
+    ///
+    /// The caller must own the process, which the state word makes exclusive: the
+    /// spawner while it is `Init` (it is in no queue and no worker can take it), or the
+    /// worker that moved it to `Running` (and keeps it until it parks, requeues or
+    /// completes it).
+    pub(crate) unsafe fn with_process<R>(&self, f: impl FnOnce(&mut dyn Process) -> R) -> Option<R> {
+        // SAFETY: the caller owns the process (this function's contract), so no other
+        // reference to the slot exists while `f` runs.
+        let slot = unsafe { &mut *self.process.get() };
         slot.as_deref_mut().map(f)
     }
 
     /// Takes the process out for closing; `None` the second time.
-    pub(crate) fn take_process(&self) -> Option<Box<dyn Process>> {
-        self.process.lock().take()
+    ///
+    /// # Safety
+    ///
+    /// As for [`ProcessCell::with_process`]: called by the owner that is retiring it,
+    /// after its inbox is closed.
+    pub(crate) unsafe fn take_process(&self) -> Option<Box<dyn Process>> {
+        // SAFETY: as in `with_process`.
+        unsafe { (*self.process.get()).take() }
     }
 
     /// The worker's half of the protocol, for a process it just dequeued.
@@ -119,23 +139,29 @@ impl ProcessCell {
         mut step: impl FnMut(&mut Vec<Event>) -> Decision,
     ) -> TurnEnd {
         let mut terminate = self.state.transition_to_running().is_terminate_requested();
+        // Events may have arrived while the process was queued or waiting.
+        let mut drain = true;
         for _ in 0..budget.max(1) {
             if terminate {
                 return TurnEnd::Terminated;
             }
-            self.inbox.drain_into(events);
+            if drain {
+                self.inbox.drain_into(events);
+            }
             match step(events) {
                 Decision::Complete(result) => return TurnEnd::Complete(result),
                 Decision::Continue => {
                     self.state.transition_to_ready_from_running();
                     return TurnEnd::Requeue;
                 }
-                Decision::Rerun => terminate = self.state.load().is_terminate_requested(),
+                // The inbox needs draining only if a producer flagged a push.
+                Decision::Rerun => drain = self.state.take_wakeup(),
                 Decision::Wait(target) => match self.state.transition_to_waiting(target) {
                     Waiting::Parked => return TurnEnd::Parked,
-                    Waiting::Rerun => terminate = self.state.load().is_terminate_requested(),
+                    Waiting::Rerun => drain = true,
                 },
             }
+            terminate = self.state.load().is_terminate_requested();
         }
         // Out of budget with events pending: let others run first. The pending events
         // stay in the inbox for the next turn.
@@ -261,6 +287,38 @@ mod loom_models {
             assert_eq!(seen, 2);
             assert_eq!(cell.inbox.len(), 0);
             assert_eq!(cell.state.load().lifecycle(), Lifecycle::Idle);
+        });
+    }
+
+    /// DESIGN 5: a producer racing a step that reruns without trying to park (the
+    /// worker kept a completion made during dispatch, so it skips the inbox unless
+    /// `WAKEUP` says a producer pushed): the producer's event is still consumed.
+    #[test]
+    fn loom_completion_races_rerun_after_dispatch() {
+        loom::model(|| {
+            let cell = ready_cell();
+            let schedules = Arc::new(AtomicUsize::new(0));
+            let producer = {
+                let (cell, schedules) = (cell.clone(), schedules.clone());
+                thread::spawn(move || {
+                    if cell.deliver(completion(3)) == Ok(Wake::Schedule) {
+                        schedules.fetch_add(1, Ordering::SeqCst);
+                    }
+                })
+            };
+            let mut seen = 0;
+            let mut reruns = 0;
+            let mut buf = Vec::new();
+            let end = cell.run_turn(4, &mut buf, |events| {
+                seen += events.drain(..).count();
+                reruns += 1;
+                if reruns == 1 { Decision::Rerun } else { Decision::Wait(Lifecycle::Blocked) }
+            });
+            assert!(matches!(end, TurnEnd::Parked), "{end:?}");
+            producer.join().unwrap();
+            seen += run_owed_turns(&cell, Lifecycle::Blocked, &schedules, schedules.swap(0, Ordering::SeqCst));
+            assert_eq!(seen, 1);
+            assert_eq!(cell.inbox.len(), 0);
         });
     }
 

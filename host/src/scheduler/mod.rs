@@ -540,8 +540,10 @@ pub struct WorkerStats {
     pub stolen: u64,
 }
 
-/// Counters of one worker (or, in the last slot, of every other thread). Relaxed
-/// increments: they order nothing and are only summed for [`Stats`].
+/// Counters of one worker (or, in the last slot, of every other thread). Relaxed: they
+/// order nothing and are only summed for [`Stats`]. A worker's own slot has one writer,
+/// so it is bumped with a plain load and store instead of a locked read-modify-write;
+/// the shared last slot uses `fetch_add`.
 #[derive(Default)]
 pub(crate) struct Counters {
     steps: AtomicU64,
@@ -555,13 +557,23 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
+    /// Called by the worker that owns this slot.
     pub(crate) fn record_step(&self) {
-        self.steps.fetch_add(1, Ordering::Relaxed);
+        bump(&self.steps, 1, true);
     }
 
+    /// Called by the worker that owns this slot.
     pub(crate) fn record_steal(&self, stolen: u64) {
-        self.steals.fetch_add(1, Ordering::Relaxed);
-        self.stolen.fetch_add(stolen, Ordering::Relaxed);
+        bump(&self.steals, 1, true);
+        bump(&self.stolen, stolen, true);
+    }
+}
+
+fn bump(counter: &AtomicU64, n: u64, single_writer: bool) {
+    if single_writer {
+        counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+    } else {
+        counter.fetch_add(n, Ordering::Relaxed);
     }
 }
 
@@ -599,11 +611,21 @@ impl Shared {
     /// Queues a `Ready` process: on this worker's own deque when called from one of our
     /// workers (the process it just woke or spawned is likely to share its cache),
     /// otherwise on the global queue.
+    ///
+    /// A process pushed onto an empty local deque wakes no other worker: this worker
+    /// takes it as soon as its current turn ends, and waking a sleeper to steal it would
+    /// cost a futex call and move the process (and, in a request-reply pair, both
+    /// processes) to another core. This is tokio's "LIFO slot" policy; like it, the
+    /// process waits at most one turn.
     pub(crate) fn schedule(&self, cell: Task) {
-        if let Err(cell) = worker::push_local(self.id, cell) {
-            self.injector.push(cell);
+        match worker::push_local(self.id, cell) {
+            Ok(worker::Pushed::Alone) => {}
+            Ok(worker::Pushed::Behind) => self.idle.notify_one(),
+            Err(cell) => {
+                self.injector.push(cell);
+                self.idle.notify_one();
+            }
         }
-        self.idle.notify_one();
     }
 
     /// Queues a `Ready` process behind everything already waiting.
@@ -620,14 +642,17 @@ impl Shared {
         !self.injector.is_empty() || self.stealers.iter().any(|s| !s.is_empty())
     }
 
-    /// This thread's counters: its worker's, or the shared slot for other threads.
-    fn counters_here(&self) -> &Counters {
-        let index = worker::current_index(self.id).unwrap_or(self.config.workers);
-        &self.counters[index]
+    /// Adds `n` to one of this thread's counters: its worker's, or the shared slot for
+    /// other threads.
+    fn count(&self, counter: fn(&Counters) -> &AtomicU64, n: u64) {
+        match worker::current_index(self.id) {
+            Some(index) => bump(counter(&self.counters[index]), n, true),
+            None => bump(counter(&self.counters[self.config.workers]), n, false),
+        }
     }
 
     pub(crate) fn count_yield(&self) {
-        self.counters_here().yields.fetch_add(1, Ordering::Relaxed);
+        self.count(|c| &c.yields, 1);
     }
 
     /// Registers and initialises a process and moves it to `Ready`; the caller queues it.
@@ -664,9 +689,11 @@ impl Shared {
         };
         let pid = cell.pid();
         let method = args.method;
-        let init = cell
-            .with_process(|p| catch_unwind(AssertUnwindSafe(|| p.init(pid, &method, args.input))))
-            .expect("a process in `Init` is not closed");
+        // SAFETY: the process is in `Init`: registered but in no queue, so this spawner
+        // is its only owner.
+        let init =
+            unsafe { cell.with_process(|p| catch_unwind(AssertUnwindSafe(|| p.init(pid, &method, args.input)))) }
+                .expect("a process in `Init` is not closed");
         let init = match init {
             Ok(result) => result,
             Err(panic) => Err(anyhow::anyhow!("init panicked: {}", worker::panic_message(&*panic))),
@@ -681,7 +708,7 @@ impl Shared {
             unreachable!("inbox of process {pid} closed during its init");
         }
         cell.state.transition_to_ready_from_init();
-        self.counters_here().spawned.fetch_add(1, Ordering::Relaxed);
+        self.count(|c| &c.spawned, 1);
         Ok(cell)
     }
 
@@ -689,7 +716,7 @@ impl Shared {
         let cell = self.registry.get(to).ok_or(SendError::NotFound(to))?;
         match cell.deliver(Event::Message { sender: from, topic, body }) {
             Ok(wake) => {
-                self.counters_here().messages.fetch_add(1, Ordering::Relaxed);
+                self.count(|c| &c.messages, 1);
                 if wake == Wake::Schedule {
                     self.schedule(cell);
                 }
@@ -745,7 +772,7 @@ impl Shared {
     /// `None` means terminated: the result is the termination reason.
     pub(crate) fn finalize(&self, cell: &Task, result: Option<Outcome>) {
         self.retire_with(cell, result);
-        self.counters_here().completed.fetch_add(1, Ordering::Relaxed);
+        self.count(|c| &c.completed, 1);
     }
 
     fn retire(&self, cell: &Task, result: Outcome) {
@@ -764,13 +791,15 @@ impl Shared {
         cell.state.transition_to_complete();
         // Closed before the pid leaves the registry: while `close` runs (dropping a Wasm
         // store takes a while), senders get `Closed`, not `NotFound`.
-        if let Some(mut process) = cell.take_process() {
+        // SAFETY: the caller owns the process (it is retiring it: the worker that ran it
+        // or the spawner whose init failed), and the inbox is closed.
+        if let Some(mut process) = unsafe { cell.take_process() } {
             close_quietly(&mut *process);
         }
         self.registry.remove(cell.pid());
         let undelivered = closed.undelivered.iter().filter(|e| matches!(e, Event::Message { .. })).count();
         if undelivered > 0 {
-            self.counters_here().undelivered.fetch_add(undelivered as u64, Ordering::Relaxed);
+            self.count(|c| &c.undelivered, undelivered as u64);
         }
         for watcher in closed.watchers {
             match watcher {

@@ -213,6 +213,23 @@ impl State {
         }
     }
 
+    /// Called by the worker between two steps of one turn that did not try to park:
+    /// clears `WAKEUP` and says whether it was set, that is, whether a producer has
+    /// pushed into the inbox since the last drain. The worker must drain the inbox when
+    /// this returns true; when it returns false every event pushed so far was drained.
+    ///
+    /// Why false is safe: a producer pushes before it reads the state word. If its read
+    /// came after the last clearing of `WAKEUP` it saw the flag clear and set it (so this
+    /// returns true); if it came before, its push preceded that clearing, which preceded
+    /// the drain that followed it.
+    pub(crate) fn take_wakeup(&self) -> bool {
+        if self.word.load(Ordering::Acquire) & WAKEUP == 0 {
+            return false;
+        }
+        self.word.fetch_and(!WAKEUP, Ordering::AcqRel);
+        true
+    }
+
     /// `Running → Ready` for a process that asked to continue or used up its turn; the
     /// caller queues it. `WAKEUP` is dropped: the next run drains the inbox anyway.
     pub(crate) fn transition_to_ready_from_running(&self) {
@@ -277,6 +294,16 @@ mod tests {
         assert_eq!(s.wake(), Wake::Schedule);
         assert_eq!(s.wake(), Wake::Nothing);
         assert_eq!(s.load().lifecycle(), Lifecycle::Ready);
+    }
+
+    #[test]
+    fn take_wakeup_reports_and_clears_the_flag() {
+        let s = running();
+        assert!(!s.take_wakeup());
+        assert_eq!(s.wake(), Wake::Nothing);
+        assert!(s.take_wakeup());
+        assert!(!s.take_wakeup());
+        assert_eq!(s.transition_to_waiting(Lifecycle::Idle), Waiting::Parked);
     }
 
     #[test]

@@ -25,7 +25,6 @@
 
 use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::rc::Rc;
 use std::sync::Arc;
 use std::thread;
 
@@ -47,15 +46,19 @@ const GLOBAL_CHECK_INTERVAL: u32 = 61;
 pub(crate) type Task = Arc<ProcessCell>;
 
 thread_local! {
-    static CURRENT: RefCell<Option<Local>> = const { RefCell::new(None) };
+    /// The worker running on this thread, if any: a pointer to the [`Local`] in the
+    /// worker's own stack frame (see [`run`]). A plain pointer in a destructor-free cell
+    /// keeps every access a single load, where a `RefCell<Option<…>>` would pay for lazy
+    /// initialisation and a borrow flag on each of the several accesses per step.
+    static CURRENT: Cell<*const Local> = const { Cell::new(std::ptr::null()) };
 }
 
 /// The identity and queue of the worker running on this thread.
 struct Local {
     scheduler: usize,
     index: usize,
-    queue: Rc<Worker<Task>>,
-    dispatch: Rc<Dispatching>,
+    queue: Worker<Task>,
+    dispatch: Dispatching,
 }
 
 /// The process whose yields this worker is dispatching, and the completions it got
@@ -67,55 +70,80 @@ struct Dispatching {
     early: RefCell<Vec<Event>>,
 }
 
+/// Runs `f` on this thread's worker if it is one of `scheduler`'s.
+fn with_local<R>(scheduler: usize, f: impl FnOnce(&Local) -> R) -> Option<R> {
+    let local = CURRENT.get();
+    // SAFETY: a non-null `CURRENT` points at the `Local` owned by the `run` frame on this
+    // very thread, which resets it to null (through `Installed`'s drop, even when
+    // unwinding) before that frame ends. So the pointer is valid here, and only shared
+    // references to the `Local` exist.
+    let local = unsafe { local.as_ref() }?;
+    (local.scheduler == scheduler).then(|| f(local))
+}
+
 /// Keeps `event` for the next step of `cell` if this thread is dispatching `cell`'s
 /// yields right now; otherwise hands it back for the inbox.
 pub(crate) fn deliver_during_dispatch(cell: &Task, event: Event) -> Result<(), Event> {
-    CURRENT.with_borrow(|current| match current {
-        Some(local) if local.dispatch.cell.get() == Arc::as_ptr(cell) as usize => {
-            local.dispatch.early.borrow_mut().push(event);
-            Ok(())
+    let scheduler = cell.scheduler().id;
+    let mut event = Some(event);
+    with_local(scheduler, |local| {
+        if local.dispatch.cell.get() == Arc::as_ptr(cell) as usize {
+            local.dispatch.early.borrow_mut().extend(event.take());
         }
-        _ => Err(event),
-    })
+    });
+    event.map_or(Ok(()), Err)
+}
+
+/// What [`push_local`] did.
+pub(crate) enum Pushed {
+    /// Onto a deque that was empty: this worker runs the task next, no one else need wake.
+    Alone,
+    /// Onto other local work: there is something to steal.
+    Behind,
 }
 
 /// Pushes `task` onto this thread's local deque if this thread is one of `scheduler`'s
 /// workers; otherwise hands it back.
-pub(crate) fn push_local(scheduler: usize, task: Task) -> Result<(), Task> {
-    CURRENT.with_borrow(|current| match current {
-        Some(local) if local.scheduler == scheduler => {
-            local.queue.push(task);
-            Ok(())
-        }
-        _ => Err(task),
-    })
+pub(crate) fn push_local(scheduler: usize, task: Task) -> Result<Pushed, Task> {
+    let mut task = Some(task);
+    let pushed = with_local(scheduler, |local| {
+        let alone = local.queue.is_empty();
+        local.queue.push(task.take().expect("taken once"));
+        if alone { Pushed::Alone } else { Pushed::Behind }
+    });
+    pushed.ok_or_else(|| task.take().expect("not pushed"))
 }
 
 /// This thread's worker index if it is one of `scheduler`'s workers.
 pub(crate) fn current_index(scheduler: usize) -> Option<usize> {
-    CURRENT.with_borrow(|current| match current {
-        Some(local) if local.scheduler == scheduler => Some(local.index),
-        _ => None,
-    })
+    with_local(scheduler, |local| local.index)
+}
+
+/// Resets `CURRENT` when the worker's frame ends, however it ends.
+struct Installed;
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        CURRENT.set(std::ptr::null());
+    }
 }
 
 /// The body of worker thread `index`.
 pub(crate) fn run(shared: Arc<Shared>, index: usize, queue: Worker<Task>) {
-    let queue = Rc::new(queue);
-    let dispatch = Rc::new(Dispatching::default());
-    CURRENT.set(Some(Local { scheduler: shared.id, index, queue: queue.clone(), dispatch: dispatch.clone() }));
+    let local = Local { scheduler: shared.id, index, queue, dispatch: Dispatching::default() };
+    CURRENT.set(&local);
+    let _installed = Installed;
     let mut worker = WorkerLoop {
         shared: &shared,
         index,
-        queue: &queue,
-        dispatch: &dispatch,
+        queue: &local.queue,
+        dispatch: &local.dispatch,
         rng: Rng::new(index as u64),
         tick: 0,
         events: Vec::new(),
         out: StepOutput::new(),
     };
     worker.run();
-    CURRENT.set(None);
 }
 
 struct WorkerLoop<'a> {
@@ -242,8 +270,11 @@ impl WorkerLoop<'_> {
             events.append(&mut dispatch.early.borrow_mut());
             out.reset();
             counters.record_step();
-            let stepped =
-                cell.with_process(|process| catch_unwind(AssertUnwindSafe(|| process.step(events.drain(..), out))));
+            // SAFETY: `run_turn` runs this closure only while this worker holds the
+            // process in `Running`.
+            let stepped = unsafe {
+                cell.with_process(|process| catch_unwind(AssertUnwindSafe(|| process.step(events.drain(..), out))))
+            };
             // A step may leave events it did not take; they were delivered to it all the same.
             events.clear();
             match stepped {
