@@ -56,10 +56,13 @@ impl Process for Tree {
     }
 }
 
-/// Asks the embedder's `greet` command for a greeting, then waits for one message and
-/// answers with both.
+/// Asks the embedder's `greet` command for a greeting and waits for one message; answers
+/// with both once it has both, whichever arrives first.
+#[derive(Default)]
 struct Greeter {
+    asked: bool,
     greeting: Option<String>,
+    news: Option<String>,
 }
 
 impl Process for Greeter {
@@ -68,26 +71,27 @@ impl Process for Greeter {
     }
 
     fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
-        if self.greeting.is_none() && out.yields().is_empty() {
+        if !self.asked {
+            self.asked = true;
             out.yield_command(1, Command::Custom { name: "greet".into(), payload: Payload::text("demo") });
         }
         for event in events {
             match event {
                 Event::Completion { tag: 1, result } => {
-                    self.greeting = Some(result.map_err(anyhow::Error::msg)?.as_str().unwrap_or("").to_owned());
+                    let greeting = result.map_err(anyhow::Error::msg)?;
+                    self.greeting = Some(greeting.as_str().unwrap_or_default().to_owned());
                 }
                 Event::Message { topic, body, .. } => {
-                    let greeting = self.greeting.clone().unwrap_or_default();
-                    out.complete(Ok(Payload::text(format!(
-                        "{greeting}; got `{topic}`: {}",
-                        body.as_str().unwrap_or("")
-                    ))));
-                    return Ok(());
+                    self.news = Some(format!("got `{topic}`: {}", body.as_str().unwrap_or_default()));
                 }
                 _ => {}
             }
         }
-        out.set_status(Status::Idle);
+        match (&self.greeting, &self.news) {
+            (Some(greeting), Some(news)) => out.complete(Ok(Payload::text(format!("{greeting}; {news}")))),
+            // Waiting for the greeting (a completion) or the news (a message): either wakes it.
+            _ => out.set_status(Status::Blocked),
+        }
         Ok(())
     }
 }
@@ -109,7 +113,7 @@ fn main() -> anyhow::Result<()> {
     assert_eq!(sum, n * (n - 1) / 2);
 
     let options = wasmproc::SpawnOptions::new("main").capabilities(Capabilities::default().allow("greet"));
-    let greeter = scheduler.spawn_with(Box::new(Greeter { greeting: None }), options)?;
+    let greeter = scheduler.spawn_with(Box::new(Greeter::default()), options)?;
     scheduler.send(greeter.pid(), "news", Payload::text("the scheduler works"))?;
     println!("greeter answered: {}", greeter.join().map_err(anyhow::Error::msg)?.as_str().unwrap_or(""));
 
