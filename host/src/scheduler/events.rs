@@ -117,7 +117,7 @@ impl Inbox {
         }
     }
 
-    #[cfg(any(test, loom))]
+    #[cfg(loom)]
     pub(crate) fn len(&self) -> usize {
         self.inner.lock().events.len()
     }

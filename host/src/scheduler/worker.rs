@@ -210,7 +210,7 @@ impl WorkerLoop<'_> {
 
     fn next_local(&mut self) -> Option<Task> {
         self.tick = self.tick.wrapping_add(1);
-        if self.tick % GLOBAL_CHECK_INTERVAL == 0 {
+        if self.tick.is_multiple_of(GLOBAL_CHECK_INTERVAL) {
             // Just one, as Go does: a batch would land on top of the local work and
             // push all of it back.
             loop {
