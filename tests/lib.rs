@@ -153,3 +153,66 @@ pub fn stash() -> (impl wasmproc::Handler, std::sync::mpsc::Receiver<wasmproc::C
 pub fn custom(name: &'static str) -> wasmproc::Command {
     wasmproc::Command::Custom { name: name.into(), payload: Payload::empty() }
 }
+
+/// A point where a step stops until the test lets it go on: the test learns when a step
+/// has reached it ([`Gate::wait_reached`]) and decides when it continues ([`Gate::open`]).
+/// With one worker, whatever is queued meanwhile stays queued.
+pub struct Gate {
+    reached: std::sync::mpsc::Receiver<()>,
+    open: std::sync::mpsc::Sender<()>,
+}
+
+/// The process's side of a [`Gate`].
+pub struct GateStop {
+    reached: std::sync::mpsc::Sender<()>,
+    open: std::sync::mpsc::Receiver<()>,
+}
+
+/// A new gate and the stop a process waits at.
+pub fn gate() -> (Gate, GateStop) {
+    let (reached_tx, reached) = std::sync::mpsc::channel();
+    let (open, open_rx) = std::sync::mpsc::channel();
+    (Gate { reached, open }, GateStop { reached: reached_tx, open: open_rx })
+}
+
+impl Gate {
+    /// Blocks until a step reached the stop (or [`HANG`] passes: then panics).
+    pub fn wait_reached(&self) {
+        self.reached.recv_timeout(HANG).expect("no step reached the gate");
+    }
+
+    /// Lets the waiting step go on.
+    pub fn open(&self) {
+        self.open.send(()).expect("the process waiting at the gate is gone");
+    }
+}
+
+impl GateStop {
+    /// Called from a step: reports arrival, then waits until the test opens the gate.
+    pub fn wait(&self) {
+        self.reached.send(()).expect("the test holding the gate is gone");
+        self.open.recv().expect("the test holding the gate is gone");
+    }
+}
+
+/// A process that holds its worker in its first step until the gate opens, then completes.
+pub fn holder() -> (Scripted, Gate) {
+    let (gate, stop) = gate();
+    let (process, _) = Scripted::new(move |t| {
+        stop.wait();
+        t.out.complete(Ok(Payload::empty()));
+        Ok(())
+    });
+    (process, gate)
+}
+
+/// A scheduler builder with `workers` workers and the [`stash`] handler registered and
+/// granted under the name `stash`.
+pub fn with_stash(workers: usize) -> (wasmproc::Builder, std::sync::mpsc::Receiver<wasmproc::Completer>) {
+    let (handler, stashed) = stash();
+    let builder = wasmproc::Scheduler::builder()
+        .workers(workers)
+        .capabilities(wasmproc::Capabilities::default().allow("stash"))
+        .handler("stash", handler);
+    (builder, stashed)
+}

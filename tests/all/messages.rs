@@ -1,10 +1,9 @@
 use std::sync::mpsc;
 
 use wasmproc::{
-    Capabilities, Command, Event, Events, Payload, Pid, Process, Scheduler, SendError, SpawnOptions, SpawnRequest,
-    Status, StepOutput,
+    Command, Event, Events, Payload, Pid, Process, Scheduler, SendError, SpawnOptions, SpawnRequest, Status, StepOutput,
 };
-use wasmproc_tests::{HANG, Scripted, completion, custom, stash};
+use wasmproc_tests::{HANG, Scripted, completion, custom, gate, holder, with_stash};
 
 fn idle_until_message() -> (Scripted, std::sync::Arc<wasmproc_tests::Probe>) {
     Scripted::new(|t| {
@@ -128,13 +127,11 @@ fn messages_of(events: &[Event]) -> Vec<(Pid, u64)> {
 #[test]
 fn full_mailbox_is_an_error_to_the_sender() {
     let s = Scheduler::builder().workers(1).build().unwrap();
-    let (running_tx, running) = mpsc::channel::<()>();
-    let (go_on, go_on_rx) = mpsc::channel::<()>();
+    let (gate, stop) = gate();
     let (p, probe) = Scripted::new(move |t| {
         if t.step == 0 {
             // Hold the worker so nothing drains the mailbox while the test fills it.
-            running_tx.send(()).unwrap();
-            go_on_rx.recv().unwrap();
+            stop.wait();
             t.out.set_status(Status::Idle);
         } else if probe_messages(&t.events) == 2 {
             t.out.complete(Ok(Payload::empty()));
@@ -144,13 +141,13 @@ fn full_mailbox_is_an_error_to_the_sender() {
         Ok(())
     });
     let h = s.spawn_with(Box::new(p), SpawnOptions::new("main").mailbox_capacity(2)).unwrap();
-    running.recv_timeout(HANG).unwrap();
+    gate.wait_reached();
     s.send(h.pid(), "a", Payload::empty()).unwrap();
     s.send(h.pid(), "b", Payload::empty()).unwrap();
     let err = s.send(h.pid(), "c", Payload::empty()).unwrap_err();
     assert_eq!(err, SendError::MailboxFull { pid: h.pid(), capacity: 2 });
     assert!(err.to_string().contains("mailbox of process") && err.to_string().contains("full"), "{err}");
-    go_on.send(()).unwrap();
+    gate.open();
     assert_eq!(h.join_timeout(HANG), Some(Ok(Payload::empty())));
     assert_eq!(probe.steps(), 2);
 }
@@ -159,13 +156,8 @@ fn full_mailbox_is_an_error_to_the_sender() {
 /// "terminated", the pid is gone, monitors hear of it.
 #[test]
 fn terminate_idle_blocked_and_ready_processes() {
-    let (stash, _stashed) = stash();
-    let s = Scheduler::builder()
-        .workers(1)
-        .capabilities(Capabilities::default().allow("stash"))
-        .handler("stash", stash)
-        .build()
-        .unwrap();
+    let (builder, _stashed) = with_stash(1);
+    let s = builder.build().unwrap();
     let (idle, idle_probe) = idle_until_message();
     let (blocked, blocked_probe) = Scripted::new(|t| {
         t.out.yield_command(1, custom("stash"));
@@ -198,22 +190,15 @@ fn terminate_idle_blocked_and_ready_processes() {
     let monitor = s.spawn(monitor, "main", vec![]).unwrap();
 
     // Ready: with the only worker held by a step, a fresh process stays queued.
-    let (running_tx, running) = mpsc::channel::<()>();
-    let (go_on, go_on_rx) = mpsc::channel::<()>();
-    let (holder, _) = Scripted::new(move |t| {
-        running_tx.send(()).unwrap();
-        go_on_rx.recv().unwrap();
-        t.out.complete(Ok(Payload::empty()));
-        Ok(())
-    });
+    let (holder, gate) = holder();
     let holder = s.spawn(holder, "main", vec![]).unwrap();
-    running.recv_timeout(HANG).unwrap();
+    gate.wait_reached();
     let (ready, ready_probe) = idle_until_message();
     let ready = s.spawn(ready, "main", vec![]).unwrap();
     s.terminate(ready.pid()).unwrap();
     s.terminate(idle.pid()).unwrap();
     s.terminate(blocked.pid()).unwrap();
-    go_on.send(()).unwrap();
+    gate.open();
 
     for h in [&ready, &idle, &blocked] {
         assert_eq!(h.join_timeout(HANG), Some(Err("terminated".to_owned())));

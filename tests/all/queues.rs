@@ -1,9 +1,8 @@
 use std::sync::Arc;
-use std::sync::mpsc;
 
 use parking_lot::Mutex;
 use wasmproc::{Capabilities, Command, Event, Payload, Scheduler, Status};
-use wasmproc_tests::{HANG, Scripted, complete_now, custom};
+use wasmproc_tests::{HANG, Scripted, complete_now, custom, holder};
 
 /// Processes spawned from outside go through the global FIFO queue; a worker takes
 /// them in batches into its LIFO deque without reversing them: first spawned, first run.
@@ -12,16 +11,9 @@ use wasmproc_tests::{HANG, Scripted, complete_now, custom};
 #[test]
 fn processes_spawned_from_outside_run_in_spawn_order_on_one_worker() {
     let s = Scheduler::builder().workers(1).build().unwrap();
-    let (running_tx, running) = mpsc::channel::<()>();
-    let (go_on, go_on_rx) = mpsc::channel::<()>();
-    let (holder, _) = Scripted::new(move |t| {
-        running_tx.send(()).unwrap();
-        go_on_rx.recv().unwrap();
-        t.out.complete(Ok(Payload::empty()));
-        Ok(())
-    });
+    let (holder, gate) = holder();
     s.spawn(holder, "main", vec![]).unwrap();
-    running.recv_timeout(HANG).unwrap();
+    gate.wait_reached();
     let order = Arc::new(Mutex::new(Vec::new()));
     let handles: Vec<_> = (0..50u64)
         .map(|i| {
@@ -34,7 +26,7 @@ fn processes_spawned_from_outside_run_in_spawn_order_on_one_worker() {
             s.spawn(p, "main", vec![]).unwrap()
         })
         .collect();
-    go_on.send(()).unwrap();
+    gate.open();
     for h in handles {
         h.join_timeout(HANG).unwrap().unwrap();
     }

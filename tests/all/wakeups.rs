@@ -1,8 +1,7 @@
-use std::sync::mpsc;
 use std::time::Duration;
 
 use wasmproc::{Capabilities, Command, Event, Payload, Scheduler, Status};
-use wasmproc_tests::{HANG, Scripted, complete_now, completion, custom, stash};
+use wasmproc_tests::{HANG, Scripted, complete_now, completion, custom, gate, with_stash};
 
 /// DESIGN 3: outstanding yields complete in completion order, each with its own tag.
 #[test]
@@ -30,16 +29,13 @@ fn probe_count(events: &[Event]) -> usize {
 /// instead of parking it with the completion unread.
 #[test]
 fn completion_during_a_step_reruns_the_process() {
-    let (stash, stashed) = stash();
-    let s = Scheduler::builder()
-        .workers(1)
+    let (builder, stashed) = with_stash(1);
+    let s = builder
         .capabilities(Capabilities::default().allow("stash").allow("now"))
-        .handler("stash", stash)
         .handler("now", complete_now)
         .build()
         .unwrap();
-    let (in_step_tx, in_step) = mpsc::channel::<()>();
-    let (go_on, go_on_rx) = mpsc::channel::<()>();
+    let (gate, stop) = gate();
     let (p, probe) = Scripted::new(move |t| {
         match t.step {
             0 => {
@@ -48,8 +44,7 @@ fn completion_during_a_step_reruns_the_process() {
             }
             1 => {
                 // Completion 2 arrived; completion 1 will arrive while this step runs.
-                in_step_tx.send(()).unwrap();
-                go_on_rx.recv().unwrap();
+                stop.wait();
             }
             _ => t.out.complete(Ok(Payload::empty())),
         }
@@ -57,9 +52,9 @@ fn completion_during_a_step_reruns_the_process() {
     });
     let handle = s.spawn(p, "main", vec![]).unwrap();
     let late = stashed.recv_timeout(HANG).unwrap();
-    in_step.recv_timeout(HANG).unwrap();
+    gate.wait_reached();
     late.complete(Ok(Payload::text("late")));
-    go_on.send(()).unwrap();
+    gate.open();
     assert_eq!(handle.join_timeout(HANG), Some(Ok(Payload::empty())));
     assert_eq!(probe.completion_tags(), vec![2, 1]);
     assert_eq!(probe.steps(), 3);
@@ -68,13 +63,8 @@ fn completion_during_a_step_reruns_the_process() {
 /// DESIGN 7: a message reaches (and wakes) an idle process and a blocked one.
 #[test]
 fn send_wakes_idle_and_blocked_processes() {
-    let (stash, _stashed) = stash();
-    let s = Scheduler::builder()
-        .workers(2)
-        .capabilities(Capabilities::default().allow("stash"))
-        .handler("stash", stash)
-        .build()
-        .unwrap();
+    let (builder, _stashed) = with_stash(2);
+    let s = builder.build().unwrap();
     let receiver = |status: Status| {
         Scripted::new(move |t| {
             match t.events.iter().find(|e| matches!(e, Event::Message { .. })) {
@@ -123,13 +113,8 @@ fn completion_wakes_an_idle_process() {
 /// been reused, reaches nobody.
 #[test]
 fn stale_completion_is_a_no_op() {
-    let (stash, stashed) = stash();
-    let s = Scheduler::builder()
-        .workers(1)
-        .capabilities(Capabilities::default().allow("stash"))
-        .handler("stash", stash)
-        .build()
-        .unwrap();
+    let (builder, stashed) = with_stash(1);
+    let s = builder.build().unwrap();
     let (first, _) = Scripted::new(|t| {
         t.out.yield_command(5, custom("stash"));
         t.out.set_status(Status::Continue);
