@@ -1,2 +1,174 @@
-//! The guest SDK for wasmproc processes (see the Wasm processes work in progress).
+//! Write wasmproc processes in Rust.
+//!
+//! A process is an `async fn` marked [`#[entry]`](entry): it gets a [`Ctx`] and a
+//! JSON-decoded input, and returns a `Result` whose value becomes its JSON result (its
+//! error, with the whole chain of causes, becomes its error result). Anything that waits,
+//! such as sleeping, spawning, messaging or calling the embedder, is an `.await` on a
+//! [`Ctx`] method, and several can be in flight at once through [`join_all`], [`join`] and
+//! [`select`]. One line, [`export!`], turns a crate's entries into a component.
+//!
+//! ```
+//! use wasmproc_guest::prelude::*;
+//!
+//! /// Squares `0..n` in child processes, one each.
+//! #[entry]
+//! async fn fan_out(ctx: Ctx, n: u32) -> Result<Vec<u64>> {
+//!     let kids = join_all((0..n).map(|i| ctx.spawn("square", i))).await?;
+//!     let mut out = Vec::new();
+//!     for kid in kids {
+//!         out.push(ctx.wait::<u64>(kid).await?);
+//!     }
+//!     ctx.sleep(Duration::from_millis(5)).await;
+//!     Ok(out)
+//! }
+//!
+//! #[entry]
+//! async fn square(_ctx: Ctx, i: u64) -> Result<u64> {
+//!     Ok(i * i)
+//! }
+//!
+//! wasmproc_guest::export!(fan_out, square);
+//! # fn main() {}
+//! ```
+//!
+//! Build such a crate as a `cdylib` for `wasm32-wasip2`; the result is a component of the
+//! world `wasmproc:process/process`, ready for the host to load.
+//!
+//! # How it runs
+//!
+//! The host drives a process in steps. `init` decodes the input and creates the entry's
+//! future; each `step` hands the process the events that arrived (completions of its
+//! commands, messages, exits of processes it monitors, cancellation) and polls the future
+//! until it can go no further. The commands it reached go back to the host as yields,
+//! with the status: complete, blocked on commands, or idle waiting for messages. The SDK
+//! contains that executor; it needs no async runtime, no threads and no clock.
+
 #![deny(missing_docs)]
+
+mod combinators;
+mod component;
+mod ctx;
+mod executor;
+mod payload;
+
+pub use anyhow::{self, Error, Result};
+
+pub use crate::combinators::{Either, Join, JoinAll, Select, join, join_all, select};
+pub use crate::ctx::{Cancellation, Completion, Ctx, Recv, Sleep, Wait};
+pub use crate::payload::{Level, Message, Payload, Pid};
+
+/// Makes an `async fn` an entry method of the component.
+///
+/// The function must have the shape `async fn name(ctx: Ctx, input: T) -> Result<R>`:
+///
+/// - `T` is decoded from the first input payload (JSON; `null` when the spawner gave no
+///   input, so `()` and `Option<_>` inputs may be left out). An input that does not
+///   decode fails the spawn, naming the method.
+/// - `R` is serialised as the process's JSON result; an error becomes the error result,
+///   formatted with its causes (`{:#}`). The error type may be anything that converts
+///   into [`Error`].
+/// - The method's name is the function's name. List the function in [`export!`].
+///
+/// The function stays callable as written. The attribute adds a hidden module of the same
+/// name beside it, which is why entries must be items of a module, not of a function body.
+/// Mistakes in the signature are compile errors at the offending tokens:
+///
+/// ```compile_fail
+/// use wasmproc_guest::prelude::*;
+///
+/// #[entry]
+/// fn not_async(ctx: Ctx, n: u32) -> Result<u32> { // error: an entry must be an `async fn`
+///     Ok(n)
+/// }
+/// # fn main() {}
+/// ```
+///
+/// ```compile_fail
+/// use wasmproc_guest::prelude::*;
+///
+/// #[entry]
+/// async fn no_ctx(n: u32) -> Result<u32> { // error: an entry takes two arguments, ...
+///     Ok(n)
+/// }
+/// # fn main() {}
+/// ```
+pub use wasmproc_guest_macros::entry;
+
+/// What a process module usually needs: `use wasmproc_guest::prelude::*;`.
+pub mod prelude {
+    pub use std::time::Duration;
+
+    pub use anyhow::{Context as _, Error, Result, anyhow, bail, ensure};
+
+    pub use crate::{Ctx, Either, Level, Message, Payload, Pid, entry, join, join_all, select};
+}
+
+/// Exports the listed [`entry`] functions as the component's entry methods, in the
+/// order given (the order `entries` reports them in).
+///
+/// Invoke it once per component, at any module level, naming each entry by its path:
+/// `wasmproc_guest::export!(main, handlers::pong);`. It implements the component's
+/// exports (`entries`, `init`, `step`) on top of the SDK's executor; on targets other than
+/// `wasm32` it only type-checks them.
+///
+/// ```
+/// use wasmproc_guest::prelude::*;
+///
+/// mod math {
+///     use wasmproc_guest::prelude::*;
+///
+///     #[entry]
+///     pub async fn add(_ctx: Ctx, (a, b): (i64, i64)) -> Result<i64> {
+///         a.checked_add(b).with_context(|| format!("{a} + {b} overflows"))
+///     }
+/// }
+///
+/// #[entry]
+/// async fn hello(_ctx: Ctx, name: String) -> Result<String> {
+///     Ok(format!("hello, {name}"))
+/// }
+///
+/// wasmproc_guest::export!(hello, math::add);
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! export {
+    ($($($segment:ident)::+),+ $(,)?) => {
+        const _: () = {
+            static ENTRIES: &[$crate::__private::Entry] = &[$($($segment)::+::ENTRY),+];
+
+            struct Process;
+
+            impl $crate::__private::Guest for Process {
+                fn entries() -> ::std::vec::Vec<::std::string::String> {
+                    $crate::__private::entries(ENTRIES)
+                }
+
+                fn init(
+                    pid: u64,
+                    method: ::std::string::String,
+                    input: ::std::vec::Vec<$crate::__private::WitPayload>,
+                ) -> ::std::result::Result<(), ::std::string::String> {
+                    $crate::__private::init(ENTRIES, pid, method, input)
+                }
+
+                fn step(events: ::std::vec::Vec<$crate::__private::WitEvent>) -> $crate::__private::WitStepOutput {
+                    $crate::__private::step(events)
+                }
+            }
+
+            #[cfg(target_arch = "wasm32")]
+            $crate::__private::bindings::__export_process!(Process with_types_in $crate::__private::bindings);
+        };
+    };
+}
+
+/// What the macros expand to; not a stable API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::component::bindings::Guest;
+    pub use crate::component::bindings::wasmproc::process::types::{
+        Event as WitEvent, Payload as WitPayload, StepOutput as WitStepOutput,
+    };
+    pub use crate::component::{Entry, bindings, entries, init, start, step};
+}

@@ -47,7 +47,12 @@
 //! - [`Handle`]: a cheap, clonable reference to the scheduler for spawning, sending and
 //!   terminating from any thread, including command handlers.
 //! - [`Process`]: what the scheduler runs: `init` (choose an entry method), `step`, `close`.
-//!   Implement it natively, or load a Wasm component (see the Wasm module).
+//!   Implement it natively, or load a Wasm component.
+//! - `wasm::Runtime` (feature `wasm`, on by default): one wasmtime engine, its instance
+//!   pool and the compile caches. Costly to build (reserves the pool); one per host.
+//!   `Runtime::load` gives a `wasm::Component`: cheap to clone, and a [`Factory`] to
+//!   register as a process kind. Each of its processes is a `wasm::WasmProcess`: one
+//!   store and instance, sandboxed by a memory cap and a time slice per step.
 //! - [`Event`] / [`StepOutput`] / [`Command`]: what flows into and out of a step.
 //! - [`Handler`] and [`Completer`]: custom commands and how they answer, now or later.
 //! - [`Capabilities`]: the commands a process may use; custom ones are denied by default.
@@ -62,6 +67,8 @@ mod error;
 mod loom;
 mod process;
 mod scheduler;
+#[cfg(feature = "wasm")]
+pub mod wasm;
 
 pub use caps::{BUILTIN_COMMANDS, Capabilities};
 pub use dispatch::{Completer, Factory, Handler, Request};

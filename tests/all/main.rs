@@ -2,6 +2,8 @@
 
 /// Custom commands: unknown commands, handler errors, permissions (DESIGN 11).
 mod dispatch;
+/// The SDK-written example guests end to end: results, concurrency, retries, cancellation.
+mod examples;
 /// Init, step statuses, step counts, errors, close (DESIGN 1, 2, 4, 12).
 mod lifecycle;
 /// Process limits and shutdown (DESIGN 13, 14).
@@ -14,3 +16,5 @@ mod queues;
 mod stress;
 /// Completion order and the wakeup protocol end to end (DESIGN 3, 5, 6, 7, 8).
 mod wakeups;
+/// Wasm processes end to end with the raw guest: loading, caches, world checks, traps, limits.
+mod wasm;

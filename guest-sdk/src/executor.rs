@@ -1,0 +1,655 @@
+//! The single-threaded executor that runs a process's entry future.
+//!
+//! A process is one task: the future its entry method returned. The host drives it one
+//! step at a time, and between steps the guest is not running at all, so the executor
+//! needs no reactor and no threads: everything that can wake the task arrives as an
+//! event at the start of a step.
+//!
+//! # A step
+//!
+//! 1. Route each event, in arrival order: a completion fills the slot of its tag and wakes
+//!    the future waiting on it (a tag nobody waits for any more is dropped); a message
+//!    goes to the mailbox, an exit to the exit buffer, a cancel sets the cancelled flag;
+//!    each wakes whoever waits for that kind of event.
+//! 2. While the task is awake, poll it, at most [`POLL_BUDGET`] times. A poll that reaches
+//!    a command the host must carry out records a yield (tag from a counter) and leaves a
+//!    waker in the tag's slot. Nothing outside the task can wake it during the step, so
+//!    once a poll leaves it asleep no further poll could make progress.
+//! 3. Report: `complete(result)` if the task finished (its yields are dropped: the host
+//!    would discard them); otherwise the step's yields and `blocked` if some yield is
+//!    outstanding, `idle` if the task only waits on messages, exits or cancellation, or
+//!    `continue` if it woke itself more often than the budget allows.
+//!
+//! Steps with no event that concerns the task (a message nobody is receiving yet) do not
+//! poll it at all.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
+
+use crate::payload::{Message, Payload, Pid};
+
+/// Polls one step may spend on a task that keeps waking itself before it reports
+/// `continue` and lets other processes run. Picked out of thin air: no future in the SDK
+/// wakes itself, so this only bounds foreign ones.
+pub(crate) const POLL_BUDGET: usize = 16;
+
+/// A command's result, or a process's: a payload or why there is none.
+pub(crate) type Outcome = Result<Payload, String>;
+
+/// The entry future, as the executor holds it.
+pub(crate) type Task = Pin<Box<dyn Future<Output = Outcome>>>;
+
+/// Something the host tells the process at the start of a step.
+#[derive(Debug)]
+pub(crate) enum Event {
+    Completion { tag: u64, result: Outcome },
+    Message(Message),
+    Exit { pid: Pid, result: Outcome },
+    Cancel(String),
+}
+
+/// What a process can ask the host to do.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Command {
+    /// Nanoseconds.
+    Sleep(u64),
+    Spawn {
+        kind: Option<String>,
+        method: String,
+        input: Vec<Payload>,
+        monitor: bool,
+    },
+    Send {
+        to: Pid,
+        topic: String,
+        body: Payload,
+    },
+    Monitor(Pid),
+    Terminate(Pid),
+    Custom {
+        name: String,
+        payload: Payload,
+    },
+}
+
+/// A command and the tag its completion will carry.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Yield {
+    pub(crate) tag: u64,
+    pub(crate) command: Command,
+}
+
+/// What the host does after a step.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Status {
+    Complete(Outcome),
+    Idle,
+    Blocked,
+    Continue,
+}
+
+/// The answer to a step.
+#[derive(Debug)]
+pub(crate) struct StepOutput {
+    pub(crate) status: Status,
+    pub(crate) yields: Vec<Yield>,
+}
+
+/// The state the task's futures share with the executor (through [`crate::Ctx`]).
+///
+/// Every access borrows `state` only for the length of one method, never across an
+/// await, so the task and the executor never hold it at once.
+pub(crate) struct Shared {
+    pid: Pid,
+    state: RefCell<State>,
+}
+
+#[derive(Default)]
+struct State {
+    next_tag: u64,
+    /// Yields made during the current step.
+    yields: Vec<Yield>,
+    /// Outstanding yields by tag.
+    slots: BTreeMap<u64, Slot>,
+    mailbox: VecDeque<Message>,
+    mailbox_waiters: Vec<Waker>,
+    /// Exits nobody has waited for yet, by pid.
+    exits: BTreeMap<Pid, Outcome>,
+    exit_waiters: Vec<Waker>,
+    cancel: Option<String>,
+    cancel_waiters: Vec<Waker>,
+}
+
+enum Slot {
+    Waiting(Waker),
+    Done(Outcome),
+}
+
+impl Shared {
+    /// The process's own pid.
+    pub(crate) fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// Records `command` as a yield of this step; its completion will wake `waker`.
+    pub(crate) fn yield_command(&self, command: Command, waker: &Waker) -> u64 {
+        let mut state = self.state.borrow_mut();
+        state.next_tag += 1;
+        let tag = state.next_tag;
+        state.yields.push(Yield { tag, command });
+        state.slots.insert(tag, Slot::Waiting(waker.clone()));
+        tag
+    }
+
+    /// The outcome of the yield `tag` if it completed; otherwise `waker` is woken when it does.
+    pub(crate) fn poll_completion(&self, tag: u64, waker: &Waker) -> Poll<Outcome> {
+        let mut state = self.state.borrow_mut();
+        if let Some(Slot::Waiting(old)) = state.slots.get_mut(&tag) {
+            old.clone_from(waker);
+            return Poll::Pending;
+        }
+        match state.slots.remove(&tag) {
+            Some(Slot::Done(outcome)) => Poll::Ready(outcome),
+            _ => panic!("inconsistent executor state: yield {tag} polled after its completion was taken"),
+        }
+    }
+
+    /// Stops waiting for the yield `tag`: its completion, when it comes, is dropped.
+    pub(crate) fn forget(&self, tag: u64) {
+        self.state.borrow_mut().slots.remove(&tag);
+    }
+
+    /// Takes the oldest message whose topic is `topic` (any topic for `None`), leaving the
+    /// others queued. With none queued: `Err(reason)` once the process is cancelled,
+    /// otherwise `waker` is woken when a message arrives.
+    pub(crate) fn poll_message(&self, topic: Option<&str>, waker: &Waker) -> Poll<Result<Message, String>> {
+        let mut state = self.state.borrow_mut();
+        let position = state.mailbox.iter().position(|m| topic.is_none_or(|t| m.topic == t));
+        if let Some(message) = position.and_then(|i| state.mailbox.remove(i)) {
+            return Poll::Ready(Ok(message));
+        }
+        if let Some(reason) = &state.cancel {
+            return Poll::Ready(Err(reason.clone()));
+        }
+        register(&mut state.mailbox_waiters, waker);
+        Poll::Pending
+    }
+
+    /// The result of process `pid` once its exit has arrived (buffered if it came early).
+    pub(crate) fn poll_exit(&self, pid: Pid, waker: &Waker) -> Poll<Outcome> {
+        let mut state = self.state.borrow_mut();
+        if let Some(outcome) = state.exits.remove(&pid) {
+            return Poll::Ready(outcome);
+        }
+        register(&mut state.exit_waiters, waker);
+        Poll::Pending
+    }
+
+    /// The cancel reason once the host has asked the process to finish.
+    pub(crate) fn poll_cancel(&self, waker: &Waker) -> Poll<String> {
+        let mut state = self.state.borrow_mut();
+        if let Some(reason) = &state.cancel {
+            return Poll::Ready(reason.clone());
+        }
+        register(&mut state.cancel_waiters, waker);
+        Poll::Pending
+    }
+
+    /// Whether the host has asked the process to finish.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.state.borrow().cancel.is_some()
+    }
+}
+
+/// Adds `waker` unless an equivalent one is there already: every waker of a process wakes
+/// the same task, so the lists stay at one entry in practice.
+fn register(waiters: &mut Vec<Waker>, waker: &Waker) {
+    if !waiters.iter().any(|w| w.will_wake(waker)) {
+        waiters.push(waker.clone());
+    }
+}
+
+fn wake_all(waiters: &mut Vec<Waker>) {
+    waiters.drain(..).for_each(Waker::wake);
+}
+
+impl State {
+    fn route(&mut self, event: Event) {
+        match event {
+            Event::Completion { tag, result } => {
+                if let Some(slot) = self.slots.get_mut(&tag)
+                    && let Slot::Waiting(waker) = std::mem::replace(slot, Slot::Done(result))
+                {
+                    waker.wake();
+                }
+            }
+            Event::Message(message) => {
+                self.mailbox.push_back(message);
+                wake_all(&mut self.mailbox_waiters);
+            }
+            Event::Exit { pid, result } => {
+                self.exits.insert(pid, result);
+                wake_all(&mut self.exit_waiters);
+            }
+            Event::Cancel(reason) => {
+                self.cancel.get_or_insert(reason);
+                wake_all(&mut self.cancel_waiters);
+                // Receivers with an empty mailbox end with the cancellation.
+                wake_all(&mut self.mailbox_waiters);
+            }
+        }
+    }
+}
+
+/// Set when the task is woken.
+struct Awake(AtomicBool);
+
+impl Wake for Awake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Relaxed: the flag is set and read on the guest's one thread (wakers only need
+        // to be `Send + Sync` because the `Waker` type demands it), so no other memory
+        // is published through it.
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Runs one process's entry future, a step at a time. Single-threaded: it and every
+/// [`crate::Ctx`] of its task stay on one thread.
+pub(crate) struct Executor {
+    shared: Rc<Shared>,
+    task: Option<Task>,
+    awake: Arc<Awake>,
+    waker: Waker,
+}
+
+impl Executor {
+    /// An executor for process `pid`, with no task yet.
+    pub(crate) fn new(pid: Pid) -> Self {
+        let awake = Arc::new(Awake(AtomicBool::new(false)));
+        let waker = Waker::from(awake.clone());
+        Executor { shared: Rc::new(Shared { pid, state: RefCell::default() }), task: None, awake, waker }
+    }
+
+    /// The state the task's [`crate::Ctx`] works on.
+    pub(crate) fn shared(&self) -> Rc<Shared> {
+        self.shared.clone()
+    }
+
+    /// Makes `task` the process's task; the next step polls it.
+    pub(crate) fn start(&mut self, task: Task) {
+        self.task = Some(task);
+        self.awake.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Routes `events`, runs the task as far as it can go, and reports.
+    pub(crate) fn step(&mut self, events: impl IntoIterator<Item = Event>) -> StepOutput {
+        {
+            let mut state = self.shared.state.borrow_mut();
+            events.into_iter().for_each(|event| state.route(event));
+        }
+        let Some(task) = self.task.as_mut() else {
+            let status = Status::Complete(Err("the process has no running entry".to_owned()));
+            return StepOutput { status, yields: Vec::new() };
+        };
+        let mut cx = Context::from_waker(&self.waker);
+        for _ in 0..POLL_BUDGET {
+            if !self.awake.0.swap(false, Ordering::Relaxed) {
+                break;
+            }
+            if let Poll::Ready(outcome) = task.as_mut().poll(&mut cx) {
+                // Dropped before the state is borrowed: its futures' destructors use it.
+                self.task = None;
+                self.shared.state.borrow_mut().yields.clear();
+                return StepOutput { status: Status::Complete(outcome), yields: Vec::new() };
+            }
+        }
+        let mut state = self.shared.state.borrow_mut();
+        let status = if self.awake.0.load(Ordering::Relaxed) {
+            Status::Continue
+        } else if state.slots.values().any(|slot| matches!(slot, Slot::Waiting(_))) {
+            Status::Blocked
+        } else {
+            Status::Idle
+        };
+        StepOutput { status, yields: std::mem::take(&mut state.yields) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::{Cell, RefCell};
+    use std::rc::Rc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{Ctx, Either, join, join_all, select};
+
+    const PID: Pid = Pid::from_u64(42);
+
+    /// An executor running the task `body` builds from a fresh [`Ctx`].
+    fn run<F>(body: impl FnOnce(Ctx) -> F) -> Executor
+    where
+        F: Future<Output = anyhow::Result<serde_json::Value>> + 'static,
+    {
+        let mut executor = Executor::new(PID);
+        let future = body(Ctx::new(executor.shared()));
+        executor.start(Box::pin(async move {
+            match future.await {
+                Ok(value) => Ok(Payload::json(&value).map_err(|e| e.to_string())?),
+                Err(error) => Err(format!("{error:#}")),
+            }
+        }));
+        executor
+    }
+
+    fn done(tag: u64) -> Event {
+        Event::Completion { tag, result: Ok(Payload::bytes([])) }
+    }
+
+    fn message(topic: &str, body: u32) -> Event {
+        let body = Payload::json(&body).unwrap();
+        Event::Message(Message { sender: Pid::from_u64(7), topic: topic.to_owned(), body })
+    }
+
+    fn json(value: serde_json::Value) -> Status {
+        Status::Complete(Ok(Payload::json(&value).unwrap()))
+    }
+
+    fn tags(output: &StepOutput) -> Vec<u64> {
+        output.yields.iter().map(|y| y.tag).collect()
+    }
+
+    #[test]
+    fn sleeps_completing_out_of_order_resume_in_completion_order() {
+        let order = Rc::new(RefCell::new(Vec::new()));
+        let log = order.clone();
+        let mut executor = run(move |ctx| async move {
+            let nap = |ms, id| {
+                let (ctx, log) = (ctx.clone(), log.clone());
+                async move {
+                    ctx.sleep(Duration::from_millis(ms)).await;
+                    log.borrow_mut().push(id);
+                }
+            };
+            join(nap(100, 1), nap(10, 2)).await;
+            Ok(serde_json::json!(log.borrow().clone()))
+        });
+
+        let first = executor.step([]);
+        assert_eq!(first.status, Status::Blocked);
+        assert_eq!(
+            first.yields,
+            [
+                Yield { tag: 1, command: Command::Sleep(100_000_000) },
+                Yield { tag: 2, command: Command::Sleep(10_000_000) },
+            ]
+        );
+
+        let second = executor.step([done(2)]);
+        assert_eq!((second.status, second.yields.len()), (Status::Blocked, 0));
+        assert_eq!(*order.borrow(), [2]);
+
+        assert_eq!(executor.step([done(1)]).status, json(serde_json::json!([2, 1])));
+    }
+
+    #[test]
+    fn completions_in_one_step_resume_in_arrival_order() {
+        let mut executor = run(|ctx| async move {
+            let order = RefCell::new(Vec::new());
+            let nap = |ms: u64| {
+                let (ctx, order) = (&ctx, &order);
+                async move {
+                    ctx.sleep(Duration::from_millis(ms)).await;
+                    order.borrow_mut().push(ms);
+                    Ok::<_, anyhow::Error>(ms)
+                }
+            };
+            let joined = join_all([nap(30), nap(10), nap(20)]).await?;
+            Ok(serde_json::json!({ "joined": joined, "order": order.into_inner() }))
+        });
+        assert_eq!(tags(&executor.step([])), [1, 2, 3]);
+        assert_eq!(executor.step([done(2)]).status, Status::Blocked);
+        // Both in one step: the 20 ms sleep (tag 3) finished first, so it resumes first.
+        assert_eq!(
+            executor.step([done(3), done(1)]).status,
+            json(serde_json::json!({
+                "joined": [30, 10, 20],
+                "order": [10, 20, 30],
+            }))
+        );
+    }
+
+    #[test]
+    fn select_picks_the_event_that_arrived_first_in_a_step() {
+        let mut executor = run(|ctx| async move {
+            let first = select(ctx.sleep(Duration::from_millis(100)), ctx.sleep(Duration::from_millis(10))).await;
+            Ok(serde_json::json!(if first == Either::Left(()) { "left" } else { "right" }))
+        });
+        assert_eq!(tags(&executor.step([])), [1, 2]);
+        assert_eq!(executor.step([done(2), done(1)]).status, json(serde_json::json!("right")));
+    }
+
+    #[test]
+    fn recv_topic_leaves_other_messages_queued() {
+        let mut executor = run(|ctx| async move {
+            let b = ctx.recv_topic("b").await?;
+            let next = ctx.recv().await?;
+            let last = ctx.recv().await?;
+            Ok(serde_json::json!([
+                [b.topic, b.decode::<u32>()?],
+                [next.topic, next.decode::<u32>()?],
+                [last.topic, last.decode::<u32>()?],
+            ]))
+        });
+        let waiting = executor.step([message("a", 1)]);
+        assert_eq!((waiting.status, waiting.yields.len()), (Status::Idle, 0));
+        assert_eq!(
+            executor.step([message("c", 3), message("b", 2)]).status,
+            json(serde_json::json!([["b", 2], ["a", 1], ["c", 3]]))
+        );
+    }
+
+    #[test]
+    fn wait_collects_an_exit_that_arrived_before_anyone_waited() {
+        let mut executor = run(|ctx| async move {
+            let child = ctx.spawn("square", 7).await?;
+            ctx.sleep(Duration::from_millis(1)).await;
+            let result: u64 = ctx.wait(child).await?;
+            Ok(serde_json::json!([child, result]))
+        });
+        let spawn = executor.step([]);
+        assert_eq!(
+            spawn.yields,
+            [Yield {
+                tag: 1,
+                command: Command::Spawn {
+                    kind: None,
+                    method: "square".to_owned(),
+                    input: vec![Payload::json(&7).unwrap()],
+                    monitor: true,
+                },
+            }]
+        );
+        let child = Pid::from_u64(9);
+        let pid = Payload::bytes(child.as_u64().to_le_bytes());
+        let exit = Event::Exit { pid: child, result: Ok(Payload::json(&49).unwrap()) };
+        // The child finishes before the parent's sleep does.
+        let sleeping = executor.step([Event::Completion { tag: 1, result: Ok(pid) }, exit]);
+        assert_eq!(tags(&sleeping), [2]);
+        assert_eq!(executor.step([done(2)]).status, json(serde_json::json!([9, 49])));
+    }
+
+    #[test]
+    fn a_failed_child_and_a_failed_command_are_errors_with_context() {
+        let mut executor = run(|ctx| async move {
+            let error = ctx.call::<u32>("inventory.reserve", "apples").await.unwrap_err();
+            let failed = ctx.wait::<u32>(Pid::from_u64(5)).await.unwrap_err();
+            Ok(serde_json::json!([format!("{error:#}"), format!("{failed:#}")]))
+        });
+        assert_eq!(
+            executor.step([]).yields,
+            [Yield {
+                tag: 1,
+                command: Command::Custom {
+                    name: "inventory.reserve".to_owned(),
+                    payload: Payload::json("apples").unwrap()
+                },
+            }]
+        );
+        let denied = Event::Completion { tag: 1, result: Err("permission denied: inventory.reserve".to_owned()) };
+        assert_eq!(executor.step([denied]).status, Status::Idle);
+        let exit = Event::Exit { pid: Pid::from_u64(5), result: Err("terminated".to_owned()) };
+        assert_eq!(
+            executor.step([exit]).status,
+            json(serde_json::json!([
+                "custom command `inventory.reserve` failed: permission denied: inventory.reserve",
+                "process 5 failed: terminated",
+            ]))
+        );
+    }
+
+    #[test]
+    fn cancellation_is_visible_and_ends_receives() {
+        let seen = Rc::new(Cell::new(false));
+        let flag = seen.clone();
+        let mut executor = run(move |ctx| async move {
+            let reason = match select(ctx.sleep(Duration::from_secs(60)), ctx.cancelled()).await {
+                Either::Left(()) => anyhow::bail!("slept through the cancel"),
+                Either::Right(reason) => reason,
+            };
+            flag.set(ctx.is_cancelled());
+            let error = ctx.recv().await.unwrap_err();
+            Ok(serde_json::json!([reason, error.to_string()]))
+        });
+        assert_eq!(executor.step([]).status, Status::Blocked);
+        let output = executor.step([Event::Cancel("shutdown".to_owned())]);
+        assert_eq!(output.status, json(serde_json::json!(["shutdown", "cancelled: shutdown"])));
+        assert!(seen.get());
+    }
+
+    #[test]
+    fn queued_messages_are_received_before_the_cancellation() {
+        let mut executor = run(|ctx| async move {
+            let first = ctx.recv().await?.decode::<u32>()?;
+            let second = ctx.recv().await;
+            Ok(serde_json::json!([first, second.is_err()]))
+        });
+        assert_eq!(executor.step([]).status, Status::Idle);
+        let output = executor.step([Event::Cancel("stop".to_owned()), message("a", 1)]);
+        assert_eq!(output.status, json(serde_json::json!([1, true])));
+    }
+
+    #[test]
+    fn completions_of_dropped_futures_and_unknown_tags_are_ignored() {
+        let polls = Rc::new(Cell::new(0));
+        let counter = polls.clone();
+        let mut executor = run(move |ctx| {
+            let ctx2 = ctx.clone();
+            let counted = std::future::poll_fn(move |_| {
+                counter.set(counter.get() + 1);
+                Poll::Ready(())
+            });
+            async move {
+                // The message wins; the 1 s sleep (tag 1) is dropped while outstanding.
+                let first = select(ctx.recv(), ctx.sleep(Duration::from_secs(1))).await;
+                assert!(matches!(first, Either::Left(Ok(_))));
+                ctx2.sleep(Duration::from_millis(1)).await;
+                counted.await;
+                Ok(serde_json::json!("done"))
+            }
+        });
+        executor.step([]);
+        let after_message = executor.step([message("a", 1)]);
+        assert_eq!((tags(&after_message), after_message.status), (vec![2], Status::Blocked));
+        // The dropped sleep's completion and a tag never issued wake nothing.
+        let stale = executor.step([done(1), done(99)]);
+        assert_eq!((stale.status, stale.yields.len(), polls.get()), (Status::Blocked, 0, 0));
+        assert_eq!(executor.step([done(2)]).status, json(serde_json::json!("done")));
+        assert_eq!(polls.get(), 1);
+    }
+
+    #[test]
+    fn a_message_nobody_receives_does_not_poll_the_task() {
+        let polls = Rc::new(Cell::new(0));
+        let counter = polls.clone();
+        let mut executor = run(move |ctx| async move {
+            std::future::poll_fn(|_| {
+                counter.set(counter.get() + 1);
+                Poll::Ready(())
+            })
+            .await;
+            ctx.sleep(Duration::from_millis(1)).await;
+            let message = ctx.recv().await?;
+            Ok(serde_json::json!(message.decode::<u32>()?))
+        });
+        assert_eq!(executor.step([]).status, Status::Blocked);
+        assert_eq!(polls.get(), 1);
+        let early = executor.step([message("early", 5)]);
+        assert_eq!((early.status, early.yields.len(), polls.get()), (Status::Blocked, 0, 1));
+        assert_eq!(executor.step([done(1)]).status, json(serde_json::json!(5)));
+    }
+
+    #[test]
+    fn a_task_that_keeps_waking_itself_continues_after_the_budget() {
+        let mut executor = run(|_ctx| async move {
+            let mut polls = 0;
+            std::future::poll_fn(|cx| {
+                polls += 1;
+                if polls < POLL_BUDGET + 5 {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                } else {
+                    Poll::Ready(())
+                }
+            })
+            .await;
+            Ok(serde_json::json!(polls))
+        });
+        assert_eq!(executor.step([]).status, Status::Continue);
+        assert_eq!(executor.step([]).status, json(serde_json::json!(POLL_BUDGET + 5)));
+    }
+
+    #[test]
+    fn yields_of_the_completing_step_are_dropped() {
+        let mut executor = run(|ctx| async move {
+            let unsent = ctx.send(Pid::from_u64(3), "bye", "x");
+            // Polled once, so it yields, then abandoned as the task returns.
+            let _ = select(unsent, std::future::ready(())).await;
+            Ok(serde_json::json!(null))
+        });
+        let output = executor.step([]);
+        assert_eq!((output.status, output.yields.len()), (json(serde_json::json!(null)), 0));
+    }
+
+    #[test]
+    fn serialisation_errors_surface_when_awaited() {
+        let mut executor = run(|ctx| async move {
+            let mut bad = std::collections::HashMap::new();
+            bad.insert((1, 2), 3);
+            let error = ctx.call::<()>("x", &bad).await.unwrap_err();
+            Ok(serde_json::json!(format!("{error:#}")))
+        });
+        let output = executor.step([]);
+        let Status::Complete(Ok(payload)) = output.status else { panic!("{output:?}") };
+        let message: String = payload.decode().unwrap();
+        assert!(message.starts_with("custom command `x` failed: failed to serialise a JSON payload"), "{message}");
+        assert!(output.yields.is_empty());
+    }
+
+    #[test]
+    fn a_step_without_a_task_reports_an_error() {
+        let mut executor = Executor::new(PID);
+        let output = executor.step([]);
+        assert_eq!(output.status, Status::Complete(Err("the process has no running entry".to_owned())));
+    }
+}

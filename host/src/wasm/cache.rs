@@ -1,0 +1,167 @@
+//! Compile once: the disk cache of compiled components.
+//!
+//! An entry is named by the SHA-256 of the component's bytes and by a hash of everything
+//! about the engine that compiled code depends on (wasmtime's version, its settings, the
+//! CPU features), so a module is found again whatever its path, and an upgrade or a new
+//! setting simply misses. Each file is `MAGIC`, the SHA-256 of the rest, then
+//! wasmtime's serialized component: a torn or corrupted file fails the checksum and is
+//! compiled again, never loaded.
+//!
+//! Writes go to a temporary file that is renamed into place, so readers never see a
+//! partial entry, and two hosts compiling the same module at once both succeed (the last
+//! rename wins; both files are equally good). Every cache failure is logged and
+//! otherwise ignored: the cache makes loading faster, never fails it.
+
+use std::fs;
+use std::hash::{Hash, Hasher};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::Context as _;
+use sha2::{Digest as _, Sha256};
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+/// The first bytes of a cache file; bump the digit when the layout changes.
+const MAGIC: &[u8; 8] = b"wasmpc1\n";
+
+/// A SHA-256 digest.
+pub(crate) type Digest = [u8; 32];
+
+pub(crate) fn digest(bytes: &[u8]) -> Digest {
+    Sha256::digest(bytes).into()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Compiled components on disk, for one engine.
+pub(crate) struct DiskCache {
+    dir: PathBuf,
+    /// Identifies the engine's compilation settings; part of every entry's name.
+    engine_key: String,
+}
+
+/// Feeds a `Hash` value into SHA-256, so the key is stable across processes (std's
+/// `DefaultHasher` promises no such thing).
+struct Sha256Hasher(Sha256);
+
+impl Hasher for Sha256Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    fn finish(&self) -> u64 {
+        let digest = self.0.clone().finalize();
+        u64::from_le_bytes(digest[..8].try_into().expect("a SHA-256 digest has 32 bytes"))
+    }
+}
+
+impl DiskCache {
+    pub(crate) fn new(dir: PathBuf, engine: &Engine) -> Self {
+        let mut hasher = Sha256Hasher(Sha256::new());
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        let engine_key = hex(&hasher.0.finalize()[..8]);
+        DiskCache { dir, engine_key }
+    }
+
+    fn entry(&self, digest: &Digest) -> PathBuf {
+        self.dir.join(format!("{}-{}.cwasm", hex(digest), self.engine_key))
+    }
+
+    /// The compiled component for `digest`, if a sound entry exists. A bad entry is
+    /// logged and removed, to be replaced by the caller's compile.
+    pub(crate) fn read(&self, engine: &Engine, digest: &Digest) -> Option<Component> {
+        let path = self.entry(digest);
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                eprintln!("wasmproc: ignoring unreadable cache entry `{}`: {e}", path.display());
+                return None;
+            }
+        };
+        match self.check(engine, &bytes) {
+            Ok(component) => Some(component),
+            Err(e) => {
+                eprintln!("wasmproc: recompiling: cache entry `{}` is unusable: {e:#}", path.display());
+                let _ = fs::remove_file(&path);
+                None
+            }
+        }
+    }
+
+    fn check(&self, engine: &Engine, bytes: &[u8]) -> anyhow::Result<Component> {
+        let rest = bytes.strip_prefix(MAGIC.as_slice()).context("not a wasmproc cache file")?;
+        anyhow::ensure!(rest.len() >= 32, "truncated: {} bytes", bytes.len());
+        let (sum, serialized) = rest.split_at(32);
+        anyhow::ensure!(digest(serialized).as_slice() == sum, "checksum mismatch");
+        // SAFETY: `Component::deserialize` requires bytes that `Component::serialize`
+        // produced, unaltered; loading anything else is undefined behaviour. These are:
+        // 1. only this module writes files of this name and layout, with bytes straight
+        //    from `Component::serialize`;
+        // 2. the checksum just verified shows the bytes are the ones written, so a torn
+        //    write or a corrupted disk block is refused above, not loaded;
+        // 3. the entry's name carries the engine's compatibility hash, and wasmtime
+        //    checks its own version and settings header again on deserialize.
+        // What remains is someone deliberately forging an entry, which needs write
+        // access to the user's cache directory: the same trust as the host binary.
+        let component = unsafe { Component::deserialize(engine, serialized) }.map_err(anyhow::Error::from)?;
+        Ok(component)
+    }
+
+    /// Stores `component` for `digest`, logging (and otherwise ignoring) a failure.
+    pub(crate) fn write(&self, digest: &Digest, component: &Component) {
+        if let Err(e) = self.try_write(digest, component) {
+            eprintln!("wasmproc: could not cache a compiled component in `{}`: {e:#}", self.dir.display());
+        }
+    }
+
+    fn try_write(&self, digest: &Digest, component: &Component) -> anyhow::Result<()> {
+        let serialized = component.serialize().map_err(anyhow::Error::from).context("failed to serialize")?;
+        fs::create_dir_all(&self.dir).context("failed to create the directory")?;
+        let path = self.entry(digest);
+        let temp = temp_path(&path);
+        let written = (|| -> std::io::Result<()> {
+            let mut file = fs::File::create(&temp)?;
+            file.write_all(MAGIC)?;
+            file.write_all(&self::digest(&serialized))?;
+            file.write_all(&serialized)?;
+            file.sync_all()?;
+            fs::rename(&temp, &path)
+        })();
+        if written.is_err() {
+            let _ = fs::remove_file(&temp);
+        }
+        written.with_context(|| format!("failed to write `{}`", path.display()))
+    }
+}
+
+/// A name beside `path` that no other writer uses at the same time.
+fn temp_path(path: &Path) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{}.{n}.tmp", std::process::id()));
+    path.with_file_name(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digests_are_hex_sha256() {
+        assert_eq!(hex(&digest(b"abc"))[..16], *"ba7816bf8f01cfea");
+    }
+
+    #[test]
+    fn temp_names_are_distinct_and_beside_the_entry() {
+        let entry = Path::new("/cache/abc.cwasm");
+        let (a, b) = (temp_path(entry), temp_path(entry));
+        assert_ne!(a, b);
+        assert_eq!(a.parent(), entry.parent());
+    }
+}

@@ -1,0 +1,106 @@
+//! The one [`wasmtime::Engine`] of a runtime, and the thread that drives its epoch.
+//!
+//! Settings and why:
+//! - component model on: processes are components of the `process` world;
+//! - pooling allocator: instantiation takes a pre-reserved slot instead of mapping memory
+//!   afresh, and a finished process's slot is reused at once;
+//! - copy-on-write memory images: a new instance maps its module's data instead of
+//!   copying it, so spawning costs the same whatever the guest's data size;
+//! - small reservations: each memory slot reserves exactly the memory cap plus a small
+//!   guard, instead of wasmtime's 4 GiB + 32 MiB default, so many thousands of slots fit
+//!   in the address space. Bounds checks are then explicit in the generated code, which
+//!   is the price of density;
+//! - epoch interruption: a guest call gets a deadline in epoch ticks; a background
+//!   thread ticks the epoch, and a guest past its deadline traps at its next loop header
+//!   or function entry. Cheaper than fuel, and it bounds wall time, which is what a time
+//!   slice is.
+
+use std::thread;
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use wasmtime::{Engine, EngineWeak, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use super::config::Config;
+
+/// Core instances one process may use. A Rust `wasm32-wasip2` guest has 4 (its module
+/// plus the shim and fixup modules that `wasm-component-ld` adds for indirect calls);
+/// twice that leaves room for other toolchains without letting one component take a
+/// large share of the pool.
+const CORE_INSTANCES_PER_PROCESS: u32 = 8;
+
+/// Tables one process may use: a Rust guest has 2 (its function table and the shim's).
+const TABLES_PER_PROCESS: u32 = 4;
+
+/// Elements of one table. Each table slot reserves 8 bytes per element, so this bounds
+/// the pool's table reservation; a guest with more indirect-call targets than this
+/// fails to instantiate with an error saying so. wasmtime's default is 20,000, which no
+/// guest of ours approaches.
+const TABLE_ELEMENTS: usize = 10_000;
+
+/// Guard pages after (and before) each linear memory. With reservations under 4 GiB the
+/// compiled code checks bounds explicitly, so the guard only lets it fold small constant
+/// offsets into those checks; 64 KiB (one Wasm page) covers the common ones.
+const GUARD: u64 = 64 * 1024;
+
+/// Native stack a guest call may use on the worker thread (wasmtime's default is
+/// 512 KiB). Guests keep their own stack in linear memory; this is only for the frames of
+/// compiled Wasm, and 256 KiB leaves the rest of a worker's 2 MiB thread stack to the host.
+const MAX_WASM_STACK: usize = 256 * 1024;
+
+/// Builds the engine `config` describes.
+pub(crate) fn new_engine(config: &Config) -> anyhow::Result<Engine> {
+    ensure!(config.max_instances > 0, "`max_instances` must be at least 1");
+    ensure!(
+        config.max_memory >= 64 * 1024,
+        "`max_memory` must be at least one Wasm page (64 KiB), got {}",
+        config.max_memory
+    );
+    ensure!(!config.epoch_tick.is_zero(), "`epoch_tick` must be longer than zero");
+    let n = config.max_instances;
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_component_instances(n)
+        .total_core_instances(n.saturating_mul(CORE_INSTANCES_PER_PROCESS))
+        .max_core_instances_per_component(CORE_INSTANCES_PER_PROCESS)
+        .total_memories(n)
+        .max_memories_per_component(1)
+        .max_memory_size(config.max_memory)
+        .total_tables(n.saturating_mul(TABLES_PER_PROCESS))
+        .max_tables_per_component(TABLES_PER_PROCESS)
+        .table_elements(TABLE_ELEMENTS);
+
+    let mut wasm = wasmtime::Config::new();
+    wasm.wasm_component_model(true)
+        .epoch_interruption(true)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
+        .memory_init_cow(true)
+        .memory_reservation(config.max_memory as u64)
+        .memory_reservation_for_growth(0)
+        .memory_guard_size(GUARD)
+        .max_wasm_stack(MAX_WASM_STACK)
+        .parallel_compilation(true);
+    let engine = Engine::new(&wasm).map_err(anyhow::Error::from).with_context(|| {
+        format!("failed to create the wasm engine ({} instances of {} bytes)", n, config.max_memory)
+    })?;
+    start_epoch_thread(engine.weak(), config.epoch_tick)?;
+    Ok(engine)
+}
+
+/// Ticks `engine`'s epoch every `tick` until the engine is dropped. The thread holds the
+/// engine only weakly, so it never keeps a runtime alive; it notices the drop within one
+/// tick and exits.
+fn start_epoch_thread(engine: EngineWeak, tick: Duration) -> anyhow::Result<()> {
+    thread::Builder::new()
+        .name("wasmproc-epoch".to_owned())
+        .spawn(move || {
+            loop {
+                thread::sleep(tick);
+                match engine.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => return,
+                }
+            }
+        })
+        .context("failed to start the epoch thread")?;
+    Ok(())
+}

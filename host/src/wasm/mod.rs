@@ -1,0 +1,47 @@
+//! Wasm processes: components of the `wasmproc:process/process@0.1.0` world (see `wit/`)
+//! run as [`Process`](crate::Process)es.
+//!
+//! ```no_run
+//! use wasmproc::Scheduler;
+//! use wasmproc::wasm::{Config, Runtime};
+//!
+//! let runtime = Runtime::new(Config::default())?;
+//! let hello = runtime.load("hello.wasm")?;
+//! println!("entries: {}", hello.entries().join(", "));
+//! let scheduler = Scheduler::builder().kind("hello", hello.clone()).build()?;
+//! let process = scheduler.spawn_kind("hello", "main", vec![])?;
+//! println!("{:?}", process.join());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! - `config.rs`: [`Config`], the settings and their defaults;
+//! - `engine.rs`: the one engine per runtime (pooling, copy-on-write images, epochs);
+//! - `runtime.rs`: [`Runtime`] (load, compile once, check the world) and [`Component`];
+//! - `cache.rs`: compiled components on disk;
+//! - `process.rs`: [`WasmProcess`], a store and an instance stepped by the scheduler;
+//! - `state.rs`: what a store holds: WASI with nothing granted, host imports, limits;
+//! - `log.rs`: guest logs and output, tagged with the pid;
+//! - `convert.rs`, `bindings.rs`: the WIT types, generated, and their conversions.
+//!
+//! # Sandbox
+//!
+//! A process gets WASI p2 with nothing granted: no files, environment, arguments or
+//! network; its stdout and stderr go to the log. It may use at most its memory cap
+//! ([`Config::max_memory`]) and run each `init` or `step` for at most its time slice
+//! ([`Config::time_slice`]); past either it traps, with an error that names the limit,
+//! and only that process ends.
+
+mod bindings;
+mod cache;
+mod config;
+mod convert;
+mod engine;
+mod log;
+mod process;
+mod runtime;
+mod state;
+
+pub use config::Config;
+pub use log::{Level, LogRecord, LogSink, LogSource};
+pub use process::WasmProcess;
+pub use runtime::{Component, LoadStats, Runtime};

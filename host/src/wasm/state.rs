@@ -1,0 +1,94 @@
+//! What a process's store holds: its WASI context (nothing granted), its memory limit,
+//! and what its host imports need.
+
+use wasmtime::component::ResourceTable;
+use wasmtime::{ResourceLimiter, format_err};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::bindings::wasmproc::process::{host, types};
+use super::log::{GuestOutput, Level, LogRecord, LogSink, LogSource};
+use crate::process::Pid;
+
+/// The data of one process's `Store`.
+pub(crate) struct ProcessState {
+    pid: Pid,
+    log: LogSink,
+    wasi: WasiCtx,
+    table: ResourceTable,
+    pub(crate) limiter: MemoryLimiter,
+}
+
+impl ProcessState {
+    /// The state of process `pid`, with WASI granting nothing: no preopened directories,
+    /// no environment, no arguments, no network, and stdin at end of file. Clocks and
+    /// randomness stay (Rust's std seeds its hash maps from them); stdout and stderr go
+    /// to the log, line by line.
+    pub(crate) fn new(pid: Pid, log: LogSink, max_memory: usize) -> Self {
+        let wasi = WasiCtxBuilder::new()
+            .stdout(GuestOutput::new(pid, LogSource::Stdout, log.clone()))
+            .stderr(GuestOutput::new(pid, LogSource::Stderr, log.clone()))
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        ProcessState { pid, log, wasi, table: ResourceTable::new(), limiter: MemoryLimiter { max_memory } }
+    }
+}
+
+impl ProcessState {
+    pub(crate) fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// Logs a line about this process on the host's behalf.
+    pub(crate) fn log_host(&self, level: Level, message: &str) {
+        (self.log)(&LogRecord { pid: self.pid, source: LogSource::Log(level), message });
+    }
+}
+
+impl WasiView for ProcessState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl host::Host for ProcessState {
+    fn log(&mut self, level: host::Level, message: String) {
+        let level = match level {
+            host::Level::Trace => Level::Trace,
+            host::Level::Debug => Level::Debug,
+            host::Level::Info => Level::Info,
+            host::Level::Warn => Level::Warn,
+            host::Level::Error => Level::Error,
+        };
+        self.log_host(level, &message);
+    }
+}
+
+impl types::Host for ProcessState {}
+
+/// Caps a process's linear memory. Growth past the cap traps with an error that names the
+/// limit, instead of `memory.grow` returning -1 and the guest's allocator aborting with a
+/// message that does not say why.
+pub(crate) struct MemoryLimiter {
+    pub(crate) max_memory: usize,
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.max_memory {
+            return Err(format_err!(
+                "memory limit exceeded: the process asked to grow its memory from {current} to {desired} bytes, \
+                 past its `max_memory` of {} bytes",
+                self.max_memory
+            ));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, _desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        // Tables are bounded by the pool's `table_elements`; growth past it fails in the
+        // pool and `table.grow` returns -1, as the spec allows.
+        Ok(true)
+    }
+}

@@ -1,0 +1,187 @@
+//! The example guests of `examples-wasm/`, written with the guest SDK, run end to end: each
+//! is loaded as a component, registered as a process kind and spawned by entry method.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use wasmproc::wasm::{Component, Config, Runtime};
+use wasmproc::{Capabilities, Outcome, Payload, Request, Scheduler};
+use wasmproc_tests::HANG;
+
+/// The custom command the `workflow` guest calls.
+const RESERVE: &str = "inventory.reserve";
+
+fn load(path: &str) -> Component {
+    let runtime = Runtime::new(Config::default()).expect("the runtime starts");
+    runtime.load(path).unwrap_or_else(|e| panic!("failed to load `{path}`: {e:#}"))
+}
+
+/// A scheduler with the one example `kind` registered.
+fn scheduler(kind: &str, path: &str) -> Scheduler {
+    Scheduler::builder().kind(kind, load(path)).build().expect("the scheduler starts")
+}
+
+/// Runs `kind`'s entry `method` with `input` and returns its result.
+fn run(scheduler: &Scheduler, kind: &str, method: &str, input: Vec<Payload>) -> Outcome {
+    let process = scheduler.spawn_kind(kind, method, input).unwrap_or_else(|e| panic!("spawn `{method}`: {e}"));
+    process.join_timeout(HANG).unwrap_or_else(|| panic!("`{kind}` `{method}` did not finish"))
+}
+
+/// The text of a successful JSON result.
+fn json_text(outcome: Outcome) -> String {
+    let payload = outcome.unwrap_or_else(|e| panic!("the process failed: {e}"));
+    assert_eq!(payload.format.as_str(), "json");
+    payload.as_str().expect("JSON is UTF-8").to_owned()
+}
+
+#[test]
+fn hello_greets_and_adds() -> anyhow::Result<()> {
+    let s = scheduler("hello", env!("GUEST_HELLO"));
+    let greeting = run(&s, "hello", "greet", vec![Payload::json(&"world")?]);
+    assert_eq!(greeting, Ok(Payload::json(&"hello, world")?));
+    assert_eq!(run(&s, "hello", "add", vec![Payload::json(&(2, 40))?]), Ok(Payload::json(&42)?));
+    Ok(())
+}
+
+#[test]
+fn an_entry_error_is_the_process_result() -> anyhow::Result<()> {
+    let s = scheduler("hello", env!("GUEST_HELLO"));
+    let overflow = run(&s, "hello", "add", vec![Payload::json(&(i64::MAX, 1))?]);
+    assert_eq!(overflow, Err(format!("{} + 1 overflows an i64", i64::MAX)));
+    Ok(())
+}
+
+#[test]
+fn entries_are_listed_and_bad_spawns_fail_naming_the_method() -> anyhow::Result<()> {
+    let hello = load(env!("GUEST_HELLO"));
+    assert_eq!(hello.entries(), ["greet", "add"]);
+    let s = Scheduler::builder().kind("hello", hello).build()?;
+
+    let unknown = s.spawn_kind("hello", "shout", vec![]).expect_err("`shout` is no entry").to_string();
+    assert!(unknown.contains("unknown entry method `shout`"), "{unknown}");
+    assert!(unknown.contains("greet") && unknown.contains("add"), "the error lists the entries: {unknown}");
+
+    let bad_input = s.spawn_kind("hello", "greet", vec![Payload::json(&5)?]).expect_err("5 is no name").to_string();
+    assert!(bad_input.contains("invalid input for entry method `greet`"), "{bad_input}");
+    Ok(())
+}
+
+#[test]
+fn timers_finish_in_order_of_length_not_of_start() -> anyhow::Result<()> {
+    let s = scheduler("timers", env!("GUEST_TIMERS"));
+    // The default lengths, 30, 10 and 20 ms, started in that order.
+    assert_eq!(json_text(run(&s, "timers", "main", vec![])), "[10,20,30]");
+    let lengths = Payload::json(&[60, 0, 40, 20])?;
+    assert_eq!(json_text(run(&s, "timers", "main", vec![lengths])), "[0,20,40,60]");
+    Ok(())
+}
+
+#[test]
+fn ping_pong_exchanges_messages_with_a_child_of_its_own_component() -> anyhow::Result<()> {
+    let s = scheduler("ping-pong", env!("GUEST_PING_PONG"));
+    assert_eq!(run(&s, "ping-pong", "main", vec![Payload::json(&25)?]), Ok(Payload::json(&25)?));
+    Ok(())
+}
+
+#[test]
+fn fan_out_gathers_its_children_results_in_order() -> anyhow::Result<()> {
+    let s = scheduler("fan-out", env!("GUEST_FAN_OUT"));
+    let squares: Vec<u64> = (0..20).map(|i| i * i).collect();
+    assert_eq!(run(&s, "fan-out", "main", vec![Payload::json(&20)?]), Ok(Payload::json(&squares)?));
+    Ok(())
+}
+
+/// A scheduler running `workflow` whose `inventory.reserve` fails `failures` times, then
+/// answers `R-1`; and the count of calls it got with the expected order as input.
+fn workflow(failures: usize) -> (Scheduler, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let s = Scheduler::builder()
+        .kind("workflow", load(env!("GUEST_WORKFLOW")))
+        .capabilities(Capabilities::default().allow(RESERVE))
+        .handler(RESERVE, move |request: Request<'_>| {
+            if request.payload() != &order() {
+                let error = format!("unexpected order {:?}", request.payload().as_str());
+                return request.complete(Err(error));
+            }
+            let call = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            if call <= failures {
+                request.complete(Err(format!("out of stock (call {call})")));
+            } else {
+                request.complete(Ok(Payload::json(&"R-1").expect("a string serialises")));
+            }
+        })
+        .build()
+        .expect("the scheduler starts");
+    (s, calls)
+}
+
+/// The `workflow` input: two apples.
+fn order() -> Payload {
+    Payload { format: wasmproc::Format::Json, data: br#"{"item":"apples","quantity":2}"#.to_vec() }
+}
+
+#[test]
+fn workflow_retries_a_failing_command_until_it_succeeds() {
+    let (s, calls) = workflow(2);
+    let summary = json_text(run(&s, "workflow", "main", vec![order()]));
+    assert_eq!(summary, r#"{"item":"apples","quantity":2,"reservation":"R-1","attempts":3}"#);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+fn workflow_gives_up_after_three_tries() {
+    let (s, calls) = workflow(usize::MAX);
+    let error = run(&s, "workflow", "main", vec![order()]).expect_err("every try fails");
+    assert_eq!(
+        error,
+        "gave up reserving `apples` after 3 tries: custom command `inventory.reserve` failed: out of stock (call 3)"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+fn workflow_without_the_capability_is_denied() {
+    let s = Scheduler::builder()
+        .kind("workflow", load(env!("GUEST_WORKFLOW")))
+        .handler(RESERVE, |request: Request<'_>| request.complete(Ok(Payload::empty())))
+        .build()
+        .expect("the scheduler starts");
+    let error = run(&s, "workflow", "main", vec![order()]).expect_err("not granted");
+    assert!(
+        error.ends_with("custom command `inventory.reserve` failed: permission denied: inventory.reserve"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_guest_waiting_in_recv_sees_the_cancel_at_shutdown() {
+    let s = scheduler("ping-pong", env!("GUEST_PING_PONG"));
+    let pong = s.spawn_kind("ping-pong", "pong", vec![]).expect("`pong` spawns");
+    // Let it reach its receive; the outcome is the same if the cancel comes first.
+    std::thread::sleep(Duration::from_millis(50));
+    let report = s.stop(Duration::from_secs(10));
+    assert_eq!((report.cancelled, report.forced), (1, 0), "{report:?}");
+    assert_eq!(pong.join_timeout(HANG), Some(Err("cancelled: shutdown".to_owned())));
+}
+
+#[test]
+fn sdk_guests_run_in_their_initial_memory() -> anyhow::Result<()> {
+    // Two pages: the 64 KiB stack (`examples-wasm/.cargo/config.toml`) and the data. The
+    // executor allocates so little that the allocator serves a whole run from what those
+    // pages leave, so any growth, which this cap turns into an error, is a regression.
+    const INITIAL: usize = 2 * 64 * 1024;
+    for (kind, path, input) in [
+        ("fan-out", env!("GUEST_FAN_OUT"), 10),
+        ("ping-pong", env!("GUEST_PING_PONG"), 10),
+        ("timers", env!("GUEST_TIMERS"), 0),
+    ] {
+        let component = load(path).with_max_memory(INITIAL)?;
+        let s = Scheduler::builder().kind(kind, component).build()?;
+        let input = if kind == "timers" { vec![] } else { vec![Payload::json(&input)?] };
+        let result = run(&s, kind, "main", input);
+        assert!(result.is_ok(), "`{kind}` failed within {INITIAL} bytes: {result:?}");
+    }
+    Ok(())
+}

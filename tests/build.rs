@@ -1,0 +1,127 @@
+//! Builds the example guests (`examples-wasm/`, a workspace of its own) for
+//! `wasm32-wasip2` and tells the tests where they are: one
+//! `GUEST_<NAME>=<path to the .wasm>` variable per guest crate, the name uppercased with
+//! `-` as `_` (`ping-pong` → `GUEST_PING_PONG`). Guests are never committed as binaries.
+//!
+//! The guests build in a target directory of their own (beside the outer build's, in
+//! `wasm-guests/`): the outer cargo holds the lock on its own, and the guests need other
+//! flags (see `examples-wasm/.cargo/config.toml`) that would rebuild one another's
+//! dependencies if they shared a directory.
+
+use std::error::Error;
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+const TARGET: &str = "wasm32-wasip2";
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").ok_or("`CARGO_MANIFEST_DIR` is not set")?);
+    let root = manifest_dir.parent().ok_or("the tests crate has no parent directory")?;
+    let guests = root.join("examples-wasm");
+    for dir in ["examples-wasm", "guest-sdk", "wit"] {
+        println!("cargo:rerun-if-changed={}", root.join(dir).display());
+    }
+
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").ok_or("`OUT_DIR` is not set")?);
+    // OUT_DIR is `<target>/<profile>/build/<crate>-<hash>/out`.
+    let target_dir = out_dir.ancestors().nth(4).ok_or("unexpected `OUT_DIR` layout")?.join("wasm-guests");
+
+    ensure_target_installed()?;
+    let built = build_guests(&guests, &target_dir)?;
+    if built.is_empty() {
+        return Err(format!("no guest was built from `{}`", guests.display()).into());
+    }
+    for (name, path) in built {
+        println!("cargo:rustc-env=GUEST_{}={}", name.to_uppercase().replace('-', "_"), path.display());
+    }
+    Ok(())
+}
+
+/// Installs the target's standard library if the toolchain lacks it (a fresh machine);
+/// a no-op when it is there.
+fn ensure_target_installed() -> Result<(), Box<dyn Error>> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let libdir = Command::new(&rustc).args(["--print", "target-libdir", "--target", TARGET]).output()?;
+    let libdir = PathBuf::from(String::from_utf8_lossy(&libdir.stdout).trim());
+    if has_std(&libdir) {
+        return Ok(());
+    }
+    let status = Command::new("rustup").args(["target", "add", TARGET]).status().map_err(|e| {
+        format!("the `{TARGET}` standard library is missing and `rustup` could not be run to add it ({e}); run `rustup target add {TARGET}`")
+    })?;
+    if !status.success() {
+        return Err(format!("`rustup target add {TARGET}` failed ({status})").into());
+    }
+    Ok(())
+}
+
+fn has_std(libdir: &Path) -> bool {
+    std::fs::read_dir(libdir)
+        .map(|entries| entries.flatten().any(|e| e.file_name().to_string_lossy().starts_with("libstd-")))
+        .unwrap_or(false)
+}
+
+/// Builds every member of the guests' workspace; returns each guest's name and `.wasm`.
+fn build_guests(guests: &Path, target_dir: &Path) -> Result<Vec<(String, PathBuf)>, Box<dyn Error>> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .current_dir(guests)
+        .args(["build", "--release", "--workspace", "--target", TARGET, "--message-format=json-render-diagnostics"])
+        .arg("--target-dir")
+        .arg(target_dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    // What cargo sets for this build script must not leak into the guests' build: the
+    // flags are for the host, and under clippy the workspace wrapper would lint guests.
+    for var in [
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "CLIPPY_ARGS",
+        "CARGO_PRIMARY_PACKAGE",
+    ] {
+        command.env_remove(var);
+    }
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("failed to run cargo to build the guests in `{}`: {e}", guests.display()))?;
+    let stdout = child.stdout.take().ok_or("cargo's stdout was not captured")?;
+
+    let mut built = Vec::new();
+    for line in BufReader::new(stdout).lines() {
+        let message: serde_json::Value = match serde_json::from_str(&line?) {
+            Ok(message) => message,
+            Err(_) => continue,
+        };
+        if message["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let name = message["target"]["name"].as_str().unwrap_or_default().to_owned();
+        let wasm = message["filenames"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .chain(message.get("executable"))
+            .filter_map(|f| f.as_str())
+            .find(|f| f.ends_with(".wasm"));
+        if let Some(wasm) = wasm {
+            built.push((name, PathBuf::from(wasm)));
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        return Err(format!(
+            "failed to build the example guests in `{}` for `{TARGET}` ({status}); the compiler's messages are above",
+            guests.display()
+        )
+        .into());
+    }
+    built.sort();
+    built.dedup();
+    Ok(built)
+}
