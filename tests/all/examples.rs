@@ -13,7 +13,8 @@ use wasmproc_tests::HANG;
 const RESERVE: &str = "inventory.reserve";
 
 fn load(path: &str) -> Component {
-    let runtime = Runtime::new(Config::default()).expect("the runtime starts");
+    // Compiled components are cached under the test's scratch directory, not the user's.
+    let runtime = Runtime::new(Config::default().cache_dir(env!("CARGO_TARGET_TMPDIR"))).expect("the runtime starts");
     runtime.load(path).unwrap_or_else(|e| panic!("failed to load `{path}`: {e:#}"))
 }
 

@@ -104,3 +104,44 @@ fn start_epoch_thread(engine: EngineWeak, tick: Duration) -> anyhow::Result<()> 
         .context("failed to start the epoch thread")?;
     Ok(())
 }
+
+/// Memory mappings one live instance costs with copy-on-write memory images, measured
+/// with wasmtime 48's pooling allocator on Linux (DESIGN §7: about 4 with images, 2
+/// without).
+const MAPPINGS_PER_INSTANCE: u64 = 4;
+
+/// A warning if `max_instances` live instances would need more memory mappings than the
+/// kernel allows a process (`vm.max_map_count`, 65,530 by default): past that,
+/// instantiation fails with "Cannot allocate memory", which says nothing about why.
+/// `None` when they fit, or when the limit cannot be read (not Linux).
+pub(crate) fn map_count_warning(max_instances: u32) -> Option<String> {
+    let limit: u64 = std::fs::read_to_string("/proc/sys/vm/max_map_count").ok()?.trim().parse().ok()?;
+    map_count_warning_for(max_instances, limit)
+}
+
+fn map_count_warning_for(max_instances: u32, limit: u64) -> Option<String> {
+    // Headroom for the host's own mappings (code, heaps, thread stacks).
+    let needed = u64::from(max_instances) * MAPPINGS_PER_INSTANCE + 1024;
+    (needed > limit).then(|| {
+        format!(
+            "`max_instances` is {max_instances}, but the kernel allows {limit} memory mappings per process \
+             (`vm.max_map_count`) and each live Wasm process costs about {MAPPINGS_PER_INSTANCE}: spawns will fail \
+             with \"Cannot allocate memory\" past about {} live processes; raise the limit \
+             (`sysctl -w vm.max_map_count={needed}`) or lower `max_instances`",
+            limit.saturating_sub(1024) / MAPPINGS_PER_INSTANCE
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn map_count_warning_names_the_sysctl_only_when_the_pool_does_not_fit() {
+        assert_eq!(map_count_warning_for(10_000, 65_530), None);
+        let warning = map_count_warning_for(100_000, 65_530).expect("100k instances need ~400k mappings");
+        assert!(warning.contains("vm.max_map_count=401024"), "{warning}");
+        assert!(warning.contains("past about 16126 live processes"), "{warning}");
+    }
+}

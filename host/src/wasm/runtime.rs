@@ -49,6 +49,8 @@ struct Shared {
     compiled: AtomicU64,
     disk_hits: AtomicU64,
     memory_hits: AtomicU64,
+    /// See [`Runtime::warnings`].
+    warnings: Vec<String>,
 }
 
 /// What [`Runtime::load`] has done so far; see [`Runtime::stats`].
@@ -79,6 +81,7 @@ impl Runtime {
         Guest::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
             .map_err(anyhow::Error::from)
             .context("failed to link the host imports")?;
+        let warnings = super::engine::map_count_warning(config.max_instances).into_iter().collect();
         let disk = config.resolved_cache_dir().map(|dir| DiskCache::new(dir, &engine));
         let shared = Shared {
             engine,
@@ -89,8 +92,15 @@ impl Runtime {
             compiled: AtomicU64::new(0),
             disk_hits: AtomicU64::new(0),
             memory_hits: AtomicU64::new(0),
+            warnings,
         };
         Ok(Runtime { shared: Arc::new(shared) })
+    }
+
+    /// Problems with the host's set-up found when the runtime started, for the embedder to
+    /// show: today, a `max_instances` the kernel's memory-mapping limit cannot hold.
+    pub fn warnings(&self) -> &[String] {
+        &self.shared.warnings
     }
 
     /// Loads the component in the file at `path`: see [`Runtime::load_bytes`].
