@@ -156,6 +156,23 @@ fn workflow_without_the_capability_is_denied() {
     );
 }
 
+/// DESIGN 11 with a Wasm guest: a command no handler is registered for completes with
+/// "unknown command", which the guest sees as the error of its `call`.
+#[test]
+fn workflow_calling_an_unknown_command_gets_an_error() {
+    let s = Scheduler::builder()
+        .kind("workflow", load(env!("GUEST_WORKFLOW")))
+        .capabilities(Capabilities::default().allow(RESERVE))
+        .build()
+        .expect("the scheduler starts");
+    let error = run(&s, "workflow", "main", vec![order()]).expect_err("no handler");
+    assert_eq!(
+        error,
+        "gave up reserving `apples` after 3 tries: custom command `inventory.reserve` failed: \
+         unknown command `inventory.reserve`"
+    );
+}
+
 #[test]
 fn a_guest_waiting_in_recv_sees_the_cancel_at_shutdown() {
     let s = scheduler("ping-pong", env!("GUEST_PING_PONG"));

@@ -66,6 +66,16 @@ fn main_sleeps_then_counts_its_input() {
     assert!(logged(&format!("[pid {pid}] info: process {pid} starts `main` with 3 inputs")), "{:?}", LOG.lock());
 }
 
+/// DESIGN 4 with a Wasm guest: `main` yields once and then completes, so on one worker it
+/// takes exactly two steps, the second woken by the timer's completion.
+#[test]
+fn a_guest_that_yields_once_takes_exactly_two_steps() {
+    let s = Scheduler::builder().workers(1).kind("raw", raw()).build().expect("the scheduler starts");
+    let process = s.spawn_kind("raw", "main", vec![]).unwrap();
+    assert_eq!(process.join_timeout(HANG).expect("main finishes"), Ok(Payload::json(&0).unwrap()));
+    assert_eq!(s.stats().workers[0].executed, 2);
+}
+
 #[test]
 fn echo_answers_with_its_first_input() {
     let s = scheduler();
