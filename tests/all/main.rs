@@ -1,5 +1,7 @@
 //! Integration tests of the wasmproc host, in one binary.
 
+/// The benchmarks' guest: each entry once, with the result the benches rely on.
+mod bench_guest;
 /// Custom commands: unknown commands, handler errors, permissions (DESIGN 11).
 mod dispatch;
 /// The SDK-written example guests end to end: results, concurrency, retries, cancellation.

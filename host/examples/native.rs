@@ -1,7 +1,7 @@
 //! A tour of the scheduler with native processes: a spawn tree, messages, a custom
 //! command, and the stats at the end.
 //!
-//! `cargo run --release -p wasmproc --example demo`
+//! `cargo run --release -p wasmproc --example native`
 
 use std::time::{Duration, Instant};
 

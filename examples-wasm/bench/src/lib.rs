@@ -1,0 +1,167 @@
+//! The benchmarks' guest (`tests/benches/wasm.rs`), written directly against `wit/` like
+//! `raw`: no SDK, no executor, no serialisation, so what a benchmark measures is the
+//! host's cost per process, step and message, not the guest's.
+//!
+//! Entries; numbers are `u64`s as 8 little-endian bytes (format `bytes`):
+//! - `echo`: completes at once with its first input payload (an empty one without input);
+//! - `cycles [n]`: each step yields one custom command `now` (the embedder registers it,
+//!   and completes it at once) until `n` completions came back; then completes with `n`;
+//! - `ping-pong [limit] [peer]?`: passes a counter back and forth with another process.
+//!   The process given a peer starts by sending it 0. A process receiving `c` completes
+//!   with `c` if `c >= limit`, else sends `c + 1` back to the sender; the process that
+//!   sent `limit` completes with it once that send has completed, so both end;
+//! - `idle`: waits (status `idle`) for the first message, then completes with its body.
+//!
+//! A `cancel` event ends any of them at once with the reason as the error.
+
+use std::cell::RefCell;
+
+// The world's `use` brings `Payload`, `Event` and `StepOutput` into this module.
+use wasmproc::process::types::{Command, CustomCommand, SendRequest, Status, YieldCommand};
+
+wit_bindgen::generate!({
+    world: "process",
+    path: "../../wit",
+});
+
+const ENTRIES: [&str; 4] = ["echo", "cycles", "ping-pong", "idle"];
+
+// A guest instance runs exactly one process, so its state is a global. Wasm is
+// single-threaded: the `RefCell` is only ever borrowed by the one export running now.
+thread_local! {
+    static PROCESS: RefCell<Option<Process>> = const { RefCell::new(None) };
+}
+
+enum Process {
+    Echo(Option<Payload>),
+    Cycles { n: u64, done: u64 },
+    PingPong { limit: u64, peer: Option<u64>, started: bool },
+    Idle,
+}
+
+struct Bench;
+
+impl Guest for Bench {
+    fn entries() -> Vec<String> {
+        ENTRIES.iter().map(|e| e.to_string()).collect()
+    }
+
+    fn init(_pid: u64, method: String, input: Vec<Payload>) -> Result<(), String> {
+        let process = match method.as_str() {
+            "echo" => Process::Echo(input.into_iter().next()),
+            "cycles" => Process::Cycles { n: number(&input, 0, "cycles", "n")?, done: 0 },
+            "ping-pong" => Process::PingPong {
+                limit: number(&input, 0, "ping-pong", "limit")?,
+                peer: if input.len() > 1 { Some(number(&input, 1, "ping-pong", "peer")?) } else { None },
+                started: false,
+            },
+            "idle" => Process::Idle,
+            // The host adds the list of entries.
+            other => return Err(format!("unknown entry method `{other}`")),
+        };
+        PROCESS.with(|p| *p.borrow_mut() = Some(process));
+        Ok(())
+    }
+
+    fn step(events: Vec<Event>) -> StepOutput {
+        if let Some(reason) = events.iter().find_map(|e| if let Event::Cancel(r) = e { Some(r) } else { None }) {
+            return done(Err(format!("cancelled: {reason}")));
+        }
+        PROCESS.with(|p| {
+            let mut guard = p.borrow_mut();
+            match guard.as_mut().expect("the host calls `init` before `step`") {
+                Process::Echo(first) => {
+                    done(Ok(first.take().unwrap_or_else(|| Payload { format: "bytes".to_string(), data: vec![] })))
+                }
+                Process::Cycles { n, done: completed } => cycles(*n, completed, events),
+                Process::PingPong { limit, peer, started } => ping_pong(*limit, peer, started, events),
+                Process::Idle => idle(events),
+            }
+        })
+    }
+}
+
+/// Input payload `index` of `method` as a number.
+fn number(input: &[Payload], index: usize, method: &str, name: &str) -> Result<u64, String> {
+    let bytes = input.get(index).map(|p| p.data.as_slice()).unwrap_or_default();
+    let bytes: [u8; 8] = bytes
+        .try_into()
+        .map_err(|_| format!("`{method}` expects `{name}` (input {index}) as 8 little-endian bytes"))?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
+fn u64_payload(value: u64) -> Payload {
+    Payload { format: "bytes".to_string(), data: value.to_le_bytes().to_vec() }
+}
+
+fn done(result: Result<Payload, String>) -> StepOutput {
+    StepOutput { status: Status::Complete(result), yields: vec![] }
+}
+
+fn cycles(n: u64, completed: &mut u64, events: Vec<Event>) -> StepOutput {
+    for event in events {
+        if let Event::Completion(completion) = event {
+            if let Err(e) = completion.result {
+                return done(Err(format!("`now` failed: {e}")));
+            }
+            *completed += 1;
+        }
+    }
+    if *completed >= n {
+        return done(Ok(u64_payload(n)));
+    }
+    let now = CustomCommand { name: "now".to_string(), payload: Payload { format: "bytes".to_string(), data: vec![] } };
+    StepOutput {
+        status: Status::Blocked,
+        yields: vec![YieldCommand { tag: *completed, command: Command::Custom(now) }],
+    }
+}
+
+/// Each send's tag is the count it carries, so the completion of the final one is known.
+fn ping_pong(limit: u64, peer: &mut Option<u64>, started: &mut bool, events: Vec<Event>) -> StepOutput {
+    let mut next = None;
+    if !*started {
+        *started = true;
+        next = peer.map(|to| (to, 0));
+    }
+    for event in events {
+        match event {
+            Event::Message(message) => {
+                let Ok(bytes) = <[u8; 8]>::try_from(message.body.data.as_slice()) else {
+                    return done(Err(format!("expected a counter of 8 bytes, got {}", message.body.data.len())));
+                };
+                let count = u64::from_le_bytes(bytes);
+                if count >= limit {
+                    return done(Ok(u64_payload(count)));
+                }
+                *peer = Some(message.sender);
+                next = Some((message.sender, count + 1));
+            }
+            Event::Completion(completion) => match completion.result {
+                Err(e) => return done(Err(format!("send of {} failed: {e}", completion.tag))),
+                Ok(_) if completion.tag >= limit => return done(Ok(u64_payload(completion.tag))),
+                Ok(_) => {}
+            },
+            _ => {}
+        }
+    }
+    let yields = match next {
+        Some((to, count)) => {
+            let send = SendRequest { to, topic: String::new(), body: u64_payload(count) };
+            vec![YieldCommand { tag: count, command: Command::Send(send) }]
+        }
+        None => vec![],
+    };
+    StepOutput { status: Status::Idle, yields }
+}
+
+fn idle(events: Vec<Event>) -> StepOutput {
+    for event in events {
+        if let Event::Message(message) = event {
+            return done(Ok(message.body));
+        }
+    }
+    StepOutput { status: Status::Idle, yields: vec![] }
+}
+
+export!(Bench);
