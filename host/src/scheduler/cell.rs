@@ -170,7 +170,7 @@ impl ProcessCell {
     }
 }
 
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 mod loom_models {
     //! Models of the wakeup protocol. Run with
     //! `RUSTFLAGS="--cfg loom" cargo test -p wasmproc --lib --release loom`.
@@ -214,6 +214,18 @@ mod loom_models {
         Event::Message { sender: Pid::HOST, topic: String::new(), body: Payload::empty() }
     }
 
+    /// A producer thread delivering `event`; a `Wake::Schedule` it gets counts as one
+    /// queue entry in `schedules`, and the process must never be queued twice at once.
+    fn spawn_producer(cell: &Arc<ProcessCell>, schedules: &Arc<AtomicUsize>, event: Event) -> thread::JoinHandle<()> {
+        let (cell, schedules) = (cell.clone(), schedules.clone());
+        thread::spawn(move || {
+            if cell.deliver(event) == Ok(Wake::Schedule) {
+                let queued = schedules.fetch_add(1, Ordering::SeqCst);
+                assert_eq!(queued, 0, "process queued twice");
+            }
+        })
+    }
+
     /// Runs turns the way the scheduler would: `turns_owed` now, and one more for every
     /// producer that reports `Wake::Schedule` meanwhile (each report is one queue entry).
     fn run_owed_turns(cell: &ProcessCell, target: Lifecycle, schedules: &AtomicUsize, mut turns_owed: usize) -> usize {
@@ -242,14 +254,7 @@ mod loom_models {
         loom::model(|| {
             let cell = ready_cell();
             let schedules = Arc::new(AtomicUsize::new(0));
-            let producer = {
-                let (cell, schedules) = (cell.clone(), schedules.clone());
-                thread::spawn(move || {
-                    if cell.deliver(completion(1)) == Ok(Wake::Schedule) {
-                        schedules.fetch_add(1, Ordering::SeqCst);
-                    }
-                })
-            };
+            let producer = spawn_producer(&cell, &schedules, completion(1));
             let mut seen = run_owed_turns(&cell, Lifecycle::Blocked, &schedules, 1);
             producer.join().unwrap();
             // A schedule that landed after the worker's last look is still owed its turn.
@@ -267,18 +272,8 @@ mod loom_models {
         loom::model(|| {
             let cell = ready_cell();
             let schedules = Arc::new(AtomicUsize::new(0));
-            let producers: Vec<_> = [message(), completion(2)]
-                .into_iter()
-                .map(|event| {
-                    let (cell, schedules) = (cell.clone(), schedules.clone());
-                    thread::spawn(move || {
-                        if cell.deliver(event) == Ok(Wake::Schedule) {
-                            let queued = schedules.fetch_add(1, Ordering::SeqCst);
-                            assert_eq!(queued, 0, "process queued twice");
-                        }
-                    })
-                })
-                .collect();
+            let producers: Vec<_> =
+                [message(), completion(2)].into_iter().map(|event| spawn_producer(&cell, &schedules, event)).collect();
             let mut seen = run_owed_turns(&cell, Lifecycle::Idle, &schedules, 1);
             for p in producers {
                 p.join().unwrap();
@@ -298,14 +293,7 @@ mod loom_models {
         loom::model(|| {
             let cell = ready_cell();
             let schedules = Arc::new(AtomicUsize::new(0));
-            let producer = {
-                let (cell, schedules) = (cell.clone(), schedules.clone());
-                thread::spawn(move || {
-                    if cell.deliver(completion(3)) == Ok(Wake::Schedule) {
-                        schedules.fetch_add(1, Ordering::SeqCst);
-                    }
-                })
-            };
+            let producer = spawn_producer(&cell, &schedules, completion(3));
             let mut seen = 0;
             let mut reruns = 0;
             let mut buf = Vec::new();

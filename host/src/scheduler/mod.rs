@@ -699,7 +699,7 @@ impl Shared {
             Err(panic) => Err(anyhow::anyhow!("init panicked: {}", worker::panic_message(&*panic))),
         };
         if let Err(source) = init {
-            self.retire(&cell, Err(format!("{source:#}")));
+            self.retire(&cell, Some(Err(format!("{source:#}"))));
             return Err(SpawnError::Init { method, source });
         }
         if let Some(watcher) = args.watcher
@@ -771,12 +771,8 @@ impl Shared {
     /// Ends a process that was running (or was dequeued with a terminate request).
     /// `None` means terminated: the result is the termination reason.
     pub(crate) fn finalize(&self, cell: &Task, result: Option<Outcome>) {
-        self.retire_with(cell, result);
+        self.retire(cell, result);
         self.count(|c| &c.completed, 1);
-    }
-
-    fn retire(&self, cell: &Task, result: Outcome) {
-        self.retire_with(cell, Some(result));
     }
 
     /// The end of every process, in this order: close the inbox (later events are
@@ -784,7 +780,7 @@ impl Shared {
     /// taken out of its cell), remove its pid (later sends get `NotFound`), tell the
     /// watchers, and only then count it out, so a waiter for "no process left" also sees
     /// every exit delivered.
-    fn retire_with(&self, cell: &Task, result: Option<Outcome>) {
+    fn retire(&self, cell: &Task, result: Option<Outcome>) {
         let closed = cell.inbox.close();
         let result = result
             .unwrap_or_else(|| Err(closed.terminate_reason.map_or_else(|| "terminated".to_owned(), Cow::into_owned)));

@@ -305,30 +305,30 @@ impl WorkerLoop<'_> {
                 Status::Complete(_) => unreachable!("handled above"),
             }
         });
-        let mut early = dispatch.early.borrow_mut();
-        match end {
-            TurnEnd::Parked => debug_assert!(early.is_empty(), "parked with completions kept aside"),
-            TurnEnd::Requeue => {
+        {
+            let mut early = dispatch.early.borrow_mut();
+            if let TurnEnd::Requeue = end {
                 // `Ready` but in no queue yet: no one else can touch the process, so the
                 // kept completions can go into its inbox without a wake.
                 for event in early.drain(..) {
                     cell.inbox.push(event, usize::MAX).expect("inbox of a live process is open");
                 }
-                drop(early);
-                // Requeued processes go to the back of the global queue: behind everything
-                // already waiting, so one busy process cannot starve the others.
-                shared.schedule_global(cell);
-            }
-            TurnEnd::Complete(result) => {
+            } else {
+                debug_assert!(
+                    !matches!(end, TurnEnd::Parked) || early.is_empty(),
+                    "parked with completions kept aside"
+                );
+                // A finished process never reads them.
                 early.clear();
-                drop(early);
-                shared.finalize(&cell, Some(result));
             }
-            TurnEnd::Terminated => {
-                early.clear();
-                drop(early);
-                shared.finalize(&cell, None);
-            }
+        }
+        match end {
+            TurnEnd::Parked => {}
+            // Requeued processes go to the back of the global queue: behind everything
+            // already waiting, so one busy process cannot starve the others.
+            TurnEnd::Requeue => shared.schedule_global(cell),
+            TurnEnd::Complete(result) => shared.finalize(&cell, Some(result)),
+            TurnEnd::Terminated => shared.finalize(&cell, None),
         }
     }
 }
