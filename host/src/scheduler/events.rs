@@ -117,7 +117,7 @@ impl Inbox {
         }
     }
 
-    #[cfg(loom)]
+    #[cfg(all(test, loom))]
     pub(crate) fn len(&self) -> usize {
         self.inner.lock().events.len()
     }
