@@ -21,7 +21,7 @@ use crate::scheduler::cell::{ProcessCell, Watcher};
 use crate::scheduler::state::Wake;
 use crate::scheduler::worker::Task;
 use crate::scheduler::worker::{self, panic_message};
-use crate::scheduler::{Handle, Shared, SpawnArgs};
+use crate::scheduler::{Handle, Shared, SpawnArgs, YieldKind};
 
 /// Code that carries out a custom command.
 ///
@@ -184,7 +184,7 @@ impl Shared {
             if !cell.spec.caps.allows_custom(&name) {
                 return complete(cell, tag, Err(format!("permission denied: {name}")));
             }
-            self.count_yield();
+            self.count_yield(YieldKind::Custom);
             let request = Request { caller: cell, tag, name, payload, answered: false };
             // A panicking handler drops the request while unwinding, and its drop
             // answers the yield with an error.
@@ -196,7 +196,14 @@ impl Shared {
         if !cell.spec.caps.allows_command(&y.command) {
             return complete(cell, tag, Err(format!("permission denied: {}", y.command.name())));
         }
-        self.count_yield();
+        self.count_yield(match y.command {
+            Command::Sleep(_) => YieldKind::Sleep,
+            Command::Spawn(_) => YieldKind::Spawn,
+            Command::Send { .. } => YieldKind::Send,
+            Command::Monitor(_) => YieldKind::Monitor,
+            Command::Terminate(_) => YieldKind::Terminate,
+            Command::Custom { .. } => YieldKind::Custom,
+        });
         match y.command {
             Command::Sleep(duration) if duration.is_zero() => complete(cell, tag, Ok(Payload::empty())),
             Command::Sleep(duration) => self.timer.sleep(duration, Completer::new(cell.clone(), tag)),

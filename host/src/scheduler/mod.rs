@@ -454,6 +454,30 @@ impl Handle {
         self.shared.terminate_cell(&cell, "terminated")
     }
 
+    /// Delivers a cancel event with `reason` to every live process (what [`Scheduler::stop`]
+    /// does first), and returns how many it reached. Processes decide what to do: the
+    /// guest SDK ends the process unless it handles cancellation.
+    pub fn cancel_all(&self, reason: &str) -> usize {
+        let mut reached = 0;
+        for cell in self.shared.registry.snapshot() {
+            if let Ok(wake) = cell.deliver(Event::Cancel { reason: reason.to_owned() }) {
+                reached += 1;
+                if let Wake::Schedule = wake {
+                    self.shared.schedule(cell);
+                }
+            }
+        }
+        reached
+    }
+
+    /// Ends every live process at once with the error `reason` (as [`Handle::terminate`]
+    /// does one), and returns how many it ended. A process in the middle of a step ends
+    /// when the step returns.
+    pub fn terminate_all(&self, reason: &'static str) -> usize {
+        let cells = self.shared.registry.snapshot();
+        cells.iter().filter(|cell| self.shared.terminate_cell(cell, reason).is_ok()).count()
+    }
+
     /// Processes alive now.
     pub fn live(&self) -> usize {
         self.shared.live.load(Ordering::Acquire)
@@ -490,6 +514,7 @@ impl Handle {
         let sum = |f: fn(&Counters) -> &AtomicU64| -> u64 {
             shared.counters.iter().map(|c| f(c).load(Ordering::Relaxed)).sum()
         };
+        let counted = |i: usize| -> u64 { shared.counters.iter().map(|c| c.yields[i].load(Ordering::Relaxed)).sum() };
         Stats {
             workers,
             global_queue: shared.injector.len(),
@@ -497,7 +522,8 @@ impl Handle {
             peak_live: shared.peak_live.load(Ordering::Relaxed),
             spawned: sum(|c| &c.spawned),
             completed: sum(|c| &c.completed),
-            yields: sum(|c| &c.yields),
+            yields: YIELD_KINDS.iter().enumerate().map(|(i, _)| counted(i)).sum(),
+            yields_by_command: std::array::from_fn(|i| (YIELD_KINDS[i], counted(i))),
             messages: sum(|c| &c.messages),
             undelivered: sum(|c| &c.undelivered),
         }
@@ -522,6 +548,9 @@ pub struct Stats {
     pub completed: u64,
     /// Yields dispatched (granted and known).
     pub yields: u64,
+    /// The same, by command: the built-ins by name, then every custom command as
+    /// `custom`.
+    pub yields_by_command: [(&'static str, u64); 6],
     /// Messages delivered to mailboxes.
     pub messages: u64,
     /// Messages that were in a mailbox when its process ended, never read.
@@ -551,7 +580,8 @@ pub(crate) struct Counters {
     stolen: AtomicU64,
     spawned: AtomicU64,
     completed: AtomicU64,
-    yields: AtomicU64,
+    /// Indexed by `YieldKind`.
+    yields: [AtomicU64; 6],
     messages: AtomicU64,
     undelivered: AtomicU64,
 }
@@ -576,6 +606,19 @@ fn bump(counter: &AtomicU64, n: u64, single_writer: bool) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 }
+
+/// The commands [`Stats::yields_by_command`] counts apart, in its order.
+#[derive(Clone, Copy)]
+pub(crate) enum YieldKind {
+    Sleep,
+    Spawn,
+    Send,
+    Monitor,
+    Terminate,
+    Custom,
+}
+
+const YIELD_KINDS: [&str; 6] = ["sleep", "spawn", "send", "monitor", "terminate", "custom"];
 
 /// Everything a spawn needs besides the process.
 pub(crate) struct SpawnArgs {
@@ -651,8 +694,11 @@ impl Shared {
         }
     }
 
-    pub(crate) fn count_yield(&self) {
-        self.count(|c| &c.yields, 1);
+    pub(crate) fn count_yield(&self, kind: YieldKind) {
+        match worker::current_index(self.id) {
+            Some(index) => bump(&self.counters[index].yields[kind as usize], 1, true),
+            None => bump(&self.counters[self.config.workers].yields[kind as usize], 1, false),
+        }
     }
 
     /// Registers and initialises a process and moves it to `Ready`; the caller queues it.

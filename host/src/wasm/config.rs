@@ -15,6 +15,7 @@ const MIB: usize = 1024 * 1024;
 pub struct Config {
     pub(crate) max_memory: usize,
     pub(crate) time_slice: Duration,
+    pub(crate) fuel: Option<u64>,
     pub(crate) epoch_tick: Duration,
     pub(crate) max_instances: u32,
     pub(crate) cache_dir: CacheDir,
@@ -34,6 +35,7 @@ impl Default for Config {
         Config {
             max_memory: 64 * MIB,
             time_slice: Duration::from_millis(100),
+            fuel: None,
             epoch_tick: Duration::from_millis(1),
             max_instances: 10_000,
             cache_dir: CacheDir::Default,
@@ -62,6 +64,19 @@ impl Config {
     /// about one [`Config::epoch_tick`]. By default 100 ms.
     pub fn time_slice(mut self, slice: Duration) -> Self {
         self.time_slice = slice;
+        self
+    }
+
+    /// Gives every process a total budget of `units` of fuel (about one unit per Wasm
+    /// instruction) over its whole life; a process that uses it up is ended with an error
+    /// naming this limit. Unlike the time slice, fuel is deterministic: the same guest
+    /// with the same input runs out at the same instruction on any machine.
+    ///
+    /// Metering is compiled into the guest's code, so a runtime with a fuel budget
+    /// compiles (and caches) components separately from one without, and its guests run
+    /// somewhat slower (see BENCHMARKS.md). By default no budget and no metering.
+    pub fn fuel(mut self, units: u64) -> Self {
+        self.fuel = Some(units);
         self
     }
 
@@ -129,6 +144,7 @@ impl fmt::Debug for Config {
         f.debug_struct("Config")
             .field("max_memory", &self.max_memory)
             .field("time_slice", &self.time_slice)
+            .field("fuel", &self.fuel)
             .field("epoch_tick", &self.epoch_tick)
             .field("max_instances", &self.max_instances)
             .field("cache_dir", &self.cache_dir)

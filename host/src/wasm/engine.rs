@@ -84,6 +84,7 @@ pub(crate) fn new_engine(config: &Config) -> anyhow::Result<Engine> {
     let mut wasm = wasmtime::Config::new();
     wasm.wasm_component_model(true)
         .epoch_interruption(true)
+        .consume_fuel(config.fuel.is_some())
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
         .memory_init_cow(true)
         .memory_reservation(config.max_memory as u64)

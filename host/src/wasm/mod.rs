@@ -18,6 +18,8 @@
 //! - `engine.rs`: the one engine per runtime (pooling, copy-on-write images, epochs);
 //! - `runtime.rs`: [`Runtime`] (load, compile once, check the world) and [`Component`];
 //! - `cache.rs`: compiled components on disk;
+//! - `precompiled.rs`: files made by `wasmproc compile` ([`Runtime::precompile`]);
+//! - `command.rs`: unmodified WASI programs ([`Command`]) run as one-step processes;
 //! - `process.rs`: [`WasmProcess`], a store and an instance stepped by the scheduler;
 //! - `state.rs`: what a store holds: WASI with nothing granted, host imports, limits;
 //! - `log.rs`: guest logs and output, tagged with the pid;
@@ -33,15 +35,18 @@
 
 mod bindings;
 mod cache;
+mod command;
 mod config;
 mod convert;
 mod engine;
 mod log;
+mod precompiled;
 mod process;
 mod runtime;
 mod state;
 
+pub use command::{COMMAND_ENTRY, Command, CommandOptions, CommandProcess, exit_code};
 pub use config::Config;
 pub use log::{Level, LogRecord, LogSink, LogSource};
 pub use process::WasmProcess;
-pub use runtime::{Component, LoadStats, Runtime};
+pub use runtime::{Component, Inspection, LoadStats, Program, ProgramKind, Runtime};

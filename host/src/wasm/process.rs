@@ -99,11 +99,20 @@ pub(crate) fn guest_error(
     limits: &Limits,
     state: &ProcessState,
 ) -> anyhow::Error {
-    if let Some(Trap::Interrupt) = error.downcast_ref::<Trap>() {
-        return anyhow!(
-            "time slice exceeded: `{export}` ran longer than the process's `time_slice` of {:?} and was stopped",
-            limits.time_slice
-        );
+    match error.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => {
+            return anyhow!(
+                "time slice exceeded: `{export}` ran longer than the process's `time_slice` of {:?} and was stopped",
+                limits.time_slice
+            );
+        }
+        Some(Trap::OutOfFuel) => {
+            return anyhow!(
+                "fuel budget exhausted: the process used all of its {} units of `fuel` (in `{export}`)",
+                limits.fuel.unwrap_or_default()
+            );
+        }
+        _ => {}
     }
     let Some(backtrace) = error.downcast_ref::<WasmBacktrace>() else {
         return anyhow::Error::from(error).context(format!("guest `{export}` failed"));

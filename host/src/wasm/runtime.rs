@@ -1,9 +1,9 @@
 //! [`Runtime`] (the engine, the linker and the module cache) and [`Component`] (a loaded
 //! guest, ready to instantiate).
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
@@ -13,10 +13,12 @@ use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Engine, Store};
 
 use super::bindings::{Process as Guest, ProcessPre};
-use super::cache::{self, Digest, DiskCache};
+use super::cache::{self, Compiled, Digest, DiskCache};
+use super::command::{self, Command, CommandState, P1State};
 use super::config::Config;
 use super::engine::new_engine;
 use super::log::LogSink;
+use super::precompiled;
 use super::process::{WasmProcess, guest_error};
 use super::state::ProcessState;
 use crate::dispatch::Factory;
@@ -42,9 +44,11 @@ struct Shared {
     linker: Linker<ProcessState>,
     config: Config,
     disk: Option<DiskCache>,
+    /// The linkers of WASI commands, made when the first one is loaded.
+    command_linkers: OnceLock<CommandLinkers>,
     /// One slot per module: a second loader of a module waits for the first one's
     /// compile instead of compiling it again.
-    loaded: Mutex<FxHashMap<Digest, Arc<Mutex<Option<Component>>>>>,
+    loaded: Mutex<FxHashMap<Digest, Arc<Mutex<Option<Program>>>>>,
     // Counters for `stats` only: they order nothing, so `Relaxed`.
     compiled: AtomicU64,
     disk_hits: AtomicU64,
@@ -88,6 +92,7 @@ impl Runtime {
             linker,
             config,
             disk,
+            command_linkers: OnceLock::new(),
             loaded: Mutex::default(),
             compiled: AtomicU64::new(0),
             disk_hits: AtomicU64::new(0),
@@ -115,26 +120,159 @@ impl Runtime {
     }
 
     /// Loads a component from its bytes: compiles it (or finds it in the caches), checks
-    /// that it fits the `process` world, and asks it for its entry methods.
+    /// that it fits the `process` world, and asks it for its entry methods. The bytes may
+    /// also be a file made by [`Runtime::precompile`], which is loaded without compiling.
     ///
     /// # Errors
     ///
     /// The bytes are not a component (for example a core module), do not compile, import
     /// something the host does not provide, lack one of the world's exports (the error
-    /// names it), or trap in `entries`.
+    /// names it), are a WASI command instead (see [`Runtime::load_program_bytes`]), or
+    /// trap in `entries`.
     pub fn load_bytes(&self, bytes: &[u8]) -> anyhow::Result<Component> {
-        check_header(bytes)?;
+        if !precompiled::is_precompiled(bytes) {
+            check_header(bytes)?;
+        }
+        match self.load_program_bytes(bytes)? {
+            Program::Process(component) => Ok(component),
+            Program::Command(_) => bail!(
+                "this is a WASI command (it exports `wasi:cli/run` or `_start`), not a component of the \
+                 `{WORLD}` world: run it as a command (`Runtime::load_program`, or `wasmproc run`)"
+            ),
+        }
+    }
+
+    /// Loads the program in the file at `path`: see [`Runtime::load_program_bytes`].
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be read, or as [`Runtime::load_program_bytes`]; the error names
+    /// the path.
+    pub fn load_program(&self, path: impl AsRef<Path>) -> anyhow::Result<Program> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).with_context(|| format!("failed to read `{}`", path.display()))?;
+        self.load_program_bytes(&bytes).with_context(|| format!("failed to load `{}`", path.display()))
+    }
+
+    /// Loads whatever runs as a process: a component of the `process` world, or an
+    /// unmodified WASI program (a component exporting `wasi:cli/run`, or a preview 1
+    /// core module with `_start`), from Wasm or from a file made by
+    /// [`Runtime::precompile`].
+    ///
+    /// # Errors
+    ///
+    /// The bytes are not Wasm, do not compile, import something the host does not
+    /// provide, fit none of those shapes (the error says what is missing), or were
+    /// precompiled under other settings (the error names the setting).
+    pub fn load_program_bytes(&self, bytes: &[u8]) -> anyhow::Result<Program> {
+        let precompiled = precompiled::is_precompiled(bytes);
+        if !precompiled {
+            check_magic(bytes)?;
+        }
         let digest = cache::digest(bytes);
         let slot = self.shared.loaded.lock().entry(digest).or_default().clone();
         let mut slot = slot.lock();
-        if let Some(component) = &*slot {
+        if let Some(program) = &*slot {
             self.shared.memory_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(component.clone());
+            return Ok(program.clone());
         }
-        let compiled = self.compile(bytes, &digest)?;
-        let component = self.prepare(compiled)?;
-        *slot = Some(component.clone());
-        Ok(component)
+        let compiled = if precompiled {
+            precompiled::read(&self.shared.engine, &self.shared.config, bytes)?
+        } else {
+            self.compile(bytes, &digest)?
+        };
+        let program = match compiled {
+            Compiled::Module(module) => Program::Command(self.command_module(&module)?),
+            Compiled::Component(component) if self.is_command(&component) => {
+                Program::Command(self.command_component(&component)?)
+            }
+            Compiled::Component(component) => Program::Process(self.prepare(component)?),
+        };
+        *slot = Some(program.clone());
+        Ok(program)
+    }
+
+    /// Compiles `bytes` (a component or a core module, as [`Runtime::load_program_bytes`]
+    /// takes) into a file that later runtimes load without compiling, provided they
+    /// have the same memory cap and fuel setting, the same wasmproc, and a CPU with the
+    /// same features; otherwise loading it fails with an error naming what differs.
+    ///
+    /// A precompiled file is native code: load only files from a source you trust, as
+    /// you would a binary.
+    ///
+    /// # Errors
+    ///
+    /// The bytes are already precompiled, are not Wasm, or do not compile.
+    pub fn precompile(&self, bytes: &[u8]) -> anyhow::Result<Vec<u8>> {
+        ensure!(!precompiled::is_precompiled(bytes), "the file is already precompiled");
+        check_magic(bytes)?;
+        let compiled = self.compile(bytes, &cache::digest(bytes))?;
+        precompiled::write(&self.shared.engine, &self.shared.config, &compiled, bytes)
+    }
+
+    /// Describes the program in `bytes` without running it: what it is, whether it fits
+    /// the `process` world (and if not, why), its entry methods, imports and exports,
+    /// and whether the disk cache already held its compiled code.
+    ///
+    /// # Errors
+    ///
+    /// The bytes are not Wasm, or do not compile (the error says why).
+    pub fn inspect(&self, bytes: &[u8]) -> anyhow::Result<Inspection> {
+        let shared = &self.shared;
+        let header = precompiled::header(bytes);
+        let digest = cache::digest(bytes);
+        let cache_entry = shared.disk.as_ref().filter(|_| header.is_none()).map(|disk| disk.entry(&digest));
+        let cached = cache_entry.as_ref().is_some_and(|entry| entry.is_file());
+        let compiled = match &header {
+            Some(_) => precompiled::read(&shared.engine, &shared.config, bytes)?,
+            None if precompiled::is_precompiled(bytes) => precompiled::read(&shared.engine, &shared.config, bytes)?,
+            None => {
+                check_magic(bytes)?;
+                self.compile(bytes, &digest)?
+            }
+        };
+        let (kind, imports, exports) = match &compiled {
+            Compiled::Module(module) => {
+                let has_start = module.get_export("_start").is_some();
+                let kind = if has_start { ProgramKind::WasiModule } else { ProgramKind::OtherModule };
+                let imports = module.imports().map(|i| format!("{}#{}", i.module(), i.name())).collect();
+                (kind, imports, module.exports().map(|e| e.name().to_owned()).collect())
+            }
+            Compiled::Component(component) => {
+                let ty = component.component_type();
+                let imports = ty.imports(&shared.engine).map(|(name, _)| name.to_owned()).collect();
+                let exports: Vec<String> = ty.exports(&shared.engine).map(|(name, _)| name.to_owned()).collect();
+                let kind = if self.is_command(component) { ProgramKind::WasiCommand } else { ProgramKind::Process };
+                (kind, imports, exports)
+            }
+        };
+        let (entries, problem) = match (&kind, compiled) {
+            (ProgramKind::Process, Compiled::Component(component)) => match self.prepare(component) {
+                Ok(component) => (component.entries().to_vec(), None),
+                Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+            },
+            (ProgramKind::WasiCommand | ProgramKind::WasiModule, _) => (vec![command::COMMAND_ENTRY.to_owned()], None),
+            (ProgramKind::OtherModule, _) => (
+                Vec::new(),
+                Some(format!(
+                    "a core module without a `_start` export: neither a WASI command nor a process \
+                     (processes are components of the `{WORLD}` world)"
+                )),
+            ),
+            (_, Compiled::Module(_)) => unreachable!("modules are classified above"),
+        };
+        Ok(Inspection {
+            kind,
+            size: bytes.len() as u64,
+            sha256: header.as_ref().map_or_else(|| cache::hex(&digest), |h| h.source_sha256().to_owned()),
+            precompiled: precompiled::is_precompiled(bytes),
+            cached,
+            cache_entry,
+            problem,
+            entries,
+            imports,
+            exports,
+        })
     }
 
     /// What the loads so far have done.
@@ -152,20 +290,80 @@ impl Runtime {
         &self.shared.config
     }
 
-    fn compile(&self, bytes: &[u8], digest: &Digest) -> anyhow::Result<wasmtime::component::Component> {
+    /// Compiles a component or a core module (by its header), or finds it in the disk
+    /// cache.
+    fn compile(&self, bytes: &[u8], digest: &Digest) -> anyhow::Result<Compiled> {
         let shared = &self.shared;
         if let Some(compiled) = shared.disk.as_ref().and_then(|disk| disk.read(&shared.engine, digest)) {
             shared.disk_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(compiled);
         }
-        let compiled = wasmtime::component::Component::new(&shared.engine, bytes)
-            .map_err(anyhow::Error::from)
-            .context("failed to compile the component")?;
+        let compiled = if is_core_module(bytes) {
+            wasmtime::Module::new(&shared.engine, bytes).map(Compiled::Module).map_err(anyhow::Error::from)
+        } else {
+            wasmtime::component::Component::new(&shared.engine, bytes)
+                .map(Compiled::Component)
+                .map_err(anyhow::Error::from)
+        }
+        .context("failed to compile")?;
         shared.compiled.fetch_add(1, Ordering::Relaxed);
         if let Some(disk) = &shared.disk {
             disk.write(digest, &compiled);
         }
         Ok(compiled)
+    }
+
+    /// Whether `component` is a WASI command rather than a process: it exports
+    /// `wasi:cli/run` and not the world's `step`.
+    fn is_command(&self, component: &wasmtime::component::Component) -> bool {
+        let ty = component.component_type();
+        let names: Vec<&str> = ty.exports(&self.shared.engine).map(|(name, _)| name).collect();
+        names.iter().any(|name| name.starts_with("wasi:cli/run@")) && !names.contains(&"step")
+    }
+
+    fn command_linkers(&self) -> anyhow::Result<&CommandLinkers> {
+        if let Some(linkers) = self.shared.command_linkers.get() {
+            return Ok(linkers);
+        }
+        let engine = &self.shared.engine;
+        let mut component = Linker::new(engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut component)
+            .map_err(anyhow::Error::from)
+            .context("failed to link WASI")?;
+        let mut module = wasmtime::Linker::new(engine);
+        wasmtime_wasi::p1::add_to_linker_sync(&mut module, |state: &mut P1State| &mut state.wasi)
+            .map_err(anyhow::Error::from)
+            .context("failed to link WASI preview 1")?;
+        // Two threads may both link; the loser's linkers are dropped.
+        Ok(self.shared.command_linkers.get_or_init(|| CommandLinkers { component, module }))
+    }
+
+    fn command_component(&self, component: &wasmtime::component::Component) -> anyhow::Result<Command> {
+        let pre = self
+            .command_linkers()?
+            .component
+            .instantiate_pre(component)
+            .map_err(anyhow::Error::from)
+            .context("the WASI command needs something wasmproc does not provide")?;
+        let pre = wasmtime_wasi::p2::bindings::sync::CommandPre::new(pre)
+            .map_err(anyhow::Error::from)
+            .context("the component's `wasi:cli/run` export is not the one wasmproc knows")?;
+        Ok(Command::new(command::Code::Component(pre), self.shared.engine.clone(), self.shared.config.clone()))
+    }
+
+    fn command_module(&self, module: &wasmtime::Module) -> anyhow::Result<Command> {
+        ensure!(
+            module.get_export("_start").is_some(),
+            "a core module without a `_start` export is neither a WASI command nor a process: processes are \
+             components of the `{WORLD}` world (build the guest for `wasm32-wasip2`)"
+        );
+        let pre = self
+            .command_linkers()?
+            .module
+            .instantiate_pre(module)
+            .map_err(anyhow::Error::from)
+            .context("the WASI program needs something wasmproc does not provide")?;
+        Ok(Command::new(command::Code::Module(pre), self.shared.engine.clone(), self.shared.config.clone()))
     }
 
     /// Checks `compiled` against the world and reads its entries.
@@ -192,20 +390,99 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
+/// Refuses bytes that are not Wasm at all before wasmtime does, with a message that says
+/// so.
+fn check_magic(bytes: &[u8]) -> anyhow::Result<()> {
+    ensure!(
+        bytes.starts_with(b"\0asm"),
+        "not a WebAssembly file: it does not start with the `\\0asm` header (nor is it a file made by \
+         `wasmproc compile`)"
+    );
+    Ok(())
+}
+
+/// Whether `bytes` are a core module of version 1 (components have another version).
+fn is_core_module(bytes: &[u8]) -> bool {
+    bytes.get(..8) == Some(&[0, b'a', b's', b'm', 1, 0, 0, 0])
+}
+
 /// Refuses bytes that are not a component before wasmtime does, with a message that
 /// says what they are instead.
 fn check_header(bytes: &[u8]) -> anyhow::Result<()> {
-    const MAGIC: &[u8; 4] = b"\0asm";
-    match bytes.get(..8) {
-        // Version 1 of the core format.
-        Some([0, b'a', b's', b'm', 1, 0, 0, 0]) => bail!(
-            "this is a core WebAssembly module, not a component: build the guest for `wasm32-wasip2` \
-             (or wrap the module with `wasm-tools component new`)"
-        ),
-        // Components and any other version: wasmtime reports what it does not support.
-        Some(header) if header.starts_with(MAGIC) => Ok(()),
-        _ => bail!("not a WebAssembly component: the file does not start with the `\\0asm` header"),
+    check_magic(bytes)?;
+    ensure!(
+        !is_core_module(bytes),
+        "this is a core WebAssembly module, not a component: build the guest for `wasm32-wasip2` \
+         (or wrap the module with `wasm-tools component new`)"
+    );
+    Ok(())
+}
+
+struct CommandLinkers {
+    component: Linker<CommandState>,
+    module: wasmtime::Linker<P1State>,
+}
+
+/// What [`Runtime::load_program`] found.
+#[derive(Clone, Debug)]
+pub enum Program {
+    /// A component of the `process` world.
+    Process(Component),
+    /// An unmodified WASI program, run as a one-step process (see [`Command`]).
+    Command(Command),
+}
+
+/// What a program is; see [`Inspection`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProgramKind {
+    /// A component that should be of the `process` world (see [`Inspection::problem`]
+    /// for whether it is).
+    Process,
+    /// A component exporting `wasi:cli/run`.
+    WasiCommand,
+    /// A preview 1 core module with `_start`.
+    WasiModule,
+    /// A core module that is no WASI command.
+    OtherModule,
+}
+
+impl ProgramKind {
+    /// A short description, as `wasmproc inspect` prints it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ProgramKind::Process => "process component (wasmproc:process world)",
+            ProgramKind::WasiCommand => "WASI command component (wasi:cli/run)",
+            ProgramKind::WasiModule => "WASI preview 1 command module (_start)",
+            ProgramKind::OtherModule => "core module (not runnable)",
+        }
     }
+}
+
+/// What [`Runtime::inspect`] found.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Inspection {
+    /// What the program is.
+    pub kind: ProgramKind,
+    /// The file's size in bytes.
+    pub size: u64,
+    /// The SHA-256 of the Wasm (of the source, for a precompiled file), in hex.
+    pub sha256: String,
+    /// Whether the file was made by `wasmproc compile`.
+    pub precompiled: bool,
+    /// Whether the disk cache held the compiled code before this inspection.
+    pub cached: bool,
+    /// The disk cache's file for it (absent for precompiled files and without a cache).
+    pub cache_entry: Option<PathBuf>,
+    /// Why it cannot run, if it cannot (for example the world export it lacks).
+    pub problem: Option<String>,
+    /// Its entry methods (`run` for a WASI command).
+    pub entries: Vec<String>,
+    /// What it imports: interface names for components, `module#name` for modules.
+    pub imports: Vec<String>,
+    /// What it exports.
+    pub exports: Vec<String>,
 }
 
 /// A loaded component: compiled, checked against the `process` world, ready to
@@ -235,11 +512,13 @@ pub(crate) struct Limits {
     pub(crate) max_memory: usize,
     pub(crate) time_slice: Duration,
     pub(crate) time_slice_ticks: u64,
+    /// The whole life's fuel budget; `None` when the engine does not meter fuel.
+    pub(crate) fuel: Option<u64>,
 }
 
 impl Limits {
     fn new(config: &Config, max_memory: usize, time_slice: Duration) -> Self {
-        Limits { max_memory, time_slice, time_slice_ticks: config.time_slice_ticks(time_slice) }
+        Limits { max_memory, time_slice, time_slice_ticks: config.time_slice_ticks(time_slice), fuel: config.fuel }
     }
 }
 
@@ -314,5 +593,10 @@ pub(crate) fn new_store(engine: &Engine, pid: Pid, log: LogSink, limits: &Limits
     store.limiter(|state| &mut state.limiter);
     store.epoch_deadline_trap();
     store.set_epoch_deadline(limits.time_slice_ticks);
+    if let Some(fuel) = limits.fuel {
+        // Only fails when the engine does not meter fuel, and `limits.fuel` is set
+        // exactly when it does (both come from `Config::fuel`).
+        let _ = store.set_fuel(fuel);
+    }
     store
 }

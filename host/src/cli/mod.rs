@@ -1,0 +1,260 @@
+//! The command line: `wasmproc run`, `inspect` and `compile`.
+//!
+//! Every failure is one line on stderr, `error: <what was wrong>: <what to do>`, and an
+//! exit code from [`Exit`], so scripts can tell a failed process from a bad module or a
+//! typo in a flag.
+
+mod compile;
+mod inspect;
+mod run;
+mod units;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use wasmproc::wasm::Config;
+
+/// Exit codes, as `--help` lists them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Exit {
+    /// The process completed with a result.
+    Success = 0,
+    /// The process failed: an error result, a trap, or a limit it hit.
+    ProcessFailed = 1,
+    /// The command line was wrong: an unknown flag, a bad value, an unknown entry
+    /// method, input that is not JSON, a file that cannot be read.
+    Usage = 2,
+    /// The file is not a program wasmproc can run: not Wasm, the wrong world, does not
+    /// compile, or precompiled under other settings.
+    BadModule = 3,
+    /// `--timeout` passed before the processes finished.
+    Timeout = 4,
+    /// The host itself could not start (for example the instance pool could not be
+    /// reserved).
+    Host = 5,
+    /// Ctrl-C.
+    Interrupted = 130,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> ExitCode {
+        ExitCode::from(exit as u8)
+    }
+}
+
+/// Why a subcommand stopped: the exit code and the one-line message for stderr.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) exit: Exit,
+    pub(crate) message: String,
+}
+
+impl Failure {
+    pub(crate) fn new(exit: Exit, message: impl Into<String>) -> Self {
+        Failure { exit, message: message.into() }
+    }
+
+    /// `error`'s whole chain on one line.
+    pub(crate) fn from_error(exit: Exit, error: &anyhow::Error) -> Self {
+        Failure::new(exit, format!("{error:#}"))
+    }
+}
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0    success (for a WASI command: the program's own exit code)
+  1    the process failed (error result, trap, or a limit it hit)
+  2    bad usage (flag, value, entry method, input JSON, unreadable file)
+  3    bad module (not Wasm, wrong world, does not compile, precompiled elsewhere)
+  4    --timeout passed
+  5    the host could not start
+  130  interrupted (Ctrl-C)";
+
+/// Runs WebAssembly processes on a work-stealing scheduler, sandboxed.
+#[derive(Parser, Debug)]
+#[command(name = "wasmproc", version, about, after_help = EXIT_CODES, max_term_width = 100)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a program: its entry process and everything it spawns, until all finish.
+    #[command(after_help = run::AFTER_HELP)]
+    Run(RunArgs),
+    /// Describe a program: what it is, whether it can run, entries, imports, exports, cache.
+    Inspect(InspectArgs),
+    /// Precompile a program, so that `run` loads it without compiling.
+    Compile(CompileArgs),
+}
+
+/// Engine settings that compiled code depends on: `compile` and `run` must agree.
+#[derive(Args, Debug, Clone)]
+struct EngineArgs {
+    /// Linear memory cap of each process, e.g. 64MiB or 1GiB. Also each process's share
+    /// of address space: processes × memory must fit in 128 TiB.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = units::memory)]
+    memory: usize,
+    /// Total fuel of each process over its life (about one unit per Wasm instruction);
+    /// a process that uses it up fails. Turns on fuel metering, which slows guests
+    /// somewhat. [default: unlimited, no metering]
+    #[arg(long, value_name = "N")]
+    fuel: Option<u64>,
+    /// Keep compiled code out of the disk cache ($XDG_CACHE_HOME/wasmproc or
+    /// ~/.cache/wasmproc): compile afresh and write nothing.
+    #[arg(long)]
+    no_cache: bool,
+}
+
+impl EngineArgs {
+    fn config(&self) -> Config {
+        let mut config = Config::default().max_memory(self.memory);
+        if let Some(fuel) = self.fuel {
+            config = config.fuel(fuel);
+        }
+        if self.no_cache {
+            config = config.no_disk_cache();
+        }
+        config
+    }
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// The program: a component of the wasmproc:process world, a WASI command
+    /// (a wasi:cli/run component or a preview 1 module with _start), or a file made by
+    /// `wasmproc compile`.
+    #[arg(value_name = "APP.wasm")]
+    app: PathBuf,
+    /// The entry method the first process starts in. [default: main; run for a WASI
+    /// command]
+    #[arg(long, short, value_name = "NAME")]
+    method: Option<String>,
+    /// An input payload, as JSON. Repeat for several; SDK entries take the first.
+    #[arg(long = "input", short, value_name = "JSON")]
+    inputs: Vec<String>,
+    /// Read an input payload (JSON) from FILE, or from stdin with `-`. Comes after the
+    /// --input payloads.
+    #[arg(long, value_name = "FILE")]
+    input_file: Option<PathBuf>,
+    /// Worker threads. [default: one per core]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    workers: Option<u32>,
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Longest one step of a process may run (a bare number is milliseconds); a step
+    /// past it fails its process. WASI commands are one long step: --timeout bounds them.
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = units::millis)]
+    time_slice: Duration,
+    /// Stop everything after DURATION (e.g. 30s, 5m): cancel every process, give them
+    /// a second to end, then terminate the rest. Exit code 4. [default: no limit]
+    #[arg(long, value_name = "DURATION", value_parser = units::duration)]
+    timeout: Option<Duration>,
+    /// The most processes alive at once; spawns past it fail (in the spawning process).
+    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    max_processes: u32,
+    /// Grant a command to every process (repeatable). Granted by default: sleep, spawn,
+    /// send, monitor. Not granted unless allowed: terminate.
+    #[arg(long = "allow", value_name = "COMMAND")]
+    allow: Vec<String>,
+    /// Withdraw a granted command (repeatable), e.g. --deny spawn.
+    #[arg(long = "deny", value_name = "COMMAND")]
+    deny: Vec<String>,
+    /// WASI commands only: give the program the host directory HOST, read-only, as
+    /// GUEST (default: the same path). Repeatable.
+    #[arg(long, value_name = "HOST[::GUEST]")]
+    dir: Vec<String>,
+    /// WASI commands only: as --dir, writable.
+    #[arg(long, value_name = "HOST[::GUEST]")]
+    dir_rw: Vec<String>,
+    /// WASI commands only: set NAME=VALUE in the program's environment, or pass NAME
+    /// through from the host's. Repeatable.
+    #[arg(long, value_name = "NAME[=VALUE]")]
+    env: Vec<String>,
+    /// Print a summary at exit (stderr, or in the --json object): processes, steps,
+    /// yields by command, messages, steals, per-worker steps, peak live, wall time.
+    #[arg(long)]
+    stats: bool,
+    /// Show a live status line on stderr while running (only when stderr is a terminal).
+    #[arg(long)]
+    progress: bool,
+    /// Print one JSON object on stdout: {"ok": RESULT} or {"error": MESSAGE} (a WASI
+    /// command: {"exit_code": N}), with "stats" when --stats is given.
+    #[arg(long)]
+    json: bool,
+    /// WASI commands only: the program's arguments (after `--`); its argv[0] is the
+    /// file name.
+    #[arg(last = true, value_name = "ARGS")]
+    args: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct InspectArgs {
+    /// The program to describe (Wasm, or a file made by `wasmproc compile`).
+    #[arg(value_name = "APP.wasm")]
+    app: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+#[derive(Args, Debug)]
+struct CompileArgs {
+    /// The program to compile.
+    #[arg(value_name = "APP.wasm")]
+    app: PathBuf,
+    /// Where to write the precompiled file. [default: APP.cwasm beside the input]
+    #[arg(long, short, value_name = "OUT")]
+    output: Option<PathBuf>,
+    /// Compile for runs with these settings: `run` must be given the same --memory and
+    /// (any) --fuel, or it refuses the file and says which setting differs.
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// Parses the command line, runs the subcommand, and turns its outcome into an exit code.
+pub(crate) fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            return if error.use_stderr() { Exit::Usage.into() } else { Exit::Success.into() };
+        }
+    };
+    let outcome = match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Inspect(args) => inspect::inspect(args),
+        Command::Compile(args) => compile::compile(args),
+    };
+    match outcome {
+        Ok(code) => code,
+        Err(failure) => {
+            eprintln!("error: {}", failure.message);
+            failure.exit.into()
+        }
+    }
+}
+
+/// Reads the program file; a file that cannot be read is a usage error (the path is
+/// wrong), not a bad module.
+fn read_app(path: &std::path::Path) -> Result<Vec<u8>, Failure> {
+    std::fs::read(path).map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::NotFound { ": check the path" } else { "" };
+        Failure::new(Exit::Usage, format!("cannot read `{}`: {e}{hint}", path.display()))
+    })
+}
+
+/// The runtime for `engine`; failing to create it is the host's failure.
+fn runtime(config: Config) -> Result<wasmproc::wasm::Runtime, Failure> {
+    let runtime = wasmproc::wasm::Runtime::new(config)
+        .map_err(|e| Failure::new(Exit::Host, format!("cannot start the Wasm runtime: {e:#}")))?;
+    for warning in runtime.warnings() {
+        eprintln!("warning: {warning}");
+    }
+    Ok(runtime)
+}

@@ -1,0 +1,88 @@
+//! Sizes (`64MiB`) and durations (`500ms`) on the command line, parsed by `bytesize` and
+//! `humantime` with errors that say what a valid value looks like.
+
+use std::time::Duration;
+
+/// A size in bytes: a number with a unit (`64MiB`, `1GiB`, `512KiB`, `100MB`) or a bare
+/// number of bytes.
+pub(crate) fn size(text: &str) -> Result<usize, String> {
+    let parsed: bytesize::ByteSize = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size: write a number with a unit, like 64MiB or 1GiB"))?;
+    usize::try_from(parsed.as_u64()).map_err(|_| format!("`{text}` is too large for this machine"))
+}
+
+/// A memory cap: a [`size`] of at least one Wasm page (64 KiB).
+pub(crate) fn memory(text: &str) -> Result<usize, String> {
+    let bytes = size(text)?;
+    if bytes < 64 * 1024 {
+        return Err(format!("`{text}` is less than one Wasm page: the memory cap must be at least 64KiB"));
+    }
+    Ok(bytes)
+}
+
+/// A duration with a unit: `500ms`, `2s`, `1m 30s`.
+pub(crate) fn duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("`{text}` needs a unit: write 500ms, 2s or 1m"));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("`{text}` is not a duration ({e}): write it like 500ms, 2s or 1m 30s"))
+}
+
+/// A duration where a bare number means milliseconds (`--time-slice 50`).
+pub(crate) fn millis(text: &str) -> Result<Duration, String> {
+    match text.trim().parse::<u64>() {
+        Ok(ms) => Ok(Duration::from_millis(ms)),
+        Err(_) => duration(text),
+    }
+}
+
+/// `n` with thousands separators: `1,234,567`.
+pub(crate) fn count(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_binary_and_decimal_units() {
+        assert_eq!(size("64MiB"), Ok(64 << 20));
+        assert_eq!(size("1 GiB"), Ok(1 << 30));
+        assert_eq!(size("100KB"), Ok(100_000));
+        assert_eq!(size("4096"), Ok(4096));
+        assert!(size("lots").unwrap_err().contains("like 64MiB"));
+        assert!(memory("64").unwrap_err().contains("at least 64KiB"));
+        assert_eq!(memory("64KiB"), Ok(64 << 10));
+    }
+
+    #[test]
+    fn durations_need_a_unit_except_for_milliseconds_flags() {
+        assert_eq!(duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(duration("1m 30s"), Ok(Duration::from_secs(90)));
+        assert!(duration("5").unwrap_err().contains("needs a unit"));
+        assert!(duration("soon").unwrap_err().contains("not a duration"));
+        assert_eq!(millis("50"), Ok(Duration::from_millis(50)));
+        assert_eq!(millis("2s"), Ok(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn counts_have_separators() {
+        assert_eq!(count(0), "0");
+        assert_eq!(count(999), "999");
+        assert_eq!(count(1000), "1,000");
+        assert_eq!(count(1_234_567), "1,234,567");
+    }
+}
