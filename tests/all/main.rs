@@ -2,6 +2,8 @@
 
 /// The benchmarks' guest: each entry once, with the result the benches rely on.
 mod bench_guest;
+/// The `wasmproc` binary: subcommands, exit codes, bad input, WASI commands.
+mod cli;
 /// Custom commands: unknown commands, handler errors, permissions (DESIGN 11).
 mod dispatch;
 /// The SDK-written example guests end to end: results, concurrency, retries, cancellation.

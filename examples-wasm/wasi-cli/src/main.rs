@@ -35,6 +35,9 @@ fn main() -> ExitCode {
                 println!("{name}={}", std::env::var(&name).unwrap_or_else(|_| "<unset>".to_owned()));
             }
             "--spin" => {
+                // Says it has started, so a test knows when to interrupt it.
+                println!("spinning");
+                let _ = std::io::Write::flush(&mut std::io::stdout());
                 let mut n = 0u64;
                 loop {
                     n = std::hint::black_box(n.wrapping_add(1));

@@ -83,8 +83,8 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a program: its entry process and everything it spawns, until all finish.
-    #[command(after_help = run::AFTER_HELP)]
-    Run(RunArgs),
+    #[command(after_help = format!("{}\n\n{EXIT_CODES}", run::AFTER_HELP))]
+    Run(Box<RunArgs>),
     /// Describe a program: what it is, whether it can run, entries, imports, exports, cache.
     Inspect(InspectArgs),
     /// Precompile a program, so that `run` loads it without compiling.
@@ -227,7 +227,7 @@ pub(crate) fn main() -> ExitCode {
         }
     };
     let outcome = match cli.command {
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(*args),
         Command::Inspect(args) => inspect::inspect(args),
         Command::Compile(args) => compile::compile(args),
     };

@@ -69,7 +69,7 @@ pub(super) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         Program::Process(component) => {
             refuse_command_flags(&args)?;
             let method = args.method.clone().unwrap_or_else(|| "main".to_owned());
-            if !component.entries().iter().any(|entry| *entry == method) {
+            if !component.entries().contains(&method) {
                 return Err(Failure::new(
                     Exit::Usage,
                     format!(
@@ -145,16 +145,16 @@ pub(super) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         Ended::Timeout => {
             let timeout = args.timeout.unwrap_or_default();
             eprintln!(
-                "wasmproc: timed out after {}: stopping {} processes",
+                "wasmproc: timed out after {}: stopping {}",
                 humantime::format_duration(timeout),
-                scheduler.live()
+                processes(scheduler.live())
             );
             interrupt.store(true, Ordering::Relaxed);
             stop_gracefully(&scheduler, &rx, "timeout");
             (Err(format!("timed out after {}", humantime::format_duration(timeout))), Some(Exit::Timeout))
         }
         Ended::Interrupted => {
-            eprintln!("wasmproc: interrupted: stopping {} processes (Ctrl-C again to force)", scheduler.live());
+            eprintln!("wasmproc: interrupted: stopping {} (Ctrl-C again to force)", processes(scheduler.live()));
             interrupt.store(true, Ordering::Relaxed);
             stop_gracefully(&scheduler, &rx, "interrupted");
             (Err("interrupted".to_owned()), Some(Exit::Interrupted))
@@ -215,8 +215,8 @@ fn wait_for_rest(scheduler: &Scheduler, rx: &mpsc::Receiver<Signal>, deadline: O
         if !noticed && since.elapsed() >= NOTICE_AFTER {
             noticed = true;
             eprintln!(
-                "wasmproc: the entry process has ended; waiting for {} processes it spawned (Ctrl-C or --timeout to stop them)",
-                scheduler.live()
+                "wasmproc: the entry process has ended; waiting for {} it spawned (Ctrl-C or --timeout to stop them)",
+                processes(scheduler.live())
             );
         }
     }
@@ -237,8 +237,13 @@ fn stop_gracefully(scheduler: &Scheduler, rx: &mpsc::Receiver<Signal>, reason: &
     }
     let forced = scheduler.terminate_all("terminated: the run was stopped");
     if forced > 0 {
-        eprintln!("wasmproc: terminated {forced} processes that did not end when cancelled");
+        eprintln!("wasmproc: terminated {} that did not end when cancelled", processes(forced));
     }
+}
+
+/// "1 process", "3 processes".
+fn processes(n: usize) -> String {
+    if n == 1 { "1 process".to_owned() } else { format!("{} processes", count(n as u64)) }
 }
 
 /// The input payloads: each --input, then --input-file, each checked to be JSON.

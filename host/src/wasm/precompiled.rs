@@ -117,11 +117,11 @@ fn check(header: &Header, engine: &Engine, config: &Config) -> anyhow::Result<()
     );
     ensure!(
         header.max_memory == config.max_memory,
-        "the file was precompiled for a memory cap of {} bytes, but this run's is {} bytes: \
+        "the file was precompiled for a memory cap of {}, but this run's is {}: \
          run it with `--memory {}`, or compile it again with the `--memory` of this run",
-        header.max_memory,
-        config.max_memory,
-        header.max_memory
+        size(header.max_memory),
+        size(config.max_memory),
+        size(header.max_memory)
     );
     ensure!(
         header.fuel == config.fuel.is_some(),
@@ -136,6 +136,15 @@ fn check(header: &Header, engine: &Engine, config: &Config) -> anyhow::Result<()
          compile it again with `wasmproc compile` on this machine"
     );
     Ok(())
+}
+
+/// `bytes` in the largest binary unit that divides it, as `--memory` takes it.
+fn size(bytes: usize) -> String {
+    const UNITS: [(usize, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    UNITS
+        .iter()
+        .find(|(unit, _)| bytes >= *unit && bytes.is_multiple_of(*unit))
+        .map_or_else(|| bytes.to_string(), |(unit, name)| format!("{}{name}", bytes / unit))
 }
 
 fn kind_name(kind: u8) -> &'static str {
@@ -153,5 +162,18 @@ impl Header {
     /// The SHA-256 of the Wasm the file was compiled from, in hex.
     pub(crate) fn source_sha256(&self) -> &str {
         &self.source_sha256
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_the_flag_takes_them() {
+        assert_eq!(size(64 << 20), "64MiB");
+        assert_eq!(size(2 << 30), "2GiB");
+        assert_eq!(size(96 << 10), "96KiB");
+        assert_eq!(size(100_000), "100000");
     }
 }
