@@ -134,6 +134,11 @@ impl DiskCache {
         };
         match self.check(engine, &bytes) {
             Ok(component) => Some(component),
+            // An entry of an older layout is replaced quietly: that is what an upgrade does.
+            Err(_) if bytes.starts_with(&MAGIC[..6]) && !bytes.starts_with(MAGIC) => {
+                let _ = fs::remove_file(&path);
+                None
+            }
             Err(e) => {
                 eprintln!("wasmproc: recompiling: cache entry `{}` is unusable: {e:#}", path.display());
                 let _ = fs::remove_file(&path);
