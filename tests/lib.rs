@@ -216,3 +216,6 @@ pub fn with_stash(workers: usize) -> (wasmproc::Builder, std::sync::mpsc::Receiv
         .handler("stash", handler);
     (builder, stashed)
 }
+
+/// Measuring for the benchmarks: samples, medians, paired runs.
+pub mod bench;
