@@ -106,3 +106,143 @@ fn stop_waits_for_a_running_step() {
     assert!(finished.load(Ordering::SeqCst), "stop returned while a step was running");
     assert_eq!(h.try_result(), Some(Err("terminated: shutdown deadline exceeded".to_owned())));
 }
+
+// --- per-process limits (DESIGN §6): each ends only the process that passes it ----------
+
+/// A process that yields `n` sleeps in its first step and completes in its second.
+fn sleeper(n: u64) -> Scripted {
+    Scripted::new(move |t| {
+        if t.step == 0 {
+            for tag in 0..n {
+                t.out.yield_command(tag, wasmproc::Command::Sleep(Duration::ZERO));
+            }
+        } else {
+            t.out.complete(Ok(Payload::empty()));
+        }
+        Ok(())
+    })
+    .0
+}
+
+#[test]
+fn a_step_yielding_more_than_max_yields_per_step_ends_its_process() {
+    let s = Scheduler::builder().workers(1).max_yields_per_step(4).build().unwrap();
+    s.spawn(sleeper(4), "main", vec![]).unwrap().join_timeout(HANG).unwrap().expect("4 yields are within the limit");
+    let error = s.spawn(sleeper(5), "main", vec![]).unwrap().join_timeout(HANG).unwrap().unwrap_err();
+    assert!(error.contains("yield limit exceeded: one step yielded 5 commands"), "{error}");
+    assert!(error.contains("`max_yields_per_step` (4)"), "{error}");
+    assert_eq!(s.stats().yields, 4, "the refused step's yields were not carried out");
+}
+
+#[test]
+fn payloads_over_max_payload_size_end_the_process_and_are_not_delivered() {
+    let s = Scheduler::builder().workers(1).max_payload_size(100).build().unwrap();
+    let (receiver, probe) = Scripted::new(|t| {
+        t.out.set_status(Status::Idle);
+        Ok(())
+    });
+    let receiver = s.spawn(receiver, "main", vec![]).unwrap();
+    let to = receiver.pid();
+    let sender = |size: usize| {
+        Scripted::new(move |t| {
+            if t.step == 0 {
+                let body = Payload::bytes(vec![0; size]);
+                t.out.yield_command(0, wasmproc::Command::Send { to, topic: "t".into(), body });
+            } else {
+                t.out.complete(Ok(Payload::empty()));
+            }
+            Ok(())
+        })
+        .0
+    };
+    s.spawn(sender(100), "main", vec![]).unwrap().join_timeout(HANG).unwrap().expect("100 bytes are allowed");
+    let error = s.spawn(sender(101), "main", vec![]).unwrap().join_timeout(HANG).unwrap().unwrap_err();
+    assert!(error.contains("payload limit exceeded: a 101-byte payload for `send`"), "{error}");
+    assert!(s.wait_idle(Some(Duration::from_millis(1))) || s.live() == 1);
+    let messages = probe.events().iter().filter(|e| matches!(e, Event::Message { .. })).count();
+    assert_eq!(messages, 1, "only the allowed message arrived");
+
+    let big_result = Scripted::new(|t| {
+        t.out.complete(Ok(Payload::bytes(vec![1; 101])));
+        Ok(())
+    });
+    let error = s.spawn(big_result.0, "main", vec![]).unwrap().join_timeout(HANG).unwrap().unwrap_err();
+    assert!(error.contains("for `the result`"), "{error}");
+    s.terminate(to).unwrap();
+}
+
+#[test]
+fn spawning_past_max_children_ends_the_parent() {
+    let idle_kind = || -> anyhow::Result<Box<dyn wasmproc::Process>> { Ok(Box::new(idle())) };
+    let s = Scheduler::builder().workers(2).max_children(2).kind("idle", idle_kind).build().unwrap();
+    let spawn = |tag| {
+        let request = wasmproc::SpawnRequest { kind: Some("idle".into()), method: "main".into(), ..Default::default() };
+        (tag, wasmproc::Command::Spawn(request))
+    };
+    // Step 0: two children (at the limit). Step 1, once both spawns completed: one more.
+    let (parent, probe) = Scripted::new(move |t| {
+        let spawns: &[u64] = match t.step {
+            0 => &[0, 1],
+            _ if t.events.len() == 2 || t.step > 1 => &[2],
+            _ => &[],
+        };
+        for &tag in spawns {
+            let (tag, command) = spawn(tag);
+            t.out.yield_command(tag, command);
+        }
+        Ok(())
+    });
+    let parent = s.spawn(parent, "main", vec![]).unwrap();
+    let error = parent.join_timeout(HANG).unwrap().unwrap_err();
+    assert!(error.contains("child limit exceeded: 1 more spawns with 2 children alive"), "{error}");
+    assert!(error.contains("`max_children` (2)"), "{error}");
+    let children: Vec<_> = probe
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            Event::Completion { result: Ok(pid), .. } => pid.to_u64(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(children.len(), 2, "the first two spawns succeeded: {:?}", probe.events());
+    // The children live on without their parent (which is counted out just after its
+    // result is published).
+    let deadline = Instant::now() + HANG;
+    while s.live() != 2 {
+        assert!(Instant::now() < deadline, "{} processes alive, not the two children", s.live());
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn children_that_end_give_their_room_back() {
+    let quick = || -> anyhow::Result<Box<dyn wasmproc::Process>> {
+        Ok(Box::new(
+            Scripted::new(|t| {
+                t.out.complete(Ok(Payload::empty()));
+                Ok(())
+            })
+            .0,
+        ))
+    };
+    let s = Scheduler::builder().workers(2).max_children(2).kind("quick", quick).build().unwrap();
+    let spawn = |t: &mut wasmproc_tests::Turn<'_>, tag| {
+        let request =
+            wasmproc::SpawnRequest { kind: Some("quick".into()), method: "main".into(), input: vec![], monitor: true };
+        t.out.yield_command(tag, wasmproc::Command::Spawn(request));
+    };
+    // Two children at the limit; once both have exited, two more; then done.
+    let mut exits = 0;
+    let (parent, _) = Scripted::new(move |t| {
+        let before = exits;
+        exits += t.events.iter().filter(|e| matches!(e, Event::Exit { .. })).count();
+        match (t.step, before, exits) {
+            (0, _, _) => (0..2).for_each(|tag| spawn(t, tag)),
+            (_, 0 | 1, 2) => (2..4).for_each(|tag| spawn(t, tag)),
+            (_, _, 4) => t.out.complete(Ok(Payload::empty())),
+            _ => {}
+        }
+        Ok(())
+    });
+    s.spawn(parent, "main", vec![]).unwrap().join_timeout(HANG).unwrap().expect("four children, two at a time");
+}

@@ -166,7 +166,7 @@ fn files_that_are_not_components_are_refused_clearly() {
     let err = rt.load_bytes(b"\0asm\x01\0\0\0").unwrap_err();
     assert!(format!("{err:#}").contains("core WebAssembly module, not a component"), "{err:#}");
     let err = rt.load_bytes(b"#!/bin/sh\necho hi\n").unwrap_err();
-    assert!(format!("{err:#}").contains("not a WebAssembly component"), "{err:#}");
+    assert!(format!("{err:#}").contains("not a WebAssembly file"), "{err:#}");
     let missing = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("no-such-guest.wasm");
     let err = rt.load(&missing).unwrap_err();
     assert!(format!("{err:#}").contains("failed to read") && format!("{err:#}").contains("no-such-guest.wasm"));

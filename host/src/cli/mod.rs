@@ -156,6 +156,19 @@ struct RunArgs {
     /// The most processes alive at once; spawns past it fail (in the spawning process).
     #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
     max_processes: u32,
+    /// The most live children one process may have; a spawn past it ends that process.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    max_children: usize,
+    /// The most commands one step may yield; a step past it ends its process.
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    max_yields: u32,
+    /// The largest payload a process may send, spawn with, pass to a command or return,
+    /// e.g. 16MiB; past it the process ends.
+    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = units::size)]
+    max_payload: usize,
+    /// Messages a process's mailbox holds; a send to a full mailbox fails for the sender.
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    mailbox: u32,
     /// Grant a command to every process (repeatable). Granted by default: sleep, spawn,
     /// send, monitor. Not granted unless allowed: terminate.
     #[arg(long = "allow", value_name = "COMMAND")]

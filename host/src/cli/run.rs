@@ -60,7 +60,13 @@ pub(super) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         .load_program_bytes(&bytes)
         .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{}`: {e:#}", args.app.display())))?;
 
-    let mut builder = Scheduler::builder().capabilities(caps).max_processes(args.max_processes as usize);
+    let mut builder = Scheduler::builder()
+        .capabilities(caps)
+        .max_processes(args.max_processes as usize)
+        .max_children(args.max_children)
+        .max_yields_per_step(args.max_yields as usize)
+        .max_payload_size(args.max_payload)
+        .mailbox_capacity(args.mailbox as usize);
     if let Some(workers) = args.workers {
         builder = builder.workers(workers as usize);
     }

@@ -263,6 +263,7 @@ impl Shared {
             caps: parent.spec.caps.clone(),
             mailbox_capacity: self.config.mailbox_capacity,
             watcher: request.monitor.then(|| Watcher::Process(parent.clone())),
+            parent: Some(Arc::downgrade(parent)),
         };
         self.spawn_unqueued(process, args).map_err(|e| e.to_string())
     }

@@ -5,7 +5,8 @@
 //! loom models at the bottom exercise exactly the code the scheduler runs.
 
 use std::cell::UnsafeCell;
-use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Weak};
 
 use super::Shared;
 use super::events::{Inbox, Refused};
@@ -35,6 +36,13 @@ pub(crate) struct Spec {
     pub(crate) kind: Option<Arc<str>>,
     pub(crate) caps: Arc<Capabilities>,
     pub(crate) mailbox_capacity: usize,
+    /// The process that spawned this one, whose live-children count this one is in
+    /// until it retires. Weak: a child does not keep its parent's cell alive.
+    pub(crate) parent: Option<Weak<ProcessCell>>,
+    /// Live children, for `max_children`. Incremented only by this process's own
+    /// dispatch (it is `Running`, so one thread), decremented by each child's retire on
+    /// any thread; `Relaxed` because it orders nothing, it only bounds a count.
+    pub(crate) children: AtomicUsize,
 }
 
 pub(crate) struct ProcessCell {
@@ -200,7 +208,14 @@ mod loom_models {
     }
 
     fn ready_cell() -> Arc<ProcessCell> {
-        let spec = Spec { scheduler: None, kind: None, caps: Arc::default(), mailbox_capacity: 8 };
+        let spec = Spec {
+            scheduler: None,
+            kind: None,
+            caps: Arc::default(),
+            mailbox_capacity: 8,
+            parent: None,
+            children: AtomicUsize::new(0),
+        };
         let cell = Arc::new(ProcessCell::new(Pid::from_u64(1), Box::new(Inert), spec));
         cell.state.transition_to_ready_from_init();
         cell

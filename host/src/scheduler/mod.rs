@@ -32,8 +32,8 @@ pub(crate) mod worker;
 
 use std::borrow::Cow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -43,7 +43,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex};
 use rustc_hash::FxHashMap;
 
-use self::cell::{Spec, Watcher};
+use self::cell::{ProcessCell, Spec, Watcher};
 use self::handle::ExitSlot;
 pub use self::handle::ProcessHandle;
 use self::idle::Idle;
@@ -54,7 +54,7 @@ use crate::caps::{BUILTIN_COMMANDS, Capabilities};
 use crate::dispatch::timer::Timer;
 use crate::dispatch::{Factory, Handler};
 use crate::error::{SendError, SpawnError};
-use crate::process::{Event, Outcome, Payload, Pid, Process};
+use crate::process::{Command, Event, Outcome, Payload, Pid, Process, Yield};
 
 /// Distinguishes schedulers in one OS process, so a worker thread of one never pushes
 /// work into another's deque.
@@ -66,6 +66,63 @@ pub(crate) struct Config {
     pub(crate) mailbox_capacity: usize,
     pub(crate) turn_budget: u32,
     pub(crate) capabilities: Arc<Capabilities>,
+    pub(crate) limits: Limits,
+}
+
+/// Limits on what one process may do, checked by the scheduler for every process
+/// (native or Wasm). A process past one of them ends with an error naming it (DESIGN §6):
+/// the limits exist to stop misbehaving processes, not to be negotiated with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    pub(crate) max_yields_per_step: usize,
+    pub(crate) max_payload_size: usize,
+    pub(crate) max_children: usize,
+}
+
+impl Limits {
+    /// Checks one step's yields, from a process that has `children` live children: the
+    /// error ends the process, and none of the yields is carried out.
+    pub(crate) fn check(&self, yields: &[Yield], children: usize) -> Result<(), String> {
+        if yields.len() > self.max_yields_per_step {
+            return Err(format!(
+                "yield limit exceeded: one step yielded {} commands, more than `max_yields_per_step` ({})",
+                yields.len(),
+                self.max_yields_per_step
+            ));
+        }
+        let mut spawns = 0;
+        for y in yields {
+            let size = match &y.command {
+                Command::Send { body, .. } => body.data.len(),
+                Command::Spawn(request) => {
+                    spawns += 1;
+                    request.input.iter().map(|p| p.data.len()).sum()
+                }
+                Command::Custom { payload, .. } => payload.data.len(),
+                Command::Sleep(_) | Command::Monitor(_) | Command::Terminate(_) => 0,
+            };
+            self.check_payload(size, y.command.name())?;
+        }
+        if children + spawns > self.max_children {
+            return Err(format!(
+                "child limit exceeded: {spawns} more spawns with {children} children alive would pass \
+                 `max_children` ({})",
+                self.max_children
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks a payload of `size` bytes that a process hands to `what`.
+    pub(crate) fn check_payload(&self, size: usize, what: &str) -> Result<(), String> {
+        if size > self.max_payload_size {
+            return Err(format!(
+                "payload limit exceeded: a {size}-byte payload for `{what}` is over `max_payload_size` ({} bytes)",
+                self.max_payload_size
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Configures and starts a [`Scheduler`].
@@ -74,6 +131,7 @@ pub struct Builder {
     max_processes: usize,
     mailbox_capacity: usize,
     turn_budget: u32,
+    limits: Limits,
     capabilities: Capabilities,
     thread_name: String,
     handlers: FxHashMap<String, Arc<dyn Handler>>,
@@ -87,6 +145,7 @@ impl Default for Builder {
             max_processes: 1_000_000,
             mailbox_capacity: 1024,
             turn_budget: 16,
+            limits: Limits { max_yields_per_step: 1024, max_payload_size: 16 << 20, max_children: 10_000 },
             capabilities: Capabilities::default(),
             thread_name: "wasmproc".to_owned(),
             handlers: FxHashMap::default(),
@@ -119,6 +178,30 @@ impl Builder {
     /// bodies, a flooded process holds ~100 KiB of backlog, not unbounded memory.
     pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
         self.mailbox_capacity = capacity;
+        self
+    }
+
+    /// The most commands one step may yield; a step that yields more ends its process
+    /// with an error naming this limit. By default 1024.
+    pub fn max_yields_per_step(mut self, yields: usize) -> Self {
+        self.limits.max_yields_per_step = yields;
+        self
+    }
+
+    /// The largest payload, in bytes, a process may put in a command (a message body, a
+    /// spawn's input, a custom command's payload) or return as its result; a process
+    /// that tries to ends with an error naming this limit. By default 16 MiB.
+    pub fn max_payload_size(mut self, bytes: usize) -> Self {
+        self.limits.max_payload_size = bytes;
+        self
+    }
+
+    /// The most live children a process may have at once; a `spawn` past it ends the
+    /// spawning process with an error naming this limit (the host-wide
+    /// [`Builder::max_processes`] still bounds every process tree together). By default
+    /// 10,000.
+    pub fn max_children(mut self, children: usize) -> Self {
+        self.limits.max_children = children;
         self
     }
 
@@ -198,6 +281,7 @@ impl Builder {
                 max_processes: self.max_processes,
                 mailbox_capacity: self.mailbox_capacity,
                 turn_budget: self.turn_budget,
+                limits: self.limits,
                 capabilities: Arc::new(self.capabilities),
             },
             handlers: self.handlers,
@@ -426,6 +510,7 @@ impl Handle {
             caps: options.capabilities.map_or_else(|| shared.config.capabilities.clone(), Arc::new),
             mailbox_capacity: options.mailbox_capacity.unwrap_or(shared.config.mailbox_capacity).max(1),
             watcher: Some(Watcher::Handle(slot.clone())),
+            parent: None,
         };
         let cell = shared.spawn_unqueued(process, args)?;
         let handle = ProcessHandle::new(cell.pid(), slot);
@@ -628,6 +713,8 @@ pub(crate) struct SpawnArgs {
     pub(crate) caps: Arc<Capabilities>,
     pub(crate) mailbox_capacity: usize,
     pub(crate) watcher: Option<Watcher>,
+    /// The spawning process, for `max_children`; `None` when the embedder spawns.
+    pub(crate) parent: Option<Weak<ProcessCell>>,
 }
 
 /// State shared by the workers, the timer, handles and completers.
@@ -724,6 +811,8 @@ impl Shared {
             kind: args.kind,
             caps: args.caps,
             mailbox_capacity: args.mailbox_capacity,
+            parent: args.parent,
+            children: AtomicUsize::new(0),
         };
         let cell = match self.registry.insert(shard, process, spec) {
             Ok(cell) => cell,
@@ -733,6 +822,11 @@ impl Shared {
                 return Err(SpawnError::LimitExceeded { limit: registry::MAX_PER_SHARD });
             }
         };
+        // Counted from registration, so that `retire` (which every registered process
+        // reaches, even one whose init fails) can always take it back.
+        if let Some(parent) = cell.spec.parent.as_ref().and_then(Weak::upgrade) {
+            parent.spec.children.fetch_add(1, Ordering::Relaxed);
+        }
         let pid = cell.pid();
         let method = args.method;
         // SAFETY: the process is in `Init`: registered but in no queue, so this spawner
@@ -839,6 +933,9 @@ impl Shared {
             close_quietly(&mut *process);
         }
         self.registry.remove(cell.pid());
+        if let Some(parent) = cell.spec.parent.as_ref().and_then(Weak::upgrade) {
+            parent.spec.children.fetch_sub(1, Ordering::Relaxed);
+        }
         let undelivered = closed.undelivered.iter().filter(|e| matches!(e, Event::Message { .. })).count();
         if undelivered > 0 {
             self.count(|c| &c.undelivered, undelivered as u64);

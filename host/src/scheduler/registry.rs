@@ -139,7 +139,14 @@ mod tests {
     }
 
     fn insert(reg: &Registry, shard: usize) -> Pid {
-        let spec = Spec { scheduler: None, kind: None, caps: Arc::default(), mailbox_capacity: 1 };
+        let spec = Spec {
+            scheduler: None,
+            kind: None,
+            caps: Arc::default(),
+            mailbox_capacity: 1,
+            parent: None,
+            children: std::sync::atomic::AtomicUsize::new(0),
+        };
         reg.insert(shard, Box::new(Inert), spec).ok().unwrap().pid()
     }
 

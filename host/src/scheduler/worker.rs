@@ -26,6 +26,7 @@
 use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::thread;
 
 use crossbeam_deque::{Steal, Worker};
@@ -287,10 +288,20 @@ impl WorkerLoop<'_> {
             }
             let status = out.take_status();
             let yields = out.yields_mut();
+            let limits = &shared.config.limits;
             if let Status::Complete(result) = status {
                 // Yields written with `Complete` are discarded (DESIGN 2).
                 yields.clear();
+                if let Ok(payload) = &result
+                    && let Err(error) = limits.check_payload(payload.data.len(), "the result")
+                {
+                    return Decision::Complete(Err(error));
+                }
                 return Decision::Complete(result);
+            }
+            if let Err(error) = limits.check(yields, cell.spec.children.load(Ordering::Relaxed)) {
+                yields.clear();
+                return Decision::Complete(Err(error));
             }
             dispatch.cell.set(Arc::as_ptr(&cell) as usize);
             for y in yields.drain(..) {
