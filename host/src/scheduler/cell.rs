@@ -214,7 +214,7 @@ mod loom_models {
             caps: Arc::default(),
             mailbox_capacity: 8,
             parent: None,
-            children: AtomicUsize::new(0),
+            children: std::sync::atomic::AtomicUsize::new(0),
         };
         let cell = Arc::new(ProcessCell::new(Pid::from_u64(1), Box::new(Inert), spec));
         cell.state.transition_to_ready_from_init();
