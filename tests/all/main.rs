@@ -16,6 +16,8 @@ mod limits;
 mod messages;
 /// Queue order and fairness: global FIFO, `Continue`, turn budgets.
 mod queues;
+/// The hostile guests: each limit ends only the process that passes it.
+mod sandbox;
 /// Thousands of processes mixing every kind of yield and message (DESIGN 6, 12).
 mod stress;
 /// Completion order and the wakeup protocol end to end (DESIGN 3, 5, 6, 7, 8).

@@ -1,0 +1,147 @@
+//! Hostile guests for the sandbox tests: each entry misbehaves in one way, and the host
+//! must end only that process, with an error naming what it did. Not a demo: nothing
+//! here is how to write a guest.
+//!
+//! Written against `wit/` directly (no SDK), so `init` can misbehave too.
+//!
+//! | entry | what it does |
+//! |---|---|
+//! | `spin` | loops forever in `step` |
+//! | `memory-bomb` | allocates 1 MiB at a time until something stops it |
+//! | `stack-overflow` | recurses with a large frame until the stack runs out |
+//! | `deep-recursion` | recurses with a small frame, millions deep |
+//! | `panic` | panics in `step` |
+//! | `trap-in-init` | traps in `init` (unreachable) |
+//! | `yield-flood` | yields 100,000 sleeps in one step |
+//! | `message-flood` | sends its first input's pid 10,000 messages, one step after another |
+//! | `giant-payload` | completes with a 32 MiB result |
+//! | `spawn-bomb` | spawns two more of itself, forever |
+//! | `fuel-burn` | loops for about 10^9 instructions, then completes (for fuel budgets) |
+
+use std::cell::RefCell;
+use std::hint::black_box;
+
+use wasmproc::process::types::{Command, SendRequest, SpawnRequest, Status, YieldCommand};
+
+wit_bindgen::generate!({
+    world: "process",
+    path: "../../wit",
+});
+
+const ENTRIES: [&str; 11] = [
+    "spin",
+    "memory-bomb",
+    "stack-overflow",
+    "deep-recursion",
+    "panic",
+    "trap-in-init",
+    "yield-flood",
+    "message-flood",
+    "giant-payload",
+    "spawn-bomb",
+    "fuel-burn",
+];
+
+// One process per instance, and Wasm is single-threaded: see `examples-wasm/raw`.
+thread_local! {
+    static PROCESS: RefCell<Option<(String, Vec<Payload>, u64)>> = const { RefCell::new(None) };
+    static HOARD: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+}
+
+struct Hostile;
+
+impl Guest for Hostile {
+    fn entries() -> Vec<String> {
+        ENTRIES.iter().map(|e| e.to_string()).collect()
+    }
+
+    fn init(_pid: u64, method: String, input: Vec<Payload>) -> Result<(), String> {
+        if !ENTRIES.contains(&method.as_str()) {
+            return Err(format!("unknown entry method `{method}`"));
+        }
+        if method == "trap-in-init" {
+            core::arch::wasm32::unreachable();
+        }
+        PROCESS.with(|p| *p.borrow_mut() = Some((method, input, 0)));
+        Ok(())
+    }
+
+    fn step(_events: Vec<Event>) -> StepOutput {
+        let (method, input, steps) = PROCESS.with(|p| {
+            let mut p = p.borrow_mut();
+            let (method, input, steps) = p.as_mut().expect("init runs first");
+            *steps += 1;
+            (method.clone(), input.clone(), *steps)
+        });
+        match method.as_str() {
+            "spin" => loop {
+                black_box(steps);
+            },
+            "memory-bomb" => loop {
+                HOARD.with(|h| h.borrow_mut().push(vec![1u8; 1 << 20]));
+            },
+            "stack-overflow" => complete(big_frames(black_box(u64::MAX))),
+            "deep-recursion" => complete(small_frames(black_box(10_000_000))),
+            "panic" => panic!("the hostile guest panics on purpose"),
+            "yield-flood" => {
+                let yields = (0..100_000).map(|tag| YieldCommand { tag, command: Command::Sleep(1) }).collect();
+                StepOutput { status: Status::Blocked, yields }
+            }
+            "message-flood" => {
+                let to = input.first().and_then(|p| std::str::from_utf8(&p.data).ok()?.parse().ok()).unwrap_or(0);
+                let body = Payload { format: "text".into(), data: b"flood".to_vec() };
+                let send = Command::Send(SendRequest { to, topic: "flood".into(), body });
+                if steps > 10_000 {
+                    return complete(steps);
+                }
+                StepOutput { status: Status::Continue, yields: vec![YieldCommand { tag: steps, command: send }] }
+            }
+            "giant-payload" => {
+                let data = vec![7u8; 32 << 20];
+                StepOutput { status: Status::Complete(Ok(Payload { format: "bytes".into(), data })), yields: vec![] }
+            }
+            "spawn-bomb" => {
+                let spawn = |tag| YieldCommand {
+                    tag,
+                    command: Command::Spawn(SpawnRequest {
+                        kind: None,
+                        method: "spawn-bomb".into(),
+                        input: vec![],
+                        monitor: false,
+                    }),
+                };
+                StepOutput { status: Status::Idle, yields: if steps == 1 { vec![spawn(1), spawn(2)] } else { vec![] } }
+            }
+            "fuel-burn" => {
+                let mut x = 0u64;
+                for i in 0..black_box(300_000_000u64) {
+                    x = black_box(x.wrapping_add(i));
+                }
+                complete(x)
+            }
+            other => unreachable!("init accepted `{other}`"),
+        }
+    }
+}
+
+fn complete(n: u64) -> StepOutput {
+    let result = Payload { format: "json".into(), data: n.to_string().into_bytes() };
+    StepOutput { status: Status::Complete(Ok(result)), yields: vec![] }
+}
+
+/// Recursion with a 64 KiB frame: runs out of the 64 KiB shadow stack at once, and of
+/// the native stack soon after.
+#[inline(never)]
+fn big_frames(n: u64) -> u64 {
+    let frame = black_box([n as u8; 64 * 1024]);
+    if n == 0 { frame[0] as u64 } else { big_frames(black_box(n - 1)).wrapping_add(frame[n as usize % frame.len()] as u64) }
+}
+
+/// Recursion with a tiny frame, `n` deep: exhausts the native stack (wasmtime's
+/// `max_wasm_stack`) without touching linear memory.
+#[inline(never)]
+fn small_frames(n: u64) -> u64 {
+    if n == 0 { 0 } else { small_frames(black_box(n - 1)).wrapping_add(black_box(1)) }
+}
+
+export!(Hostile);

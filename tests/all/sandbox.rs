@@ -1,0 +1,93 @@
+//! The hostile guests of `examples-wasm/hostile`: each misbehaves in one way, and only it
+//! pays: it ends with an error that names what it did, and a well-behaved process run
+//! beside it completes with the right result.
+
+use std::time::Duration;
+
+use wasmproc::wasm::{Component, Config, Runtime};
+use wasmproc::{Payload, Scheduler};
+use wasmproc_tests::HANG;
+
+const HOSTILE: &str = env!("GUEST_HOSTILE");
+const HELLO: &str = env!("GUEST_HELLO");
+
+fn runtime(config: Config) -> Runtime {
+    Runtime::new(config.cache_dir(env!("CARGO_TARGET_TMPDIR")).log_sink(|_: &wasmproc::wasm::LogRecord<'_>| {}))
+        .expect("the runtime starts")
+}
+
+fn load(runtime: &Runtime, path: &str) -> Component {
+    runtime.load(path).unwrap_or_else(|e| panic!("failed to load `{path}`: {e:#}"))
+}
+
+/// Runs hostile `entry` beside a `hello` process and returns the hostile one's error.
+fn misbehave(config: Config, entry: &str) -> String {
+    let runtime = runtime(config);
+    let s = Scheduler::builder()
+        .workers(2)
+        .kind("hostile", load(&runtime, HOSTILE))
+        .kind("hello", load(&runtime, HELLO))
+        .build()
+        .expect("the scheduler starts");
+    let outcome = match s.spawn_kind("hostile", entry, vec![]) {
+        Ok(process) => process.join_timeout(HANG).unwrap_or_else(|| panic!("`{entry}` was not stopped")),
+        Err(spawn) => Err(spawn.to_string()),
+    };
+    let good = s.spawn_kind("hello", "add", vec![Payload::json(&[20, 22]).unwrap()]).expect("a good process starts");
+    let result = good.join_timeout(HANG).expect("the good process ends").expect("and succeeds");
+    assert_eq!(result.as_str(), Some("42"));
+    s.stop(Duration::from_secs(1));
+    outcome.expect_err(entry)
+}
+
+#[track_caller]
+fn says(error: &str, text: &str) {
+    assert!(error.contains(text), "the error should say {text:?}: {error}");
+}
+
+#[test]
+fn an_infinite_loop_is_stopped_at_its_time_slice() {
+    let error = misbehave(Config::default().time_slice(Duration::from_millis(50)), "spin");
+    says(&error, "time slice exceeded: `step` ran longer than the process's `time_slice` of 50ms");
+}
+
+#[test]
+fn a_memory_bomb_is_stopped_at_its_memory_cap() {
+    let error = misbehave(Config::default().max_memory(8 << 20), "memory-bomb");
+    says(&error, "memory limit exceeded");
+    says(&error, "past its `max_memory` of 8388608 bytes");
+}
+
+#[test]
+fn stack_overflows_trap_without_harming_the_host() {
+    // Rust keeps its frames on a shadow stack in linear memory; overflowing it runs off
+    // the bottom of memory, which the bounds checks catch.
+    for entry in ["stack-overflow", "deep-recursion"] {
+        says(&misbehave(Config::default(), entry), "out of bounds memory access");
+    }
+}
+
+#[test]
+fn a_panic_and_a_trap_in_init_end_only_their_process() {
+    says(&misbehave(Config::default(), "panic"), "unreachable");
+    let error = misbehave(Config::default(), "trap-in-init");
+    says(&error, "guest `init` failed");
+    says(&error, "unreachable");
+}
+
+#[test]
+fn a_yield_flood_passes_max_yields_per_step() {
+    says(&misbehave(Config::default(), "yield-flood"), "yield limit exceeded: one step yielded 100000 commands");
+}
+
+#[test]
+fn a_giant_result_passes_max_payload_size() {
+    // The 32 MiB copy out of the guest takes longer than a time slice in a debug build.
+    let error = misbehave(Config::default().time_slice(Duration::from_secs(10)), "giant-payload");
+    says(&error, "payload limit exceeded: a 33554432-byte payload for `the result`");
+}
+
+#[test]
+fn a_fuel_budget_stops_a_long_computation() {
+    says(&misbehave(Config::default().fuel(1_000_000), "fuel-burn"), "fuel budget exhausted");
+}
