@@ -11,8 +11,10 @@
 //!
 //! Each paired workload runs once per side to warm up and then alternates the sides
 //! `RUNS` times (as `host/benches/scheduler.rs` does); the table shows medians with
-//! min–max. The baseline is raw wasmtime with the engine settings of
-//! `host/src/wasm/engine.rs`, the same compiled guest and the same WASI setup (nothing
+//! min–max. The baseline is raw wasmtime as it is used for many instances: its pooling
+//! allocator with copy-on-write memory images and a 64 KiB guard (the host's engine before
+//! the memory arena of `host/src/wasm/memory.rs`; the other settings are the host's:
+//! memory cap, stack, epochs), the same compiled guest and the same WASI setup (nothing
 //! granted, stdout and stderr captured), driven by plain loops instead of a scheduler:
 //!
 //! - `lifecycle`: spawn → init → step → complete → close of `echo`. wasmproc: native
@@ -73,6 +75,10 @@ const CHILD_TIMEOUT: Duration = Duration::from_secs(300);
 const WAIT_CAP: Duration = Duration::from_secs(120);
 /// The raw engine's pool: `Config::max_instances`'s default, the host runtime's here.
 const POOL_SLOTS: u32 = 10_000;
+/// The idle measurement stops spawning when the machine has less memory available than
+/// this (`MemAvailable`), so that a count the RAM cannot hold ends the measurement
+/// instead of waking the OOM killer.
+const MIN_AVAILABLE_KIB: u64 = 4 * 1024 * 1024;
 /// Set in a child's environment to the measurement it runs.
 const CHILD_ENV: &str = "WASMPROC_BENCH_CHILD";
 
@@ -203,7 +209,8 @@ fn measure_pair(ours: &dyn Fn() -> Duration, theirs: &dyn Fn() -> Duration) -> (
 
 // --- raw wasmtime --------------------------------------------------------------------
 
-/// These mirror `host/src/wasm/engine.rs` (private there); keep them in step with it.
+/// The pool the host used before its memory arena, and the host's other engine settings
+/// (`host/src/wasm/engine.rs`, private there; keep them in step with it).
 const CORE_INSTANCES_PER_PROCESS: u32 = 8;
 const TABLES_PER_PROCESS: u32 = 4;
 const TABLE_ELEMENTS: usize = 10_000;
@@ -216,7 +223,8 @@ const EPOCH_TICK: Duration = Duration::from_millis(1);
 /// The host's `MAX_LINE`: what its per-process output buffer is bounded by.
 const OUTPUT_CAPACITY: usize = 16 * 1024;
 
-/// The guest compiled by an engine configured like the host's, ready to instantiate.
+/// The guest compiled by a pooling engine otherwise configured like the host's, ready to
+/// instantiate.
 struct RawWasm {
     engine: Engine,
     pre: raw::ProcessPre<RawState>,
@@ -605,23 +613,29 @@ fn child(task: &str) {
     }
 }
 
-/// A `/proc/self/status` field in KiB, read through a fixed buffer (see [`map_count`]).
+/// A `/proc/self/status` field in KiB (see [`proc_kib`]).
 fn status_kib(field: &str) -> u64 {
+    proc_kib("/proc/self/status", field)
+}
+
+/// A field in KiB of a `/proc` file of `field: n kB` lines, read through a fixed buffer
+/// (see [`map_count`]).
+fn proc_kib(path: &str, field: &str) -> u64 {
     static BUFFER: std::sync::Mutex<[u8; 8 * 1024]> = std::sync::Mutex::new([0; 8 * 1024]);
     let mut buffer = BUFFER.lock().expect("no reader panicked");
-    let mut file = std::fs::File::open("/proc/self/status").expect("/proc/self/status is readable");
+    let mut file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path} is not readable: {e}"));
     let mut len = 0;
     while len < buffer.len() {
-        match file.read(&mut buffer[len..]).expect("/proc/self/status is readable") {
+        match file.read(&mut buffer[len..]).unwrap_or_else(|e| panic!("{path} is not readable: {e}")) {
             0 => break,
             n => len += n,
         }
     }
     std::str::from_utf8(&buffer[..len])
-        .expect("/proc/self/status is text")
+        .unwrap_or_else(|_| panic!("{path} is not text"))
         .lines()
         .find_map(|line| line.strip_prefix(field)?.strip_prefix(':')?.trim().strip_suffix(" kB")?.parse().ok())
-        .unwrap_or_else(|| panic!("no `{field}` in /proc/self/status"))
+        .unwrap_or_else(|| panic!("no `{field}` in {path}"))
 }
 
 /// Lines in `/proc/self/maps`, read through a fixed buffer: at the map-count wall every
@@ -673,7 +687,7 @@ fn idle_wasmproc(count: u32, workers: usize) {
     };
     let reserved = status_kib("VmSize") - vm_before;
     println!(
-        "{label}: pool of {count} slots reserves {} of address space, {:.1} MiB a slot; 1M slots would need {}",
+        "{label}: {count} memory slots reserve {} of address space, {:.1} MiB a slot; 1M slots would need {}",
         kib(reserved),
         reserved as f64 / f64::from(count) / 1024.0,
         kib(reserved * 1_000_000 / u64::from(count)),
@@ -694,15 +708,25 @@ fn idle_wasmproc(count: u32, workers: usize) {
     s.send(warm.pid(), "", Payload::empty()).expect("it takes a message");
     warm.join().expect("it ends");
 
-    let (rss_before, maps_before, steps_before) = (status_kib("VmRSS"), map_count(), steps());
+    let (rss_before, pte_before, maps_before, steps_before) =
+        (status_kib("VmRSS"), status_kib("VmPTE"), map_count(), steps());
+    let arena_rss_before = largest_mapping_rss_kib();
     let start = Instant::now();
     let mut pids = Vec::with_capacity(count as usize);
     let mut failure = None;
-    for _ in 0..count {
+    for spawned in 0..count {
+        if spawned % 1024 == 0 && proc_kib("/proc/meminfo", "MemAvailable") < MIN_AVAILABLE_KIB {
+            failure = Some(format!(
+                "stopped before spawn {}: the machine's available memory (`MemAvailable`) fell below {} GiB",
+                spawned + 1,
+                MIN_AVAILABLE_KIB / 1024 / 1024
+            ));
+            break;
+        }
         match s.spawn_kind("bench", "idle", vec![]) {
             Ok(handle) => pids.push(handle.pid()),
             Err(e) => {
-                failure = Some(format!("{e:#}"));
+                failure = Some(format!("spawn {} failed: {e:#}", spawned + 1));
                 break;
             }
         }
@@ -714,19 +738,24 @@ fn idle_wasmproc(count: u32, workers: usize) {
     }
     let stepped = steps() - steps_before;
     let elapsed = start.elapsed();
-    let (rss, maps) = (status_kib("VmRSS"), map_count());
+    let (rss, pte, maps) = (status_kib("VmRSS"), status_kib("VmPTE"), map_count());
+    let (arena_before, arena) = (arena_rss_before, largest_mapping_rss_kib());
     let per = |total: f64| if spawned == 0 { 0.0 } else { total / spawned as f64 };
     println!(
-        "{label}: {spawned} spawned, {stepped} first steps in {:.0} ms; RSS +{:.1} MiB = {:.1} KiB a process; \
+        "{label}: {spawned} spawned, {stepped} first steps in {:.0} ms; RSS +{:.1} MiB = {:.1} KiB a process \
+         (linear memory {:.1} KiB, the rest the host's heap); page tables (VmPTE) +{:.1} MiB = {:.1} KiB a process; \
          {} memory maps = {} a process",
         elapsed.as_secs_f64() * 1e3,
         (rss.saturating_sub(rss_before)) as f64 / 1024.0,
         per(rss.saturating_sub(rss_before) as f64),
+        per(arena.saturating_sub(arena_before) as f64),
+        (pte.saturating_sub(pte_before)) as f64 / 1024.0,
+        per(pte.saturating_sub(pte_before) as f64),
         maps_text(maps),
         maps_per(maps_before, maps, pids.len()),
     );
     if let Some(failure) = failure {
-        println!("{label}: spawn {} failed: {failure}", spawned + 1);
+        println!("{label}: {failure}");
     }
     let release = Instant::now();
     for pid in pids {
@@ -734,12 +763,33 @@ fn idle_wasmproc(count: u32, workers: usize) {
     }
     let drained = s.wait_idle(Some(WAIT_CAP));
     println!(
-        "{label}: all woken and ended in {:.0} ms{}; {} memory maps left",
+        "{label}: all woken and ended in {:.0} ms{}; {} memory maps left; RSS then +{:.1} MiB over the baseline",
         release.elapsed().as_secs_f64() * 1e3,
         if drained { "" } else { " (NOT all ended within the cap)" },
         maps_text(map_count()),
+        status_kib("VmRSS").saturating_sub(rss_before) as f64 / 1024.0,
     );
     s.stop(Duration::from_secs(1));
+}
+
+/// The resident KiB of the process's largest mapping: in a wasmproc child, the memory
+/// arena, which holds every linear memory.
+fn largest_mapping_rss_kib() -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps is readable");
+    let field = |line: &str, name: &str| -> Option<u64> {
+        line.strip_prefix(name)?.strip_prefix(':')?.trim().strip_suffix(" kB")?.parse().ok()
+    };
+    let (mut largest, mut rss_of_largest, mut size) = (0, 0, 0);
+    for line in smaps.lines() {
+        if let Some(kib) = field(line, "Size") {
+            size = kib;
+        } else if let Some(kib) = field(line, "Rss")
+            && size > largest
+        {
+            (largest, rss_of_largest) = (size, kib);
+        }
+    }
+    rss_of_largest
 }
 
 /// `count` raw instances of `idle`, initialised and stepped once, kept alive.
@@ -751,7 +801,7 @@ fn idle_raw(count: u32, cow: bool) {
     println!("{label}: pool reserves {}", kib(status_kib("VmSize") - vm_before));
     let warm = raw.start(0, "idle", &[]);
     drop(warm);
-    let (rss_before, maps_before) = (status_kib("VmRSS"), map_count());
+    let (rss_before, pte_before, maps_before) = (status_kib("VmRSS"), status_kib("VmPTE"), map_count());
     let mut instances = Vec::with_capacity(count as usize);
     let mut failure = None;
     for pid in 1..=u64::from(count) {
@@ -772,11 +822,13 @@ fn idle_raw(count: u32, cow: bool) {
         instances.push((store, guest));
     }
     let n = instances.len() as f64;
-    let (rss, maps) = (status_kib("VmRSS"), map_count());
+    let (rss, pte, maps) = (status_kib("VmRSS"), status_kib("VmPTE"), map_count());
     println!(
-        "{label}: {} instances; RSS {:.1} KiB an instance; {} memory maps an instance",
+        "{label}: {} instances; RSS {:.1} KiB an instance; page tables {:.1} KiB an instance; \
+         {} memory maps an instance",
         instances.len(),
         rss.saturating_sub(rss_before) as f64 / n,
+        pte.saturating_sub(pte_before) as f64 / n,
         maps_per(maps_before, maps, instances.len()),
     );
     if let Some(failure) = failure {

@@ -224,8 +224,8 @@ struct CompileArgs {
     /// Where to write the precompiled file. [default: APP.cwasm beside the input]
     #[arg(long, short, value_name = "OUT")]
     output: Option<PathBuf>,
-    /// Compile for runs with these settings: `run` must be given the same --memory and
-    /// (any) --fuel, or it refuses the file and says which setting differs.
+    /// Compile for runs with these settings: `run` must agree on fuel metering (--fuel
+    /// given or not), or it refuses the file and says so.
     #[command(flatten)]
     engine: EngineArgs,
 }

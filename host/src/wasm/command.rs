@@ -26,6 +26,7 @@ use wasmtime_wasi::{FsPerms, I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, Wasi
 
 use super::config::Config;
 use super::log::{GuestOutput, LogSink, LogSource};
+use super::runtime::{fuel_for_instantiation, refuel};
 use super::state::MemoryLimiter;
 use crate::dispatch::Factory;
 use crate::process::{Events, Payload, Pid, Process, StepOutput};
@@ -201,10 +202,7 @@ impl CommandProcess {
     fn limit<T: 'static>(&self, store: &mut Store<T>, limiter: fn(&mut T) -> &mut MemoryLimiter) {
         let config = &self.command.inner.config;
         store.limiter(move |state| limiter(state));
-        if let Some(fuel) = config.fuel {
-            // Fails only when the engine does not meter fuel; it does when `fuel` is set.
-            let _ = store.set_fuel(fuel);
-        }
+        fuel_for_instantiation(store, config.fuel);
         let deadline = self.options.time_limit.map(|limit| (Instant::now() + limit, limit));
         let interrupt = self.options.interrupt.clone();
         store.set_epoch_deadline(1);
@@ -235,12 +233,14 @@ impl Process for CommandProcess {
                 let mut store = Store::new(&inner.engine, state);
                 self.limit(&mut store, |state| &mut state.limiter);
                 let command = pre.instantiate(&mut store).map_err(|e| command_error(e, &inner.config))?;
+                refuel(&mut store, inner.config.fuel);
                 Running::Component(store, command)
             }
             Code::Module(pre) => {
                 let mut store = Store::new(&inner.engine, P1State { wasi: wasi.build_p1(), limiter });
                 self.limit(&mut store, |state| &mut state.limiter);
                 let instance = pre.instantiate(&mut store).map_err(|e| command_error(e, &inner.config))?;
+                refuel(&mut store, inner.config.fuel);
                 let start = instance
                     .get_typed_func::<(), ()>(&mut store, "_start")
                     .map_err(anyhow::Error::from)

@@ -51,9 +51,10 @@ impl Config {
     }
 
     /// The most linear memory one process may have, in bytes. A guest that grows past it
-    /// traps with an error naming the limit. It is also each pool slot's address-space
-    /// reservation, so it bounds how many instances fit: `max_instances × max_memory`
-    /// must stay well under the 128 TiB of a 64-bit address space. By default 64 MiB.
+    /// traps with an error naming the limit. It is also the size of each slot of the
+    /// memory arena, which reserves `max_instances × max_memory` bytes of address space
+    /// up front: that must fit in the 128 TiB of a 64-bit address space (1M slots of
+    /// 64 MiB take 64 TiB). By default 64 MiB.
     pub fn max_memory(mut self, bytes: usize) -> Self {
         self.max_memory = bytes;
         self
@@ -68,9 +69,10 @@ impl Config {
     }
 
     /// Gives every process a total budget of `units` of fuel (about one unit per Wasm
-    /// instruction) over its whole life; a process that uses it up is ended with an error
-    /// naming this limit. Unlike the time slice, fuel is deterministic: the same guest
-    /// with the same input runs out at the same instruction on any machine.
+    /// instruction) over its whole life from `init` on (instantiation, which copies the
+    /// guest's data into its memory, is not charged); a process that uses it up is ended
+    /// with an error naming this limit. Unlike the time slice, fuel is deterministic: the
+    /// same guest with the same input runs out at the same instruction on any machine.
     ///
     /// Metering is compiled into the guest's code, so a runtime with a fuel budget
     /// compiles (and caches) components separately from one without, and its guests run
@@ -88,10 +90,11 @@ impl Config {
         self
     }
 
-    /// How many Wasm processes may be instantiated at once: the size of the instance
-    /// pool, which reserves its address space up front (see [`Config::max_memory`]). An
-    /// instantiation past it fails with a clear error. By default 10,000 (640 GiB of
-    /// address space at 64 MiB, nothing of it committed until used).
+    /// How many Wasm processes may be instantiated at once: the number of slots in the
+    /// memory arena, which reserves its address space up front (see
+    /// [`Config::max_memory`]). An instantiation past it fails with an error naming this
+    /// limit. By default 10,000 (640 GiB of address space at 64 MiB, nothing of it
+    /// committed until used).
     pub fn max_instances(mut self, instances: u32) -> Self {
         self.max_instances = instances;
         self

@@ -2,63 +2,86 @@
 //!
 //! Settings and why:
 //! - component model on: processes are components of the `process` world;
-//! - pooling allocator: instantiation takes a pre-reserved slot instead of mapping memory
-//!   afresh, and a finished process's slot is reused at once;
-//! - copy-on-write memory images: a new instance maps its module's data instead of
-//!   copying it, so spawning costs the same whatever the guest's data size;
-//! - small reservations: each memory slot reserves exactly the memory cap plus a small
-//!   guard, instead of wasmtime's 4 GiB + 32 MiB default, so many thousands of slots fit
-//!   in the address space. Bounds checks are then explicit in the generated code, which
-//!   is the price of density;
+//! - on-demand instance allocation, with every linear memory a slot of one
+//!   [`MemoryArena`] (`memory.rs`): a live process then costs no memory mapping of its
+//!   own. wasmtime's pooling allocator cost about 4 an instance, which stopped a default
+//!   kernel (`vm.max_map_count` = 65,530) near 16k live processes; the arena is one
+//!   mapping whatever the count. The rest of an instance (its `vmctx`, its tables) is
+//!   `malloc`'d;
+//! - no copy-on-write memory images: a custom memory cannot take one, so data segments
+//!   are copied into the slot at instantiation (our guests have a few KiB of data). The
+//!   copy is metered code, one unit of fuel a byte, so a fuel budget is given once the
+//!   instance is made (`runtime::refuel`);
+//! - no guard region, and wasmtime's reservation tunable left at 0 (the arena reserves
+//!   the slots itself). Compiled code then checks every access, offset included, against
+//!   the memory's current size. With a reservation, a memory whose declared maximum fits
+//!   in it would instead be checked against the reservation's end, relying on the pages
+//!   past the current size to fault; an arena slot is readable and writable to its end,
+//!   so that check would let a guest write past its size, where the arena does not zero
+//!   (see the zero invariant in `memory.rs`); with `memory_may_move(false)` it would do
+//!   so for every memory (the test `accesses_past_the_current_size_trap_offsets_included`
+//!   fails with the reservation set to `max_memory`). Explicit bounds checks are the
+//!   price of density either way;
+//! - memories never move (each is one slot for its life), which lets compiled code treat
+//!   a memory's base address as fixed instead of reloading it after calls;
 //! - epoch interruption: a guest call gets a deadline in epoch ticks; a background
 //!   thread ticks the epoch, and a guest past its deadline traps at its next loop header
 //!   or function entry. Cheaper than fuel, and it bounds wall time, which is what a time
 //!   slice is.
+//!
+//! The per-process limits the pool used to impose (core instances, tables, table
+//! elements, one memory) are the store's limiter's now (`state.rs`), with the constants
+//! below.
 
+use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
-use wasmtime::{Engine, EngineWeak, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{Engine, EngineWeak, InstanceAllocationStrategy};
 
 use super::config::Config;
+use super::memory::MemoryArena;
 
 /// Core instances one process may use. A Rust `wasm32-wasip2` guest has 4 (its module
 /// plus the shim and fixup modules that `wasm-component-ld` adds for indirect calls);
-/// twice that leaves room for other toolchains without letting one component take a
-/// large share of the pool.
-const CORE_INSTANCES_PER_PROCESS: u32 = 8;
+/// twice that leaves room for other toolchains.
+pub(crate) const CORE_INSTANCES_PER_PROCESS: usize = 8;
 
 /// Tables one process may use: a Rust guest has 2 (its function table and the shim's).
-const TABLES_PER_PROCESS: u32 = 4;
+pub(crate) const TABLES_PER_PROCESS: usize = 4;
 
-/// Elements of one table. Each table slot reserves 8 bytes per element, so this bounds
-/// the pool's table reservation; a guest with more indirect-call targets than this
-/// fails to instantiate with an error saying so. wasmtime's default is 20,000, which no
-/// guest of ours approaches.
-const TABLE_ELEMENTS: usize = 10_000;
+/// Linear memories one process may have: each takes a slot of the arena, so one a
+/// process keeps `max_instances` a count of processes.
+pub(crate) const MEMORIES_PER_PROCESS: usize = 1;
 
-/// Guard pages after (and before) each linear memory. With reservations under 4 GiB the
-/// compiled code checks bounds explicitly, so the guard only lets it fold small constant
-/// offsets into those checks; 64 KiB (one Wasm page) covers the common ones.
-const GUARD: u64 = 64 * 1024;
+/// Elements of one table, 8 bytes each of the host's heap; a guest with more
+/// indirect-call targets than this fails to instantiate. wasmtime's pool default is
+/// 20,000, which no guest of ours approaches.
+pub(crate) const TABLE_ELEMENTS: usize = 10_000;
 
 /// Native stack a guest call may use on the worker thread (wasmtime's default is
 /// 512 KiB). Guests keep their own stack in linear memory; this is only for the frames of
 /// compiled Wasm, and 256 KiB leaves the rest of a worker's 2 MiB thread stack to the host.
 const MAX_WASM_STACK: usize = 256 * 1024;
 
-/// Bytes of a freed slot's linear memory (and tables) that are zeroed in place and kept
-/// resident for the next process, instead of being handed back to the kernel with
-/// `madvise`. Measured on the lifecycle benchmark (2 cores): each `madvise` and the page
+/// Bytes of a freed memory slot that are zeroed in place and kept resident for the next
+/// process, instead of being handed back to the kernel with `madvise`. Measured on the
+/// lifecycle benchmark (2 cores) with the pooling allocator: each `madvise` and the page
 /// faults after it interrupt the other core for a TLB flush, which held both wasmproc and
 /// raw wasmtime to ~27k lifecycles/s; keeping 256 KiB resident gave ~164k/s, 1 MiB
 /// 118–218k/s, 64 KiB nothing. 256 KiB covers what our guests touch (their initial
-/// memory is 128 KiB) while bounding what idle slots retain: at most
-/// `max_instances × 256 KiB`, and only for slots that have been used.
+/// memory is 128 KiB); what freed slots retain in all is bounded by [`WARM_SLOTS`].
 const KEEP_RESIDENT: usize = 256 * 1024;
 
-/// Builds the engine `config` describes.
+/// Free memory slots that keep [`KEEP_RESIDENT`] bytes resident; past it a freed slot
+/// gives all its pages back. Without a bound every slot ever used kept its resident pages:
+/// after 100,000 idle processes ended, 13.5 GiB stayed resident (measured). 1,024 slots
+/// (at most 256 MiB) is twice the children the lifecycle benchmark keeps in flight; the
+/// slots that churn are reused first, so they stay warm. Not tuned beyond that.
+const WARM_SLOTS: usize = 1024;
+
+/// Builds the engine `config` describes, with its memory arena.
 pub(crate) fn new_engine(config: &Config) -> anyhow::Result<Engine> {
     ensure!(config.max_instances > 0, "`max_instances` must be at least 1");
     ensure!(
@@ -68,33 +91,26 @@ pub(crate) fn new_engine(config: &Config) -> anyhow::Result<Engine> {
     );
     ensure!(!config.epoch_tick.is_zero(), "`epoch_tick` must be longer than zero");
     let n = config.max_instances;
-    let mut pool = PoolingAllocationConfig::new();
-    pool.total_component_instances(n)
-        .total_core_instances(n.saturating_mul(CORE_INSTANCES_PER_PROCESS))
-        .max_core_instances_per_component(CORE_INSTANCES_PER_PROCESS)
-        .total_memories(n)
-        .max_memories_per_component(1)
-        .max_memory_size(config.max_memory)
-        .total_tables(n.saturating_mul(TABLES_PER_PROCESS))
-        .max_tables_per_component(TABLES_PER_PROCESS)
-        .table_elements(TABLE_ELEMENTS)
-        .linear_memory_keep_resident(KEEP_RESIDENT)
-        .table_keep_resident(KEEP_RESIDENT);
+    let arena = MemoryArena::new(n, config.max_memory, KEEP_RESIDENT, WARM_SLOTS).with_context(|| {
+        format!("failed to reserve memory for {n} instances of {} bytes (`max_instances`)", config.max_memory)
+    })?;
 
     let mut wasm = wasmtime::Config::new();
     wasm.wasm_component_model(true)
         .epoch_interruption(true)
         .consume_fuel(config.fuel.is_some())
-        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
-        .memory_init_cow(true)
-        .memory_reservation(config.max_memory as u64)
+        .allocation_strategy(InstanceAllocationStrategy::OnDemand)
+        .with_host_memory(Arc::new(arena))
+        // wasmtime 48 panics laying an image over a memory that is not its own mapping.
+        .memory_init_cow(false)
+        .memory_reservation(0)
         .memory_reservation_for_growth(0)
-        .memory_guard_size(GUARD)
+        .memory_guard_size(0)
+        .guard_before_linear_memory(false)
+        .memory_may_move(false)
         .max_wasm_stack(MAX_WASM_STACK)
         .parallel_compilation(true);
-    let engine = Engine::new(&wasm).map_err(anyhow::Error::from).with_context(|| {
-        format!("failed to create the wasm engine ({} instances of {} bytes)", n, config.max_memory)
-    })?;
+    let engine = Engine::new(&wasm).map_err(anyhow::Error::from).context("failed to create the wasm engine")?;
     start_epoch_thread(engine.weak(), config.epoch_tick)?;
     Ok(engine)
 }
@@ -118,43 +134,118 @@ fn start_epoch_thread(engine: EngineWeak, tick: Duration) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Memory mappings one live instance costs with copy-on-write memory images, measured
-/// with wasmtime 48's pooling allocator on Linux (DESIGN §7: about 4 with images, 2
-/// without).
-const MAPPINGS_PER_INSTANCE: u64 = 4;
-
-/// A warning if `max_instances` live instances would need more memory mappings than the
-/// kernel allows a process (`vm.max_map_count`, 65,530 by default): past that,
-/// instantiation fails with "Cannot allocate memory", which says nothing about why.
-/// `None` when they fit, or when the limit cannot be read (not Linux).
-pub(crate) fn map_count_warning(max_instances: u32) -> Option<String> {
-    let limit: u64 = std::fs::read_to_string("/proc/sys/vm/max_map_count").ok()?.trim().parse().ok()?;
-    map_count_warning_for(max_instances, limit)
-}
-
-fn map_count_warning_for(max_instances: u32, limit: u64) -> Option<String> {
-    // Headroom for the host's own mappings (code, heaps, thread stacks).
-    let needed = u64::from(max_instances) * MAPPINGS_PER_INSTANCE + 1024;
-    (needed > limit).then(|| {
-        format!(
-            "`max_instances` is {max_instances}, but the kernel allows {limit} memory mappings per process \
-             (`vm.max_map_count`) and each live Wasm process costs about {MAPPINGS_PER_INSTANCE}: spawns will fail \
-             with \"Cannot allocate memory\" past about {} live processes; raise the limit \
-             (`sysctl -w vm.max_map_count={needed}`) or lower `max_instances`",
-            limit.saturating_sub(1024) / MAPPINGS_PER_INSTANCE
-        )
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use wasmtime::{Instance, Module, Store, Trap};
+
     use super::*;
+    use crate::wasm::state::MemoryLimiter;
+
+    const PAGE: i32 = 64 * 1024;
+
+    fn engine(max_instances: u32) -> Engine {
+        new_engine(&Config::default().max_instances(max_instances).no_disk_cache()).unwrap()
+    }
+
+    /// A store set up as the host's are: the limiter in force, a deadline far away.
+    fn store(engine: &Engine) -> Store<MemoryLimiter> {
+        let mut store = Store::new(engine, MemoryLimiter { max_memory: Config::default().max_memory });
+        store.limiter(|limiter| limiter);
+        store.set_epoch_deadline(1_000_000);
+        store
+    }
+
+    fn instance(engine: &Engine, store: &mut Store<MemoryLimiter>, wat: &str) -> anyhow::Result<Instance> {
+        let module = Module::new(engine, wat::parse_str(wat)?)?;
+        Ok(Instance::new(store, &module, &[])?)
+    }
+
+    fn call(store: &mut Store<MemoryLimiter>, instance: Instance, name: &str, arg: i32) -> Result<i32, Trap> {
+        let func = instance.get_typed_func::<i32, i32>(&mut *store, name).unwrap();
+        func.call(store, arg).map_err(|e| *e.downcast_ref::<Trap>().expect("a trap"))
+    }
+
+    const ACCESSES: &str = r#"
+        (func (export "load") (param i32) (result i32) (i32.load (local.get 0)))
+        (func (export "load_offset") (param i32) (result i32) (i32.load offset=65536 (local.get 0)))
+        (func (export "store") (param i32) (result i32) (i32.store (local.get 0) (i32.const -1)) (i32.const 0))
+        (func (export "grow") (param i32) (result i32) (memory.grow (local.get 0)))"#;
+
+    /// The arena's slots are readable and writable to their end, so only the compiled
+    /// bounds checks stop an access past a memory's size: they must use the current size,
+    /// offsets included, also for a memory whose declared maximum fits in a slot (the case
+    /// a reservation would have let the compiler check against the slot's end instead).
+    #[test]
+    fn accesses_past_the_current_size_trap_offsets_included() {
+        let engine = engine(2);
+        for memory in ["(memory 1)", "(memory 1 4)"] {
+            let mut store = store(&engine);
+            let instance = instance(&engine, &mut store, &format!("(module {memory} {ACCESSES})")).unwrap();
+            let oob = Err(Trap::MemoryOutOfBounds);
+            assert_eq!(call(&mut store, instance, "load", PAGE - 4), Ok(0), "{memory}");
+            assert_eq!(call(&mut store, instance, "load", PAGE - 3), oob, "{memory}");
+            assert_eq!(call(&mut store, instance, "store", PAGE), oob, "{memory}");
+            assert_eq!(call(&mut store, instance, "load_offset", 0), oob, "{memory}");
+            assert_eq!(call(&mut store, instance, "grow", 1), Ok(1), "{memory}");
+            assert_eq!(call(&mut store, instance, "store", PAGE), Ok(0), "{memory}");
+            assert_eq!(call(&mut store, instance, "load_offset", 0), Ok(-1), "{memory}");
+            assert_eq!(call(&mut store, instance, "load_offset", PAGE - 3), oob, "{memory}");
+            assert_eq!(call(&mut store, instance, "load", 2 * PAGE - 3), oob, "{memory}");
+        }
+    }
+
+    /// What one process wrote, below and past `KEEP_RESIDENT`, is gone for the next
+    /// process in the same slot, including in pages it only reaches by growing.
+    #[test]
+    fn the_next_process_in_a_slot_finds_it_zeroed() {
+        let engine = engine(1);
+        let module = format!("(module (memory 1) {ACCESSES})");
+        let addresses = [100, 200_000, 1_000_000, 40 * PAGE - 4];
+        for tenant in 0..3 {
+            let mut store = store(&engine);
+            let instance = instance(&engine, &mut store, &module).unwrap();
+            assert_eq!(call(&mut store, instance, "grow", 39), Ok(1));
+            for address in addresses {
+                assert_eq!(call(&mut store, instance, "load", address), Ok(0), "tenant {tenant}, address {address}");
+                assert_eq!(call(&mut store, instance, "store", address), Ok(0));
+            }
+        }
+    }
 
     #[test]
-    fn map_count_warning_names_the_sysctl_only_when_the_pool_does_not_fit() {
-        assert_eq!(map_count_warning_for(10_000, 65_530), None);
-        let warning = map_count_warning_for(100_000, 65_530).expect("100k instances need ~400k mappings");
-        assert!(warning.contains("vm.max_map_count=401024"), "{warning}");
-        assert!(warning.contains("past about 16126 live processes"), "{warning}");
+    fn instances_past_max_instances_fail_naming_it() {
+        let engine = engine(2);
+        let module = "(module (memory 1))";
+        let mut first = store(&engine);
+        instance(&engine, &mut first, module).unwrap();
+        let mut second = store(&engine);
+        instance(&engine, &mut second, module).unwrap();
+        let error = format!("{:#}", instance(&engine, &mut store(&engine), module).unwrap_err());
+        assert!(error.contains("`max_instances` reached: all 2"), "{error}");
+        drop(first);
+        instance(&engine, &mut store(&engine), module).expect("the first store's slot is free again");
+    }
+
+    /// The point of the arena: live instances add no memory mappings (the pool added ~4
+    /// each). Other tests run alongside and may add a few (thread stacks), hence the slack.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn live_instances_cost_no_memory_mapping() {
+        let count = || std::fs::read_to_string("/proc/self/maps").unwrap().lines().count();
+        const INSTANCES: usize = 2_000;
+        let engine = engine(INSTANCES as u32);
+        let module = Module::new(&engine, wat::parse_str(format!("(module (memory 1) {ACCESSES})")).unwrap()).unwrap();
+        let before = count();
+        let live: Vec<_> = (0..INSTANCES)
+            .map(|_| {
+                let mut store = store(&engine);
+                let instance = Instance::new(&mut store, &module, &[]).unwrap();
+                call(&mut store, instance, "store", 8).unwrap();
+                store
+            })
+            .collect();
+        let added = count().saturating_sub(before);
+        assert!(added < INSTANCES / 20, "{INSTANCES} live instances added {added} mappings");
+        drop(live);
     }
 }

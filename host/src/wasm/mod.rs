@@ -15,7 +15,8 @@
 //! ```
 //!
 //! - `config.rs`: [`Config`], the settings and their defaults;
-//! - `engine.rs`: the one engine per runtime (pooling, copy-on-write images, epochs);
+//! - `engine.rs`: the one engine per runtime (on-demand instances, bounds checks, epochs);
+//! - `memory.rs`: the arena every process's linear memory is a slot of;
 //! - `runtime.rs`: [`Runtime`] (load, compile once, check the world) and [`Component`];
 //! - `cache.rs`: compiled components on disk;
 //! - `precompiled.rs`: files made by `wasmproc compile` ([`Runtime::precompile`]);
@@ -40,6 +41,7 @@ mod config;
 mod convert;
 mod engine;
 mod log;
+mod memory;
 mod precompiled;
 mod process;
 mod runtime;

@@ -4,8 +4,8 @@
 //! Layout: [`MAGIC`], one line of JSON saying how the code was made (a [`Header`]), the
 //! SHA-256 of the rest, then wasmtime's serialization of the component or module. The
 //! header is compared with the loading runtime before anything is deserialized, so a
-//! mismatch is reported by what differs (wasmproc's version, the memory cap, fuel
-//! metering, or the wasmtime build and CPU) with what to do about it, instead of as
+//! mismatch is reported by what differs (wasmproc's version, fuel metering, or the
+//! wasmtime build and CPU) with what to do about it, instead of as
 //! wasmtime's generic refusal; the checksum refuses a damaged file.
 
 use anyhow::{Context as _, bail, ensure};
@@ -35,7 +35,8 @@ pub(crate) struct Header {
     engine: String,
     /// `"component"` or `"module"`.
     kind: String,
-    /// The memory cap (`Config::max_memory`) compiled into the code's bounds checks.
+    /// The memory cap (`Config::max_memory`) of the compiling runtime: for information
+    /// only, since bounds checks are against each memory's current size, not the cap.
     max_memory: usize,
     /// Whether the code meters fuel (`Config::fuel`).
     fuel: bool,
@@ -116,14 +117,6 @@ fn check(header: &Header, engine: &Engine, config: &Config) -> anyhow::Result<()
         header.format
     );
     ensure!(
-        header.max_memory == config.max_memory,
-        "the file was precompiled for a memory cap of {}, but this run's is {}: \
-         run it with `--memory {}`, or compile it again with the `--memory` of this run",
-        size(header.max_memory),
-        size(config.max_memory),
-        size(header.max_memory)
-    );
-    ensure!(
         header.fuel == config.fuel.is_some(),
         "the file was precompiled {} fuel metering, but this run {} it: compile it again {} `--fuel`",
         if header.fuel { "with" } else { "without" },
@@ -136,15 +129,6 @@ fn check(header: &Header, engine: &Engine, config: &Config) -> anyhow::Result<()
          compile it again with `wasmproc compile` on this machine"
     );
     Ok(())
-}
-
-/// `bytes` in the largest binary unit that divides it, as `--memory` takes it.
-fn size(bytes: usize) -> String {
-    const UNITS: [(usize, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
-    UNITS
-        .iter()
-        .find(|(unit, _)| bytes >= *unit && bytes.is_multiple_of(*unit))
-        .map_or_else(|| bytes.to_string(), |(unit, name)| format!("{}{name}", bytes / unit))
 }
 
 fn kind_name(kind: u8) -> &'static str {
@@ -162,18 +146,5 @@ impl Header {
     /// The SHA-256 of the Wasm the file was compiled from, in hex.
     pub(crate) fn source_sha256(&self) -> &str {
         &self.source_sha256
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_read_as_the_flag_takes_them() {
-        assert_eq!(size(64 << 20), "64MiB");
-        assert_eq!(size(2 << 30), "2GiB");
-        assert_eq!(size(96 << 10), "96KiB");
-        assert_eq!(size(100_000), "100000");
     }
 }

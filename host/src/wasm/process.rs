@@ -7,12 +7,12 @@ use super::bindings::Process as Guest;
 use super::bindings::wasmproc::process::types as wit;
 use super::convert;
 use super::log::Level;
-use super::runtime::{Component, Limits, new_store};
+use super::runtime::{Component, Limits, new_store, refuel};
 use super::state::ProcessState;
 use crate::process::{Events, Payload, Pid, Process, StepOutput};
 
 /// A process running a [`Component`]: one store and one instance, created by `init` and
-/// dropped by `close`, which gives the instance's pool slot back.
+/// dropped by `close`, which gives the instance's memory slot back.
 ///
 /// Every call into the guest runs under the component's time slice and memory cap. A
 /// trap (including a limit hit) fails that call with an error that says which export
@@ -48,6 +48,7 @@ impl Process for WasmProcess {
             .instantiate(&mut store)
             .map_err(anyhow::Error::from)
             .with_context(|| format!("failed to instantiate process {pid}"))?;
+        refuel(&mut store, limits.fuel);
         let input: Vec<wit::Payload> = input.into_iter().map(convert::payload_to_wit).collect();
         let accepted = guest
             .call_init(&mut store, pid.as_u64(), method, &input)

@@ -28,8 +28,8 @@ use crate::process::{Pid, Process};
 pub(crate) const WORLD: &str = "wasmproc:process/process@0.1.0";
 
 /// Loads and compiles components, and holds what their processes share: the engine
-/// (with its instance pool and epoch thread) and the linker. Cheap to clone; build one
-/// per host (each runtime reserves its own pool, see [`Config::max_instances`]).
+/// (with its memory arena and epoch thread) and the linker. Cheap to clone; build one
+/// per host (each runtime reserves its own arena, see [`Config::max_instances`]).
 ///
 /// Loading the same bytes twice, from any path, compiles once: later loads return the
 /// first [`Component`]. With a disk cache (the default) a later run of the host loads
@@ -53,8 +53,6 @@ struct Shared {
     compiled: AtomicU64,
     disk_hits: AtomicU64,
     memory_hits: AtomicU64,
-    /// See [`Runtime::warnings`].
-    warnings: Vec<String>,
 }
 
 /// What [`Runtime::load`] has done so far; see [`Runtime::stats`].
@@ -70,12 +68,12 @@ pub struct LoadStats {
 }
 
 impl Runtime {
-    /// Creates the engine (reserving the instance pool) and starts its epoch thread.
+    /// Creates the engine (reserving the memory arena) and starts its epoch thread.
     ///
     /// # Errors
     ///
     /// An out-of-range setting, or an engine or thread that could not be created (for
-    /// example: the pool's address-space reservation was refused).
+    /// example: the arena's address-space reservation was refused).
     pub fn new(config: Config) -> anyhow::Result<Runtime> {
         let engine = new_engine(&config)?;
         let mut linker = Linker::new(&engine);
@@ -85,7 +83,6 @@ impl Runtime {
         Guest::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
             .map_err(anyhow::Error::from)
             .context("failed to link the host imports")?;
-        let warnings = super::engine::map_count_warning(config.max_instances).into_iter().collect();
         let disk = config.resolved_cache_dir().map(|dir| DiskCache::new(dir, &engine));
         let shared = Shared {
             engine,
@@ -97,15 +94,16 @@ impl Runtime {
             compiled: AtomicU64::new(0),
             disk_hits: AtomicU64::new(0),
             memory_hits: AtomicU64::new(0),
-            warnings,
         };
         Ok(Runtime { shared: Arc::new(shared) })
     }
 
     /// Problems with the host's set-up found when the runtime started, for the embedder to
-    /// show: today, a `max_instances` the kernel's memory-mapping limit cannot hold.
+    /// show. There are none to find today: the one there was, a `max_instances` that the
+    /// kernel's limit on memory mappings (`vm.max_map_count`) could not hold, went away
+    /// with the memory arena, which is one mapping whatever the number of processes.
     pub fn warnings(&self) -> &[String] {
-        &self.shared.warnings
+        &[]
     }
 
     /// Loads the component in the file at `path`: see [`Runtime::load_bytes`].
@@ -376,6 +374,7 @@ impl Runtime {
 
         let mut store = new_store(&shared.engine, Pid::HOST, shared.config.log.clone(), &limits);
         let guest = pre.instantiate(&mut store).map_err(anyhow::Error::from).context("failed to instantiate")?;
+        refuel(&mut store, limits.fuel);
         let entries = guest.call_entries(&mut store).map_err(|e| guest_error(e, "entries", &limits, store.data()))?;
         ensure!(!entries.is_empty(), "the component exports no entry methods (`entries` returned none)");
 
@@ -541,10 +540,10 @@ impl Component {
     ///
     /// # Errors
     ///
-    /// `bytes` is above the runtime's `max_memory`: the instance pool cannot give more.
+    /// `bytes` is above the runtime's `max_memory`: the memory arena's slots hold no more.
     pub fn with_max_memory(&self, bytes: usize) -> anyhow::Result<Component> {
-        let pool_max = self.loaded.config.max_memory;
-        ensure!(bytes <= pool_max, "`max_memory` of {bytes} bytes is above the runtime's `max_memory` of {pool_max}");
+        let arena_max = self.loaded.config.max_memory;
+        ensure!(bytes <= arena_max, "`max_memory` of {bytes} bytes is above the runtime's `max_memory` of {arena_max}");
         Ok(Component {
             loaded: self.loaded.clone(),
             limits: Limits::new(&self.loaded.config, bytes, self.limits.time_slice),
@@ -593,10 +592,27 @@ pub(crate) fn new_store(engine: &Engine, pid: Pid, log: LogSink, limits: &Limits
     store.limiter(|state| &mut state.limiter);
     store.epoch_deadline_trap();
     store.set_epoch_deadline(limits.time_slice_ticks);
-    if let Some(fuel) = limits.fuel {
-        // Only fails when the engine does not meter fuel, and `limits.fuel` is set
-        // exactly when it does (both come from `Config::fuel`).
-        let _ = store.set_fuel(fuel);
-    }
+    fuel_for_instantiation(&mut store, limits.fuel);
     store
+}
+
+/// Lets `store` instantiate whatever its fuel `budget`. Instantiation copies the guest's
+/// data segments into its memory with metered code (there are no copy-on-write images
+/// with the memory arena; see `engine.rs`), at one unit of fuel a byte, and a budget is
+/// for what the guest runs from `init` on, not for the size of its data; the time slice
+/// still bounds instantiation. [`refuel`] sets the budget once the instance is made.
+pub(crate) fn fuel_for_instantiation<T>(store: &mut Store<T>, budget: Option<u64>) {
+    if budget.is_some() {
+        // Only fails when the engine does not meter fuel, and a budget is set exactly
+        // when it does (both come from `Config::fuel`).
+        let _ = store.set_fuel(u64::MAX);
+    }
+}
+
+/// Gives `store` its whole fuel `budget`, if it has one; see [`fuel_for_instantiation`].
+pub(crate) fn refuel<T>(store: &mut Store<T>, budget: Option<u64>) {
+    if let Some(budget) = budget {
+        // As in `fuel_for_instantiation`.
+        let _ = store.set_fuel(budget);
+    }
 }

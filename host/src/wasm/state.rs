@@ -6,6 +6,7 @@ use wasmtime::{ResourceLimiter, format_err};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::wasmproc::process::{host, types};
+use super::engine::{CORE_INSTANCES_PER_PROCESS, MEMORIES_PER_PROCESS, TABLE_ELEMENTS, TABLES_PER_PROCESS};
 use super::log::{GuestOutput, Level, LogRecord, LogSink, LogSource};
 use crate::process::Pid;
 
@@ -70,6 +71,9 @@ impl types::Host for ProcessState {}
 /// Caps a process's linear memory. Growth past the cap traps with an error that names the
 /// limit, instead of `memory.grow` returning -1 and the guest's allocator aborting with a
 /// message that does not say why.
+///
+/// It also bounds what else a store may create (core instances, tables and their
+/// elements, memories): with on-demand allocation nothing else does (see `engine.rs`).
 pub(crate) struct MemoryLimiter {
     pub(crate) max_memory: usize,
 }
@@ -86,9 +90,22 @@ impl ResourceLimiter for MemoryLimiter {
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, _desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        // Tables are bounded by the pool's `table_elements`; growth past it fails in the
-        // pool and `table.grow` returns -1, as the spec allows.
-        Ok(true)
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        // Past the bound, `table.grow` returns -1, as the spec allows, and a table whose
+        // initial size is past it fails instantiation with wasmtime's "exceeds table
+        // limits".
+        Ok(desired <= TABLE_ELEMENTS)
+    }
+
+    fn instances(&self) -> usize {
+        CORE_INSTANCES_PER_PROCESS
+    }
+
+    fn tables(&self) -> usize {
+        TABLES_PER_PROCESS
+    }
+
+    fn memories(&self) -> usize {
+        MEMORIES_PER_PROCESS
     }
 }
