@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 use wasmproc::wasm::{Config, Runtime};
 use wasmproc::{Capabilities, Command, Event, Events, Payload, Pid, Process, Request, Scheduler, SpawnRequest};
 use wasmproc::{Status, StepOutput};
+use wasmproc_tests::bench::measure_pair;
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
@@ -134,13 +135,14 @@ fn main() {
             continue;
         }
         let before = scheduler.stats();
-        let (ours, theirs) = measure_pair(&*ours, &*theirs);
+        // One warm-up a side, then alternating runs, so drift affects both alike.
+        let (ours, theirs) = measure_pair(runs(), 1, &mut || ours(), &mut || theirs());
         let after = scheduler.stats();
         println!(
             "{name:<16} {:>26} {:>26} {:>7.2} {:>14} {:>14}",
             ours.to_string(),
             theirs.to_string(),
-            ours.median.as_secs_f64() / theirs.median.as_secs_f64(),
+            ours.ratio(&theirs),
             rate(work, ours.median),
             rate(work, theirs.median),
         );
@@ -171,40 +173,6 @@ fn runs() -> usize {
 fn rate(work: u64, time: Duration) -> String {
     let per_second = work as f64 / time.as_secs_f64();
     if per_second >= 1e6 { format!("{:.2} M/s", per_second / 1e6) } else { format!("{:.0} k/s", per_second / 1e3) }
-}
-
-struct Sample {
-    median: Duration,
-    min: Duration,
-    max: Duration,
-}
-
-impl std::fmt::Display for Sample {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        write!(f, "{:.1} ms ({:.1}–{:.1})", ms(self.median), ms(self.min), ms(self.max))
-    }
-}
-
-impl Sample {
-    fn of(mut times: Vec<Duration>) -> Sample {
-        times.sort();
-        Sample { median: times[times.len() / 2], min: times[0], max: times[times.len() - 1] }
-    }
-}
-
-/// Runs both sides once to warm up, then alternates them, so drift on the machine
-/// (frequency, other load) affects both alike.
-fn measure_pair(ours: &dyn Fn() -> Duration, theirs: &dyn Fn() -> Duration) -> (Sample, Sample) {
-    ours();
-    theirs();
-    let runs = runs();
-    let (mut a, mut b) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
-    for _ in 0..runs {
-        a.push(ours());
-        b.push(theirs());
-    }
-    (Sample::of(a), Sample::of(b))
 }
 
 // --- raw wasmtime --------------------------------------------------------------------
