@@ -370,23 +370,13 @@ impl Scheduler {
         let start = Instant::now();
         shared.stopping.store(true, Ordering::SeqCst);
 
-        let cells = shared.registry.snapshot();
-        let cancelled = cells.len();
-        for cell in cells {
-            if let Ok(Wake::Schedule) = cell.deliver(Event::Cancel { reason: "shutdown".to_owned() }) {
-                shared.schedule(cell);
-            }
-        }
+        let cancelled = self.handle.cancel_all("shutdown");
         let mut forced = 0;
         if !shared.wait_drained(Some(start + grace)) {
             // Spawns that passed the stopping check before it was set may still be
             // registering: sweep until nothing is left.
             loop {
-                for cell in shared.registry.snapshot() {
-                    if shared.terminate_cell(&cell, "terminated: shutdown deadline exceeded").is_ok() {
-                        forced += 1;
-                    }
-                }
+                forced += self.handle.terminate_all("terminated: shutdown deadline exceeded");
                 if shared.wait_drained(Some(Instant::now() + Duration::from_millis(50))) {
                     break;
                 }
