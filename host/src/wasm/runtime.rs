@@ -174,12 +174,7 @@ impl Runtime {
             self.shared.memory_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(program.clone());
         }
-        let compiled = if precompiled {
-            precompiled::read(&self.shared.engine, &self.shared.config, bytes)?
-        } else {
-            self.compile(bytes, &digest)?
-        };
-        let program = match compiled {
+        let program = match self.code(bytes, &digest)? {
             Compiled::Module(module) => Program::Command(self.command_module(&module)?),
             Compiled::Component(component) if self.is_command(&component) => {
                 Program::Command(self.command_component(&component)?)
@@ -192,7 +187,7 @@ impl Runtime {
 
     /// Compiles `bytes` (a component or a core module, as [`Runtime::load_program_bytes`]
     /// takes) into a file that later runtimes load without compiling, provided they
-    /// have the same memory cap and fuel setting, the same wasmproc, and a CPU with the
+    /// have the same fuel setting, the same wasmproc, and a CPU with the
     /// same features; otherwise loading it fails with an error naming what differs.
     ///
     /// A precompiled file is native code: load only files from a source you trust, as
@@ -217,18 +212,14 @@ impl Runtime {
     /// The bytes are not Wasm, or do not compile (the error says why).
     pub fn inspect(&self, bytes: &[u8]) -> anyhow::Result<Inspection> {
         let shared = &self.shared;
-        let header = precompiled::header(bytes);
+        let is_precompiled = precompiled::is_precompiled(bytes);
+        if !is_precompiled {
+            check_magic(bytes)?;
+        }
         let digest = cache::digest(bytes);
-        let cache_entry = shared.disk.as_ref().filter(|_| header.is_none()).map(|disk| disk.entry(&digest));
+        let cache_entry = shared.disk.as_ref().filter(|_| !is_precompiled).map(|disk| disk.entry(&digest));
         let cached = cache_entry.as_ref().is_some_and(|entry| entry.is_file());
-        let compiled = match &header {
-            Some(_) => precompiled::read(&shared.engine, &shared.config, bytes)?,
-            None if precompiled::is_precompiled(bytes) => precompiled::read(&shared.engine, &shared.config, bytes)?,
-            None => {
-                check_magic(bytes)?;
-                self.compile(bytes, &digest)?
-            }
-        };
+        let compiled = self.code(bytes, &digest)?;
         let (kind, imports, exports) = match &compiled {
             Compiled::Module(module) => {
                 let has_start = module.get_export("_start").is_some();
@@ -262,7 +253,8 @@ impl Runtime {
         Ok(Inspection {
             kind,
             size: bytes.len() as u64,
-            sha256: header.as_ref().map_or_else(|| cache::hex(&digest), |h| h.source_sha256().to_owned()),
+            sha256: precompiled::header(bytes)
+                .map_or_else(|| cache::hex(&digest), |header| header.source_sha256().to_owned()),
             precompiled: precompiled::is_precompiled(bytes),
             cached,
             cache_entry,
@@ -286,6 +278,16 @@ impl Runtime {
     /// The runtime's settings.
     pub fn config(&self) -> &Config {
         &self.shared.config
+    }
+
+    /// The compiled code of `bytes` (whose Wasm header the caller has checked, unless
+    /// they are a precompiled file): loaded from a precompiled file, or compiled.
+    fn code(&self, bytes: &[u8], digest: &Digest) -> anyhow::Result<Compiled> {
+        if precompiled::is_precompiled(bytes) {
+            precompiled::read(&self.shared.engine, &self.shared.config, bytes)
+        } else {
+            self.compile(bytes, digest)
+        }
     }
 
     /// Compiles a component or a core module (by its header), or finds it in the disk
