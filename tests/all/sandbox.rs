@@ -45,10 +45,66 @@ fn says(error: &str, text: &str) {
     assert!(error.contains(text), "the error should say {text:?}: {error}");
 }
 
+/// A scheduler of one worker: a step that held it would starve everything else.
+fn one_worker(runtime: &Runtime) -> Scheduler {
+    Scheduler::builder()
+        .workers(1)
+        .kind("hostile", load(runtime, HOSTILE))
+        .kind("hello", load(runtime, HELLO))
+        .build()
+        .expect("the scheduler starts")
+}
+
 #[test]
-fn an_infinite_loop_is_stopped_at_its_time_slice() {
-    let error = misbehave(Config::default().time_slice(Duration::from_millis(50)), "spin");
-    says(&error, "time slice exceeded: `step` ran longer than the process's `time_slice` of 50ms");
+fn an_infinite_loop_is_preempted_so_others_run_on_its_worker() {
+    let runtime = runtime(Config::default().time_slice(Duration::from_millis(5)));
+    let s = one_worker(&runtime);
+    let spinner = s.spawn_kind("hostile", "spin", vec![]).expect("the spinner starts");
+    for n in 0..20 {
+        let good = s.spawn_kind("hello", "add", vec![Payload::json(&[n, 1]).unwrap()]).unwrap();
+        let result = good.join_timeout(HANG).expect("a good process runs beside the loop").unwrap();
+        assert_eq!(result.as_str(), Some((n + 1).to_string().as_str()));
+    }
+    assert!(spinner.try_result().is_none(), "without a CPU budget the loop runs on");
+    assert!(s.stats().workers[0].executed > 20, "the spinner's step was resumed, not restarted");
+    s.terminate(spinner.pid()).expect("the spinner is alive");
+    says(&spinner.join_timeout(HANG).expect("termination ends it").unwrap_err(), "terminated");
+    s.stop(Duration::from_secs(1));
+}
+
+#[test]
+fn an_infinite_loop_is_ended_at_its_cpu_budget() {
+    let config = Config::default().time_slice(Duration::from_millis(5)).cpu_budget(Duration::from_millis(100));
+    let error = misbehave(config, "spin");
+    assert_eq!(error, "CPU budget exceeded: the process ran for longer than its `cpu_budget` of 100ms and was stopped");
+}
+
+#[test]
+fn without_preemption_an_infinite_loop_is_stopped_at_its_time_slice() {
+    let error = misbehave(Config::default().preemption(false).time_slice(Duration::from_millis(50)), "spin");
+    assert_eq!(
+        error,
+        "time slice exceeded: `step` ran longer than the process's `time_slice` of 50ms and was stopped \
+         (preemption is off)"
+    );
+}
+
+/// Messages that arrive while a step is suspended wait for the guest's next step: none is
+/// lost, and the step itself ends as if it had never been interrupted.
+#[test]
+fn a_preempted_step_resumes_and_then_reads_what_arrived_meanwhile() {
+    let runtime = runtime(Config::default().time_slice(Duration::from_millis(2)));
+    let s = one_worker(&runtime);
+    let busy = s.spawn_kind("hostile", "busy", vec![Payload::json(&500).unwrap()]).unwrap();
+    // The good process can only run on the one worker once the busy one's first step
+    // was preempted; that step lasts 500 ms, so the message below comes while it is
+    // suspended (on a machine too slow for that, it comes later and is read all the same).
+    let good = s.spawn_kind("hello", "add", vec![Payload::json(&[20, 22]).unwrap()]).unwrap();
+    assert_eq!(good.join_timeout(HANG).expect("the good one ends").unwrap().as_str(), Some("42"));
+    s.send(busy.pid(), "note", Payload::text("sent mid-step")).expect("the busy process is alive");
+    let result = busy.join_timeout(HANG).expect("the busy process ends").expect("and succeeds");
+    assert_eq!(result.as_str(), Some("sent mid-step"));
+    s.stop(Duration::from_secs(1));
 }
 
 #[test]

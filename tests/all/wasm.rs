@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use wasmproc::wasm::{Component, Config, LogRecord, Runtime};
@@ -298,23 +298,24 @@ fn runaway() -> Component {
     runtime().load_bytes(&bytes).unwrap_or_else(|e| panic!("failed to load the runaway component: {e:#}"))
 }
 
+/// The step never ends, but it holds the only worker for one time slice at a time: the
+/// other process completes, and the runaway ends when its CPU budget does.
 #[test]
-fn an_endless_step_is_stopped_at_its_time_slice() {
-    let spinner = runaway();
+fn an_endless_step_is_preempted_and_ended_at_its_cpu_budget() {
+    let config = Config::default()
+        .no_disk_cache()
+        .time_slice(Duration::from_millis(2))
+        .cpu_budget(Duration::from_millis(50))
+        .log_sink(|_: &LogRecord<'_>| {});
+    let budgeted = Runtime::new(config).expect("the runtime starts");
+    let spinner = budgeted.load_bytes(&wat::parse_str(RUNAWAY).unwrap()).unwrap();
     assert_eq!(spinner.entries(), ["spin", "hog"]);
-    let s = Scheduler::builder()
-        .workers(2)
-        .kind("spin", spinner.with_time_slice(Duration::from_millis(20)))
-        .kind("raw", raw())
-        .build()
-        .unwrap();
-    let started = Instant::now();
+    let s = Scheduler::builder().workers(1).kind("spin", spinner).kind("raw", raw()).build().unwrap();
     let spinning = s.spawn_kind("spin", "spin", vec![]).unwrap();
     let healthy = s.spawn_kind("raw", "main", vec![]).unwrap();
-    let error = spinning.join_timeout(HANG).expect("the time slice ends the step").unwrap_err();
-    assert_eq!(error, "time slice exceeded: `step` ran longer than the process's `time_slice` of 20ms and was stopped");
-    assert!(started.elapsed() < Duration::from_secs(5), "stopped after {:?}", started.elapsed());
     assert!(healthy.join_timeout(HANG).unwrap().is_ok());
+    let error = spinning.join_timeout(HANG).expect("the CPU budget ends the step").unwrap_err();
+    assert_eq!(error, "CPU budget exceeded: the process ran for longer than its `cpu_budget` of 50ms and was stopped");
 }
 
 #[test]

@@ -93,15 +93,20 @@ fn main() {
     let selected = |name: &str| filter.as_ref().is_none_or(|f| name.contains(f.as_str()));
     let bytes = std::fs::read(GUEST).unwrap_or_else(|e| panic!("failed to read `{GUEST}`: {e}"));
 
-    let runtime = Runtime::new(Config::default().no_disk_cache()).expect("the runtime starts");
-    let component = runtime.load_bytes(&bytes).expect("the bench guest loads");
-    let scheduler = Scheduler::builder()
-        .workers(workers)
-        .capabilities(Capabilities::default().allow("now"))
-        .handler("now", |r: Request<'_>| r.complete(Ok(Payload::empty())))
-        .kind("bench", component)
-        .build()
-        .expect("the scheduler starts");
+    let scheduler_with = |config: Config| {
+        let runtime = Runtime::new(config.no_disk_cache()).expect("the runtime starts");
+        let component = runtime.load_bytes(&bytes).expect("the bench guest loads");
+        Scheduler::builder()
+            .workers(workers)
+            .capabilities(Capabilities::default().allow("now"))
+            .handler("now", |r: Request<'_>| r.complete(Ok(Payload::empty())))
+            .kind("bench", component)
+            .build()
+            .expect("the scheduler starts")
+    };
+    let scheduler = scheduler_with(Config::default());
+    // The same without preemption: steps are plain calls instead of running on fibers.
+    let unpreempted = scheduler_with(Config::default().preemption(false));
     let raw = RawWasm::new(&bytes, POOL_SLOTS, true);
 
     println!("Wasm processes vs raw wasmtime — {workers} workers, {} runs after 1 warm-up", runs());
@@ -124,6 +129,18 @@ fn main() {
             Box::new(|| cycles_raw(&raw, workers)),
         ),
         (
+            "lifecycle-nopre",
+            LIFECYCLES,
+            Box::new(|| lifecycles_wasmproc(&unpreempted, workers)),
+            Box::new(|| lifecycles_raw(&raw, workers)),
+        ),
+        (
+            "cycles-nopre",
+            CYCLE_PROCESSES * CYCLES_EACH,
+            Box::new(|| cycles_wasmproc(&unpreempted)),
+            Box::new(|| cycles_raw(&raw, workers)),
+        ),
+        (
             "ping-pong-1M",
             PING_PONG_MESSAGES,
             Box::new(|| ping_pong_wasmproc(&scheduler)),
@@ -134,10 +151,11 @@ fn main() {
         if !selected(name) {
             continue;
         }
-        let before = scheduler.stats();
+        let counted = if name.ends_with("nopre") { &unpreempted } else { &scheduler };
+        let before = counted.stats();
         // One warm-up a side, then alternating runs, so drift affects both alike.
         let (ours, theirs) = measure_pair(runs(), 1, &mut || ours(), &mut || theirs());
-        let after = scheduler.stats();
+        let after = counted.stats();
         println!(
             "{name:<16} {:>26} {:>26} {:>7.2} {:>14} {:>14}",
             ours.to_string(),
@@ -155,6 +173,7 @@ fn main() {
         );
     }
     scheduler.stop(Duration::from_secs(1));
+    unpreempted.stop(Duration::from_secs(1));
     drop(raw);
 
     if selected("idle") {

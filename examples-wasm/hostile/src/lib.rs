@@ -17,6 +17,7 @@
 //! | `giant-payload` | completes with a 32 MiB result |
 //! | `spawn-bomb` | spawns two more of itself, forever |
 //! | `fuel-burn` | loops for about 10^9 instructions, then completes (for fuel budgets) |
+//! | `busy` | not hostile, only slow: computes for its input's milliseconds in its first step, then completes with the first message it gets (for preemption) |
 
 use std::cell::RefCell;
 use std::hint::black_box;
@@ -28,7 +29,7 @@ wit_bindgen::generate!({
     path: "../../wit",
 });
 
-const ENTRIES: [&str; 11] = [
+const ENTRIES: [&str; 12] = [
     "spin",
     "memory-bomb",
     "stack-overflow",
@@ -40,6 +41,7 @@ const ENTRIES: [&str; 11] = [
     "giant-payload",
     "spawn-bomb",
     "fuel-burn",
+    "busy",
 ];
 
 // One process per instance, and Wasm is single-threaded: see `examples-wasm/raw`.
@@ -66,7 +68,7 @@ impl Guest for Hostile {
         Ok(())
     }
 
-    fn step(_events: Vec<Event>) -> StepOutput {
+    fn step(events: Vec<Event>) -> StepOutput {
         let (method, input, steps) = PROCESS.with(|p| {
             let mut p = p.borrow_mut();
             let (method, input, steps) = p.as_mut().expect("init runs first");
@@ -119,6 +121,18 @@ impl Guest for Hostile {
                 }
                 complete(x)
             }
+            "busy" if steps == 1 => {
+                let millis = input.first().and_then(|p| std::str::from_utf8(&p.data).ok()?.parse().ok()).unwrap_or(0);
+                let until = std::time::Instant::now() + std::time::Duration::from_millis(millis);
+                while std::time::Instant::now() < until {
+                    black_box(steps);
+                }
+                StepOutput { status: Status::Idle, yields: vec![] }
+            }
+            "busy" => match events.into_iter().find_map(|e| if let Event::Message(m) = e { Some(m) } else { None }) {
+                Some(message) => StepOutput { status: Status::Complete(Ok(message.body)), yields: vec![] },
+                None => StepOutput { status: Status::Idle, yields: vec![] },
+            },
             other => unreachable!("init accepted `{other}`"),
         }
     }

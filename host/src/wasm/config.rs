@@ -16,6 +16,9 @@ pub struct Config {
     pub(crate) max_memory: usize,
     pub(crate) time_slice: Duration,
     pub(crate) fuel: Option<u64>,
+    pub(crate) cpu_budget: Option<Duration>,
+    pub(crate) preemption: bool,
+    pub(crate) init_time_limit: Duration,
     pub(crate) epoch_tick: Duration,
     pub(crate) max_instances: u32,
     pub(crate) cache_dir: CacheDir,
@@ -34,8 +37,11 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             max_memory: 64 * MIB,
-            time_slice: Duration::from_millis(100),
+            time_slice: Duration::from_millis(10),
             fuel: None,
+            cpu_budget: None,
+            preemption: true,
+            init_time_limit: Duration::from_millis(100),
             epoch_tick: Duration::from_millis(1),
             max_instances: 10_000,
             cache_dir: CacheDir::Default,
@@ -60,9 +66,14 @@ impl Config {
         self
     }
 
-    /// How long one call into a guest (`init` or a `step`) may run before it is stopped
-    /// with an error naming this limit. Measured in epoch ticks, so it is accurate to
-    /// about one [`Config::epoch_tick`]. By default 100 ms.
+    /// How long a step runs before it is preempted: suspended where it is and queued
+    /// again behind every process already waiting, so that one busy (or looping) process
+    /// cannot hold a worker while others wait. The step resumes, for another slice, on
+    /// its next turn. (Without [`Config::preemption`] the step is stopped instead, with
+    /// an error naming this limit.) `init` has a limit of its own,
+    /// [`Config::init_time_limit`].
+    /// Measured in epoch ticks, so it is accurate to about one [`Config::epoch_tick`].
+    /// By default 10 ms.
     pub fn time_slice(mut self, slice: Duration) -> Self {
         self.time_slice = slice;
         self
@@ -79,6 +90,36 @@ impl Config {
     /// somewhat slower (see BENCHMARKS.md). By default no budget and no metering.
     pub fn fuel(mut self, units: u64) -> Self {
         self.fuel = Some(units);
+        self
+    }
+
+    /// How long instantiating a process and its `init` may run. `init` runs in the turn
+    /// of whoever spawned the process and cannot be suspended, so one past this limit is
+    /// stopped and the spawn fails with an error naming it. By default 100 ms: a guest's
+    /// `init` only takes its input (its entry method runs in its steps).
+    pub fn init_time_limit(mut self, limit: Duration) -> Self {
+        self.init_time_limit = limit;
+        self
+    }
+
+    /// Whether steps past their time slice are preempted (the default) or stopped with an
+    /// error naming the limit. A preemptible step runs on a fiber of its own, which costs
+    /// some time on every step (see BENCHMARKS.md); turn it off for trusted guests whose
+    /// steps are known to be short.
+    pub fn preemption(mut self, on: bool) -> Self {
+        self.preemption = on;
+        self
+    }
+
+    /// Gives every process a total budget of CPU time over its whole life: the time its
+    /// steps ran, not the time it waited. A process past it is ended with an error naming
+    /// this limit, at the latest one time slice later. CPU time is counted in epoch ticks
+    /// that pass while a step runs: a step charged with every tick it saw, which on
+    /// average is its true time however short it is. By default no budget (a looping
+    /// process is preempted every slice but lives until it is terminated). Unlike
+    /// [`Config::fuel`] this costs nothing in the compiled code.
+    pub fn cpu_budget(mut self, budget: Duration) -> Self {
+        self.cpu_budget = Some(budget);
         self
     }
 
@@ -135,10 +176,10 @@ impl Config {
         }
     }
 
-    /// The time slice in epoch ticks, at least one.
-    pub(crate) fn time_slice_ticks(&self, slice: Duration) -> u64 {
+    /// `span` in epoch ticks, rounded up, at least one.
+    pub(crate) fn ticks(&self, span: Duration) -> u64 {
         let tick = self.epoch_tick.as_nanos().max(1);
-        u64::try_from(slice.as_nanos().div_ceil(tick)).unwrap_or(u64::MAX).max(1)
+        u64::try_from(span.as_nanos().div_ceil(tick)).unwrap_or(u64::MAX).max(1)
     }
 }
 
@@ -148,6 +189,9 @@ impl fmt::Debug for Config {
             .field("max_memory", &self.max_memory)
             .field("time_slice", &self.time_slice)
             .field("fuel", &self.fuel)
+            .field("cpu_budget", &self.cpu_budget)
+            .field("preemption", &self.preemption)
+            .field("init_time_limit", &self.init_time_limit)
             .field("epoch_tick", &self.epoch_tick)
             .field("max_instances", &self.max_instances)
             .field("cache_dir", &self.cache_dir)

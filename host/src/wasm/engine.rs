@@ -34,6 +34,7 @@
 //! below.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::Duration;
 
@@ -42,6 +43,7 @@ use wasmtime::{Engine, EngineWeak, InstanceAllocationStrategy};
 
 use super::config::Config;
 use super::memory::MemoryArena;
+use super::stacks::StackArena;
 
 /// Core instances one process may use. A Rust `wasm32-wasip2` guest has 4 (its module
 /// plus the shim and fixup modules that `wasm-component-ld` adds for indirect calls);
@@ -65,6 +67,11 @@ pub(crate) const TABLE_ELEMENTS: usize = 10_000;
 /// compiled Wasm, and 256 KiB leaves the rest of a worker's 2 MiB thread stack to the host.
 const MAX_WASM_STACK: usize = 256 * 1024;
 
+/// A fiber stack of a preemptible step (see `stacks.rs`): four times [`MAX_WASM_STACK`],
+/// which leaves the host code below the guest's frames 768 KiB. Address space only,
+/// `max_instances` of them, until touched.
+const FIBER_STACK: usize = 4 * MAX_WASM_STACK;
+
 /// Bytes of a freed memory slot that are zeroed in place and kept resident for the next
 /// process, instead of being handed back to the kernel with `madvise`. Measured on the
 /// lifecycle benchmark (2 cores) with the pooling allocator: each `madvise` and the page
@@ -81,8 +88,22 @@ const KEEP_RESIDENT: usize = 256 * 1024;
 /// slots that churn are reused first, so they stay warm. Not tuned beyond that.
 const WARM_SLOTS: usize = 1024;
 
-/// Builds the engine `config` describes, with its memory arena.
-pub(crate) fn new_engine(config: &Config) -> anyhow::Result<Engine> {
+/// The engine's epoch as a number the host can read (wasmtime keeps its own counter to
+/// itself). The epoch thread advances both together; a process's CPU time is measured
+/// in its ticks (see `process.rs`).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct EpochClock(Arc<AtomicU64>);
+
+impl EpochClock {
+    /// Ticks so far. `Relaxed`: a reading orders nothing, it only samples time.
+    pub(crate) fn now(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Builds the engine `config` describes, with its memory arena, and starts its epoch
+/// thread.
+pub(crate) fn new_engine(config: &Config) -> anyhow::Result<(Engine, EpochClock)> {
     ensure!(config.max_instances > 0, "`max_instances` must be at least 1");
     ensure!(
         config.max_memory >= 64 * 1024,
@@ -93,6 +114,10 @@ pub(crate) fn new_engine(config: &Config) -> anyhow::Result<Engine> {
     let n = config.max_instances;
     let arena = MemoryArena::new(n, config.max_memory, KEEP_RESIDENT, WARM_SLOTS).with_context(|| {
         format!("failed to reserve memory for {n} instances of {} bytes (`max_instances`)", config.max_memory)
+    })?;
+
+    let stacks = StackArena::new(n, FIBER_STACK).with_context(|| {
+        format!("failed to reserve fiber stacks for {n} instances of {FIBER_STACK} bytes (`max_instances`)")
     })?;
 
     let mut wasm = wasmtime::Config::new();
@@ -109,23 +134,29 @@ pub(crate) fn new_engine(config: &Config) -> anyhow::Result<Engine> {
         .guard_before_linear_memory(false)
         .memory_may_move(false)
         .max_wasm_stack(MAX_WASM_STACK)
+        .with_host_stack(Arc::new(stacks))
+        .async_stack_size(FIBER_STACK)
         .parallel_compilation(true);
     let engine = Engine::new(&wasm).map_err(anyhow::Error::from).context("failed to create the wasm engine")?;
-    start_epoch_thread(engine.weak(), config.epoch_tick)?;
-    Ok(engine)
+    let clock = EpochClock::default();
+    start_epoch_thread(engine.weak(), clock.clone(), config.epoch_tick)?;
+    Ok((engine, clock))
 }
 
 /// Ticks `engine`'s epoch every `tick` until the engine is dropped. The thread holds the
 /// engine only weakly, so it never keeps a runtime alive; it notices the drop within one
 /// tick and exits.
-fn start_epoch_thread(engine: EngineWeak, tick: Duration) -> anyhow::Result<()> {
+fn start_epoch_thread(engine: EngineWeak, clock: EpochClock, tick: Duration) -> anyhow::Result<()> {
     thread::Builder::new()
         .name("wasmproc-epoch".to_owned())
         .spawn(move || {
             loop {
                 thread::sleep(tick);
                 match engine.upgrade() {
-                    Some(engine) => engine.increment_epoch(),
+                    Some(engine) => {
+                        engine.increment_epoch();
+                        clock.0.fetch_add(1, Ordering::Relaxed);
+                    }
                     None => return,
                 }
             }
@@ -144,7 +175,7 @@ mod tests {
     const PAGE: i32 = 64 * 1024;
 
     fn engine(max_instances: u32) -> Engine {
-        new_engine(&Config::default().max_instances(max_instances).no_disk_cache()).unwrap()
+        new_engine(&Config::default().max_instances(max_instances).no_disk_cache()).unwrap().0
     }
 
     /// A store set up as the host's are: the limiter in force, a deadline far away.

@@ -65,10 +65,7 @@ pub(crate) struct MemoryArena {
 }
 
 struct Arena {
-    /// The start of the mapping; slot `i` is at `base + i × slot_size`.
-    base: NonNull<u8>,
-    slot_size: usize,
-    slots: u32,
+    mapping: Mapping,
     /// Bytes of a freed slot zeroed in place and left resident; a multiple of the host
     /// page size.
     keep_resident: usize,
@@ -94,39 +91,44 @@ struct FreeSlots {
     fresh: u32,
 }
 
-// SAFETY: `base` is the address of a mapping the arena owns, not a reference to shared
-// Rust data. Every access to slot memory goes through a `SlotMemory`, and a slot has at
-// most one `SlotMemory` at a time (the free list, under its mutex, hands each slot out
-// once until it is given back), so sharing the arena between threads shares no slot.
-unsafe impl Send for Arena {}
-// SAFETY: as for `Send`; the only state mutated through `&Arena` is the free list, behind
-// its mutex.
-unsafe impl Sync for Arena {}
+/// One anonymous read-write mapping of `slots` slots of `slot_size` bytes, back to back:
+/// slot `i` starts at `base + i × slot_size`. `MAP_NORESERVE` (nothing is committed until
+/// touched) and, on Linux, `MADV_NOHUGEPAGE` (a slot that touches one byte must not be
+/// given a 2 MiB page where transparent huge pages are on for every mapping). Nothing
+/// ever `mprotect`s or remaps it piecewise, so the kernel keeps it as one mapping.
+/// Unmapped on drop.
+pub(crate) struct Mapping {
+    base: NonNull<u8>,
+    pub(crate) slot_size: usize,
+    pub(crate) slots: u32,
+}
 
-impl MemoryArena {
+// SAFETY: `base` is the address of a mapping the owner of the `Mapping` owns, not a
+// reference to shared Rust data. Its users (the two arenas) hand each slot to one owner
+// at a time through a free list under a mutex, so sharing the mapping between threads
+// shares no slot.
+unsafe impl Send for Mapping {}
+// SAFETY: as for `Send`; nothing of the mapping itself is mutated through `&Mapping`.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
     /// Reserves `slots` slots of at least `slot_size` bytes each (rounded up to whole host
-    /// pages). A freed slot keeps `keep_resident` bytes (rounded down to whole pages)
-    /// resident as long as no more than `warm_slots` free slots do.
+    /// pages), for `what` (named in errors).
     ///
     /// # Errors
     ///
     /// No slot, slots too large for the address space, or the reservation refused (for
     /// example by a `ulimit -v`, or strict overcommit, `vm.overcommit_memory = 2`).
-    pub(crate) fn new(
-        slots: u32,
-        slot_size: usize,
-        keep_resident: usize,
-        warm_slots: usize,
-    ) -> anyhow::Result<MemoryArena> {
-        anyhow::ensure!(slots > 0, "the memory arena needs at least one slot");
+    pub(crate) fn new(slots: u32, slot_size: usize, what: &str) -> anyhow::Result<Mapping> {
+        anyhow::ensure!(slots > 0, "the {what} arena needs at least one slot");
         let page_size = rustix::param::page_size();
         let slot_size = slot_size
             .checked_next_multiple_of(page_size)
             .filter(|&size| size > 0)
-            .ok_or_else(|| anyhow::anyhow!("a memory slot of {slot_size} bytes does not fit the address space"))?;
-        let len = slot_size
-            .checked_mul(slots as usize)
-            .ok_or_else(|| anyhow::anyhow!("{slots} memory slots of {slot_size} bytes do not fit the address space"))?;
+            .ok_or_else(|| anyhow::anyhow!("a slot of {slot_size} bytes for {what} does not fit the address space"))?;
+        let len = slot_size.checked_mul(slots as usize).ok_or_else(|| {
+            anyhow::anyhow!("{slots} slots of {slot_size} bytes for {what} do not fit the address space")
+        })?;
         // SAFETY: a null address lets the kernel place a new anonymous mapping where
         // nothing else is, so no existing memory is replaced.
         let base = unsafe {
@@ -144,17 +146,56 @@ impl MemoryArena {
             let hint =
                 if strict { " (`vm.overcommit_memory` is 2: the kernel counts all of it as committed)" } else { "" };
             anyhow::Error::from(std::io::Error::from(e))
-                .context(format!("failed to reserve {len} bytes of address space for {slots} memory slots{hint}"))
+                .context(format!("failed to reserve {len} bytes of address space for {slots} slots of {what}{hint}"))
         })?;
         let base = NonNull::new(base.cast::<u8>()).expect("a successful `mmap` does not return null");
         // Failure only costs memory when huge pages are on for every mapping; carry on.
         #[cfg(target_os = "linux")]
         // SAFETY: the range is exactly the mapping just made, which nothing else uses yet.
         let _ = unsafe { rustix::mm::madvise(base.as_ptr().cast(), len, rustix::mm::Advice::LinuxNoHugepage) };
+        Ok(Mapping { base, slot_size, slots })
+    }
+
+    fn len(&self) -> usize {
+        self.slot_size * self.slots as usize
+    }
+
+    pub(crate) fn slot_ptr(&self, slot: u32) -> *mut u8 {
+        debug_assert!(slot < self.slots, "slot {slot} out of {}", self.slots);
+        // SAFETY: `slot < slots`, so the offset stays inside the mapping (`new` checked
+        // that its length fits a `usize`).
+        unsafe { self.base.as_ptr().add(slot as usize * self.slot_size) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping's owner outlives every user of its slots (each holds the
+        // arena alive), so nothing points into the mapping any more.
+        let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast::<c_void>(), self.len()) };
+    }
+}
+
+impl MemoryArena {
+    /// Reserves `slots` slots of at least `slot_size` bytes each (rounded up to whole host
+    /// pages). A freed slot keeps `keep_resident` bytes (rounded down to whole pages)
+    /// resident as long as no more than `warm_slots` free slots do.
+    ///
+    /// # Errors
+    ///
+    /// No slot, slots too large for the address space, or the reservation refused (for
+    /// example by a `ulimit -v`, or strict overcommit, `vm.overcommit_memory = 2`).
+    pub(crate) fn new(
+        slots: u32,
+        slot_size: usize,
+        keep_resident: usize,
+        warm_slots: usize,
+    ) -> anyhow::Result<MemoryArena> {
+        let mapping = Mapping::new(slots, slot_size, "linear memories")?;
+        let page_size = rustix::param::page_size();
+        let slot_size = mapping.slot_size;
         let arena = Arena {
-            base,
-            slot_size,
-            slots,
+            mapping,
             keep_resident: keep_resident.min(slot_size) / page_size * page_size,
             warm_slots,
             page_size,
@@ -170,15 +211,12 @@ impl MemoryArena {
 }
 
 impl Arena {
-    fn len(&self) -> usize {
-        self.slot_size * self.slots as usize
+    fn slot_size(&self) -> usize {
+        self.mapping.slot_size
     }
 
     fn slot_ptr(&self, slot: u32) -> *mut u8 {
-        debug_assert!(slot < self.slots, "slot {slot} out of {}", self.slots);
-        // SAFETY: `slot < slots`, so the offset stays inside the mapping (`new` checked
-        // that its length fits a `usize`).
-        unsafe { self.base.as_ptr().add(slot as usize * self.slot_size) }
+        self.mapping.slot_ptr(slot)
     }
 
     /// A free slot, all zero (see the module's invariant); the most recently freed first.
@@ -187,7 +225,7 @@ impl Arena {
         if let Some(slot) = free.warm.pop().or_else(|| free.cold.pop()) {
             return Some(slot);
         }
-        (free.fresh < self.slots).then(|| {
+        (free.fresh < self.mapping.slots).then(|| {
             free.fresh += 1;
             free.fresh - 1
         })
@@ -202,7 +240,7 @@ impl Arena {
         // the bound can be passed by the number of threads releasing at that moment.
         let warm = self.free.lock().warm.len() < self.warm_slots;
         let start = self.slot_ptr(slot);
-        let used = used.min(self.slot_size).next_multiple_of(self.page_size).min(self.slot_size);
+        let used = used.min(self.slot_size()).next_multiple_of(self.page_size).min(self.slot_size());
         let kept = if warm { used.min(self.keep_resident) } else { 0 };
         // SAFETY: `[start, start + used)` lies inside this slot, whose memory was dropped:
         // nothing else reads or writes the slot until it is handed out again, below.
@@ -289,7 +327,7 @@ impl Arena {
 /// # Safety
 ///
 /// `[start, start + len)` is page-aligned, inside the arena, and not in use.
-unsafe fn dont_need(start: *mut u8, len: usize) -> bool {
+pub(crate) unsafe fn dont_need(start: *mut u8, len: usize) -> bool {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: the caller's contract. On Linux, private anonymous pages read as zero
@@ -300,14 +338,6 @@ unsafe fn dont_need(start: *mut u8, len: usize) -> bool {
     {
         let _ = (start, len);
         false
-    }
-}
-
-impl Drop for Arena {
-    fn drop(&mut self) {
-        // SAFETY: every `SlotMemory` holds the arena alive, so none is left: nothing
-        // points into the mapping any more.
-        let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast::<c_void>(), self.len()) };
     }
 }
 
@@ -333,20 +363,23 @@ unsafe impl MemoryCreator for MemoryArena {
         if ty.is_shared() {
             return Err("the memory arena does not provide shared memories".to_owned());
         }
-        if let Some(reserved) = reserved_size_in_bytes.filter(|&reserved| reserved > arena.slot_size) {
+        if let Some(reserved) = reserved_size_in_bytes.filter(|&reserved| reserved > arena.slot_size()) {
             return Err(format!(
                 "a memory reservation of {reserved} bytes was asked, above the arena's slots of {} bytes",
-                arena.slot_size
+                arena.slot_size()
             ));
         }
-        if minimum > arena.slot_size {
+        if minimum > arena.slot_size() {
             return Err(format!(
                 "the memory's minimum size of {minimum} bytes is above the arena's slots of {} bytes",
-                arena.slot_size
+                arena.slot_size()
             ));
         }
         let slot = arena.take().ok_or_else(|| {
-            format!("`max_instances` reached: all {} linear-memory slots are in use by live instances", arena.slots)
+            format!(
+                "`max_instances` reached: all {} linear-memory slots are in use by live instances",
+                arena.mapping.slots
+            )
         })?;
         Ok(Box::new(SlotMemory { arena: arena.clone(), slot, size: minimum }))
     }
@@ -370,14 +403,17 @@ unsafe impl LinearMemory for SlotMemory {
     }
 
     fn byte_capacity(&self) -> usize {
-        self.arena.slot_size
+        self.arena.slot_size()
     }
 
     fn grow_to(&mut self, new_size: usize) -> wasmtime::Result<()> {
         // The store's limiter has already refused growth past the process's cap, with a
         // message naming it; this only guards the slot.
-        if new_size > self.arena.slot_size {
-            wasmtime::bail!("memory of {new_size} bytes does not fit a memory slot of {} bytes", self.arena.slot_size);
+        if new_size > self.arena.slot_size() {
+            wasmtime::bail!(
+                "memory of {new_size} bytes does not fit a memory slot of {} bytes",
+                self.arena.slot_size()
+            );
         }
         // wasmtime only ever grows a memory; `max` keeps the size a bound on every byte
         // written (the zero invariant, step 3) even if it asked for less.

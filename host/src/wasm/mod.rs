@@ -45,6 +45,7 @@ mod memory;
 mod precompiled;
 mod process;
 mod runtime;
+mod stacks;
 mod state;
 
 pub use command::{COMMAND_ENTRY, Command, CommandOptions, CommandProcess, exit_code};

@@ -1,37 +1,123 @@
 //! [`WasmProcess`]: a [`Process`] whose steps run in a component instance.
+//!
+//! Preemption (on unless [`Config::preemption`] is off): a step runs on a fiber
+//! (wasmtime's async call) with an epoch deadline one time slice away. Past it, the fiber
+//! yields instead of trapping: the poll returns `Pending`, the process answers the
+//! scheduler [`Status::Continue`] (queued again behind everyone waiting) and keeps the
+//! suspended step, which its next turn resumes where it stopped. Events that arrive
+//! meanwhile wait in the process until the guest asks for them with its next step. The
+//! future is polled with a no-op waker: the scheduler's queue, not a waker, is what
+//! brings the process back. Without preemption a step is a plain call, cheaper (see
+//! BENCHMARKS.md), and one past its slice is stopped with an error instead.
+//!
+//! [`Config::preemption`]: super::Config::preemption
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 
 use anyhow::{Context as _, anyhow, bail};
 use wasmtime::{Store, Trap, WasmBacktrace};
 
 use super::bindings::Process as Guest;
+use super::bindings::preemptible::Process as PreemptibleGuest;
 use super::bindings::wasmproc::process::types as wit;
 use super::convert;
 use super::log::Level;
 use super::runtime::{Component, Limits, new_store, refuel};
 use super::state::ProcessState;
-use crate::process::{Events, Payload, Pid, Process, StepOutput};
+use crate::process::{Events, Payload, Pid, Process, Status, StepOutput};
 
 /// A process running a [`Component`]: one store and one instance, created by `init` and
 /// dropped by `close`, which gives the instance's memory slot back.
 ///
-/// Every call into the guest runs under the component's time slice and memory cap. A
-/// trap (including a limit hit) fails that call with an error that says which export
+/// Every call into the guest runs under the component's memory cap; a step past its
+/// time slice is preempted (see the module docs), an `init` past it stopped. A trap
+/// (including a limit hit) fails that call with an error that says which export
 /// trapped and why; the scheduler then ends this process with it, and nothing else.
 pub struct WasmProcess {
     component: Component,
-    running: Option<Running>,
-    /// The step's events as the guest sees them; kept so steps reuse its allocation.
+    state: State,
+    /// Events not yet handed to the guest: those of this step, or those that arrived
+    /// while a step was suspended. Kept so that steps reuse its allocation.
     events: Vec<wit::Event>,
+    /// Epoch ticks the process's steps have run for (see [`Config::cpu_budget`]).
+    ///
+    /// [`Config::cpu_budget`]: super::Config::cpu_budget
+    cpu_ticks: u64,
 }
+
+enum State {
+    /// Not initialised, or closed.
+    Empty,
+    /// Between steps.
+    Ready(Running),
+    /// In a step that was preempted; the future owns the store until the step ends.
+    Suspended(Pin<Box<StepFuture>>),
+}
+
+type StepFuture = dyn Future<Output = Stepped> + Send;
+
+/// A step's end: the store back, the events buffer back (its events handed over), and
+/// the guest's answer.
+type Stepped = (Running, Vec<wit::Event>, wasmtime::Result<wit::StepOutput>);
 
 struct Running {
     store: Store<ProcessState>,
     guest: Guest,
+    /// The same instance's exports called on a fiber; `None` without preemption.
+    preemptible: Option<PreemptibleGuest>,
 }
 
 impl WasmProcess {
     pub(crate) fn new(component: Component) -> Self {
-        WasmProcess { component, running: None, events: Vec::new() }
+        WasmProcess { component, state: State::Empty, events: Vec::new(), cpu_ticks: 0 }
+    }
+
+    /// Runs a step of `running` over the events gathered so far: `None` if it was
+    /// preempted (and is kept to resume).
+    fn run(&mut self, running: Running) -> anyhow::Result<Option<Stepped>> {
+        match running {
+            mut running @ Running { preemptible: None, .. } => {
+                running.store.set_epoch_deadline(self.component.limits.time_slice_ticks);
+                let clock = &self.component.loaded().clock;
+                let started = clock.now();
+                let result = running.guest.call_step(&mut running.store, &self.events);
+                self.cpu_ticks += clock.now() - started;
+                let batch = std::mem::take(&mut self.events);
+                Ok(Some((running, batch, result)))
+            }
+            Running { mut store, guest, preemptible: Some(stepper) } => {
+                store.set_epoch_deadline(self.component.limits.time_slice_ticks);
+                // The future owns what it borrows (store, events) so that it can outlive
+                // this turn when preempted.
+                let batch = std::mem::take(&mut self.events);
+                let future = Box::pin(async move {
+                    let result = stepper.call_step(&mut store, &batch).await;
+                    (Running { store, guest, preemptible: Some(stepper) }, batch, result)
+                });
+                self.resume(future)
+            }
+        }
+    }
+
+    /// Polls a step once: runs it until it ends or its time slice does.
+    fn resume(&mut self, mut future: Pin<Box<StepFuture>>) -> anyhow::Result<Option<Stepped>> {
+        let clock = &self.component.loaded().clock;
+        let started = clock.now();
+        let polled = future.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+        self.cpu_ticks += clock.now() - started;
+        match polled {
+            Poll::Ready(stepped) => Ok(Some(stepped)),
+            // Dropping the future unwinds the suspended guest and frees its fiber.
+            Poll::Pending if self.cpu_ticks >= self.component.limits.cpu_budget_ticks => {
+                Err(cpu_budget_exceeded(&self.component.limits))
+            }
+            Poll::Pending => {
+                self.state = State::Suspended(future);
+                Ok(None)
+            }
+        }
     }
 }
 
@@ -43,9 +129,12 @@ impl Process for WasmProcess {
         }
         let limits = self.component.limits;
         let mut store = new_store(loaded.pre.engine(), pid, loaded.log.clone(), &limits);
-        let guest = loaded
-            .pre
-            .instantiate(&mut store)
+        let instantiated = loaded.pre.instance_pre().instantiate(&mut store).and_then(|instance| {
+            let guest = loaded.indices.load(&mut store, &instance)?;
+            let preemptible = loaded.preemptible.as_ref().map(|ix| ix.load(&mut store, &instance)).transpose()?;
+            Ok((guest, preemptible))
+        });
+        let (guest, preemptible) = instantiated
             .map_err(anyhow::Error::from)
             .with_context(|| format!("failed to instantiate process {pid}"))?;
         refuel(&mut store, limits.fuel);
@@ -54,39 +143,77 @@ impl Process for WasmProcess {
             .call_init(&mut store, pid.as_u64(), method, &input)
             .map_err(|e| guest_error(e, "init", &limits, store.data()))?;
         accepted.map_err(|message| anyhow!("the guest refused: {message}"))?;
-        self.running = Some(Running { store, guest });
+        if preemptible.is_some() {
+            // From here on the deadline suspends a step instead of trapping; wasmtime
+            // then requires every call to be async, and only steps come after `init`.
+            store.epoch_deadline_async_yield_and_update(limits.time_slice_ticks);
+        }
+        self.state = State::Ready(Running { store, guest, preemptible });
         Ok(())
     }
 
     fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
-        let Some(Running { store, guest }) = &mut self.running else {
-            bail!("`step` called on a Wasm process that is not initialised");
+        self.events.extend(events.map(convert::event_to_wit));
+        let stepped = match std::mem::replace(&mut self.state, State::Empty) {
+            State::Ready(running) => self.run(running)?,
+            State::Suspended(future) => self.resume(future)?,
+            State::Empty => bail!("`step` called on a Wasm process that is not initialised"),
+        };
+        let Some((running, mut batch, result)) = stepped else {
+            out.set_status(Status::Continue);
+            return Ok(());
         };
         let limits = &self.component.limits;
-        self.events.clear();
-        self.events.extend(events.map(convert::event_to_wit));
-        store.set_epoch_deadline(limits.time_slice_ticks);
-        let result = guest.call_step(&mut *store, &self.events);
         // The payloads are the guest's now (copied into its memory); free them at once.
-        self.events.clear();
-        let output = result.map_err(|e| guest_error(e, "step", limits, store.data()))?;
-        out.set_status(convert::status_from_wit(output.status));
+        // Events that came while the step was suspended stay, for the next step, in the
+        // buffer that keeps its allocation.
+        batch.clear();
+        let unread = std::mem::replace(&mut self.events, batch);
+        self.events.extend(unread);
+        let output = result.map_err(|e| guest_error(e, "step", limits, running.store.data()))?;
+        if self.cpu_ticks >= limits.cpu_budget_ticks {
+            return Err(cpu_budget_exceeded(limits));
+        }
+        self.state = State::Ready(running);
         for y in output.yields {
             out.yield_command(y.tag, convert::command_from_wit(y.command));
         }
+        // Unread events must reach the guest even if it means to wait: waiting would not
+        // bring them again.
+        let status = match convert::status_from_wit(output.status) {
+            Status::Blocked | Status::Idle if !self.events.is_empty() => Status::Continue,
+            status => status,
+        };
+        out.set_status(status);
         Ok(())
     }
 
     fn close(&mut self) {
-        self.running = None;
+        // A suspended step's future, dropped here, unwinds the guest's fiber first.
+        self.state = State::Empty;
     }
 }
 
 impl std::fmt::Debug for WasmProcess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let pid = self.running.as_ref().map(|r| r.store.data().pid());
-        f.debug_struct("WasmProcess").field("component", &self.component).field("pid", &pid).finish()
+        let (pid, state) = match &self.state {
+            State::Empty => (None, "empty"),
+            State::Ready(running) => (Some(running.store.data().pid()), "ready"),
+            State::Suspended(_) => (None, "suspended"),
+        };
+        f.debug_struct("WasmProcess")
+            .field("component", &self.component)
+            .field("pid", &pid)
+            .field("state", &state)
+            .finish()
     }
+}
+
+fn cpu_budget_exceeded(limits: &Limits) -> anyhow::Error {
+    anyhow!(
+        "CPU budget exceeded: the process ran for longer than its `cpu_budget` of {:?} and was stopped",
+        limits.cpu_budget.unwrap_or_default()
+    )
 }
 
 /// The error of a failed call to the guest's `export`, in one line: the time slice by
@@ -101,10 +228,17 @@ pub(crate) fn guest_error(
     state: &ProcessState,
 ) -> anyhow::Error {
     match error.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) if export == "step" => {
+            return anyhow!(
+                "time slice exceeded: `step` ran longer than the process's `time_slice` of {:?} and was stopped \
+                 (preemption is off)",
+                limits.time_slice
+            );
+        }
         Some(Trap::Interrupt) => {
             return anyhow!(
-                "time slice exceeded: `{export}` ran longer than the process's `time_slice` of {:?} and was stopped",
-                limits.time_slice
+                "init time limit exceeded: `{export}` ran longer than the `init_time_limit` of {:?} and was stopped",
+                limits.init_time_limit
             );
         }
         Some(Trap::OutOfFuel) => {

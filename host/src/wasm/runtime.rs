@@ -12,11 +12,11 @@ use rustc_hash::FxHashMap;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Engine, Store};
 
-use super::bindings::{Process as Guest, ProcessPre};
+use super::bindings::{Process as Guest, ProcessIndices, ProcessPre, preemptible};
 use super::cache::{self, Compiled, Digest, DiskCache};
 use super::command::{self, Command, CommandState, P1State};
 use super::config::Config;
-use super::engine::new_engine;
+use super::engine::{EpochClock, new_engine};
 use super::log::LogSink;
 use super::precompiled;
 use super::process::{WasmProcess, guest_error};
@@ -41,6 +41,7 @@ pub struct Runtime {
 
 struct Shared {
     engine: Engine,
+    clock: EpochClock,
     linker: Linker<ProcessState>,
     config: Config,
     disk: Option<DiskCache>,
@@ -75,7 +76,7 @@ impl Runtime {
     /// An out-of-range setting, or an engine or thread that could not be created (for
     /// example: the arena's address-space reservation was refused).
     pub fn new(config: Config) -> anyhow::Result<Runtime> {
-        let engine = new_engine(&config)?;
+        let (engine, clock) = new_engine(&config)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(anyhow::Error::from)
@@ -86,6 +87,7 @@ impl Runtime {
         let disk = config.resolved_cache_dir().map(|dir| DiskCache::new(dir, &engine));
         let shared = Shared {
             engine,
+            clock,
             linker,
             config,
             disk,
@@ -380,7 +382,24 @@ impl Runtime {
         let entries = guest.call_entries(&mut store).map_err(|e| guest_error(e, "entries", &limits, store.data()))?;
         ensure!(!entries.is_empty(), "the component exports no entry methods (`entries` returned none)");
 
-        let loaded = Loaded { pre, entries, log: shared.config.log.clone(), config: shared.config.clone() };
+        let indices =
+            ProcessIndices::new(pre.instance_pre()).map_err(anyhow::Error::from).with_context(not_a_process)?;
+        let preemptible = shared
+            .config
+            .preemption
+            .then(|| preemptible::ProcessIndices::new(pre.instance_pre()))
+            .transpose()
+            .map_err(anyhow::Error::from)
+            .with_context(not_a_process)?;
+        let loaded = Loaded {
+            pre,
+            indices,
+            preemptible,
+            entries,
+            log: shared.config.log.clone(),
+            clock: shared.clock.clone(),
+            config: shared.config.clone(),
+        };
         Ok(Component { loaded: Arc::new(loaded), limits })
     }
 }
@@ -502,12 +521,18 @@ pub struct Component {
 
 pub(crate) struct Loaded {
     pub(crate) pre: ProcessPre<ProcessState>,
+    /// Where the exports are, found once for every instance.
+    pub(crate) indices: ProcessIndices,
+    /// The same for calls on a fiber; `None` without [`Config::preemption`].
+    pub(crate) preemptible: Option<preemptible::ProcessIndices>,
     pub(crate) entries: Vec<String>,
     pub(crate) log: LogSink,
+    pub(crate) clock: EpochClock,
     config: Config,
 }
 
-/// Per-process limits; see [`Config::max_memory`] and [`Config::time_slice`].
+/// Per-process limits; see [`Config::max_memory`], [`Config::time_slice`],
+/// [`Config::fuel`] and [`Config::cpu_budget`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Limits {
     pub(crate) max_memory: usize,
@@ -515,11 +540,24 @@ pub(crate) struct Limits {
     pub(crate) time_slice_ticks: u64,
     /// The whole life's fuel budget; `None` when the engine does not meter fuel.
     pub(crate) fuel: Option<u64>,
+    pub(crate) cpu_budget: Option<Duration>,
+    pub(crate) cpu_budget_ticks: u64,
+    pub(crate) init_time_limit: Duration,
+    pub(crate) init_ticks: u64,
 }
 
 impl Limits {
     fn new(config: &Config, max_memory: usize, time_slice: Duration) -> Self {
-        Limits { max_memory, time_slice, time_slice_ticks: config.time_slice_ticks(time_slice), fuel: config.fuel }
+        Limits {
+            max_memory,
+            time_slice,
+            time_slice_ticks: config.ticks(time_slice),
+            fuel: config.fuel,
+            cpu_budget: config.cpu_budget,
+            cpu_budget_ticks: config.cpu_budget.map_or(u64::MAX, |budget| config.ticks(budget)),
+            init_time_limit: config.init_time_limit,
+            init_ticks: config.ticks(config.init_time_limit),
+        }
     }
 }
 
@@ -593,7 +631,7 @@ pub(crate) fn new_store(engine: &Engine, pid: Pid, log: LogSink, limits: &Limits
     let mut store = Store::new(engine, ProcessState::new(pid, log, limits.max_memory));
     store.limiter(|state| &mut state.limiter);
     store.epoch_deadline_trap();
-    store.set_epoch_deadline(limits.time_slice_ticks);
+    store.set_epoch_deadline(limits.init_ticks);
     fuel_for_instantiation(&mut store, limits.fuel);
     store
 }

@@ -1,0 +1,147 @@
+//! [`StackArena`]: the fibers' stacks of preemptible steps, carved out of one mapping.
+//!
+//! Why: a preemptible step runs on a fiber stack, and wasmtime keeps the last one a store
+//! used for its next call, so every live process that has stepped holds one. wasmtime's
+//! own stacks are a mapping each (with a guard page, two): 100k processes would pass the
+//! kernel's 65,530 mappings, and mapping and unmapping one per process interrupts every
+//! other core for a TLB flush (lifecycles fell to 18k/s). Like the memory arena
+//! (`memory.rs`), this is one `MAP_NORESERVE` read-write mapping whatever the number of
+//! stacks, and a freed stack goes back on a last-in first-out free list, so the stacks
+//! that churn stay resident.
+//!
+//! # No guard pages
+//!
+//! A guard page splits the mapping, one more mapping per stack, which is what the arena
+//! is for avoiding. What a guard page would catch is an overflow by host code: Wasm
+//! frames are bounded by wasmtime's own check against `max_wasm_stack`, which the engine
+//! sets to a quarter of a stack, so the host code below them (wasmtime's calls into and
+//! out of the guest, the WASI and `log` imports) has three quarters, 768 KiB, for frames
+//! that need a few KiB. An overflow past that would run into the stack below it.
+//!
+//! # What a freed stack keeps
+//!
+//! Its top [`KEEP_RESIDENT`] bytes stay resident (not zeroed: a stack's old contents are
+//! never read before they are written, and wasmtime does not ask for zeroed stacks);
+//! anything below, touched only by a deep call, is given back to the kernel, as are all
+//! of a stack's pages once [`WARM_STACKS`] free stacks are warm.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use wasmtime::{StackCreator, StackMemory};
+
+use super::memory::{Mapping, dont_need};
+
+/// Bytes at the top of a freed stack left resident for the next fiber: what a step of
+/// our guests touches, with room to spare.
+const KEEP_RESIDENT: usize = 64 * 1024;
+
+/// Free stacks that keep [`KEEP_RESIDENT`] bytes resident; past it a freed stack gives
+/// all its pages back (as `WARM_SLOTS` for memories).
+const WARM_STACKS: usize = 1024;
+
+/// The [`StackCreator`] of the engine: hands out the stacks of one mapping.
+pub(crate) struct StackArena {
+    arena: Arc<Arena>,
+}
+
+struct Arena {
+    mapping: Mapping,
+    free: Mutex<Free>,
+}
+
+struct Free {
+    /// Freed stacks, the last one freed handed out first.
+    stacks: Vec<u32>,
+    /// The lowest stack never handed out.
+    fresh: u32,
+}
+
+impl StackArena {
+    /// Reserves `stacks` stacks of `size` bytes (rounded up to whole host pages).
+    ///
+    /// # Errors
+    ///
+    /// The reservation refused, or too large for the address space.
+    pub(crate) fn new(stacks: u32, size: usize) -> anyhow::Result<StackArena> {
+        let mapping = Mapping::new(stacks, size, "fiber stacks")?;
+        Ok(StackArena { arena: Arc::new(Arena { mapping, free: Mutex::new(Free { stacks: Vec::new(), fresh: 0 }) }) })
+    }
+}
+
+// SAFETY: every stack handed out is a page-aligned range of the arena's mapping that no
+// other live `Stack` overlaps (the free list gives each slot out once until it is given
+// back), readable and writable for its whole length. It is not zeroed, which `zeroed`
+// permits only to be asked for as defense in depth; the engine never asks (it leaves
+// `async_stack_zeroing` off), and a request for it is refused below rather than ignored.
+unsafe impl StackCreator for StackArena {
+    fn new_stack(&self, size: usize, zeroed: bool) -> wasmtime::Result<Box<dyn StackMemory>> {
+        let arena = &self.arena;
+        if zeroed {
+            wasmtime::bail!("the fiber-stack arena does not zero its stacks");
+        }
+        if size > arena.mapping.slot_size {
+            wasmtime::bail!("a fiber stack of {size} bytes was asked, above the arena's {}", arena.mapping.slot_size);
+        }
+        let slot = {
+            let mut free = arena.free.lock();
+            match free.stacks.pop() {
+                Some(slot) => slot,
+                None if free.fresh < arena.mapping.slots => {
+                    free.fresh += 1;
+                    free.fresh - 1
+                }
+                None => wasmtime::bail!(
+                    "`max_instances` reached: all {} fiber stacks are in use by live processes",
+                    arena.mapping.slots
+                ),
+            }
+        };
+        Ok(Box::new(Stack { arena: arena.clone(), slot }))
+    }
+}
+
+/// One fiber stack: a slot of the arena.
+struct Stack {
+    arena: Arc<Arena>,
+    slot: u32,
+}
+
+impl Stack {
+    fn range(&self) -> Range<usize> {
+        let start = self.arena.mapping.slot_ptr(self.slot) as usize;
+        start..start + self.arena.mapping.slot_size
+    }
+}
+
+// SAFETY: as for `StackCreator` above; the range never changes while the stack lives.
+unsafe impl StackMemory for Stack {
+    fn top(&self) -> *mut u8 {
+        self.range().end as *mut u8
+    }
+
+    fn range(&self) -> Range<usize> {
+        Stack::range(self)
+    }
+
+    fn guard_range(&self) -> Range<*mut u8> {
+        // None: see the module docs.
+        let bottom = self.range().start as *mut u8;
+        bottom..bottom
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let arena = &self.arena;
+        let range = self.range();
+        let warm = arena.free.lock().stacks.len() < WARM_STACKS;
+        let kept = if warm { KEEP_RESIDENT.min(range.len()) } else { 0 };
+        // SAFETY: the stack is dropped, so no fiber runs on it, and the range is inside
+        // the arena; what it held is never read again, so failing to give it back only
+        // costs memory.
+        unsafe { dont_need(range.start as *mut u8, range.len() - kept) };
+        arena.free.lock().stacks.push(self.slot);
+    }
+}
