@@ -19,6 +19,7 @@ const HELLO: &str = env!("GUEST_HELLO");
 const FAN_OUT: &str = env!("GUEST_FAN_OUT");
 const TIMERS: &str = env!("GUEST_TIMERS");
 const WASI_CLI: &str = env!("GUEST_WASI_CLI");
+const HOSTILE: &str = env!("GUEST_HOSTILE");
 
 /// The `wasmproc` binary of this workspace, built on first use.
 fn binary() -> &'static Path {
@@ -142,6 +143,16 @@ fn a_fuel_budget_ends_the_process_that_spends_it() {
     run(&["run", FAN_OUT, "--input", "50", "--fuel", "2000"]).expect(1).error_says("fuel budget exhausted");
     let ran = run(&["run", FAN_OUT, "--input", "3", "--fuel", "100000000"]).expect(0);
     assert_eq!(ran.stdout.trim(), "[0,1,4]");
+}
+
+#[test]
+fn a_looping_process_is_preempted_and_ended_by_its_cpu_budget() {
+    run(&["run", HOSTILE, "--method", "spin", "--time-slice", "5", "--cpu-budget", "100ms"])
+        .expect(1)
+        .error_says("CPU budget exceeded: the process ran for longer than its `cpu_budget` of 100ms");
+    run(&["run", HOSTILE, "--method", "spin", "--time-slice", "50ms", "--no-preemption"])
+        .expect(1)
+        .error_says("time slice exceeded: `step` ran longer than the process's `time_slice` of 50ms");
 }
 
 #[test]
@@ -387,7 +398,9 @@ fn help_lists_every_flag_with_units_and_defaults() {
         "[default: 64MiB]",
         "--fuel",
         "--time-slice",
-        "[default: 100ms]",
+        "[default: 10ms]",
+        "--no-preemption",
+        "--cpu-budget",
         "--timeout",
         "--allow",
         "--deny",

@@ -145,10 +145,20 @@ struct RunArgs {
     workers: Option<u32>,
     #[command(flatten)]
     engine: EngineArgs,
-    /// Longest one step of a process may run (a bare number is milliseconds); a step
-    /// past it fails its process. WASI commands are one long step: --timeout bounds them.
-    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = units::millis)]
+    /// How long a step runs before it is preempted: suspended and queued behind the
+    /// processes waiting, so a busy or looping process never holds a worker (a bare
+    /// number is milliseconds). WASI commands are one long call: --timeout bounds them.
+    #[arg(long, value_name = "DURATION", default_value = "10ms", value_parser = units::millis)]
     time_slice: Duration,
+    /// A step past its time slice fails its process instead of being preempted. Steps
+    /// are cheaper without preemption (see BENCHMARKS.md): for trusted guests only.
+    #[arg(long)]
+    no_preemption: bool,
+    /// Total CPU time each process may use over its life (e.g. 2s); a process past it
+    /// fails. Bounds a looping process, which preemption alone lets live.
+    /// [default: unlimited]
+    #[arg(long, value_name = "DURATION", value_parser = units::duration)]
+    cpu_budget: Option<Duration>,
     /// Stop everything after DURATION (e.g. 30s, 5m): cancel every process, give them
     /// a second to end, then terminate the rest. Exit code 4. [default: no limit]
     #[arg(long, value_name = "DURATION", value_parser = units::duration)]

@@ -31,7 +31,7 @@ The result is printed on stdout (JSON as the process gave it); logs and guest ou
 to stderr, tagged with the process id. A WASI command's own stdin/stdout/stderr are
 passed through and its exit code becomes wasmproc's.
 
-Sandbox defaults: 64MiB of memory and a 100ms time slice per step for each process, no
+Sandbox defaults: 64MiB of memory for each process, steps preempted every 10ms, no CPU or
 fuel limit, no files, no environment, no network; the commands sleep, spawn, send and
 monitor are granted, terminate is not (--allow terminate).";
 
@@ -54,7 +54,15 @@ pub(super) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let inputs = inputs(&args)?;
     let caps = capabilities(&args)?;
     let bytes = read_app(&args.app)?;
-    let config = args.engine.config().time_slice(args.time_slice).max_instances(args.max_processes);
+    let mut config = args
+        .engine
+        .config()
+        .time_slice(args.time_slice)
+        .preemption(!args.no_preemption)
+        .max_instances(args.max_processes);
+    if let Some(budget) = args.cpu_budget {
+        config = config.cpu_budget(budget);
+    }
     let runtime = runtime(config)?;
     let program = runtime
         .load_program_bytes(&bytes)
