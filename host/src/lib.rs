@@ -49,10 +49,10 @@
 //! - [`Process`]: what the scheduler runs: `init` (choose an entry method), `step`, `close`.
 //!   Implement it natively, or load a Wasm component.
 //! - `wasm::Runtime` (feature `wasm`, on by default): one wasmtime engine, its instance
-//!   pool and the compile caches. Costly to build (reserves the pool); one per host.
+//!   memory and fiber-stack arenas and the compile caches. Costly to build (reserves the arenas); one per host.
 //!   `Runtime::load` gives a `wasm::Component`: cheap to clone, and a [`Factory`] to
 //!   register as a process kind. Each of its processes is a `wasm::WasmProcess`: one
-//!   store and instance, sandboxed by a memory cap and a time slice per step.
+//!   store and instance, sandboxed by a memory cap, with steps preempted at each time slice.
 //! - [`Event`] / [`StepOutput`] / [`Command`]: what flows into and out of a step.
 //! - [`Handler`] and [`Completer`]: custom commands and how they answer, now or later.
 //! - [`Capabilities`]: the commands a process may use; custom ones are denied by default.

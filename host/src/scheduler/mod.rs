@@ -353,7 +353,7 @@ impl Scheduler {
     /// A second call returns at once with an empty report.
     ///
     /// A native process whose step never returns keeps `stop` from returning: steps are
-    /// not preemptible from outside (Wasm steps are, by their time slice).
+    /// not preemptible from outside (Wasm steps are: terminating a preempted one drops it).
     ///
     /// # Panics
     ///

@@ -7,7 +7,8 @@
 //!   own. wasmtime's pooling allocator cost about 4 an instance, which stopped a default
 //!   kernel (`vm.max_map_count` = 65,530) near 16k live processes; the arena is one
 //!   mapping whatever the count. The rest of an instance (its `vmctx`, its tables) is
-//!   `malloc`'d;
+//!   `malloc`'d. The fiber stacks that preemptible steps run on come from a second
+//!   arena, [`StackArena`] (`stacks.rs`), for the same reason;
 //! - no copy-on-write memory images: a custom memory cannot take one, so data segments
 //!   are copied into the slot at instantiation (our guests have a few KiB of data). The
 //!   copy is metered code, one unit of fuel a byte, so a fuel budget is given once the
@@ -25,9 +26,10 @@
 //! - memories never move (each is one slot for its life), which lets compiled code treat
 //!   a memory's base address as fixed instead of reloading it after calls;
 //! - epoch interruption: a guest call gets a deadline in epoch ticks; a background
-//!   thread ticks the epoch, and a guest past its deadline traps at its next loop header
-//!   or function entry. Cheaper than fuel, and it bounds wall time, which is what a time
-//!   slice is.
+//!   thread ticks the epoch, and at its next loop header or function entry a guest past
+//!   its deadline yields its fiber (a preemptible step) or traps (`init`, or a step
+//!   without preemption). Cheaper than fuel, and it bounds wall time, which is what a
+//!   time slice is.
 //!
 //! The per-process limits the pool used to impose (core instances, tables, table
 //! elements, one memory) are the store's limiter's now (`state.rs`), with the constants

@@ -30,9 +30,12 @@
 //!
 //! A process gets WASI p2 with nothing granted: no files, environment, arguments or
 //! network; its stdout and stderr go to the log. It may use at most its memory cap
-//! ([`Config::max_memory`]) and run each `init` or `step` for at most its time slice
-//! ([`Config::time_slice`]); past either it traps, with an error that names the limit,
-//! and only that process ends.
+//! ([`Config::max_memory`]); past it the growth traps, with an error that names the
+//! limit, and only that process ends. A step that runs past its time slice
+//! ([`Config::time_slice`]) is preempted: suspended on its fiber and queued behind the
+//! processes waiting, so a looping guest costs others at most a slice per turn; a CPU
+//! or fuel budget ([`Config::cpu_budget`], [`Config::fuel`]) ends it. `init` cannot be
+//! preempted and has a limit of its own ([`Config::init_time_limit`]).
 
 mod bindings;
 mod cache;
