@@ -154,3 +154,78 @@ fn a_giant_result_passes_max_payload_size() {
 fn a_fuel_budget_stops_a_long_computation() {
     says(&misbehave(Config::default().fuel(1_000_000), "fuel-burn"), "fuel budget exhausted");
 }
+
+/// The sandbox's promise in one run: every hostile guest at once, with 1,000 well-behaved
+/// processes beside them on two workers. Each good one completes with its right result,
+/// each hostile one ends the way its limit says, and the host carries on. It prints the
+/// good processes' latency (spawn to result); BENCHMARKS.md reports it from a release
+/// build (`cargo test --release -p wasmproc-tests --test all thousand -- --nocapture`).
+#[test]
+fn a_thousand_good_processes_beside_every_hostile_guest_at_once() {
+    // Long enough for a debug build to copy the giant payload out of its guest.
+    let config = Config::default().cpu_budget(Duration::from_secs(2));
+    let runtime = runtime(config);
+    let s = Scheduler::builder()
+        .workers(2)
+        .max_descendants(200)
+        .mailbox_capacity(64)
+        .kind("hostile", load(&runtime, HOSTILE))
+        .kind("hello", load(&runtime, HELLO))
+        .build()
+        .expect("the scheduler starts");
+    let victim = s.spawn_kind("hostile", "busy", vec![Payload::json(&0).unwrap()]).unwrap();
+    let spawn = |entry: &str, input: Vec<Payload>| s.spawn_kind("hostile", entry, input);
+    let bomb = spawn("spawn-bomb", vec![]).unwrap();
+    let expected = [
+        ("spin", "CPU budget exceeded"),
+        ("memory-bomb", "memory limit exceeded"),
+        ("stack-overflow", "out of bounds memory access"),
+        ("deep-recursion", ""),
+        ("panic", "unreachable"),
+        ("yield-flood", "yield limit exceeded"),
+        ("giant-payload", "payload limit exceeded"),
+    ];
+    let hostile: Vec<_> = expected.iter().map(|(entry, _)| spawn(entry, vec![]).unwrap()).collect();
+    let flood = spawn("message-flood", vec![Payload::text(victim.pid().as_u64().to_string())]).unwrap();
+    let trap_in_init = spawn("trap-in-init", vec![]).expect_err("init traps");
+
+    let mut latencies = Vec::new();
+    for batch in 0..100u32 {
+        let started = std::time::Instant::now();
+        let good: Vec<_> = (0..10u32)
+            .map(|i| {
+                let n = batch * 10 + i;
+                (n, s.spawn_kind("hello", "add", vec![Payload::json(&[n, 1]).unwrap()]).expect("a good one starts"))
+            })
+            .collect();
+        for (n, process) in good {
+            let result = process.join_timeout(HANG).expect("a good process ends").expect("and succeeds");
+            assert_eq!(result.as_str(), Some((n + 1).to_string().as_str()));
+            latencies.push(started.elapsed());
+        }
+    }
+
+    for ((entry, says_what), process) in expected.iter().zip(&hostile) {
+        let error = process.join_timeout(HANG).unwrap_or_else(|| panic!("`{entry}` was not stopped")).unwrap_err();
+        let stack = error.contains("call stack exhausted") || error.contains("out of bounds memory access");
+        assert!(if says_what.is_empty() { stack } else { error.contains(says_what) }, "`{entry}`: {error}");
+    }
+    says(&trap_in_init.to_string(), "unreachable");
+    // The flooder's sends past the victim's mailbox fail for it alone; the victim got one.
+    assert_eq!(flood.join_timeout(HANG).expect("the flood ends").unwrap().as_str(), Some("10001"));
+    assert_eq!(victim.join_timeout(HANG).expect("the victim ends").unwrap().as_str(), Some("flood"));
+    // The bomb's tree is held to its quota (plus the spawns of steps running when it was
+    // reached); its root lives on, idle, until terminated.
+    assert!(s.live() <= 1 + 200 + 2 * 2, "live processes: {}", s.live());
+    assert!(bomb.try_result().is_none());
+    s.stop(Duration::from_secs(1));
+
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
+    eprintln!(
+        "good processes beside the hostile ones: latency p50 {:?}, p99 {:?}, max {:?}",
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    );
+}

@@ -5,8 +5,8 @@
 //! loom models at the bottom exercise exactly the code the scheduler runs.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 
 use super::Shared;
 use super::events::{Inbox, Refused};
@@ -43,6 +43,17 @@ pub(crate) struct Spec {
     /// dispatch (it is `Running`, so one thread), decremented by each child's retire on
     /// any thread; `Relaxed` because it orders nothing, it only bounds a count.
     pub(crate) children: AtomicUsize,
+    /// The live descendants of this process's root (the root itself not counted), for
+    /// `max_descendants`: shared by the whole tree. A root makes it when it first
+    /// spawns; a child gets its parent's at creation. `Relaxed` as `children`.
+    pub(crate) tree: OnceLock<Arc<AtomicUsize>>,
+}
+
+impl Spec {
+    /// Live descendants of this process's root.
+    pub(crate) fn tree_size(&self) -> usize {
+        self.tree.get().map_or(0, |tree| tree.load(Ordering::Relaxed))
+    }
 }
 
 pub(crate) struct ProcessCell {
@@ -215,6 +226,7 @@ mod loom_models {
             mailbox_capacity: 8,
             parent: None,
             children: std::sync::atomic::AtomicUsize::new(0),
+            tree: OnceLock::new(),
         };
         let cell = Arc::new(ProcessCell::new(Pid::from_u64(1), Box::new(Inert), spec));
         cell.state.transition_to_ready_from_init();

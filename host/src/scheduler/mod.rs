@@ -33,7 +33,7 @@ pub(crate) mod worker;
 use std::borrow::Cow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -77,12 +77,14 @@ pub(crate) struct Limits {
     pub(crate) max_yields_per_step: usize,
     pub(crate) max_payload_size: usize,
     pub(crate) max_children: usize,
+    pub(crate) max_descendants: usize,
 }
 
 impl Limits {
-    /// Checks one step's yields, from a process that has `children` live children: the
-    /// error ends the process, and none of the yields is carried out.
-    pub(crate) fn check(&self, yields: &[Yield], children: usize) -> Result<(), String> {
+    /// Checks one step's yields, from a process that has `children` live children in a
+    /// tree of `tree` live descendants: the error ends the process, and none of the
+    /// yields is carried out.
+    pub(crate) fn check(&self, yields: &[Yield], children: usize, tree: usize) -> Result<(), String> {
         if yields.len() > self.max_yields_per_step {
             return Err(format!(
                 "yield limit exceeded: one step yielded {} commands, more than `max_yields_per_step` ({})",
@@ -108,6 +110,13 @@ impl Limits {
                 "child limit exceeded: {spawns} more spawns with {children} children alive would pass \
                  `max_children` ({})",
                 self.max_children
+            ));
+        }
+        if tree + spawns > self.max_descendants {
+            return Err(format!(
+                "process tree limit exceeded: {spawns} more spawns with {tree} processes alive in this process's \
+                 tree would pass `max_descendants` ({})",
+                self.max_descendants
             ));
         }
         Ok(())
@@ -145,7 +154,12 @@ impl Default for Builder {
             max_processes: 1_000_000,
             mailbox_capacity: 1024,
             turn_budget: 16,
-            limits: Limits { max_yields_per_step: 1024, max_payload_size: 16 << 20, max_children: 10_000 },
+            limits: Limits {
+                max_yields_per_step: 1024,
+                max_payload_size: 16 << 20,
+                max_children: 10_000,
+                max_descendants: 100_000,
+            },
             capabilities: Capabilities::default(),
             thread_name: "wasmproc".to_owned(),
             handlers: FxHashMap::default(),
@@ -202,6 +216,18 @@ impl Builder {
     /// 10,000.
     pub fn max_children(mut self, children: usize) -> Self {
         self.limits.max_children = children;
+        self
+    }
+
+    /// The most live processes one process tree may hold: everything a process spawned
+    /// from the embedder (a root) spawned, and what those spawned, at any depth. A
+    /// `spawn` past it ends the spawning process with an error naming this limit, so a
+    /// spawn bomb uses up its own quota instead of `max_processes`, which every tree
+    /// shares. Checked per step against a count that spawns on other workers update
+    /// concurrently: it may be passed by the spawns of steps running at that moment. By
+    /// default 100,000.
+    pub fn max_descendants(mut self, processes: usize) -> Self {
+        self.limits.max_descendants = processes;
         self
     }
 
@@ -796,6 +822,12 @@ impl Shared {
         self.peak_live.fetch_max(before + 1, Ordering::Relaxed);
 
         let shard = worker::current_index(self.id).unwrap_or(self.config.workers);
+        let tree = args
+            .parent
+            .as_ref()
+            .and_then(Weak::upgrade)
+            .map(|parent| OnceLock::from(parent.spec.tree.get_or_init(Arc::default).clone()))
+            .unwrap_or_default();
         let spec = Spec {
             scheduler: Some(self.clone()),
             kind: args.kind,
@@ -803,6 +835,7 @@ impl Shared {
             mailbox_capacity: args.mailbox_capacity,
             parent: args.parent,
             children: AtomicUsize::new(0),
+            tree,
         };
         let cell = match self.registry.insert(shard, process, spec) {
             Ok(cell) => cell,
@@ -816,6 +849,12 @@ impl Shared {
         // reaches, even one whose init fails) can always take it back.
         if let Some(parent) = cell.spec.parent.as_ref().and_then(Weak::upgrade) {
             parent.spec.children.fetch_add(1, Ordering::Relaxed);
+        }
+        // A child's tree was set above; a root's is not counted.
+        if cell.spec.parent.is_some()
+            && let Some(tree) = cell.spec.tree.get()
+        {
+            tree.fetch_add(1, Ordering::Relaxed);
         }
         let pid = cell.pid();
         let method = args.method;
@@ -925,6 +964,11 @@ impl Shared {
         self.registry.remove(cell.pid());
         if let Some(parent) = cell.spec.parent.as_ref().and_then(Weak::upgrade) {
             parent.spec.children.fetch_sub(1, Ordering::Relaxed);
+        }
+        if cell.spec.parent.is_some()
+            && let Some(tree) = cell.spec.tree.get()
+        {
+            tree.fetch_sub(1, Ordering::Relaxed);
         }
         let undelivered = closed.undelivered.iter().filter(|e| matches!(e, Event::Message { .. })).count();
         if undelivered > 0 {

@@ -146,6 +146,7 @@ mod tests {
             mailbox_capacity: 1,
             parent: None,
             children: std::sync::atomic::AtomicUsize::new(0),
+            tree: std::sync::OnceLock::new(),
         };
         reg.insert(shard, Box::new(Inert), spec).ok().unwrap().pid()
     }

@@ -299,7 +299,8 @@ impl WorkerLoop<'_> {
                 }
                 return Decision::Complete(result);
             }
-            if let Err(error) = limits.check(yields, cell.spec.children.load(Ordering::Relaxed)) {
+            let (children, tree) = (cell.spec.children.load(Ordering::Relaxed), cell.spec.tree_size());
+            if let Err(error) = limits.check(yields, children, tree) {
                 yields.clear();
                 return Decision::Complete(Err(error));
             }
