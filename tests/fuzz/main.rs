@@ -257,6 +257,25 @@ fn wasi_cli() -> &'static Command {
 
 /// An error must say something: an empty message leaves the embedder nothing to show, and
 /// a caught panic is a host bug however it is reported.
+/// Counts a send or terminate request: `done` when accepted, else its refusal, which must
+/// say something.
+fn tally_request(
+    tally: &Tally,
+    what: &str,
+    done: &str,
+    result: Result<(), impl std::fmt::Display>,
+) -> Result<(), TestCaseError> {
+    match result {
+        Ok(()) => tally.add(format!("{what}: {done}"), Duration::ZERO),
+        Err(e) => {
+            let message = e.to_string();
+            says_something(what, &message)?;
+            tally.add(format!("{what}: refused: {}", kind_of(&message)), Duration::ZERO);
+        }
+    }
+    Ok(())
+}
+
 fn says_something(context: &str, message: &str) -> Result<(), TestCaseError> {
     prop_assert!(!message.trim().is_empty(), "{}: an error with an empty message", context);
     prop_assert!(!message.contains("panicked"), "{}: a caught panic: {}", context, message);
@@ -902,23 +921,12 @@ fn run_ops(ops: &[Op], grace: Duration, tally: &Tally) -> Result<(), TestCaseErr
                 Some(scheduler.spawn(wasi_cli().process(options), COMMAND_ENTRY, vec![]))
             }
             Op::Send { to, topic, body } => {
-                match scheduler.send(pid(to, &spawned), topic.as_str(), body.clone()) {
-                    Ok(()) => tally.add("send: delivered", Duration::ZERO),
-                    Err(e) => {
-                        says_something("send", &e.to_string())?;
-                        tally.add(format!("send: refused: {}", kind_of(&e.to_string())), Duration::ZERO);
-                    }
-                }
+                let sent = scheduler.send(pid(to, &spawned), topic.as_str(), body.clone());
+                tally_request(tally, "send", "delivered", sent)?;
                 None
             }
             Op::Terminate(to) => {
-                match scheduler.terminate(pid(to, &spawned)) {
-                    Ok(()) => tally.add("terminate: requested", Duration::ZERO),
-                    Err(e) => {
-                        says_something("terminate", &e.to_string())?;
-                        tally.add(format!("terminate: refused: {}", kind_of(&e.to_string())), Duration::ZERO);
-                    }
-                }
+                tally_request(tally, "terminate", "requested", scheduler.terminate(pid(to, &spawned)))?;
                 None
             }
             Op::CancelAll(reason) => {

@@ -76,10 +76,10 @@ impl WasmProcess {
 
     /// Runs a step of `running` over the events gathered so far: `None` if it was
     /// preempted (and is kept to resume).
-    fn run(&mut self, running: Running) -> anyhow::Result<Option<Stepped>> {
+    fn run(&mut self, mut running: Running) -> anyhow::Result<Option<Stepped>> {
+        running.store.set_epoch_deadline(self.component.limits.time_slice_ticks);
         match running {
             mut running @ Running { preemptible: None, .. } => {
-                running.store.set_epoch_deadline(self.component.limits.time_slice_ticks);
                 let clock = &self.component.loaded().clock;
                 let started = clock.now();
                 let result = running.guest.call_step(&mut running.store, &self.events);
@@ -88,7 +88,6 @@ impl WasmProcess {
                 Ok(Some((running, batch, result)))
             }
             Running { mut store, guest, preemptible: Some(stepper) } => {
-                store.set_epoch_deadline(self.component.limits.time_slice_ticks);
                 // The future owns what it borrows (store, events) so that it can outlive
                 // this turn when preempted.
                 let batch = std::mem::take(&mut self.events);
