@@ -4,6 +4,8 @@
 mod bench_guest;
 /// The `wasmproc` binary: subcommands, exit codes, bad input, WASI commands.
 mod cli;
+/// WASI programs as processes: load checks, exits from start functions, time limits.
+mod commands;
 /// Custom commands: unknown commands, handler errors, permissions (DESIGN 11).
 mod dispatch;
 /// The SDK-written example guests end to end: results, concurrency, retries, cancellation.

@@ -8,28 +8,46 @@
 //! [`CommandOptions`] grant: arguments, environment variables, directories, and the
 //! host's standard streams.
 //!
-//! A time slice cannot apply (the whole program is one call); instead the program is
-//! stopped when its [`CommandOptions::time_limit`] passes or its
-//! [`CommandOptions::interrupt`] flag is raised, checked at every epoch tick.
+//! The program's one call is preempted like any process's step (unless
+//! [`Config::preemption`] is off): it runs on a fiber, and past its time slice it is
+//! suspended and the process queued again, so a program that never returns shares its
+//! worker instead of holding it. It is stopped with an error when its
+//! [`CommandOptions::time_limit`] passes, its [`CommandOptions::interrupt`] flag is raised
+//! (both checked between slices), or it has run for its [`Config::cpu_budget`].
+//! Without preemption the call holds the worker to its end, and the time limit and the
+//! flag are checked at every epoch tick instead.
+//!
+//! Instantiation runs the program's start function, if it has one, as one plain call
+//! bounded by [`Config::init_time_limit`]. A start function that exits (`proc_exit`)
+//! ends the program with that exit code, as it would from `_start`.
+//!
+//! [`Config::preemption`]: super::Config::preemption
+//! [`Config::cpu_budget`]: super::Config::cpu_budget
+//! [`Config::init_time_limit`]: super::Config::init_time_limit
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail, ensure};
-use wasmtime::component::ResourceTable;
+use wasmtime::component::{InstancePre, ResourceTable};
 use wasmtime::{Engine, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::p1::WasiP1Ctx;
-use wasmtime_wasi::p2::bindings::sync::{Command as P2Command, CommandPre};
+use wasmtime_wasi::p2::bindings::sync::{Command as P2Command, CommandIndices};
+use wasmtime_wasi::p2::bindings::{Command as PreemptibleP2Command, CommandIndices as PreemptibleIndices};
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::config::Config;
+use super::engine::EpochClock;
 use super::log::{GuestOutput, LogSink, LogSource};
 use super::runtime::{fuel_for_instantiation, refuel};
 use super::state::MemoryLimiter;
 use crate::dispatch::Factory;
-use crate::process::{Events, Payload, Pid, Process, StepOutput};
+use crate::process::{Events, Payload, Pid, Process, Status, StepOutput};
 
 /// The one entry method of a WASI command.
 pub const COMMAND_ENTRY: &str = "run";
@@ -46,18 +64,19 @@ struct Inner {
     code: Code,
     engine: Engine,
     config: Config,
+    clock: EpochClock,
 }
 
 pub(crate) enum Code {
-    /// A `wasi:cli/run` component.
-    Component(CommandPre<CommandState>),
+    /// A `wasi:cli/run` component, with its export found for plain and for fiber calls.
+    Component(InstancePre<CommandState>, CommandIndices, PreemptibleIndices),
     /// A preview 1 module with `_start`.
     Module(wasmtime::InstancePre<P1State>),
 }
 
 impl Command {
-    pub(crate) fn new(code: Code, engine: Engine, config: Config) -> Self {
-        Command { inner: Arc::new(Inner { code, engine, config }) }
+    pub(crate) fn new(code: Code, engine: Engine, config: Config, clock: EpochClock) -> Self {
+        Command { inner: Arc::new(Inner { code, engine, config, clock }) }
     }
 
     /// Whether it is a preview 1 core module (else a `wasi:cli/run` component).
@@ -68,7 +87,7 @@ impl Command {
     /// A process of this program with `options`, not yet initialised: hand it to
     /// [`Handle::spawn`](crate::Handle::spawn) with the method [`COMMAND_ENTRY`].
     pub fn process(&self, options: CommandOptions) -> CommandProcess {
-        CommandProcess { command: self.clone(), options, running: None }
+        CommandProcess { command: self.clone(), options, state: State::Empty, deadline: None, cpu_ticks: 0 }
     }
 }
 
@@ -188,35 +207,191 @@ pub(crate) struct P1State {
 pub struct CommandProcess {
     command: Command,
     options: CommandOptions,
-    running: Option<Running>,
+    state: State,
+    /// When the [`CommandOptions::time_limit`] passes, and the limit, from `init` on.
+    deadline: Option<(Instant, Duration)>,
+    /// Epoch ticks the program has run for, counted around each slice (as
+    /// `process.rs` does for steps).
+    cpu_ticks: u64,
 }
+
+enum State {
+    /// Not initialised, or closed.
+    Empty,
+    /// Instantiated; the run has not begun.
+    Ready(Running),
+    /// The start function ended the program with this exit code during instantiation.
+    Exited(u32),
+    /// Preempted: the future owns the store until the run ends.
+    Suspended(Pin<Box<RunFuture>>),
+}
+
+/// A run on a fiber, to its exit code.
+type RunFuture = dyn Future<Output = wasmtime::Result<u32>> + Send;
 
 enum Running {
     Component(Store<CommandState>, P2Command),
+    PreemptibleComponent(Store<CommandState>, PreemptibleP2Command),
     Module(Store<P1State>, wasmtime::TypedFunc<(), ()>),
+    PreemptibleModule(Store<P1State>, wasmtime::TypedFunc<(), ()>),
 }
 
 impl CommandProcess {
-    /// Limits every store shares: memory cap, fuel, and the epoch callback that enforces
-    /// the time limit and the interrupt flag.
+    /// The limits every store shares: memory cap and fuel.
     fn limit<T: 'static>(&self, store: &mut Store<T>, limiter: fn(&mut T) -> &mut MemoryLimiter) {
-        let config = &self.command.inner.config;
         store.limiter(move |state| limiter(state));
-        fuel_for_instantiation(store, config.fuel);
-        let deadline = self.options.time_limit.map(|limit| (Instant::now() + limit, limit));
+        fuel_for_instantiation(store, self.command.inner.config.fuel);
+    }
+
+    /// Stops a plain call (instantiation, or a run without preemption) at every epoch
+    /// tick past `init_limit` (instantiation only), past the program's time limit, or
+    /// once its interrupt flag is raised.
+    fn watch<T: 'static>(&self, store: &mut Store<T>, init_limit: Option<Duration>) {
+        let started = Instant::now();
+        let deadline = self.deadline;
         let interrupt = self.options.interrupt.clone();
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
             if interrupt.as_ref().is_some_and(|flag| flag.load(Ordering::Relaxed)) {
-                return Err(wasmtime::format_err!("interrupted: the host stopped the program"));
+                return Err(wasmtime::format_err!("{INTERRUPTED}"));
             }
             if let Some((at, limit)) = deadline
                 && Instant::now() >= at
             {
-                return Err(wasmtime::format_err!("time limit exceeded: the program ran longer than {limit:?}"));
+                return Err(wasmtime::format_err!("{}", time_limit_exceeded(limit)));
+            }
+            if let Some(limit) = init_limit
+                && started.elapsed() >= limit
+            {
+                return Err(wasmtime::format_err!(
+                    "init time limit exceeded: the program's start function ran longer than the \
+                     `init_time_limit` of {limit:?}"
+                ));
             }
             Ok(UpdateDeadline::Continue(1))
         });
+    }
+
+    /// Makes every later call of `store` yield its fiber each time slice.
+    fn preempt<T: 'static>(&self, store: &mut Store<T>) {
+        let config = &self.command.inner.config;
+        store.set_epoch_deadline(config.ticks(config.time_slice));
+        store.epoch_deadline_async_yield_and_update(config.ticks(config.time_slice));
+    }
+
+    /// Instantiates the program: its start function runs here.
+    fn instantiate(&mut self, pid: Pid) -> anyhow::Result<State> {
+        let inner = self.command.inner.clone();
+        let config = &inner.config;
+        let mut wasi = self.options.wasi(pid, &config.log)?;
+        let limiter = MemoryLimiter { max_memory: config.max_memory };
+        let init_limit = Some(config.init_time_limit);
+        let running = match &inner.code {
+            Code::Component(pre, indices, preemptible) => {
+                let state = CommandState { wasi: wasi.build(), table: ResourceTable::new(), limiter };
+                let mut store = Store::new(&inner.engine, state);
+                self.limit(&mut store, |state| &mut state.limiter);
+                self.watch(&mut store, init_limit);
+                let instance = match pre.instantiate(&mut store) {
+                    Ok(instance) => instance,
+                    Err(error) => return exited(error, config),
+                };
+                refuel(&mut store, config.fuel);
+                if config.preemption {
+                    self.preempt(&mut store);
+                    let command = preemptible.load(&mut store, &instance).map_err(|e| command_error(e, config))?;
+                    Running::PreemptibleComponent(store, command)
+                } else {
+                    self.watch(&mut store, None);
+                    let command = indices.load(&mut store, &instance).map_err(|e| command_error(e, config))?;
+                    Running::Component(store, command)
+                }
+            }
+            Code::Module(pre) => {
+                let mut store = Store::new(&inner.engine, P1State { wasi: wasi.build_p1(), limiter });
+                self.limit(&mut store, |state| &mut state.limiter);
+                self.watch(&mut store, init_limit);
+                let instance = match pre.instantiate(&mut store) {
+                    Ok(instance) => instance,
+                    Err(error) => return exited(error, config),
+                };
+                refuel(&mut store, config.fuel);
+                // The type was checked at load (`runtime::start_problem`).
+                let start = instance
+                    .get_typed_func::<(), ()>(&mut store, "_start")
+                    .map_err(anyhow::Error::from)
+                    .context("the module's `_start` export is not a function of no parameters")?;
+                if config.preemption {
+                    self.preempt(&mut store);
+                    Running::PreemptibleModule(store, start)
+                } else {
+                    self.watch(&mut store, None);
+                    Running::Module(store, start)
+                }
+            }
+        };
+        Ok(State::Ready(running))
+    }
+
+    /// Polls a run once: to its end or to the end of its time slice. `None` if it was
+    /// preempted (and is kept to resume).
+    fn resume(&mut self, mut future: Pin<Box<RunFuture>>) -> anyhow::Result<Option<u32>> {
+        let inner = self.command.inner.clone();
+        let started = inner.clock.now();
+        let polled = future.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+        self.cpu_ticks += inner.clock.now() - started;
+        match polled {
+            Poll::Ready(result) => exit_status(result, &inner.config).map(Some),
+            // Returning an error drops the future, which unwinds the suspended program.
+            Poll::Pending => {
+                if self.options.interrupt.as_ref().is_some_and(|flag| flag.load(Ordering::Relaxed)) {
+                    bail!("{INTERRUPTED}");
+                }
+                if let Some((at, limit)) = self.deadline
+                    && Instant::now() >= at
+                {
+                    bail!("{}", time_limit_exceeded(limit));
+                }
+                let config = &inner.config;
+                if let Some(budget) = config.cpu_budget
+                    && self.cpu_ticks >= config.ticks(budget)
+                {
+                    bail!(
+                        "CPU budget exceeded: the program ran for longer than its `cpu_budget` of {budget:?} and was \
+                         stopped"
+                    );
+                }
+                self.state = State::Suspended(future);
+                Ok(None)
+            }
+        }
+    }
+}
+
+const INTERRUPTED: &str = "interrupted: the host stopped the program";
+
+fn time_limit_exceeded(limit: Duration) -> String {
+    format!("time limit exceeded: the program ran longer than {limit:?}")
+}
+
+/// The state of a program whose instantiation failed with `error`: ended, if its start
+/// function exited, else the error.
+fn exited(error: wasmtime::Error, config: &Config) -> anyhow::Result<State> {
+    match error.downcast_ref::<I32Exit>() {
+        Some(I32Exit(code)) => Ok(State::Exited(*code as u32)),
+        None => Err(command_error(error, config)),
+    }
+}
+
+/// A finished run's exit code: 0 for a normal return, what the program passed to
+/// `exit`, or 1 for a `wasi:cli/run` that returned an error.
+fn exit_status(result: wasmtime::Result<u32>, config: &Config) -> anyhow::Result<u32> {
+    match result {
+        Ok(code) => Ok(code),
+        Err(error) => match error.downcast_ref::<I32Exit>() {
+            Some(I32Exit(code)) => Ok(*code as u32),
+            None => Err(command_error(error, config)),
+        },
     }
 }
 
@@ -224,56 +399,42 @@ impl Process for CommandProcess {
     fn init(&mut self, pid: Pid, method: &str, input: Vec<Payload>) -> anyhow::Result<()> {
         ensure!(method == COMMAND_ENTRY, "unknown entry method `{method}`; a WASI command has one: {COMMAND_ENTRY}");
         ensure!(input.is_empty(), "a WASI command takes no input payloads: pass it arguments instead");
-        let inner = self.command.inner.clone();
-        let mut wasi = self.options.wasi(pid, &inner.config.log)?;
-        let limiter = MemoryLimiter { max_memory: inner.config.max_memory };
-        let running = match &inner.code {
-            Code::Component(pre) => {
-                let state = CommandState { wasi: wasi.build(), table: ResourceTable::new(), limiter };
-                let mut store = Store::new(&inner.engine, state);
-                self.limit(&mut store, |state| &mut state.limiter);
-                let command = pre.instantiate(&mut store).map_err(|e| command_error(e, &inner.config))?;
-                refuel(&mut store, inner.config.fuel);
-                Running::Component(store, command)
-            }
-            Code::Module(pre) => {
-                let mut store = Store::new(&inner.engine, P1State { wasi: wasi.build_p1(), limiter });
-                self.limit(&mut store, |state| &mut state.limiter);
-                let instance = pre.instantiate(&mut store).map_err(|e| command_error(e, &inner.config))?;
-                refuel(&mut store, inner.config.fuel);
-                let start = instance
-                    .get_typed_func::<(), ()>(&mut store, "_start")
-                    .map_err(anyhow::Error::from)
-                    .context("the module's `_start` export is not a function of no parameters")?;
-                Running::Module(store, start)
-            }
-        };
-        self.running = Some(running);
+        self.deadline = self.options.time_limit.map(|limit| (Instant::now() + limit, limit));
+        self.state = self.instantiate(pid)?;
         Ok(())
     }
 
     fn step(&mut self, _events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
         let config = &self.command.inner.config;
-        let result = match self.running.take() {
-            None => bail!("`step` called on a WASI command that is not initialised or has already run"),
-            Some(Running::Component(mut store, command)) => {
-                command.wasi_cli_run().call_run(&mut store).map(|ok| if ok.is_ok() { 0 } else { 1 })
+        let code = match std::mem::replace(&mut self.state, State::Empty) {
+            State::Empty => bail!("`step` called on a WASI command that is not initialised or has already run"),
+            State::Exited(code) => Some(code),
+            State::Ready(Running::Component(mut store, command)) => {
+                Some(exit_status(command.wasi_cli_run().call_run(&mut store).map(|ok| u32::from(ok.is_err())), config)?)
             }
-            Some(Running::Module(mut store, start)) => start.call(&mut store, ()).map(|()| 0),
+            State::Ready(Running::Module(mut store, start)) => {
+                Some(exit_status(start.call(&mut store, ()).map(|()| 0), config)?)
+            }
+            // The futures own the store and the instance, so that a preempted run can
+            // outlive this turn.
+            State::Ready(Running::PreemptibleComponent(mut store, command)) => self.resume(Box::pin(async move {
+                command.wasi_cli_run().call_run(&mut store).await.map(|ok| u32::from(ok.is_err()))
+            }))?,
+            State::Ready(Running::PreemptibleModule(mut store, start)) => {
+                self.resume(Box::pin(async move { start.call_async(&mut store, ()).await.map(|()| 0) }))?
+            }
+            State::Suspended(future) => self.resume(future)?,
         };
-        let code = match result {
-            Ok(code) => code,
-            Err(error) => match error.downcast_ref::<I32Exit>() {
-                Some(I32Exit(code)) => *code,
-                None => return Err(command_error(error, config)),
-            },
-        };
-        out.complete(Ok(Payload::u64(u64::from(code as u32))));
+        match code {
+            Some(code) => out.complete(Ok(Payload::u64(u64::from(code)))),
+            None => out.set_status(Status::Continue),
+        }
         Ok(())
     }
 
     fn close(&mut self) {
-        self.running = None;
+        // A suspended run's future, dropped here, unwinds the program's fiber first.
+        self.state = State::Empty;
     }
 }
 

@@ -242,7 +242,11 @@ impl Runtime {
                 Ok(component) => (component.entries().to_vec(), None),
                 Err(e) => (Vec::new(), Some(format!("{e:#}"))),
             },
-            (ProgramKind::WasiCommand | ProgramKind::WasiModule, _) => (vec![command::COMMAND_ENTRY.to_owned()], None),
+            (ProgramKind::WasiModule, Compiled::Module(module)) => match start_problem(&module) {
+                None => (vec![command::COMMAND_ENTRY.to_owned()], None),
+                Some(problem) => (Vec::new(), Some(problem)),
+            },
+            (ProgramKind::WasiCommand, _) => (vec![command::COMMAND_ENTRY.to_owned()], None),
             (ProgramKind::OtherModule, _) => (
                 Vec::new(),
                 Some(format!(
@@ -250,7 +254,9 @@ impl Runtime {
                      (processes are components of the `{WORLD}` world)"
                 )),
             ),
-            (_, Compiled::Module(_)) => unreachable!("modules are classified above"),
+            (ProgramKind::WasiModule, Compiled::Component(_)) | (ProgramKind::Process, Compiled::Module(_)) => {
+                unreachable!("programs are classified by what they compiled to, above")
+            }
         };
         Ok(Inspection {
             kind,
@@ -347,10 +353,13 @@ impl Runtime {
             .instantiate_pre(component)
             .map_err(anyhow::Error::from)
             .context("the WASI command needs something wasmproc does not provide")?;
-        let pre = wasmtime_wasi::p2::bindings::sync::CommandPre::new(pre)
+        let unknown_run = "the component's `wasi:cli/run` export is not the one wasmproc knows";
+        let indices = wasmtime_wasi::p2::bindings::sync::CommandIndices::new(&pre)
             .map_err(anyhow::Error::from)
-            .context("the component's `wasi:cli/run` export is not the one wasmproc knows")?;
-        Ok(Command::new(command::Code::Component(pre), self.shared.engine.clone(), self.shared.config.clone()))
+            .context(unknown_run)?;
+        let preemptible =
+            wasmtime_wasi::p2::bindings::CommandIndices::new(&pre).map_err(anyhow::Error::from).context(unknown_run)?;
+        Ok(self.command(command::Code::Component(pre, indices, preemptible)))
     }
 
     fn command_module(&self, module: &wasmtime::Module) -> anyhow::Result<Command> {
@@ -359,13 +368,21 @@ impl Runtime {
             "a core module without a `_start` export is neither a WASI command nor a process: processes are \
              components of the `{WORLD}` world (build the guest for `wasm32-wasip2`)"
         );
+        if let Some(problem) = start_problem(module) {
+            bail!("{problem}");
+        }
         let pre = self
             .command_linkers()?
             .module
             .instantiate_pre(module)
             .map_err(anyhow::Error::from)
             .context("the WASI program needs something wasmproc does not provide")?;
-        Ok(Command::new(command::Code::Module(pre), self.shared.engine.clone(), self.shared.config.clone()))
+        Ok(self.command(command::Code::Module(pre)))
+    }
+
+    fn command(&self, code: command::Code) -> Command {
+        let shared = &self.shared;
+        Command::new(code, shared.engine.clone(), shared.config.clone(), shared.clock.clone())
     }
 
     /// Checks `compiled` against the world and reads its entries.
@@ -407,6 +424,29 @@ impl Runtime {
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime").field("config", &self.shared.config).field("stats", &self.stats()).finish()
+    }
+}
+
+/// Why a core module's `_start` export cannot start a WASI command, if it cannot: it must
+/// be a function of no parameters and no results.
+fn start_problem(module: &wasmtime::Module) -> Option<String> {
+    match module.get_export("_start")? {
+        wasmtime::ExternType::Func(ty) if ty.params().len() == 0 && ty.results().len() == 0 => None,
+        wasmtime::ExternType::Func(ty) => Some(format!(
+            "the module's `_start` export is a function of type {ty}; a WASI command's `_start` takes no \
+             parameters and returns nothing"
+        )),
+        other => Some(format!("the module's `_start` export is not a function but {}", extern_kind(&other))),
+    }
+}
+
+fn extern_kind(ty: &wasmtime::ExternType) -> &'static str {
+    match ty {
+        wasmtime::ExternType::Func(_) => "a function",
+        wasmtime::ExternType::Global(_) => "a global",
+        wasmtime::ExternType::Table(_) => "a table",
+        wasmtime::ExternType::Memory(_) => "a memory",
+        wasmtime::ExternType::Tag(_) => "a tag",
     }
 }
 
