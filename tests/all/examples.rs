@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use wasmproc::wasm::{Component, Config, Runtime};
-use wasmproc::{Capabilities, Outcome, Payload, Request, Scheduler};
+use wasmproc::{Capabilities, Outcome, Payload, Request, Scheduler, SpawnOptions};
 use wasmproc_tests::HANG;
 
 /// The custom command the `workflow` guest calls.
@@ -91,6 +91,32 @@ fn fan_out_gathers_its_children_results_in_order() -> anyhow::Result<()> {
     let squares: Vec<u64> = (0..20).map(|i| i * i).collect();
     assert_eq!(run(&s, "fan-out", "main", vec![Payload::json(&20)?]), Ok(Payload::json(&squares)?));
     Ok(())
+}
+
+#[test]
+fn children_get_their_parents_grants_and_no_more() {
+    let s = Scheduler::builder()
+        .kind("fan-out", load(env!("GUEST_FAN_OUT")))
+        .kind("workflow", load(env!("GUEST_WORKFLOW")))
+        .capabilities(Capabilities::default().allow(RESERVE))
+        .handler(RESERVE, |request: Request<'_>| request.complete(Ok(Payload::json(&"R-7").unwrap())))
+        .build()
+        .expect("the scheduler starts");
+    let job = Payload::json(&("workflow", "main", serde_json::json!({"item": "apples", "quantity": 2}))).unwrap();
+    let delegate = |caps: Capabilities| {
+        let options = SpawnOptions::new("delegate").input(vec![job.clone()]).capabilities(caps);
+        let process = s.spawn_kind_with("fan-out", options).expect("the supervisor starts");
+        process.join_timeout(HANG).expect("the supervisor ends")
+    };
+    // Granted the command, the supervisor's child may call it.
+    let summary = delegate(Capabilities::default().allow(RESERVE)).expect("the child may reserve");
+    let summary: serde_json::Value = serde_json::from_slice(&summary.data).expect("JSON");
+    assert_eq!(summary, serde_json::json!({"item": "apples", "quantity": 2, "reservation": "R-7", "attempts": 1}));
+    // Not granted to the supervisor, it is not granted to its child either, although the
+    // scheduler's default grants it: the child's call is denied, and so the supervisor fails.
+    let error = delegate(Capabilities::default()).expect_err("the child may not reserve");
+    assert!(error.starts_with("the `workflow` child running `main` failed"), "{error}");
+    assert!(error.contains("permission denied: inventory.reserve"), "{error}");
 }
 
 /// A scheduler running `workflow` whose `inventory.reserve` fails `failures` times, then

@@ -1,4 +1,5 @@
-//! Work spread over child processes, one per item, and gathered back in order.
+//! Work spread over child processes, one per item, and gathered back in order; or handed
+//! to one child of another kind.
 
 use wasmproc_guest::prelude::*;
 
@@ -20,4 +21,13 @@ async fn square(_ctx: Ctx, i: u64) -> Result<u64> {
     i.checked_mul(i).with_context(|| format!("{i} squared overflows a u64"))
 }
 
-wasmproc_guest::export!(main, square);
+/// Runs `method` of a child of the registered kind `kind` with `input` and returns the
+/// child's result: a supervisor's one piece of work. The child gets the spawner's grants,
+/// no more, so what it may do is bounded by what this process may do.
+#[entry]
+async fn delegate(ctx: Ctx, (kind, method, input): (String, String, serde_json::Value)) -> Result<serde_json::Value> {
+    let child = ctx.spawn_kind(&kind, &method, input).await?;
+    ctx.wait(child).await.with_context(|| format!("the `{kind}` child running `{method}` failed"))
+}
+
+wasmproc_guest::export!(main, square, delegate);

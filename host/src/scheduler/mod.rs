@@ -496,10 +496,20 @@ impl Handle {
     ///
     /// As [`Handle::spawn`], and [`SpawnError::UnknownKind`] / [`SpawnError::Factory`].
     pub fn spawn_kind(&self, kind: &str, method: &str, input: Vec<Payload>) -> Result<ProcessHandle, SpawnError> {
+        self.spawn_kind_with(kind, SpawnOptions::new(method).input(input))
+    }
+
+    /// Spawns a process of the registered `kind` with explicit options (its capabilities,
+    /// which bound its children's, or its mailbox).
+    ///
+    /// # Errors
+    ///
+    /// As [`Handle::spawn_kind`].
+    pub fn spawn_kind_with(&self, kind: &str, options: SpawnOptions) -> Result<ProcessHandle, SpawnError> {
         let (name, factory) =
             self.shared.kinds.get_key_value(kind).ok_or_else(|| SpawnError::UnknownKind(kind.to_owned()))?;
         let process = factory.make().map_err(|source| SpawnError::Factory { kind: kind.to_owned(), source })?;
-        self.spawn_inner(process, Some(name.clone()), SpawnOptions::new(method).input(input))
+        self.spawn_inner(process, Some(name.clone()), options)
     }
 
     /// Spawns `process` with explicit options.
