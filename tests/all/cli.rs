@@ -140,7 +140,7 @@ fn a_failing_process_exits_1_with_its_error() {
 
 #[test]
 fn a_fuel_budget_ends_the_process_that_spends_it() {
-    run(&["run", FAN_OUT, "--input", "50", "--fuel", "2000"]).expect(1).error_says("fuel budget exhausted");
+    run(&["run", FAN_OUT, "--input", "50", "--fuel", "20000"]).expect(1).error_says("fuel budget exhausted");
     let ran = run(&["run", FAN_OUT, "--input", "3", "--fuel", "100000000"]).expect(0);
     assert_eq!(ran.stdout.trim(), "[0,1,4]");
 }

@@ -57,6 +57,7 @@ thread_local! {
 /// The identity and queue of the worker running on this thread.
 struct Local {
     scheduler: usize,
+    shared: Arc<Shared>,
     index: usize,
     queue: Worker<Task>,
     dispatch: Dispatching,
@@ -115,6 +116,16 @@ pub(crate) fn push_local(scheduler: usize, task: Task) -> Result<Pushed, Task> {
     pushed.ok_or_else(|| task.take().expect("not pushed"))
 }
 
+/// Whether processes are queued on the scheduler whose worker this thread is (false off
+/// a worker thread): a long step then yields at its next epoch tick instead of at the end
+/// of its time slice (`wasm/process.rs`). A snapshot of racy emptiness checks: a wrong
+/// answer only moves a yield by one tick.
+pub(crate) fn others_waiting() -> bool {
+    let local = CURRENT.get();
+    // SAFETY: as in `with_local`.
+    unsafe { local.as_ref() }.is_some_and(|local| local.shared.has_queued_work())
+}
+
 /// This thread's worker index if it is one of `scheduler`'s workers.
 pub(crate) fn current_index(scheduler: usize) -> Option<usize> {
     with_local(scheduler, |local| local.index)
@@ -131,7 +142,7 @@ impl Drop for Installed {
 
 /// The body of worker thread `index`.
 pub(crate) fn run(shared: Arc<Shared>, index: usize, queue: Worker<Task>) {
-    let local = Local { scheduler: shared.id, index, queue, dispatch: Dispatching::default() };
+    let local = Local { scheduler: shared.id, shared: shared.clone(), index, queue, dispatch: Dispatching::default() };
     CURRENT.set(&local);
     let _installed = Installed;
     let mut worker = WorkerLoop {

@@ -189,6 +189,8 @@ pub(crate) struct CommandState {
     wasi: WasiCtx,
     table: ResourceTable,
     limiter: MemoryLimiter,
+    /// See `process::preempt`.
+    slice_ticks: u64,
 }
 
 impl WasiView for CommandState {
@@ -201,6 +203,8 @@ impl WasiView for CommandState {
 pub(crate) struct P1State {
     pub(crate) wasi: WasiP1Ctx,
     limiter: MemoryLimiter,
+    /// See `process::preempt`.
+    slice_ticks: u64,
 }
 
 /// A process running a WASI program: see the module docs.
@@ -272,11 +276,10 @@ impl CommandProcess {
         });
     }
 
-    /// Makes every later call of `store` yield its fiber each time slice.
-    fn preempt<T: 'static>(&self, store: &mut Store<T>) {
+    /// Makes every later call of `store` yield its fiber as a process's step does.
+    fn preempt<T: 'static>(&self, store: &mut Store<T>, ticks: fn(&mut T) -> &mut u64) {
         let config = &self.command.inner.config;
-        store.set_epoch_deadline(config.ticks(config.time_slice));
-        store.epoch_deadline_async_yield_and_update(config.ticks(config.time_slice));
+        super::process::preempt(store, config.ticks(config.time_slice), ticks);
     }
 
     /// Instantiates the program: its start function runs here.
@@ -288,7 +291,7 @@ impl CommandProcess {
         let init_limit = Some(config.init_time_limit);
         let running = match &inner.code {
             Code::Component(pre, indices, preemptible) => {
-                let state = CommandState { wasi: wasi.build(), table: ResourceTable::new(), limiter };
+                let state = CommandState { wasi: wasi.build(), table: ResourceTable::new(), limiter, slice_ticks: 0 };
                 let mut store = Store::new(&inner.engine, state);
                 self.limit(&mut store, |state| &mut state.limiter);
                 self.watch(&mut store, init_limit);
@@ -298,7 +301,7 @@ impl CommandProcess {
                 };
                 refuel(&mut store, config.fuel);
                 if config.preemption {
-                    self.preempt(&mut store);
+                    self.preempt(&mut store, |state| &mut state.slice_ticks);
                     let command = preemptible.load(&mut store, &instance).map_err(|e| command_error(e, config))?;
                     Running::PreemptibleComponent(store, command)
                 } else {
@@ -308,7 +311,7 @@ impl CommandProcess {
                 }
             }
             Code::Module(pre) => {
-                let mut store = Store::new(&inner.engine, P1State { wasi: wasi.build_p1(), limiter });
+                let mut store = Store::new(&inner.engine, P1State { wasi: wasi.build_p1(), limiter, slice_ticks: 0 });
                 self.limit(&mut store, |state| &mut state.limiter);
                 self.watch(&mut store, init_limit);
                 let instance = match pre.instantiate(&mut store) {
@@ -322,7 +325,7 @@ impl CommandProcess {
                     .map_err(anyhow::Error::from)
                     .context("the module's `_start` export is not a function of no parameters")?;
                 if config.preemption {
-                    self.preempt(&mut store);
+                    self.preempt(&mut store, |state| &mut state.slice_ticks);
                     Running::PreemptibleModule(store, start)
                 } else {
                     self.watch(&mut store, None);

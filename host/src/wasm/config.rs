@@ -69,7 +69,9 @@ impl Config {
     /// How long a step runs before it is preempted: suspended where it is and queued
     /// again behind every process already waiting, so that one busy (or looping) process
     /// cannot hold a worker while others wait. The step resumes, for another slice, on
-    /// its next turn. (Without [`Config::preemption`] the step is stopped instead, with
+    /// its next turn. While other processes are waiting it is preempted sooner, at the
+    /// next epoch tick, so a busy process delays the others by a tick rather than a slice.
+    /// (Without [`Config::preemption`] the step is stopped instead, with
     /// an error naming this limit.) `init` has a limit of its own,
     /// [`Config::init_time_limit`].
     /// Measured in epoch ticks, so it is accurate to about one [`Config::epoch_tick`].

@@ -1,10 +1,12 @@
 //! [`WasmProcess`]: a [`Process`] whose steps run in a component instance.
 //!
 //! Preemption (on unless [`Config::preemption`] is off): a step runs on a fiber
-//! (wasmtime's async call) with an epoch deadline one time slice away. Past it, the fiber
-//! yields instead of trapping: the poll returns `Pending`, the process answers the
-//! scheduler [`Status::Continue`] (queued again behind everyone waiting) and keeps the
-//! suspended step, which its next turn resumes where it stopped. Events that arrive
+//! (wasmtime's async call) and is looked at every epoch tick ([`preempt`]). At the end of
+//! its time slice, or at any tick while other processes wait in the scheduler's queues,
+//! the fiber yields instead of trapping: the poll returns `Pending`, the process answers
+//! the scheduler [`Status::Continue`] (queued again behind everyone waiting) and keeps
+//! the suspended step, which its next turn resumes where it stopped. So a process that
+//! computes for long holds a worker for at most one tick once someone else wants it. Events that arrive
 //! meanwhile wait in the process until the guest asks for them with its next step. The
 //! future is polled with a no-op waker: the scheduler's queue, not a waker, is what
 //! brings the process back. Without preemption a step is a plain call, cheaper (see
@@ -17,7 +19,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use anyhow::{Context as _, anyhow, bail};
-use wasmtime::{Store, Trap, WasmBacktrace};
+use wasmtime::{Store, Trap, UpdateDeadline, WasmBacktrace};
 
 use super::bindings::Process as Guest;
 use super::bindings::preemptible::Process as PreemptibleGuest;
@@ -76,10 +78,10 @@ impl WasmProcess {
 
     /// Runs a step of `running` over the events gathered so far: `None` if it was
     /// preempted (and is kept to resume).
-    fn run(&mut self, mut running: Running) -> anyhow::Result<Option<Stepped>> {
-        running.store.set_epoch_deadline(self.component.limits.time_slice_ticks);
+    fn run(&mut self, running: Running) -> anyhow::Result<Option<Stepped>> {
         match running {
             mut running @ Running { preemptible: None, .. } => {
+                running.store.set_epoch_deadline(self.component.limits.time_slice_ticks);
                 let clock = &self.component.loaded().clock;
                 let started = clock.now();
                 let result = running.guest.call_step(&mut running.store, &self.events);
@@ -88,6 +90,8 @@ impl WasmProcess {
                 Ok(Some((running, batch, result)))
             }
             Running { mut store, guest, preemptible: Some(stepper) } => {
+                store.data_mut().slice_ticks = 0;
+                store.set_epoch_deadline(1);
                 // The future owns what it borrows (store, events) so that it can outlive
                 // this turn when preempted.
                 let batch = std::mem::take(&mut self.events);
@@ -145,7 +149,7 @@ impl Process for WasmProcess {
         if preemptible.is_some() {
             // From here on the deadline suspends a step instead of trapping; wasmtime
             // then requires every call to be async, and only steps come after `init`.
-            store.epoch_deadline_async_yield_and_update(limits.time_slice_ticks);
+            preempt(&mut store, limits.time_slice_ticks, |state| &mut state.slice_ticks);
         }
         self.state = State::Ready(Running { store, guest, preemptible });
         Ok(())
@@ -206,6 +210,27 @@ impl std::fmt::Debug for WasmProcess {
             .field("state", &state)
             .finish()
     }
+}
+
+/// Makes the async calls of `store` yield their fiber at the end of a time slice of
+/// `slice` epoch ticks, or at any tick at which other processes wait on this worker's
+/// scheduler: the latency a computing process adds to the others is then one tick, not
+/// one slice. `ticks` is the store's count of the current slice's ticks; a yield resets
+/// it, and whoever starts a call should too.
+///
+/// The callback runs once a tick while the store runs Wasm (the deadline is always the
+/// next tick), and costs a few atomic loads to see the queues.
+pub(crate) fn preempt<T: 'static>(store: &mut Store<T>, slice: u64, ticks: fn(&mut T) -> &mut u64) {
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(move |mut cx| {
+        let ran = ticks(cx.data_mut());
+        *ran += 1;
+        if *ran >= slice || crate::scheduler::worker::others_waiting() {
+            *ran = 0;
+            return Ok(UpdateDeadline::Yield(1));
+        }
+        Ok(UpdateDeadline::Continue(1))
+    });
 }
 
 fn cpu_budget_exceeded(limits: &Limits) -> anyhow::Error {

@@ -17,6 +17,8 @@ pub(crate) struct ProcessState {
     wasi: WasiCtx,
     table: ResourceTable,
     pub(crate) limiter: MemoryLimiter,
+    /// Epoch ticks of the running step's current time slice (see `process::preempt`).
+    pub(crate) slice_ticks: u64,
 }
 
 impl ProcessState {
@@ -32,7 +34,14 @@ impl ProcessState {
             .allow_udp(false)
             .allow_ip_name_lookup(false)
             .build();
-        ProcessState { pid, log, wasi, table: ResourceTable::new(), limiter: MemoryLimiter { max_memory } }
+        ProcessState {
+            pid,
+            log,
+            wasi,
+            table: ResourceTable::new(),
+            limiter: MemoryLimiter { max_memory },
+            slice_ticks: 0,
+        }
     }
 }
 
