@@ -147,7 +147,8 @@ struct RunArgs {
     engine: EngineArgs,
     /// How long a step runs before it is preempted: suspended and queued behind the
     /// processes waiting, so a busy or looping process never holds a worker (a bare
-    /// number is milliseconds). WASI commands are one long call: --timeout bounds them.
+    /// number is milliseconds). While others wait, a step yields sooner, at the next
+    /// 1 ms tick. A WASI command's run is preempted the same way.
     #[arg(long, value_name = "DURATION", default_value = "10ms", value_parser = units::millis)]
     time_slice: Duration,
     /// A step past its time slice fails its process instead of being preempted. Steps

@@ -32,9 +32,11 @@
 //! network; its stdout and stderr go to the log. It may use at most its memory cap
 //! ([`Config::max_memory`]); past it the growth traps, with an error that names the
 //! limit, and only that process ends. A step that runs past its time slice
-//! ([`Config::time_slice`]) is preempted: suspended on its fiber and queued behind the
-//! processes waiting, so a looping guest costs others at most a slice per turn; a CPU
-//! or fuel budget ([`Config::cpu_budget`], [`Config::fuel`]) ends it. `init` cannot be
+//! ([`Config::time_slice`]), or past the next epoch tick while other processes wait, is
+//! preempted: suspended on its fiber and queued behind the processes waiting, so a
+//! looping guest costs others about a tick per turn; a CPU or fuel budget
+//! ([`Config::cpu_budget`], [`Config::fuel`]) ends it. WASI commands' one long call is
+//! preempted the same way. `init` cannot be
 //! preempted and has a limit of its own ([`Config::init_time_limit`]).
 
 mod bindings;
