@@ -51,6 +51,7 @@ fn main() {
     let options = Options::from_env();
     let out = target_dir().join("bench");
     let load_before = load_average();
+    let cpu_before = cpu_times();
     println!(
         "wasmproc benchmarks: {} workers, {} runs a side after {WARMUP} warm-up{}; load average {load_before}",
         options.workers,
@@ -66,15 +67,22 @@ fn main() {
     idle::run(&options, &mut report, &mut plots);
     cli::run(&options, &mut report);
     let load_after = load_average();
+    let steal = cpu_times().zip(cpu_before).map(|(after, before)| after.steal_since(&before));
 
     std::fs::create_dir_all(&out).unwrap_or_else(|e| panic!("failed to create `{}`: {e}", out.display()));
     let mut results = report.to_json(&options);
     results["load_average"] = json!({ "before": load_before, "after": load_after });
+    results["cpu_steal"] = json!(steal);
     let path = out.join("results.json");
     let text = serde_json::to_string_pretty(&results).expect("the results serialise");
     std::fs::write(&path, text + "\n").unwrap_or_else(|e| panic!("failed to write `{}`: {e}", path.display()));
     println!();
     println!("load average after: {load_after}");
+    if let Some(steal) = steal {
+        // Time the hypervisor gave this VM's CPUs to others: a share of it makes every
+        // figure slower, both sides alike only as far as the alternation evens it out.
+        println!("CPU time stolen by the hypervisor during the run: {:.0}%", steal * 100.0);
+    }
     println!("wrote {}", path.display());
     match plot::write(&plots, &out) {
         Ok(files) => files.iter().for_each(|f| println!("wrote {}", f.display())),
@@ -84,7 +92,8 @@ fn main() {
     if !missed.is_empty() {
         println!("goals not met:");
         for record in missed {
-            println!("  {}: {} {} against {}", record.name, human(record.median), record.unit, record.goal_text());
+            let ratio = record.ratio.map(|r| format!(", {r:.2}× the baseline")).unwrap_or_default();
+            println!("  {}: {} {}{ratio}; goal {}", record.name, human(record.median), record.unit, record.goal_text());
         }
     }
 }
@@ -106,6 +115,30 @@ fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|_| "unknown".to_owned())
+}
+
+/// The machine's CPU time so far, from the first line of `/proc/stat`.
+struct CpuTimes {
+    total: u64,
+    steal: u64,
+}
+
+impl CpuTimes {
+    /// The share of the CPU time since `before` that the hypervisor stole.
+    fn steal_since(&self, before: &CpuTimes) -> f64 {
+        let total = self.total.saturating_sub(before.total);
+        if total == 0 { 0.0 } else { self.steal.saturating_sub(before.steal) as f64 / total as f64 }
+    }
+}
+
+/// `None` where `/proc/stat` is missing or has no steal field (not Linux, or too old).
+fn cpu_times() -> Option<CpuTimes> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    // `cpu  user nice system idle iowait irq softirq steal guest guest_nice`; guest time
+    // is already counted in user time.
+    let fields: Vec<u64> = stat.lines().next()?.split_whitespace().skip(1).map_while(|f| f.parse().ok()).collect();
+    let steal = *fields.get(7)?;
+    Some(CpuTimes { total: fields.iter().take(8).sum(), steal })
 }
 
 /// A count as it appears in a benchmark's name: `1M`, `200k`, `100`.

@@ -83,7 +83,14 @@ fn lines(
         .build_cartesian_2d(x_from..x_to, 0.0..(top * 1.15).max(1.0))?;
     // Worker counts are whole: a label between two would be a count that was not run.
     let whole = |x: &f64| if (x - x.round()).abs() < 1e-9 { format!("{x:.0}") } else { String::new() };
-    chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).x_label_formatter(&whole).draw()?;
+    let y_label = |y: &f64| format!("{y:.0}");
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_label_formatter(&whole)
+        .y_label_formatter(&y_label)
+        .draw()?;
     for (i, (label, points)) in series.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
         let mut points = points.clone();
