@@ -1,5 +1,5 @@
 //! `examples-wasm/bench`, the benchmarks' guest: each entry runs once through the
-//! scheduler with the result `tests/benches/wasm.rs` relies on.
+//! scheduler with the result `tests/benches/all/wasm.rs` relies on.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -32,7 +32,7 @@ fn scheduler() -> Scheduler {
 
 #[test]
 fn bench_guest_lists_its_entries() {
-    assert_eq!(bench_guest().entries(), ["echo", "cycles", "ping-pong", "idle"]);
+    assert_eq!(bench_guest().entries(), ["echo", "cycles", "ping-pong", "idle", "tree"]);
 }
 
 #[test]
@@ -91,4 +91,16 @@ fn idle_waits_for_a_message_then_completes_with_it() {
     assert_eq!(idle.join_timeout(Duration::from_millis(50)), None, "it waits for a message");
     s.send(idle.pid(), "wake", Payload::text("up")).unwrap();
     assert_eq!(idle.join_timeout(HANG), Some(Ok(Payload::text("up"))));
+}
+
+#[test]
+fn tree_spawns_its_leaves_as_processes_and_sums_them() {
+    let s = scheduler();
+    // 23 leaves, width 4: uneven shares at every level (6, 6, 6, 5 leaves, then 2 or 1).
+    let tree = s.spawn_kind("bench", "tree", vec![Payload::u64(23), Payload::u64(4)]).unwrap();
+    assert_eq!(tree.join_timeout(HANG), Some(Ok(Payload::u64(23))));
+    // The root, its 4 children, their 16 (7 nodes of 2 leaves, 9 leaves), and 14 leaves.
+    assert_eq!(s.stats().spawned, 1 + 4 + 16 + 14);
+    let narrow = s.spawn_kind("bench", "tree", vec![Payload::u64(8), Payload::u64(1)]).unwrap_err();
+    assert!(format!("{narrow:#}").contains("`width` of at least 2"), "{narrow:#}");
 }

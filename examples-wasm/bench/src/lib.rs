@@ -1,4 +1,4 @@
-//! The benchmarks' guest (`tests/benches/wasm.rs`), written directly against `wit/` like
+//! The benchmarks' guest (`tests/benches/all/wasm.rs`), written directly against `wit/` like
 //! `raw`: no SDK, no executor, no serialisation, so what a benchmark measures is the
 //! host's cost per process, step and message, not the guest's.
 //!
@@ -11,20 +11,24 @@
 //!   with `c` if `c >= limit`, else sends `c + 1` back to the sender; the process that
 //!   sent `limit` completes with it once that send has completed, so both end;
 //! - `idle`: waits (status `idle`) for the first message, then completes with its body.
+//! - `tree [leaves] [width]`: a tree of processes of this kind. A node with more than one
+//!   leaf spawns up to `width` children (monitored), splitting its leaves between them as
+//!   evenly as it can, and completes with the sum of their results once all have ended;
+//!   a leaf completes with 1 at once. So the root completes with `leaves`.
 //!
 //! A `cancel` event ends any of them at once with the reason as the error.
 
 use std::cell::RefCell;
 
 // The world's `use` brings `Payload`, `Event` and `StepOutput` into this module.
-use wasmproc::process::types::{Command, CustomCommand, SendRequest, Status, YieldCommand};
+use wasmproc::process::types::{Command, CustomCommand, SendRequest, SpawnRequest, Status, YieldCommand};
 
 wit_bindgen::generate!({
     world: "process",
     path: "../../wit",
 });
 
-const ENTRIES: [&str; 4] = ["echo", "cycles", "ping-pong", "idle"];
+const ENTRIES: [&str; 5] = ["echo", "cycles", "ping-pong", "idle", "tree"];
 
 // A guest instance runs exactly one process, so its state is a global. Wasm is
 // single-threaded: the `RefCell` is only ever borrowed by the one export running now.
@@ -37,6 +41,7 @@ enum Process {
     Cycles { n: u64, done: u64 },
     PingPong { limit: u64, peer: Option<u64>, started: bool },
     Idle,
+    Tree { leaves: u64, width: u64, sum: u64, children: u64, ended: u64 },
 }
 
 struct Bench;
@@ -56,6 +61,14 @@ impl Guest for Bench {
                 started: false,
             },
             "idle" => Process::Idle,
+            "tree" => {
+                let leaves = number(&input, 0, "tree", "leaves")?;
+                let width = number(&input, 1, "tree", "width")?;
+                if width < 2 {
+                    return Err(format!("`tree` needs a `width` of at least 2, got {width}"));
+                }
+                Process::Tree { leaves, width, sum: 0, children: 0, ended: 0 }
+            }
             // The host adds the list of entries.
             other => return Err(format!("unknown entry method `{other}`")),
         };
@@ -76,6 +89,9 @@ impl Guest for Bench {
                 Process::Cycles { n, done: completed } => cycles(*n, completed, events),
                 Process::PingPong { limit, peer, started } => ping_pong(*limit, peer, started, events),
                 Process::Idle => idle(events),
+                Process::Tree { leaves, width, sum, children, ended } => {
+                    tree(*leaves, *width, sum, children, ended, events)
+                }
             }
         })
     }
@@ -160,6 +176,56 @@ fn idle(events: Vec<Event>) -> StepOutput {
         if let Event::Message(message) = event {
             return done(Ok(message.body));
         }
+    }
+    StepOutput { status: Status::Idle, yields: vec![] }
+}
+
+/// The first step spawns the children; later steps count their exits. `children` is 0
+/// until then, so a node is never complete before it has spawned.
+fn tree(leaves: u64, width: u64, sum: &mut u64, children: &mut u64, ended: &mut u64, events: Vec<Event>) -> StepOutput {
+    if leaves <= 1 {
+        return done(Ok(u64_payload(leaves)));
+    }
+    for event in events {
+        match event {
+            Event::Exit(exit) => match exit.result {
+                Ok(payload) => {
+                    let Ok(bytes) = <[u8; 8]>::try_from(payload.data.as_slice()) else {
+                        return done(Err(format!("child {} returned {} bytes, not a count", exit.pid, payload.data.len())));
+                    };
+                    *sum += u64::from_le_bytes(bytes);
+                    *ended += 1;
+                }
+                Err(e) => return done(Err(format!("child {} failed: {e}", exit.pid))),
+            },
+            Event::Completion(completion) => {
+                if let Err(e) = completion.result {
+                    return done(Err(format!("spawn {} failed: {e}", completion.tag)));
+                }
+            }
+            _ => {}
+        }
+    }
+    if *children == 0 {
+        let count = width.min(leaves);
+        let yields = (0..count)
+            .map(|i| {
+                // The first `leaves % count` children take one leaf more than the rest.
+                let share = leaves / count + u64::from(i < leaves % count);
+                let spawn = SpawnRequest {
+                    kind: None,
+                    method: "tree".to_string(),
+                    input: vec![u64_payload(share), u64_payload(width)],
+                    monitor: true,
+                };
+                YieldCommand { tag: i, command: Command::Spawn(spawn) }
+            })
+            .collect();
+        *children = count;
+        return StepOutput { status: Status::Idle, yields };
+    }
+    if *ended == *children {
+        return done(Ok(u64_payload(*sum)));
     }
     StepOutput { status: Status::Idle, yields: vec![] }
 }

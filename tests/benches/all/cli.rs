@@ -1,9 +1,9 @@
 //! Cold start: a whole `wasmproc run` of a module whose compiled code is cached, against
-//! `wasmtime run` of the same program, in one run.
+//! `wasmtime run` of the same program.
 //!
-//! `cargo bench -p wasmproc-tests --bench cli`. The wasmtime CLI is taken from `WASMTIME`
-//! (a path), else from `PATH`; without it only wasmproc's figures are printed.
-//! `RUNS=n` sets the measured runs per side (default 20, after 3 warm-ups each).
+//! The wasmtime CLI is taken from `WASMTIME` (a path), else from `PATH`; without it the
+//! records have no baseline. 20 runs a side (a cold start is short and noisy; `RUNS` if
+//! larger, 5 in quick mode) after 3 warm-ups each.
 //!
 //! Programs, each run as a fresh OS process with its output captured:
 //! - `wasi-cli`: `examples-wasm/wasi-cli`, a plain WASI command (a `wasi:cli/run`
@@ -17,14 +17,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use wasmproc_tests::bench::{Sample, measure_pair};
+use wasmproc_tests::bench::{Condition, Options, Record, Report, measure, measure_pair};
 
 const WASI_CLI: &str = env!("GUEST_WASI_CLI");
 const HELLO: &str = env!("GUEST_HELLO");
 const WARMUP: usize = 3;
 
-fn main() {
-    let runs = std::env::var("RUNS").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(20);
+pub fn run(options: &Options, report: &mut Report) {
+    let names = ["cli/cold-start-wasi-cli", "cli/cold-start-precompiled", "cli/cold-start-hello"];
+    if !names.iter().any(|n| options.selected(n)) {
+        return;
+    }
+    let runs = if options.quick { 5 } else { options.runs.max(20) };
     let scratch = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-cli");
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch).expect("the scratch directory can be made");
@@ -48,54 +52,49 @@ fn main() {
     let our_cwasm = our_cwasm.to_str().expect("utf-8");
     let their_cwasm = their_cwasm.to_str().expect("utf-8");
     // A wasmtime CLI built without its `compile` feature cannot precompile: that pair
-    // is then left out.
+    // then has no baseline.
     let their_compile = wasmtime.is_some()
         && theirs(&["compile", WASI_CLI, "-o", their_cwasm]).output().is_ok_and(|o| o.status.success());
     if wasmtime.is_some() && !their_compile {
-        println!("this wasmtime CLI cannot `compile`: the precompiled pair is left out");
+        println!("  this wasmtime CLI cannot `compile`: the precompiled pair has no baseline");
     }
 
-    println!("cold start, {runs} runs a side after {WARMUP} warm-ups; median (min–max)");
-    println!("{:<34} {:>24} {:>24} {:>7}", "program", "wasmproc run", "wasmtime run", "ratio");
-    let pairs: [(&str, Command, Command); 2] = [
+    let pairs: [(&str, Command, Command, bool); 2] = [
         (
-            "wasi-cli (cached compile)",
+            names[0],
             ours(&["run", WASI_CLI, "--", "hello"]),
             theirs(&["run", "-C", "cache=y", WASI_CLI, "hello"]),
+            wasmtime.is_some(),
         ),
         (
-            "wasi-cli (precompiled)",
+            names[1],
             ours(&["run", our_cwasm, "--", "hello"]),
             theirs(&["run", "--allow-precompiled", their_cwasm, "hello"]),
+            their_compile,
         ),
     ];
     let mut baseline = None;
-    for (name, mut a, mut b) in pairs {
-        if name.contains("precompiled") && wasmtime.is_some() && !their_compile {
+    for (name, mut a, mut b, with_baseline) in pairs {
+        if !options.selected(name) {
             continue;
         }
-        if wasmtime.is_none() {
-            let sample = measure(runs, &mut a);
-            println!("{name:<34} {:>24} {:>24}", sample.to_string(), "(no wasmtime CLI)");
+        if !with_baseline {
+            report.push(Record::time(name, &measure(runs, WARMUP, &mut || time(&mut a)), None));
             continue;
         }
         let (ours, theirs) = measure_pair(runs, WARMUP, &mut || time(&mut a), &mut || time(&mut b));
-        println!("{name:<34} {:>24} {:>24} {:>6.2}×", ours.to_string(), theirs.to_string(), ours.ratio(&theirs));
-        baseline.get_or_insert(theirs);
+        let mut record = Record::time(name, &ours, Some(&theirs));
+        if name == names[0] {
+            record = record.goal(Condition::ratio_at_most(1.2));
+            baseline = Some(theirs);
+        }
+        report.push(record);
     }
-    let hello = measure(runs, &mut ours(&["run", HELLO, "--method", "greet", "--input", "\"bench\""]));
-    match baseline {
-        Some(theirs) => println!(
-            "{:<34} {:>24} {:>24} {:>6.2}×",
-            "hello greet (process world)",
-            hello.to_string(),
-            format!("{theirs} *"),
-            hello.ratio(&theirs)
-        ),
-        None => println!("{:<34} {:>24}", "hello greet (process world)", hello.to_string()),
-    }
-    if baseline.is_some() {
-        println!("* wasmtime cannot run the process world: its wasi-cli time above is the nearest baseline");
+    if options.selected(names[2]) {
+        let mut hello = ours(&["run", HELLO, "--method", "greet", "--input", "\"bench\""]);
+        let sample = measure(runs, WARMUP, &mut || time(&mut hello));
+        // wasmtime cannot run the process world: its wasi-cli time is the nearest baseline.
+        report.push(Record::time(names[2], &sample, baseline.as_ref()));
     }
 }
 
@@ -131,13 +130,6 @@ fn time(command: &mut Command) -> Duration {
     let elapsed = start.elapsed();
     assert!(output.status.success(), "{command:?} failed: {}", String::from_utf8_lossy(&output.stderr));
     elapsed
-}
-
-fn measure(runs: usize, command: &mut Command) -> Sample {
-    for _ in 0..WARMUP {
-        time(command);
-    }
-    Sample::of((0..runs).map(|_| time(command)).collect())
 }
 
 fn check(mut command: Command) {

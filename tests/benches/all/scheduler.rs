@@ -1,9 +1,5 @@
-//! The scheduler alone against tokio doing the same work, in one run.
-//!
-//! `cargo bench -p wasmproc --bench scheduler` (release build). Each workload runs once
-//! to warm up and then `RUNS` times; the table shows the median and the spread (min–max)
-//! of both, and the ratio of the medians (below 1.0: wasmproc is faster). Both use the
-//! same number of worker threads (`WORKERS`, default: all cores).
+//! The scheduler alone against tokio doing the same work, with native processes: what
+//! the scheduler costs before any Wasm. Both use `WORKERS` worker threads.
 //!
 //! - `skynet`: a tree of processes, each spawning 10 children, 1,000,000 leaves
 //!   (1,111,111 processes); each parent sums its children's results. wasmproc: `spawn`
@@ -11,101 +7,92 @@
 //!   awaiting the join handles.
 //! - `ping-pong`: two processes pass a counter back and forth 1,000,000 times. wasmproc:
 //!   `send` commands and messages. tokio: two tasks and two bounded mpsc channels.
-//! - `yield-cycles`: 10,000 processes each yield 100 times and are resumed. wasmproc: a
-//!   custom command whose handler completes at once. tokio: `yield_now().await`.
+//! - `yield`: 10,000 processes each yield 100 times and are resumed. wasmproc: a custom
+//!   command whose handler completes at once. tokio: `yield_now().await`.
+//!
+//! Quick mode divides the counts by 10.
 
 use std::time::{Duration, Instant};
 
 use wasmproc::{
     Capabilities, Command, Event, Events, Payload, Pid, Process, Request, Scheduler, SpawnRequest, Status, StepOutput,
 };
+use wasmproc_tests::bench::{Condition, Options, Record, Report, measure_pair};
 
-/// Measured runs per workload; `RUNS` in the environment overrides it.
-const DEFAULT_RUNS: usize = 5;
-const SKYNET_LEAVES: u64 = 1_000_000;
-const PING_PONG_MESSAGES: u64 = 1_000_000;
-const YIELD_PROCESSES: u64 = 10_000;
-const YIELDS_EACH: u64 = 100;
+use crate::{WARMUP, short};
 
-fn main() {
-    let workers = std::env::var("WORKERS")
-        .ok()
-        .and_then(|w| w.parse().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+/// The workloads' sizes.
+struct Sizes {
+    skynet_leaves: u64,
+    ping_pong_messages: u64,
+    yield_processes: u64,
+    yields_each: u64,
+}
+
+impl Sizes {
+    fn new(quick: bool) -> Sizes {
+        let scale = if quick { 10 } else { 1 };
+        Sizes {
+            skynet_leaves: 1_000_000 / scale,
+            ping_pong_messages: 1_000_000 / scale,
+            yield_processes: 10_000 / scale,
+            yields_each: 100,
+        }
+    }
+}
+
+pub fn run(options: &Options, report: &mut Report) {
+    let sizes = Sizes::new(options.quick);
+    let names = [
+        format!("scheduler/skynet-{}", short(sizes.skynet_leaves)),
+        format!("scheduler/ping-pong-{}", short(sizes.ping_pong_messages)),
+        format!("scheduler/yield-{}x{}", short(sizes.yield_processes), sizes.yields_each),
+    ];
+    if !names.iter().any(|n| options.selected(n)) {
+        return;
+    }
+    let workers = options.workers;
     let scheduler = Scheduler::builder()
         .workers(workers)
         .capabilities(Capabilities::default().allow("now"))
-        .handler("now", |r: Request| r.complete(Ok(Payload::empty())))
+        .handler("now", |r: Request<'_>| r.complete(Ok(Payload::empty())))
         .kind("skynet", || Ok(Box::new(Skynet::default()) as Box<dyn Process>))
         .max_processes(2_000_000)
         .build()
-        .expect("scheduler starts");
+        .expect("the scheduler starts");
     let tokio = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).build().expect("tokio starts");
 
-    println!("wasmproc scheduler vs tokio — {workers} workers, {} runs after 1 warm-up", runs());
-    println!("{:<14} {:>24} {:>24} {:>8}", "workload", "wasmproc median (range)", "tokio median (range)", "ratio");
-    type Bench<'a> = (&'a str, Box<dyn Fn() -> Duration + 'a>, Box<dyn Fn() -> Duration + 'a>);
+    type Bench<'a> = (&'a str, Condition, Box<dyn Fn() -> Duration + 'a>, Box<dyn Fn() -> Duration + 'a>);
     let benches: Vec<Bench<'_>> = vec![
-        ("skynet-1M", Box::new(|| skynet_wasmproc(&scheduler)), Box::new(|| skynet_tokio(&tokio))),
-        ("ping-pong-1M", Box::new(|| ping_pong_wasmproc(&scheduler)), Box::new(|| ping_pong_tokio(&tokio))),
-        ("yield-10kx100", Box::new(|| yields_wasmproc(&scheduler)), Box::new(|| yields_tokio(&tokio))),
+        (
+            names[0].as_str(),
+            Condition::ratio_at_most(1.0),
+            Box::new(|| skynet_wasmproc(&scheduler, sizes.skynet_leaves)),
+            Box::new(|| skynet_tokio(&tokio, sizes.skynet_leaves)),
+        ),
+        (
+            names[1].as_str(),
+            // Not a goal of the issue's: the bound the scheduler's history held it to
+            // (BENCHMARKS.md), so that a regression shows.
+            Condition::ratio_at_most(1.5),
+            Box::new(|| ping_pong_wasmproc(&scheduler, sizes.ping_pong_messages)),
+            Box::new(|| ping_pong_tokio(&tokio, sizes.ping_pong_messages)),
+        ),
+        (
+            names[2].as_str(),
+            Condition::ratio_at_most(1.0),
+            Box::new(|| yields_wasmproc(&scheduler, &sizes)),
+            Box::new(|| yields_tokio(&tokio, &sizes)),
+        ),
     ];
-    for (name, ours, theirs) in benches {
-        if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
+    for (name, goal, ours, theirs) in benches {
+        if !options.selected(name) {
             continue;
         }
-        let (ours, theirs) = measure_pair(&*ours, &*theirs);
-        println!(
-            "{name:<14} {:>24} {:>24} {:>8.2}",
-            ours.to_string(),
-            theirs.to_string(),
-            ours.median.as_secs_f64() / theirs.median.as_secs_f64()
-        );
+        let (ours, theirs) = measure_pair(options.runs, WARMUP, &mut || ours(), &mut || theirs());
+        report.push(Record::time(name, &ours, Some(&theirs)).goal(goal));
     }
-    let stats = scheduler.stats();
-    let per_worker: Vec<_> =
-        stats.workers.iter().map(|w| format!("{} steps/{} stolen", w.executed, w.stolen)).collect();
-    println!("wasmproc workers: {}", per_worker.join(", "));
     scheduler.stop(Duration::from_secs(1));
-}
-
-struct Sample {
-    median: Duration,
-    min: Duration,
-    max: Duration,
-}
-
-impl std::fmt::Display for Sample {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        write!(f, "{:.1} ms ({:.1}–{:.1})", ms(self.median), ms(self.min), ms(self.max))
-    }
-}
-
-fn runs() -> usize {
-    std::env::var("RUNS").ok().and_then(|r| r.parse().ok()).filter(|&r| r > 0).unwrap_or(DEFAULT_RUNS)
-}
-
-/// Runs both sides once to warm up, then alternates them, so drift on the machine
-/// (frequency, other load) affects both alike.
-fn measure_pair(ours: &dyn Fn() -> Duration, theirs: &dyn Fn() -> Duration) -> (Sample, Sample) {
-    ours();
-    theirs();
-    let runs = runs();
-    let (mut a, mut b) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
-    for _ in 0..runs {
-        a.push(ours());
-        b.push(theirs());
-    }
-    (Sample::of(a), Sample::of(b))
-}
-
-impl Sample {
-    fn of(mut times: Vec<Duration>) -> Sample {
-        times.sort();
-        Sample { median: times[times.len() / 2], min: times[0], max: times[times.len() - 1] }
-    }
 }
 
 // --- skynet --------------------------------------------------------------------------
@@ -170,16 +157,16 @@ impl Process for Skynet {
     }
 }
 
-fn skynet_wasmproc(s: &Scheduler) -> Duration {
+fn skynet_wasmproc(s: &Scheduler, leaves: u64) -> Duration {
     let start = Instant::now();
-    let root = s.spawn_kind("skynet", "main", vec![pair(0, SKYNET_LEAVES)]).unwrap();
+    let root = s.spawn_kind("skynet", "main", vec![pair(0, leaves)]).unwrap();
     let sum = root.join().unwrap().to_u64().unwrap();
     let elapsed = start.elapsed();
-    assert_eq!(sum, SKYNET_LEAVES * (SKYNET_LEAVES - 1) / 2);
+    assert_eq!(sum, leaves * (leaves - 1) / 2);
     elapsed
 }
 
-fn skynet_tokio(rt: &tokio::runtime::Runtime) -> Duration {
+fn skynet_tokio(rt: &tokio::runtime::Runtime, leaves: u64) -> Duration {
     fn node(num: u64, size: u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = u64> + Send>> {
         Box::pin(async move {
             if size == 1 {
@@ -195,9 +182,9 @@ fn skynet_tokio(rt: &tokio::runtime::Runtime) -> Duration {
         })
     }
     let start = Instant::now();
-    let sum = rt.block_on(async { tokio::spawn(node(0, SKYNET_LEAVES)).await.unwrap() });
+    let sum = rt.block_on(async { tokio::spawn(node(0, leaves)).await.unwrap() });
     let elapsed = start.elapsed();
-    assert_eq!(sum, SKYNET_LEAVES * (SKYNET_LEAVES - 1) / 2);
+    assert_eq!(sum, leaves * (leaves - 1) / 2);
     elapsed
 }
 
@@ -257,8 +244,7 @@ impl Process for PingPong {
     }
 }
 
-fn ping_pong_wasmproc(s: &Scheduler) -> Duration {
-    let limit = PING_PONG_MESSAGES;
+fn ping_pong_wasmproc(s: &Scheduler, limit: u64) -> Duration {
     let start = Instant::now();
     let server = s.spawn(PingPong { peer: None, started: false, sent_last: false, limit }, "serve", vec![]).unwrap();
     let client = PingPong { peer: None, started: false, sent_last: false, limit };
@@ -269,8 +255,7 @@ fn ping_pong_wasmproc(s: &Scheduler) -> Duration {
     elapsed
 }
 
-fn ping_pong_tokio(rt: &tokio::runtime::Runtime) -> Duration {
-    let limit = PING_PONG_MESSAGES;
+fn ping_pong_tokio(rt: &tokio::runtime::Runtime, limit: u64) -> Duration {
     let start = Instant::now();
     rt.block_on(async {
         let (to_b, mut b_rx) = tokio::sync::mpsc::channel::<u64>(16);
@@ -320,23 +305,25 @@ impl Process for Yielder {
     }
 }
 
-fn yields_wasmproc(s: &Scheduler) -> Duration {
+fn yields_wasmproc(s: &Scheduler, sizes: &Sizes) -> Duration {
     let start = Instant::now();
-    let handles: Vec<_> =
-        (0..YIELD_PROCESSES).map(|_| s.spawn(Yielder { left: YIELDS_EACH }, "main", vec![]).unwrap()).collect();
+    let handles: Vec<_> = (0..sizes.yield_processes)
+        .map(|_| s.spawn(Yielder { left: sizes.yields_each }, "main", vec![]).unwrap())
+        .collect();
     for h in handles {
         h.join().unwrap();
     }
     start.elapsed()
 }
 
-fn yields_tokio(rt: &tokio::runtime::Runtime) -> Duration {
+fn yields_tokio(rt: &tokio::runtime::Runtime, sizes: &Sizes) -> Duration {
+    let yields_each = sizes.yields_each;
     let start = Instant::now();
     rt.block_on(async {
-        let handles: Vec<_> = (0..YIELD_PROCESSES)
+        let handles: Vec<_> = (0..sizes.yield_processes)
             .map(|_| {
-                tokio::spawn(async {
-                    for _ in 0..YIELDS_EACH {
+                tokio::spawn(async move {
+                    for _ in 0..yields_each {
                         tokio::task::yield_now().await;
                     }
                 })

@@ -1,0 +1,431 @@
+//! Idle processes: memory per process waiting for a message, at 10k, 100k and 1M.
+//!
+//! Each count runs in a child process of the bench (a fresh address space; a crash or a
+//! map-count failure there is reported instead of ending the bench), one run each. The
+//! runtime is sized to the count (`Config::max_instances`); the child spawns `idle`
+//! processes until all have run their first step, or until the machine has less than
+//! 4 GiB available, and reads RSS, page tables (`VmPTE`) and memory mappings from
+//! `/proc/self` before and after. Every tenth of the way it waits for the first steps
+//! to catch up and samples RSS: the RSS-versus-live-processes plot. The baseline is raw
+//! wasmtime's pooling allocator with copy-on-write images at 10k; without them, at 100k,
+//! it shows where its map-count wall is (it has no 100k figure to compare with).
+//!
+//! A child reports to the parent on its stdout: `@sample <live> <rss KiB over the
+//! baseline>` lines and one `@result <json>` line; every other line is for the reader.
+
+use std::io::Read;
+use std::process::Stdio;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use wasmproc::Scheduler;
+use wasmproc::wasm::{Config, Runtime};
+use wasmproc::{Payload, Pid};
+use wasmproc_tests::bench::{Condition, Options, Record, Report};
+use wasmtime::Store;
+
+use crate::plot::Plots;
+use crate::short;
+use crate::wasm::{GUEST, RawState, RawWasm, TIME_SLICE_TICKS, step, wit};
+
+/// The longest a child may take before it is killed: spawning 1M instances takes about
+/// a minute, so this only catches a hang.
+const CHILD_TIMEOUT: Duration = Duration::from_secs(300);
+/// The longest a child waits for its processes' first steps, or for them to end; a
+/// bound on a failure, not a measurement.
+const WAIT_CAP: Duration = Duration::from_secs(120);
+/// A child stops spawning when the machine has less memory available than this
+/// (`MemAvailable`), so that a count the RAM cannot hold ends the measurement instead of
+/// waking the OOM killer.
+const MIN_AVAILABLE_KIB: u64 = 4 * 1024 * 1024;
+/// Set in a child's environment to the measurement it runs.
+pub const CHILD_ENV: &str = "WASMPROC_BENCH_CHILD";
+/// RSS samples a child takes on the way to its count.
+const SAMPLES: u64 = 10;
+
+/// What a child found, from its `@result` line.
+#[derive(Default)]
+struct Found {
+    result: Option<Value>,
+    samples: Vec<(u64, f64)>,
+}
+
+pub fn run(options: &Options, report: &mut Report, plots: &mut Plots) {
+    let counts: &[u64] = if options.quick { &[1_000, 10_000] } else { &[10_000, 100_000, 1_000_000] };
+    let name = |what: &str, count: u64| format!("idle/{what}-{}", short(count));
+    if !counts.iter().any(|&c| options.selected(&name("rss-per-process", c))) {
+        return;
+    }
+    let max_maps = std::fs::read_to_string("/proc/sys/vm/max_map_count").map(|s| s.trim().to_owned());
+    println!(
+        "  idle: one run a count, each in a child process; vm.max_map_count = {}",
+        max_maps.as_deref().unwrap_or("?")
+    );
+    let raw_with_cow = counts[0];
+    let raw = run_child(&format!("raw {raw_with_cow} true"));
+    if !options.quick {
+        // Without copy-on-write images raw wasmtime needs 2 mappings an instance instead
+        // of 4: how far that moves its wall at 100k.
+        let wall = run_child("raw 100000 false");
+        plots.rss.push(("raw wasmtime (pool, no CoW)".to_owned(), wall.samples));
+    }
+    let raw_rss = raw.result.as_ref().and_then(|r| r["rss_kib_per"].as_f64());
+    plots.rss.push(("raw wasmtime (pool)".to_owned(), raw.samples));
+    for &count in counts {
+        if !options.selected(&name("rss-per-process", count)) {
+            continue;
+        }
+        let found = run_child(&format!("wasmproc {count} {}", options.workers));
+        let Some(result) = found.result else {
+            report.push(Record::single(name("reached", count), "processes", 0.0));
+            continue;
+        };
+        let figure = |field: &str| result[field].as_f64().unwrap_or(f64::NAN);
+        report.push(Record::single(name("reached", count), "processes", figure("spawned")));
+        let mut rss = Record::single(name("rss-per-process", count), "KiB", figure("rss_kib_per"));
+        if count == raw_with_cow
+            && let Some(raw_rss) = raw_rss
+        {
+            let ratio = rss.median / raw_rss;
+            rss = rss.with_baseline(raw_rss, ratio);
+        }
+        if count == 100_000 {
+            rss = rss.goal(Condition::median_at_most(20.0));
+        }
+        report.push(rss);
+        report.push(Record::single(name("page-tables-per-process", count), "KiB", figure("pte_kib_per")));
+        plots.rss.push((format!("wasmproc, {} asked", short(count)), found.samples));
+    }
+}
+
+/// Runs the child measurement `task`, prints its lines for the reader and how it ended
+/// if it failed, and returns what it reported.
+fn run_child(task: &str) -> Found {
+    let exe = std::env::current_exe().expect("the bench knows its own path");
+    let child = std::process::Command::new(exe)
+        .env(CHILD_ENV, task)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) => {
+            println!("  {task}: could not start the child: {e}");
+            return Found::default();
+        }
+    };
+    // Drained on threads while the child runs: a full pipe would stall it.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let deadline = Instant::now() + CHILD_TIMEOUT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(50)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let (stdout, stderr) = (stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default());
+    let found = parse_child(&stdout);
+    for line in stdout.lines().filter(|l| !l.starts_with('@')) {
+        println!("  {line}");
+    }
+    match status {
+        Some(status) if status.success() => {}
+        Some(status) => {
+            let tail: Vec<_> = stderr.lines().rev().take(5).collect();
+            println!("  {task}: the child ended with {status}; its last words: {tail:?}");
+        }
+        None => println!("  {task}: killed after {CHILD_TIMEOUT:?}"),
+    }
+    found
+}
+
+/// The `@` lines of a child's output.
+fn parse_child(stdout: &str) -> Found {
+    let mut found = Found::default();
+    for line in stdout.lines() {
+        if let Some(sample) = line.strip_prefix("@sample ") {
+            let mut words = sample.split(' ');
+            if let (Some(Ok(live)), Some(Ok(kib))) = (words.next().map(str::parse), words.next().map(str::parse)) {
+                found.samples.push((live, kib));
+            }
+        } else if let Some(result) = line.strip_prefix("@result ") {
+            found.result = serde_json::from_str(result).ok();
+        }
+    }
+    found
+}
+
+/// The measurement `task` of a child process (see [`CHILD_ENV`]).
+pub fn child(task: &str) {
+    let words: Vec<&str> = task.split(' ').collect();
+    match words.as_slice() {
+        ["wasmproc", count, workers] => {
+            idle_wasmproc(count.parse().expect("a count"), workers.parse().expect("workers"))
+        }
+        ["raw", count, cow] => idle_raw(count.parse().expect("a count"), cow.parse().expect("a bool")),
+        _ => panic!("unknown child task `{task}`"),
+    }
+}
+
+/// A `/proc/self/status` field in KiB (see [`proc_kib`]).
+fn status_kib(field: &str) -> u64 {
+    proc_kib("/proc/self/status", field)
+}
+
+/// A field in KiB of a `/proc` file of `field: n kB` lines, read through a fixed buffer
+/// (see [`map_count`]).
+fn proc_kib(path: &str, field: &str) -> u64 {
+    static BUFFER: std::sync::Mutex<[u8; 8 * 1024]> = std::sync::Mutex::new([0; 8 * 1024]);
+    let mut buffer = BUFFER.lock().expect("no reader panicked");
+    let mut file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path} is not readable: {e}"));
+    let mut len = 0;
+    while len < buffer.len() {
+        match file.read(&mut buffer[len..]).unwrap_or_else(|e| panic!("{path} is not readable: {e}")) {
+            0 => break,
+            n => len += n,
+        }
+    }
+    std::str::from_utf8(&buffer[..len])
+        .unwrap_or_else(|_| panic!("{path} is not text"))
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':')?.trim().strip_suffix(" kB")?.parse().ok())
+        .unwrap_or_else(|| panic!("no `{field}` in {path}"))
+}
+
+/// Lines in `/proc/self/maps`, read through a fixed buffer: at the map-count wall every
+/// new mapping fails, so this must not need one (a `String` of the whole file would).
+fn map_count() -> Option<usize> {
+    static BUFFER: std::sync::Mutex<[u8; 64 * 1024]> = std::sync::Mutex::new([0; 64 * 1024]);
+    let mut buffer = BUFFER.lock().ok()?;
+    let mut file = std::fs::File::open("/proc/self/maps").ok()?;
+    let mut lines = 0;
+    loop {
+        match file.read(&mut buffer[..]).ok()? {
+            0 => return Some(lines),
+            n => lines += buffer[..n].iter().filter(|&&b| b == b'\n').count(),
+        }
+    }
+}
+
+fn maps_text(maps: Option<usize>) -> String {
+    maps.map_or_else(|| "unreadable".to_owned(), |n| n.to_string())
+}
+
+/// Maps added per process between two counts.
+fn maps_per(before: Option<usize>, after: Option<usize>, processes: usize) -> String {
+    match (before, after) {
+        (Some(b), Some(a)) if processes > 0 => format!("{:.2}", a.saturating_sub(b) as f64 / processes as f64),
+        _ => "?".to_owned(),
+    }
+}
+
+fn kib(bytes: u64) -> String {
+    const GIB: u64 = 1024 * 1024;
+    const TIB: u64 = 1024 * GIB;
+    if bytes >= TIB {
+        format!("{:.2} TiB", bytes as f64 / TIB as f64)
+    } else {
+        format!("{:.1} GiB", bytes as f64 / GIB as f64)
+    }
+}
+
+/// `count` `idle` processes of the host, spawned from this thread, each waiting for a
+/// message after its first step.
+fn idle_wasmproc(count: u32, workers: usize) {
+    let label = format!("wasmproc idle x{count}");
+    let bytes = std::fs::read(GUEST).expect("the guest is readable");
+    let vm_before = status_kib("VmSize");
+    let runtime = match Runtime::new(Config::default().max_instances(count).no_disk_cache()) {
+        Ok(runtime) => runtime,
+        Err(e) => return println!("{label}: the runtime could not reserve its memory arena: {e:#}"),
+    };
+    let reserved = status_kib("VmSize") - vm_before;
+    println!(
+        "{label}: {count} memory slots reserve {} of address space, {:.1} MiB a slot",
+        kib(reserved),
+        reserved as f64 / f64::from(count) / 1024.0,
+    );
+    for warning in runtime.warnings() {
+        println!("{label}: the runtime warns: {warning}");
+    }
+    let component = runtime.load_bytes(&bytes).expect("the bench guest loads");
+    let s = Scheduler::builder()
+        .workers(workers)
+        .kind("bench", component)
+        .max_processes(count as usize + 16)
+        .build()
+        .expect("the scheduler starts");
+    let steps = || s.stats().workers.iter().map(|w| w.executed).sum::<u64>();
+    // One process first, so the first-use costs (code pages, buffers) are in the baseline.
+    let warm = s.spawn_kind("bench", "idle", vec![]).expect("one idle process starts");
+    s.send(warm.pid(), "", Payload::empty()).expect("it takes a message");
+    warm.join().expect("it ends");
+
+    let (rss_before, pte_before, maps_before, steps_before) =
+        (status_kib("VmRSS"), status_kib("VmPTE"), map_count(), steps());
+    let arena_rss_before = largest_mapping_rss_kib();
+    let wait_for_first_steps = |spawned: u64| {
+        let deadline = Instant::now() + WAIT_CAP;
+        while steps() < steps_before + spawned && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let sample_every = (u64::from(count) / SAMPLES).max(1);
+    let start = Instant::now();
+    let mut pids: Vec<Pid> = Vec::with_capacity(count as usize);
+    let mut failure = None;
+    for spawned in 0..u64::from(count) {
+        if spawned % 1024 == 0 && proc_kib("/proc/meminfo", "MemAvailable") < MIN_AVAILABLE_KIB {
+            failure = Some(format!(
+                "stopped before spawn {}: the machine's available memory (`MemAvailable`) fell below {} GiB",
+                spawned + 1,
+                MIN_AVAILABLE_KIB / 1024 / 1024
+            ));
+            break;
+        }
+        if spawned > 0 && spawned % sample_every == 0 {
+            wait_for_first_steps(spawned);
+            println!("@sample {spawned} {}", status_kib("VmRSS").saturating_sub(rss_before));
+        }
+        match s.spawn_kind("bench", "idle", vec![]) {
+            Ok(handle) => pids.push(handle.pid()),
+            Err(e) => {
+                failure = Some(format!("spawn {} failed: {e:#}", spawned + 1));
+                break;
+            }
+        }
+    }
+    let spawned = pids.len() as u64;
+    wait_for_first_steps(spawned);
+    let stepped = steps() - steps_before;
+    let elapsed = start.elapsed();
+    let (rss, pte, maps) = (status_kib("VmRSS"), status_kib("VmPTE"), map_count());
+    println!("@sample {spawned} {}", rss.saturating_sub(rss_before));
+    let arena = largest_mapping_rss_kib().saturating_sub(arena_rss_before);
+    let per = |total: u64| if spawned == 0 { 0.0 } else { total as f64 / spawned as f64 };
+    let (rss_per, pte_per) = (per(rss.saturating_sub(rss_before)), per(pte.saturating_sub(pte_before)));
+    println!(
+        "{label}: {spawned} spawned, {stepped} first steps in {:.0} ms; RSS +{:.1} MiB = {rss_per:.1} KiB a process \
+         (linear memory {:.1} KiB, the rest the host's heap); page tables (VmPTE) +{:.1} MiB = {pte_per:.1} KiB a \
+         process; {} memory maps = {} a process",
+        elapsed.as_secs_f64() * 1e3,
+        rss.saturating_sub(rss_before) as f64 / 1024.0,
+        per(arena),
+        pte.saturating_sub(pte_before) as f64 / 1024.0,
+        maps_text(maps),
+        maps_per(maps_before, maps, pids.len()),
+    );
+    if let Some(failure) = &failure {
+        println!("{label}: {failure}");
+    }
+    let result = json!({
+        "spawned": spawned,
+        "rss_kib_per": rss_per,
+        "linear_memory_kib_per": per(arena),
+        "pte_kib_per": pte_per,
+        "first_steps_ms": elapsed.as_secs_f64() * 1e3,
+        "stopped": failure,
+    });
+    println!("@result {result}");
+    let release = Instant::now();
+    for pid in pids {
+        let _ = s.send(pid, "", Payload::empty());
+    }
+    let drained = s.wait_idle(Some(WAIT_CAP));
+    println!(
+        "{label}: all woken and ended in {:.0} ms{}; {} memory maps left; RSS then +{:.1} MiB over the baseline",
+        release.elapsed().as_secs_f64() * 1e3,
+        if drained { "" } else { " (NOT all ended within the cap)" },
+        maps_text(map_count()),
+        status_kib("VmRSS").saturating_sub(rss_before) as f64 / 1024.0,
+    );
+    s.stop(Duration::from_secs(1));
+}
+
+/// The resident KiB of the process's largest mapping: in a wasmproc child, the memory
+/// arena, which holds every linear memory.
+fn largest_mapping_rss_kib() -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps is readable");
+    let field = |line: &str, name: &str| -> Option<u64> {
+        line.strip_prefix(name)?.strip_prefix(':')?.trim().strip_suffix(" kB")?.parse().ok()
+    };
+    let (mut largest, mut rss_of_largest, mut size) = (0, 0, 0);
+    for line in smaps.lines() {
+        if let Some(kib) = field(line, "Size") {
+            size = kib;
+        } else if let Some(kib) = field(line, "Rss")
+            && size > largest
+        {
+            (largest, rss_of_largest) = (size, kib);
+        }
+    }
+    rss_of_largest
+}
+
+/// `count` raw instances of `idle`, initialised and stepped once, kept alive.
+fn idle_raw(count: u32, cow: bool) {
+    let label = format!("raw wasmtime idle x{count}, memory_init_cow({cow})");
+    let bytes = std::fs::read(GUEST).expect("the guest is readable");
+    let vm_before = status_kib("VmSize");
+    let raw = RawWasm::new(&bytes, count + 1, cow);
+    println!("{label}: pool reserves {}", kib(status_kib("VmSize") - vm_before));
+    let warm = raw.start(0, "idle", &[]);
+    drop(warm);
+    let (rss_before, pte_before, maps_before) = (status_kib("VmRSS"), status_kib("VmPTE"), map_count());
+    let sample_every = (u64::from(count) / SAMPLES).max(1);
+    let mut instances = Vec::with_capacity(count as usize);
+    let mut failure = None;
+    for pid in 1..=u64::from(count) {
+        if pid > 1 && (pid - 1) % sample_every == 0 {
+            println!("@sample {} {}", pid - 1, status_kib("VmRSS").saturating_sub(rss_before));
+        }
+        let mut store = Store::new(&raw.engine, RawState::new());
+        store.limiter(|state| &mut state.limiter);
+        store.epoch_deadline_trap();
+        store.set_epoch_deadline(TIME_SLICE_TICKS);
+        let guest = match raw.pre.instantiate(&mut store) {
+            Ok(guest) => guest,
+            Err(e) => {
+                failure = Some(format!("instance {pid} failed: {e:#}"));
+                break;
+            }
+        };
+        guest.call_init(&mut store, pid, "idle", &[]).expect("init runs").expect("init accepts");
+        let output = step(&mut store, &guest, &[]);
+        assert!(matches!(output.status, wit::Status::Idle));
+        instances.push((store, guest));
+    }
+    let n = instances.len() as f64;
+    let (rss, pte, maps) = (status_kib("VmRSS"), status_kib("VmPTE"), map_count());
+    println!("@sample {} {}", instances.len(), rss.saturating_sub(rss_before));
+    let (rss_per, pte_per) = (rss.saturating_sub(rss_before) as f64 / n, pte.saturating_sub(pte_before) as f64 / n);
+    println!(
+        "{label}: {} instances; RSS {rss_per:.1} KiB an instance; page tables {pte_per:.1} KiB an instance; \
+         {} memory maps an instance",
+        instances.len(),
+        maps_per(maps_before, maps, instances.len()),
+    );
+    if let Some(failure) = &failure {
+        println!("{label}: {failure}");
+    }
+    let result =
+        json!({ "spawned": instances.len(), "rss_kib_per": rss_per, "pte_kib_per": pte_per, "stopped": failure });
+    println!("@result {result}");
+}
