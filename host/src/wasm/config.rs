@@ -98,7 +98,10 @@ impl Config {
     /// How long instantiating a process and its `init` may run. `init` runs in the turn
     /// of whoever spawned the process and cannot be suspended, so one past this limit is
     /// stopped and the spawn fails with an error naming it. By default 100 ms: a guest's
-    /// `init` only takes its input (its entry method runs in its steps).
+    /// `init` only takes its input (its entry method runs in its steps). The limit is
+    /// wall time (epoch ticks), not CPU time: on a machine so overloaded that a spawning
+    /// thread waits tens of milliseconds for a core, raise it, or spawns of slow-to-start
+    /// guests can fail with this error.
     pub fn init_time_limit(mut self, limit: Duration) -> Self {
         self.init_time_limit = limit;
         self
