@@ -27,7 +27,7 @@ use wasmtime::Store;
 
 use crate::plot::Plots;
 use crate::short;
-use crate::wasm::{GUEST, RawState, RawWasm, TIME_SLICE_TICKS, step, wit};
+use crate::wasm::{GUEST, INIT_TIME_LIMIT, RawState, RawWasm, TIME_SLICE_TICKS, step, wit};
 
 /// The longest a child may take before it is killed: spawning 1M instances takes about
 /// a minute, so this only catches a hang.
@@ -252,7 +252,8 @@ fn idle_wasmproc(count: u32, workers: usize) {
     let label = format!("wasmproc idle x{count}");
     let bytes = std::fs::read(GUEST).expect("the guest is readable");
     let vm_before = status_kib("VmSize");
-    let runtime = match Runtime::new(Config::default().max_instances(count).no_disk_cache()) {
+    let config = Config::default().max_instances(count).init_time_limit(INIT_TIME_LIMIT).no_disk_cache();
+    let runtime = match Runtime::new(config) {
         Ok(runtime) => runtime,
         Err(e) => return println!("{label}: the runtime could not reserve its memory arena: {e:#}"),
     };
