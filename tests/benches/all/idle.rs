@@ -51,6 +51,8 @@ struct Found {
     samples: Vec<(u64, f64)>,
 }
 
+/// Runs the selected idle counts, each in a child, into `report`, and their RSS samples
+/// into `plots`.
 pub fn run(options: &Options, report: &mut Report, plots: &mut Plots) {
     let counts: &[u64] = if options.quick { &[1_000, 10_000] } else { &[10_000, 100_000, 1_000_000] };
     let name = |what: &str, count: u64| format!("idle/{what}-{}", short(count));

@@ -142,6 +142,8 @@ enum Limits {
     Off,
 }
 
+/// Measures the selected workloads into `report`, and the rates by worker count into
+/// `plots`.
 pub fn run(options: &Options, report: &mut Report, plots: &mut Plots) {
     let sizes = Sizes::new(options.quick);
     let workers = options.workers;
