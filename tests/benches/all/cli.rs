@@ -23,6 +23,7 @@ const WASI_CLI: &str = env!("GUEST_WASI_CLI");
 const HELLO: &str = env!("GUEST_HELLO");
 const WARMUP: usize = 3;
 
+/// Measures the selected cold starts into `report`.
 pub fn run(options: &Options, report: &mut Report) {
     let names = ["cli/cold-start-wasi-cli", "cli/cold-start-precompiled", "cli/cold-start-hello"];
     if !names.iter().any(|n| options.selected(n)) {

@@ -27,7 +27,7 @@ use wasmtime::Store;
 
 use crate::plot::Plots;
 use crate::short;
-use crate::wasm::{GUEST, RawState, RawWasm, TIME_SLICE_TICKS, step, wit};
+use crate::wasm::{GUEST, INIT_TIME_LIMIT, RawState, RawWasm, TIME_SLICE_TICKS, step, wit};
 
 /// The longest a child may take before it is killed: spawning 1M instances takes about
 /// a minute, so this only catches a hang.
@@ -51,6 +51,8 @@ struct Found {
     samples: Vec<(u64, f64)>,
 }
 
+/// Runs the selected idle counts, each in a child, into `report`, and their RSS samples
+/// into `plots`.
 pub fn run(options: &Options, report: &mut Report, plots: &mut Plots) {
     let counts: &[u64] = if options.quick { &[1_000, 10_000] } else { &[10_000, 100_000, 1_000_000] };
     let name = |what: &str, count: u64| format!("idle/{what}-{}", short(count));
@@ -252,7 +254,8 @@ fn idle_wasmproc(count: u32, workers: usize) {
     let label = format!("wasmproc idle x{count}");
     let bytes = std::fs::read(GUEST).expect("the guest is readable");
     let vm_before = status_kib("VmSize");
-    let runtime = match Runtime::new(Config::default().max_instances(count).no_disk_cache()) {
+    let config = Config::default().max_instances(count).init_time_limit(INIT_TIME_LIMIT).no_disk_cache();
+    let runtime = match Runtime::new(config) {
         Ok(runtime) => runtime,
         Err(e) => return println!("{label}: the runtime could not reserve its memory arena: {e:#}"),
     };

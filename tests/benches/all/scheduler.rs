@@ -41,6 +41,7 @@ impl Sizes {
     }
 }
 
+/// Measures the selected workloads into `report`, each against tokio.
 pub fn run(options: &Options, report: &mut Report) {
     let sizes = Sizes::new(options.quick);
     let names = [

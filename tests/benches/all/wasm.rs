@@ -66,6 +66,11 @@ const HOST_SLOTS: u32 = 16_384;
 /// Children in flight across the lifecycle drivers: enough that no worker waits for an
 /// exit to have something to run, small against the pools.
 const IN_FLIGHT: u64 = 512;
+/// The host runtimes' `init_time_limit`. The default 100 ms is wall-clock time, and
+/// on a machine that another build keeps busy a worker descheduled in the middle of an
+/// instantiation passed it (the spawn failed with `wasm trap: interrupt`); the limit's
+/// length costs nothing a spawn.
+pub(crate) const INIT_TIME_LIMIT: Duration = Duration::from_secs(10);
 /// The children a `tree` node spawns.
 const TREE_WIDTH: u64 = 10;
 /// A fuel budget no workload here reaches: metering is what is measured, not running out.
@@ -108,7 +113,8 @@ impl Sizes {
 
 /// A scheduler with the bench guest as kind `bench` and the `now` command of `cycles`.
 fn scheduler(bytes: &[u8], workers: usize, config: Config, limits: Limits) -> Scheduler {
-    let runtime = Runtime::new(config.max_instances(HOST_SLOTS).no_disk_cache()).expect("the runtime starts");
+    let config = config.max_instances(HOST_SLOTS).init_time_limit(INIT_TIME_LIMIT).no_disk_cache();
+    let runtime = Runtime::new(config).expect("the runtime starts");
     let component = runtime.load_bytes(bytes).expect("the bench guest loads");
     let builder = Scheduler::builder()
         .workers(workers)
@@ -136,6 +142,8 @@ enum Limits {
     Off,
 }
 
+/// Measures the selected workloads into `report`, and the rates by worker count into
+/// `plots`.
 pub fn run(options: &Options, report: &mut Report, plots: &mut Plots) {
     let sizes = Sizes::new(options.quick);
     let workers = options.workers;
