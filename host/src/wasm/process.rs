@@ -18,7 +18,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use anyhow::{Context as _, anyhow, bail};
+use anyhow::{anyhow, bail};
 use wasmtime::{Store, Trap, UpdateDeadline, WasmBacktrace};
 
 use super::bindings::Process as Guest;
@@ -137,9 +137,11 @@ impl Process for WasmProcess {
             let preemptible = loaded.preemptible.as_ref().map(|ix| ix.load(&mut store, &instance)).transpose()?;
             Ok((guest, preemptible))
         });
-        let (guest, preemptible) = instantiated
-            .map_err(anyhow::Error::from)
-            .with_context(|| format!("failed to instantiate process {pid}"))?;
+        // Instantiation runs the core modules' start functions, under `init`'s limit.
+        let (guest, preemptible) = instantiated.map_err(|e| match e.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => guest_error(e, "init", &limits, store.data()),
+            _ => anyhow::Error::from(e).context(format!("failed to instantiate process {pid}")),
+        })?;
         refuel(&mut store, limits.fuel);
         let input: Vec<wit::Payload> = input.into_iter().map(convert::payload_to_wit).collect();
         let accepted = guest
