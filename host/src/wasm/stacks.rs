@@ -23,7 +23,11 @@
 //! Its top [`KEEP_RESIDENT`] bytes stay resident (not zeroed: a stack's old contents are
 //! never read before they are written, and wasmtime does not ask for zeroed stacks);
 //! anything below, touched only by a deep call, is given back to the kernel, as are all
-//! of a stack's pages once [`WARM_STACKS`] free stacks are warm.
+//! of a stack's pages once [`WARM_STACKS`] free stacks are warm. Only if a call went below
+//! the kept part, though (see `Drop for Stack`): giving back the other 960 KiB
+//! unconditionally, an `madvise` that walks their page tables under the address space's
+//! lock, was 8% of the workers' time on the lifecycle benchmark, on every process's exit
+//! (`perf`; see BENCHMARKS.md).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -48,6 +52,7 @@ pub(crate) struct StackArena {
 
 struct Arena {
     mapping: Mapping,
+    page_size: usize,
     free: Mutex<Free>,
 }
 
@@ -66,7 +71,9 @@ impl StackArena {
     /// The reservation refused, or too large for the address space.
     pub(crate) fn new(stacks: u32, size: usize) -> anyhow::Result<StackArena> {
         let mapping = Mapping::new(stacks, size, "fiber stacks")?;
-        Ok(StackArena { arena: Arc::new(Arena { mapping, free: Mutex::new(Free { stacks: Vec::new(), fresh: 0 }) }) })
+        let free = Mutex::new(Free { stacks: Vec::new(), fresh: 0 });
+        let page_size = rustix::param::page_size();
+        Ok(StackArena { arena: Arc::new(Arena { mapping, page_size, free }) })
     }
 }
 
@@ -138,10 +145,63 @@ impl Drop for Stack {
         let range = self.range();
         let warm = arena.free.lock().stacks.len() < WARM_STACKS;
         let kept = if warm { KEEP_RESIDENT.min(range.len()) } else { 0 };
-        // SAFETY: the stack is dropped, so no fiber runs on it, and the range is inside
-        // the arena; what it held is never read again, so failing to give it back only
-        // costs memory.
-        unsafe { dont_need(range.start as *mut u8, range.len() - kept) };
+        let below = range.len() - kept;
+        // A stack is used from its top down, so a call that reached below the kept part
+        // wrote the page just below it on the way: return addresses and saved registers,
+        // never a page of zeros. That page reads as zeros otherwise (never touched, or
+        // given back at the last free), so looking at it needs no system call; the
+        // kernel's page tables would (`/proc/self/pagemap`: a `pread` cost half as much as
+        // the `madvise` it saved). A frame larger than a page could step over it, or
+        // leave it zero; the pages past it then stay resident until the stack is freed
+        // again: memory, bounded by the warm stacks, never data a fiber reads (a stack's
+        // contents are written before they are read).
+        let edge = (range.start + below).saturating_sub(arena.page_size);
+        let touched = below > 0
+            && (kept == 0 || {
+                // SAFETY: a page inside this stack's range, readable (the whole arena is), and
+                // no fiber runs on the stack any more.
+                let page = unsafe { std::slice::from_raw_parts(edge as *const u64, arena.page_size / 8) };
+                page.iter().any(|&word| word != 0)
+            });
+        if touched {
+            // SAFETY: the stack is dropped, so no fiber runs on it, and the range is
+            // inside the arena; what it held is never read again, so failing to give it
+            // back only costs memory.
+            unsafe { dont_need(range.start as *mut u8, below) };
+        }
         arena.free.lock().stacks.push(self.slot);
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use crate::wasm::memory::tests::resident;
+
+    const SIZE: usize = 1 << 20;
+
+    #[test]
+    fn a_freed_stack_keeps_its_top_and_gives_back_what_a_deep_call_touched() {
+        let arena = StackArena::new(2, SIZE).unwrap();
+        let stack = arena.new_stack(SIZE, false).unwrap();
+        let (top, bottom) = (stack.top(), stack.range().start as *mut u8);
+        let near_top = top.wrapping_sub(100);
+        // SAFETY: inside the stack, which no fiber runs on.
+        unsafe { near_top.write(1) };
+        drop(stack);
+        assert!(resident(near_top), "a shallow call's page is kept for the next fiber");
+
+        let again = arena.new_stack(SIZE, false).unwrap();
+        assert_eq!(again.top(), top, "the last stack freed is handed out first");
+        // A deep call: every page from the top down to the lowest.
+        let page = rustix::param::page_size();
+        for offset in (0..SIZE).step_by(page) {
+            // SAFETY: as above.
+            unsafe { bottom.add(offset).write(1) };
+        }
+        assert!(resident(bottom));
+        drop(again);
+        assert!(!resident(bottom), "what a deep call touched is given back");
+        assert!(resident(near_top), "the top is still kept");
     }
 }
