@@ -57,6 +57,8 @@ thread_local! {
 /// The identity and queue of the worker running on this thread.
 struct Local {
     scheduler: usize,
+    /// For [`others_waiting`].
+    #[cfg(feature = "wasm")]
     shared: Arc<Shared>,
     index: usize,
     queue: Worker<Task>,
@@ -120,6 +122,7 @@ pub(crate) fn push_local(scheduler: usize, task: Task) -> Result<Pushed, Task> {
 /// a worker thread): a long step then yields at its next epoch tick instead of at the end
 /// of its time slice (`wasm/process.rs`). A snapshot of racy emptiness checks: a wrong
 /// answer only moves a yield by one tick.
+#[cfg(feature = "wasm")]
 pub(crate) fn others_waiting() -> bool {
     let local = CURRENT.get();
     // SAFETY: as in `with_local`.
@@ -142,7 +145,14 @@ impl Drop for Installed {
 
 /// The body of worker thread `index`.
 pub(crate) fn run(shared: Arc<Shared>, index: usize, queue: Worker<Task>) {
-    let local = Local { scheduler: shared.id, shared: shared.clone(), index, queue, dispatch: Dispatching::default() };
+    let local = Local {
+        scheduler: shared.id,
+        #[cfg(feature = "wasm")]
+        shared: shared.clone(),
+        index,
+        queue,
+        dispatch: Dispatching::default(),
+    };
     CURRENT.set(&local);
     let _installed = Installed;
     let mut worker = WorkerLoop {
