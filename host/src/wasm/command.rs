@@ -297,7 +297,8 @@ impl CommandProcess {
                 self.watch(&mut store, init_limit);
                 let instance = match pre.instantiate(&mut store) {
                     Ok(instance) => instance,
-                    Err(error) => return exited(error, config),
+                    // A start function that exits ends the program with its code.
+                    Err(error) => return exit_status(Err(error), config).map(State::Exited),
                 };
                 refuel(&mut store, config.fuel);
                 if config.preemption {
@@ -316,7 +317,8 @@ impl CommandProcess {
                 self.watch(&mut store, init_limit);
                 let instance = match pre.instantiate(&mut store) {
                     Ok(instance) => instance,
-                    Err(error) => return exited(error, config),
+                    // A start function that exits ends the program with its code.
+                    Err(error) => return exit_status(Err(error), config).map(State::Exited),
                 };
                 refuel(&mut store, config.fuel);
                 // The type was checked at load (`runtime::start_problem`).
@@ -375,15 +377,6 @@ const INTERRUPTED: &str = "interrupted: the host stopped the program";
 
 fn time_limit_exceeded(limit: Duration) -> String {
     format!("time limit exceeded: the program ran longer than {limit:?}")
-}
-
-/// The state of a program whose instantiation failed with `error`: ended, if its start
-/// function exited, else the error.
-fn exited(error: wasmtime::Error, config: &Config) -> anyhow::Result<State> {
-    match error.downcast_ref::<I32Exit>() {
-        Some(I32Exit(code)) => Ok(State::Exited(*code as u32)),
-        None => Err(command_error(error, config)),
-    }
 }
 
 /// A finished run's exit code: 0 for a normal return, what the program passed to

@@ -73,8 +73,9 @@ struct Arena {
     /// gives all its pages back.
     warm_slots: usize,
     page_size: usize,
-    /// To find which pages of a freed slot were touched.
-    pagemap: Pagemap,
+    /// `/proc/self/pagemap`, to find which pages of a freed slot were touched, and the
+    /// process it was opened in.
+    pagemap: Option<(std::fs::File, u32)>,
     free: Mutex<FreeSlots>,
 }
 
@@ -96,43 +97,6 @@ struct FreeSlots {
 /// given a 2 MiB page where transparent huge pages are on for every mapping). Nothing
 /// ever `mprotect`s or remaps it piecewise, so the kernel keeps it as one mapping.
 /// Unmapped on drop.
-/// `/proc/self/pagemap`, opened once: which pages of this process are resident or
-/// swapped, so that the memory arena zeroes only the pages that were used.
-struct Pagemap(Option<(std::fs::File, u32)>);
-
-/// A pagemap entry's bits 63 (present) and 62 (swapped, set for every non-present entry
-/// that is not empty, migration entries included): a page with neither has no page-table
-/// entry at all, and a private anonymous page without one reads as zero.
-const PRESENT_OR_SWAPPED: u64 = 0b11 << 62;
-
-impl Pagemap {
-    /// Opens it; without it (not Linux, no `/proc`) every page counts as touched.
-    fn open() -> Pagemap {
-        Pagemap(
-            cfg!(target_os = "linux")
-                .then(|| std::fs::File::open("/proc/self/pagemap").ok())
-                .flatten()
-                .map(|file| (file, std::process::id())),
-        )
-    }
-
-    /// The file, if it describes this process's pages: after a `fork` it still describes
-    /// the parent's.
-    fn file(&self) -> Option<&std::fs::File> {
-        self.0.as_ref().filter(|(_, pid)| *pid == std::process::id()).map(|(file, _)| file)
-    }
-
-    /// Reads the entries of the pages from `first_page` into `buffer`, 8 bytes each.
-    fn read(&self, first_page: usize, buffer: &mut [u8]) -> Option<()> {
-        let file = self.file()?;
-        std::os::unix::fs::FileExt::read_exact_at(file, buffer, first_page as u64 * 8).ok()
-    }
-}
-
-fn is_touched(entry: &[u8]) -> bool {
-    u64::from_le_bytes(entry.try_into().expect("8 bytes")) & PRESENT_OR_SWAPPED != 0
-}
-
 pub(crate) struct Mapping {
     base: NonNull<u8>,
     pub(crate) slot_size: usize,
@@ -236,7 +200,10 @@ impl MemoryArena {
             warm_slots,
             page_size,
             // Without it (not Linux, no `/proc`) every kept byte is zeroed.
-            pagemap: Pagemap::open(),
+            pagemap: cfg!(target_os = "linux")
+                .then(|| std::fs::File::open("/proc/self/pagemap").ok())
+                .flatten()
+                .map(|file| (file, std::process::id())),
             free: Mutex::new(FreeSlots { warm: Vec::new(), cold: Vec::new(), fresh: 0 }),
         };
         Ok(MemoryArena { arena: Arc::new(arena) })
@@ -292,7 +259,10 @@ impl Arena {
 
     /// Zeroes the pages of `[start, start + len)` that may hold something other than
     /// zeros, with `memset`, leaving them resident; pages never touched are skipped, so
-    /// zeroing does not fault them in. [`Pagemap`] tells them apart. The check is sound
+    /// zeroing does not fault them in. `/proc/self/pagemap` tells them apart: a page whose
+    /// entry is neither present (bit 63) nor swapped (bit 62, set for every non-present
+    /// entry that is not empty, migration entries included) has no page-table entry at
+    /// all, and a private anonymous page without one reads as zero. The check is sound
     /// for a freed slot: nothing touches it, so an empty entry stays empty until the
     /// slot is handed out again (a present page may be swapped out meanwhile, but it is
     /// zeroed whatever its state, `memset` swapping it back in).
@@ -311,19 +281,28 @@ impl Arena {
     unsafe fn zero_touched(&self, start: *mut u8, len: usize) {
         /// Pages looked up with one `pread`: 256 KiB of 4 KiB pages.
         const CHUNK: usize = 64;
+        const PRESENT_OR_SWAPPED: u64 = 0b11 << 62;
         let page = self.page_size;
-        if self.pagemap.file().is_none() {
+        // After a `fork` the file still describes the parent's pages.
+        let Some(pagemap) = self.pagemap.as_ref().filter(|(_, pid)| *pid == std::process::id()).map(|(file, _)| file)
+        else {
             // SAFETY: the caller's contract.
             return unsafe { start.write_bytes(0, len) };
-        }
+        };
         let mut entries = [0u8; CHUNK * 8];
         let mut done = 0;
         while done < len {
             let chunk = (len - done).min(CHUNK * page);
             let pages = chunk / page;
+            let first_page = (start as usize + done) / page;
             let buffer = &mut entries[..pages * 8];
-            let read = self.pagemap.read((start as usize + done) / page, buffer);
-            let touched = |i: usize| read.is_none() || is_touched(&buffer[i * 8..i * 8 + 8]);
+            let read = std::os::unix::fs::FileExt::read_exact_at(pagemap, buffer, first_page as u64 * 8);
+            let touched = |i: usize| {
+                read.is_err() || {
+                    let entry = u64::from_le_bytes(buffer[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+                    entry & PRESENT_OR_SWAPPED != 0
+                }
+            };
             let mut i = 0;
             while i < pages {
                 if !touched(i) {
@@ -454,7 +433,7 @@ impl Drop for SlotMemory {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
     const PAGE: usize = 64 * 1024;
@@ -480,7 +459,7 @@ pub(crate) mod tests {
     /// Whether the page holding `addr` is resident, from `/proc/self/pagemap` (bit 63 of
     /// the page's entry; readable without privileges).
     #[cfg(target_os = "linux")]
-    pub(crate) fn resident(addr: *const u8) -> bool {
+    fn resident(addr: *const u8) -> bool {
         use std::io::{Read as _, Seek as _, SeekFrom};
         let page = addr as u64 / rustix::param::page_size() as u64;
         let mut file = std::fs::File::open("/proc/self/pagemap").expect("/proc/self/pagemap is readable");
