@@ -433,7 +433,7 @@ impl Drop for SlotMemory {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const PAGE: usize = 64 * 1024;
@@ -459,7 +459,7 @@ mod tests {
     /// Whether the page holding `addr` is resident, from `/proc/self/pagemap` (bit 63 of
     /// the page's entry; readable without privileges).
     #[cfg(target_os = "linux")]
-    fn resident(addr: *const u8) -> bool {
+    pub(crate) fn resident(addr: *const u8) -> bool {
         use std::io::{Read as _, Seek as _, SeekFrom};
         let page = addr as u64 / rustix::param::page_size() as u64;
         let mut file = std::fs::File::open("/proc/self/pagemap").expect("/proc/self/pagemap is readable");

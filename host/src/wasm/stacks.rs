@@ -150,7 +150,7 @@ impl Drop for Stack {
         // wrote the page just below it on the way: return addresses and saved registers,
         // never a page of zeros. That page reads as zeros otherwise (never touched, or
         // given back at the last free), so looking at it needs no system call; the
-        // kernel's page tables would (`/proc/self/pagemap`: a `pread` cost half as much as
+        // kernel's page tables would (`/proc/self/pagemap`: a `pread` cost over half of
         // the `madvise` it saved). A frame larger than a page could step over it, or
         // leave it zero; the pages past it then stay resident until the stack is freed
         // again: memory, bounded by the warm stacks, never data a fiber reads (a stack's
