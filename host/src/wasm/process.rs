@@ -6,11 +6,11 @@
 //! the fiber yields instead of trapping: the poll returns `Pending`, the process answers
 //! the scheduler [`Status::Continue`] (queued again behind everyone waiting) and keeps
 //! the suspended step, which its next turn resumes where it stopped. So a process that
-//! computes for long holds a worker for at most one tick once someone else wants it. Events that arrive
-//! meanwhile wait in the process until the guest asks for them with its next step. The
-//! future is polled with a no-op waker: the scheduler's queue, not a waker, is what
-//! brings the process back. Without preemption a step is a plain call, cheaper (see
-//! BENCHMARKS.md), and one past its slice is stopped with an error instead.
+//! computes for long holds a worker for at most one tick once someone else wants it.
+//! Events that arrive meanwhile wait in the process until the guest asks for them with
+//! its next step. The future is polled with a no-op waker: the scheduler's queue, not a
+//! waker, is what brings the process back. Without preemption a step is a plain call,
+//! cheaper (see BENCHMARKS.md), and one past its slice is stopped with an error instead.
 //!
 //! [`Config::preemption`]: super::Config::preemption
 
