@@ -980,6 +980,9 @@ impl Shared {
         {
             tree.fetch_sub(1, Ordering::Relaxed);
         }
+        // Before the watchers hear of the exit: one that spawns on hearing it must find
+        // the room this process held under `max_processes`.
+        self.release_live();
         let undelivered = closed.undelivered.iter().filter(|e| matches!(e, Event::Message { .. })).count();
         if undelivered > 0 {
             self.count(|c| &c.undelivered, undelivered as u64);
@@ -997,7 +1000,6 @@ impl Shared {
                 Watcher::Handle(slot) => slot.set(result.clone()),
             }
         }
-        self.release_live();
     }
 
     fn release_live(&self) {
