@@ -121,6 +121,18 @@ pub(crate) fn log(level: Level, message: &str) {
     eprintln!("[{level:?}] {message}");
 }
 
+/// Delivers a `send` command through the host's `send` function, at once: there is no
+/// completion to wait for, so a process that sends and then waits needs one step, not
+/// two. Any other command, and every command in native builds (the SDK's own tests have
+/// no host), is handed back to be yielded.
+pub(crate) fn send_now(command: executor::Command) -> Result<Result<(), String>, executor::Command> {
+    match command {
+        #[cfg(target_arch = "wasm32")]
+        executor::Command::Send { to, topic, body } => Ok(host::send(to.as_u64(), &topic, &body.into())),
+        other => Err(other),
+    }
+}
+
 impl From<wit::Payload> for Payload {
     fn from(payload: wit::Payload) -> Self {
         Payload { format: payload.format, data: payload.data }

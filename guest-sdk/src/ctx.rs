@@ -94,8 +94,12 @@ impl Ctx {
 
     /// Puts `body`, as JSON, in the mailbox of process `to` under `topic`.
     ///
+    /// Delivered when first polled, at once, through the host's `send` function: the
+    /// future is ready on its first poll, so awaiting it does not end the step, and a
+    /// process that sends and then waits for an answer costs one step a message.
+    ///
     /// Fails if `body` does not serialise, or the message could not be delivered (no
-    /// such process, exiting, mailbox full).
+    /// such process, exiting, mailbox full, `send` not granted).
     pub fn send(&self, to: Pid, topic: &str, body: impl Serialize) -> Completion<()> {
         match Payload::json(&body) {
             Ok(body) => self.send_payload(to, topic, body),
@@ -216,23 +220,32 @@ impl<T> Future for Completion<T> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         match std::mem::replace(&mut this.state, State::Done) {
-            State::Unsent(command) => {
-                this.state = State::Sent(this.shared.yield_command(command, cx.waker()));
-                Poll::Pending
-            }
+            State::Unsent(command) => match crate::component::send_now(command) {
+                Ok(sent) => Poll::Ready(this.resolve(sent.map(|()| Payload::bytes(Vec::new())))),
+                Err(command) => {
+                    this.state = State::Sent(this.shared.yield_command(command, cx.waker()));
+                    Poll::Pending
+                }
+            },
             State::Sent(tag) => match this.shared.poll_completion(tag, cx.waker()) {
                 Poll::Pending => {
                     this.state = State::Sent(tag);
                     Poll::Pending
                 }
-                Poll::Ready(Ok(payload)) => {
-                    let what = &this.what;
-                    Poll::Ready((this.decode)(payload).with_context(|| format!("bad answer to {what}")))
-                }
-                Poll::Ready(Err(error)) => Poll::Ready(Err(anyhow!(error).context(format!("{} failed", this.what)))),
+                Poll::Ready(result) => Poll::Ready(this.resolve(result)),
             },
             State::Failed(error) => Poll::Ready(Err(error.context(format!("{} failed", this.what)))),
             State::Done => panic!("`Completion` polled after it resolved"),
+        }
+    }
+}
+
+impl<T> Completion<T> {
+    /// The command's answer, decoded.
+    fn resolve(&self, answer: Result<Payload, String>) -> anyhow::Result<T> {
+        match answer {
+            Ok(payload) => (self.decode)(payload).with_context(|| format!("bad answer to {}", self.what)),
+            Err(error) => Err(anyhow!(error).context(format!("{} failed", self.what))),
         }
     }
 }

@@ -40,8 +40,10 @@
 //! future; each `step` hands the process the events that arrived (completions of its
 //! commands, messages, exits of processes it monitors, cancellation) and polls the future
 //! until it can go no further. The commands it reached go back to the host as yields,
-//! with the status: complete, blocked on commands, or idle waiting for messages. The SDK
-//! contains that executor; it needs no async runtime, no threads and no clock.
+//! with the status: complete, blocked on commands, or idle waiting for messages. A send
+//! is the exception: it goes through the host's `send` function at once, so its future is
+//! ready on its first poll and costs no step. The SDK contains that executor; it needs no
+//! async runtime, no threads and no clock.
 
 #![deny(missing_docs)]
 

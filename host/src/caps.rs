@@ -106,6 +106,13 @@ impl Capabilities {
         }
     }
 
+    /// Whether the process may send messages (a `send` command, or the `send` host
+    /// function of Wasm guests).
+    #[cfg(feature = "wasm")]
+    pub(crate) fn allows_send(&self) -> bool {
+        self.builtins & SEND != 0
+    }
+
     /// Whether `command` may be yielded; checks built-ins without touching strings.
     pub fn allows_command(&self, command: &Command) -> bool {
         let bit = match command {

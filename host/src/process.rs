@@ -45,6 +45,24 @@ pub trait Process: Send + 'static {
     /// An error ends the process with that error as its result; nothing else is affected.
     fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()>;
 
+    /// Whether the process, about to wait, holds memory it could give back while it
+    /// waits, and has not said so since its last [`Process::hibernate`]. Called after a
+    /// step that ends in a wait; keep it cheap. A `true` is a promise that `hibernate`
+    /// will be called once the process's worker, or another, has nothing else to run.
+    fn wants_hibernation(&mut self) -> bool {
+        false
+    }
+
+    /// Gives back memory the process does not need while it waits. Called between steps
+    /// (never during one), after [`Process::wants_hibernation`] said yes, by a worker
+    /// with nothing else to run, so the cost delays no one; under load, waiting
+    /// processes stay as they are. The next step may have to fault the memory back in.
+    /// Returns whether anything was given back, counted in
+    /// [`Stats::hibernated`](crate::Stats::hibernated).
+    fn hibernate(&mut self) -> bool {
+        false
+    }
+
     /// Releases the process's resources. Called exactly once.
     fn close(&mut self) {}
 }

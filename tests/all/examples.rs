@@ -229,3 +229,81 @@ fn sdk_guests_run_in_their_initial_memory() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The SDK's `ctx.send` goes through the host's `send` function, which refuses what a
+/// yielded `send` would, with the same reason, and the sender alone hears of it: here a
+/// `pong` answers a ping from the host, which is no process it can send to.
+#[test]
+fn a_send_the_host_function_refuses_fails_the_sender_alone() -> anyhow::Result<()> {
+    let s = scheduler("ping-pong", env!("GUEST_PING_PONG"));
+    let pong = s.spawn_kind("ping-pong", "pong", vec![])?;
+    s.send(pong.pid(), "ping", Payload::json(&7)?)?;
+    let error = pong.join_timeout(HANG).expect("`pong` ends").unwrap_err();
+    assert_eq!(error, format!("send failed: no process {}: it never existed or has ended", wasmproc::Pid::HOST));
+    // Others send and receive all the same.
+    assert_eq!(run(&s, "ping-pong", "main", vec![Payload::json(&5)?]), Ok(Payload::json(&5)?));
+    Ok(())
+}
+
+/// Without the `send` capability the host function refuses, as a yielded `send` is.
+#[test]
+fn the_send_host_function_needs_the_send_capability() -> anyhow::Result<()> {
+    let s = scheduler("ping-pong", env!("GUEST_PING_PONG"));
+    let mute = SpawnOptions::new("pong").capabilities(Capabilities::all().deny("send"));
+    let pong = s.spawn_kind_with("ping-pong", mute)?;
+    s.send(pong.pid(), "ping", Payload::json(&7)?)?;
+    assert_eq!(pong.join_timeout(HANG), Some(Err("send failed: permission denied: send".to_owned())));
+    Ok(())
+}
+
+/// A message over the payload limit (topic and body: "pong" and "12345") ends the sender
+/// with the limit's error, as a yielded `send`'s would; the limit is checked before
+/// anything else, so it wins over the refusal of the previous test.
+#[test]
+fn a_send_over_the_payload_limit_ends_the_sender() -> anyhow::Result<()> {
+    let s = Scheduler::builder().kind("ping-pong", load(env!("GUEST_PING_PONG"))).max_payload_size(4).build()?;
+    let pong = s.spawn_kind("ping-pong", "pong", vec![])?;
+    s.send(pong.pid(), "ping", Payload::json(&12345)?)?;
+    let error = pong.join_timeout(HANG).expect("`pong` ends").unwrap_err();
+    assert!(
+        error.contains("payload limit exceeded: a 9-byte payload for `send` is over `max_payload_size` (4 bytes)"),
+        "{error}"
+    );
+    Ok(())
+}
+
+/// A process about to wait while its worker has nothing else to run gives its fiber
+/// stack's pages back (`Process::hibernate`, counted in `Stats::hibernated`), and its
+/// next steps run as before on the zeroed stack; processes that keep the worker busy
+/// with each other do not hibernate.
+#[test]
+fn processes_waiting_on_an_idle_worker_hibernate_and_run_on() -> anyhow::Result<()> {
+    let s = Scheduler::builder()
+        .workers(1)
+        .kind("ping-pong", load(env!("GUEST_PING_PONG")))
+        .kind("timers", load(env!("GUEST_TIMERS")))
+        .build()?;
+    let pong = s.spawn_kind("ping-pong", "pong", vec![])?;
+    let deadline = std::time::Instant::now() + HANG;
+    while s.stats().hibernated == 0 {
+        assert!(std::time::Instant::now() < deadline, "the waiting `pong` never hibernated");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+
+    // 200 pings and pongs: each process waits while the other is queued on the one worker.
+    let before = s.stats().hibernated;
+    assert_eq!(run(&s, "ping-pong", "main", vec![Payload::json(&200)?]), Ok(Payload::json(&200)?));
+    let during = s.stats().hibernated - before;
+    assert!(during <= 2, "{during} hibernations among 400 busy waits");
+
+    // Timers wake a process that hibernated at each wait; it still counts right.
+    let before = s.stats().hibernated;
+    let lengths = Payload::json(&[8, 2, 6, 4])?;
+    assert_eq!(json_text(run(&s, "timers", "main", vec![lengths])), "[2,4,6,8]");
+    assert!(s.stats().hibernated > before, "the sleeping `timers` never hibernated");
+
+    // And the first one, woken from hibernation, answers.
+    s.send(pong.pid(), "stop", Payload::json(&())?)?;
+    assert_eq!(pong.join_timeout(HANG), Some(Ok(Payload::json(&0)?)));
+    Ok(())
+}

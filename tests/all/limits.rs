@@ -143,10 +143,11 @@ fn payloads_over_max_payload_size_end_the_process_and_are_not_delivered() {
     });
     let receiver = s.spawn(receiver, "main", vec![]).unwrap();
     let to = receiver.pid();
+    // `size` bytes of message: the 1-byte topic and the body together.
     let sender = |size: usize| {
         Scripted::new(move |t| {
             if t.step == 0 {
-                let body = Payload::bytes(vec![0; size]);
+                let body = Payload::bytes(vec![0; size - 1]);
                 t.out.yield_command(0, wasmproc::Command::Send { to, topic: "t".into(), body });
             } else {
                 t.out.complete(Ok(Payload::empty()));

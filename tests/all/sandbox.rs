@@ -139,6 +139,28 @@ fn a_panic_and_a_trap_in_init_end_only_their_process() {
 }
 
 #[test]
+fn the_send_host_function_is_refused_outside_a_step() {
+    let error = misbehave(Config::default(), "send-in-init");
+    says(&error, "the guest refused: send in init: `send` is only available during a step (not during `init`)");
+}
+
+/// A native process that spawns with a `Handle` runs the child's `init` inside its own
+/// step; the child's `send` there is still refused, not sent in the parent's name.
+#[test]
+fn a_send_in_init_is_refused_inside_another_process_step() {
+    let runtime = runtime(Config::default());
+    let s = Scheduler::builder().kind("hostile", load(&runtime, HOSTILE)).build().expect("the scheduler starts");
+    let handle = s.handle().clone();
+    let (parent, _) = wasmproc_tests::Scripted::new(move |t| {
+        let refused = handle.spawn_kind("hostile", "send-in-init", vec![]).expect_err("the child refuses to start");
+        t.out.complete(Ok(Payload::text(refused.to_string())));
+        Ok(())
+    });
+    let result = s.spawn(parent, "main", vec![]).unwrap().join_timeout(HANG).expect("the parent ends").unwrap();
+    says(result.as_str().expect("text"), "send in init: `send` is only available during a step");
+}
+
+#[test]
 fn a_yield_flood_passes_max_yields_per_step() {
     says(&misbehave(Config::default(), "yield-flood"), "yield limit exceeded: one step yielded 100000 commands");
 }

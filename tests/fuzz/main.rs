@@ -42,6 +42,7 @@ const HOSTILE_ENTRIES: &[&str] = &[
     "deep-recursion",
     "panic",
     "trap-in-init",
+    "send-in-init",
     "yield-flood",
     "message-flood",
     "giant-payload",

@@ -6,10 +6,11 @@
 //! - `echo`: completes at once with its first input payload (an empty one without input);
 //! - `cycles [n]`: each step yields one custom command `now` (the embedder registers it,
 //!   and completes it at once) until `n` completions came back; then completes with `n`;
-//! - `ping-pong [limit] [peer]?`: passes a counter back and forth with another process.
-//!   The process given a peer starts by sending it 0. A process receiving `c` completes
-//!   with `c` if `c >= limit`, else sends `c + 1` back to the sender; the process that
-//!   sent `limit` completes with it once that send has completed, so both end;
+//! - `ping-pong [limit] [peer]?`: passes a counter back and forth with another process,
+//!   through the host's `send` function (one step a message). The process given a peer
+//!   starts by sending it 0. A process receiving `c` completes with `c` if `c >= limit`,
+//!   else sends `c + 1` back to the sender; the process that sent `limit` completes with
+//!   it once that send is made, so both end;
 //! - `idle`: waits (status `idle`) for the first message, then completes with its body.
 //! - `tree [leaves] [width]`: a tree of processes of this kind. A node with more than one
 //!   leaf spawns up to `width` children (monitored), splitting its leaves between them as
@@ -21,7 +22,7 @@
 use std::cell::RefCell;
 
 // The world's `use` brings `Payload`, `Event` and `StepOutput` into this module.
-use wasmproc::process::types::{Command, CustomCommand, SendRequest, SpawnRequest, Status, YieldCommand};
+use wasmproc::process::types::{Command, CustomCommand, SpawnRequest, Status, YieldCommand};
 
 wit_bindgen::generate!({
     world: "process",
@@ -133,7 +134,6 @@ fn cycles(n: u64, completed: &mut u64, events: Vec<Event>) -> StepOutput {
     }
 }
 
-/// Each send's tag is the count it carries, so the completion of the final one is known.
 fn ping_pong(limit: u64, peer: &mut Option<u64>, started: &mut bool, events: Vec<Event>) -> StepOutput {
     let mut next = None;
     if !*started {
@@ -141,34 +141,27 @@ fn ping_pong(limit: u64, peer: &mut Option<u64>, started: &mut bool, events: Vec
         next = peer.map(|to| (to, 0));
     }
     for event in events {
-        match event {
-            Event::Message(message) => {
-                let Ok(bytes) = <[u8; 8]>::try_from(message.body.data.as_slice()) else {
-                    return done(Err(format!("expected a counter of 8 bytes, got {}", message.body.data.len())));
-                };
-                let count = u64::from_le_bytes(bytes);
-                if count >= limit {
-                    return done(Ok(u64_payload(count)));
-                }
-                *peer = Some(message.sender);
-                next = Some((message.sender, count + 1));
+        if let Event::Message(message) = event {
+            let Ok(bytes) = <[u8; 8]>::try_from(message.body.data.as_slice()) else {
+                return done(Err(format!("expected a counter of 8 bytes, got {}", message.body.data.len())));
+            };
+            let count = u64::from_le_bytes(bytes);
+            if count >= limit {
+                return done(Ok(u64_payload(count)));
             }
-            Event::Completion(completion) => match completion.result {
-                Err(e) => return done(Err(format!("send of {} failed: {e}", completion.tag))),
-                Ok(_) if completion.tag >= limit => return done(Ok(u64_payload(completion.tag))),
-                Ok(_) => {}
-            },
-            _ => {}
+            *peer = Some(message.sender);
+            next = Some((message.sender, count + 1));
         }
     }
-    let yields = match next {
-        Some((to, count)) => {
-            let send = SendRequest { to, topic: String::new(), body: u64_payload(count) };
-            vec![YieldCommand { tag: count, command: Command::Send(send) }]
+    if let Some((to, count)) = next {
+        if let Err(e) = wasmproc::process::host::send(to, "", &u64_payload(count)) {
+            return done(Err(format!("send of {count} failed: {e}")));
         }
-        None => vec![],
-    };
-    StepOutput { status: Status::Idle, yields }
+        if count >= limit {
+            return done(Ok(u64_payload(count)));
+        }
+    }
+    StepOutput { status: Status::Idle, yields: vec![] }
 }
 
 fn idle(events: Vec<Event>) -> StepOutput {

@@ -12,6 +12,7 @@
 //! | `deep-recursion` | recurses with a small frame, millions deep |
 //! | `panic` | panics in `step` |
 //! | `trap-in-init` | traps in `init` (unreachable) |
+//! | `send-in-init` | calls the host's `send` in `init`, and refuses to start with the error it got |
 //! | `yield-flood` | yields 100,000 sleeps in one step |
 //! | `message-flood` | sends its first input's pid 10,000 messages, one step after another |
 //! | `giant-payload` | completes with a 32 MiB result |
@@ -29,13 +30,14 @@ wit_bindgen::generate!({
     path: "../../wit",
 });
 
-const ENTRIES: [&str; 12] = [
+const ENTRIES: [&str; 13] = [
     "spin",
     "memory-bomb",
     "stack-overflow",
     "deep-recursion",
     "panic",
     "trap-in-init",
+    "send-in-init",
     "yield-flood",
     "message-flood",
     "giant-payload",
@@ -63,6 +65,13 @@ impl Guest for Hostile {
         }
         if method == "trap-in-init" {
             core::arch::wasm32::unreachable();
+        }
+        if method == "send-in-init" {
+            let body = Payload { format: "bytes".into(), data: vec![] };
+            return match wasmproc::process::host::send(0, "early", &body) {
+                Ok(()) => Err("the host accepted a send during init".to_owned()),
+                Err(e) => Err(format!("send in init: {e}")),
+            };
         }
         PROCESS.with(|p| *p.borrow_mut() = Some((method, input, 0)));
         Ok(())

@@ -390,6 +390,7 @@ impl Summary {
             "yields_by_command": s.yields_by_command.iter().map(|(name, n)| (name.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
             "messages": s.messages,
             "undelivered": s.undelivered,
+            "hibernated": s.hibernated,
             "steals": s.workers.iter().map(|w| w.steals).sum::<u64>(),
             "workers": s.workers.iter().map(|w| json!({"steps": w.executed, "steals": w.steals, "stolen": w.stolen})).collect::<Vec<_>>(),
             "wall_ms": self.wall.as_secs_f64() * 1e3,
@@ -414,6 +415,7 @@ impl Summary {
             if by.is_empty() { String::new() } else { format!(": {}", by.join(", ")) }
         );
         eprintln!("messages    {} delivered, {} never read", count(s.messages), count(s.undelivered));
+        eprintln!("hibernated  {} (waiting processes that gave memory back)", count(s.hibernated));
         eprintln!("steals      {}", count(s.workers.iter().map(|w| w.steals).sum()));
         for (i, w) in s.workers.iter().enumerate() {
             eprintln!(

@@ -5,6 +5,7 @@
 //! loom models at the bottom exercise exactly the code the scheduler runs.
 
 use std::cell::UnsafeCell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -135,6 +136,28 @@ impl ProcessCell {
         slot.as_deref_mut().map(f)
     }
 
+    /// Lets the process give back memory it does not need while it waits
+    /// ([`Process::hibernate`]), if it waits: claims it (`Blocked`/`Idle → Running`),
+    /// calls it, and hands it back to the same waiting state. An event that arrives
+    /// meanwhile finds it `Running` and sets `WAKEUP`, and the hand-back then makes it
+    /// `Ready` instead, for the caller to queue (as a step that ends with events pending
+    /// reruns): nothing delivered during the call is left in a parked process's inbox.
+    pub(crate) fn hibernate(&self) -> Hibernation {
+        let Some(waiting) = self.state.try_claim_waiting() else {
+            return Hibernation::NotWaiting;
+        };
+        // SAFETY: claimed above: this thread owns the process until the hand-back below.
+        let released = unsafe { self.with_process(|process| catch_unwind(AssertUnwindSafe(|| process.hibernate()))) };
+        let released = matches!(released, Some(Ok(true)));
+        match self.state.transition_to_waiting(waiting) {
+            Waiting::Parked => Hibernation::Waiting { released },
+            Waiting::Rerun => {
+                self.state.transition_to_ready_from_running();
+                Hibernation::Woken { released }
+            }
+        }
+    }
+
     /// Takes the process out for closing; `None` the second time.
     ///
     /// # Safety
@@ -187,6 +210,17 @@ impl ProcessCell {
         self.state.transition_to_ready_from_running();
         TurnEnd::Requeue
     }
+}
+
+/// What [`ProcessCell::hibernate`] did. `released`: the process gave memory back.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Hibernation {
+    /// It was not waiting (queued, running or ended), and was left alone.
+    NotWaiting,
+    /// It waits again, as before.
+    Waiting { released: bool },
+    /// An event arrived meanwhile: it is `Ready`, and the caller must queue it.
+    Woken { released: bool },
 }
 
 #[cfg(all(test, loom))]
@@ -307,6 +341,29 @@ mod loom_models {
             }
             seen += run_owed_turns(&cell, Lifecycle::Idle, &schedules, schedules.swap(0, Ordering::SeqCst));
             assert_eq!(seen, 2);
+            assert_eq!(cell.inbox.len(), 0);
+            assert_eq!(cell.state.load().lifecycle(), Lifecycle::Idle);
+        });
+    }
+
+    /// A message racing a worker that claims the waiting process to hibernate it: the
+    /// message is consumed exactly once, the process is queued at most once at a time,
+    /// and it ends parked with an empty inbox (never parked with the message in it).
+    #[test]
+    fn loom_send_races_hibernate() {
+        loom::model(|| {
+            let cell = ready_cell();
+            let schedules = Arc::new(AtomicUsize::new(0));
+            let mut seen = run_owed_turns(&cell, Lifecycle::Idle, &schedules, 1);
+            let producer = spawn_producer(&cell, &schedules, message());
+            let owed = match cell.hibernate() {
+                Hibernation::Woken { .. } => 1,
+                Hibernation::Waiting { .. } | Hibernation::NotWaiting => 0,
+            };
+            seen += run_owed_turns(&cell, Lifecycle::Idle, &schedules, owed);
+            producer.join().unwrap();
+            seen += run_owed_turns(&cell, Lifecycle::Idle, &schedules, schedules.swap(0, Ordering::SeqCst));
+            assert_eq!(seen, 1, "the message must be consumed exactly once");
             assert_eq!(cell.inbox.len(), 0);
             assert_eq!(cell.state.load().lifecycle(), Lifecycle::Idle);
         });

@@ -80,6 +80,13 @@ pub(crate) struct Limits {
     pub(crate) max_descendants: usize,
 }
 
+/// The bytes a message counts against `max_payload_size`, whether yielded as a `send`
+/// command or sent with the `send` host function: its topic travels with the body into
+/// the receiver's mailbox.
+pub(crate) fn message_size(topic: &str, body: &Payload) -> usize {
+    topic.len() + body.data.len()
+}
+
 impl Limits {
     /// Checks one step's yields, from a process that has `children` live children in a
     /// tree of `tree` live descendants: the error ends the process, and none of the
@@ -95,7 +102,7 @@ impl Limits {
         let mut spawns = 0;
         for y in yields {
             let size = match &y.command {
-                Command::Send { body, .. } => body.data.len(),
+                Command::Send { topic, body, .. } => message_size(topic, body),
                 Command::Spawn(request) => {
                     spawns += 1;
                     request.input.iter().map(|p| p.data.len()).sum()
@@ -202,9 +209,10 @@ impl Builder {
         self
     }
 
-    /// The largest payload, in bytes, a process may put in a command (a message body, a
-    /// spawn's input, a custom command's payload) or return as its result; a process
-    /// that tries to ends with an error naming this limit. By default 16 MiB.
+    /// The largest payload, in bytes, a process may put in a command (a message's topic
+    /// and body together, a spawn's input, a custom command's payload) or return as its
+    /// result; a process that tries to ends with an error naming this limit. By default
+    /// 16 MiB.
     pub fn max_payload_size(mut self, bytes: usize) -> Self {
         self.limits.max_payload_size = bytes;
         self
@@ -301,6 +309,8 @@ impl Builder {
             registry: Registry::new(workers + 1),
             counters: (0..=workers).map(|_| CachePadded::default()).collect(),
             live: AtomicUsize::new(0),
+            retiring: AtomicUsize::new(0),
+            hibernating: Mutex::new(Vec::new()),
             peak_live: AtomicUsize::new(0),
             config: Config {
                 workers,
@@ -637,6 +647,7 @@ impl Handle {
             yields_by_command: std::array::from_fn(|i| (YIELD_KINDS[i], counted(i))),
             messages: sum(|c| &c.messages),
             undelivered: sum(|c| &c.undelivered),
+            hibernated: sum(|c| &c.hibernated),
         }
     }
 }
@@ -666,6 +677,10 @@ pub struct Stats {
     pub messages: u64,
     /// Messages that were in a mailbox when its process ended, never read.
     pub undelivered: u64,
+    /// Times a process about to wait gave memory back because its worker had nothing
+    /// else to run (see `Process::hibernate`; for a Wasm process, its fiber stack's
+    /// resident pages).
+    pub hibernated: u64,
 }
 
 /// One worker's counters.
@@ -695,9 +710,15 @@ pub(crate) struct Counters {
     yields: [AtomicU64; 6],
     messages: AtomicU64,
     undelivered: AtomicU64,
+    hibernated: AtomicU64,
 }
 
 impl Counters {
+    /// Called by the worker that owns this slot.
+    pub(crate) fn record_hibernation(&self) {
+        bump(&self.hibernated, 1, true);
+    }
+
     /// Called by the worker that owns this slot.
     pub(crate) fn record_step(&self) {
         bump(&self.steps, 1, true);
@@ -752,6 +773,14 @@ pub(crate) struct Shared {
     registry: Registry,
     pub(crate) counters: Box<[CachePadded<Counters>]>,
     live: AtomicUsize,
+    /// Processes that gave their place in `live` back but are still retiring (their
+    /// watchers not yet told): "no process left" waits for them too.
+    retiring: AtomicUsize,
+    /// Waiting processes that asked to hibernate (`Process::wants_hibernation`), for the
+    /// next worker that runs out of work (`worker::WorkerLoop::hibernate_waiting`). A
+    /// process is listed at most once until it hibernates, so this holds at most one
+    /// entry a live process; the lock is taken once a listing, not once a step.
+    pub(crate) hibernating: Mutex<Vec<Pid>>,
     peak_live: AtomicUsize,
     pub(crate) config: Config,
     pub(crate) handlers: FxHashMap<String, Arc<dyn Handler>>,
@@ -950,15 +979,16 @@ impl Shared {
     /// Ends a process that was running (or was dequeued with a terminate request).
     /// `None` means terminated: the result is the termination reason.
     pub(crate) fn finalize(&self, cell: &Task, result: Option<Outcome>) {
-        self.retire(cell, result);
+        // Counted first, so that whoever sees the scheduler drained sees it counted.
         self.count(|c| &c.completed, 1);
+        self.retire(cell, result);
     }
 
     /// The end of every process, in this order: close the inbox (later events are
     /// refused with `Closed`), mark it complete, close the process (exactly once: it is
-    /// taken out of its cell), remove its pid (later sends get `NotFound`), tell the
-    /// watchers, and only then count it out, so a waiter for "no process left" also sees
-    /// every exit delivered.
+    /// taken out of its cell), remove its pid (later sends get `NotFound`), give back its
+    /// place under `max_processes`, tell the watchers, and only then count it out of
+    /// `retiring`, so a waiter for "no process left" also sees every exit delivered.
     fn retire(&self, cell: &Task, result: Option<Outcome>) {
         let closed = cell.inbox.close();
         let result = result
@@ -981,7 +1011,9 @@ impl Shared {
             tree.fetch_sub(1, Ordering::Relaxed);
         }
         // Before the watchers hear of the exit: one that spawns on hearing it must find
-        // the room this process held under `max_processes`.
+        // the room this process held under `max_processes`. `retiring` goes up first, so
+        // that `live` and `retiring` are never both zero before the watchers are told.
+        self.retiring.fetch_add(1, Ordering::AcqRel);
         self.release_live();
         let undelivered = closed.undelivered.iter().filter(|e| matches!(e, Event::Message { .. })).count();
         if undelivered > 0 {
@@ -1000,25 +1032,40 @@ impl Shared {
                 Watcher::Handle(slot) => slot.set(result.clone()),
             }
         }
+        if self.retiring.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.notify_drained();
+        }
     }
 
     fn release_live(&self) {
         if self.live.fetch_sub(1, Ordering::AcqRel) == 1 {
-            // Taking the lock orders this notify after a waiter's check of `live` (made
-            // under the lock), so the waiter is either still to check or already waiting.
-            let _guard = self.drained_lock.lock();
-            self.drained.notify_all();
+            self.notify_drained();
         }
+    }
+
+    /// Wakes the waiters of [`Shared::wait_drained`] to check again.
+    fn notify_drained(&self) {
+        // Taking the lock orders this notify after a waiter's check (made under the
+        // lock), so the waiter is either still to check or already waiting.
+        let _guard = self.drained_lock.lock();
+        self.drained.notify_all();
+    }
+
+    /// No process alive and none retiring. `live` is read first: `retire` raises
+    /// `retiring` before it lowers `live`, so a zero read from `live` (acquiring that
+    /// decrement) is followed by a read of `retiring` that sees the raise, or its end.
+    fn drained(&self) -> bool {
+        self.live.load(Ordering::Acquire) == 0 && self.retiring.load(Ordering::Acquire) == 0
     }
 
     /// Waits until no process is alive; false if `deadline` passed first.
     pub(crate) fn wait_drained(&self, deadline: Option<Instant>) -> bool {
         let mut guard = self.drained_lock.lock();
-        while self.live.load(Ordering::Acquire) > 0 {
+        while !self.drained() {
             match deadline {
                 Some(deadline) => {
                     if self.drained.wait_until(&mut guard, deadline).timed_out() {
-                        return self.live.load(Ordering::Acquire) == 0;
+                        return self.drained();
                     }
                 }
                 None => self.drained.wait(&mut guard),

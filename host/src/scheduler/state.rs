@@ -170,6 +170,25 @@ impl State {
         Snapshot((prev.0 & TERMINATE) | RUNNING)
     }
 
+    /// `Blocked`/`Idle → Running` for a worker that works on a waiting process between
+    /// its steps (`ProcessCell::hibernate`); `None`, changing nothing, unless it waits
+    /// with no flag set (it was woken, is queued or running, or has ended). The claimer
+    /// owns the process as the worker of a step would, and gives it back with
+    /// [`State::transition_to_waiting`] to the returned state: producers meanwhile see
+    /// `Running` and set `WAKEUP`, which that transition turns into `Rerun`, exactly as
+    /// for an event that arrives during a step.
+    pub(crate) fn try_claim_waiting(&self) -> Option<Lifecycle> {
+        let cur = self.word.load(Ordering::Acquire);
+        let waiting = match cur {
+            BLOCKED => Lifecycle::Blocked,
+            IDLE => Lifecycle::Idle,
+            _ => return None,
+        };
+        // Acquire on success: what the last worker wrote to the process (its step) is
+        // visible to the claimer, as `transition_to_running` makes it for a worker.
+        self.word.compare_exchange(cur, RUNNING, Ordering::AcqRel, Ordering::Relaxed).ok().map(|_| waiting)
+    }
+
     /// Step 2 of the protocol: called by a producer after pushing an event.
     pub(crate) fn wake(&self) -> Wake {
         let mut cur = self.word.load(Ordering::Acquire);

@@ -32,10 +32,12 @@ use std::thread;
 use crossbeam_deque::{Steal, Worker};
 
 use super::Shared;
-use super::cell::{Decision, ProcessCell, TurnEnd};
+use super::cell::{Decision, Hibernation, ProcessCell, TurnEnd};
 use super::idle::{PARK_AFTER_ROUNDS, Unparked, YIELD_AFTER_ROUNDS};
 use super::state::Lifecycle;
 use crate::process::{Event, Status, StepOutput};
+#[cfg(feature = "wasm")]
+use crate::process::{Payload, Pid};
 
 /// How many more processes to move from the global queue into the local deque when
 /// taking one. From the scheduler spec.
@@ -67,11 +69,26 @@ struct Local {
 
 /// The process whose yields this worker is dispatching, and the completions it got
 /// meanwhile. See the module docs, "Completions during dispatch".
-#[derive(Default)]
 struct Dispatching {
     /// Address of the process's cell; 0 when not dispatching. Compared, never followed.
     cell: Cell<usize>,
     early: RefCell<Vec<Event>>,
+    /// The cell of the process in a step on this worker; null between steps. Set from
+    /// the `Task` that `run_task` holds for the whole step and reset before the step's
+    /// end, so it is valid to follow whenever it is not null (see [`send_from_step`]).
+    #[cfg(feature = "wasm")]
+    stepping: Cell<*const ProcessCell>,
+}
+
+impl Default for Dispatching {
+    fn default() -> Self {
+        Dispatching {
+            cell: Cell::new(0),
+            early: RefCell::default(),
+            #[cfg(feature = "wasm")]
+            stepping: Cell::new(std::ptr::null()),
+        }
+    }
 }
 
 /// Runs `f` on this thread's worker if it is one of `scheduler`'s.
@@ -127,6 +144,34 @@ pub(crate) fn others_waiting() -> bool {
     let local = CURRENT.get();
     // SAFETY: as in `with_local`.
     unsafe { local.as_ref() }.is_some_and(|local| local.shared.has_queued_work())
+}
+
+/// Sends `body` from process `from`, in a step on this thread's worker, to `to`: the
+/// `send` host function of Wasm guests (`wasm/state.rs`), called in the middle of the
+/// step.
+/// The same checks and delivery as a yielded `send` command, in the same order: the
+/// payload limit (`Err`: it ends the process, as for a yield), then the permission and
+/// the delivery (`Ok(Err)`: the sender is told why, as a completion would).
+#[cfg(feature = "wasm")]
+pub(crate) fn send_from_step(from: Pid, to: Pid, topic: String, body: Payload) -> Result<Result<(), String>, String> {
+    const NOT_IN_A_STEP: &str = "`send` is only available during a step (not during `init`)";
+    let local = CURRENT.get();
+    // SAFETY: as in `with_local`.
+    let Some(local) = (unsafe { local.as_ref() }) else {
+        return Ok(Err(NOT_IN_A_STEP.to_owned()));
+    };
+    // SAFETY: non-null only while `run_task` holds the cell's `Task` (see `stepping`).
+    // Another process than the caller can be in its step: a native process that spawns
+    // with a `Handle` runs the child's `init` inside its own step.
+    let Some(cell) = (unsafe { local.dispatch.stepping.get().as_ref() }).filter(|cell| cell.pid() == from) else {
+        return Ok(Err(NOT_IN_A_STEP.to_owned()));
+    };
+    let shared = &local.shared;
+    shared.config.limits.check_payload(super::message_size(&topic, &body), "send")?;
+    if !cell.spec.caps.allows_send() {
+        return Ok(Err("permission denied: send".to_owned()));
+    }
+    Ok(shared.send(cell.pid(), to, topic, body).map_err(|e| e.to_string()))
 }
 
 /// This thread's worker index if it is one of `scheduler`'s workers.
@@ -222,12 +267,57 @@ impl WorkerLoop<'_> {
                 thread::yield_now();
             } else {
                 rounds = 0;
+                if let Some(task) = self.hibernate_waiting() {
+                    return Some(task);
+                }
                 if self.shared.idle.park(|| self.shared.has_queued_work()) == Unparked::Shutdown {
                     // Shutdown only starts once no process is left, so there is no work.
                     return None;
                 }
             }
         }
+    }
+
+    /// Lets the listed waiting processes (`Shared::hibernating`) give memory back, before
+    /// this worker parks, newest first. Stops as soon as work is queued anywhere, and at
+    /// the first process that an event woke meanwhile, which it returns to be run (it is
+    /// `Ready` and in no queue). A process not waiting now (queued, or running on
+    /// another worker) stays listed for the next time; ended ones are dropped. Each
+    /// entry costs a registry lookup and, for a waiting process, two compare-and-swaps
+    /// and a system call, paid only by a worker that has nothing else to do.
+    fn hibernate_waiting(&mut self) -> Option<Task> {
+        let shared = self.shared;
+        let mut listed = std::mem::take(&mut *shared.hibernating.lock());
+        if listed.is_empty() {
+            return None;
+        }
+        let counters = &shared.counters[self.index];
+        let mut next = listed.len();
+        let mut woken = None;
+        while next > 0 && woken.is_none() && !shared.has_queued_work() {
+            next -= 1;
+            let Some(cell) = shared.registry.get(listed[next]) else {
+                // Moves an entry already looked at (a later one) into `next`.
+                listed.swap_remove(next);
+                continue;
+            };
+            let released = match cell.hibernate() {
+                Hibernation::NotWaiting => continue,
+                Hibernation::Waiting { released } => released,
+                Hibernation::Woken { released } => {
+                    woken = Some(cell);
+                    released
+                }
+            };
+            listed.swap_remove(next);
+            if released {
+                counters.record_hibernation();
+            }
+        }
+        // What is left (not looked at, or not waiting) goes back, beside what others
+        // listed meanwhile.
+        shared.hibernating.lock().append(&mut listed);
+        woken
     }
 
     fn next_local(&mut self) -> Option<Task> {
@@ -292,11 +382,16 @@ impl WorkerLoop<'_> {
             events.append(&mut dispatch.early.borrow_mut());
             out.reset();
             counters.record_step();
+            #[cfg(feature = "wasm")]
+            dispatch.stepping.set(Arc::as_ptr(&cell));
             // SAFETY: `run_turn` runs this closure only while this worker holds the
             // process in `Running`.
             let stepped = unsafe {
                 cell.with_process(|process| catch_unwind(AssertUnwindSafe(|| process.step(events.drain(..), out))))
             };
+            // A panic in the step was caught above, so this always runs.
+            #[cfg(feature = "wasm")]
+            dispatch.stepping.set(std::ptr::null());
             // A step may leave events it did not take; they were delivered to it all the same.
             events.clear();
             match stepped {
@@ -330,13 +425,24 @@ impl WorkerLoop<'_> {
                 shared.dispatch(&cell, y);
             }
             dispatch.cell.set(0);
-            match status {
-                Status::Continue => Decision::Continue,
-                _ if !dispatch.early.borrow().is_empty() => Decision::Rerun,
-                Status::Blocked => Decision::Wait(Lifecycle::Blocked),
-                Status::Idle => Decision::Wait(Lifecycle::Idle),
+            let target = match status {
+                Status::Continue => return Decision::Continue,
+                _ if !dispatch.early.borrow().is_empty() => return Decision::Rerun,
+                Status::Blocked => Lifecycle::Blocked,
+                Status::Idle => Lifecycle::Idle,
                 Status::Complete(_) => unreachable!("handled above"),
+            };
+            // A process that could give memory back while it waits is listed, once until
+            // it has, for the next worker that runs out of work (`hibernate_waiting`):
+            // not now, since an answer may be on its way and the process would only
+            // fault the memory back in (a process waiting for another on the other
+            // worker, say).
+            // SAFETY: as for the step above; the process is still `Running`.
+            let wants = unsafe { cell.with_process(|p| catch_unwind(AssertUnwindSafe(|| p.wants_hibernation()))) };
+            if let Some(Ok(true)) = wants {
+                shared.hibernating.lock().push(cell.pid());
             }
+            Decision::Wait(target)
         });
         {
             let mut early = dispatch.early.borrow_mut();

@@ -8,7 +8,34 @@
 wasmtime::component::bindgen!({
     world: "process",
     path: "../wit",
+    // A `send` over the payload limit ends the process: the host function traps.
+    imports: { "wasmproc:process/host.send": trappable },
 });
+
+impl ProcessIndices {
+    /// The exports of `instance`, an instance of the component these indices were made
+    /// from, without the type checks of the generated `load`.
+    ///
+    /// Sound because `ProcessIndices::new` checked the exports' types against the
+    /// component, and every instance of a component has its types; the generated `load`
+    /// checks them again for every instance (record and variant walks with string
+    /// compares, ~3% of a process's lifecycle on the benchmark). The calls themselves
+    /// never check: the generated `call_*` make their typed function unchecked.
+    pub(crate) fn load_prechecked(
+        &self,
+        mut store: impl wasmtime::AsContextMut,
+        instance: &wasmtime::component::Instance,
+    ) -> wasmtime::Result<Process> {
+        let mut get = |index: &wasmtime::component::ComponentExportIndex, name: &str| {
+            instance.get_func(&mut store, index).ok_or_else(|| wasmtime::format_err!("no export `{name}` found"))
+        };
+        Ok(Process {
+            entries: get(&self.entries, "entries")?,
+            init: get(&self.init, "init")?,
+            step: get(&self.step, "step")?,
+        })
+    }
+}
 
 pub(crate) mod preemptible {
     wasmtime::component::bindgen!({
@@ -20,4 +47,13 @@ pub(crate) mod preemptible {
             "wasmproc:process/host": super::wasmproc::process::host,
         },
     });
+
+    impl Process {
+        /// The exports of `guest`'s instance, called on a fiber. The functions are the
+        /// same, only the way of calling them differs, so there is nothing to look up
+        /// or check again.
+        pub(crate) fn of(guest: &super::Process) -> Process {
+            Process { entries: guest.entries, init: guest.init, step: guest.step }
+        }
+    }
 }

@@ -27,6 +27,7 @@ use super::bindings::wasmproc::process::types as wit;
 use super::convert;
 use super::log::Level;
 use super::runtime::{Component, Limits, new_store, refuel};
+use super::stacks;
 use super::state::ProcessState;
 use crate::process::{Events, Payload, Pid, Process, Status, StepOutput};
 
@@ -47,6 +48,13 @@ pub struct WasmProcess {
     ///
     /// [`Config::cpu_budget`]: super::Config::cpu_budget
     cpu_ticks: u64,
+    /// The fiber stack the store keeps between steps (wasmtime keeps the last one a store
+    /// used), once a step has made one; and whether a step ran on it since the last
+    /// [`Process::hibernate`] gave its pages back.
+    stack: Option<std::ops::Range<usize>>,
+    stack_warm: bool,
+    /// `wants_hibernation` said yes, and `hibernate` has not come since.
+    hibernation_asked: bool,
 }
 
 enum State {
@@ -73,7 +81,15 @@ struct Running {
 
 impl WasmProcess {
     pub(crate) fn new(component: Component) -> Self {
-        WasmProcess { component, state: State::Empty, events: Vec::new(), cpu_ticks: 0 }
+        WasmProcess {
+            component,
+            state: State::Empty,
+            events: Vec::new(),
+            cpu_ticks: 0,
+            stack: None,
+            stack_warm: false,
+            hibernation_asked: false,
+        }
     }
 
     /// Runs a step of `running` over the events gathered so far: `None` if it was
@@ -108,8 +124,14 @@ impl WasmProcess {
     fn resume(&mut self, mut future: Pin<Box<StepFuture>>) -> anyhow::Result<Option<Stepped>> {
         let clock = &self.component.loaded().clock;
         let started = clock.now();
+        // What another store's call left behind is not this store's stack.
+        let _ = stacks::take_made();
         let polled = future.as_mut().poll(&mut Context::from_waker(Waker::noop()));
         self.cpu_ticks += clock.now() - started;
+        if let Some(made) = stacks::take_made() {
+            self.stack = Some(made);
+        }
+        self.stack_warm = true;
         match polled {
             Poll::Ready(stepped) => Ok(Some(stepped)),
             // Dropping the future unwinds the suspended guest and frees its fiber.
@@ -133,8 +155,8 @@ impl Process for WasmProcess {
         let limits = self.component.limits;
         let mut store = new_store(loaded.pre.engine(), pid, loaded.log.clone(), &limits);
         let instantiated = loaded.pre.instance_pre().instantiate(&mut store).and_then(|instance| {
-            let guest = loaded.indices.load(&mut store, &instance)?;
-            let preemptible = loaded.preemptible.as_ref().map(|ix| ix.load(&mut store, &instance)).transpose()?;
+            let guest = loaded.indices.load_prechecked(&mut store, &instance)?;
+            let preemptible = loaded.config.preemption.then(|| PreemptibleGuest::of(&guest));
             Ok((guest, preemptible))
         });
         // Instantiation runs the core modules' start functions, under `init`'s limit.
@@ -191,6 +213,25 @@ impl Process for WasmProcess {
         };
         out.set_status(status);
         Ok(())
+    }
+
+    fn wants_hibernation(&mut self) -> bool {
+        let wants = self.stack_warm && !self.hibernation_asked;
+        self.hibernation_asked |= wants;
+        wants
+    }
+
+    fn hibernate(&mut self) -> bool {
+        self.hibernation_asked = false;
+        // Only between steps: a suspended step's fiber is still on its stack.
+        let (State::Ready(_), Some(stack), true) = (&self.state, &self.stack, self.stack_warm) else {
+            return false;
+        };
+        // SAFETY: the state is `Ready`: every call of the store has returned, and the
+        // store's next call only starts in a later step.
+        unsafe { stacks::release_top(stack) };
+        self.stack_warm = false;
+        true
     }
 
     fn close(&mut self) {

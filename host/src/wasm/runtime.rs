@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Engine, Store};
 
-use super::bindings::{Process as Guest, ProcessIndices, ProcessPre, preemptible};
+use super::bindings::{Process as Guest, ProcessIndices, ProcessPre};
 use super::cache::{self, Compiled, Digest, DiskCache};
 use super::command::{self, Command, CommandState, P1State};
 use super::config::Config;
@@ -401,17 +401,9 @@ impl Runtime {
 
         let indices =
             ProcessIndices::new(pre.instance_pre()).map_err(anyhow::Error::from).with_context(not_a_process)?;
-        let preemptible = shared
-            .config
-            .preemption
-            .then(|| preemptible::ProcessIndices::new(pre.instance_pre()))
-            .transpose()
-            .map_err(anyhow::Error::from)
-            .with_context(not_a_process)?;
         let loaded = Loaded {
             pre,
             indices,
-            preemptible,
             entries,
             log: shared.config.log.clone(),
             clock: shared.clock.clone(),
@@ -561,14 +553,12 @@ pub struct Component {
 
 pub(crate) struct Loaded {
     pub(crate) pre: ProcessPre<ProcessState>,
-    /// Where the exports are, found once for every instance.
+    /// Where the exports are, found and type-checked once for every instance.
     pub(crate) indices: ProcessIndices,
-    /// The same for calls on a fiber; `None` without [`Config::preemption`].
-    pub(crate) preemptible: Option<preemptible::ProcessIndices>,
     pub(crate) entries: Vec<String>,
     pub(crate) log: LogSink,
     pub(crate) clock: EpochClock,
-    config: Config,
+    pub(crate) config: Config,
 }
 
 /// Per-process limits; see [`Config::max_memory`], [`Config::time_slice`],

@@ -45,6 +45,35 @@ const KEEP_RESIDENT: usize = 64 * 1024;
 /// all its pages back (as `WARM_SLOTS` for memories).
 const WARM_STACKS: usize = 1024;
 
+thread_local! {
+    /// The stack [`StackArena::new_stack`] last made on this thread. wasmtime makes a
+    /// store's fiber stack inside the first async call that needs one, on the thread that
+    /// polls the call, and then keeps it for the store's next calls; the process that
+    /// polled takes this right after ([`take_made`]) to learn which stack its store keeps.
+    static MADE: std::cell::Cell<Option<Range<usize>>> = const { std::cell::Cell::new(None) };
+}
+
+/// The stack made on this thread since the last call, if any (see `MADE`).
+pub(crate) fn take_made() -> Option<Range<usize>> {
+    MADE.take()
+}
+
+/// Gives back the resident top of `stack`, a range [`take_made`] returned, so that a
+/// waiting process does not hold those pages (`WasmProcess::hibernate`). They read as
+/// zero after, which a stack allows: what a finished call left there is never read.
+///
+/// # Safety
+///
+/// No fiber runs on `stack`, and none is suspended on it: the call that made it, and
+/// every later call of the same store, has returned.
+pub(crate) unsafe fn release_top(stack: &Range<usize>) {
+    let start = stack.end.saturating_sub(KEEP_RESIDENT).max(stack.start);
+    // SAFETY: a page-aligned part of a stack of the arena (slots and `KEEP_RESIDENT` are
+    // whole pages) that nothing uses, by the caller's contract. If `madvise` fails the
+    // pages stay resident, which only costs memory.
+    let _ = unsafe { dont_need(start as *mut u8, stack.end - start) };
+}
+
 /// The [`StackCreator`] of the engine: hands out the stacks of one mapping.
 pub(crate) struct StackArena {
     arena: Arc<Arena>,
@@ -105,7 +134,9 @@ unsafe impl StackCreator for StackArena {
                 ),
             }
         };
-        Ok(Box::new(Stack { arena: arena.clone(), slot }))
+        let stack = Stack { arena: arena.clone(), slot };
+        MADE.set(Some(stack.range()));
+        Ok(Box::new(stack))
     }
 }
 

@@ -6,6 +6,7 @@ use wasmtime::{ResourceLimiter, format_err};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::wasmproc::process::{host, types};
+use super::convert;
 use super::engine::{CORE_INSTANCES_PER_PROCESS, MEMORIES_PER_PROCESS, TABLE_ELEMENTS, TABLES_PER_PROCESS};
 use super::log::{GuestOutput, Level, LogRecord, LogSink, LogSource};
 use crate::process::Pid;
@@ -14,7 +15,10 @@ use crate::process::Pid;
 pub(crate) struct ProcessState {
     pid: Pid,
     log: LogSink,
-    wasi: WasiCtx,
+    /// Made on the guest's first WASI call: most processes make none, and building one
+    /// seeds two random generators and boxes a dozen parts (about a microsecond and
+    /// 1 KiB of heap a process, for nothing, on the lifecycle benchmark).
+    wasi: Option<Box<WasiCtx>>,
     table: ResourceTable,
     pub(crate) limiter: MemoryLimiter,
     /// Epoch ticks of the running step's current time slice (see `process::preempt`).
@@ -27,22 +31,26 @@ impl ProcessState {
     /// randomness stay (Rust's std seeds its hash maps from them); stdout and stderr go
     /// to the log, line by line.
     pub(crate) fn new(pid: Pid, log: LogSink, max_memory: usize) -> Self {
-        let wasi = WasiCtxBuilder::new()
-            .stdout(GuestOutput::new(pid, LogSource::Stdout, log.clone()))
-            .stderr(GuestOutput::new(pid, LogSource::Stderr, log.clone()))
-            .allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .build();
         ProcessState {
             pid,
             log,
-            wasi,
+            wasi: None,
             table: ResourceTable::new(),
             limiter: MemoryLimiter { max_memory },
             slice_ticks: 0,
         }
     }
+}
+
+/// The WASI context of process `pid` (see [`ProcessState::new`]).
+fn new_wasi(pid: Pid, log: &LogSink) -> WasiCtx {
+    WasiCtxBuilder::new()
+        .stdout(GuestOutput::new(pid, LogSource::Stdout, log.clone()))
+        .stderr(GuestOutput::new(pid, LogSource::Stderr, log.clone()))
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .build()
 }
 
 impl ProcessState {
@@ -58,7 +66,8 @@ impl ProcessState {
 
 impl WasiView for ProcessState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+        let wasi = self.wasi.get_or_insert_with(|| Box::new(new_wasi(self.pid, &self.log)));
+        WasiCtxView { ctx: wasi, table: &mut self.table }
     }
 }
 
@@ -72,6 +81,11 @@ impl host::Host for ProcessState {
             host::Level::Error => Level::Error,
         };
         self.log_host(level, &message);
+    }
+
+    fn send(&mut self, to: types::Pid, topic: String, body: types::Payload) -> wasmtime::Result<Result<(), String>> {
+        let body = convert::payload_from_wit(body);
+        crate::scheduler::worker::send_from_step(self.pid, Pid::from_u64(to), topic, body).map_err(wasmtime::Error::msg)
     }
 }
 

@@ -319,14 +319,28 @@ fn idle_wasmproc(count: u32, workers: usize) {
     wait_for_first_steps(spawned);
     let stepped = steps() - steps_before;
     let elapsed = start.elapsed();
+    // Workers left with nothing to run let the waiting processes give back their fiber
+    // stacks' pages (`Stats::hibernated`): measured once that has settled.
+    let hibernated = {
+        let deadline = Instant::now() + WAIT_CAP;
+        let mut last = s.stats().hibernated;
+        loop {
+            thread::sleep(Duration::from_millis(20));
+            let now = s.stats().hibernated;
+            if now == last || Instant::now() > deadline {
+                break now;
+            }
+            last = now;
+        }
+    };
     let (rss, pte, maps) = (status_kib("VmRSS"), status_kib("VmPTE"), map_count());
     println!("@sample {spawned} {}", rss.saturating_sub(rss_before));
     let arena = largest_mapping_rss_kib().saturating_sub(arena_rss_before);
     let per = |total: u64| if spawned == 0 { 0.0 } else { total as f64 / spawned as f64 };
     let (rss_per, pte_per) = (per(rss.saturating_sub(rss_before)), per(pte.saturating_sub(pte_before)));
     println!(
-        "{label}: {spawned} spawned, {stepped} first steps in {:.0} ms; RSS +{:.1} MiB = {rss_per:.1} KiB a process \
-         (linear memory {:.1} KiB, the rest the host's heap); page tables (VmPTE) +{:.1} MiB = {pte_per:.1} KiB a \
+        "{label}: {spawned} spawned, {stepped} first steps in {:.0} ms, {hibernated} hibernations; RSS +{:.1} MiB = {rss_per:.1} KiB a process \
+         (linear memory and fiber stacks {:.1} KiB, the rest the host's heap); page tables (VmPTE) +{:.1} MiB = {pte_per:.1} KiB a \
          process; {} memory maps = {} a process",
         elapsed.as_secs_f64() * 1e3,
         rss.saturating_sub(rss_before) as f64 / 1024.0,
@@ -341,9 +355,10 @@ fn idle_wasmproc(count: u32, workers: usize) {
     let result = json!({
         "spawned": spawned,
         "rss_kib_per": rss_per,
-        "linear_memory_kib_per": per(arena),
+        "arenas_kib_per": per(arena),
         "pte_kib_per": pte_per,
         "first_steps_ms": elapsed.as_secs_f64() * 1e3,
+        "hibernated": hibernated,
         "stopped": failure,
     });
     println!("@result {result}");
@@ -363,7 +378,9 @@ fn idle_wasmproc(count: u32, workers: usize) {
 }
 
 /// The resident KiB of the process's largest mapping: in a wasmproc child, the memory
-/// arena, which holds every linear memory.
+/// arena, which holds every linear memory, and the fiber-stack arena with it (the two
+/// are anonymous mappings with the same flags, placed side by side, so the kernel
+/// merges them into one).
 fn largest_mapping_rss_kib() -> u64 {
     let smaps = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps is readable");
     let field = |line: &str, name: &str| -> Option<u64> {
