@@ -121,6 +121,21 @@ impl Process for Scripted {
     }
 }
 
+/// The example guests' `.wasm` files, built by this crate's build script (`build.rs`),
+/// for tests outside this crate: the host's CLI tests.
+pub mod guests {
+    /// `examples-wasm/fan-out`.
+    pub const FAN_OUT: &str = env!("GUEST_FAN_OUT");
+    /// `examples-wasm/hello`.
+    pub const HELLO: &str = env!("GUEST_HELLO");
+    /// `examples-wasm/hostile`.
+    pub const HOSTILE: &str = env!("GUEST_HOSTILE");
+    /// `examples-wasm/timers`.
+    pub const TIMERS: &str = env!("GUEST_TIMERS");
+    /// `examples-wasm/wasi-cli`.
+    pub const WASI_CLI: &str = env!("GUEST_WASI_CLI");
+}
+
 /// How long a test waits for something that should happen at once before it calls it a
 /// hang. Generous: it bounds a failure, it does not measure anything.
 pub const HANG: Duration = Duration::from_secs(20);

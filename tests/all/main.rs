@@ -2,8 +2,6 @@
 
 /// The benchmarks' guest: each entry once, with the result the benches rely on.
 mod bench_guest;
-/// The `wasmproc` binary: subcommands, exit codes, bad input, WASI commands.
-mod cli;
 /// WASI programs as processes: load checks, exits from start functions, time limits.
 mod commands;
 /// Custom commands: unknown commands, handler errors, permissions (DESIGN 11).

@@ -2,46 +2,21 @@
 //! the bad inputs a user will try (missing file, not Wasm, wrong world, unknown method,
 //! invalid JSON, bad sizes and durations, unknown flags).
 //!
-//! The binary is built once per test run by `cargo build` (the tests crate cannot depend
-//! on another package's binary), into the same target directory and profile as this
-//! test; cargo holds no lock while tests run, so this does not wait on the outer build.
+//! An integration test of the host package, so that cargo builds the binary for it, in
+//! the same build and with the same features as everything else: a `cargo build` of the
+//! binary from inside a test resolves features for the host package alone, which
+//! compiles a second wasmtime (gigabytes of disk, minutes of CI).
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use wasmproc_tests::HANG;
+use wasmproc_tests::guests::{FAN_OUT, HELLO, HOSTILE, TIMERS, WASI_CLI};
 
-const HELLO: &str = env!("GUEST_HELLO");
-const FAN_OUT: &str = env!("GUEST_FAN_OUT");
-const TIMERS: &str = env!("GUEST_TIMERS");
-const WASI_CLI: &str = env!("GUEST_WASI_CLI");
-const HOSTILE: &str = env!("GUEST_HOSTILE");
-
-/// The `wasmproc` binary of this workspace, built on first use.
-fn binary() -> &'static Path {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        // This test binary is `<target>/<profile>/deps/all-<hash>`.
-        let exe = std::env::current_exe().expect("the test knows its path");
-        let profile_dir = exe.parent().and_then(Path::parent).expect("the test runs from <target>/<profile>/deps");
-        let target_dir = profile_dir.parent().expect("<target>/<profile>");
-        let profile = profile_dir.file_name().and_then(|n| n.to_str()).expect("a profile name");
-        let profile = if profile == "debug" { "dev" } else { profile };
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "wasmproc", "--bin", "wasmproc", "--profile", profile])
-            .arg("--target-dir")
-            .arg(target_dir)
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "building the wasmproc binary failed ({status})");
-        profile_dir.join("wasmproc")
-    })
-}
+const BINARY: &str = env!("CARGO_BIN_EXE_wasmproc");
 
 /// A scratch directory of the test's own, emptied.
 fn scratch(name: &str) -> PathBuf {
@@ -54,7 +29,7 @@ fn scratch(name: &str) -> PathBuf {
 /// `wasmproc` with `args`, its compile cache in the test's scratch space (shared by the
 /// tests so each guest compiles once).
 fn wasmproc(args: &[&str]) -> Command {
-    let mut command = Command::new(binary());
+    let mut command = Command::new(BINARY);
     command.args(args).env("XDG_CACHE_HOME", PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"));
     command
 }
@@ -167,7 +142,7 @@ fn stats_count_processes_and_yields_by_command() {
     assert_eq!(stats["workers"].as_array().map(Vec::len), stats["workers"].as_array().map(|w| w.len().max(1)));
 
     let ran = run(&["run", FAN_OUT, "--input", "5", "--stats", "--workers", "2"]).expect(0);
-    for line in ["processes   6", "yields      5: spawn 5", "worker 0", "worker 1", "wall time"] {
+    for line in ["processes   6", "yields      5: spawn 5", "hibernated  ", "worker 0", "worker 1", "wall time"] {
         assert!(ran.stderr.contains(line), "stats should show {line:?}: {}", ran.stderr);
     }
 }
