@@ -60,6 +60,11 @@ use crate::process::{Command, Event, Outcome, Payload, Pid, Process, Yield};
 /// work into another's deque.
 static NEXT_SCHEDULER_ID: AtomicUsize = AtomicUsize::new(1);
 
+/// The hibernation list's length below which it is never pruned, so that a scheduler
+/// with few live processes does not prune at every listing. Picked out of thin air: 16
+/// KiB of pids.
+const HIBERNATION_LIST_FLOOR: usize = 2048;
+
 pub(crate) struct Config {
     pub(crate) workers: usize,
     pub(crate) max_processes: usize,
@@ -779,7 +784,9 @@ pub(crate) struct Shared {
     /// Waiting processes that asked to hibernate (`Process::wants_hibernation`), for the
     /// next worker that runs out of work (`worker::WorkerLoop::hibernate_waiting`). A
     /// process is listed at most once until it hibernates, so this holds at most one
-    /// entry a live process; the lock is taken once a listing, not once a step.
+    /// entry a live process, plus those of ended processes until they are pruned (see
+    /// [`Shared::list_for_hibernation`]); the lock is taken once a listing, not once a
+    /// step.
     pub(crate) hibernating: Mutex<Vec<Pid>>,
     peak_live: AtomicUsize,
     pub(crate) config: Config,
@@ -1037,6 +1044,22 @@ impl Shared {
         }
     }
 
+    /// Lists `pid` in [`Shared::hibernating`].
+    ///
+    /// Entries of processes that ended are dropped only by a worker that runs out of
+    /// work, which a scheduler under steady load may never do: so a listing that finds
+    /// the list at twice the live processes (each live one is listed at most once)
+    /// first drops the ended ones. The list then holds at most `live` entries, and the
+    /// next pruning is `live` listings away: amortised O(1) a listing, and a list that
+    /// stays within 2 × live (or [`HIBERNATION_LIST_FLOOR`]) whatever the load.
+    pub(crate) fn list_for_hibernation(&self, pid: Pid) {
+        let mut listed = self.hibernating.lock();
+        if listed.len() >= HIBERNATION_LIST_FLOOR.max(2 * self.live.load(Ordering::Relaxed)) {
+            listed.retain(|&pid| self.registry.contains(pid));
+        }
+        listed.push(pid);
+    }
+
     fn release_live(&self) {
         if self.live.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.notify_drained();
@@ -1080,5 +1103,84 @@ impl Shared {
 fn close_quietly(process: &mut dyn Process) {
     if let Err(panic) = catch_unwind(AssertUnwindSafe(|| process.close())) {
         eprintln!("wasmproc: process close panicked: {}", worker::panic_message(&*panic));
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use crate::{Command, Events, Payload, Pid, Process, Scheduler, Status, StepOutput};
+
+    /// Waits once, for a sleep of a millisecond (one of no time completes during the
+    /// dispatch, and the process runs on without waiting), asking to hibernate
+    /// meanwhile, then ends.
+    struct WaitsOnce(bool);
+
+    impl Process for WaitsOnce {
+        fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+            Ok(())
+        }
+
+        fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+            if std::mem::replace(&mut self.0, true) {
+                out.complete(Ok(Payload::empty()));
+            } else {
+                out.yield_command(0, Command::Sleep(Duration::from_millis(1)));
+                out.set_status(Status::Blocked);
+            }
+            Ok(())
+        }
+
+        fn wants_hibernation(&mut self) -> bool {
+            true
+        }
+    }
+
+    /// Runs again at once until told to stop, so its worker never runs out of work.
+    struct Busy(Arc<AtomicBool>);
+
+    impl Process for Busy {
+        fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+            Ok(())
+        }
+
+        fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+            if self.0.load(Ordering::Relaxed) {
+                out.complete(Ok(Payload::empty()));
+            } else {
+                out.set_status(Status::Continue);
+            }
+            Ok(())
+        }
+    }
+
+    /// A worker that never runs out of work never prunes the hibernation list of the
+    /// processes that ended: listing prunes it, so it stays bounded by the live
+    /// processes (here 2 at most, so by the floor), not by every process that ever waited.
+    #[test]
+    fn the_hibernation_list_stays_bounded_on_a_busy_worker() {
+        let scheduler = Scheduler::builder().workers(1).build().expect("the scheduler starts");
+        let stop = Arc::new(AtomicBool::new(false));
+        let busy = scheduler.spawn(Busy(stop.clone()), "main", vec![]).expect("spawn");
+        // In batches, so that few are live at once and each batch's sleeps overlap.
+        let (batches, batch) = (96, 64);
+        let processes = batches * batch;
+        assert!(processes > 2 * super::HIBERNATION_LIST_FLOOR);
+        for _ in 0..batches {
+            let waiters: Vec<_> =
+                (0..batch).map(|_| scheduler.spawn(WaitsOnce(false), "main", vec![]).expect("spawn")).collect();
+            for waiter in waiters {
+                waiter.join_timeout(Duration::from_secs(20)).expect("the waiter ends").expect("ok");
+            }
+        }
+        let listed = scheduler.handle().shared.hibernating.lock().len();
+        stop.store(true, Ordering::Relaxed);
+        busy.join_timeout(Duration::from_secs(20)).expect("the busy one ends").expect("ok");
+        assert!(listed > 0, "no waiter was listed: the test shows nothing");
+        assert!(listed <= super::HIBERNATION_LIST_FLOOR, "{listed} entries listed after {processes} waiters");
+        scheduler.stop(Duration::from_secs(1));
     }
 }

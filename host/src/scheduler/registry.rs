@@ -83,6 +83,14 @@ impl Registry {
         }
     }
 
+    /// Whether `pid` is a live process. Takes no reference to its cell, so it never
+    /// drops one (see [`Registry::remove`]).
+    pub(crate) fn contains(&self, pid: Pid) -> bool {
+        self.split(pid).is_some_and(|(shard, index, generation)| {
+            self.shards[shard].lock().slots.get(index).is_some_and(|slot| slot.generation == generation)
+        })
+    }
+
     /// Removes `pid`; false if it was not there (already removed, or a stale pid).
     pub(crate) fn remove(&self, pid: Pid) -> bool {
         let Some((shard, index, generation)) = self.split(pid) else { return false };

@@ -440,7 +440,7 @@ impl WorkerLoop<'_> {
             // SAFETY: as for the step above; the process is still `Running`.
             let wants = unsafe { cell.with_process(|p| catch_unwind(AssertUnwindSafe(|| p.wants_hibernation()))) };
             if let Some(Ok(true)) = wants {
-                shared.hibernating.lock().push(cell.pid());
+                shared.list_for_hibernation(cell.pid());
             }
             Decision::Wait(target)
         });
