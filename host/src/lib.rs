@@ -46,8 +46,9 @@
 //!   threads); build one per host. [`Scheduler::stop`] shuts it down gracefully.
 //! - [`Handle`]: a cheap, clonable reference to the scheduler for spawning, sending and
 //!   terminating from any thread, including command handlers.
-//! - [`Process`]: what the scheduler runs: `init` (choose an entry method), `step`, `close`.
-//!   Implement it natively, or load a Wasm component.
+//! - [`Process`]: what the scheduler runs: `init` (choose an entry method), `step`, `close`,
+//!   and optionally `hibernate` (give memory back while waiting, when the workers are
+//!   idle). Implement it natively, or load a Wasm component.
 //! - `wasm::Runtime` (feature `wasm`, on by default): one wasmtime engine, its instance
 //!   memory and fiber-stack arenas and the compile caches. Costly to build (reserves the arenas); one per host.
 //!   `Runtime::load` gives a `wasm::Component`: cheap to clone, and a [`Factory`] to

@@ -22,6 +22,31 @@
 //! inbox's events first, then these. If the process leaves the worker instead (it asked
 //! to continue, or used up its turn) the kept events go into its inbox before it is
 //! queued, while no one else can own it.
+//!
+//! # Hibernation
+//!
+//! A process that can give memory back while it waits ([`Process::wants_hibernation`])
+//! is not made to at once: an answer may be on its way, and it would fault the memory
+//! straight back in. Instead:
+//! 1. after the step, still `Running`, it is listed in `Shared::hibernating` (at most
+//!    once until it hibernates; the list is pruned of ended processes as it grows, see
+//!    `Shared::list_for_hibernation`), then parked as usual;
+//! 2. a worker about to park, with no work queued anywhere, takes the list and, newest
+//!    first, claims each listed process that still waits with no flag set
+//!    (`Blocked`/`Idle → Running`, one CAS), calls [`Process::hibernate`], and hands it
+//!    back to the same waiting state;
+//! 3. a producer that pushes an event in between sees `Running` and sets `WAKEUP`, as
+//!    during a step, so the hand-back fails to park it and makes it `Ready` instead: the
+//!    worker stops there and runs it. A process that is not waiting when looked at
+//!    (queued, running elsewhere) is left listed for next time.
+//!
+//! So an event is never left in the inbox of a parked process (the same argument as for
+//! a step: the claim is the worker's step transition, the hand-back its park), and the
+//! cost falls only on a worker that had nothing else to do, stopping as soon as work is
+//! queued. The loom model `loom_send_races_hibernate` checks the race.
+//!
+//! [`Process::wants_hibernation`]: crate::Process::wants_hibernation
+//! [`Process::hibernate`]: crate::Process::hibernate
 
 use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind};
