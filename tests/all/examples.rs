@@ -278,17 +278,28 @@ fn a_send_over_the_payload_limit_ends_the_sender() -> anyhow::Result<()> {
 /// with each other do not hibernate.
 #[test]
 fn processes_waiting_on_an_idle_worker_hibernate_and_run_on() -> anyhow::Result<()> {
+    // The `inventory.reserve` handler keeps each request's completer for the test, so
+    // that the `workflow` waits until the test has seen it hibernate: no timing involved.
+    let (gate, requests) = std::sync::mpsc::channel();
     let s = Scheduler::builder()
         .workers(1)
         .kind("ping-pong", load(env!("GUEST_PING_PONG")))
-        .kind("timers", load(env!("GUEST_TIMERS")))
+        .kind("workflow", load(env!("GUEST_WORKFLOW")))
+        .capabilities(Capabilities::default().allow(RESERVE))
+        .handler(RESERVE, move |request: Request<'_>| {
+            let (_, completer) = request.into_parts();
+            gate.send(completer).expect("the test holds the gate");
+        })
         .build()?;
+    let hibernated_more_than = |before: u64, what: &str| {
+        let deadline = std::time::Instant::now() + HANG;
+        while s.stats().hibernated <= before {
+            assert!(std::time::Instant::now() < deadline, "the waiting `{what}` never hibernated");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
     let pong = s.spawn_kind("ping-pong", "pong", vec![])?;
-    let deadline = std::time::Instant::now() + HANG;
-    while s.stats().hibernated == 0 {
-        assert!(std::time::Instant::now() < deadline, "the waiting `pong` never hibernated");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    hibernated_more_than(0, "pong");
 
     // 200 pings and pongs: each process waits while the other is queued on the one worker.
     let before = s.stats().hibernated;
@@ -296,11 +307,15 @@ fn processes_waiting_on_an_idle_worker_hibernate_and_run_on() -> anyhow::Result<
     let during = s.stats().hibernated - before;
     assert!(during <= 2, "{during} hibernations among 400 busy waits");
 
-    // Timers wake a process that hibernated at each wait; it still counts right.
+    // A process that hibernated while waiting for a command's answer runs on from where
+    // it waited when the answer comes.
     let before = s.stats().hibernated;
-    let lengths = Payload::json(&[8, 2, 6, 4])?;
-    assert_eq!(json_text(run(&s, "timers", "main", vec![lengths])), "[2,4,6,8]");
-    assert!(s.stats().hibernated > before, "the sleeping `timers` never hibernated");
+    let workflow = s.spawn_kind("workflow", "main", vec![order()])?;
+    let completer = requests.recv_timeout(HANG).expect("`workflow` calls `inventory.reserve`");
+    hibernated_more_than(before, "workflow");
+    completer.complete(Ok(Payload::json(&"R-1")?));
+    let summary = json_text(workflow.join_timeout(HANG).expect("`workflow` ends"));
+    assert_eq!(summary, r#"{"item":"apples","quantity":2,"reservation":"R-1","attempts":1}"#);
 
     // And the first one, woken from hibernation, answers.
     s.send(pong.pid(), "stop", Payload::json(&())?)?;
