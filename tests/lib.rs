@@ -1,7 +1,9 @@
 //! Native test processes shared by the integration tests.
 //!
 //! [`Scripted`] runs a closure per step and records what happened in a [`Probe`], so a
-//! test can state a process's behaviour inline and check steps, events and closes.
+//! test can state a process's behaviour inline and check steps, events and closes. Also
+//! the README's demo ([`demo`], run by its example and by a test) and the paths of the
+//! example guests this crate's build script builds ([`guests`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,6 +11,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use wasmproc::{Event, Events, Payload, Pid, Process, StepOutput};
+
+pub mod demo;
 
 /// What a scripted process went through.
 #[derive(Default)]
@@ -124,6 +128,8 @@ impl Process for Scripted {
 /// The example guests' `.wasm` files, built by this crate's build script (`build.rs`),
 /// for tests outside this crate: the host's CLI tests.
 pub mod guests {
+    /// `examples-wasm/bench`.
+    pub const BENCH: &str = env!("GUEST_BENCH");
     /// `examples-wasm/fan-out`.
     pub const FAN_OUT: &str = env!("GUEST_FAN_OUT");
     /// `examples-wasm/hello`.

@@ -134,3 +134,10 @@ fn main() -> anyhow::Result<()> {
     println!("stopped in {:.1?}", report.elapsed);
     Ok(())
 }
+
+/// `cargo test` runs the tour too (`test = true` in `Cargo.toml`): it checks its own
+/// results, so a change that breaks it fails the suite, not only a reader of the README.
+#[test]
+fn the_tour_runs_to_the_end() -> anyhow::Result<()> {
+    main()
+}

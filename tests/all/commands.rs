@@ -121,11 +121,15 @@ fn an_endless_program_is_ended_at_its_time_limit_or_cpu_budget() {
     };
     assert_eq!(
         run(&budget, CommandOptions::new()),
-        "CPU budget exceeded: the program ran for longer than its `cpu_budget` of 60ms and was stopped"
+        "CPU budget exceeded: the process ran for longer than its `cpu_budget` of 60ms and was stopped"
     );
     let ms = Duration::from_millis(40);
     let expected = "time limit exceeded: the program ran longer than 40ms";
-    assert_eq!(run(&limit, CommandOptions::new().time_limit(ms)), expected, "checked between slices");
-    assert_eq!(run(&unpreempted, CommandOptions::new().time_limit(ms)), expected, "checked at epoch ticks");
+    assert_eq!(run(&limit, CommandOptions::new().time_limit(ms)), expected, "checked at epoch ticks, with preemption");
+    assert_eq!(
+        run(&unpreempted, CommandOptions::new().time_limit(ms)),
+        expected,
+        "checked at epoch ticks, without preemption"
+    );
     s.stop(Duration::from_secs(1));
 }

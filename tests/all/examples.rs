@@ -36,6 +36,29 @@ fn json_text(outcome: Outcome) -> String {
     payload.as_str().expect("JSON is UTF-8").to_owned()
 }
 
+/// The README's demo (`cargo run --release -p wasmproc-tests --example demo`) runs every
+/// example guest to the results it shows.
+#[test]
+fn the_readme_demo_shows_every_result() -> anyhow::Result<()> {
+    let mut out = Vec::new();
+    wasmproc_tests::demo::run(Config::default().cache_dir(env!("CARGO_TARGET_TMPDIR")), &mut out)?;
+    let out = String::from_utf8(out)?;
+    for line in [
+        r#"hello.greet("wasmproc") → ok "hello, wasmproc""#,
+        "hello.add([2,40]) → ok 42",
+        "timers.main([30,10,20]) → ok [10,20,30]",
+        "fan-out.main(1000) → ok [0,1,4,9,16,25,36,49,64,81,100,121,144,1 … 5,992016,994009,996004,998001]",
+        "ping-pong.main(10000) → ok 10000",
+        r#"workflow.main({"item":"widget","quantity":3}) → ok {"item":"widget","quantity":3,"reservation":"R-1001","attempts":2}"#,
+        "hello.shout(null) → spawn refused: init of `shout` failed: unknown entry method `shout`; this component has: greet, add",
+        "1007 processes,",
+        "stopped in",
+    ] {
+        assert!(out.contains(line), "the demo should show {line:?}; it showed:\n{out}");
+    }
+    Ok(())
+}
+
 #[test]
 fn hello_greets_and_adds() -> anyhow::Result<()> {
     let s = scheduler("hello", env!("GUEST_HELLO"));

@@ -143,7 +143,12 @@ fn a_module_compiles_once_per_runtime_and_once_per_cache_dir() {
     assert_eq!(result.parse_json::<u64>().unwrap(), 0);
 
     // A damaged entry is compiled again, not loaded.
-    let entries: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    // The directory also holds the runtime's key (`key`), beside the `.cwasm` entries.
+    let entries: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "cwasm"))
+        .collect();
     assert_eq!(entries.len(), 1, "{entries:?}");
     let mut bytes = std::fs::read(&entries[0]).unwrap();
     let middle = bytes.len() / 2;

@@ -48,6 +48,7 @@ const HOSTILE_ENTRIES: &[&str] = &[
     "giant-payload",
     "spawn-bomb",
     "fuel-burn",
+    "orphan",
     "busy",
 ];
 
@@ -62,11 +63,17 @@ const COMMAND_TIME_LIMIT: Duration = Duration::from_millis(500);
 // ---------------------------------------------------------------------------------------
 // Shared set-up
 
-/// The cases each property runs: `PROPTEST_CASES` for a long run, else `default`, small
-/// enough that the whole binary takes well under a minute in a debug build on 2 cores.
-/// Failures are kept in `regressions` (proptest's corpus: replayed before any new case).
+/// The cases each property runs: `PROPTEST_CASES` if set, else `default` times
+/// `WASMPROC_FUZZ_SCALE` (1 unless set: `WASMPROC_FUZZ_SCALE=10` runs every property ten
+/// times longer). The defaults keep the whole binary well under a minute in a debug build
+/// on 2 cores. Failures are kept in `regressions` (proptest's corpus: replayed before any
+/// new case).
 fn proptest_config(default: u32, regressions: &'static str) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(default);
+    let scale: u32 = std::env::var("WASMPROC_FUZZ_SCALE").ok().and_then(|n| n.parse().ok()).unwrap_or(1);
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| default.saturating_mul(scale));
     ProptestConfig {
         cases,
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct(regressions))),

@@ -18,6 +18,7 @@
 //! | `giant-payload` | completes with a 32 MiB result |
 //! | `spawn-bomb` | spawns two more of itself, forever |
 //! | `fuel-burn` | loops for about 10^9 instructions, then completes (for fuel budgets) |
+//! | `orphan` | spawns a `spin` child and completes at once, leaving the child running |
 //! | `busy` | not hostile, only slow: computes for its input's milliseconds in its first step, then completes with the first message it gets (for preemption) |
 
 use std::cell::RefCell;
@@ -30,7 +31,7 @@ wit_bindgen::generate!({
     path: "../../wit",
 });
 
-const ENTRIES: [&str; 13] = [
+const ENTRIES: [&str; 14] = [
     "spin",
     "memory-bomb",
     "stack-overflow",
@@ -43,6 +44,7 @@ const ENTRIES: [&str; 13] = [
     "giant-payload",
     "spawn-bomb",
     "fuel-burn",
+    "orphan",
     "busy",
 ];
 
@@ -130,6 +132,14 @@ impl Guest for Hostile {
                 }
                 complete(x)
             }
+            "orphan" if steps == 1 => {
+                let spawn = Command::Spawn(SpawnRequest { kind: None, method: "spin".into(), input: vec![], monitor: false });
+                StepOutput { status: Status::Blocked, yields: vec![YieldCommand { tag: 1, command: spawn }] }
+            }
+            "orphan" => StepOutput {
+                status: Status::Complete(Ok(Payload { format: "json".into(), data: b"\"orphaned\"".to_vec() })),
+                yields: vec![],
+            },
             "busy" if steps == 1 => {
                 let millis = input.first().and_then(|p| std::str::from_utf8(&p.data).ok()?.parse().ok()).unwrap_or(0);
                 let until = std::time::Instant::now() + std::time::Duration::from_millis(millis);

@@ -5,12 +5,15 @@ use std::process::ExitCode;
 
 use serde_json::json;
 
+use super::output::print_now;
 use super::units::count;
 use super::{Exit, Failure, InspectArgs, read_app, runtime};
 
 pub(super) fn inspect(args: InspectArgs) -> Result<ExitCode, Failure> {
-    let bytes = read_app(&args.app)?;
-    let runtime = runtime(args.engine.config())?;
+    let bytes = read_app(&args.app, args.engine.max_module_size as u64)?;
+    // Inspecting instantiates a process component once (to ask for its `entries`): one
+    // arena slot, not `max_instances`' address space (which `ulimit -v` would refuse).
+    let runtime = runtime(args.engine.config().max_instances(1))?;
     let found = runtime.inspect(&bytes).map_err(|e| Failure::from_error(Exit::BadModule, &e))?;
     let compiled = if found.precompiled {
         "precompiled (loads without compiling)".to_owned()
@@ -18,14 +21,16 @@ pub(super) fn inspect(args: InspectArgs) -> Result<ExitCode, Failure> {
         match (&found.cache_entry, found.cached) {
             (Some(entry), true) => format!("in the disk cache ({})", entry.display()),
             (Some(entry), false) => format!("was not cached; compiled now and cached ({})", entry.display()),
-            (None, _) => "not cached (--no-cache)".to_owned(),
+            (None, _) if args.engine.no_cache => "not cached (--no-cache)".to_owned(),
+            (None, _) => "compiled now, not cached (the disk cache is not in use: see the warning)".to_owned(),
         }
     };
-    if args.json {
+    let text = if args.json {
         let object = json!({
             "file": args.app.display().to_string(),
             "size": found.size,
             "sha256": found.sha256,
+            "compiled_from_sha256": found.source_sha256,
             "kind": found.kind.describe(),
             "runnable": found.problem.is_none(),
             "problem": found.problem,
@@ -36,22 +41,34 @@ pub(super) fn inspect(args: InspectArgs) -> Result<ExitCode, Failure> {
             "cached": found.cached,
             "cache_entry": found.cache_entry.as_ref().map(|p| p.display().to_string()),
         });
-        println!("{object:#}");
+        format!("{object:#}\n")
     } else {
         let list = |items: &[String]| if items.is_empty() { "(none)".to_owned() } else { items.join("\n           ") };
-        println!("file:      {} ({} bytes, sha256 {})", args.app.display(), count(found.size), found.sha256);
-        println!("kind:      {}", found.kind.describe());
-        match &found.problem {
-            None => println!("runnable:  yes"),
-            Some(problem) => println!("runnable:  no: {problem}"),
-        }
-        println!(
-            "entries:   {}",
-            if found.entries.is_empty() { "(none)".to_owned() } else { found.entries.join(", ") }
-        );
-        println!("imports:   {}", list(&found.imports));
-        println!("exports:   {}", list(&found.exports));
-        println!("compiled:  {compiled}");
+        let runnable = match &found.problem {
+            None => "yes".to_owned(),
+            Some(problem) => format!("no: {problem}"),
+        };
+        let entries = if found.entries.is_empty() { "(none)".to_owned() } else { found.entries.join(", ") };
+        // A precompiled file's own hash is the file's; the hash of its source is what its
+        // header says, shown apart so that neither passes for the other.
+        let source = found.source_sha256.as_ref().map(|source| format!("source:    compiled from sha256 {source}"));
+        [
+            Some(format!("file:      {} ({} bytes, sha256 {})", args.app.display(), count(found.size), found.sha256)),
+            source,
+            Some(format!("kind:      {}", found.kind.describe())),
+            Some(format!("runnable:  {runnable}")),
+            Some(format!("entries:   {entries}")),
+            Some(format!("imports:   {}", list(&found.imports))),
+            Some(format!("exports:   {}", list(&found.exports))),
+            Some(format!("compiled:  {compiled}\n")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join("\n")
+    };
+    if print_now(&text).is_err() {
+        return Ok(Exit::StdoutClosed.into());
     }
     Ok(if found.problem.is_none() { Exit::Success } else { Exit::BadModule }.into())
 }

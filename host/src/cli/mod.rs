@@ -6,10 +6,11 @@
 
 mod compile;
 mod inspect;
+mod output;
 mod run;
 mod units;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -34,8 +35,15 @@ pub(crate) enum Exit {
     /// The host itself could not start (for example the instance pool could not be
     /// reserved).
     Host = 5,
-    /// Ctrl-C.
+    /// SIGHUP (the terminal went away): processes were cancelled, then stopped.
+    HungUp = 129,
+    /// Ctrl-C (SIGINT): processes were cancelled, then stopped.
     Interrupted = 130,
+    /// stdout was closed before everything was written to it (the code a shell reports
+    /// for a program that a broken pipe ended).
+    StdoutClosed = 141,
+    /// SIGTERM: processes were cancelled, then stopped.
+    Terminated = 143,
 }
 
 impl From<Exit> for ExitCode {
@@ -66,11 +74,14 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0    success (for a WASI command: the program's own exit code)
   1    the process failed (error result, trap, or a limit it hit)
-  2    bad usage (flag, value, entry method, input JSON, unreadable file)
-  3    bad module (not Wasm, wrong world, does not compile, precompiled elsewhere)
-  4    --timeout passed
+  2    bad usage (flag, value, entry method, input JSON or size, unreadable file)
+  3    bad module (not Wasm, wrong world, does not compile, too large, precompiled elsewhere)
+  4    --timeout passed (a result the entry process gave before is printed all the same)
   5    the host could not start
-  130  interrupted (Ctrl-C)";
+  129  SIGHUP, 130 Ctrl-C (SIGINT), 143 SIGTERM: processes were cancelled, given --grace
+       to end, then stopped (a result the entry process gave is printed); a second
+       signal ends wasmproc at once
+  141  stdout was closed before the output was written";
 
 /// Runs WebAssembly processes on a work-stealing scheduler, sandboxed.
 #[derive(Parser, Debug)]
@@ -98,20 +109,48 @@ struct EngineArgs {
     /// of address space: processes × memory must fit in 128 TiB.
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = units::memory)]
     memory: usize,
-    /// Total fuel of each process over its life (about one unit per Wasm instruction);
-    /// a process that uses it up fails. Turns on fuel metering, which slows guests
-    /// somewhat. [default: unlimited, no metering]
-    #[arg(long, value_name = "N")]
+    /// Total fuel of each process over its life (about one unit per Wasm instruction),
+    /// at least 1; a process that uses it up fails. Turns on fuel metering, which slows
+    /// guests somewhat. [default: unlimited, no metering]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     fuel: Option<u64>,
     /// Keep compiled code out of the disk cache ($XDG_CACHE_HOME/wasmproc or
     /// ~/.cache/wasmproc): compile afresh and write nothing.
     #[arg(long)]
     no_cache: bool,
+    /// The largest program file accepted, e.g. 128MiB: a larger file is refused before
+    /// it is read or compiled.
+    #[arg(long, value_name = "SIZE", default_value = "128MiB", value_parser = units::size)]
+    max_module_size: usize,
+    /// The most functions compiled for one program (its core modules' functions plus a
+    /// component's lifts and lowers); a program with more is refused before compiling.
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    max_functions: u32,
+    /// The largest function body compiled, e.g. 1MiB; a program with a larger one is
+    /// refused before compiling.
+    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = units::size)]
+    max_function_size: usize,
+    /// Load files made by `wasmproc compile` with another user's key (or on another
+    /// machine): they are native code, so only files from a source you trust as you
+    /// trust a binary.
+    #[arg(long)]
+    trust_precompiled: bool,
 }
 
 impl EngineArgs {
     fn config(&self) -> Config {
-        let mut config = Config::default().max_memory(self.memory);
+        let mut config = Config::default()
+            .max_memory(self.memory)
+            .max_module_size(self.max_module_size)
+            .max_functions(self.max_functions)
+            .max_function_size(self.max_function_size);
+        if self.trust_precompiled {
+            // SAFETY: `trust_precompiled` asks that every precompiled file the runtime
+            // loads come from a trusted source: the user vouches for that by passing
+            // --trust-precompiled, whose help says the files are native code to trust as
+            // a binary.
+            config = unsafe { config.trust_precompiled(true) };
+        }
         if let Some(fuel) = self.fuel {
             config = config.fuel(fuel);
         }
@@ -161,9 +200,14 @@ struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = units::duration)]
     cpu_budget: Option<Duration>,
     /// Stop everything after DURATION (e.g. 30s, 5m): cancel every process, give them
-    /// a second to end, then terminate the rest. Exit code 4. [default: no limit]
+    /// --grace to end, then terminate the rest. Exit code 4; a result the entry process
+    /// gave before is printed all the same. [default: no limit]
     #[arg(long, value_name = "DURATION", value_parser = units::duration)]
     timeout: Option<Duration>,
+    /// How long a stopped run (--timeout, Ctrl-C, SIGTERM, SIGHUP) gives its processes to
+    /// end once cancelled, before it terminates them.
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = units::duration)]
+    grace: Duration,
     /// The most processes alive at once; spawns past it fail (in the spawning process).
     #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
     max_processes: u32,
@@ -191,7 +235,9 @@ struct RunArgs {
     /// GUEST (default: the same path). Repeatable.
     #[arg(long, value_name = "HOST[::GUEST]")]
     dir: Vec<String>,
-    /// WASI commands only: as --dir, writable.
+    /// WASI commands only: as --dir, writable. The program may create symbolic links
+    /// in it that point anywhere: it cannot follow them out of the directory, but a host
+    /// tool that later walks the directory following links would (see SECURITY.md).
     #[arg(long, value_name = "HOST[::GUEST]")]
     dir_rw: Vec<String>,
     /// WASI commands only: set NAME=VALUE in the program's environment, or pass NAME
@@ -246,10 +292,15 @@ pub(crate) fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
-            let _ = error.print();
-            return if error.use_stderr() { Exit::Usage.into() } else { Exit::Success.into() };
+            // `--help` and `--version` go to stdout; `print` reports a closed one.
+            return match (error.print(), error.use_stderr()) {
+                (_, true) => Exit::Usage.into(),
+                (Ok(()), false) => Exit::Success.into(),
+                (Err(_), false) => Exit::StdoutClosed.into(),
+            };
         }
     };
+    output::install_tracing();
     let outcome = match cli.command {
         Command::Run(args) => run::run(*args),
         Command::Inspect(args) => inspect::inspect(args),
@@ -258,19 +309,91 @@ pub(crate) fn main() -> ExitCode {
     match outcome {
         Ok(code) => code,
         Err(failure) => {
-            eprintln!("error: {}", failure.message);
+            output::eprint_now(&format!("error: {}", failure.message));
             failure.exit.into()
         }
     }
 }
 
-/// Reads the program file; a file that cannot be read is a usage error (the path is
-/// wrong), not a bad module.
-fn read_app(path: &std::path::Path) -> Result<Vec<u8>, Failure> {
-    std::fs::read(path).map_err(|e| {
-        let hint = if e.kind() == std::io::ErrorKind::NotFound { ": check the path" } else { "" };
-        Failure::new(Exit::Usage, format!("cannot read `{}`: {e}{hint}", path.display()))
-    })
+/// Reads the program file, refusing before reading it whole what cannot be a program: a
+/// path that is not a regular file (a FIFO, a device such as `/dev/zero`, a directory),
+/// a file larger than `max_size`, or one whose first bytes are neither Wasm's header nor
+/// a precompiled file's. Opened without blocking, so a FIFO is refused, not waited on.
+/// A path that cannot be read is a usage error (the path is wrong); a file that cannot
+/// be a program is a bad module.
+fn read_app(path: &Path, max_size: u64) -> Result<Vec<u8>, Failure> {
+    use std::io::Read as _;
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+
+    let shown = path.display();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)
+        .map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::NotFound { ": check the path" } else { "" };
+            Failure::new(Exit::Usage, format!("cannot read `{shown}`: {e}{hint}"))
+        })?;
+    let metadata = file.metadata().map_err(|e| Failure::new(Exit::Usage, format!("cannot read `{shown}`: {e}")))?;
+    let file_type = metadata.file_type();
+    if !file_type.is_file() {
+        let what = match () {
+            () if file_type.is_dir() => "a directory",
+            () if file_type.is_fifo() => "a FIFO",
+            () if file_type.is_char_device() => "a character device",
+            () if file_type.is_block_device() => "a block device",
+            () if file_type.is_socket() => "a socket",
+            () => "not a regular file",
+        };
+        return Err(Failure::new(
+            Exit::Usage,
+            format!("`{shown}` is {what}: give the path of a .wasm file (or of a file made by `wasmproc compile`)"),
+        ));
+    }
+    if metadata.len() > max_size {
+        return Err(Failure::new(
+            Exit::BadModule,
+            format!(
+                "`{shown}` is {} bytes, larger than --max-module-size ({max_size} bytes): raise it if the file is a \
+                 program you trust",
+                metadata.len()
+            ),
+        ));
+    }
+    let mut header = [0u8; 8];
+    let mut reader = file.take(max_size);
+    let got = read_up_to(&mut reader, &mut header)
+        .map_err(|e| Failure::new(Exit::Usage, format!("cannot read `{shown}`: {e}")))?;
+    let header = &header[..got];
+    // Wasm (`\0asm`) and wasmproc's precompiled files (`\0wasmproc…`) both begin with a
+    // NUL; ELF files are let through so that the loader can say what they are.
+    if !(header.starts_with(b"\0") || header.starts_with(b"\x7fELF")) {
+        return Err(Failure::new(
+            Exit::BadModule,
+            format!(
+                "cannot load `{shown}`: not a WebAssembly file: it does not start with the `\\0asm` header (nor is it a \
+                 file made by `wasmproc compile`)"
+            ),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(metadata.len()).unwrap_or(0));
+    bytes.extend_from_slice(header);
+    reader.read_to_end(&mut bytes).map_err(|e| Failure::new(Exit::Usage, format!("cannot read `{shown}`: {e}")))?;
+    Ok(bytes)
+}
+
+/// Reads until `buffer` is full or the end of the input: how many bytes it holds.
+fn read_up_to(reader: &mut impl std::io::Read, buffer: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match reader.read(&mut buffer[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
 }
 
 /// The runtime for `engine`; failing to create it is the host's failure.
@@ -278,7 +401,7 @@ fn runtime(config: Config) -> Result<wasmproc::wasm::Runtime, Failure> {
     let runtime = wasmproc::wasm::Runtime::new(config)
         .map_err(|e| Failure::new(Exit::Host, format!("cannot start the Wasm runtime: {e:#}")))?;
     for warning in runtime.warnings() {
-        eprintln!("warning: {warning}");
+        output::eprint_now(&format!("warning: {warning}"));
     }
     Ok(runtime)
 }

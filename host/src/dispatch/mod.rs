@@ -178,7 +178,7 @@ impl Shared {
     pub(crate) fn dispatch(self: &Arc<Self>, cell: &Arc<ProcessCell>, y: Yield) {
         let tag = y.tag;
         if let Command::Custom { name, payload } = y.command {
-            let Some(handler) = self.handlers.get(name.as_ref()) else {
+            let Some((registered, handler)) = self.handlers.get_key_value(name.as_ref()) else {
                 return complete(cell, tag, Err(format!("unknown command `{name}`")));
             };
             if !cell.spec.caps.allows_custom(&name) {
@@ -189,7 +189,11 @@ impl Shared {
             // A panicking handler drops the request while unwinding, and its drop
             // answers the yield with an error.
             if let Err(panic) = catch_unwind(AssertUnwindSafe(|| handler.handle(request))) {
-                eprintln!("wasmproc: command handler panicked: {}", panic_message(&*panic));
+                tracing::error!(
+                    command = registered.as_str(),
+                    panic = panic_message(&*panic),
+                    "a command handler panicked"
+                );
             }
             return;
         }

@@ -190,7 +190,14 @@ impl ProcessCell {
             if drain {
                 self.inbox.drain_into(events);
             }
-            match step(events) {
+            let decision = step(events);
+            terminate = self.state.load().is_terminate_requested();
+            match decision {
+                Decision::Complete(Ok(result)) => return TurnEnd::Complete(Ok(result)),
+                // A terminate request that came during the step wins over any other end
+                // of it: the step may have been cut short by the request (a Wasm step
+                // fails at its next epoch tick), and its error is not the process's.
+                _ if terminate => return TurnEnd::Terminated,
                 Decision::Complete(result) => return TurnEnd::Complete(result),
                 Decision::Continue => {
                     self.state.transition_to_ready_from_running();
@@ -203,7 +210,6 @@ impl ProcessCell {
                     Waiting::Rerun => drain = true,
                 },
             }
-            terminate = self.state.load().is_terminate_requested();
         }
         // Out of budget with events pending: let others run first. The pending events
         // stay in the inbox for the next turn.

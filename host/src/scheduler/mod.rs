@@ -1102,7 +1102,7 @@ impl Shared {
 /// worker down with it.
 fn close_quietly(process: &mut dyn Process) {
     if let Err(panic) = catch_unwind(AssertUnwindSafe(|| process.close())) {
-        eprintln!("wasmproc: process close panicked: {}", worker::panic_message(&*panic));
+        tracing::error!(panic = worker::panic_message(&*panic), "a process's `close` panicked");
     }
 }
 

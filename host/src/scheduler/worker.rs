@@ -171,6 +171,20 @@ pub(crate) fn others_waiting() -> bool {
     unsafe { local.as_ref() }.is_some_and(|local| local.shared.has_queued_work())
 }
 
+/// Whether process `pid`, in a step on this thread's worker, has been asked to
+/// terminate: a Wasm step then stops at its next epoch tick instead of running to the end
+/// of its time slice (`wasm/process.rs`). False off a worker, between steps, and for any
+/// other process than the one stepping.
+#[cfg(feature = "wasm")]
+pub(crate) fn terminate_requested(pid: Pid) -> bool {
+    let local = CURRENT.get();
+    // SAFETY: as in `with_local`.
+    let Some(local) = (unsafe { local.as_ref() }) else { return false };
+    // SAFETY: as in `send_from_step`.
+    let cell = unsafe { local.dispatch.stepping.get().as_ref() };
+    cell.is_some_and(|cell| cell.pid() == pid && cell.state.load().is_terminate_requested())
+}
+
 /// Sends `body` from process `from`, in a step on this thread's worker, to `to`: the
 /// `send` host function of Wasm guests (`wasm/state.rs`), called in the middle of the
 /// step.

@@ -4,10 +4,26 @@
 //! about the engine that compiled code depends on (wasmtime's version, its settings, the
 //! CPU features), so a module is found again whatever its path, and an upgrade or a new
 //! setting simply misses. Each file is `MAGIC`, the kind of artefact (component or core
-//! module), the SHA-256 of the rest, then wasmtime's serialization of it: a torn or
-//! corrupted file fails the checksum and is compiled again, never loaded.
+//! module), a tag, then wasmtime's serialization of it.
 //!
-//! Writes go to a temporary file that is renamed into place, so readers never see a
+//! # Trust
+//!
+//! An entry is native code, so a name is not enough to trust it (an entry copied over
+//! another module's name would run the wrong module), nor a checksum (whoever can write
+//! the file can recompute it). The tag is an HMAC-SHA256, under this user's secret key
+//! (`key.rs`), of the module's digest, the engine key, the kind and the serialized code:
+//! only this user's wasmproc can make one, and it binds the code to the module and the
+//! engine it was compiled for. It is verified before anything is deserialized; a torn,
+//! corrupted, copied or forged entry fails it and the module is compiled instead.
+//!
+//! As ssh does, the cache directory and each entry are used only when they are owned by
+//! this user and writable by no one else; entries are opened without following symlinks
+//! or blocking, and only regular files of at most [`MAX_ENTRY`] bytes are read
+//! (`owned.rs`). A directory that fails is neither read nor written, and the first
+//! refusal of a runtime is a `tracing` warning naming the path and what to do (later ones
+//! are debug events): loading still succeeds, by compiling.
+//!
+//! Writes go to a new temporary file that is renamed into place, so readers never see a
 //! partial entry, and two hosts compiling the same module at once both succeed (the last
 //! rename wins; both files are equally good). Every cache failure is logged and
 //! otherwise ignored: the cache makes loading faster, never fails it.
@@ -16,15 +32,28 @@ use std::fs;
 use std::hash::{Hash, Hasher};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context as _, bail};
 use sha2::{Digest as _, Sha256};
 use wasmtime::component::Component;
 use wasmtime::{Engine, Module};
 
-/// The first bytes of a cache file; bump the digit when the layout changes.
-const MAGIC: &[u8; 8] = b"wasmpc2\n";
+use super::key::{Key, KeyFile, TAG_LEN};
+use super::owned::{self, Access, Refused};
+
+/// The first bytes of a cache file; bump the digit when the layout changes (entries of
+/// another digit are replaced quietly).
+const MAGIC: &[u8; 8] = b"wasmpc3\n";
+
+/// What the first part of an entry's tag says it is: no tag of a precompiled file (which
+/// names itself otherwise) can pass for an entry's.
+const TAG_LABEL: &[u8] = b"wasmproc cache entry";
+
+/// The largest entry that is read: far above the code of any module within the compile
+/// limits (`limits.rs`), low enough that a planted huge file costs no more than this.
+const MAX_ENTRY: u64 = 1 << 30;
 
 /// Compiled code: a component, or a core module (WASI preview 1 programs).
 #[derive(Clone)]
@@ -83,8 +112,15 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 /// Compiled components on disk, for one engine.
 pub(crate) struct DiskCache {
     dir: PathBuf,
-    /// Identifies the engine's compilation settings; part of every entry's name.
+    /// Identifies the engine's compilation settings; part of every entry's name and tag.
     engine_key: String,
+    key: Arc<KeyFile>,
+    /// Whether the directory and the key passed their checks: decided at first use, once
+    /// a runtime (a refusal is warned of then, once).
+    usable: OnceLock<bool>,
+    /// Whether an entry was refused for its owner or mode already: the first such refusal
+    /// is a warning, later ones are debug events.
+    warned: AtomicBool,
 }
 
 /// Feeds a `Hash` value into SHA-256, so the key is stable across processes (std's
@@ -111,8 +147,8 @@ pub(crate) fn engine_key(engine: &Engine) -> String {
 }
 
 impl DiskCache {
-    pub(crate) fn new(dir: PathBuf, engine: &Engine) -> Self {
-        DiskCache { dir, engine_key: engine_key(engine) }
+    pub(crate) fn new(dir: PathBuf, engine: &Engine, key: Arc<KeyFile>) -> Self {
+        DiskCache { dir, engine_key: engine_key(engine), key, usable: OnceLock::new(), warned: AtomicBool::new(false) }
     }
 
     /// The file of `digest`'s entry, whether it exists or not.
@@ -120,70 +156,124 @@ impl DiskCache {
         self.dir.join(format!("{}-{}.cwasm", hex(digest), self.engine_key))
     }
 
-    /// The compiled code for `digest`, if a sound entry exists. A bad entry is logged
-    /// and removed, to be replaced by the caller's compile.
+    /// Whether the directory (created if missing) and the key are fit for use: the cache
+    /// is read and written only if they are.
+    pub(crate) fn is_usable(&self) -> bool {
+        self.key().is_some()
+    }
+
+    /// The key, if the directory (created if missing) and the key are fit for use.
+    fn key(&self) -> Option<&Key> {
+        let usable = *self.usable.get_or_init(|| {
+            let checked = owned::create_dir(&self.dir)
+                .map_err(|refused| anyhow::anyhow!("{refused}"))
+                .and_then(|()| self.key.get().map(|_| ()));
+            match checked {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(
+                        "not using the compiled-code cache `{}`, compiling instead: {e:#}",
+                        self.dir.display()
+                    );
+                    false
+                }
+            }
+        });
+        if usable { self.key.get().ok() } else { None }
+    }
+
+    /// The compiled code for `digest`, if an entry exists that passes every check of the
+    /// module docs. A refused entry is logged, to be replaced by the caller's compile.
     pub(crate) fn read(&self, engine: &Engine, digest: &Digest) -> Option<Compiled> {
+        let key = self.key()?;
         let path = self.entry(digest);
-        let bytes = match fs::read(&path) {
+        let bytes = match owned::read(&path, Access::Shared, MAX_ENTRY) {
             Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(e) => {
-                eprintln!("wasmproc: ignoring unreadable cache entry `{}`: {e}", path.display());
+            Err(Refused::Missing) => return None,
+            Err(Refused::Untrusted(why)) => {
+                if self.warned.swap(true, Ordering::Relaxed) {
+                    tracing::debug!("ignoring cache entry: {why}");
+                } else {
+                    tracing::warn!("ignoring a compiled-code cache entry, compiling instead: {why}");
+                }
+                return None;
+            }
+            Err(Refused::Unusable(why)) => {
+                tracing::warn!("ignoring a compiled-code cache entry, compiling instead: {why}");
                 return None;
             }
         };
-        match self.check(engine, &bytes) {
+        match self.check(engine, key, digest, &bytes) {
             Ok(component) => Some(component),
             // An entry of an older layout is replaced quietly: that is what an upgrade does.
             Err(_) if bytes.starts_with(&MAGIC[..6]) && !bytes.starts_with(MAGIC) => {
-                let _ = fs::remove_file(&path);
+                tracing::debug!("replacing cache entry `{}` of an older layout", path.display());
                 None
             }
             Err(e) => {
-                eprintln!("wasmproc: recompiling: cache entry `{}` is unusable: {e:#}", path.display());
-                let _ = fs::remove_file(&path);
+                tracing::warn!("recompiling: cache entry `{}` is unusable: {e:#}", path.display());
                 None
             }
         }
     }
 
-    fn check(&self, engine: &Engine, bytes: &[u8]) -> anyhow::Result<Compiled> {
+    fn check(&self, engine: &Engine, key: &Key, digest: &Digest, bytes: &[u8]) -> anyhow::Result<Compiled> {
         let rest = bytes.strip_prefix(MAGIC.as_slice()).context("not a wasmproc cache file")?;
-        anyhow::ensure!(rest.len() > 32, "truncated: {} bytes", bytes.len());
+        anyhow::ensure!(rest.len() > 1 + TAG_LEN, "truncated: {} bytes", bytes.len());
         let (kind, rest) = (rest[0], &rest[1..]);
-        let (sum, serialized) = rest.split_at(32);
-        anyhow::ensure!(digest(serialized).as_slice() == sum, "checksum mismatch");
+        let (tag, serialized) = rest.split_at(TAG_LEN);
+        anyhow::ensure!(
+            key.verify(&self.tag_parts(digest, kind, serialized), tag),
+            "its tag does not verify: it was not written by this user's wasmproc for this module and \
+             engine, or it was altered since"
+        );
         // SAFETY: `Compiled::deserialize` requires bytes that `Compiled::serialize`
         // produced for `kind`, unaltered; loading anything else is undefined behaviour.
-        // These are:
-        // 1. only this module writes files of this name and layout, with the kind byte
-        //    and the bytes straight from `Compiled::serialize`;
-        // 2. the checksum just verified shows the bytes are the ones written, so a torn
-        //    write or a corrupted disk block is refused above, not loaded;
-        // 3. the entry's name carries the engine's compatibility hash, and wasmtime
-        //    checks its own version and settings header again on deserialize.
-        // What remains is someone deliberately forging an entry, which needs write
-        // access to the user's cache directory: the same trust as the host binary.
+        // These are, because the tag just verified (in constant time) under this user's key:
+        // 1. only `DiskCache::write` makes tags with `TAG_LABEL`, over the kind byte and
+        //    the bytes straight from `Compiled::serialize`, and it writes them unchanged;
+        // 2. the key is readable by this user only (`key.rs` refuses it otherwise), and
+        //    HMAC-SHA256 cannot be computed without it: whoever can merely write the cache
+        //    directory cannot make a tag that passes, whether by forging code, recomputing
+        //    a checksum, or copying another module's entry (the tag covers `digest`);
+        // 3. the tag covers the engine key, and wasmtime checks its own version and
+        //    settings header again on deserialize, so code for another engine is refused.
+        // What remains is someone who can read this user's key: this user, or root, who
+        // can run native code as this user anyway.
         unsafe { Compiled::deserialize(engine, kind, serialized) }
     }
 
-    /// Stores `compiled` for `digest`, logging (and otherwise ignoring) a failure.
+    /// What an entry's tag covers, after the label: the module, the engine, the kind, the
+    /// code.
+    fn tag_parts<'a>(&'a self, digest: &'a Digest, kind: u8, serialized: &'a [u8]) -> [&'a [u8]; 5] {
+        let kind: &'static [u8] = match kind {
+            b'c' => b"c",
+            b'm' => b"m",
+            _ => b"?",
+        };
+        [TAG_LABEL, digest, self.engine_key.as_bytes(), kind, serialized]
+    }
+
+    /// Stores `compiled` for `digest`, logging (and otherwise ignoring) a failure. Nothing
+    /// is written into a directory that failed its checks.
     pub(crate) fn write(&self, digest: &Digest, compiled: &Compiled) {
-        if let Err(e) = self.try_write(digest, compiled) {
-            eprintln!("wasmproc: could not cache compiled code in `{}`: {e:#}", self.dir.display());
+        let Some(key) = self.key() else { return };
+        if let Err(e) = self.try_write(key, digest, compiled) {
+            tracing::warn!("could not cache compiled code in `{}`: {e:#}", self.dir.display());
         }
     }
 
-    fn try_write(&self, digest: &Digest, compiled: &Compiled) -> anyhow::Result<()> {
+    fn try_write(&self, key: &Key, digest: &Digest, compiled: &Compiled) -> anyhow::Result<()> {
         let serialized = compiled.serialize()?;
-        fs::create_dir_all(&self.dir).context("failed to create the directory")?;
+        let kind = compiled.kind_byte();
+        let tag = key.tag(&self.tag_parts(digest, kind, &serialized));
         let path = self.entry(digest);
         let temp = temp_path(&path);
         let written = (|| -> std::io::Result<()> {
-            let mut file = fs::File::create(&temp)?;
+            let mut file = owned::create_new(&temp)?;
             file.write_all(MAGIC)?;
-            file.write_all(&[compiled.kind_byte()])?;
-            file.write_all(&self::digest(&serialized))?;
+            file.write_all(&[kind])?;
+            file.write_all(&tag)?;
             file.write_all(&serialized)?;
             file.sync_all()?;
             fs::rename(&temp, &path)
@@ -206,7 +296,156 @@ fn temp_path(path: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::time::Duration;
+
     use super::*;
+    use crate::wasm::{Config, Inspection, Runtime};
+
+    /// Two modules told apart by their one export.
+    const A: &str = r#"(module (func (export "a") (result i32) (i32.const 1)))"#;
+    const B: &str = r#"(module (func (export "b") (result i32) (i32.const 2)))"#;
+
+    /// A cache directory of the test's own, fresh.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("wasmproc-cache-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    /// A runtime with its cache (and key) in `dir`, as a new run of the host has.
+    fn runtime(dir: &Path) -> Runtime {
+        Runtime::new(Config::default().cache_dir(dir).max_instances(1)).expect("the runtime starts")
+    }
+
+    fn inspect(dir: &Path, wat: &str) -> Inspection {
+        runtime(dir).inspect(&wat::parse_str(wat).unwrap()).expect("the module compiles")
+    }
+
+    /// Inspects `wat` in a new runtime of `dir` and asserts that its code was compiled
+    /// afresh (not loaded from the cache) and is that module's.
+    #[track_caller]
+    fn assert_compiled_afresh(dir: &Path, wat: &str, export: &str) {
+        let found = inspect(dir, wat);
+        assert!(!found.cached, "the entry was loaded: {found:?}");
+        assert_eq!(found.exports, [export], "the code of another module ran");
+    }
+
+    #[test]
+    fn entries_are_written_and_read_back() {
+        let dir = scratch("roundtrip");
+        assert!(!inspect(&dir, A).cached);
+        let found = inspect(&dir, A);
+        assert!(found.cached, "{found:?}");
+        assert_eq!(found.exports, ["a"]);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// The attack of issue 13: an entry of the right layout whose code was replaced (here
+    /// with another module's, so that the test can tell which ran) and whose integrity
+    /// field was recomputed without the key (here as a SHA-256, as the old checksum was).
+    /// A checksum would pass it; the tag does not.
+    #[test]
+    fn a_forged_entry_is_refused_and_the_module_compiled() {
+        let dir = scratch("forged");
+        let a = inspect(&dir, A).cache_entry.unwrap();
+        let b = inspect(&dir, B).cache_entry.unwrap();
+        let a_bytes = fs::read(&a).unwrap();
+        let code = &a_bytes[MAGIC.len() + 1 + TAG_LEN..];
+        let mut forged = MAGIC.to_vec();
+        forged.push(b'm');
+        forged.extend_from_slice(&digest(code));
+        forged.extend_from_slice(code);
+        fs::write(&b, &forged).unwrap();
+        assert_compiled_afresh(&dir, B, "b");
+        // The compile replaced the forgery with a good entry.
+        assert!(inspect(&dir, B).cached);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A's genuine entry, tag and all, under B's name: the tag covers the module's digest.
+    #[test]
+    fn an_entry_copied_over_another_modules_name_is_refused() {
+        let dir = scratch("copied");
+        let a = inspect(&dir, A).cache_entry.unwrap();
+        let b = inspect(&dir, B).cache_entry.unwrap();
+        fs::copy(&a, &b).unwrap();
+        assert_compiled_afresh(&dir, B, "b");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// An entry made with another key (another user's, with the same module and engine).
+    #[test]
+    fn an_entry_tagged_with_another_key_is_refused() {
+        let dir = scratch("other-key");
+        let b = inspect(&dir, B).cache_entry.unwrap();
+        let genuine = fs::read(&b).unwrap();
+        fs::remove_file(dir.join("key")).unwrap();
+        // A new key is made; the old entry no longer verifies.
+        assert_compiled_afresh(&dir, B, "b");
+        assert_ne!(fs::read(&b).unwrap(), genuine, "the entry was rewritten under the new key");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_entry_of_another_user_or_writable_by_others_is_refused() {
+        let dir = scratch("owner");
+        let b = inspect(&dir, B).cache_entry.unwrap();
+        fs::set_permissions(&b, fs::Permissions::from_mode(0o666)).unwrap();
+        assert_compiled_afresh(&dir, B, "b");
+        if owned::euid() == 0 {
+            std::os::unix::fs::chown(&b, Some(65534), Some(65534)).unwrap();
+            assert_compiled_afresh(&dir, B, "b");
+        } else {
+            // Only root can give a file away; the ownership check is covered in `owned.rs`.
+            eprintln!("not root: the test of an entry owned by another user is skipped");
+        }
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A directory others may write is neither read nor written.
+    #[test]
+    fn a_cache_directory_writable_by_others_is_not_used() {
+        let dir = scratch("open-dir");
+        let b = inspect(&dir, B).cache_entry.unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        assert_compiled_afresh(&dir, B, "b");
+        fs::remove_file(&b).unwrap();
+        assert_compiled_afresh(&dir, B, "b");
+        assert!(!b.exists(), "nothing is written into the directory");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A FIFO or a symlink in an entry's place is not opened in a way that blocks (no one
+    /// will ever write the FIFO) and not followed.
+    #[test]
+    fn a_fifo_or_symlink_entry_is_skipped_without_blocking() {
+        let dir = scratch("fifo");
+        let b = inspect(&dir, B).cache_entry.unwrap();
+        fs::remove_file(&b).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &b,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+            0,
+        )
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let inspecting = dir.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(inspect(&inspecting, B));
+        });
+        let found = rx.recv_timeout(Duration::from_secs(60)).expect("the FIFO blocked the load");
+        assert!(!found.cached && found.exports == ["b"], "{found:?}");
+
+        // A symlink to a genuine entry (of this very module) is not followed either.
+        let elsewhere = dir.join("elsewhere");
+        fs::rename(&b, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &b).unwrap();
+        assert_compiled_afresh(&dir, B, "b");
+        let _ = fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn digests_are_hex_sha256() {

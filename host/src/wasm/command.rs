@@ -44,6 +44,7 @@ use wasmtime_wasi::{FsPerms, I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, Wasi
 use super::config::Config;
 use super::engine::EpochClock;
 use super::log::{GuestOutput, LogSink, LogSource};
+use super::process::{Stopped, Ticks, Watch, watch};
 use super::runtime::{fuel_for_instantiation, refuel};
 use super::state::MemoryLimiter;
 use crate::dispatch::Factory;
@@ -189,8 +190,8 @@ pub(crate) struct CommandState {
     wasi: WasiCtx,
     table: ResourceTable,
     limiter: MemoryLimiter,
-    /// See `process::preempt`.
-    slice_ticks: u64,
+    /// See `process::watch`.
+    ticks: Ticks,
 }
 
 impl WasiView for CommandState {
@@ -203,8 +204,8 @@ impl WasiView for CommandState {
 pub(crate) struct P1State {
     pub(crate) wasi: WasiP1Ctx,
     limiter: MemoryLimiter,
-    /// See `process::preempt`.
-    slice_ticks: u64,
+    /// See `process::watch`.
+    ticks: Ticks,
 }
 
 /// A process running a WASI program: see the module docs.
@@ -247,26 +248,36 @@ impl CommandProcess {
         fuel_for_instantiation(store, self.command.inner.config.fuel);
     }
 
-    /// Stops a plain call (instantiation, or a run without preemption) at every epoch
-    /// tick past `init_limit` (instantiation only), past the program's time limit, or
-    /// once its interrupt flag is raised.
-    fn watch<T: 'static>(&self, store: &mut Store<T>, init_limit: Option<Duration>) {
-        let started = Instant::now();
+    /// What stops the program at an epoch tick whatever it is doing: its interrupt flag,
+    /// its time limit, and a terminate request from the scheduler.
+    fn stop(&self, pid: Pid) -> impl Fn() -> Option<Stopped> + Send + Sync + 'static {
         let deadline = self.deadline;
         let interrupt = self.options.interrupt.clone();
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(move |_| {
+        move || {
             if interrupt.as_ref().is_some_and(|flag| flag.load(Ordering::Relaxed)) {
-                return Err(wasmtime::format_err!("{INTERRUPTED}"));
+                return Some(Stopped::Interrupted);
             }
             if let Some((at, limit)) = deadline
                 && Instant::now() >= at
             {
-                return Err(wasmtime::format_err!("{}", time_limit_exceeded(limit)));
+                return Some(Stopped::TimeLimit(limit));
             }
-            if let Some(limit) = init_limit
-                && started.elapsed() >= limit
-            {
+            crate::scheduler::worker::terminate_requested(pid).then_some(Stopped::Terminated)
+        }
+    }
+
+    /// Stops instantiation (the start function, a plain call) at the first epoch tick past
+    /// the `init_time_limit`, or when [`CommandProcess::stop`] says so.
+    fn watch_instantiation<T: 'static>(&self, store: &mut Store<T>, pid: Pid) {
+        let started = Instant::now();
+        let limit = self.command.inner.config.init_time_limit;
+        let stop = self.stop(pid);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            if let Some(stopped) = stop() {
+                return Err(wasmtime::Error::new(stopped));
+            }
+            if started.elapsed() >= limit {
                 return Err(wasmtime::format_err!(
                     "init time limit exceeded: the program's start function ran longer than the \
                      `init_time_limit` of {limit:?}"
@@ -276,10 +287,18 @@ impl CommandProcess {
         });
     }
 
-    /// Makes every later call of `store` yield its fiber as a process's step does.
-    fn preempt<T: 'static>(&self, store: &mut Store<T>, ticks: fn(&mut T) -> &mut u64) {
+    /// Watches the run at every epoch tick (see `process::watch`): with preemption it
+    /// yields its fiber as a process's step does; without, it holds its worker to its
+    /// end. Either way the CPU budget and [`CommandProcess::stop`] end it within a tick.
+    fn watch_run<T: 'static>(&self, store: &mut Store<T>, pid: Pid, ticks: fn(&mut T) -> &mut Ticks) {
         let config = &self.command.inner.config;
-        super::process::preempt(store, config.ticks(config.time_slice), ticks);
+        let watching = Watch {
+            slice: if config.preemption { config.ticks(config.time_slice) } else { u64::MAX },
+            slice_limit: config.time_slice,
+            preemptible: config.preemption,
+            cpu_budget: config.cpu_budget.map(|budget| (config.ticks(budget), budget)),
+        };
+        watch(store, watching, ticks, self.stop(pid));
     }
 
     /// Instantiates the program: its start function runs here.
@@ -288,33 +307,33 @@ impl CommandProcess {
         let config = &inner.config;
         let mut wasi = self.options.wasi(pid, &config.log)?;
         let limiter = MemoryLimiter { max_memory: config.max_memory };
-        let init_limit = Some(config.init_time_limit);
         let running = match &inner.code {
             Code::Component(pre, indices, preemptible) => {
-                let state = CommandState { wasi: wasi.build(), table: ResourceTable::new(), limiter, slice_ticks: 0 };
+                let state =
+                    CommandState { wasi: wasi.build(), table: ResourceTable::new(), limiter, ticks: Ticks::default() };
                 let mut store = Store::new(&inner.engine, state);
                 self.limit(&mut store, |state| &mut state.limiter);
-                self.watch(&mut store, init_limit);
+                self.watch_instantiation(&mut store, pid);
                 let instance = match pre.instantiate(&mut store) {
                     Ok(instance) => instance,
                     // A start function that exits ends the program with its code.
                     Err(error) => return exit_status(Err(error), config).map(State::Exited),
                 };
                 refuel(&mut store, config.fuel);
+                self.watch_run(&mut store, pid, |state| &mut state.ticks);
                 if config.preemption {
-                    self.preempt(&mut store, |state| &mut state.slice_ticks);
                     let command = preemptible.load(&mut store, &instance).map_err(|e| command_error(e, config))?;
                     Running::PreemptibleComponent(store, command)
                 } else {
-                    self.watch(&mut store, None);
                     let command = indices.load(&mut store, &instance).map_err(|e| command_error(e, config))?;
                     Running::Component(store, command)
                 }
             }
             Code::Module(pre) => {
-                let mut store = Store::new(&inner.engine, P1State { wasi: wasi.build_p1(), limiter, slice_ticks: 0 });
+                let mut store =
+                    Store::new(&inner.engine, P1State { wasi: wasi.build_p1(), limiter, ticks: Ticks::default() });
                 self.limit(&mut store, |state| &mut state.limiter);
-                self.watch(&mut store, init_limit);
+                self.watch_instantiation(&mut store, pid);
                 let instance = match pre.instantiate(&mut store) {
                     Ok(instance) => instance,
                     // A start function that exits ends the program with its code.
@@ -326,13 +345,8 @@ impl CommandProcess {
                     .get_typed_func::<(), ()>(&mut store, "_start")
                     .map_err(anyhow::Error::from)
                     .context("the module's `_start` export is not a function of no parameters")?;
-                if config.preemption {
-                    self.preempt(&mut store, |state| &mut state.slice_ticks);
-                    Running::PreemptibleModule(store, start)
-                } else {
-                    self.watch(&mut store, None);
-                    Running::Module(store, start)
-                }
+                self.watch_run(&mut store, pid, |state| &mut state.ticks);
+                if config.preemption { Running::PreemptibleModule(store, start) } else { Running::Module(store, start) }
             }
         };
         Ok(State::Ready(running))
@@ -349,34 +363,24 @@ impl CommandProcess {
             Poll::Ready(result) => exit_status(result, &inner.config).map(Some),
             // Returning an error drops the future, which unwinds the suspended program.
             Poll::Pending => {
-                if self.options.interrupt.as_ref().is_some_and(|flag| flag.load(Ordering::Relaxed)) {
-                    bail!("{INTERRUPTED}");
-                }
-                if let Some((at, limit)) = self.deadline
-                    && Instant::now() >= at
-                {
-                    bail!("{}", time_limit_exceeded(limit));
+                // The epoch callback stops the run at the tick these become true; the
+                // checks here catch one that became true as the slice ended. (A terminate
+                // request needs no check: the scheduler acts on it when the step returns,
+                // and no process has the pid `HOST`.)
+                if let Some(stopped) = self.stop(Pid::HOST)() {
+                    bail!("{stopped}");
                 }
                 let config = &inner.config;
                 if let Some(budget) = config.cpu_budget
                     && self.cpu_ticks >= config.ticks(budget)
                 {
-                    bail!(
-                        "CPU budget exceeded: the program ran for longer than its `cpu_budget` of {budget:?} and was \
-                         stopped"
-                    );
+                    bail!("{}", Stopped::CpuBudget(budget));
                 }
                 self.state = State::Suspended(future);
                 Ok(None)
             }
         }
     }
-}
-
-const INTERRUPTED: &str = "interrupted: the host stopped the program";
-
-fn time_limit_exceeded(limit: Duration) -> String {
-    format!("time limit exceeded: the program ran longer than {limit:?}")
 }
 
 /// A finished run's exit code: 0 for a normal return, what the program passed to
@@ -395,7 +399,8 @@ impl Process for CommandProcess {
     fn init(&mut self, pid: Pid, method: &str, input: Vec<Payload>) -> anyhow::Result<()> {
         ensure!(method == COMMAND_ENTRY, "unknown entry method `{method}`; a WASI command has one: {COMMAND_ENTRY}");
         ensure!(input.is_empty(), "a WASI command takes no input payloads: pass it arguments instead");
-        self.deadline = self.options.time_limit.map(|limit| (Instant::now() + limit, limit));
+        // A limit past what `Instant` holds is no limit.
+        self.deadline = self.options.time_limit.and_then(|limit| Some((Instant::now().checked_add(limit)?, limit)));
         self.state = self.instantiate(pid)?;
         Ok(())
     }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::log::{LogRecord, LogSink, stderr_sink};
+use super::log::{LogRecord, LogSink, tracing_sink};
 
 const MIB: usize = 1024 * 1024;
 
@@ -22,6 +22,10 @@ pub struct Config {
     pub(crate) epoch_tick: Duration,
     pub(crate) max_instances: u32,
     pub(crate) cache_dir: CacheDir,
+    pub(crate) trust_precompiled: bool,
+    pub(crate) max_module_size: usize,
+    pub(crate) max_functions: u32,
+    pub(crate) max_function_size: usize,
     pub(crate) log: LogSink,
 }
 
@@ -45,7 +49,11 @@ impl Default for Config {
             epoch_tick: Duration::from_millis(1),
             max_instances: 10_000,
             cache_dir: CacheDir::Default,
-            log: stderr_sink(),
+            trust_precompiled: false,
+            max_module_size: 128 * MIB,
+            max_functions: 100_000,
+            max_function_size: MIB,
+            log: tracing_sink(),
         }
     }
 }
@@ -83,8 +91,9 @@ impl Config {
 
     /// Gives every process a total budget of `units` of fuel (about one unit per Wasm
     /// instruction) over its whole life from `init` on (instantiation, which copies the
-    /// guest's data into its memory, is not charged); a process that uses it up is ended
-    /// with an error naming this limit. Unlike the time slice, fuel is deterministic: the
+    /// guest's data into its memory, is not charged, nor is the runtime's own call of a
+    /// component's `entries` when it loads it); a process that uses it up is ended with
+    /// an error naming this limit. Unlike the time slice, fuel is deterministic: the
     /// same guest with the same input runs out at the same instruction on any machine.
     ///
     /// Metering is compiled into the guest's code, so a runtime with a fuel budget
@@ -140,7 +149,9 @@ impl Config {
     /// memory arena, which reserves its address space up front (see
     /// [`Config::max_memory`]). An instantiation past it fails with an error naming this
     /// limit. By default 10,000 (640 GiB of address space at 64 MiB, nothing of it
-    /// committed until used).
+    /// committed until used). Under an address-space limit (`ulimit -v`) lower it (or
+    /// `max_memory`): the runtime fails to start otherwise, with an error naming both. A
+    /// runtime that only compiles or inspects needs 1.
     pub fn max_instances(mut self, instances: u32) -> Self {
         self.max_instances = instances;
         self
@@ -148,6 +159,13 @@ impl Config {
 
     /// Keeps compiled components in `dir`, so a later run loads them instead of compiling
     /// again. By default `$XDG_CACHE_HOME/wasmproc`, or `$HOME/.cache/wasmproc`.
+    ///
+    /// Entries are authenticated with a secret key of this user's, and the directory and
+    /// its entries are used only when this user owns them and no one else may write them
+    /// (otherwise a warning is logged, once, and components are compiled instead). The key
+    /// is `$XDG_CONFIG_HOME/wasmproc/cache.key` (or `$HOME/.config/wasmproc/cache.key`);
+    /// with this setting it is `dir/key`, so the runtime keeps everything in `dir`. The
+    /// same key signs and checks files made by [`Runtime::precompile`](super::Runtime::precompile).
     pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.cache_dir = CacheDir::At(dir.into());
         self
@@ -160,9 +178,68 @@ impl Config {
         self
     }
 
+    /// Loads files made by [`Runtime::precompile`](super::Runtime::precompile) with
+    /// another user's key, or on another machine, on their checksum alone. By default
+    /// (`false`) a precompiled file is loaded only if it carries the tag of this user's key
+    /// (see [`Config::cache_dir`] for where it is), which shows this user's wasmproc made
+    /// it and no one altered it since; any other file is refused with an error that says
+    /// so.
+    ///
+    /// # Safety
+    ///
+    /// A precompiled file is native code that is loaded into this process without being
+    /// checked. With `trust` set, a file crafted by its maker (or altered by anyone who
+    /// could write it, with the checksum recomputed) is undefined behaviour: set it only
+    /// when every precompiled file this runtime may load comes from a source trusted as
+    /// this program's own binary is.
+    pub unsafe fn trust_precompiled(mut self, trust: bool) -> Self {
+        self.trust_precompiled = trust;
+        self
+    }
+
+    /// The largest Wasm (module or component, in bytes) the runtime compiles; a larger one
+    /// is refused before compiling, with an error naming this limit. By default 128 MiB,
+    /// the bound `wasmproc` puts on the files it reads: seven times the largest guests we
+    /// know of (a componentize-py component with CPython and its standard library is about
+    /// 18 MB, a JavaScript engine component about 10 MB, our Rust guests under 1 MB). What
+    /// a compile costs is bounded by [`Config::max_functions`] and
+    /// [`Config::max_function_size`]; this bounds the rest (data segments, custom
+    /// sections). Files made by [`Runtime::precompile`](super::Runtime::precompile) are not
+    /// compiled, so not bound by it.
+    pub fn max_module_size(mut self, bytes: usize) -> Self {
+        self.max_module_size = bytes;
+        self
+    }
+
+    /// The most functions the runtime compiles for one module or component: the functions
+    /// its core modules define (nested ones included) plus its canonical lifts and lowers
+    /// (each compiles a trampoline). More are refused before compiling, with an error
+    /// naming this limit. By default 100,000: a compile costs about 44 µs and 5 KiB for
+    /// each even of empty functions (1,000,000 took 44 s and 5.4 GiB), so this bounds that
+    /// part to seconds and about half a GiB, while the largest guests we know of (CPython
+    /// or a JavaScript engine, with their libc, in a component) have some tens of
+    /// thousands.
+    pub fn max_functions(mut self, functions: u32) -> Self {
+        self.max_functions = functions;
+        self
+    }
+
+    /// The largest function body (in bytes of Wasm) the runtime compiles; a module with a
+    /// larger one is refused before compiling, with an error naming this limit. By default
+    /// 1 MiB: the compiler's memory grows with a function's size (a 7 MB function took
+    /// 706 MiB, about 100 bytes a byte), and compiling runs one function a core at once,
+    /// so this keeps a compile to about 100 MiB a core. The largest functions of real
+    /// guests, an interpreter's dispatch loop such as CPython's, are some hundreds of KiB
+    /// (an estimate from their native code: raise the limit if a real guest is refused).
+    pub fn max_function_size(mut self, bytes: usize) -> Self {
+        self.max_function_size = bytes;
+        self
+    }
+
     /// Sends every log line of every process (its `host.log` calls and its stdout and
-    /// stderr, line by line) to `sink`. By default each [`LogRecord`] is printed to the
-    /// host's stderr as `[pid 7] stdout: …`.
+    /// stderr, line by line) to `sink`. By default each [`LogRecord`] becomes a `tracing`
+    /// event (target `wasmproc::guest`, fields `pid` and `source`): the library never
+    /// writes to the host's streams itself.
     pub fn log_sink(mut self, sink: impl Fn(&LogRecord<'_>) + Send + Sync + 'static) -> Self {
         self.log = Arc::new(sink);
         self
@@ -177,6 +254,19 @@ impl Config {
                 let xdg = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).filter(|p| p.is_absolute());
                 let base = xdg.or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
                 Some(base.join("wasmproc"))
+            }
+        }
+    }
+
+    /// The file of this user's secret key (see [`Config::cache_dir`]), if there is a
+    /// place for one.
+    pub(crate) fn resolved_key_file(&self) -> Option<PathBuf> {
+        match &self.cache_dir {
+            CacheDir::At(dir) => Some(dir.join("key")),
+            CacheDir::Default | CacheDir::Disabled => {
+                let xdg = std::env::var_os("XDG_CONFIG_HOME").map(PathBuf::from).filter(|p| p.is_absolute());
+                let base = xdg.or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".config")))?;
+                Some(base.join("wasmproc").join("cache.key"))
             }
         }
     }
@@ -200,6 +290,10 @@ impl fmt::Debug for Config {
             .field("epoch_tick", &self.epoch_tick)
             .field("max_instances", &self.max_instances)
             .field("cache_dir", &self.cache_dir)
+            .field("trust_precompiled", &self.trust_precompiled)
+            .field("max_module_size", &self.max_module_size)
+            .field("max_functions", &self.max_functions)
+            .field("max_function_size", &self.max_function_size)
             .finish_non_exhaustive()
     }
 }

@@ -114,12 +114,26 @@ pub(crate) fn new_engine(config: &Config) -> anyhow::Result<(Engine, EpochClock)
     );
     ensure!(!config.epoch_tick.is_zero(), "`epoch_tick` must be longer than zero");
     let n = config.max_instances;
+    // The two reservations are address space, not memory: what they can fail on is an
+    // address-space limit (`ulimit -v`), so the errors say which settings multiply into
+    // them (with the `wasmproc run` flags that set them) and what to lower.
     let arena = MemoryArena::new(n, config.max_memory, KEEP_RESIDENT, WARM_SLOTS).with_context(|| {
-        format!("failed to reserve memory for {n} instances of {} bytes (`max_instances`)", config.max_memory)
+        format!(
+            "failed to reserve address space for the memories of {n} instances of {} bytes ({} bytes in all): \
+             lower `max_instances` (`--max-processes`) or `max_memory` (`--memory`), or raise the address-space \
+             limit (`ulimit -v`)",
+            config.max_memory,
+            u128::from(n) * config.max_memory as u128
+        )
     })?;
 
     let stacks = StackArena::new(n, FIBER_STACK).with_context(|| {
-        format!("failed to reserve fiber stacks for {n} instances of {FIBER_STACK} bytes (`max_instances`)")
+        format!(
+            "failed to reserve address space for the fiber stacks of {n} instances of {FIBER_STACK} bytes \
+             ({} bytes in all): lower `max_instances` (`--max-processes`), or raise the address-space limit \
+             (`ulimit -v`)",
+            u128::from(n) * FIBER_STACK as u128
+        )
     })?;
 
     let mut wasm = wasmtime::Config::new();

@@ -94,9 +94,27 @@ impl fmt::Display for LogRecord<'_> {
 /// thread running the guest, in the middle of its step: it must not block for long.
 pub type LogSink = Arc<dyn Fn(&LogRecord<'_>) + Send + Sync>;
 
-/// The default sink: the host's stderr, one record a line.
-pub(crate) fn stderr_sink() -> LogSink {
-    Arc::new(|record: &LogRecord<'_>| eprintln!("{record}"))
+/// The default sink: a `tracing` event per record, with target `wasmproc::guest` and the
+/// pid and source as fields; a `host.log` call at its own level, a line of stdout at
+/// `info` and one of stderr at `warn`. The library never writes to the host's streams
+/// itself: whether and where the lines appear is the subscriber's choice.
+pub(crate) fn tracing_sink() -> LogSink {
+    Arc::new(|record: &LogRecord<'_>| {
+        let (pid, source, message) = (record.pid.as_u64(), record.source.to_string(), record.message);
+        let level = match record.source {
+            LogSource::Log(level) => level,
+            LogSource::Stdout => Level::Info,
+            LogSource::Stderr => Level::Warn,
+        };
+        // `tracing`'s macros take the level as a constant.
+        match level {
+            Level::Trace => tracing::trace!(target: "wasmproc::guest", pid, source, "{message}"),
+            Level::Debug => tracing::debug!(target: "wasmproc::guest", pid, source, "{message}"),
+            Level::Info => tracing::info!(target: "wasmproc::guest", pid, source, "{message}"),
+            Level::Warn => tracing::warn!(target: "wasmproc::guest", pid, source, "{message}"),
+            Level::Error => tracing::error!(target: "wasmproc::guest", pid, source, "{message}"),
+        }
+    })
 }
 
 /// One process's stdout or stderr, as WASI sees it. Every stream the guest opens on it

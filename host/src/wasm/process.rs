@@ -1,7 +1,7 @@
 //! [`WasmProcess`]: a [`Process`] whose steps run in a component instance.
 //!
 //! Preemption (on unless [`Config::preemption`] is off): a step runs on a fiber
-//! (wasmtime's async call) and is looked at every epoch tick ([`preempt`]). At the end of
+//! (wasmtime's async call) and is looked at every epoch tick ([`watch`]). At the end of
 //! its time slice, or at any tick while other processes wait in the scheduler's queues,
 //! the fiber yields instead of trapping: the poll returns `Pending`, the process answers
 //! the scheduler [`Status::Continue`] (queued again behind everyone waiting) and keeps
@@ -17,6 +17,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail};
 use wasmtime::{Store, Trap, UpdateDeadline, WasmBacktrace};
@@ -97,7 +98,8 @@ impl WasmProcess {
     fn run(&mut self, running: Running) -> anyhow::Result<Option<Stepped>> {
         match running {
             mut running @ Running { preemptible: None, .. } => {
-                running.store.set_epoch_deadline(self.component.limits.time_slice_ticks);
+                running.store.data_mut().ticks.slice = 0;
+                running.store.set_epoch_deadline(1);
                 let clock = &self.component.loaded().clock;
                 let started = clock.now();
                 let result = running.guest.call_step(&mut running.store, &self.events);
@@ -106,7 +108,7 @@ impl WasmProcess {
                 Ok(Some((running, batch, result)))
             }
             Running { mut store, guest, preemptible: Some(stepper) } => {
-                store.data_mut().slice_ticks = 0;
+                store.data_mut().ticks.slice = 0;
                 store.set_epoch_deadline(1);
                 // The future owns what it borrows (store, events) so that it can outlive
                 // this turn when preempted.
@@ -170,11 +172,21 @@ impl Process for WasmProcess {
             .call_init(&mut store, pid.as_u64(), method, &input)
             .map_err(|e| guest_error(e, "init", &limits, store.data()))?;
         accepted.map_err(|message| anyhow!("the guest refused: {message}"))?;
-        if preemptible.is_some() {
-            // From here on the deadline suspends a step instead of trapping; wasmtime
-            // then requires every call to be async, and only steps come after `init`.
-            preempt(&mut store, limits.time_slice_ticks, |state| &mut state.slice_ticks);
-        }
+        // From here on the epoch callback watches the steps. With preemption a step past
+        // its slice suspends instead of trapping; wasmtime then requires every call to be
+        // async, and only steps come after `init`.
+        let watching = Watch {
+            slice: limits.time_slice_ticks,
+            slice_limit: limits.time_slice,
+            preemptible: preemptible.is_some(),
+            cpu_budget: limits.cpu_budget.map(|budget| (limits.cpu_budget_ticks, budget)),
+        };
+        watch(
+            &mut store,
+            watching,
+            |state| &mut state.ticks,
+            move || crate::scheduler::worker::terminate_requested(pid).then_some(Stopped::Terminated),
+        );
         self.state = State::Ready(Running { store, guest, preemptible });
         Ok(())
     }
@@ -255,21 +267,103 @@ impl std::fmt::Debug for WasmProcess {
     }
 }
 
-/// Makes the async calls of `store` yield their fiber at the end of a time slice of
-/// `slice` epoch ticks, or at any tick at which other processes wait on this worker's
-/// scheduler: the latency a computing process adds to the others is then one tick, not
-/// one slice. `ticks` is the store's count of the current slice's ticks; a yield resets
-/// it, and whoever starts a call should too.
+/// Epoch ticks that a store's calls have seen (see [`watch`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Ticks {
+    /// Of the current time slice: reset at each yield, and by whoever starts a call.
+    pub(crate) slice: u64,
+    /// Over the store's whole life: the CPU time its calls ran, for the CPU budget.
+    pub(crate) cpu: u64,
+}
+
+/// What [`watch`] holds a store's calls to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Watch {
+    /// Ticks of a time slice, and the slice as configured (for the error).
+    pub(crate) slice: u64,
+    pub(crate) slice_limit: Duration,
+    /// Whether the calls run on a fiber that may yield (a preemptible step): at the end of
+    /// a slice they yield, otherwise they fail with [`Stopped::TimeSlice`].
+    pub(crate) preemptible: bool,
+    /// The CPU budget in ticks and as configured, if there is one.
+    pub(crate) cpu_budget: Option<(u64, Duration)>,
+}
+
+/// Why a call into a guest was stopped at an epoch tick. The error [`watch`]'s callback
+/// fails a call with; found again with `downcast_ref` to give the plain message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stopped {
+    /// The process's or program's CPU time reached its `cpu_budget`.
+    CpuBudget(Duration),
+    /// A step without preemption outlasted its time slice.
+    TimeSlice(Duration),
+    /// The scheduler was asked to terminate the process.
+    Terminated,
+    /// A WASI program's interrupt flag was raised (`CommandOptions::interrupt`).
+    Interrupted,
+    /// A WASI program outlasted its `CommandOptions::time_limit`.
+    TimeLimit(Duration),
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stopped::CpuBudget(budget) => write!(
+                f,
+                "CPU budget exceeded: the process ran for longer than its `cpu_budget` of {budget:?} and was stopped"
+            ),
+            Stopped::TimeSlice(slice) => write!(
+                f,
+                "time slice exceeded: `step` ran longer than the process's `time_slice` of {slice:?} and was stopped \
+                 (preemption is off)"
+            ),
+            Stopped::Terminated => f.write_str("terminated"),
+            Stopped::Interrupted => f.write_str("interrupted: the host stopped the program"),
+            Stopped::TimeLimit(limit) => write!(f, "time limit exceeded: the program ran longer than {limit:?}"),
+        }
+    }
+}
+
+impl std::error::Error for Stopped {}
+
+/// Looks at every call of `store` once an epoch tick, whatever the time slice, so that a
+/// guest that never returns is still stopped within a tick of being asked to:
 ///
-/// The callback runs once a tick while the store runs Wasm (the deadline is always the
-/// next tick), and costs a few atomic loads to see the queues.
-pub(crate) fn preempt<T: 'static>(store: &mut Store<T>, slice: u64, ticks: fn(&mut T) -> &mut u64) {
+/// 1. past its CPU budget (`ticks.cpu`, counted here), the call fails with
+///    [`Stopped::CpuBudget`];
+/// 2. when `stop` says so (a terminate request, a WASI program's interrupt or time
+///    limit), it fails with what `stop` returned;
+/// 3. at the end of its time slice, or at any tick at which other processes wait on
+///    this worker's scheduler, a preemptible call yields its fiber (the latency a
+///    computing process adds to the others is then one tick, not one slice); a plain
+///    call past its slice fails with [`Stopped::TimeSlice`].
+///
+/// The callback costs a few atomic loads a tick while the store runs Wasm, and nothing
+/// while it does not. `ticks` finds the store's counters.
+pub(crate) fn watch<T: 'static>(
+    store: &mut Store<T>,
+    watch: Watch,
+    ticks: fn(&mut T) -> &mut Ticks,
+    stop: impl Fn() -> Option<Stopped> + Send + Sync + 'static,
+) {
     store.set_epoch_deadline(1);
     store.epoch_deadline_callback(move |mut cx| {
-        let ran = ticks(cx.data_mut());
-        *ran += 1;
-        if *ran >= slice || crate::scheduler::worker::others_waiting() {
-            *ran = 0;
+        let ticks = ticks(cx.data_mut());
+        ticks.slice += 1;
+        ticks.cpu += 1;
+        if let Some((budget, configured)) = watch.cpu_budget
+            && ticks.cpu >= budget
+        {
+            return Err(wasmtime::Error::new(Stopped::CpuBudget(configured)));
+        }
+        if let Some(stopped) = stop() {
+            return Err(wasmtime::Error::new(stopped));
+        }
+        if ticks.slice >= watch.slice || (watch.preemptible && crate::scheduler::worker::others_waiting()) {
+            if !watch.preemptible {
+                return Err(wasmtime::Error::new(Stopped::TimeSlice(watch.slice_limit)));
+            }
+            ticks.slice = 0;
             return Ok(UpdateDeadline::Yield(1));
         }
         Ok(UpdateDeadline::Continue(1))
@@ -277,10 +371,7 @@ pub(crate) fn preempt<T: 'static>(store: &mut Store<T>, slice: u64, ticks: fn(&m
 }
 
 fn cpu_budget_exceeded(limits: &Limits) -> anyhow::Error {
-    anyhow!(
-        "CPU budget exceeded: the process ran for longer than its `cpu_budget` of {:?} and was stopped",
-        limits.cpu_budget.unwrap_or_default()
-    )
+    anyhow!("{}", Stopped::CpuBudget(limits.cpu_budget.unwrap_or_default()))
 }
 
 /// The error of a failed call to the guest's `export`, in one line: the time slice by
@@ -294,14 +385,10 @@ pub(crate) fn guest_error(
     limits: &Limits,
     state: &ProcessState,
 ) -> anyhow::Error {
+    if let Some(stopped) = error.downcast_ref::<Stopped>() {
+        return anyhow!("{stopped}");
+    }
     match error.downcast_ref::<Trap>() {
-        Some(Trap::Interrupt) if export == "step" => {
-            return anyhow!(
-                "time slice exceeded: `step` ran longer than the process's `time_slice` of {:?} and was stopped \
-                 (preemption is off)",
-                limits.time_slice
-            );
-        }
         Some(Trap::Interrupt) => {
             return anyhow!(
                 "init time limit exceeded: `{export}` ran longer than the `init_time_limit` of {:?} and was stopped",

@@ -17,6 +17,8 @@ use super::cache::{self, Compiled, Digest, DiskCache};
 use super::command::{self, Command, CommandState, P1State};
 use super::config::Config;
 use super::engine::{EpochClock, new_engine};
+use super::key::KeyFile;
+use super::limits;
 use super::log::LogSink;
 use super::precompiled;
 use super::process::{WasmProcess, guest_error};
@@ -45,6 +47,8 @@ struct Shared {
     linker: Linker<ProcessState>,
     config: Config,
     disk: Option<DiskCache>,
+    /// This user's key, which authenticates the disk cache and precompiled files.
+    key: Arc<KeyFile>,
     /// The linkers of WASI commands, made when the first one is loaded.
     command_linkers: OnceLock<CommandLinkers>,
     /// One slot per module: a second loader of a module waits for the first one's
@@ -84,13 +88,15 @@ impl Runtime {
         Guest::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
             .map_err(anyhow::Error::from)
             .context("failed to link the host imports")?;
-        let disk = config.resolved_cache_dir().map(|dir| DiskCache::new(dir, &engine));
+        let key = Arc::new(KeyFile::new(config.resolved_key_file()));
+        let disk = config.resolved_cache_dir().map(|dir| DiskCache::new(dir, &engine, key.clone()));
         let shared = Shared {
             engine,
             clock,
             linker,
             config,
             disk,
+            key,
             command_linkers: OnceLock::new(),
             loaded: Mutex::default(),
             compiled: AtomicU64::new(0),
@@ -161,14 +167,14 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// The bytes are not Wasm, do not compile, import something the host does not
-    /// provide, fit none of those shapes (the error says what is missing), or were
-    /// precompiled under other settings (the error names the setting).
+    /// The bytes are not Wasm, are past a compile limit ([`Config::max_module_size`],
+    /// [`Config::max_functions`], [`Config::max_function_size`]; the error names it), do
+    /// not compile, import something the host does not provide, fit none of those shapes
+    /// (the error says what is missing), or were precompiled under other settings (the
+    /// error names the setting) or not with this user's key (see
+    /// [`Config::trust_precompiled`]).
     pub fn load_program_bytes(&self, bytes: &[u8]) -> anyhow::Result<Program> {
-        let precompiled = precompiled::is_precompiled(bytes);
-        if !precompiled {
-            check_magic(bytes)?;
-        }
+        self.check_wasm(bytes)?;
         let digest = cache::digest(bytes);
         let slot = self.shared.loaded.lock().entry(digest).or_default().clone();
         let mut slot = slot.lock();
@@ -176,7 +182,7 @@ impl Runtime {
             self.shared.memory_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(program.clone());
         }
-        let program = match self.code(bytes, &digest)? {
+        let program = match self.code(bytes, &digest)?.0 {
             Compiled::Module(module) => Program::Command(self.command_module(&module)?),
             Compiled::Component(component) if self.is_command(&component) => {
                 Program::Command(self.command_component(&component)?)
@@ -192,17 +198,29 @@ impl Runtime {
     /// have the same fuel setting, the same wasmproc, and a CPU with the
     /// same features; otherwise loading it fails with an error naming what differs.
     ///
-    /// A precompiled file is native code: load only files from a source you trust, as
-    /// you would a binary.
+    /// A precompiled file is native code, so the file carries a tag made with this
+    /// user's secret key (see [`Config::cache_dir`]): runtimes of this user load it, and
+    /// refuse it if it was altered; runtimes of other users (or machines) refuse it unless
+    /// told to trust it ([`Config::trust_precompiled`]).
     ///
     /// # Errors
     ///
-    /// The bytes are already precompiled, are not Wasm, or do not compile.
+    /// The bytes are already precompiled, are an ELF file, are not Wasm, are past a
+    /// compile limit, or do not compile; or this user's key cannot be read or created.
     pub fn precompile(&self, bytes: &[u8]) -> anyhow::Result<Vec<u8>> {
-        ensure!(!precompiled::is_precompiled(bytes), "the file is already precompiled");
-        check_magic(bytes)?;
-        let compiled = self.compile(bytes, &cache::digest(bytes))?;
-        precompiled::write(&self.shared.engine, &self.shared.config, &compiled, bytes)
+        ensure!(
+            !bytes.starts_with(precompiled::ELF),
+            "this is an ELF file (a native program, or wasmtime's precompiled format from \
+             `wasmtime compile`), not a WebAssembly module: give `wasmproc compile` the .wasm file"
+        );
+        ensure!(
+            !precompiled::is_precompiled(bytes),
+            "the file is already precompiled (made by `wasmproc compile`): `wasmproc run` loads it as it is"
+        );
+        self.check_wasm(bytes)?;
+        let (compiled, _) = self.compile(bytes, &cache::digest(bytes))?;
+        let shared = &self.shared;
+        precompiled::write(&shared.engine, &shared.config, &shared.key, &compiled, bytes)
     }
 
     /// Describes the program in `bytes` without running it: what it is, whether it fits
@@ -211,17 +229,17 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// The bytes are not Wasm, or do not compile (the error says why).
+    /// The bytes are not Wasm, are past a compile limit, or do not compile, or are a
+    /// precompiled file that cannot be loaded (the error says why).
     pub fn inspect(&self, bytes: &[u8]) -> anyhow::Result<Inspection> {
         let shared = &self.shared;
         let is_precompiled = precompiled::is_precompiled(bytes);
-        if !is_precompiled {
-            check_magic(bytes)?;
-        }
+        self.check_wasm(bytes)?;
         let digest = cache::digest(bytes);
-        let cache_entry = shared.disk.as_ref().filter(|_| !is_precompiled).map(|disk| disk.entry(&digest));
-        let cached = cache_entry.as_ref().is_some_and(|entry| entry.is_file());
-        let compiled = self.code(bytes, &digest)?;
+        let (compiled, found) = self.code(bytes, &digest)?;
+        // After the load, which decided whether the cache directory may be used.
+        let cache_entry =
+            shared.disk.as_ref().filter(|disk| !is_precompiled && disk.is_usable()).map(|disk| disk.entry(&digest));
         let (kind, imports, exports) = match &compiled {
             Compiled::Module(module) => {
                 let has_start = module.get_export("_start").is_some();
@@ -242,9 +260,10 @@ impl Runtime {
                 Ok(component) => (component.entries().to_vec(), None),
                 Err(e) => (Vec::new(), Some(format!("{e:#}"))),
             },
-            (ProgramKind::WasiModule, Compiled::Module(module)) => match start_problem(&module) {
-                None => (vec![command::COMMAND_ENTRY.to_owned()], None),
-                Some(problem) => (Vec::new(), Some(problem)),
+            // What `run` would say: the checks of a command's load, linking included.
+            (ProgramKind::WasiModule, Compiled::Module(module)) => match self.command_module(&module) {
+                Ok(_) => (vec![command::COMMAND_ENTRY.to_owned()], None),
+                Err(e) => (Vec::new(), Some(format!("{e:#}"))),
             },
             (ProgramKind::WasiCommand, _) => (vec![command::COMMAND_ENTRY.to_owned()], None),
             (ProgramKind::OtherModule, _) => (
@@ -261,10 +280,10 @@ impl Runtime {
         Ok(Inspection {
             kind,
             size: bytes.len() as u64,
-            sha256: precompiled::header(bytes)
-                .map_or_else(|| cache::hex(&digest), |header| header.source_sha256().to_owned()),
-            precompiled: precompiled::is_precompiled(bytes),
-            cached,
+            sha256: cache::hex(&digest),
+            source_sha256: precompiled::header(bytes).map(|header| header.source_sha256().to_owned()),
+            precompiled: is_precompiled,
+            cached: found == Found::OnDisk,
             cache_entry,
             problem,
             entries,
@@ -288,11 +307,23 @@ impl Runtime {
         &self.shared.config
     }
 
-    /// The compiled code of `bytes` (whose Wasm header the caller has checked, unless
-    /// they are a precompiled file): loaded from a precompiled file, or compiled.
-    fn code(&self, bytes: &[u8], digest: &Digest) -> anyhow::Result<Compiled> {
+    /// Refuses what is not Wasm and Wasm past the compile limits (`limits.rs`) before
+    /// anything else is done with it; a precompiled file passes, to be checked as one.
+    fn check_wasm(&self, bytes: &[u8]) -> anyhow::Result<()> {
         if precompiled::is_precompiled(bytes) {
-            precompiled::read(&self.shared.engine, &self.shared.config, bytes)
+            return Ok(());
+        }
+        check_magic(bytes)?;
+        limits::check(bytes, &self.shared.config)
+    }
+
+    /// The compiled code of `bytes` (checked by [`Runtime::check_wasm`]): loaded from a
+    /// precompiled file, or compiled.
+    fn code(&self, bytes: &[u8], digest: &Digest) -> anyhow::Result<(Compiled, Found)> {
+        let shared = &self.shared;
+        if precompiled::is_precompiled(bytes) {
+            let compiled = precompiled::read(&shared.engine, &shared.config, &shared.key, bytes)?;
+            Ok((compiled, Found::Precompiled))
         } else {
             self.compile(bytes, digest)
         }
@@ -300,11 +331,11 @@ impl Runtime {
 
     /// Compiles a component or a core module (by its header), or finds it in the disk
     /// cache.
-    fn compile(&self, bytes: &[u8], digest: &Digest) -> anyhow::Result<Compiled> {
+    fn compile(&self, bytes: &[u8], digest: &Digest) -> anyhow::Result<(Compiled, Found)> {
         let shared = &self.shared;
         if let Some(compiled) = shared.disk.as_ref().and_then(|disk| disk.read(&shared.engine, digest)) {
             shared.disk_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(compiled);
+            return Ok((compiled, Found::OnDisk));
         }
         let compiled = if is_core_module(bytes) {
             wasmtime::Module::new(&shared.engine, bytes).map(Compiled::Module).map_err(anyhow::Error::from)
@@ -318,7 +349,7 @@ impl Runtime {
         if let Some(disk) = &shared.disk {
             disk.write(digest, &compiled);
         }
-        Ok(compiled)
+        Ok((compiled, Found::Compiled))
     }
 
     /// Whether `component` is a WASI command rather than a process: it exports
@@ -371,6 +402,14 @@ impl Runtime {
         if let Some(problem) = start_problem(module) {
             bail!("{problem}");
         }
+        // wasmtime-wasi's preview 1 functions find their arguments in the caller's export
+        // `memory`, and fail every call without one.
+        let imports_wasi = module.imports().any(|import| import.module() == "wasi_snapshot_preview1");
+        ensure!(
+            !imports_wasi || matches!(module.get_export("memory"), Some(wasmtime::ExternType::Memory(_))),
+            "the module imports WASI preview 1 functions but exports no memory named `memory`, where they \
+             read and write their arguments: every call would fail (export the module's memory as `memory`)"
+        );
         let pre = self
             .command_linkers()?
             .module
@@ -395,7 +434,10 @@ impl Runtime {
 
         let mut store = new_store(&shared.engine, Pid::HOST, shared.config.log.clone(), &limits);
         let guest = pre.instantiate(&mut store).map_err(anyhow::Error::from).context("failed to instantiate")?;
-        refuel(&mut store, limits.fuel);
+        // `entries` is the host asking, not the process running, so it is not charged to
+        // a process's fuel budget: the instantiation's unbounded fuel stays (a small
+        // budget would otherwise make every component fail to load, as a bad module).
+        // The init time limit, the store's deadline, bounds it instead.
         let entries = guest.call_entries(&mut store).map_err(|e| guest_error(e, "entries", &limits, store.data()))?;
         ensure!(!entries.is_empty(), "the component exports no entry methods (`entries` returned none)");
 
@@ -475,6 +517,17 @@ struct CommandLinkers {
     module: wasmtime::Linker<P1State>,
 }
 
+/// Where [`Runtime::code`] found compiled code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Found {
+    /// In a file made by [`Runtime::precompile`].
+    Precompiled,
+    /// In the disk cache.
+    OnDisk,
+    /// Nowhere: it was compiled now.
+    Compiled,
+}
+
 /// What [`Runtime::load_program`] found.
 #[derive(Clone, Debug)]
 pub enum Program {
@@ -519,13 +572,18 @@ pub struct Inspection {
     pub kind: ProgramKind,
     /// The file's size in bytes.
     pub size: u64,
-    /// The SHA-256 of the Wasm (of the source, for a precompiled file), in hex.
+    /// The SHA-256 of the file, in hex.
     pub sha256: String,
+    /// For a precompiled file: the SHA-256 of the Wasm it was compiled from, in hex, as
+    /// its header says.
+    pub source_sha256: Option<String>,
     /// Whether the file was made by `wasmproc compile`.
     pub precompiled: bool,
-    /// Whether the disk cache held the compiled code before this inspection.
+    /// Whether the compiled code was loaded from the disk cache (it held a usable entry
+    /// before this inspection) rather than compiled now.
     pub cached: bool,
-    /// The disk cache's file for it (absent for precompiled files and without a cache).
+    /// The disk cache's file for it (absent for precompiled files, without a disk cache,
+    /// and when the cache directory was refused).
     pub cache_entry: Option<PathBuf>,
     /// Why it cannot run, if it cannot (for example the world export it lacks).
     pub problem: Option<String>,

@@ -9,6 +9,7 @@ use super::bindings::wasmproc::process::{host, types};
 use super::convert;
 use super::engine::{CORE_INSTANCES_PER_PROCESS, MEMORIES_PER_PROCESS, TABLE_ELEMENTS, TABLES_PER_PROCESS};
 use super::log::{GuestOutput, Level, LogRecord, LogSink, LogSource};
+use super::process::Ticks;
 use crate::process::Pid;
 
 /// The data of one process's `Store`.
@@ -21,8 +22,8 @@ pub(crate) struct ProcessState {
     wasi: Option<Box<WasiCtx>>,
     table: ResourceTable,
     pub(crate) limiter: MemoryLimiter,
-    /// Epoch ticks of the running step's current time slice (see `process::preempt`).
-    pub(crate) slice_ticks: u64,
+    /// Epoch ticks its steps have seen (see `process::watch`).
+    pub(crate) ticks: Ticks,
 }
 
 impl ProcessState {
@@ -37,7 +38,7 @@ impl ProcessState {
             wasi: None,
             table: ResourceTable::new(),
             limiter: MemoryLimiter { max_memory },
-            slice_ticks: 0,
+            ticks: Ticks::default(),
         }
     }
 }

@@ -27,7 +27,7 @@ use wasmtime::Store;
 
 use crate::plot::Plots;
 use crate::short;
-use crate::wasm::{GUEST, INIT_TIME_LIMIT, RawState, RawWasm, TIME_SLICE_TICKS, step, wit};
+use crate::wasm::{GUEST, INIT_TIME_LIMIT, RawState, RawWasm, step, watch, wit};
 
 /// The longest a child may take before it is killed: spawning 1M instances takes about
 /// a minute, so this only catches a hang.
@@ -418,8 +418,7 @@ fn idle_raw(count: u32, cow: bool) {
         }
         let mut store = Store::new(&raw.engine, RawState::new());
         store.limiter(|state| &mut state.limiter);
-        store.epoch_deadline_trap();
-        store.set_epoch_deadline(TIME_SLICE_TICKS);
+        watch(&mut store);
         let guest = match raw.pre.instantiate(&mut store) {
             Ok(guest) => guest,
             Err(e) => {

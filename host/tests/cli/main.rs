@@ -16,6 +16,10 @@ use serde_json::Value;
 use wasmproc_tests::HANG;
 use wasmproc_tests::guests::{FAN_OUT, HELLO, HOSTILE, TIMERS, WASI_CLI};
 
+mod cache;
+mod hardening;
+mod limits;
+
 const BINARY: &str = env!("CARGO_BIN_EXE_wasmproc");
 
 /// A scratch directory of the test's own, emptied.
@@ -26,11 +30,12 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// `wasmproc` with `args`, its compile cache in the test's scratch space (shared by the
-/// tests so each guest compiles once).
+/// `wasmproc` with `args`, its compile cache and the cache's key in the test's scratch
+/// space (shared by the tests so each guest compiles once; never the user's own).
 fn wasmproc(args: &[&str]) -> Command {
     let mut command = Command::new(BINARY);
-    command.args(args).env("XDG_CACHE_HOME", PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"));
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    command.args(args).env("XDG_CACHE_HOME", tmp.join("cli-cache")).env("XDG_CONFIG_HOME", tmp.join("cli-config"));
     command
 }
 
