@@ -18,9 +18,6 @@ use wasmproc::{Capabilities, Payload, Request, Scheduler};
 /// process's failure is one of the results shown, not an error.
 pub fn run(config: Config, out: &mut dyn Write) -> anyhow::Result<()> {
     let runtime = Runtime::new(config)?;
-    for warning in runtime.warnings() {
-        eprintln!("warning: {warning}");
-    }
     let guests = [
         ("hello", env!("GUEST_HELLO")),
         ("timers", env!("GUEST_TIMERS")),

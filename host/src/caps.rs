@@ -7,17 +7,31 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::process::Command;
+use crate::process::{Command, CommandKind};
 
-const SLEEP: u8 = 1 << 0;
-const SPAWN: u8 = 1 << 1;
-const SEND: u8 = 1 << 2;
-const MONITOR: u8 = 1 << 3;
-const TERMINATE: u8 = 1 << 4;
-const ALL_BUILTINS: u8 = SLEEP | SPAWN | SEND | MONITOR | TERMINATE;
+/// Every built-in's capability bit.
+const ALL_BUILTINS: u8 = {
+    let mut bits = 0;
+    let mut i = 0;
+    while i < CommandKind::BUILTINS.len() {
+        if let Some(bit) = CommandKind::BUILTINS[i].capability_bit() {
+            bits |= bit;
+        }
+        i += 1;
+    }
+    bits
+};
 
 /// The built-in command names, in the order `--help` lists them.
-pub const BUILTIN_COMMANDS: [&str; 5] = ["sleep", "spawn", "send", "monitor", "terminate"];
+pub const BUILTIN_COMMANDS: [&str; 5] = {
+    let mut names = [""; 5];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = CommandKind::BUILTINS[i].name();
+        i += 1;
+    }
+    names
+};
 
 /// A set of granted commands.
 ///
@@ -106,24 +120,18 @@ impl Capabilities {
         }
     }
 
-    /// Whether the process may send messages (a `send` command, or the `send` host
-    /// function of Wasm guests).
-    #[cfg(feature = "wasm")]
-    pub(crate) fn allows_send(&self) -> bool {
-        self.builtins & SEND != 0
+    /// Whether the built-in `kind` is granted (a `send` is also the `send` host
+    /// function of Wasm guests); false for [`CommandKind::Custom`], granted by name.
+    pub(crate) fn allows_builtin(&self, kind: CommandKind) -> bool {
+        kind.capability_bit().is_some_and(|bit| self.builtins & bit != 0)
     }
 
     /// Whether `command` may be yielded; checks built-ins without touching strings.
     pub fn allows_command(&self, command: &Command) -> bool {
-        let bit = match command {
-            Command::Sleep(_) => SLEEP,
-            Command::Spawn(_) => SPAWN,
-            Command::Send { .. } => SEND,
-            Command::Monitor(_) => MONITOR,
-            Command::Terminate(_) => TERMINATE,
-            _ => return self.allows(command.name()),
-        };
-        self.builtins & bit != 0
+        match command.kind() {
+            CommandKind::Custom => self.allows(command.name()),
+            builtin => self.allows_builtin(builtin),
+        }
     }
 
     /// What both `self` and `other` grant: the most a child of a `self` process may get
@@ -138,14 +146,7 @@ impl Capabilities {
 }
 
 fn builtin_bit(name: &str) -> Option<u8> {
-    Some(match name {
-        "sleep" => SLEEP,
-        "spawn" => SPAWN,
-        "send" => SEND,
-        "monitor" => MONITOR,
-        "terminate" => TERMINATE,
-        _ => return None,
-    })
+    CommandKind::builtin(name).and_then(CommandKind::capability_bit)
 }
 
 #[cfg(test)]

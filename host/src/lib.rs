@@ -63,7 +63,6 @@
 #![deny(missing_docs)]
 
 mod caps;
-mod dispatch;
 mod error;
 mod loom;
 mod process;
@@ -72,9 +71,11 @@ mod scheduler;
 pub mod wasm;
 
 pub use caps::{BUILTIN_COMMANDS, Capabilities};
-pub use dispatch::{Completer, Factory, Handler, Request};
 pub use error::{SendError, SpawnError};
 pub use process::{
     Command, Event, Events, Format, Outcome, Payload, Pid, Process, SpawnRequest, Status, StepOutput, Yield,
 };
-pub use scheduler::{Builder, Handle, ProcessHandle, Scheduler, SpawnOptions, Stats, StopReport, WorkerStats};
+pub use scheduler::{
+    Builder, Completer, Factory, Handle, Handler, ProcessHandle, Request, Scheduler, SpawnOptions, Stats, StopReport,
+    WorkerStats,
+};

@@ -280,13 +280,112 @@ impl Command {
     /// The command's name: the capability that grants it, and how errors refer to it.
     pub fn name(&self) -> &str {
         match self {
-            Command::Sleep(_) => "sleep",
-            Command::Spawn(_) => "spawn",
-            Command::Send { .. } => "send",
-            Command::Monitor(_) => "monitor",
-            Command::Terminate(_) => "terminate",
             Command::Custom { name, .. } => name,
+            builtin => builtin.kind().name(),
         }
+    }
+
+    /// Which of the [`CommandKind`]s this is: the one match over the commands that their
+    /// names, capabilities and stats go through.
+    pub(crate) fn kind(&self) -> CommandKind {
+        match self {
+            Command::Sleep(_) => CommandKind::Sleep,
+            Command::Spawn(_) => CommandKind::Spawn,
+            Command::Send { .. } => CommandKind::Send,
+            Command::Monitor(_) => CommandKind::Monitor,
+            Command::Terminate(_) => CommandKind::Terminate,
+            Command::Custom { .. } => CommandKind::Custom,
+        }
+    }
+
+    /// The bytes the command carries that count against `max_payload_size`: a message's
+    /// topic and body, a spawn's input, a custom command's payload.
+    pub(crate) fn payload_size(&self) -> usize {
+        match self {
+            Command::Send { topic, body, .. } => message_size(topic, body),
+            Command::Spawn(request) => request.input.iter().map(|p| p.data.len()).sum(),
+            Command::Custom { payload, .. } => payload.data.len(),
+            Command::Sleep(_) | Command::Monitor(_) | Command::Terminate(_) => 0,
+        }
+    }
+}
+
+/// The bytes a message counts against `max_payload_size`, whether yielded as a `send`
+/// command or sent during a step (the `send` host function): its topic travels with the
+/// body into the receiver's mailbox.
+pub(crate) fn message_size(topic: &str, body: &Payload) -> usize {
+    topic.len() + body.data.len()
+}
+
+/// The kinds of [`Command`], and everything that is decided per kind rather than per
+/// command: the name (of a built-in; a custom command is named by its yield), the
+/// capability bit that grants it, and its slot in
+/// [`Stats::yields_by_command`](crate::Stats::yields_by_command). Adding a built-in
+/// command is adding a variant here (before `Custom`) and to [`Command`] and
+/// [`Command::kind`], then handling it in dispatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CommandKind {
+    Sleep,
+    Spawn,
+    Send,
+    Monitor,
+    Terminate,
+    /// Every custom command, whatever its name.
+    Custom,
+}
+
+impl CommandKind {
+    /// Every kind, in stats-slot order: the built-ins in the order `--help` lists them,
+    /// then `Custom`.
+    pub(crate) const ALL: [CommandKind; 6] = [
+        CommandKind::Sleep,
+        CommandKind::Spawn,
+        CommandKind::Send,
+        CommandKind::Monitor,
+        CommandKind::Terminate,
+        CommandKind::Custom,
+    ];
+
+    /// The built-in kinds: every kind but `Custom`.
+    pub(crate) const BUILTINS: [CommandKind; 5] = {
+        let mut builtins = [CommandKind::Custom; 5];
+        let mut i = 0;
+        while i < builtins.len() {
+            builtins[i] = CommandKind::ALL[i];
+            i += 1;
+        }
+        builtins
+    };
+
+    /// The built-in's name (`custom` for every custom command).
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            CommandKind::Sleep => "sleep",
+            CommandKind::Spawn => "spawn",
+            CommandKind::Send => "send",
+            CommandKind::Monitor => "monitor",
+            CommandKind::Terminate => "terminate",
+            CommandKind::Custom => "custom",
+        }
+    }
+
+    /// The built-in named `name`; `None` for any other name (a custom command's).
+    pub(crate) fn builtin(name: &str) -> Option<CommandKind> {
+        CommandKind::BUILTINS.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// The bit that grants a built-in in a capability set; `None` for `Custom`, which is
+    /// granted by name.
+    pub(crate) const fn capability_bit(self) -> Option<u8> {
+        match self {
+            CommandKind::Custom => None,
+            builtin => Some(1 << builtin as u8),
+        }
+    }
+
+    /// The kind's index in [`CommandKind::ALL`] and in the per-kind counters.
+    pub(crate) const fn slot(self) -> usize {
+        self as usize
     }
 }
 
@@ -385,6 +484,28 @@ mod tests {
         assert_eq!(v["a"][1], 2);
         assert_eq!(Format::from_name("text"), Format::Text);
         assert_eq!(Format::from_name("cbor").as_str(), "cbor");
+    }
+
+    #[test]
+    fn command_kinds_agree_on_names_bits_and_slots() {
+        let mut bits = 0u8;
+        for (slot, kind) in CommandKind::ALL.into_iter().enumerate() {
+            assert_eq!(kind.slot(), slot);
+            match kind.capability_bit() {
+                Some(bit) => {
+                    assert_eq!(CommandKind::builtin(kind.name()), Some(kind));
+                    assert_eq!(bits & bit, 0, "{kind:?} shares a capability bit");
+                    bits |= bit;
+                }
+                None => assert_eq!(kind, CommandKind::Custom),
+            }
+        }
+        assert_eq!(CommandKind::BUILTINS.len() + 1, CommandKind::ALL.len());
+        assert_eq!(CommandKind::builtin("custom"), None, "`custom` is not a built-in's name");
+        let send = Command::Send { to: Pid::HOST, topic: "t".into(), body: Payload::text("body") };
+        assert_eq!((send.kind(), send.name(), send.payload_size()), (CommandKind::Send, "send", 5));
+        let custom = Command::Custom { name: "db.get".into(), payload: Payload::bytes([1, 2]) };
+        assert_eq!((custom.kind(), custom.name(), custom.payload_size()), (CommandKind::Custom, "db.get", 2));
     }
 
     #[test]

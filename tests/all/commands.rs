@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use wasmproc::Scheduler;
-use wasmproc::wasm::{COMMAND_ENTRY, Command, CommandOptions, Config, Program, Runtime, exit_code};
+use wasmproc::wasm::{COMMAND_ENTRY, Config, Program, Runtime, WasiOptions, WasiProgram, exit_code};
 use wasmproc_tests::HANG;
 
 const HELLO: &str = env!("GUEST_HELLO");
@@ -26,9 +26,9 @@ fn module(body: &str) -> Vec<u8> {
     wat::parse_str(wat).expect("valid WAT")
 }
 
-fn command(runtime: &Runtime, bytes: &[u8]) -> Command {
+fn command(runtime: &Runtime, bytes: &[u8]) -> WasiProgram {
     match runtime.load_program_bytes(bytes).expect("the program loads") {
-        Program::Command(command) => command,
+        Program::Wasi(command) => command,
         Program::Process(_) => panic!("a core module with `_start` is a WASI command"),
     }
 }
@@ -62,7 +62,7 @@ fn a_start_function_that_exits_ends_the_program_with_its_code() {
         &module(r#"(func $init (call $proc_exit (i32.const 5))) (start $init) (func (export "_start") unreachable)"#),
     );
     let s = Scheduler::builder().workers(1).build().expect("the scheduler starts");
-    let process = s.spawn(program.process(CommandOptions::new()), COMMAND_ENTRY, vec![]).expect("the spawn succeeds");
+    let process = s.spawn(program.process(WasiOptions::new()), COMMAND_ENTRY, vec![]).expect("the spawn succeeds");
     let result = process.join_timeout(HANG).expect("it ends").expect("an exit is a result, not an error");
     assert_eq!(exit_code(&result), Some(5), "the start function's exit code, and `_start` never ran");
     s.stop(Duration::from_secs(1));
@@ -74,7 +74,7 @@ fn an_endless_start_function_is_stopped_at_the_init_time_limit() {
     let program =
         command(&runtime, &module(r#"(func $init (loop $l (br $l))) (start $init) (func (export "_start"))"#));
     let s = Scheduler::builder().workers(1).build().expect("the scheduler starts");
-    let error = s.spawn(program.process(CommandOptions::new()), COMMAND_ENTRY, vec![]).map(|_| ()).unwrap_err();
+    let error = s.spawn(program.process(WasiOptions::new()), COMMAND_ENTRY, vec![]).map(|_| ()).unwrap_err();
     assert!(error.to_string().contains("init time limit exceeded"), "{error}");
     assert!(error.to_string().contains("`init_time_limit` of 50ms"), "{error}");
     s.stop(Duration::from_secs(1));
@@ -92,7 +92,7 @@ fn an_endless_program_is_preempted_so_others_run_on_its_worker() {
         .expect("the scheduler starts");
     // Both ways in: with options, and as a kind (the default options: no time limit).
     let spinners = [
-        s.spawn(spin.process(CommandOptions::new()), COMMAND_ENTRY, vec![]).expect("the spinner starts"),
+        s.spawn(spin.process(WasiOptions::new()), COMMAND_ENTRY, vec![]).expect("the spinner starts"),
         s.spawn_kind("spin", COMMAND_ENTRY, vec![]).expect("the kind starts"),
     ];
     for n in 0..20u32 {
@@ -115,19 +115,19 @@ fn an_endless_program_is_ended_at_its_time_limit_or_cpu_budget() {
     let limit = runtime(Config::default().time_slice(Duration::from_millis(5)));
     let unpreempted = runtime(Config::default().preemption(false));
     let s = Scheduler::builder().workers(2).build().expect("the scheduler starts");
-    let run = |runtime: &Runtime, options: CommandOptions| {
+    let run = |runtime: &Runtime, options: WasiOptions| {
         let process = s.spawn(command(runtime, &module(SPIN)).process(options), COMMAND_ENTRY, vec![]).unwrap();
         process.join_timeout(HANG).expect("the program is stopped").unwrap_err()
     };
     assert_eq!(
-        run(&budget, CommandOptions::new()),
+        run(&budget, WasiOptions::new()),
         "CPU budget exceeded: the process ran for longer than its `cpu_budget` of 60ms and was stopped"
     );
     let ms = Duration::from_millis(40);
     let expected = "time limit exceeded: the program ran longer than 40ms";
-    assert_eq!(run(&limit, CommandOptions::new().time_limit(ms)), expected, "checked at epoch ticks, with preemption");
+    assert_eq!(run(&limit, WasiOptions::new().time_limit(ms)), expected, "checked at epoch ticks, with preemption");
     assert_eq!(
-        run(&unpreempted, CommandOptions::new().time_limit(ms)),
+        run(&unpreempted, WasiOptions::new().time_limit(ms)),
         expected,
         "checked at epoch ticks, without preemption"
     );

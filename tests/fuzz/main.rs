@@ -23,7 +23,7 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config as ProptestConfig, FileFailurePersistence, TestCaseError, TestRunner};
 use wasmproc::wasm::{
-    COMMAND_ENTRY, Command, CommandOptions, Component, Config, LogRecord, Program, ProgramKind, Runtime, exit_code,
+    COMMAND_ENTRY, Component, Config, LogRecord, Program, ProgramKind, Runtime, WasiOptions, WasiProgram, exit_code,
 };
 use wasmproc::{Capabilities, Format, Payload, Pid, ProcessHandle, Scheduler, SpawnOptions};
 use wasmproc_tests::HANG;
@@ -255,10 +255,10 @@ fn hostile() -> &'static Component {
     HOSTILE_COMPONENT.get_or_init(|| load(HOSTILE))
 }
 
-fn wasi_cli() -> &'static Command {
-    static WASI_CLI_COMMAND: OnceLock<Command> = OnceLock::new();
+fn wasi_cli() -> &'static WasiProgram {
+    static WASI_CLI_COMMAND: OnceLock<WasiProgram> = OnceLock::new();
     WASI_CLI_COMMAND.get_or_init(|| match runtime().load_program(WASI_CLI) {
-        Ok(Program::Command(command)) => command,
+        Ok(Program::Wasi(command)) => command,
         other => panic!("`{WASI_CLI}` should load as a WASI command: {other:?}"),
     })
 }
@@ -316,8 +316,8 @@ fn ends(context: &str, process: &ProcessHandle) -> Result<String, TestCaseError>
 }
 
 /// Runs a loaded WASI program to its end on `scheduler`, with a time limit.
-fn run_command(scheduler: &Scheduler, command: &Command) -> Result<String, TestCaseError> {
-    let process = command.process(CommandOptions::new().args(["fuzz"]).time_limit(COMMAND_TIME_LIMIT));
+fn run_command(scheduler: &Scheduler, command: &WasiProgram) -> Result<String, TestCaseError> {
+    let process = command.process(WasiOptions::new().args(["fuzz"]).time_limit(COMMAND_TIME_LIMIT));
     match scheduler.spawn(process, COMMAND_ENTRY, vec![]) {
         Ok(process) => ends("the WASI program", &process),
         Err(e) => {
@@ -472,7 +472,7 @@ fn check_module(bytes: &[u8]) -> Result<String, TestCaseError> {
         prop_assert!(false, "inspect failed ({:#}) where load_program_bytes succeeded", e);
     }
     let outcome = match &program {
-        Ok(Program::Command(command)) => {
+        Ok(Program::Wasi(command)) => {
             if let Ok(inspection) = &inspection {
                 prop_assert_eq!(inspection.kind, ProgramKind::WasiModule);
             }
@@ -494,8 +494,8 @@ fn check_module(bytes: &[u8]) -> Result<String, TestCaseError> {
             let reloaded = runtime.load_program_bytes(&file);
             check_err("load_program_bytes (precompiled)", &reloaded)?;
             prop_assert_eq!(
-                matches!(reloaded, Ok(Program::Command(_))),
-                matches!(program, Ok(Program::Command(_))),
+                matches!(reloaded, Ok(Program::Wasi(_))),
+                matches!(program, Ok(Program::Wasi(_))),
                 "the precompiled file loads as another kind of program"
             );
         }
@@ -731,7 +731,7 @@ fn check_bytes(bytes: &[u8], tally: &Tally) -> Result<String, TestCaseError> {
     }
     Ok(match &program {
         Ok(Program::Process(_)) => "loaded as a process".to_owned(),
-        Ok(Program::Command(command)) => {
+        Ok(Program::Wasi(command)) => {
             format!("a WASI command that {}", run_command(mutations_scheduler(), command)?)
         }
         Err(e) => format!("refused: {}", kind_of(&format!("{e:#}"))),
@@ -923,7 +923,7 @@ fn run_ops(ops: &[Op], grace: Duration, tally: &Tally) -> Result<(), TestCaseErr
                 Some(scheduler.spawn_with(Box::new(component.process()), options))
             }
             Op::SpawnCommand { args } => {
-                let options = CommandOptions::new()
+                let options = WasiOptions::new()
                     .args(std::iter::once("wasi-cli".to_owned()).chain(args.iter().cloned()))
                     .time_limit(Duration::from_millis(100));
                 Some(scheduler.spawn(wasi_cli().process(options), COMMAND_ENTRY, vec![]))

@@ -1,74 +1,100 @@
 //! `wasmproc inspect`: what a program is and whether it can run, without running it.
 //! Exits 0 when it can run, 3 when it cannot (the output says why).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use clap::Args;
 
 use serde_json::json;
 
+use super::input::read_app;
 use super::output::print_now;
 use super::units::count;
-use super::{Exit, Failure, InspectArgs, read_app, runtime};
+use super::{EngineArgs, Exit, Failure, runtime};
 
-pub(super) fn inspect(args: InspectArgs) -> Result<ExitCode, Failure> {
-    let bytes = read_app(&args.app, args.engine.max_module_size as u64)?;
-    // Inspecting instantiates a process component once (to ask for its `entries`): one
-    // arena slot, not `max_instances`' address space (which `ulimit -v` would refuse).
-    let runtime = runtime(args.engine.config().max_instances(1))?;
-    let found = runtime.inspect(&bytes).map_err(|e| Failure::from_error(Exit::BadModule, &e))?;
-    let compiled = if found.precompiled {
-        "precompiled (loads without compiling)".to_owned()
-    } else {
-        match (&found.cache_entry, found.cached) {
-            (Some(entry), true) => format!("in the disk cache ({})", entry.display()),
-            (Some(entry), false) => format!("was not cached; compiled now and cached ({})", entry.display()),
-            (None, _) if args.engine.no_cache => "not cached (--no-cache)".to_owned(),
-            (None, _) => "compiled now, not cached (the disk cache is not in use: see the warning)".to_owned(),
-        }
-    };
-    let text = if args.json {
-        let object = json!({
-            "file": args.app.display().to_string(),
-            "size": found.size,
-            "sha256": found.sha256,
-            "compiled_from_sha256": found.source_sha256,
-            "kind": found.kind.describe(),
-            "runnable": found.problem.is_none(),
-            "problem": found.problem,
-            "entries": found.entries,
-            "imports": found.imports,
-            "exports": found.exports,
-            "precompiled": found.precompiled,
-            "cached": found.cached,
-            "cache_entry": found.cache_entry.as_ref().map(|p| p.display().to_string()),
-        });
-        format!("{object:#}\n")
-    } else {
-        let list = |items: &[String]| if items.is_empty() { "(none)".to_owned() } else { items.join("\n           ") };
-        let runnable = match &found.problem {
-            None => "yes".to_owned(),
-            Some(problem) => format!("no: {problem}"),
+/// `wasmproc inspect`'s flags.
+#[derive(Args, Debug)]
+pub(super) struct Inspect {
+    /// The program to describe (Wasm, or a file made by `wasmproc compile`).
+    #[arg(value_name = "APP.wasm")]
+    app: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+impl Inspect {
+    /// Describes the program; see the module docs for the exit code.
+    pub(super) fn execute(self) -> Result<ExitCode, Failure> {
+        let bytes = read_app(&self.app, self.engine.max_module_size as u64)?;
+        // Inspecting instantiates a process component once (to ask for its `entries`): one
+        // arena slot, not `max_instances`' address space (which `ulimit -v` would refuse).
+        let runtime = runtime(self.engine.config().max_instances(1))?;
+        let found = runtime.inspect(&bytes).map_err(|e| Failure::from_error(Exit::BadModule, &e))?;
+        let compiled = if found.precompiled {
+            "precompiled (loads without compiling)".to_owned()
+        } else {
+            match (&found.cache_entry, found.cached) {
+                (Some(entry), true) => format!("in the disk cache ({})", entry.display()),
+                (Some(entry), false) => format!("was not cached; compiled now and cached ({})", entry.display()),
+                (None, _) if self.engine.no_cache => "not cached (--no-cache)".to_owned(),
+                (None, _) => "compiled now, not cached (the disk cache is not in use: see the warning)".to_owned(),
+            }
         };
-        let entries = if found.entries.is_empty() { "(none)".to_owned() } else { found.entries.join(", ") };
-        // A precompiled file's own hash is the file's; the hash of its source is what its
-        // header says, shown apart so that neither passes for the other.
-        let source = found.source_sha256.as_ref().map(|source| format!("source:    compiled from sha256 {source}"));
-        [
-            Some(format!("file:      {} ({} bytes, sha256 {})", args.app.display(), count(found.size), found.sha256)),
-            source,
-            Some(format!("kind:      {}", found.kind.describe())),
-            Some(format!("runnable:  {runnable}")),
-            Some(format!("entries:   {entries}")),
-            Some(format!("imports:   {}", list(&found.imports))),
-            Some(format!("exports:   {}", list(&found.exports))),
-            Some(format!("compiled:  {compiled}\n")),
-        ]
-        .into_iter()
-        .flatten()
-        .collect::<Vec<_>>()
-        .join("\n")
-    };
-    if print_now(&text).is_err() {
-        return Ok(Exit::StdoutClosed.into());
+        let text = if self.json {
+            let object = json!({
+                "file": self.app.display().to_string(),
+                "size": found.size,
+                "sha256": found.sha256,
+                "compiled_from_sha256": found.source_sha256,
+                "kind": found.kind.describe(),
+                "runnable": found.problem.is_none(),
+                "problem": found.problem,
+                "entries": found.entries,
+                "imports": found.imports,
+                "exports": found.exports,
+                "precompiled": found.precompiled,
+                "cached": found.cached,
+                "cache_entry": found.cache_entry.as_ref().map(|p| p.display().to_string()),
+            });
+            format!("{object:#}\n")
+        } else {
+            let list =
+                |items: &[String]| if items.is_empty() { "(none)".to_owned() } else { items.join("\n           ") };
+            let runnable = match &found.problem {
+                None => "yes".to_owned(),
+                Some(problem) => format!("no: {problem}"),
+            };
+            let entries = if found.entries.is_empty() { "(none)".to_owned() } else { found.entries.join(", ") };
+            // A precompiled file's own hash is the file's; the hash of its source is what its
+            // header says, shown apart so that neither passes for the other.
+            let source = found.source_sha256.as_ref().map(|source| format!("source:    compiled from sha256 {source}"));
+            [
+                Some(format!(
+                    "file:      {} ({} bytes, sha256 {})",
+                    self.app.display(),
+                    count(found.size),
+                    found.sha256
+                )),
+                source,
+                Some(format!("kind:      {}", found.kind.describe())),
+                Some(format!("runnable:  {runnable}")),
+                Some(format!("entries:   {entries}")),
+                Some(format!("imports:   {}", list(&found.imports))),
+                Some(format!("exports:   {}", list(&found.exports))),
+                Some(format!("compiled:  {compiled}\n")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join("\n")
+        };
+        if print_now(&text).is_err() {
+            return Ok(Exit::StdoutClosed.into());
+        }
+        Ok(if found.problem.is_none() { Exit::Success } else { Exit::BadModule }.into())
     }
-    Ok(if found.problem.is_none() { Exit::Success } else { Exit::BadModule }.into())
 }

@@ -11,22 +11,22 @@
 //! hold up its end: a step blocked outside Wasm (a WASI program writing to a pipe nobody
 //! reads) is left behind when the host exits.
 
-use std::io::{IsTerminal as _, Read as _};
+use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::thread;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
-use wasmproc::wasm::{COMMAND_ENTRY, CommandOptions, LogRecord, Program, exit_code};
-use wasmproc::{BUILTIN_COMMANDS, Capabilities, Format, Outcome, Payload, Scheduler, SpawnOptions, Stats};
+use clap::Args;
+use wasmproc::wasm::{COMMAND_ENTRY, LogRecord, Program, WasiOptions};
+use wasmproc::{BUILTIN_COMMANDS, Capabilities, Payload, ProcessHandle, Scheduler, SpawnOptions};
 
+use super::input::{payloads, read_app};
 use super::output::Output;
-use super::units::count;
-use super::{Exit, Failure, RunArgs, read_app, runtime};
+use super::report::{Progress, Report, Summary};
+use super::stop::Signals;
+use super::{EngineArgs, Exit, Failure, runtime, units};
 
 pub(super) const AFTER_HELP: &str = "\
 Examples:
@@ -42,387 +42,256 @@ Sandbox defaults: 64MiB of memory for each process, steps preempted every 10ms, 
 fuel limit, no files, no environment, no network; the commands sleep, spawn, send and
 monitor are granted, terminate is not (--allow terminate).";
 
-/// How long a run that was stopped waits for its output to be written, past its
-/// `--timeout`, before it exits all the same: a stream nobody reads cannot hold it.
-const FLUSH_AFTER_STOP: Duration = Duration::from_millis(200);
-
-/// How long, after the grace period and the terminations, a stopped run waits for its
-/// workers' steps to return before exiting without them: a step blocked in a write to a
-/// stream nobody reads (a WASI command's own stdout) never returns.
-const STEPS_AFTER_STOP: Duration = Duration::from_millis(200);
-
-/// How long a stopped run waits for the entry process's result to reach it once the
-/// process has ended (or for good, if a step is stuck).
-const JOIN_AFTER_STOP: Duration = Duration::from_millis(200);
-
-/// How long after the entry process ends the run waits quietly for the processes it
-/// spawned before saying that it is still waiting.
-const NOTICE_AFTER: Duration = Duration::from_secs(2);
-
-enum Signal {
-    /// The entry process ended with this.
-    Done(Outcome),
-    /// SIGINT, SIGTERM or SIGHUP: the first one (a second ends the host at once).
-    Stop(i32),
+/// `wasmproc run`'s flags: the run to make.
+#[derive(Args, Debug)]
+pub(super) struct Run {
+    /// The program: a component of the wasmproc:process world, a WASI command
+    /// (a wasi:cli/run component or a preview 1 module with _start), or a file made by
+    /// `wasmproc compile`.
+    #[arg(value_name = "APP.wasm")]
+    app: PathBuf,
+    /// The entry method the first process starts in. [default: main; run for a WASI
+    /// command]
+    #[arg(long, short, value_name = "NAME")]
+    method: Option<String>,
+    /// An input payload, as JSON. Repeat for several; SDK entries take the first.
+    #[arg(long = "input", short, value_name = "JSON")]
+    inputs: Vec<String>,
+    /// Read an input payload (JSON) from FILE, or from stdin with `-`. Comes after the
+    /// --input payloads.
+    #[arg(long, value_name = "FILE")]
+    input_file: Option<PathBuf>,
+    /// Worker threads. [default: one per core]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    workers: Option<u32>,
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// How long a step runs before it is preempted: suspended and queued behind the
+    /// processes waiting, so a busy or looping process never holds a worker (a bare
+    /// number is milliseconds). While others wait, a step yields sooner, at the next
+    /// 1 ms tick. A WASI command's run is preempted the same way.
+    #[arg(long, value_name = "DURATION", default_value = "10ms", value_parser = units::millis)]
+    time_slice: Duration,
+    /// A step past its time slice fails its process instead of being preempted. Steps
+    /// are cheaper without preemption (see BENCHMARKS.md): for trusted guests only.
+    #[arg(long)]
+    no_preemption: bool,
+    /// Total CPU time each process may use over its life (e.g. 2s); a process past it
+    /// fails. Bounds a looping process, which preemption alone lets live.
+    /// [default: unlimited]
+    #[arg(long, value_name = "DURATION", value_parser = units::duration)]
+    cpu_budget: Option<Duration>,
+    /// Stop everything after DURATION (e.g. 30s, 5m): cancel every process, give them
+    /// --grace to end, then terminate the rest. Exit code 4; a result the entry process
+    /// gave before is printed all the same. [default: no limit]
+    #[arg(long, value_name = "DURATION", value_parser = units::duration)]
+    timeout: Option<Duration>,
+    /// How long a stopped run (--timeout, Ctrl-C, SIGTERM, SIGHUP) gives its processes to
+    /// end once cancelled, before it terminates them.
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = units::duration)]
+    grace: Duration,
+    /// The most processes alive at once; spawns past it fail (in the spawning process).
+    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    max_processes: u32,
+    /// The most live children one process may have; a spawn past it ends that process.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    max_children: usize,
+    /// The most commands one step may yield; a step past it ends its process.
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    max_yields: u32,
+    /// The largest payload a process may send, spawn with, pass to a command or return,
+    /// e.g. 16MiB; past it the process ends.
+    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = units::size)]
+    max_payload: usize,
+    /// Messages a process's mailbox holds; a send to a full mailbox fails for the sender.
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    mailbox: u32,
+    /// Grant a command to every process (repeatable). Granted by default: sleep, spawn,
+    /// send, monitor. Not granted unless allowed: terminate.
+    #[arg(long = "allow", value_name = "COMMAND")]
+    allow: Vec<String>,
+    /// Withdraw a granted command (repeatable), e.g. --deny spawn.
+    #[arg(long = "deny", value_name = "COMMAND")]
+    deny: Vec<String>,
+    /// WASI commands only: give the program the host directory HOST, read-only, as
+    /// GUEST (default: the same path). Repeatable.
+    #[arg(long, value_name = "HOST[::GUEST]")]
+    dir: Vec<String>,
+    /// WASI commands only: as --dir, writable. The program may create symbolic links
+    /// in it that point anywhere: it cannot follow them out of the directory, but a host
+    /// tool that later walks the directory following links would (see SECURITY.md).
+    #[arg(long, value_name = "HOST[::GUEST]")]
+    dir_rw: Vec<String>,
+    /// WASI commands only: set NAME=VALUE in the program's environment, or pass NAME
+    /// through from the host's. Repeatable.
+    #[arg(long, value_name = "NAME[=VALUE]")]
+    env: Vec<String>,
+    /// Print a summary at exit (stderr, or in the --json object): processes, steps,
+    /// yields by command, messages, steals, per-worker steps, peak live, wall time.
+    #[arg(long)]
+    stats: bool,
+    /// Show a live status line on stderr while running (only when stderr is a terminal).
+    #[arg(long)]
+    progress: bool,
+    /// Print one JSON object on stdout: {"ok": RESULT} or {"error": MESSAGE} (a WASI
+    /// command: {"exit_code": N}), with "stats" when --stats is given.
+    #[arg(long)]
+    json: bool,
+    /// WASI commands only: the program's arguments (after `--`); its argv[0] is the
+    /// file name.
+    #[arg(last = true, value_name = "ARGS")]
+    args: Vec<String>,
 }
 
-/// Why a run was stopped before everything in it ended.
-#[derive(Clone, Copy)]
-enum Stop {
-    Timeout(Duration),
-    Signal(i32),
-}
-
-impl Stop {
-    fn exit(self) -> Exit {
-        match self {
-            Stop::Timeout(_) => Exit::Timeout,
-            Stop::Signal(signal_hook::consts::SIGHUP) => Exit::HungUp,
-            Stop::Signal(signal_hook::consts::SIGTERM) => Exit::Terminated,
-            Stop::Signal(_) => Exit::Interrupted,
-        }
-    }
-
-    /// The cancel reason processes get, and the error of an entry process that had no
-    /// result.
-    fn reason(self) -> String {
-        match self {
-            Stop::Timeout(timeout) => format!("timed out after {}", humantime::format_duration(timeout)),
-            Stop::Signal(signal_hook::consts::SIGHUP) => "hung up (SIGHUP)".to_owned(),
-            Stop::Signal(signal_hook::consts::SIGTERM) => "terminated (SIGTERM)".to_owned(),
-            Stop::Signal(_) => "interrupted".to_owned(),
-        }
-    }
-
-    /// What the `--json` object says in its `"stopped"` field.
-    fn name(self) -> &'static str {
-        match self {
-            Stop::Timeout(_) => "timeout",
-            Stop::Signal(signal_hook::consts::SIGHUP) => "SIGHUP",
-            Stop::Signal(signal_hook::consts::SIGTERM) => "SIGTERM",
-            Stop::Signal(_) => "SIGINT",
-        }
-    }
-}
-
-pub(super) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
-    let start = Instant::now();
-    let out = Output::start();
-    let (tx, rx) = mpsc::channel();
-    let started = Arc::new(AtomicBool::new(false));
-    listen_for_signals(tx.clone(), started.clone())?;
-    let inputs = inputs(&args)?;
-    let caps = capabilities(&args)?;
-    let bytes = read_app(&args.app, args.engine.max_module_size as u64)?;
-    let guest_out = out.clone();
-    let mut config = args
-        .engine
-        .config()
-        .time_slice(args.time_slice)
-        .preemption(!args.no_preemption)
-        .max_instances(args.max_processes)
-        .log_sink(move |record: &LogRecord<'_>| guest_out.guest_line(&record.to_string()));
-    if let Some(budget) = args.cpu_budget {
-        config = config.cpu_budget(budget);
-    }
-    let runtime = runtime(config)?;
-    let program = runtime
-        .load_program_bytes(&bytes)
-        .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{}`: {e:#}", args.app.display())))?;
-    drop(bytes);
-
-    let mut builder = Scheduler::builder()
-        .capabilities(caps)
-        .max_processes(args.max_processes as usize)
-        .max_children(args.max_children)
-        .max_yields_per_step(args.max_yields as usize)
-        .max_payload_size(args.max_payload)
-        .mailbox_capacity(args.mailbox as usize);
-    if let Some(workers) = args.workers {
-        builder = builder.workers(workers as usize);
-    }
-    let interrupt = Arc::new(AtomicBool::new(false));
-    let (root, is_command) = match program {
-        Program::Process(component) => {
-            refuse_command_flags(&args)?;
-            let method = args.method.clone().unwrap_or_else(|| "main".to_owned());
-            if !component.entries().contains(&method) {
-                return Err(Failure::new(
-                    Exit::Usage,
-                    format!(
-                        "`{}` has no entry method `{method}`: pass --method with one of: {}",
-                        args.app.display(),
-                        component.entries().join(", ")
-                    ),
-                ));
-            }
-            builder = builder.kind("app", component.clone());
-            (Root::Process { method, inputs }, false)
-        }
-        Program::Command(command) => {
-            if let Some(method) = args.method.as_ref().filter(|m| *m != COMMAND_ENTRY) {
-                return Err(Failure::new(
-                    Exit::Usage,
-                    format!(
-                        "`{}` is a WASI command: it has no entry method `{method}` (drop --method)",
-                        args.app.display()
-                    ),
-                ));
-            }
-            if !inputs.is_empty() {
-                return Err(Failure::new(
-                    Exit::Usage,
-                    "a WASI command takes no --input: pass its arguments after `--`".to_owned(),
-                ));
-            }
-            let options = command_options(&args, interrupt.clone())?;
-            (Root::Command(Box::new(command.process(options))), true)
-        }
-    };
-    let scheduler =
-        builder.build().map_err(|e| Failure::new(Exit::Host, format!("cannot start the scheduler: {e:#}")))?;
-    started.store(true, Ordering::SeqCst);
-    let process = match root {
-        Root::Process { method, inputs } => scheduler.spawn_kind("app", &method, inputs),
-        Root::Command(process) => scheduler.spawn_with(process, SpawnOptions::new(COMMAND_ENTRY)),
-    };
-    let process = match process {
-        Ok(process) => process,
-        Err(e) => {
-            scheduler.stop(Duration::ZERO);
-            let run = Run { args: &args, out: &out, is_command, summary: None };
-            return Ok(run.finish(Some(Err(format!("the process could not start: {e}"))), None, None));
-        }
-    };
-
-    // Stays blocked in `join` if the run ends early; the process's end (at shutdown at
-    // the latest) releases it, and the send to a dropped channel is ignored.
-    thread::spawn(move || {
-        let _ = tx.send(Signal::Done(process.join()));
-    });
-    let progress = (args.progress && std::io::stderr().is_terminal()).then(|| Progress::start(&scheduler, &out, start));
-    // A deadline past what `Instant` holds is no deadline.
-    let deadline = args.timeout.and_then(|timeout| start.checked_add(timeout));
-
-    let (mut root, stop) = match wait_for_root(&rx, deadline, args.timeout) {
-        Ok(outcome) => (Some(outcome), wait_for_rest(&scheduler, &rx, deadline, args.timeout, &out).err()),
-        Err(early) => (None, Some(early)),
-    };
-    if let Some(stop) = stop {
-        let what = match stop {
-            Stop::Timeout(_) => stop.reason(),
-            Stop::Signal(_) => format!("{} (again to force)", stop.reason()),
-        };
-        out.line(format!("wasmproc: {what}: stopping {}", processes(scheduler.live())));
-        interrupt.store(true, Ordering::Relaxed);
-        stop_gracefully(&scheduler, &rx, &stop.reason(), args.grace, &out);
-        // An entry process that ended when cancelled (or terminated) did so just now; its
-        // joining thread sends its result soon after, unless a step is stuck for good.
-        let until = Instant::now() + JOIN_AFTER_STOP;
-        while root.is_none() {
-            match recv(&rx, Some(until)) {
-                Ok(Signal::Done(outcome)) => root = Some(outcome),
-                Ok(Signal::Stop(_)) => {}
-                Err(_) => break,
-            }
-        }
-    }
-    let stats = scheduler.stats();
-    if stop.is_none() || scheduler.wait_idle(Some(STEPS_AFTER_STOP)) {
-        scheduler.stop(Duration::ZERO);
-    } else {
-        // A step that never returns (blocked in a system call) would hold `stop` for
-        // good; the host exits without joining its workers instead.
-        out.line("wasmproc: exiting with steps still running (blocked outside Wasm)");
-        std::mem::forget(scheduler);
-    }
-    if let Some(progress) = progress {
-        progress.finish();
-    }
-    let summary = args.stats.then(|| Summary { stats, wall: start.elapsed(), dropped: out.dropped() });
-    let run = Run { args: &args, out: &out, is_command, summary };
-    let flush_by = stop.map(|_| Instant::now() + FLUSH_AFTER_STOP).or(deadline);
-    Ok(run.finish(root, stop, flush_by))
-}
-
+/// The entry process, ready to spawn.
 enum Root {
     Process { method: String, inputs: Vec<Payload> },
-    Command(Box<wasmproc::wasm::CommandProcess>),
+    Command(Box<wasmproc::wasm::WasiProcess>),
 }
 
-/// Forwards SIGINT, SIGTERM and SIGHUP to the run's channel from a thread of its own.
-/// The first one stops the run gracefully; a second, or one that comes before any
-/// process has started (while compiling, say), ends the host at once with its exit code.
-fn listen_for_signals(tx: mpsc::Sender<Signal>, started: Arc<AtomicBool>) -> Result<(), Failure> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
-        .map_err(|e| Failure::new(Exit::Host, format!("cannot handle signals: {e}")))?;
-    thread::Builder::new()
-        .name("wasmproc-signals".to_owned())
-        .spawn(move || {
-            let mut first = true;
-            for signal in signals.forever() {
-                if !first || !started.load(Ordering::SeqCst) {
-                    std::process::exit(128 + signal);
-                }
-                first = false;
-                let _ = tx.send(Signal::Stop(signal));
+impl Run {
+    /// Loads the program, spawns its entry process, waits for it and everything it
+    /// spawned (or for what stops the run first), and reports.
+    pub(super) fn execute(self) -> Result<ExitCode, Failure> {
+        let start = Instant::now();
+        let out = Output::start();
+        let signals = Signals::listen()?;
+        let inputs = payloads(&self.inputs, self.input_file.as_deref(), self.max_payload)?;
+        let interrupt = Arc::new(AtomicBool::new(false));
+        let (scheduler, root) = self.prepare(inputs, &out, &interrupt)?;
+        signals.started();
+        let report = Report::new(self.json, &out, matches!(root, Root::Command(_)));
+        let process = match root.spawn(&scheduler) {
+            Ok(process) => process,
+            Err(e) => {
+                scheduler.stop(Duration::ZERO);
+                return Ok(report.finish(Some(Err(format!("the process could not start: {e}"))), None, None));
             }
-        })
-        .map_err(|e| Failure::new(Exit::Host, format!("cannot start the signal thread: {e}")))?;
-    Ok(())
-}
-
-fn recv(rx: &mpsc::Receiver<Signal>, until: Option<Instant>) -> Result<Signal, RecvTimeoutError> {
-    match until {
-        Some(at) => rx.recv_timeout(at.saturating_duration_since(Instant::now())),
-        None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        signals.forward_end_of(process);
+        let progress =
+            (self.progress && std::io::stderr().is_terminal()).then(|| Progress::start(&scheduler, &out, start));
+        // A deadline past what `Instant` holds is no deadline.
+        let deadline = self.timeout.and_then(|timeout| start.checked_add(timeout));
+        let (root, stop) = signals.wait(&scheduler, deadline, self.timeout, &out);
+        let root = match stop {
+            Some(stop) => {
+                interrupt.store(true, Ordering::Relaxed);
+                signals.stop_gracefully(&scheduler, stop, self.grace, &out, root)
+            }
+            None => root,
+        };
+        let stats = scheduler.stats();
+        super::stop::shut_down(scheduler, stop.is_some(), &out);
+        if let Some(progress) = progress {
+            progress.finish();
+        }
+        let summary = self.stats.then(|| Summary::new(stats, start.elapsed(), out.dropped()));
+        let flush_by = stop.map(|_| Instant::now() + super::stop::FLUSH_AFTER_STOP).or(deadline);
+        Ok(report.with_summary(summary).finish(root, stop, flush_by))
     }
-}
 
-/// Waits for the entry process's end, or for what stops the run first.
-fn wait_for_root(
-    rx: &mpsc::Receiver<Signal>,
-    deadline: Option<Instant>,
-    timeout: Option<Duration>,
-) -> Result<Outcome, Stop> {
-    match recv(rx, deadline) {
-        Ok(Signal::Done(outcome)) => Ok(outcome),
-        Ok(Signal::Stop(signal)) => Err(Stop::Signal(signal)),
-        Err(RecvTimeoutError::Timeout) => Err(Stop::Timeout(timeout.unwrap_or_default())),
-        // The joining thread always sends before it ends.
-        Err(RecvTimeoutError::Disconnected) => Ok(Err("the entry process vanished".to_owned())),
+    /// Reads and loads the program, and builds the scheduler that runs it, with the
+    /// entry process to spawn on it.
+    fn prepare(
+        &self,
+        inputs: Vec<Payload>,
+        out: &Output,
+        interrupt: &Arc<AtomicBool>,
+    ) -> Result<(Scheduler, Root), Failure> {
+        let caps = capabilities(self)?;
+        let bytes = read_app(&self.app, self.engine.max_module_size as u64)?;
+        let guest_out = out.clone();
+        let mut config = self
+            .engine
+            .config()
+            .time_slice(self.time_slice)
+            .preemption(!self.no_preemption)
+            .max_instances(self.max_processes)
+            .log_sink(move |record: &LogRecord<'_>| guest_out.guest_line(&record.to_string()));
+        if let Some(budget) = self.cpu_budget {
+            config = config.cpu_budget(budget);
+        }
+        let program = runtime(config)?
+            .load_program_bytes(&bytes)
+            .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{}`: {e:#}", self.app.display())))?;
+        let mut builder = Scheduler::builder()
+            .capabilities(caps)
+            .max_processes(self.max_processes as usize)
+            .max_children(self.max_children)
+            .max_yields_per_step(self.max_yields as usize)
+            .max_payload_size(self.max_payload)
+            .mailbox_capacity(self.mailbox as usize);
+        if let Some(workers) = self.workers {
+            builder = builder.workers(workers as usize);
+        }
+        let root = match program {
+            Program::Process(component) => {
+                let method = self.entry_method(component.entries())?;
+                builder = builder.kind("app", component);
+                Root::Process { method, inputs }
+            }
+            Program::Wasi(command) => {
+                self.check_command_flags(&inputs)?;
+                Root::Command(Box::new(command.process(command_options(self, interrupt.clone())?)))
+            }
+        };
+        let scheduler =
+            builder.build().map_err(|e| Failure::new(Exit::Host, format!("cannot start the scheduler: {e:#}")))?;
+        Ok((scheduler, root))
     }
-}
 
-/// Waits for the processes the entry process left behind; `Ok` when all have ended.
-fn wait_for_rest(
-    scheduler: &Scheduler,
-    rx: &mpsc::Receiver<Signal>,
-    deadline: Option<Instant>,
-    timeout: Option<Duration>,
-    out: &Output,
-) -> Result<(), Stop> {
-    let since = Instant::now();
-    let mut noticed = false;
-    loop {
-        if scheduler.wait_idle(Some(Duration::from_millis(50))) {
-            return Ok(());
-        }
-        if let Ok(Signal::Stop(signal)) = rx.try_recv() {
-            return Err(Stop::Signal(signal));
-        }
-        if deadline.is_some_and(|at| Instant::now() >= at) {
-            return Err(Stop::Timeout(timeout.unwrap_or_default()));
-        }
-        if !noticed && since.elapsed() >= NOTICE_AFTER {
-            noticed = true;
-            out.line(format!(
-                "wasmproc: the entry process has ended; waiting for {} it spawned (Ctrl-C or --timeout to stop them)",
-                processes(scheduler.live())
+    /// The entry method of a process component: `--method`, else `main`, which must be
+    /// one of its `entries`.
+    fn entry_method(&self, entries: &[String]) -> Result<String, Failure> {
+        refuse_command_flags(self)?;
+        let method = self.method.clone().unwrap_or_else(|| "main".to_owned());
+        if !entries.contains(&method) {
+            return Err(Failure::new(
+                Exit::Usage,
+                format!(
+                    "`{}` has no entry method `{method}`: pass --method with one of: {}",
+                    self.app.display(),
+                    entries.join(", ")
+                ),
             ));
         }
+        Ok(method)
     }
-}
 
-/// Cancels every process, waits up to `grace` for them to end, then terminates the rest.
-/// A second signal never reaches here: it ends the host at once (`listen_for_signals`).
-fn stop_gracefully(scheduler: &Scheduler, rx: &mpsc::Receiver<Signal>, reason: &str, grace: Duration, out: &Output) {
-    scheduler.cancel_all(reason);
-    let until = Instant::now().checked_add(grace);
-    while until.is_none_or(|until| Instant::now() < until) {
-        if scheduler.wait_idle(Some(Duration::from_millis(20))) {
-            return;
-        }
-        // The entry process's end is picked up by the caller.
-        if let Ok(Signal::Stop(_)) = rx.try_recv() {
-            break;
-        }
-    }
-    let forced = scheduler.terminate_all("terminated: the run was stopped");
-    if forced > 0 {
-        out.line(format!("wasmproc: terminated {} that did not end when cancelled", processes(forced)));
-    }
-}
-
-/// "1 process", "3 processes".
-fn processes(n: usize) -> String {
-    if n == 1 { "1 process".to_owned() } else { format!("{} processes", count(n as u64)) }
-}
-
-/// The input payloads: each --input, then --input-file, each checked to be JSON and no
-/// larger than --max-payload (which the entry process's input is held to, as any
-/// payload), before anything is loaded.
-fn inputs(args: &RunArgs) -> Result<Vec<Payload>, Failure> {
-    let too_large = |what: String, len: Option<usize>| {
-        let size = len.map_or_else(String::new, |len| format!(" ({len} bytes)"));
-        Failure::new(
-            Exit::Usage,
-            format!("{what}{size} is larger than --max-payload ({} bytes): raise --max-payload", args.max_payload),
-        )
-    };
-    let mut payloads = Vec::new();
-    for (i, text) in args.inputs.iter().enumerate() {
-        if text.len() > args.max_payload {
-            return Err(too_large(format!("--input #{}", i + 1), Some(text.len())));
-        }
-        payloads.push(json_payload(text).map_err(|e| {
-            Failure::new(
+    /// Refuses what a WASI command does not take: an entry method other than `run`, and
+    /// input payloads.
+    fn check_command_flags(&self, inputs: &[Payload]) -> Result<(), Failure> {
+        if let Some(method) = self.method.as_ref().filter(|m| *m != COMMAND_ENTRY) {
+            return Err(Failure::new(
                 Exit::Usage,
-                format!("--input #{} is not valid JSON ({e}): quote strings, e.g. '\"text\"'", i + 1),
-            )
-        })?);
-    }
-    if let Some(path) = &args.input_file {
-        let shown = path.display();
-        let text = read_input_file(path, args.max_payload).map_err(|e| match e {
-            InputError::TooLarge(len) => too_large(format!("--input-file `{shown}`"), len),
-            InputError::Io(e) => Failure::new(Exit::Usage, format!("cannot read --input-file `{shown}`: {e}")),
-        })?;
-        payloads.push(
-            json_payload(&text)
-                .map_err(|e| Failure::new(Exit::Usage, format!("--input-file `{shown}` is not valid JSON: {e}")))?,
-        );
-    }
-    Ok(payloads)
-}
-
-fn json_payload(text: &str) -> Result<Payload, serde_json::Error> {
-    let value: Value = serde_json::from_str(text)?;
-    Payload::json(&value)
-}
-
-enum InputError {
-    /// More than the bound: this many bytes if the size is known (a regular file's).
-    TooLarge(Option<usize>),
-    Io(std::io::Error),
-}
-
-/// Reads an input file, or stdin for `-`, reading at most one byte past `max` whatever
-/// the file is (`/dev/urandom`, a pipe), so an endless input costs a bounded read.
-fn read_input_file(path: &Path, max: usize) -> Result<String, InputError> {
-    let bound = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
-    let mut bytes = Vec::new();
-    if path == Path::new("-") {
-        std::io::stdin().lock().take(bound).read_to_end(&mut bytes).map_err(InputError::Io)?;
-    } else {
-        let file = std::fs::File::open(path).map_err(InputError::Io)?;
-        if let Ok(metadata) = file.metadata()
-            && metadata.is_file()
-            && metadata.len() > max as u64
-        {
-            return Err(InputError::TooLarge(usize::try_from(metadata.len()).ok()));
+                format!(
+                    "`{}` is a WASI command: it has no entry method `{method}` (drop --method)",
+                    self.app.display()
+                ),
+            ));
         }
-        file.take(bound).read_to_end(&mut bytes).map_err(InputError::Io)?;
+        if !inputs.is_empty() {
+            return Err(Failure::new(
+                Exit::Usage,
+                "a WASI command takes no --input: pass its arguments after `--`".to_owned(),
+            ));
+        }
+        Ok(())
     }
-    if bytes.len() > max {
-        return Err(InputError::TooLarge(None));
+}
+
+impl Root {
+    fn spawn(self, scheduler: &Scheduler) -> Result<ProcessHandle, wasmproc::SpawnError> {
+        match self {
+            Root::Process { method, inputs } => scheduler.spawn_kind("app", &method, inputs),
+            Root::Command(process) => scheduler.spawn_with(process, SpawnOptions::new(COMMAND_ENTRY)),
+        }
     }
-    String::from_utf8(bytes).map_err(|e| InputError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
 }
 
 /// The grant set: the CLI's defaults, then --allow, then --deny.
-fn capabilities(args: &RunArgs) -> Result<Capabilities, Failure> {
+fn capabilities(args: &Run) -> Result<Capabilities, Failure> {
     let mut caps = Capabilities::default().deny("terminate");
     for (flag, names) in [("--allow", &args.allow), ("--deny", &args.deny)] {
         for name in names {
@@ -443,7 +312,7 @@ fn capabilities(args: &RunArgs) -> Result<Capabilities, Failure> {
 }
 
 /// Refuses the flags that only WASI commands take.
-fn refuse_command_flags(args: &RunArgs) -> Result<(), Failure> {
+fn refuse_command_flags(args: &Run) -> Result<(), Failure> {
     let given = [
         ("--dir", !args.dir.is_empty()),
         ("--dir-rw", !args.dir_rw.is_empty()),
@@ -462,9 +331,9 @@ fn refuse_command_flags(args: &RunArgs) -> Result<(), Failure> {
     }
 }
 
-fn command_options(args: &RunArgs, interrupt: Arc<AtomicBool>) -> Result<CommandOptions, Failure> {
+fn command_options(args: &Run, interrupt: Arc<AtomicBool>) -> Result<WasiOptions, Failure> {
     let name = args.app.file_name().map_or_else(|| "app".to_owned(), |n| n.to_string_lossy().into_owned());
-    let mut options = CommandOptions::new()
+    let mut options = WasiOptions::new()
         .args(std::iter::once(name).chain(args.args.iter().cloned()))
         .inherit_stdio()
         .interrupt(interrupt);
@@ -497,186 +366,4 @@ fn command_options(args: &RunArgs, interrupt: Arc<AtomicBool>) -> Result<Command
         }
     }
     Ok(options)
-}
-
-struct Summary {
-    stats: Stats,
-    wall: Duration,
-    /// Guest output lines dropped because stderr was not read fast enough.
-    dropped: u64,
-}
-
-impl Summary {
-    fn json(&self) -> Value {
-        let s = &self.stats;
-        json!({
-            "processes": s.spawned,
-            "peak_live": s.peak_live,
-            "steps": s.workers.iter().map(|w| w.executed).sum::<u64>(),
-            "yields": s.yields,
-            "yields_by_command": s.yields_by_command.iter().map(|(name, n)| (name.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
-            "messages": s.messages,
-            "undelivered": s.undelivered,
-            "hibernated": s.hibernated,
-            "steals": s.workers.iter().map(|w| w.steals).sum::<u64>(),
-            "workers": s.workers.iter().map(|w| json!({"steps": w.executed, "steals": w.steals, "stolen": w.stolen})).collect::<Vec<_>>(),
-            "log_lines_dropped": self.dropped,
-            "wall_ms": self.wall.as_secs_f64() * 1e3,
-        })
-    }
-
-    fn lines(&self) -> Vec<String> {
-        let s = &self.stats;
-        let steps: u64 = s.workers.iter().map(|w| w.executed).sum();
-        let by: Vec<String> = s
-            .yields_by_command
-            .iter()
-            .filter(|(_, n)| *n > 0)
-            .map(|(name, n)| format!("{name} {}", count(*n)))
-            .collect();
-        let mut lines = vec![
-            "── wasmproc stats ──".to_owned(),
-            format!("processes   {} (peak {} alive at once)", count(s.spawned), count(s.peak_live as u64)),
-            format!("steps       {}", count(steps)),
-            format!(
-                "yields      {}{}",
-                count(s.yields),
-                if by.is_empty() { String::new() } else { format!(": {}", by.join(", ")) }
-            ),
-            format!("messages    {} delivered, {} never read", count(s.messages), count(s.undelivered)),
-            format!("hibernated  {} (waiting processes that gave memory back)", count(s.hibernated)),
-            format!("steals      {}", count(s.workers.iter().map(|w| w.steals).sum())),
-        ];
-        for (i, w) in s.workers.iter().enumerate() {
-            lines.push(format!(
-                "worker {i:<4} {} steps, {} steals taking {} processes",
-                count(w.executed),
-                count(w.steals),
-                count(w.stolen)
-            ));
-        }
-        lines.push(format!("wall time   {:.1?}", self.wall));
-        lines
-    }
-}
-
-/// What a run prints at its end.
-struct Run<'a> {
-    args: &'a RunArgs,
-    out: &'a Output,
-    is_command: bool,
-    summary: Option<Summary>,
-}
-
-impl Run<'_> {
-    /// Prints the entry process's result (whenever it has one, even if the run was
-    /// stopped after it ended) and the summary, waits for the output to be written (until
-    /// `flush_by` at the latest), and picks the exit code.
-    fn finish(self, root: Option<Outcome>, stop: Option<Stop>, flush_by: Option<Instant>) -> ExitCode {
-        let Run { args, out, is_command, summary } = self;
-        let exit_of_command = |payload: &Payload| exit_code(payload).unwrap_or(1);
-        let outcome = root.clone().unwrap_or_else(|| Err(stop.map_or_else(String::new, Stop::reason)));
-        if args.json {
-            let mut object = match (&outcome, is_command) {
-                (Ok(payload), true) => json!({ "exit_code": exit_of_command(payload) }),
-                (Ok(payload), false) => json!({ "ok": payload_json(payload) }),
-                (Err(error), _) => json!({ "error": error }),
-            };
-            if let Some(stop) = stop {
-                object["stopped"] = json!(stop.name());
-            }
-            if let Some(summary) = &summary {
-                object["stats"] = summary.json();
-            }
-            out.stdout(format!("{object}\n").into_bytes());
-        } else {
-            if let Some(summary) = &summary {
-                for line in summary.lines() {
-                    out.line(line);
-                }
-            }
-            match &root {
-                Some(Ok(payload)) if !is_command => out.stdout(payload_bytes(payload)),
-                Some(Err(error)) => out.line(format!("error: the process failed: {error}")),
-                Some(Ok(_)) | None => {}
-            }
-        }
-        let dropped = out.dropped();
-        if dropped > 0 {
-            out.line(format!(
-                "wasmproc: {} of guest output dropped: stderr was not read fast enough",
-                if dropped == 1 { "1 line".to_owned() } else { format!("{} lines", count(dropped)) }
-            ));
-        }
-        let flushed = out.flush(flush_by);
-        match (&outcome, stop) {
-            _ if flushed && out.stdout_closed() => Exit::StdoutClosed.into(),
-            (_, Some(stop)) => stop.exit().into(),
-            (Ok(payload), None) if is_command => ExitCode::from((exit_of_command(payload) & 0xff) as u8),
-            (Ok(_), None) => Exit::Success.into(),
-            (Err(_), None) => Exit::ProcessFailed.into(),
-        }
-    }
-}
-
-/// A result as JSON: JSON as itself, text as a string, bytes as `{"bytes": "<hex>"}`.
-fn payload_json(payload: &Payload) -> Value {
-    match payload.format {
-        Format::Json => {
-            serde_json::from_slice(&payload.data).unwrap_or_else(|_| json!({"invalid_json": payload.as_str()}))
-        }
-        Format::Text => json!(payload.as_str()),
-        _ => json!({ "bytes": &payload.data.iter().map(|b| format!("{b:02x}")).collect::<String>() }),
-    }
-}
-
-/// A result as stdout gets it: JSON and text as lines, bytes raw.
-fn payload_bytes(payload: &Payload) -> Vec<u8> {
-    match payload.format {
-        Format::Json | Format::Text if payload.data.is_empty() => Vec::new(),
-        Format::Json | Format::Text => {
-            let mut bytes = Vec::with_capacity(payload.data.len() + 1);
-            bytes.extend_from_slice(&payload.data);
-            bytes.push(b'\n');
-            bytes
-        }
-        _ => payload.data.clone(),
-    }
-}
-
-/// The `--progress` line: redrawn every 200 ms by a thread of its own.
-struct Progress {
-    stop: Arc<AtomicBool>,
-    thread: thread::JoinHandle<()>,
-}
-
-impl Progress {
-    fn start(scheduler: &Scheduler, out: &Output, start: Instant) -> Progress {
-        let stop = Arc::new(AtomicBool::new(false));
-        let handle = (**scheduler).clone();
-        let flag = stop.clone();
-        let out = out.clone();
-        let thread = thread::spawn(move || {
-            while !flag.load(Ordering::Relaxed) {
-                let s = handle.stats();
-                let line = format!(
-                    "\r\x1b[K{} alive · {} spawned · {} steps · {} messages · {:.1}s",
-                    count(s.live as u64),
-                    count(s.spawned),
-                    count(s.workers.iter().map(|w| w.executed).sum()),
-                    count(s.messages),
-                    start.elapsed().as_secs_f64()
-                );
-                out.stderr_raw(line.into_bytes());
-                thread::sleep(Duration::from_millis(200));
-            }
-            out.stderr_raw(b"\r\x1b[K".to_vec());
-        });
-        Progress { stop, thread }
-    }
-
-    fn finish(self) {
-        self.stop.store(true, Ordering::Relaxed);
-        let _ = self.thread.join();
-    }
 }

@@ -6,19 +6,19 @@
 
 use std::cell::UnsafeCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::Arc;
 
-use super::Shared;
-use super::events::{Inbox, Refused};
+use super::completer::Completer;
 use super::handle::ExitSlot;
+use super::inbox::{Inbox, Refused};
+use super::limits::Lineage;
+use super::shared::Shared;
 use super::state::{Lifecycle, State, Waiting, Wake};
 use crate::caps::Capabilities;
-use crate::dispatch::Completer;
 use crate::process::{Event, Outcome, Pid, Process};
 
 /// Someone to tell when a process ends.
-pub(crate) enum Watcher {
+pub(super) enum Watcher {
     /// A monitoring process: gets an [`Event::Exit`].
     Process(Arc<ProcessCell>),
     /// A `terminate` yield: completes once the target has ended and left the registry.
@@ -27,49 +27,33 @@ pub(crate) enum Watcher {
     Handle(Arc<ExitSlot>),
 }
 
-/// What a process is allowed and bounded by; fixed at spawn.
-pub(crate) struct Spec {
+/// Where a process belongs, what it was made from and what it may do: fixed at spawn.
+pub(super) struct Spec {
     /// The scheduler the process belongs to, so completers can queue it. Held here, once
     /// per process, rather than in every completer: a reference count touched by every
     /// yield on every worker would bounce between cores. `None` only in the loom models.
-    pub(crate) scheduler: Option<Arc<Shared>>,
+    pub(super) scheduler: Option<Arc<Shared>>,
     /// The registered kind it was made from, so it can spawn more of itself.
-    pub(crate) kind: Option<Arc<str>>,
-    pub(crate) caps: Arc<Capabilities>,
-    pub(crate) mailbox_capacity: usize,
-    /// The process that spawned this one, whose live-children count this one is in
-    /// until it retires. Weak: a child does not keep its parent's cell alive.
-    pub(crate) parent: Option<Weak<ProcessCell>>,
-    /// Live children, for `max_children`. Incremented only by this process's own
-    /// dispatch (it is `Running`, so one thread), decremented by each child's retire on
-    /// any thread; `Relaxed` because it orders nothing, it only bounds a count.
-    pub(crate) children: AtomicUsize,
-    /// The live descendants of this process's root (the root itself not counted), for
-    /// `max_descendants`: shared by the whole tree. A root makes it when it first
-    /// spawns; a child gets its parent's at creation. `Relaxed` as `children`.
-    pub(crate) tree: OnceLock<Arc<AtomicUsize>>,
+    pub(super) kind: Option<Arc<str>>,
+    pub(super) caps: Arc<Capabilities>,
+    pub(super) mailbox_capacity: usize,
 }
 
-impl Spec {
-    /// Live descendants of this process's root.
-    pub(crate) fn tree_size(&self) -> usize {
-        self.tree.get().map_or(0, |tree| tree.load(Ordering::Relaxed))
-    }
-}
-
-pub(crate) struct ProcessCell {
+pub(super) struct ProcessCell {
     pid: Pid,
-    pub(crate) state: State,
-    pub(crate) inbox: Inbox,
+    pub(super) state: State,
+    pub(super) inbox: Inbox<Watcher>,
     /// The process itself; `None` once it has been closed. Guarded by the state word,
     /// not by a lock: see [`ProcessCell::with_process`].
     process: UnsafeCell<Option<Box<dyn Process>>>,
-    pub(crate) spec: Spec,
+    pub(super) spec: Spec,
+    /// Its parent and the live counts of its process tree.
+    pub(super) lineage: Lineage,
 }
 
 /// What the step closure of [`ProcessCell::run_turn`] decided.
 #[derive(Debug)]
-pub(crate) enum Decision {
+pub(super) enum Decision {
     /// Wait as `Blocked` or `Idle`.
     Wait(Lifecycle),
     /// Run again after others had their turn.
@@ -83,7 +67,7 @@ pub(crate) enum Decision {
 
 /// How a turn ended.
 #[derive(Debug)]
-pub(crate) enum TurnEnd {
+pub(super) enum TurnEnd {
     /// Waiting for events; a producer will schedule the process.
     Parked,
     /// Back to `Ready`: the caller must queue it (asked to continue, or used up its turn).
@@ -101,22 +85,29 @@ pub(crate) enum TurnEnd {
 unsafe impl Sync for ProcessCell {}
 
 impl ProcessCell {
-    pub(crate) fn new(pid: Pid, process: Box<dyn Process>, spec: Spec) -> Self {
-        ProcessCell { pid, state: State::new(), inbox: Inbox::new(), process: UnsafeCell::new(Some(process)), spec }
+    pub(super) fn new(pid: Pid, process: Box<dyn Process>, spec: Spec, lineage: Lineage) -> Self {
+        ProcessCell {
+            pid,
+            state: State::new(),
+            inbox: Inbox::new(),
+            process: UnsafeCell::new(Some(process)),
+            spec,
+            lineage,
+        }
     }
 
-    pub(crate) fn pid(&self) -> Pid {
+    pub(super) fn pid(&self) -> Pid {
         self.pid
     }
 
     /// The scheduler this process belongs to.
-    pub(crate) fn scheduler(&self) -> &Arc<Shared> {
+    pub(super) fn scheduler(&self) -> &Arc<Shared> {
         self.spec.scheduler.as_ref().expect("only loom models make cells without a scheduler")
     }
 
     /// The producers' half of the protocol: push, then wake. `Ok(Wake::Schedule)` makes
     /// the caller responsible for queueing the process.
-    pub(crate) fn deliver(&self, event: Event) -> Result<Wake, Refused> {
+    pub(super) fn deliver(&self, event: Event) -> Result<Wake, Refused> {
         self.inbox.push(event, self.spec.mailbox_capacity)?;
         Ok(self.state.wake())
     }
@@ -129,7 +120,7 @@ impl ProcessCell {
     /// spawner while it is `Init` (it is in no queue and no worker can take it), or the
     /// worker that moved it to `Running` (and keeps it until it parks, requeues or
     /// completes it).
-    pub(crate) unsafe fn with_process<R>(&self, f: impl FnOnce(&mut dyn Process) -> R) -> Option<R> {
+    pub(super) unsafe fn with_process<R>(&self, f: impl FnOnce(&mut dyn Process) -> R) -> Option<R> {
         // SAFETY: the caller owns the process (this function's contract), so no other
         // reference to the slot exists while `f` runs.
         let slot = unsafe { &mut *self.process.get() };
@@ -142,7 +133,7 @@ impl ProcessCell {
     /// meanwhile finds it `Running` and sets `WAKEUP`, and the hand-back then makes it
     /// `Ready` instead, for the caller to queue (as a step that ends with events pending
     /// reruns): nothing delivered during the call is left in a parked process's inbox.
-    pub(crate) fn hibernate(&self) -> Hibernation {
+    pub(super) fn hibernate(&self) -> Hibernation {
         let Some(waiting) = self.state.try_claim_waiting() else {
             return Hibernation::NotWaiting;
         };
@@ -164,7 +155,7 @@ impl ProcessCell {
     ///
     /// As for [`ProcessCell::with_process`]: called by the owner that is retiring it,
     /// after its inbox is closed.
-    pub(crate) unsafe fn take_process(&self) -> Option<Box<dyn Process>> {
+    pub(super) unsafe fn take_process(&self) -> Option<Box<dyn Process>> {
         // SAFETY: as in `with_process`.
         unsafe { (*self.process.get()).take() }
     }
@@ -174,10 +165,10 @@ impl ProcessCell {
     /// Runs up to `budget` steps back to back while events keep arriving during the
     /// steps (each rerun is what the `WAKEUP` flag asks for). `step` receives the drained
     /// events in `events`, must leave it empty, and says what the process wants next.
-    pub(crate) fn run_turn(
+    pub(super) fn run_turn(
         &self,
         budget: u32,
-        events: &mut Vec<crate::process::Event>,
+        events: &mut Vec<Event>,
         mut step: impl FnMut(&mut Vec<Event>) -> Decision,
     ) -> TurnEnd {
         let mut terminate = self.state.transition_to_running().is_terminate_requested();
@@ -220,7 +211,7 @@ impl ProcessCell {
 
 /// What [`ProcessCell::hibernate`] did. `released`: the process gave memory back.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Hibernation {
+pub(super) enum Hibernation {
     /// It was not waiting (queued, running or ended), and was left alone.
     NotWaiting,
     /// It waits again, as before.
@@ -231,8 +222,8 @@ pub(crate) enum Hibernation {
 
 #[cfg(all(test, loom))]
 mod loom_models {
-    //! Models of the wakeup protocol. Run with
-    //! `RUSTFLAGS="--cfg loom" cargo test -p wasmproc --lib --release loom`.
+    //! Models of the wakeup protocol. Run them as `.ci/test` does: `--cfg loom` in
+    //! `RUSTFLAGS`, `--lib --release --no-default-features`, filter `loom`.
     //!
     //! Each model runs one worker turn against concurrent producers and checks that every
     //! event is consumed exactly once and that the process ends where it should: never
@@ -259,16 +250,8 @@ mod loom_models {
     }
 
     fn ready_cell() -> Arc<ProcessCell> {
-        let spec = Spec {
-            scheduler: None,
-            kind: None,
-            caps: Arc::default(),
-            mailbox_capacity: 8,
-            parent: None,
-            children: std::sync::atomic::AtomicUsize::new(0),
-            tree: OnceLock::new(),
-        };
-        let cell = Arc::new(ProcessCell::new(Pid::from_u64(1), Box::new(Inert), spec));
+        let spec = Spec { scheduler: None, kind: None, caps: Arc::default(), mailbox_capacity: 8 };
+        let cell = Arc::new(ProcessCell::new(Pid::from_u64(1), Box::new(Inert), spec, Lineage::default()));
         cell.state.transition_to_ready_from_init();
         cell
     }

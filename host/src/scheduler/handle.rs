@@ -1,21 +1,215 @@
-//! The embedder's view of one process: its pid and a way to wait for its result.
+//! The embedder's handles: [`Handle`] to the scheduler (spawn, send, terminate, inspect)
+//! and [`ProcessHandle`] to one process it spawned (its pid and a way to wait for its
+//! result).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::process::{Outcome, Pid};
+use super::cell::Watcher;
+use super::lifecycle::SpawnArgs;
+use super::limits::Lineage;
+use super::shared::Shared;
+use super::state::Wake;
+use super::stats::Stats;
+use crate::caps::Capabilities;
+use crate::error::{SendError, SpawnError};
+use crate::process::{Event, Outcome, Payload, Pid, Process};
+
+/// Spawns, messages and inspects processes. Cheap to clone; usable from any thread,
+/// including from command handlers.
+#[derive(Clone)]
+pub struct Handle {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl Handle {
+    /// Initialises `process` with entry `method` and `input` and queues it.
+    ///
+    /// # Errors
+    ///
+    /// See [`SpawnError`]: init failures (unknown method…), the process limit, stopping.
+    pub fn spawn(&self, process: impl Process, method: &str, input: Vec<Payload>) -> Result<ProcessHandle, SpawnError> {
+        self.spawn_with(Box::new(process), SpawnOptions::new(method).input(input))
+    }
+
+    /// Spawns a process of the registered `kind`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Handle::spawn`], and [`SpawnError::UnknownKind`] / [`SpawnError::Factory`].
+    pub fn spawn_kind(&self, kind: &str, method: &str, input: Vec<Payload>) -> Result<ProcessHandle, SpawnError> {
+        self.spawn_kind_with(kind, SpawnOptions::new(method).input(input))
+    }
+
+    /// Spawns a process of the registered `kind` with explicit options (its capabilities,
+    /// which bound its children's, or its mailbox).
+    ///
+    /// # Errors
+    ///
+    /// As [`Handle::spawn_kind`].
+    pub fn spawn_kind_with(&self, kind: &str, options: SpawnOptions) -> Result<ProcessHandle, SpawnError> {
+        let (name, factory) =
+            self.shared.kinds.get_key_value(kind).ok_or_else(|| SpawnError::UnknownKind(kind.to_owned()))?;
+        let process = factory.make().map_err(|source| SpawnError::Factory { kind: kind.to_owned(), source })?;
+        self.spawn_inner(process, Some(name.clone()), options)
+    }
+
+    /// Spawns `process` with explicit options.
+    ///
+    /// # Errors
+    ///
+    /// As [`Handle::spawn`].
+    pub fn spawn_with(&self, process: Box<dyn Process>, options: SpawnOptions) -> Result<ProcessHandle, SpawnError> {
+        self.spawn_inner(process, None, options)
+    }
+
+    fn spawn_inner(
+        &self,
+        process: Box<dyn Process>,
+        kind: Option<Arc<str>>,
+        options: SpawnOptions,
+    ) -> Result<ProcessHandle, SpawnError> {
+        let shared = &self.shared;
+        let slot = Arc::new(ExitSlot::default());
+        let args = SpawnArgs {
+            kind,
+            method: options.method,
+            input: options.input,
+            caps: options.capabilities.map_or_else(|| shared.settings.capabilities.clone(), Arc::new),
+            mailbox_capacity: options.mailbox_capacity.unwrap_or(shared.settings.mailbox_capacity).max(1),
+            watcher: Some(Watcher::Handle(slot.clone())),
+            lineage: Lineage::default(),
+        };
+        let cell = shared.spawn_unqueued(process, args)?;
+        let handle = ProcessHandle::new(cell.pid(), slot);
+        shared.schedule(cell);
+        Ok(handle)
+    }
+
+    /// Puts a message from the embedder (sender [`Pid::HOST`]) in `to`'s mailbox.
+    ///
+    /// # Errors
+    ///
+    /// See [`SendError`]: unknown or finished process, exiting process, full mailbox.
+    pub fn send(&self, to: Pid, topic: impl Into<String>, body: Payload) -> Result<(), SendError> {
+        self.shared.send(Pid::HOST, to, topic.into(), body)
+    }
+
+    /// Ends `pid` with the result `Err("terminated")`. Returns once termination is
+    /// requested; the process ends when its current step (if any) returns, which its
+    /// [`ProcessHandle`] and its monitors observe.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::NotFound`] or [`SendError::Closed`] if it has ended or is ending.
+    pub fn terminate(&self, pid: Pid) -> Result<(), SendError> {
+        let cell = self.shared.registry.get(pid).ok_or(SendError::NotFound(pid))?;
+        self.shared.terminate_cell(&cell, "terminated")
+    }
+
+    /// Delivers a cancel event with `reason` to every live process (what [`Scheduler::stop`]
+    /// does first), and returns how many it reached. Processes decide what to do: the
+    /// guest SDK ends the process unless it handles cancellation.
+    ///
+    /// [`Scheduler::stop`]: super::Scheduler::stop
+    pub fn cancel_all(&self, reason: &str) -> usize {
+        let mut reached = 0;
+        for cell in self.shared.registry.snapshot() {
+            if let Ok(wake) = cell.deliver(Event::Cancel { reason: reason.to_owned() }) {
+                reached += 1;
+                if let Wake::Schedule = wake {
+                    self.shared.schedule(cell);
+                }
+            }
+        }
+        reached
+    }
+
+    /// Ends every live process at once with the error `reason` (as [`Handle::terminate`]
+    /// does one), and returns how many it ended. A process in the middle of a step ends
+    /// when the step returns.
+    pub fn terminate_all(&self, reason: &'static str) -> usize {
+        let cells = self.shared.registry.snapshot();
+        cells.iter().filter(|cell| self.shared.terminate_cell(cell, reason).is_ok()).count()
+    }
+
+    /// Processes alive now.
+    pub fn live(&self) -> usize {
+        self.shared.live.load(Ordering::Acquire)
+    }
+
+    /// Processes in the registry now (equal to [`Handle::live`] whenever no spawn or
+    /// exit is in flight).
+    pub fn registered(&self) -> usize {
+        self.shared.registry.len()
+    }
+
+    /// Blocks until no process is alive, or `timeout` passes: true if none is.
+    pub fn wait_idle(&self, timeout: Option<Duration>) -> bool {
+        self.shared.wait_drained(timeout.map(|t| Instant::now() + t))
+    }
+
+    /// Whether [`Scheduler::stop`] has begun.
+    ///
+    /// [`Scheduler::stop`]: super::Scheduler::stop
+    pub fn is_stopping(&self) -> bool {
+        self.shared.stopping.load(Ordering::Acquire)
+    }
+
+    /// Counters, read without stopping anything (so slightly inconsistent with each other
+    /// while processes run).
+    pub fn stats(&self) -> Stats {
+        self.shared.stats()
+    }
+}
+
+/// How to spawn a process from the embedder.
+#[derive(Debug, Clone, Default)]
+pub struct SpawnOptions {
+    method: String,
+    input: Vec<Payload>,
+    capabilities: Option<Capabilities>,
+    mailbox_capacity: Option<usize>,
+}
+
+impl SpawnOptions {
+    /// Runs entry `method`, with no input, the scheduler's default capabilities and
+    /// mailbox capacity.
+    pub fn new(method: impl Into<String>) -> Self {
+        SpawnOptions { method: method.into(), ..Self::default() }
+    }
+
+    /// The entry method's input.
+    pub fn input(mut self, input: Vec<Payload>) -> Self {
+        self.input = input;
+        self
+    }
+
+    /// What the process (and, at most, its children) may yield.
+    pub fn capabilities(mut self, capabilities: Capabilities) -> Self {
+        self.capabilities = Some(capabilities);
+        self
+    }
+
+    /// This process's mailbox bound.
+    pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
+        self.mailbox_capacity = Some(capacity);
+        self
+    }
+}
 
 /// Where a process's result lands for the embedder.
 #[derive(Default)]
-pub(crate) struct ExitSlot {
+pub(super) struct ExitSlot {
     result: Mutex<Option<Outcome>>,
     condvar: Condvar,
 }
 
 impl ExitSlot {
-    pub(crate) fn set(&self, result: Outcome) {
+    pub(super) fn set(&self, result: Outcome) {
         *self.result.lock() = Some(result);
         self.condvar.notify_all();
     }
@@ -31,7 +225,7 @@ pub struct ProcessHandle {
 }
 
 impl ProcessHandle {
-    pub(crate) fn new(pid: Pid, slot: Arc<ExitSlot>) -> Self {
+    fn new(pid: Pid, slot: Arc<ExitSlot>) -> Self {
         ProcessHandle { pid, slot }
     }
 

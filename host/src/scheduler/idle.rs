@@ -26,11 +26,11 @@ use parking_lot::{Condvar, Mutex};
 
 /// Empty rounds before a worker parks. Fewer than [`YIELD_AFTER_ROUNDS`] spin, the rest
 /// call `thread::yield_now`; the values are the scheduler spec's.
-pub(crate) const PARK_AFTER_ROUNDS: u32 = 16;
+pub(super) const PARK_AFTER_ROUNDS: u32 = 16;
 /// Empty rounds before a searcher stops spinning and starts yielding its thread.
-pub(crate) const YIELD_AFTER_ROUNDS: u32 = 4;
+pub(super) const YIELD_AFTER_ROUNDS: u32 = 4;
 
-pub(crate) struct Idle {
+pub(super) struct Idle {
     searching: AtomicUsize,
     sleepers: AtomicUsize,
     state: Mutex<IdleState>,
@@ -48,7 +48,7 @@ struct IdleState {
 /// How a park ended.
 #[must_use]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Unparked {
+pub(super) enum Unparked {
     /// Woken (or the re-check found work): search again.
     Search,
     /// The scheduler is shutting down.
@@ -56,7 +56,7 @@ pub(crate) enum Unparked {
 }
 
 impl Idle {
-    pub(crate) fn new() -> Self {
+    pub(super) fn new() -> Self {
         Idle {
             searching: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
@@ -66,7 +66,7 @@ impl Idle {
     }
 
     /// Called after publishing work that another worker could take.
-    pub(crate) fn notify_one(&self) {
+    pub(super) fn notify_one(&self) {
         // Pairs with the fence in `park`: see the module docs.
         fence(Ordering::SeqCst);
         if self.searching.load(Ordering::Relaxed) > 0 || self.sleepers.load(Ordering::Relaxed) == 0 {
@@ -76,13 +76,13 @@ impl Idle {
     }
 
     /// A worker found its local queue empty and starts looking elsewhere.
-    pub(crate) fn transition_to_searching(&self) {
+    pub(super) fn transition_to_searching(&self) {
         self.searching.fetch_add(1, Ordering::SeqCst);
     }
 
     /// A searcher found work. If it was the last searcher, another worker is woken to
     /// look for more.
-    pub(crate) fn transition_from_searching(&self) {
+    pub(super) fn transition_from_searching(&self) {
         if self.searching.fetch_sub(1, Ordering::SeqCst) == 1 && self.sleepers.load(Ordering::SeqCst) > 0 {
             self.wake_one();
         }
@@ -91,7 +91,7 @@ impl Idle {
     /// A searcher gives up: parks until woken, unless `has_work` finds work after the
     /// worker has counted itself as a sleeper. Returns with the worker searching again
     /// (unless shutting down).
-    pub(crate) fn park(&self, has_work: impl Fn() -> bool) -> Unparked {
+    pub(super) fn park(&self, has_work: impl Fn() -> bool) -> Unparked {
         self.searching.fetch_sub(1, Ordering::SeqCst);
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         // Pairs with the fence in `notify_one`: see the module docs.
@@ -118,12 +118,12 @@ impl Idle {
     }
 
     /// Leaves searching for good (the worker exits).
-    pub(crate) fn leave(&self) {
+    pub(super) fn leave(&self) {
         self.searching.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Wakes every parked worker for good.
-    pub(crate) fn shutdown(&self) {
+    pub(super) fn shutdown(&self) {
         self.state.lock().shutdown = true;
         self.condvar.notify_all();
     }

@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use slab::Slab;
 
 use super::cell::{ProcessCell, Spec};
+use super::limits::Lineage;
 use crate::process::{Pid, Process};
 
 const INDEX_BITS: u32 = 24;
@@ -25,11 +26,11 @@ const SHARD_MASK: u64 = (1 << SHARD_BITS) - 1;
 
 /// The most shards a registry can have (and so the most workers a scheduler can have,
 /// less one).
-pub(crate) const MAX_SHARDS: usize = 1 << SHARD_BITS;
+pub(super) const MAX_SHARDS: usize = 1 << SHARD_BITS;
 /// The most processes one shard can hold at once.
-pub(crate) const MAX_PER_SHARD: usize = 1 << INDEX_BITS;
+pub(super) const MAX_PER_SHARD: usize = 1 << INDEX_BITS;
 
-pub(crate) struct Registry {
+pub(super) struct Registry {
     shards: Box<[Mutex<Shard>]>,
 }
 
@@ -45,18 +46,19 @@ struct Slot {
 }
 
 impl Registry {
-    pub(crate) fn new(shards: usize) -> Self {
+    pub(super) fn new(shards: usize) -> Self {
         assert!((1..=MAX_SHARDS).contains(&shards), "registry needs 1..={MAX_SHARDS} shards, got {shards}");
         Registry { shards: (0..shards).map(|_| Mutex::default()).collect() }
     }
 
     /// Registers `process` under a fresh pid in `shard` (taken modulo the shard count).
     /// Hands the process back if the shard is full.
-    pub(crate) fn insert(
+    pub(super) fn insert(
         &self,
         shard: usize,
         process: Box<dyn Process>,
         spec: Spec,
+        lineage: Lineage,
     ) -> Result<Arc<ProcessCell>, Box<dyn Process>> {
         let shard_index = shard % self.shards.len();
         let mut shard = self.shards[shard_index].lock();
@@ -69,12 +71,12 @@ impl Registry {
         let pid = Pid::from_u64(
             (u64::from(generation) << (INDEX_BITS + SHARD_BITS)) | ((shard_index as u64) << INDEX_BITS) | index as u64,
         );
-        let cell = Arc::new(ProcessCell::new(pid, process, spec));
+        let cell = Arc::new(ProcessCell::new(pid, process, spec, lineage));
         shard.slots.insert(Slot { generation, cell: cell.clone() });
         Ok(cell)
     }
 
-    pub(crate) fn get(&self, pid: Pid) -> Option<Arc<ProcessCell>> {
+    pub(super) fn get(&self, pid: Pid) -> Option<Arc<ProcessCell>> {
         let (shard, index, generation) = self.split(pid)?;
         let shard = self.shards[shard].lock();
         match shard.slots.get(index) {
@@ -85,14 +87,14 @@ impl Registry {
 
     /// Whether `pid` is a live process. Takes no reference to its cell, so it never
     /// drops one (see [`Registry::remove`]).
-    pub(crate) fn contains(&self, pid: Pid) -> bool {
+    pub(super) fn contains(&self, pid: Pid) -> bool {
         self.split(pid).is_some_and(|(shard, index, generation)| {
             self.shards[shard].lock().slots.get(index).is_some_and(|slot| slot.generation == generation)
         })
     }
 
     /// Removes `pid`; false if it was not there (already removed, or a stale pid).
-    pub(crate) fn remove(&self, pid: Pid) -> bool {
+    pub(super) fn remove(&self, pid: Pid) -> bool {
         let Some((shard, index, generation)) = self.split(pid) else { return false };
         let mut shard = self.shards[shard].lock();
         match shard.slots.get(index) {
@@ -109,7 +111,7 @@ impl Registry {
     }
 
     /// Every registered process at some moment during the call.
-    pub(crate) fn snapshot(&self) -> Vec<Arc<ProcessCell>> {
+    pub(super) fn snapshot(&self) -> Vec<Arc<ProcessCell>> {
         let mut all = Vec::new();
         for shard in self.shards.iter() {
             all.extend(shard.lock().slots.iter().map(|(_, slot)| slot.cell.clone()));
@@ -117,7 +119,7 @@ impl Registry {
         all
     }
 
-    pub(crate) fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().slots.len()).sum()
     }
 
@@ -147,16 +149,8 @@ mod tests {
     }
 
     fn insert(reg: &Registry, shard: usize) -> Pid {
-        let spec = Spec {
-            scheduler: None,
-            kind: None,
-            caps: Arc::default(),
-            mailbox_capacity: 1,
-            parent: None,
-            children: std::sync::atomic::AtomicUsize::new(0),
-            tree: std::sync::OnceLock::new(),
-        };
-        reg.insert(shard, Box::new(Inert), spec).ok().unwrap().pid()
+        let spec = Spec { scheduler: None, kind: None, caps: Arc::default(), mailbox_capacity: 1 };
+        reg.insert(shard, Box::new(Inert), spec, Lineage::default()).ok().unwrap().pid()
     }
 
     #[test]

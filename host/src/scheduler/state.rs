@@ -60,7 +60,7 @@ const TERMINATE: u32 = 1 << 4;
 
 /// Where a process is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Lifecycle {
+pub(super) enum Lifecycle {
     /// Spawned, `init` not yet done; not queued.
     Init,
     /// In exactly one run queue.
@@ -77,10 +77,10 @@ pub(crate) enum Lifecycle {
 
 /// A value read from the state word.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Snapshot(u32);
+pub(super) struct Snapshot(u32);
 
 impl Snapshot {
-    pub(crate) fn lifecycle(self) -> Lifecycle {
+    pub(super) fn lifecycle(self) -> Lifecycle {
         match self.0 & LIFECYCLE {
             INIT => Lifecycle::Init,
             READY => Lifecycle::Ready,
@@ -92,7 +92,7 @@ impl Snapshot {
         }
     }
 
-    pub(crate) fn is_terminate_requested(self) -> bool {
+    pub(super) fn is_terminate_requested(self) -> bool {
         self.0 & TERMINATE != 0
     }
 
@@ -114,7 +114,7 @@ impl std::fmt::Debug for Snapshot {
 /// What a producer must do after waking a process.
 #[must_use]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Wake {
+pub(super) enum Wake {
     /// This caller moved the process to `Ready` and must put it in a run queue.
     Schedule,
     /// Someone else will run the process (or it has finished).
@@ -124,7 +124,7 @@ pub(crate) enum Wake {
 /// What the worker does after trying to park a process.
 #[must_use]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Waiting {
+pub(super) enum Waiting {
     /// The process is `Blocked`/`Idle`; the worker lets go of it.
     Parked,
     /// Events arrived (or termination was requested) during the step: the worker still
@@ -133,22 +133,22 @@ pub(crate) enum Waiting {
 }
 
 /// The state word of one process.
-pub(crate) struct State {
+pub(super) struct State {
     word: AtomicU32,
 }
 
 impl State {
-    pub(crate) fn new() -> Self {
+    pub(super) fn new() -> Self {
         State { word: AtomicU32::new(INIT) }
     }
 
-    pub(crate) fn load(&self) -> Snapshot {
+    pub(super) fn load(&self) -> Snapshot {
         Snapshot(self.word.load(Ordering::Acquire))
     }
 
     /// `Init → Ready` after a successful `init`; the caller then queues the process.
     /// Flags set during `init` (a terminate request) are kept.
-    pub(crate) fn transition_to_ready_from_init(&self) {
+    pub(super) fn transition_to_ready_from_init(&self) {
         let prev = self.update(|s| {
             assert_eq!(s & LIFECYCLE, INIT, "spawned process not in `Init`; actual = {:?}", Snapshot(s));
             (s & TERMINATE) | READY
@@ -162,7 +162,7 @@ impl State {
     /// # Panics
     ///
     /// If the process was not `Ready`: a queue held a process it does not own.
-    pub(crate) fn transition_to_running(&self) -> Snapshot {
+    pub(super) fn transition_to_running(&self) -> Snapshot {
         let prev = self.update(|s| {
             assert_eq!(s & LIFECYCLE, READY, "dequeued process not `Ready`; actual = {:?}", Snapshot(s));
             (s & TERMINATE) | RUNNING
@@ -177,7 +177,7 @@ impl State {
     /// [`State::transition_to_waiting`] to the returned state: producers meanwhile see
     /// `Running` and set `WAKEUP`, which that transition turns into `Rerun`, exactly as
     /// for an event that arrives during a step.
-    pub(crate) fn try_claim_waiting(&self) -> Option<Lifecycle> {
+    pub(super) fn try_claim_waiting(&self) -> Option<Lifecycle> {
         let cur = self.word.load(Ordering::Acquire);
         let waiting = match cur {
             BLOCKED => Lifecycle::Blocked,
@@ -190,7 +190,7 @@ impl State {
     }
 
     /// Step 2 of the protocol: called by a producer after pushing an event.
-    pub(crate) fn wake(&self) -> Wake {
+    pub(super) fn wake(&self) -> Wake {
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
             let next = match cur & LIFECYCLE {
@@ -208,7 +208,7 @@ impl State {
 
     /// Step 3 of the protocol: `Running → target` (`Blocked` or `Idle`) unless a flag
     /// was set since the process started running.
-    pub(crate) fn transition_to_waiting(&self, target: Lifecycle) -> Waiting {
+    pub(super) fn transition_to_waiting(&self, target: Lifecycle) -> Waiting {
         let target = match target {
             Lifecycle::Blocked => BLOCKED,
             Lifecycle::Idle => IDLE,
@@ -241,7 +241,7 @@ impl State {
     /// came after the last clearing of `WAKEUP` it saw the flag clear and set it (so this
     /// returns true); if it came before, its push preceded that clearing, which preceded
     /// the drain that followed it.
-    pub(crate) fn take_wakeup(&self) -> bool {
+    pub(super) fn take_wakeup(&self) -> bool {
         if self.word.load(Ordering::Acquire) & WAKEUP == 0 {
             return false;
         }
@@ -251,7 +251,7 @@ impl State {
 
     /// `Running → Ready` for a process that asked to continue or used up its turn; the
     /// caller queues it. `WAKEUP` is dropped: the next run drains the inbox anyway.
-    pub(crate) fn transition_to_ready_from_running(&self) {
+    pub(super) fn transition_to_ready_from_running(&self) {
         self.update(|s| {
             assert_eq!(s & LIFECYCLE, RUNNING, "requeued process not `Running`; actual = {:?}", Snapshot(s));
             (s & TERMINATE) | READY
@@ -259,7 +259,7 @@ impl State {
     }
 
     /// Sets `TERMINATE` and wakes the process so a worker sees it.
-    pub(crate) fn request_terminate(&self) -> Wake {
+    pub(super) fn request_terminate(&self) -> Wake {
         let prev = Snapshot(self.word.fetch_or(TERMINATE, Ordering::AcqRel));
         if prev.lifecycle() == Lifecycle::Complete {
             return Wake::Nothing;
@@ -268,7 +268,7 @@ impl State {
     }
 
     /// Final transition, by the worker (or spawner) that owns the process.
-    pub(crate) fn transition_to_complete(&self) {
+    pub(super) fn transition_to_complete(&self) {
         self.word.store(COMPLETE, Ordering::Release);
     }
 

@@ -51,27 +51,22 @@
 use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::thread;
 
 use crossbeam_deque::{Steal, Worker};
 
-use super::Shared;
 use super::cell::{Decision, Hibernation, ProcessCell, TurnEnd};
 use super::idle::{PARK_AFTER_ROUNDS, Unparked, YIELD_AFTER_ROUNDS};
+use super::shared::Shared;
 use super::state::Lifecycle;
 use crate::process::{Event, Status, StepOutput};
-#[cfg(feature = "wasm")]
-use crate::process::{Payload, Pid};
 
 /// How many more processes to move from the global queue into the local deque when
 /// taking one. From the scheduler spec.
-pub(crate) const GLOBAL_BATCH: usize = 16;
+const GLOBAL_BATCH: usize = 16;
 /// Ticks between looks at the global queue ahead of the local deque. 61 is Go's value:
 /// prime, so it does not fall into step with periodic work.
 const GLOBAL_CHECK_INTERVAL: u32 = 61;
-
-pub(crate) type Task = Arc<ProcessCell>;
 
 thread_local! {
     /// The worker running on this thread, if any: a pointer to the [`Local`] in the
@@ -84,36 +79,21 @@ thread_local! {
 /// The identity and queue of the worker running on this thread.
 struct Local {
     scheduler: usize,
-    /// For [`others_waiting`].
-    #[cfg(feature = "wasm")]
-    shared: Arc<Shared>,
     index: usize,
-    queue: Worker<Task>,
+    queue: Worker<Arc<ProcessCell>>,
     dispatch: Dispatching,
+    /// For the Wasm hooks (`wasm_hooks` below).
+    #[cfg(feature = "wasm")]
+    stepping: Stepping,
 }
 
 /// The process whose yields this worker is dispatching, and the completions it got
 /// meanwhile. See the module docs, "Completions during dispatch".
+#[derive(Default)]
 struct Dispatching {
     /// Address of the process's cell; 0 when not dispatching. Compared, never followed.
     cell: Cell<usize>,
     early: RefCell<Vec<Event>>,
-    /// The cell of the process in a step on this worker; null between steps. Set from
-    /// the `Task` that `run_task` holds for the whole step and reset before the step's
-    /// end, so it is valid to follow whenever it is not null (see [`send_from_step`]).
-    #[cfg(feature = "wasm")]
-    stepping: Cell<*const ProcessCell>,
-}
-
-impl Default for Dispatching {
-    fn default() -> Self {
-        Dispatching {
-            cell: Cell::new(0),
-            early: RefCell::default(),
-            #[cfg(feature = "wasm")]
-            stepping: Cell::new(std::ptr::null()),
-        }
-    }
 }
 
 /// Runs `f` on this thread's worker if it is one of `scheduler`'s.
@@ -129,7 +109,7 @@ fn with_local<R>(scheduler: usize, f: impl FnOnce(&Local) -> R) -> Option<R> {
 
 /// Keeps `event` for the next step of `cell` if this thread is dispatching `cell`'s
 /// yields right now; otherwise hands it back for the inbox.
-pub(crate) fn deliver_during_dispatch(cell: &Task, event: Event) -> Result<(), Event> {
+pub(super) fn deliver_during_dispatch(cell: &Arc<ProcessCell>, event: Event) -> Result<(), Event> {
     let scheduler = cell.scheduler().id;
     let mut event = Some(event);
     with_local(scheduler, |local| {
@@ -141,7 +121,7 @@ pub(crate) fn deliver_during_dispatch(cell: &Task, event: Event) -> Result<(), E
 }
 
 /// What [`push_local`] did.
-pub(crate) enum Pushed {
+pub(super) enum Pushed {
     /// Onto a deque that was empty: this worker runs the task next, no one else need wake.
     Alone,
     /// Onto other local work: there is something to steal.
@@ -150,7 +130,7 @@ pub(crate) enum Pushed {
 
 /// Pushes `task` onto this thread's local deque if this thread is one of `scheduler`'s
 /// workers; otherwise hands it back.
-pub(crate) fn push_local(scheduler: usize, task: Task) -> Result<Pushed, Task> {
+pub(super) fn push_local(scheduler: usize, task: Arc<ProcessCell>) -> Result<Pushed, Arc<ProcessCell>> {
     let mut task = Some(task);
     let pushed = with_local(scheduler, |local| {
         let alone = local.queue.is_empty();
@@ -160,61 +140,8 @@ pub(crate) fn push_local(scheduler: usize, task: Task) -> Result<Pushed, Task> {
     pushed.ok_or_else(|| task.take().expect("not pushed"))
 }
 
-/// Whether processes are queued on the scheduler whose worker this thread is (false off
-/// a worker thread): a long step then yields at its next epoch tick instead of at the end
-/// of its time slice (`wasm/process.rs`). A snapshot of racy emptiness checks: a wrong
-/// answer only moves a yield by one tick.
-#[cfg(feature = "wasm")]
-pub(crate) fn others_waiting() -> bool {
-    let local = CURRENT.get();
-    // SAFETY: as in `with_local`.
-    unsafe { local.as_ref() }.is_some_and(|local| local.shared.has_queued_work())
-}
-
-/// Whether process `pid`, in a step on this thread's worker, has been asked to
-/// terminate: a Wasm step then stops at its next epoch tick instead of running to the end
-/// of its time slice (`wasm/process.rs`). False off a worker, between steps, and for any
-/// other process than the one stepping.
-#[cfg(feature = "wasm")]
-pub(crate) fn terminate_requested(pid: Pid) -> bool {
-    let local = CURRENT.get();
-    // SAFETY: as in `with_local`.
-    let Some(local) = (unsafe { local.as_ref() }) else { return false };
-    // SAFETY: as in `send_from_step`.
-    let cell = unsafe { local.dispatch.stepping.get().as_ref() };
-    cell.is_some_and(|cell| cell.pid() == pid && cell.state.load().is_terminate_requested())
-}
-
-/// Sends `body` from process `from`, in a step on this thread's worker, to `to`: the
-/// `send` host function of Wasm guests (`wasm/state.rs`), called in the middle of the
-/// step.
-/// The same checks and delivery as a yielded `send` command, in the same order: the
-/// payload limit (`Err`: it ends the process, as for a yield), then the permission and
-/// the delivery (`Ok(Err)`: the sender is told why, as a completion would).
-#[cfg(feature = "wasm")]
-pub(crate) fn send_from_step(from: Pid, to: Pid, topic: String, body: Payload) -> Result<Result<(), String>, String> {
-    const NOT_IN_A_STEP: &str = "`send` is only available during a step (not during `init`)";
-    let local = CURRENT.get();
-    // SAFETY: as in `with_local`.
-    let Some(local) = (unsafe { local.as_ref() }) else {
-        return Ok(Err(NOT_IN_A_STEP.to_owned()));
-    };
-    // SAFETY: non-null only while `run_task` holds the cell's `Task` (see `stepping`).
-    // Another process than the caller can be in its step: a native process that spawns
-    // with a `Handle` runs the child's `init` inside its own step.
-    let Some(cell) = (unsafe { local.dispatch.stepping.get().as_ref() }).filter(|cell| cell.pid() == from) else {
-        return Ok(Err(NOT_IN_A_STEP.to_owned()));
-    };
-    let shared = &local.shared;
-    shared.config.limits.check_payload(super::message_size(&topic, &body), "send")?;
-    if !cell.spec.caps.allows_send() {
-        return Ok(Err("permission denied: send".to_owned()));
-    }
-    Ok(shared.send(cell.pid(), to, topic, body).map_err(|e| e.to_string()))
-}
-
 /// This thread's worker index if it is one of `scheduler`'s workers.
-pub(crate) fn current_index(scheduler: usize) -> Option<usize> {
+pub(super) fn current_index(scheduler: usize) -> Option<usize> {
     with_local(scheduler, |local| local.index)
 }
 
@@ -228,22 +155,21 @@ impl Drop for Installed {
 }
 
 /// The body of worker thread `index`.
-pub(crate) fn run(shared: Arc<Shared>, index: usize, queue: Worker<Task>) {
+pub(super) fn run(shared: Arc<Shared>, index: usize, queue: Worker<Arc<ProcessCell>>) {
     let local = Local {
         scheduler: shared.id,
-        #[cfg(feature = "wasm")]
-        shared: shared.clone(),
         index,
         queue,
         dispatch: Dispatching::default(),
+        #[cfg(feature = "wasm")]
+        stepping: Stepping::new(shared.clone()),
     };
     CURRENT.set(&local);
     let _installed = Installed;
     let mut worker = WorkerLoop {
         shared: &shared,
         index,
-        queue: &local.queue,
-        dispatch: &local.dispatch,
+        local: &local,
         rng: Rng::new(index as u64),
         tick: 0,
         events: Vec::new(),
@@ -255,8 +181,8 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize, queue: Worker<Task>) {
 struct WorkerLoop<'a> {
     shared: &'a Arc<Shared>,
     index: usize,
-    queue: &'a Worker<Task>,
-    dispatch: &'a Dispatching,
+    /// This worker's queue and dispatch state, also reached through [`CURRENT`].
+    local: &'a Local,
     rng: Rng,
     tick: u32,
     /// Reused for every step: the drained events.
@@ -288,7 +214,7 @@ impl WorkerLoop<'_> {
     }
 
     /// Rounds of looking at the global queue and the victims; `None` at shutdown.
-    fn search(&mut self) -> Option<Task> {
+    fn search(&mut self) -> Option<Arc<ProcessCell>> {
         let mut rounds = 0;
         loop {
             if let Some(task) = self.steal_global().or_else(|| self.steal_from_victims()) {
@@ -324,7 +250,7 @@ impl WorkerLoop<'_> {
     /// another worker) stays listed for the next time; ended ones are dropped. Each
     /// entry costs a registry lookup and, for a waiting process, two compare-and-swaps
     /// and a system call, paid only by a worker that has nothing else to do.
-    fn hibernate_waiting(&mut self) -> Option<Task> {
+    fn hibernate_waiting(&mut self) -> Option<Arc<ProcessCell>> {
         let shared = self.shared;
         let mut listed = std::mem::take(&mut *shared.hibernating.lock());
         if listed.is_empty() {
@@ -359,7 +285,7 @@ impl WorkerLoop<'_> {
         woken
     }
 
-    fn next_local(&mut self) -> Option<Task> {
+    fn next_local(&mut self) -> Option<Arc<ProcessCell>> {
         self.tick = self.tick.wrapping_add(1);
         if self.tick.is_multiple_of(GLOBAL_CHECK_INTERVAL) {
             // Just one, as Go does: a batch would land on top of the local work and
@@ -372,12 +298,12 @@ impl WorkerLoop<'_> {
                 }
             }
         }
-        self.queue.pop()
+        self.local.queue.pop()
     }
 
-    fn steal_global(&self) -> Option<Task> {
+    fn steal_global(&self) -> Option<Arc<ProcessCell>> {
         loop {
-            match self.shared.injector.steal_batch_with_limit_and_pop(self.queue, GLOBAL_BATCH + 1) {
+            match self.shared.injector.steal_batch_with_limit_and_pop(&self.local.queue, GLOBAL_BATCH + 1) {
                 Steal::Success(task) => return Some(task),
                 Steal::Empty => return None,
                 Steal::Retry => std::hint::spin_loop(),
@@ -385,7 +311,7 @@ impl WorkerLoop<'_> {
         }
     }
 
-    fn steal_from_victims(&mut self) -> Option<Task> {
+    fn steal_from_victims(&mut self) -> Option<Arc<ProcessCell>> {
         let stealers = &self.shared.stealers;
         let n = stealers.len();
         if n <= 1 {
@@ -395,10 +321,11 @@ impl WorkerLoop<'_> {
             let mut retry = false;
             let start = self.rng.below(n);
             for i in (0..n).map(|k| (start + k) % n).filter(|&i| i != self.index) {
-                let before = self.queue.len();
-                match stealers[i].steal_batch_and_pop(self.queue) {
+                let queue = &self.local.queue;
+                let before = queue.len();
+                match stealers[i].steal_batch_and_pop(queue) {
                     Steal::Success(task) => {
-                        let stolen = (self.queue.len() - before) as u64 + 1;
+                        let stolen = (queue.len() - before) as u64 + 1;
                         self.shared.counters[self.index].record_steal(stolen);
                         return Some(task);
                     }
@@ -412,17 +339,18 @@ impl WorkerLoop<'_> {
         }
     }
 
-    fn run_task(&mut self, cell: Task) {
+    fn run_task(&mut self, cell: Arc<ProcessCell>) {
         let shared = self.shared;
         let counters = &shared.counters[self.index];
         let out = &mut self.out;
-        let dispatch = self.dispatch;
-        let end = cell.run_turn(shared.config.turn_budget, &mut self.events, |events| {
+        let local = self.local;
+        let dispatch = &local.dispatch;
+        let end = cell.run_turn(shared.settings.turn_budget, &mut self.events, |events| {
             events.append(&mut dispatch.early.borrow_mut());
             out.reset();
             counters.record_step();
             #[cfg(feature = "wasm")]
-            dispatch.stepping.set(Arc::as_ptr(&cell));
+            local.stepping.enter(&cell);
             // SAFETY: `run_turn` runs this closure only while this worker holds the
             // process in `Running`.
             let stepped = unsafe {
@@ -430,7 +358,7 @@ impl WorkerLoop<'_> {
             };
             // A panic in the step was caught above, so this always runs.
             #[cfg(feature = "wasm")]
-            dispatch.stepping.set(std::ptr::null());
+            local.stepping.leave();
             // A step may leave events it did not take; they were delivered to it all the same.
             events.clear();
             match stepped {
@@ -443,7 +371,7 @@ impl WorkerLoop<'_> {
             }
             let status = out.take_status();
             let yields = out.yields_mut();
-            let limits = &shared.config.limits;
+            let limits = &shared.settings.limits;
             if let Status::Complete(result) = status {
                 // Yields written with `Complete` are discarded (DESIGN 2).
                 yields.clear();
@@ -454,8 +382,7 @@ impl WorkerLoop<'_> {
                 }
                 return Decision::Complete(result);
             }
-            let (children, tree) = (cell.spec.children.load(Ordering::Relaxed), cell.spec.tree_size());
-            if let Err(error) = limits.check(yields, children, tree) {
+            if let Err(error) = limits.check(yields, &cell.lineage) {
                 yields.clear();
                 return Decision::Complete(Err(error));
             }
@@ -511,8 +438,109 @@ impl WorkerLoop<'_> {
     }
 }
 
+/// The hooks through which a Wasm process reaches the scheduler in the middle of a step,
+/// found through this thread's worker. Everything here serves them alone: they are to
+/// give way to a port handed to every process at `init`.
+#[cfg(feature = "wasm")]
+mod wasm_hooks {
+    use std::cell::Cell;
+    use std::sync::Arc;
+
+    use super::{CURRENT, ProcessCell, Shared};
+    use crate::process::{CommandKind, Payload, Pid, message_size};
+
+    /// What the hooks read from the worker running on this thread.
+    pub(super) struct Stepping {
+        /// For [`others_waiting`] and [`send_from_step`].
+        shared: Arc<Shared>,
+        /// The cell of the process in a step on this worker; null between steps. Set from
+        /// the cell that `run_task` holds for the whole step and reset before the step's
+        /// end, so it is valid to follow whenever it is not null.
+        cell: Cell<*const ProcessCell>,
+    }
+
+    impl Stepping {
+        pub(super) fn new(shared: Arc<Shared>) -> Self {
+            Stepping { shared, cell: Cell::new(std::ptr::null()) }
+        }
+
+        /// `cell`'s step starts; its caller holds `cell` until [`Stepping::leave`].
+        pub(super) fn enter(&self, cell: &Arc<ProcessCell>) {
+            self.cell.set(Arc::as_ptr(cell));
+        }
+
+        /// The step has returned (or unwound: the caller catches panics first).
+        pub(super) fn leave(&self) {
+            self.cell.set(std::ptr::null());
+        }
+
+        /// The process in a step on this worker, if any.
+        fn cell(&self) -> Option<&ProcessCell> {
+            // SAFETY: non-null only between `enter` and `leave`, while `run_task` holds the
+            // cell's `Arc` (see `cell`).
+            unsafe { self.cell.get().as_ref() }
+        }
+    }
+
+    /// Whether processes are queued on the scheduler whose worker this thread is (false
+    /// off a worker thread): a long step then yields at its next epoch tick instead of at
+    /// the end of its time slice (`wasm/`). A snapshot of racy emptiness checks: a wrong
+    /// answer only moves a yield by one tick.
+    pub(crate) fn others_waiting() -> bool {
+        let local = CURRENT.get();
+        // SAFETY: as in `with_local`.
+        unsafe { local.as_ref() }.is_some_and(|local| local.stepping.shared.has_queued_work())
+    }
+
+    /// Whether process `pid`, in a step on this thread's worker, has been asked to
+    /// terminate: a Wasm step then stops at its next epoch tick instead of running to the
+    /// end of its time slice (`wasm/`). False off a worker, between steps, and for any
+    /// other process than the one stepping.
+    pub(crate) fn terminate_requested(pid: Pid) -> bool {
+        let local = CURRENT.get();
+        // SAFETY: as in `with_local`.
+        let Some(local) = (unsafe { local.as_ref() }) else { return false };
+        local.stepping.cell().is_some_and(|cell| cell.pid() == pid && cell.state.load().is_terminate_requested())
+    }
+
+    /// Sends `body` from process `from`, in a step on this thread's worker, to `to`: the
+    /// `send` host function of Wasm guests (`wasm/`), called in the middle of the step.
+    /// The same checks and delivery as a yielded `send` command, in the same order: the
+    /// payload limit (`Err`: it ends the process, as for a yield), then the permission and
+    /// the delivery (`Ok(Err)`: the sender is told why, as a completion would).
+    pub(crate) fn send_from_step(
+        from: Pid,
+        to: Pid,
+        topic: String,
+        body: Payload,
+    ) -> Result<Result<(), String>, String> {
+        const NOT_IN_A_STEP: &str = "`send` is only available during a step (not during `init`)";
+        let local = CURRENT.get();
+        // SAFETY: as in `with_local`.
+        let Some(local) = (unsafe { local.as_ref() }) else {
+            return Ok(Err(NOT_IN_A_STEP.to_owned()));
+        };
+        // Another process than the caller can be in its step: a native process that
+        // spawns with a `Handle` runs the child's `init` inside its own step.
+        let Some(cell) = local.stepping.cell().filter(|cell| cell.pid() == from) else {
+            return Ok(Err(NOT_IN_A_STEP.to_owned()));
+        };
+        let shared = &local.stepping.shared;
+        shared.settings.limits.check_payload(message_size(&topic, &body), CommandKind::Send.name())?;
+        if !cell.spec.caps.allows_builtin(CommandKind::Send) {
+            return Ok(Err(format!("permission denied: {}", CommandKind::Send.name())));
+        }
+        Ok(shared.send(cell.pid(), to, topic, body).map_err(|e| e.to_string()))
+    }
+}
+
+#[cfg(feature = "wasm")]
+use self::wasm_hooks::Stepping;
+#[cfg(feature = "wasm")]
+pub(crate) use self::wasm_hooks::{others_waiting, send_from_step, terminate_requested};
+
 /// The message of a caught panic, whichever way it was raised.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
     panic
         .downcast_ref::<&str>()
         .copied()

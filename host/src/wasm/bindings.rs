@@ -4,6 +4,9 @@
 //! them on a fiber, which lets a step past its time slice be suspended and resumed
 //! (`process.rs`). The second shares the first's types and host traits.
 
+/// The world every process component must target; named in load errors.
+pub(crate) const WORLD: &str = "wasmproc:process/process@0.1.0";
+
 // The generated items mirror the documented WIT; they are crate-private.
 wasmtime::component::bindgen!({
     world: "process",

@@ -341,9 +341,9 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
     }
 
-    /// The attack of issue 13: an entry of the right layout whose code was replaced (here
-    /// with another module's, so that the test can tell which ran) and whose integrity
-    /// field was recomputed without the key (here as a SHA-256, as the old checksum was).
+    /// A forged entry: one of the right layout whose code was replaced (here with another
+    /// module's, so that the test can tell which ran) and whose integrity field was
+    /// recomputed without the key (here as a SHA-256, as any unkeyed checksum could be).
     /// A checksum would pass it; the tag does not.
     #[test]
     fn a_forged_entry_is_refused_and_the_module_compiled() {

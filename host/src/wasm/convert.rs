@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
+use super::bindings::wasmproc::process::host;
 use super::bindings::wasmproc::process::types as wit;
+use super::log::Level;
 use crate::process::{Command, Event, Format, Outcome, Payload, Pid, SpawnRequest, Status};
 
 pub(crate) fn payload_to_wit(payload: Payload) -> wit::Payload {
@@ -62,6 +64,16 @@ pub(crate) fn command_from_wit(command: wit::Command) -> Command {
         wit::Command::Custom(custom) => {
             Command::Custom { name: custom.name.into(), payload: payload_from_wit(custom.payload) }
         }
+    }
+}
+
+pub(crate) fn level_from_wit(level: host::Level) -> Level {
+    match level {
+        host::Level::Trace => Level::Trace,
+        host::Level::Debug => Level::Debug,
+        host::Level::Info => Level::Info,
+        host::Level::Warn => Level::Warn,
+        host::Level::Error => Level::Error,
     }
 }
 

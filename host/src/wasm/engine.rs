@@ -4,15 +4,15 @@
 //! - component model on: processes are components of the `process` world;
 //! - on-demand instance allocation, with every linear memory a slot of one
 //!   [`MemoryArena`] (`memory.rs`): a live process then costs no memory mapping of its
-//!   own. wasmtime's pooling allocator cost about 4 an instance, which stopped a default
-//!   kernel (`vm.max_map_count` = 65,530) near 16k live processes; the arena is one
-//!   mapping whatever the count. The rest of an instance (its `vmctx`, its tables) is
+//!   own. wasmtime's pooling allocator maps about 4 regions an instance, which would stop
+//!   a default kernel (`vm.max_map_count` = 65,530) near 16k live processes; the arena
+//!   is one mapping whatever the count. The rest of an instance (its `vmctx`, its tables) is
 //!   `malloc`'d. The fiber stacks that preemptible steps run on come from a second
 //!   arena, [`StackArena`] (`stacks.rs`), for the same reason;
 //! - no copy-on-write memory images: a custom memory cannot take one, so data segments
 //!   are copied into the slot at instantiation (our guests have a few KiB of data). The
 //!   copy is metered code, one unit of fuel a byte, so a fuel budget is given once the
-//!   instance is made (`runtime::refuel`);
+//!   instance is made (`store::refuel`);
 //! - no guard region, and wasmtime's reservation tunable left at 0 (the arena reserves
 //!   the slots itself). Compiled code then checks every access, offset included, against
 //!   the memory's current size. With a reservation, a memory whose declared maximum fits
@@ -31,9 +31,9 @@
 //!   without preemption). Cheaper than fuel, and it bounds wall time, which is what a
 //!   time slice is.
 //!
-//! The per-process limits the pool used to impose (core instances, tables, table
-//! elements, one memory) are the store's limiter's now (`state.rs`), with the constants
-//! below.
+//! With on-demand allocation nothing in the engine bounds what one process may create:
+//! the store's limiter (`store.rs`) does, with the constants below (core instances,
+//! tables, table elements, one memory).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,8 +60,8 @@ pub(crate) const TABLES_PER_PROCESS: usize = 4;
 pub(crate) const MEMORIES_PER_PROCESS: usize = 1;
 
 /// Elements of one table, 8 bytes each of the host's heap; a guest with more
-/// indirect-call targets than this fails to instantiate. wasmtime's pool default is
-/// 20,000, which no guest of ours approaches.
+/// indirect-call targets than this fails to instantiate. No guest of ours approaches it
+/// (wasmtime's pooling allocator, which the engine does not use, defaults to 20,000).
 pub(crate) const TABLE_ELEMENTS: usize = 10_000;
 
 /// Native stack a guest call may use on the worker thread (wasmtime's default is
@@ -75,19 +75,23 @@ const MAX_WASM_STACK: usize = 256 * 1024;
 const FIBER_STACK: usize = 4 * MAX_WASM_STACK;
 
 /// Bytes of a freed memory slot that are zeroed in place and kept resident for the next
-/// process, instead of being handed back to the kernel with `madvise`. Measured on the
-/// lifecycle benchmark (2 cores) with the pooling allocator: each `madvise` and the page
-/// faults after it interrupt the other core for a TLB flush, which held both wasmproc and
-/// raw wasmtime to ~27k lifecycles/s; keeping 256 KiB resident gave ~164k/s, 1 MiB
-/// 118–218k/s, 64 KiB nothing. 256 KiB covers what our guests touch (their initial
-/// memory is 128 KiB); what freed slots retain in all is bounded by [`WARM_SLOTS`].
+/// process, instead of being handed back to the kernel with `madvise`: each `madvise`
+/// and the page faults after it interrupt the other cores for a TLB flush. 256 KiB covers
+/// what our guests touch (their initial memory is 128 KiB); what freed slots retain in
+/// all is bounded by [`WARM_SLOTS`].
+///
+/// The value comes from a measurement with wasmtime's pooling allocator, which the
+/// engine does not use (lifecycle benchmark, 2 cores: ~27k lifecycles/s giving every
+/// page back, ~164k/s keeping 256 KiB, 118–218k/s keeping 1 MiB, no gain at 64 KiB); it
+/// has not been measured again with the memory arena.
 const KEEP_RESIDENT: usize = 256 * 1024;
 
 /// Free memory slots that keep [`KEEP_RESIDENT`] bytes resident; past it a freed slot
-/// gives all its pages back. Without a bound every slot ever used kept its resident pages:
-/// after 100,000 idle processes ended, 13.5 GiB stayed resident (measured). 1,024 slots
-/// (at most 256 MiB) is twice the children the lifecycle benchmark keeps in flight; the
-/// slots that churn are reused first, so they stay warm. Not tuned beyond that.
+/// gives all its pages back. The bound is what keeps a burst of ended processes from
+/// staying resident: unbounded, every slot ever used would keep its pages (13.5 GiB
+/// after 100,000 idle processes ended, measured without the bound). 1,024 slots (at most
+/// 256 MiB) is twice the children the lifecycle benchmark keeps in flight; the slots
+/// that churn are reused first, so they stay warm. Not tuned beyond that.
 const WARM_SLOTS: usize = 1024;
 
 /// The engine's epoch as a number the host can read (wasmtime keeps its own counter to
@@ -186,7 +190,7 @@ mod tests {
     use wasmtime::{Instance, Module, Store, Trap};
 
     use super::*;
-    use crate::wasm::state::MemoryLimiter;
+    use crate::wasm::store::MemoryLimiter;
 
     const PAGE: i32 = 64 * 1024;
 
@@ -273,8 +277,8 @@ mod tests {
         instance(&engine, &mut store(&engine), module).expect("the first store's slot is free again");
     }
 
-    /// The point of the arena: live instances add no memory mappings (the pool added ~4
-    /// each). Other tests run alongside and may add a few (thread stacks), hence the slack.
+    /// The point of the arena: live instances add no memory mappings (wasmtime's pooling
+    /// allocator adds ~4 each). Other tests run alongside and may add a few (thread stacks), hence the slack.
     #[cfg(target_os = "linux")]
     #[test]
     fn live_instances_cost_no_memory_mapping() {

@@ -17,7 +17,7 @@
 //!
 //! A memory is one slot for its whole life: it never moves, and it grows in place up to
 //! the slot's end. Nothing here enforces a process's cap: the store's limiter refuses
-//! growth past it first and names the limit (`state.rs`); the slot's end is a backstop.
+//! growth past it first and names the limit (`store.rs`); the slot's end is a backstop.
 //!
 //! # The zero invariant
 //!
@@ -43,9 +43,9 @@
 //!
 //! A warm slot keeps the pages its last process touched in its first `keep_resident`
 //! bytes (the engine's `KEEP_RESIDENT`, 256 KiB) resident, zeroed, so that the next
-//! process in it does not fault them in again:
-//! `madvise` and the faults after it interrupt every other core for a TLB flush, which is
-//! what held lifecycles to ~27k/s. At most `warm_slots` free slots are warm (the engine's
+//! process in it does not fault them in again: `madvise` and the faults after it
+//! interrupt every other core for a TLB flush (see `KEEP_RESIDENT` for what that cost
+//! where it was measured). At most `warm_slots` free slots are warm (the engine's
 //! `WARM_SLOTS`); past that a freed slot is cold, all its pages given back, so that a
 //! burst of processes ending does not leave all their memory resident. Warm slots are
 //! reused first, last-in first-out, so the slots that churn stay warm.

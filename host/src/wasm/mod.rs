@@ -14,20 +14,27 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! - `config.rs`: [`Config`], the settings and their defaults;
-//! - `engine.rs`: the one engine per runtime (on-demand instances, bounds checks, epochs);
-//! - `memory.rs`: the arena every process's linear memory is a slot of;
-//! - `runtime.rs`: [`Runtime`] (load, compile once, check the world) and [`Component`];
-//! - `limits.rs`: what is compiled, bounded before compiling;
-//! - `cache.rs`: compiled components on disk;
-//! - `precompiled.rs`: files made by `wasmproc compile` ([`Runtime::precompile`]);
-//! - `key.rs`: this user's secret key, which authenticates both;
-//! - `owned.rs`: reading files only this user can have written, as ssh does;
-//! - `command.rs`: unmodified WASI programs ([`Command`]) run as one-step processes;
+//! From the top down (a file uses only the files of its own item and of those below):
+//!
+//! - `runtime.rs`: [`Runtime`] (load, compile once, check the world) and [`Program`];
+//!   `inspect.rs`: [`Runtime::inspect`], what a program is, without running it;
+//! - `component.rs`: [`Component`], a guest of the `process` world ready to instantiate;
+//!   `wasi.rs`: unmodified WASI programs ([`WasiProgram`]) run as one-step processes
+//!   ([`WasiProcess`], granted what their [`WasiOptions`] say);
 //! - `process.rs`: [`WasmProcess`], a store and an instance stepped by the scheduler;
-//! - `state.rs`: what a store holds: WASI with nothing granted, host imports, limits;
-//! - `log.rs`: guest logs and output, tagged with the pid;
-//! - `convert.rs`, `bindings.rs`: the WIT types, generated, and their conversions.
+//! - `store.rs`: what a store holds (WASI with nothing granted, host imports), its
+//!   limits, how it is made and fuelled; `watch.rs`: what stops or preempts a guest's
+//!   call at an epoch tick (time slice, CPU budget, terminate);
+//! - `engine.rs`: the one engine per runtime (on-demand instances, bounds checks,
+//!   epochs); `memory.rs`: the arena every process's linear memory is a slot of;
+//!   `stacks.rs`: the arena of the fibers' stacks;
+//! - `limits.rs`: what is compiled, bounded before compiling; `cache.rs`: compiled
+//!   components on disk; `precompiled.rs`: files made by `wasmproc compile`
+//!   ([`Runtime::precompile`]); `key.rs`: this user's secret key, which authenticates
+//!   both; `owned.rs`: reading files only this user can have written, as ssh does;
+//! - `config.rs`: [`Config`], the settings and their defaults; `log.rs`: guest logs and
+//!   output, tagged with the pid; `bindings.rs`: the WIT types, generated;
+//!   `convert.rs`: the one place they are mapped to and from the host's.
 //!
 //! # Sandbox
 //!
@@ -38,16 +45,17 @@
 //! ([`Config::time_slice`]), or past the next epoch tick while other processes wait, is
 //! preempted: suspended on its fiber and queued behind the processes waiting, so a
 //! looping guest costs others about a tick per turn; a CPU or fuel budget
-//! ([`Config::cpu_budget`], [`Config::fuel`]) ends it. WASI commands' one long call is
+//! ([`Config::cpu_budget`], [`Config::fuel`]) ends it. WASI programs' one long call is
 //! preempted the same way. `init` cannot be
 //! preempted and has a limit of its own ([`Config::init_time_limit`]).
 
 mod bindings;
 mod cache;
-mod command;
+mod component;
 mod config;
 mod convert;
 mod engine;
+mod inspect;
 mod key;
 mod limits;
 mod log;
@@ -57,10 +65,14 @@ mod precompiled;
 mod process;
 mod runtime;
 mod stacks;
-mod state;
+mod store;
+mod wasi;
+mod watch;
 
-pub use command::{COMMAND_ENTRY, Command, CommandOptions, CommandProcess, exit_code};
+pub use component::Component;
 pub use config::Config;
+pub use inspect::{Inspection, ProgramKind};
 pub use log::{Level, LogRecord, LogSink, LogSource};
 pub use process::WasmProcess;
-pub use runtime::{Component, Inspection, LoadStats, Program, ProgramKind, Runtime};
+pub use runtime::{LoadStats, Program, Runtime};
+pub use wasi::{COMMAND_ENTRY, WasiOptions, WasiProcess, WasiProgram, exit_code};

@@ -16,31 +16,46 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 use anyhow::{anyhow, bail};
-use wasmtime::{Store, Trap, UpdateDeadline, WasmBacktrace};
+use wasmtime::{Store, Trap, WasmBacktrace};
 
-use super::bindings::Process as Guest;
 use super::bindings::preemptible::Process as PreemptibleGuest;
 use super::bindings::wasmproc::process::types as wit;
+use super::bindings::{Process as Guest, ProcessIndices, ProcessPre};
+use super::config::Config;
 use super::convert;
-use super::log::Level;
-use super::runtime::{Component, Limits, new_store, refuel};
+use super::engine::EpochClock;
+use super::log::{Level, LogSink};
 use super::stacks;
-use super::state::ProcessState;
+use super::store::{ProcessLimits, ProcessState, new_store, refuel};
+use super::watch::{Stopped, Watch, watch};
 use crate::process::{Events, Payload, Pid, Process, Status, StepOutput};
 
-/// A process running a [`Component`]: one store and one instance, created by `init` and
-/// dropped by `close`, which gives the instance's memory slot back.
+/// What the processes of one component share: its code, checked against the world, and
+/// the runtime's settings. Made once per component (see `component.rs`).
+pub(crate) struct Loaded {
+    pub(crate) pre: ProcessPre<ProcessState>,
+    /// Where the exports are, found and type-checked once for every instance.
+    pub(crate) indices: ProcessIndices,
+    pub(crate) entries: Vec<String>,
+    pub(crate) log: LogSink,
+    pub(crate) clock: EpochClock,
+    pub(crate) config: Config,
+}
+
+/// A process running a [`Component`](super::Component): one store and one instance,
+/// created by `init` and dropped by `close`, which gives the instance's memory slot back.
 ///
 /// Every call into the guest runs under the component's memory cap; a step past its
 /// time slice is preempted (see the module docs), an `init` past it stopped. A trap
 /// (including a limit hit) fails that call with an error that says which export
 /// trapped and why; the scheduler then ends this process with it, and nothing else.
 pub struct WasmProcess {
-    component: Component,
+    loaded: Arc<Loaded>,
+    limits: ProcessLimits,
     state: State,
     /// Events not yet handed to the guest: those of this step, or those that arrived
     /// while a step was suspended. Kept so that steps reuse its allocation.
@@ -81,9 +96,10 @@ struct Running {
 }
 
 impl WasmProcess {
-    pub(crate) fn new(component: Component) -> Self {
+    pub(crate) fn new(loaded: Arc<Loaded>, limits: ProcessLimits) -> Self {
         WasmProcess {
-            component,
+            loaded,
+            limits,
             state: State::Empty,
             events: Vec::new(),
             cpu_ticks: 0,
@@ -100,7 +116,7 @@ impl WasmProcess {
             mut running @ Running { preemptible: None, .. } => {
                 running.store.data_mut().ticks.slice = 0;
                 running.store.set_epoch_deadline(1);
-                let clock = &self.component.loaded().clock;
+                let clock = &self.loaded.clock;
                 let started = clock.now();
                 let result = running.guest.call_step(&mut running.store, &self.events);
                 self.cpu_ticks += clock.now() - started;
@@ -124,7 +140,7 @@ impl WasmProcess {
 
     /// Polls a step once: runs it until it ends or its time slice does.
     fn resume(&mut self, mut future: Pin<Box<StepFuture>>) -> anyhow::Result<Option<Stepped>> {
-        let clock = &self.component.loaded().clock;
+        let clock = &self.loaded.clock;
         let started = clock.now();
         // What another store's call left behind is not this store's stack.
         let _ = stacks::take_made();
@@ -137,9 +153,7 @@ impl WasmProcess {
         match polled {
             Poll::Ready(stepped) => Ok(Some(stepped)),
             // Dropping the future unwinds the suspended guest and frees its fiber.
-            Poll::Pending if self.cpu_ticks >= self.component.limits.cpu_budget_ticks => {
-                Err(cpu_budget_exceeded(&self.component.limits))
-            }
+            Poll::Pending if self.cpu_ticks >= self.limits.cpu_budget_ticks => Err(cpu_budget_exceeded(&self.limits)),
             Poll::Pending => {
                 self.state = State::Suspended(future);
                 Ok(None)
@@ -150,11 +164,11 @@ impl WasmProcess {
 
 impl Process for WasmProcess {
     fn init(&mut self, pid: Pid, method: &str, input: Vec<Payload>) -> anyhow::Result<()> {
-        let loaded = self.component.loaded();
+        let loaded = &self.loaded;
         if !loaded.entries.iter().any(|entry| entry == method) {
             bail!("unknown entry method `{method}`; this component has: {}", loaded.entries.join(", "));
         }
-        let limits = self.component.limits;
+        let limits = self.limits;
         let mut store = new_store(loaded.pre.engine(), pid, loaded.log.clone(), &limits);
         let instantiated = loaded.pre.instance_pre().instantiate(&mut store).and_then(|instance| {
             let guest = loaded.indices.load_prechecked(&mut store, &instance)?;
@@ -202,7 +216,7 @@ impl Process for WasmProcess {
             out.set_status(Status::Continue);
             return Ok(());
         };
-        let limits = &self.component.limits;
+        let limits = &self.limits;
         // The payloads are the guest's now (copied into its memory); free them at once.
         // Events that came while the step was suspended stay, for the next step, in the
         // buffer that keeps its allocation.
@@ -260,117 +274,15 @@ impl std::fmt::Debug for WasmProcess {
             State::Suspended(_) => (None, "suspended"),
         };
         f.debug_struct("WasmProcess")
-            .field("component", &self.component)
+            .field("entries", &self.loaded.entries)
+            .field("limits", &self.limits)
             .field("pid", &pid)
             .field("state", &state)
             .finish()
     }
 }
 
-/// Epoch ticks that a store's calls have seen (see [`watch`]).
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Ticks {
-    /// Of the current time slice: reset at each yield, and by whoever starts a call.
-    pub(crate) slice: u64,
-    /// Over the store's whole life: the CPU time its calls ran, for the CPU budget.
-    pub(crate) cpu: u64,
-}
-
-/// What [`watch`] holds a store's calls to.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Watch {
-    /// Ticks of a time slice, and the slice as configured (for the error).
-    pub(crate) slice: u64,
-    pub(crate) slice_limit: Duration,
-    /// Whether the calls run on a fiber that may yield (a preemptible step): at the end of
-    /// a slice they yield, otherwise they fail with [`Stopped::TimeSlice`].
-    pub(crate) preemptible: bool,
-    /// The CPU budget in ticks and as configured, if there is one.
-    pub(crate) cpu_budget: Option<(u64, Duration)>,
-}
-
-/// Why a call into a guest was stopped at an epoch tick. The error [`watch`]'s callback
-/// fails a call with; found again with `downcast_ref` to give the plain message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stopped {
-    /// The process's or program's CPU time reached its `cpu_budget`.
-    CpuBudget(Duration),
-    /// A step without preemption outlasted its time slice.
-    TimeSlice(Duration),
-    /// The scheduler was asked to terminate the process.
-    Terminated,
-    /// A WASI program's interrupt flag was raised (`CommandOptions::interrupt`).
-    Interrupted,
-    /// A WASI program outlasted its `CommandOptions::time_limit`.
-    TimeLimit(Duration),
-}
-
-impl std::fmt::Display for Stopped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Stopped::CpuBudget(budget) => write!(
-                f,
-                "CPU budget exceeded: the process ran for longer than its `cpu_budget` of {budget:?} and was stopped"
-            ),
-            Stopped::TimeSlice(slice) => write!(
-                f,
-                "time slice exceeded: `step` ran longer than the process's `time_slice` of {slice:?} and was stopped \
-                 (preemption is off)"
-            ),
-            Stopped::Terminated => f.write_str("terminated"),
-            Stopped::Interrupted => f.write_str("interrupted: the host stopped the program"),
-            Stopped::TimeLimit(limit) => write!(f, "time limit exceeded: the program ran longer than {limit:?}"),
-        }
-    }
-}
-
-impl std::error::Error for Stopped {}
-
-/// Looks at every call of `store` once an epoch tick, whatever the time slice, so that a
-/// guest that never returns is still stopped within a tick of being asked to:
-///
-/// 1. past its CPU budget (`ticks.cpu`, counted here), the call fails with
-///    [`Stopped::CpuBudget`];
-/// 2. when `stop` says so (a terminate request, a WASI program's interrupt or time
-///    limit), it fails with what `stop` returned;
-/// 3. at the end of its time slice, or at any tick at which other processes wait on
-///    this worker's scheduler, a preemptible call yields its fiber (the latency a
-///    computing process adds to the others is then one tick, not one slice); a plain
-///    call past its slice fails with [`Stopped::TimeSlice`].
-///
-/// The callback costs a few atomic loads a tick while the store runs Wasm, and nothing
-/// while it does not. `ticks` finds the store's counters.
-pub(crate) fn watch<T: 'static>(
-    store: &mut Store<T>,
-    watch: Watch,
-    ticks: fn(&mut T) -> &mut Ticks,
-    stop: impl Fn() -> Option<Stopped> + Send + Sync + 'static,
-) {
-    store.set_epoch_deadline(1);
-    store.epoch_deadline_callback(move |mut cx| {
-        let ticks = ticks(cx.data_mut());
-        ticks.slice += 1;
-        ticks.cpu += 1;
-        if let Some((budget, configured)) = watch.cpu_budget
-            && ticks.cpu >= budget
-        {
-            return Err(wasmtime::Error::new(Stopped::CpuBudget(configured)));
-        }
-        if let Some(stopped) = stop() {
-            return Err(wasmtime::Error::new(stopped));
-        }
-        if ticks.slice >= watch.slice || (watch.preemptible && crate::scheduler::worker::others_waiting()) {
-            if !watch.preemptible {
-                return Err(wasmtime::Error::new(Stopped::TimeSlice(watch.slice_limit)));
-            }
-            ticks.slice = 0;
-            return Ok(UpdateDeadline::Yield(1));
-        }
-        Ok(UpdateDeadline::Continue(1))
-    });
-}
-
-fn cpu_budget_exceeded(limits: &Limits) -> anyhow::Error {
+fn cpu_budget_exceeded(limits: &ProcessLimits) -> anyhow::Error {
     anyhow!("{}", Stopped::CpuBudget(limits.cpu_budget.unwrap_or_default()))
 }
 
@@ -382,7 +294,7 @@ fn cpu_budget_exceeded(limits: &Limits) -> anyhow::Error {
 pub(crate) fn guest_error(
     error: wasmtime::Error,
     export: &str,
-    limits: &Limits,
+    limits: &ProcessLimits,
     state: &ProcessState,
 ) -> anyhow::Error {
     if let Some(stopped) = error.downcast_ref::<Stopped>() {

@@ -373,3 +373,26 @@ fn no_flag_value_makes_the_binary_panic() {
         prop_assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     });
 }
+
+/// A program that writes more than a pipe holds to a stdout nobody reads blocks in the
+/// write, outside Wasm: the timeout still ends the run, without waiting for that step.
+#[test]
+fn a_stdout_nobody_reads_does_not_hold_the_timeout() {
+    let dir = scratch("unread-stdout");
+    let big = dir.join("big.txt");
+    std::fs::write(&big, "x".repeat(1 << 20)).expect("the file can be written");
+    let (dir, big) = (dir.to_str().expect("UTF-8"), big.to_str().expect("UTF-8"));
+    let (reader, writer) = std::io::pipe().expect("a pipe can be made");
+    let start = Instant::now();
+    let child = wasmproc(&["run", WASI_CLI, "--dir", dir, "--timeout", "1s", "--grace", "100ms", "--", "--cat", big])
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("wasmproc runs");
+    let ran = finish(wait(child));
+    drop(reader);
+    assert_eq!(ran.code, 4, "{}", ran.stderr);
+    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    assert!(ran.stderr.contains("exiting with steps still running"), "{}", ran.stderr);
+}

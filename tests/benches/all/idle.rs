@@ -265,9 +265,6 @@ fn idle_wasmproc(count: u32, workers: usize) {
         kib(reserved),
         reserved as f64 / f64::from(count) / 1024.0,
     );
-    for warning in runtime.warnings() {
-        println!("{label}: the runtime warns: {warning}");
-    }
     let component = runtime.load_bytes(&bytes).expect("the bench guest loads");
     let s = Scheduler::builder()
         .workers(workers)

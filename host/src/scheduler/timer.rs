@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::Completer;
+use super::completer::Completer;
 use crate::process::Payload;
 
-pub(crate) struct Timer {
+/// The handle to the timer thread, held by the scheduler.
+pub(super) struct Timer {
     shared: Arc<TimerShared>,
 }
 
@@ -61,7 +62,7 @@ impl Eq for Entry {}
 
 impl Timer {
     /// Starts the timer thread.
-    pub(crate) fn start(name: &str) -> std::io::Result<(Timer, JoinHandle<()>)> {
+    pub(super) fn start(name: &str) -> std::io::Result<(Timer, JoinHandle<()>)> {
         let shared = Arc::new(TimerShared {
             state: Mutex::new(TimerState { heap: BinaryHeap::new(), next_seq: 0, shutdown: false }),
             condvar: Condvar::new(),
@@ -74,7 +75,7 @@ impl Timer {
     }
 
     /// Completes `done` with an empty payload after `duration`. Zero completes at once.
-    pub(crate) fn sleep(&self, duration: Duration, done: Completer) {
+    pub(super) fn sleep(&self, duration: Duration, done: Completer) {
         if duration.is_zero() {
             return done.complete(Ok(Payload::empty()));
         }
@@ -100,7 +101,7 @@ impl Timer {
 
     /// Stops the thread; pending sleeps are dropped (their completers answer with an
     /// error, which reaches no one once every process has ended).
-    pub(crate) fn shutdown(&self) {
+    pub(super) fn shutdown(&self) {
         self.shared.state.lock().shutdown = true;
         self.shared.condvar.notify_one();
     }

@@ -2,17 +2,17 @@
 //! preview 1 core module with a `_start` export.
 //!
 //! Such a program has no steps of its own: it runs from start to exit in one call. As a
-//! [`Process`] it has one entry method, `run`; `init` instantiates it and the first
-//! step runs it to the end, completing with its exit code. It gets the same sandbox as
-//! any process (memory cap, fuel budget, WASI with nothing granted) plus what its
-//! [`CommandOptions`] grant: arguments, environment variables, directories, and the
+//! [`Process`] it has one entry method, [`COMMAND_ENTRY`]; `init` instantiates it and
+//! the first step runs it to the end, completing with its exit code. It gets the same
+//! sandbox as any process (memory cap, fuel budget, WASI with nothing granted) plus what
+//! its [`WasiOptions`] grant: arguments, environment variables, directories, and the
 //! host's standard streams.
 //!
 //! The program's one call is preempted like any process's step (unless
 //! [`Config::preemption`] is off): it runs on a fiber, and past its time slice it is
 //! suspended and the process queued again, so a program that never returns shares its
 //! worker instead of holding it. It is stopped with an error when its
-//! [`CommandOptions::time_limit`] passes, its [`CommandOptions::interrupt`] flag is raised
+//! [`WasiOptions::time_limit`] passes, its [`WasiOptions::interrupt`] flag is raised
 //! (both checked between slices), or it has run for its [`Config::cpu_budget`].
 //! Without preemption the call holds the worker to its end, and the time limit and the
 //! flag are checked at every epoch tick instead.
@@ -34,30 +34,30 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail, ensure};
-use wasmtime::component::{InstancePre, ResourceTable};
+use wasmtime::component::{InstancePre, Linker, ResourceTable};
 use wasmtime::{Engine, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::bindings::sync::{Command as P2Command, CommandIndices};
 use wasmtime_wasi::p2::bindings::{Command as PreemptibleP2Command, CommandIndices as PreemptibleIndices};
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
+use super::bindings::WORLD;
 use super::config::Config;
 use super::engine::EpochClock;
 use super::log::{GuestOutput, LogSink, LogSource};
-use super::process::{Stopped, Ticks, Watch, watch};
-use super::runtime::{fuel_for_instantiation, refuel};
-use super::state::MemoryLimiter;
-use crate::dispatch::Factory;
+use super::store::{MemoryLimiter, fuel_for_instantiation, refuel};
+use super::watch::{Stopped, Ticks, Watch, watch};
 use crate::process::{Events, Payload, Pid, Process, Status, StepOutput};
+use crate::scheduler::Factory;
 
-/// The one entry method of a WASI command.
+/// The one entry method of a WASI program.
 pub const COMMAND_ENTRY: &str = "run";
 
 /// A loaded WASI program, ready to run as processes (see the module docs). Cheap to
-/// clone. As a [`Factory`] its processes get the default [`CommandOptions`]: nothing
+/// clone. As a [`Factory`] its processes get the default [`WasiOptions`]: nothing
 /// granted, output to the log.
 #[derive(Clone)]
-pub struct Command {
+pub struct WasiProgram {
     inner: Arc<Inner>,
 }
 
@@ -68,16 +68,17 @@ struct Inner {
     clock: EpochClock,
 }
 
+/// A WASI program's code, linked (see [`WasiLinkers`]).
 pub(crate) enum Code {
     /// A `wasi:cli/run` component, with its export found for plain and for fiber calls.
-    Component(InstancePre<CommandState>, CommandIndices, PreemptibleIndices),
+    Component(InstancePre<WasiState>, CommandIndices, PreemptibleIndices),
     /// A preview 1 module with `_start`.
     Module(wasmtime::InstancePre<P1State>),
 }
 
-impl Command {
+impl WasiProgram {
     pub(crate) fn new(code: Code, engine: Engine, config: Config, clock: EpochClock) -> Self {
-        Command { inner: Arc::new(Inner { code, engine, config, clock }) }
+        WasiProgram { inner: Arc::new(Inner { code, engine, config, clock }) }
     }
 
     /// Whether it is a preview 1 core module (else a `wasi:cli/run` component).
@@ -87,20 +88,20 @@ impl Command {
 
     /// A process of this program with `options`, not yet initialised: hand it to
     /// [`Handle::spawn`](crate::Handle::spawn) with the method [`COMMAND_ENTRY`].
-    pub fn process(&self, options: CommandOptions) -> CommandProcess {
-        CommandProcess { command: self.clone(), options, state: State::Empty, deadline: None, cpu_ticks: 0 }
+    pub fn process(&self, options: WasiOptions) -> WasiProcess {
+        WasiProcess { program: self.clone(), options, state: State::Empty, deadline: None, cpu_ticks: 0 }
     }
 }
 
-impl std::fmt::Debug for Command {
+impl std::fmt::Debug for WasiProgram {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Command").field("core_module", &self.is_core_module()).finish_non_exhaustive()
+        f.debug_struct("WasiProgram").field("core_module", &self.is_core_module()).finish_non_exhaustive()
     }
 }
 
-impl Factory for Command {
+impl Factory for WasiProgram {
     fn make(&self) -> anyhow::Result<Box<dyn Process>> {
-        Ok(Box::new(self.process(CommandOptions::default())))
+        Ok(Box::new(self.process(WasiOptions::default())))
     }
 }
 
@@ -108,7 +109,7 @@ impl Factory for Command {
 /// arguments, no environment, no files, no network, stdin at end of file, stdout and
 /// stderr to the host log.
 #[derive(Clone, Default)]
-pub struct CommandOptions {
+pub struct WasiOptions {
     args: Vec<String>,
     env: Vec<(String, String)>,
     dirs: Vec<(PathBuf, String, bool)>,
@@ -117,7 +118,7 @@ pub struct CommandOptions {
     interrupt: Option<Arc<AtomicBool>>,
 }
 
-impl CommandOptions {
+impl WasiOptions {
     /// The defaults: nothing granted.
     pub fn new() -> Self {
         Self::default()
@@ -185,16 +186,16 @@ impl CommandOptions {
     }
 }
 
-/// What a command's store holds: WASI and the memory limit.
-pub(crate) struct CommandState {
+/// What a `wasi:cli/run` component's store holds: WASI and the memory limit.
+pub(crate) struct WasiState {
     wasi: WasiCtx,
     table: ResourceTable,
     limiter: MemoryLimiter,
-    /// See `process::watch`.
+    /// See [`watch`].
     ticks: Ticks,
 }
 
-impl WasiView for CommandState {
+impl WasiView for WasiState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
     }
@@ -202,18 +203,110 @@ impl WasiView for CommandState {
 
 /// What a preview 1 module's store holds.
 pub(crate) struct P1State {
-    pub(crate) wasi: WasiP1Ctx,
+    wasi: WasiP1Ctx,
     limiter: MemoryLimiter,
-    /// See `process::watch`.
+    /// See [`watch`].
     ticks: Ticks,
 }
 
+/// The linkers of WASI programs: WASI p2 for components, preview 1 for core modules.
+/// Made when a runtime loads its first WASI program.
+pub(crate) struct WasiLinkers {
+    component: Linker<WasiState>,
+    module: wasmtime::Linker<P1State>,
+}
+
+impl WasiLinkers {
+    pub(crate) fn new(engine: &Engine) -> anyhow::Result<Self> {
+        let mut component = Linker::new(engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut component)
+            .map_err(anyhow::Error::from)
+            .context("failed to link WASI")?;
+        let mut module = wasmtime::Linker::new(engine);
+        wasmtime_wasi::p1::add_to_linker_sync(&mut module, |state: &mut P1State| &mut state.wasi)
+            .map_err(anyhow::Error::from)
+            .context("failed to link WASI preview 1")?;
+        Ok(WasiLinkers { component, module })
+    }
+
+    /// The code of a `wasi:cli/run` component (see [`is_command`]), linked.
+    pub(crate) fn component(&self, component: &wasmtime::component::Component) -> anyhow::Result<Code> {
+        let pre = self
+            .component
+            .instantiate_pre(component)
+            .map_err(anyhow::Error::from)
+            .context("the WASI command needs something wasmproc does not provide")?;
+        let unknown_run = "the component's `wasi:cli/run` export is not the one wasmproc knows";
+        let indices = CommandIndices::new(&pre).map_err(anyhow::Error::from).context(unknown_run)?;
+        let preemptible = PreemptibleIndices::new(&pre).map_err(anyhow::Error::from).context(unknown_run)?;
+        Ok(Code::Component(pre, indices, preemptible))
+    }
+
+    /// The code of a preview 1 core module, linked, once it is known to be a command: it
+    /// has a `_start` of the right type and, if it calls WASI, the memory WASI needs.
+    pub(crate) fn module(&self, module: &wasmtime::Module) -> anyhow::Result<Code> {
+        ensure!(
+            module.get_export("_start").is_some(),
+            "a core module without a `_start` export is neither a WASI command nor a process: processes are \
+             components of the `{WORLD}` world (build the guest for `wasm32-wasip2`)"
+        );
+        if let Some(problem) = start_problem(module) {
+            bail!("{problem}");
+        }
+        // wasmtime-wasi's preview 1 functions find their arguments in the caller's export
+        // `memory`, and fail every call without one.
+        let imports_wasi = module.imports().any(|import| import.module() == "wasi_snapshot_preview1");
+        ensure!(
+            !imports_wasi || matches!(module.get_export("memory"), Some(wasmtime::ExternType::Memory(_))),
+            "the module imports WASI preview 1 functions but exports no memory named `memory`, where they \
+             read and write their arguments: every call would fail (export the module's memory as `memory`)"
+        );
+        let pre = self
+            .module
+            .instantiate_pre(module)
+            .map_err(anyhow::Error::from)
+            .context("the WASI program needs something wasmproc does not provide")?;
+        Ok(Code::Module(pre))
+    }
+}
+
+/// Whether `component` is a WASI command rather than a process: it exports
+/// `wasi:cli/run` and not the world's `step`.
+pub(crate) fn is_command(engine: &Engine, component: &wasmtime::component::Component) -> bool {
+    let ty = component.component_type();
+    let names: Vec<&str> = ty.exports(engine).map(|(name, _)| name).collect();
+    names.iter().any(|name| name.starts_with("wasi:cli/run@")) && !names.contains(&"step")
+}
+
+/// Why a core module's `_start` export cannot start a WASI command, if it cannot: it must
+/// be a function of no parameters and no results.
+fn start_problem(module: &wasmtime::Module) -> Option<String> {
+    match module.get_export("_start")? {
+        wasmtime::ExternType::Func(ty) if ty.params().len() == 0 && ty.results().len() == 0 => None,
+        wasmtime::ExternType::Func(ty) => Some(format!(
+            "the module's `_start` export is a function of type {ty}; a WASI command's `_start` takes no \
+             parameters and returns nothing"
+        )),
+        other => Some(format!("the module's `_start` export is not a function but {}", extern_kind(&other))),
+    }
+}
+
+fn extern_kind(ty: &wasmtime::ExternType) -> &'static str {
+    match ty {
+        wasmtime::ExternType::Func(_) => "a function",
+        wasmtime::ExternType::Global(_) => "a global",
+        wasmtime::ExternType::Table(_) => "a table",
+        wasmtime::ExternType::Memory(_) => "a memory",
+        wasmtime::ExternType::Tag(_) => "a tag",
+    }
+}
+
 /// A process running a WASI program: see the module docs.
-pub struct CommandProcess {
-    command: Command,
-    options: CommandOptions,
+pub struct WasiProcess {
+    program: WasiProgram,
+    options: WasiOptions,
     state: State,
-    /// When the [`CommandOptions::time_limit`] passes, and the limit, from `init` on.
+    /// When the [`WasiOptions::time_limit`] passes, and the limit, from `init` on.
     deadline: Option<(Instant, Duration)>,
     /// Epoch ticks the program has run for, counted around each slice (as
     /// `process.rs` does for steps).
@@ -235,17 +328,17 @@ enum State {
 type RunFuture = dyn Future<Output = wasmtime::Result<u32>> + Send;
 
 enum Running {
-    Component(Store<CommandState>, P2Command),
-    PreemptibleComponent(Store<CommandState>, PreemptibleP2Command),
+    Component(Store<WasiState>, P2Command),
+    PreemptibleComponent(Store<WasiState>, PreemptibleP2Command),
     Module(Store<P1State>, wasmtime::TypedFunc<(), ()>),
     PreemptibleModule(Store<P1State>, wasmtime::TypedFunc<(), ()>),
 }
 
-impl CommandProcess {
+impl WasiProcess {
     /// The limits every store shares: memory cap and fuel.
     fn limit<T: 'static>(&self, store: &mut Store<T>, limiter: fn(&mut T) -> &mut MemoryLimiter) {
         store.limiter(move |state| limiter(state));
-        fuel_for_instantiation(store, self.command.inner.config.fuel);
+        fuel_for_instantiation(store, self.program.inner.config.fuel);
     }
 
     /// What stops the program at an epoch tick whatever it is doing: its interrupt flag,
@@ -267,10 +360,10 @@ impl CommandProcess {
     }
 
     /// Stops instantiation (the start function, a plain call) at the first epoch tick past
-    /// the `init_time_limit`, or when [`CommandProcess::stop`] says so.
+    /// the `init_time_limit`, or when [`WasiProcess::stop`] says so.
     fn watch_instantiation<T: 'static>(&self, store: &mut Store<T>, pid: Pid) {
         let started = Instant::now();
-        let limit = self.command.inner.config.init_time_limit;
+        let limit = self.program.inner.config.init_time_limit;
         let stop = self.stop(pid);
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
@@ -287,11 +380,11 @@ impl CommandProcess {
         });
     }
 
-    /// Watches the run at every epoch tick (see `process::watch`): with preemption it
-    /// yields its fiber as a process's step does; without, it holds its worker to its
-    /// end. Either way the CPU budget and [`CommandProcess::stop`] end it within a tick.
+    /// Watches the run at every epoch tick (see [`watch`]): with preemption it yields its
+    /// fiber as a process's step does; without, it holds its worker to its end. Either
+    /// way the CPU budget and [`WasiProcess::stop`] end it within a tick.
     fn watch_run<T: 'static>(&self, store: &mut Store<T>, pid: Pid, ticks: fn(&mut T) -> &mut Ticks) {
-        let config = &self.command.inner.config;
+        let config = &self.program.inner.config;
         let watching = Watch {
             slice: if config.preemption { config.ticks(config.time_slice) } else { u64::MAX },
             slice_limit: config.time_slice,
@@ -303,14 +396,14 @@ impl CommandProcess {
 
     /// Instantiates the program: its start function runs here.
     fn instantiate(&mut self, pid: Pid) -> anyhow::Result<State> {
-        let inner = self.command.inner.clone();
+        let inner = self.program.inner.clone();
         let config = &inner.config;
         let mut wasi = self.options.wasi(pid, &config.log)?;
         let limiter = MemoryLimiter { max_memory: config.max_memory };
         let running = match &inner.code {
             Code::Component(pre, indices, preemptible) => {
                 let state =
-                    CommandState { wasi: wasi.build(), table: ResourceTable::new(), limiter, ticks: Ticks::default() };
+                    WasiState { wasi: wasi.build(), table: ResourceTable::new(), limiter, ticks: Ticks::default() };
                 let mut store = Store::new(&inner.engine, state);
                 self.limit(&mut store, |state| &mut state.limiter);
                 self.watch_instantiation(&mut store, pid);
@@ -340,7 +433,7 @@ impl CommandProcess {
                     Err(error) => return exit_status(Err(error), config).map(State::Exited),
                 };
                 refuel(&mut store, config.fuel);
-                // The type was checked at load (`runtime::start_problem`).
+                // The type was checked at load (`start_problem`).
                 let start = instance
                     .get_typed_func::<(), ()>(&mut store, "_start")
                     .map_err(anyhow::Error::from)
@@ -355,7 +448,7 @@ impl CommandProcess {
     /// Polls a run once: to its end or to the end of its time slice. `None` if it was
     /// preempted (and is kept to resume).
     fn resume(&mut self, mut future: Pin<Box<RunFuture>>) -> anyhow::Result<Option<u32>> {
-        let inner = self.command.inner.clone();
+        let inner = self.program.inner.clone();
         let started = inner.clock.now();
         let polled = future.as_mut().poll(&mut Context::from_waker(Waker::noop()));
         self.cpu_ticks += inner.clock.now() - started;
@@ -395,7 +488,7 @@ fn exit_status(result: wasmtime::Result<u32>, config: &Config) -> anyhow::Result
     }
 }
 
-impl Process for CommandProcess {
+impl Process for WasiProcess {
     fn init(&mut self, pid: Pid, method: &str, input: Vec<Payload>) -> anyhow::Result<()> {
         ensure!(method == COMMAND_ENTRY, "unknown entry method `{method}`; a WASI command has one: {COMMAND_ENTRY}");
         ensure!(input.is_empty(), "a WASI command takes no input payloads: pass it arguments instead");
@@ -406,7 +499,7 @@ impl Process for CommandProcess {
     }
 
     fn step(&mut self, _events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
-        let config = &self.command.inner.config;
+        let config = &self.program.inner.config;
         let code = match std::mem::replace(&mut self.state, State::Empty) {
             State::Empty => bail!("`step` called on a WASI command that is not initialised or has already run"),
             State::Exited(code) => Some(code),
@@ -451,7 +544,7 @@ fn command_error(error: wasmtime::Error, config: &Config) -> anyhow::Error {
     anyhow!("{}", error.root_cause())
 }
 
-/// The exit code a finished command's result holds (see [`CommandProcess`]).
+/// The exit code a finished WASI program's result holds (see [`WasiProcess`]).
 pub fn exit_code(result: &Payload) -> Option<i32> {
     result.to_u64().and_then(|code| u32::try_from(code).ok()).map(|code| code as i32)
 }

@@ -5,48 +5,50 @@
 //! mutex over a `Vec` is the right tool here: pushes are a few nanoseconds uncontended,
 //! the consumer takes every pending event with one swap, and the same lock makes
 //! "closed", the mailbox bound and the list of watchers consistent with the events.
+//!
+//! Watchers (whom to tell when the process ends) are of a type the inbox only stores:
+//! the scheduler's `cell::Watcher`.
 
 use std::borrow::Cow;
 use std::mem;
 
-use super::cell::Watcher;
 use crate::loom::Mutex;
 use crate::process::Event;
 
 /// Why an inbox refused an event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Refused {
+pub(super) enum Refused {
     /// The process has finished or is finishing.
     Closed,
     /// The mailbox holds `capacity` undelivered messages already.
     Full { capacity: usize },
 }
 
-pub(crate) struct Inbox {
-    inner: Mutex<InboxState>,
+pub(super) struct Inbox<W> {
+    inner: Mutex<InboxState<W>>,
 }
 
-struct InboxState {
+struct InboxState<W> {
     events: Vec<Event>,
     /// Messages in `events`; bounded by the mailbox capacity.
     messages: usize,
     closed: bool,
-    watchers: Vec<Watcher>,
+    watchers: Vec<W>,
     terminate_reason: Option<Cow<'static, str>>,
 }
 
 /// What is left in an inbox when it closes.
-pub(crate) struct Closed {
+pub(super) struct Closed<W> {
     /// Events the process will never see.
-    pub(crate) undelivered: Vec<Event>,
+    pub(super) undelivered: Vec<Event>,
     /// Everyone to tell about the exit.
-    pub(crate) watchers: Vec<Watcher>,
+    pub(super) watchers: Vec<W>,
     /// Set if the process was terminated rather than finishing by itself.
-    pub(crate) terminate_reason: Option<Cow<'static, str>>,
+    pub(super) terminate_reason: Option<Cow<'static, str>>,
 }
 
-impl Inbox {
-    pub(crate) fn new() -> Self {
+impl<W> Inbox<W> {
+    pub(super) fn new() -> Self {
         Inbox {
             inner: Mutex::new(InboxState {
                 events: Vec::new(),
@@ -60,7 +62,7 @@ impl Inbox {
 
     /// Pushes `event`. Messages count against `capacity`; other events (completions,
     /// exits, cancel) are bounded by what the process itself asked for and always fit.
-    pub(crate) fn push(&self, event: Event, capacity: usize) -> Result<(), Refused> {
+    pub(super) fn push(&self, event: Event, capacity: usize) -> Result<(), Refused> {
         let mut inner = self.inner.lock();
         if inner.closed {
             return Err(Refused::Closed);
@@ -77,7 +79,7 @@ impl Inbox {
 
     /// Moves every pending event into `buf` (which must be empty) by swapping buffers,
     /// so neither side reallocates in the steady state.
-    pub(crate) fn drain_into(&self, buf: &mut Vec<Event>) {
+    pub(super) fn drain_into(&self, buf: &mut Vec<Event>) {
         debug_assert!(buf.is_empty());
         let mut inner = self.inner.lock();
         mem::swap(&mut inner.events, buf);
@@ -85,7 +87,7 @@ impl Inbox {
     }
 
     /// Registers someone to tell when the process ends; gives it back if it already has.
-    pub(crate) fn watch(&self, watcher: Watcher) -> Result<(), Watcher> {
+    pub(super) fn watch(&self, watcher: W) -> Result<(), W> {
         let mut inner = self.inner.lock();
         if inner.closed {
             return Err(watcher);
@@ -96,7 +98,7 @@ impl Inbox {
 
     /// Records why the process is being terminated; the first reason wins. Returns
     /// false if the process has already finished.
-    pub(crate) fn set_terminate_reason(&self, reason: Cow<'static, str>) -> bool {
+    pub(super) fn set_terminate_reason(&self, reason: Cow<'static, str>) -> bool {
         let mut inner = self.inner.lock();
         if inner.closed {
             return false;
@@ -106,7 +108,7 @@ impl Inbox {
     }
 
     /// Refuses every later push and hands back what is left.
-    pub(crate) fn close(&self) -> Closed {
+    pub(super) fn close(&self) -> Closed<W> {
         let mut inner = self.inner.lock();
         inner.closed = true;
         inner.messages = 0;
@@ -118,7 +120,7 @@ impl Inbox {
     }
 
     #[cfg(all(test, loom))]
-    pub(crate) fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.inner.lock().events.len()
     }
 }
@@ -134,7 +136,7 @@ mod tests {
 
     #[test]
     fn mailbox_bound_counts_messages_only() {
-        let inbox = Inbox::new();
+        let inbox = Inbox::<()>::new();
         assert_eq!(inbox.push(message(1), 1), Ok(()));
         assert_eq!(inbox.push(message(2), 1), Err(Refused::Full { capacity: 1 }));
         let completion = Event::Completion { tag: 7, result: Ok(Payload::empty()) };
@@ -147,7 +149,7 @@ mod tests {
 
     #[test]
     fn closed_inbox_refuses_and_returns_leftovers() {
-        let inbox = Inbox::new();
+        let inbox = Inbox::<()>::new();
         inbox.push(message(1), 8).unwrap();
         assert!(inbox.set_terminate_reason("first".into()));
         assert!(inbox.set_terminate_reason("second".into()));

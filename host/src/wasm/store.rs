@@ -1,16 +1,82 @@
-//! What a process's store holds: its WASI context (nothing granted), its memory limit,
-//! and what its host imports need.
+//! A process's store: what it holds ([`ProcessState`]: its WASI context, granting
+//! nothing, and what its host imports need), the limits it runs under
+//! ([`ProcessLimits`], [`MemoryLimiter`]), how it is made ([`new_store`]) and fuelled.
+
+use std::time::Duration;
 
 use wasmtime::component::ResourceTable;
-use wasmtime::{ResourceLimiter, format_err};
+use wasmtime::{Engine, ResourceLimiter, Store, format_err};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::wasmproc::process::{host, types};
+use super::config::Config;
 use super::convert;
 use super::engine::{CORE_INSTANCES_PER_PROCESS, MEMORIES_PER_PROCESS, TABLE_ELEMENTS, TABLES_PER_PROCESS};
 use super::log::{GuestOutput, Level, LogRecord, LogSink, LogSource};
-use super::process::Ticks;
+use super::watch::Ticks;
 use crate::process::Pid;
+
+/// Per-process limits; see [`Config::max_memory`], [`Config::time_slice`],
+/// [`Config::fuel`] and [`Config::cpu_budget`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ProcessLimits {
+    pub(crate) max_memory: usize,
+    pub(crate) time_slice: Duration,
+    pub(crate) time_slice_ticks: u64,
+    /// The whole life's fuel budget; `None` when the engine does not meter fuel.
+    pub(crate) fuel: Option<u64>,
+    pub(crate) cpu_budget: Option<Duration>,
+    pub(crate) cpu_budget_ticks: u64,
+    pub(crate) init_time_limit: Duration,
+    pub(crate) init_ticks: u64,
+}
+
+impl ProcessLimits {
+    /// The limits of `config`, with this memory cap and time slice.
+    pub(crate) fn new(config: &Config, max_memory: usize, time_slice: Duration) -> Self {
+        ProcessLimits {
+            max_memory,
+            time_slice,
+            time_slice_ticks: config.ticks(time_slice),
+            fuel: config.fuel,
+            cpu_budget: config.cpu_budget,
+            cpu_budget_ticks: config.cpu_budget.map_or(u64::MAX, |budget| config.ticks(budget)),
+            init_time_limit: config.init_time_limit,
+            init_ticks: config.ticks(config.init_time_limit),
+        }
+    }
+}
+
+/// A store for process `pid`, with its limits in force.
+pub(crate) fn new_store(engine: &Engine, pid: Pid, log: LogSink, limits: &ProcessLimits) -> Store<ProcessState> {
+    let mut store = Store::new(engine, ProcessState::new(pid, log, limits.max_memory));
+    store.limiter(|state| &mut state.limiter);
+    store.epoch_deadline_trap();
+    store.set_epoch_deadline(limits.init_ticks);
+    fuel_for_instantiation(&mut store, limits.fuel);
+    store
+}
+
+/// Lets `store` instantiate whatever its fuel `budget`. Instantiation copies the guest's
+/// data segments into its memory with metered code (there are no copy-on-write images
+/// with the memory arena; see `engine.rs`), at one unit of fuel a byte, and a budget is
+/// for what the guest runs from `init` on, not for the size of its data; the time slice
+/// still bounds instantiation. [`refuel`] sets the budget once the instance is made.
+pub(crate) fn fuel_for_instantiation<T>(store: &mut Store<T>, budget: Option<u64>) {
+    if budget.is_some() {
+        // Only fails when the engine does not meter fuel, and a budget is set exactly
+        // when it does (both come from `Config::fuel`).
+        let _ = store.set_fuel(u64::MAX);
+    }
+}
+
+/// Gives `store` its whole fuel `budget`, if it has one; see [`fuel_for_instantiation`].
+pub(crate) fn refuel<T>(store: &mut Store<T>, budget: Option<u64>) {
+    if let Some(budget) = budget {
+        // As in `fuel_for_instantiation`.
+        let _ = store.set_fuel(budget);
+    }
+}
 
 /// The data of one process's `Store`.
 pub(crate) struct ProcessState {
@@ -22,7 +88,7 @@ pub(crate) struct ProcessState {
     wasi: Option<Box<WasiCtx>>,
     table: ResourceTable,
     pub(crate) limiter: MemoryLimiter,
-    /// Epoch ticks its steps have seen (see `process::watch`).
+    /// Epoch ticks its steps have seen (see `watch.rs`).
     pub(crate) ticks: Ticks,
 }
 
@@ -74,14 +140,7 @@ impl WasiView for ProcessState {
 
 impl host::Host for ProcessState {
     fn log(&mut self, level: host::Level, message: String) {
-        let level = match level {
-            host::Level::Trace => Level::Trace,
-            host::Level::Debug => Level::Debug,
-            host::Level::Info => Level::Info,
-            host::Level::Warn => Level::Warn,
-            host::Level::Error => Level::Error,
-        };
-        self.log_host(level, &message);
+        self.log_host(convert::level_from_wit(level), &message);
     }
 
     fn send(&mut self, to: types::Pid, topic: String, body: types::Payload) -> wasmtime::Result<Result<(), String>> {

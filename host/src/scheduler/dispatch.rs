@@ -1,27 +1,27 @@
-//! Command dispatch: how the yields a step writes reach the code that carries them out.
+//! Command dispatch: how the yields a step writes reach the code that carries them out,
+//! and what the embedder registers for it.
 //!
 //! Built-in commands (`sleep`, `spawn`, `send`, `monitor`, `terminate`) are handled by
 //! the scheduler itself; custom commands go to the [`Handler`] the embedder registered
-//! under their name. Every yield is answered by exactly one completion: the handler's
-//! [`Completer`] may complete it at once (inside dispatch, on the worker that ran the
-//! step) or later from any thread, and a completer dropped without completing answers
-//! with an error rather than leaving the process waiting forever.
+//! under their name; `spawn` makes its process with the [`Factory`] of the kind it names.
+//! Every yield is answered by exactly one completion (see `completer.rs`): the handler's
+//! [`Completer`] may complete it at once or later from any thread.
 //!
 //! Checks, in order: an unknown custom command completes with ``unknown command `name` ``;
 //! a command the process was not granted completes with `permission denied: name`.
-
-pub(crate) mod timer;
 
 use std::borrow::Cow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use crate::process::{Command, Event, Outcome, Payload, Pid, Process, SpawnRequest, Yield};
-use crate::scheduler::cell::{ProcessCell, Watcher};
-use crate::scheduler::state::Wake;
-use crate::scheduler::worker::Task;
-use crate::scheduler::worker::{self, panic_message};
-use crate::scheduler::{Handle, Shared, SpawnArgs, YieldKind};
+use super::cell::{ProcessCell, Watcher};
+use super::completer::{Completer, DROPPED, complete};
+use super::handle::Handle;
+use super::lifecycle::SpawnArgs;
+use super::limits::Lineage;
+use super::shared::Shared;
+use super::worker::panic_message;
+use crate::process::{Command, CommandKind, Outcome, Payload, Pid, Process, SpawnRequest, Yield};
 
 /// Code that carries out a custom command.
 ///
@@ -112,70 +112,9 @@ impl Drop for Request<'_> {
     }
 }
 
-const DROPPED: &str = "command handler dropped the yield without completing it";
-
-/// Completes one yield from anywhere, at any time. Consumed by [`Completer::complete`];
-/// dropping it unused completes the yield with an error, so a process never waits on a
-/// lost handler.
-///
-/// Completing a yield of a process that has ended in the meantime does nothing.
-pub struct Completer {
-    target: Option<Arc<ProcessCell>>,
-    tag: u64,
-}
-
-impl Completer {
-    pub(crate) fn new(target: Arc<ProcessCell>, tag: u64) -> Self {
-        Completer { target: Some(target), tag }
-    }
-
-    /// The tag of the yield this completes.
-    pub fn tag(&self) -> u64 {
-        self.tag
-    }
-
-    /// The process waiting for the completion.
-    pub fn pid(&self) -> Pid {
-        self.target.as_ref().map_or(Pid::HOST, |cell| cell.pid())
-    }
-
-    /// Delivers `result` to the process and wakes it.
-    pub fn complete(mut self, result: Outcome) {
-        if let Some(cell) = self.target.take() {
-            complete(&cell, self.tag, result);
-        }
-    }
-}
-
-impl Drop for Completer {
-    fn drop(&mut self) {
-        if let Some(cell) = self.target.take() {
-            complete(&cell, self.tag, Err(DROPPED.to_owned()));
-        }
-    }
-}
-
-impl std::fmt::Debug for Completer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Completer").field("pid", &self.pid()).field("tag", &self.tag).finish()
-    }
-}
-
-/// Delivers the completion of yield `tag` to `cell`: kept aside for its next step when
-/// this thread is dispatching its yields right now, otherwise through its inbox.
-fn complete(cell: &Arc<ProcessCell>, tag: u64, result: Outcome) {
-    let Err(event) = worker::deliver_during_dispatch(cell, Event::Completion { tag, result }) else {
-        return;
-    };
-    // A refused completion is for a process that has ended (DESIGN 8): nothing to do.
-    if let Ok(Wake::Schedule) = cell.deliver(event) {
-        cell.scheduler().schedule(cell.clone());
-    }
-}
-
 impl Shared {
     /// Carries out one yield of `cell`'s last step.
-    pub(crate) fn dispatch(self: &Arc<Self>, cell: &Arc<ProcessCell>, y: Yield) {
+    pub(super) fn dispatch(self: &Arc<Self>, cell: &Arc<ProcessCell>, y: Yield) {
         let tag = y.tag;
         if let Command::Custom { name, payload } = y.command {
             let Some((registered, handler)) = self.handlers.get_key_value(name.as_ref()) else {
@@ -184,7 +123,7 @@ impl Shared {
             if !cell.spec.caps.allows_custom(&name) {
                 return complete(cell, tag, Err(format!("permission denied: {name}")));
             }
-            self.count_yield(YieldKind::Custom);
+            self.count_yield(CommandKind::Custom);
             let request = Request { caller: cell, tag, name, payload, answered: false };
             // A panicking handler drops the request while unwinding, and its drop
             // answers the yield with an error.
@@ -197,17 +136,11 @@ impl Shared {
             }
             return;
         }
-        if !cell.spec.caps.allows_command(&y.command) {
-            return complete(cell, tag, Err(format!("permission denied: {}", y.command.name())));
+        let kind = y.command.kind();
+        if !cell.spec.caps.allows_builtin(kind) {
+            return complete(cell, tag, Err(format!("permission denied: {}", kind.name())));
         }
-        self.count_yield(match y.command {
-            Command::Sleep(_) => YieldKind::Sleep,
-            Command::Spawn(_) => YieldKind::Spawn,
-            Command::Send { .. } => YieldKind::Send,
-            Command::Monitor(_) => YieldKind::Monitor,
-            Command::Terminate(_) => YieldKind::Terminate,
-            Command::Custom { .. } => YieldKind::Custom,
-        });
+        self.count_yield(kind);
         match y.command {
             Command::Sleep(duration) if duration.is_zero() => complete(cell, tag, Ok(Payload::empty())),
             Command::Sleep(duration) => self.timer.sleep(duration, Completer::new(cell.clone(), tag)),
@@ -246,7 +179,11 @@ impl Shared {
     }
 
     /// Starts the child `request` asks for, not yet queued.
-    fn spawn_child(self: &Arc<Self>, parent: &Arc<ProcessCell>, request: SpawnRequest) -> Result<Task, String> {
+    fn spawn_child(
+        self: &Arc<Self>,
+        parent: &Arc<ProcessCell>,
+        request: SpawnRequest,
+    ) -> Result<Arc<ProcessCell>, String> {
         let kind = match &request.kind {
             Some(name) => self.kinds.get_key_value(name.as_str()),
             None => parent.spec.kind.as_ref().and_then(|k| self.kinds.get_key_value(k.as_ref())),
@@ -265,9 +202,9 @@ impl Shared {
             method: request.method,
             input: request.input,
             caps: parent.spec.caps.clone(),
-            mailbox_capacity: self.config.mailbox_capacity,
+            mailbox_capacity: self.settings.mailbox_capacity,
             watcher: request.monitor.then(|| Watcher::Process(parent.clone())),
-            parent: Some(Arc::downgrade(parent)),
+            lineage: Lineage::child_of(&parent.lineage),
         };
         self.spawn_unqueued(process, args).map_err(|e| e.to_string())
     }

@@ -1,0 +1,215 @@
+//! What a run prints at its end (the result, the summary) and while it runs (the
+//! progress line), and the exit code it ends with.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use wasmproc::wasm::exit_code;
+use wasmproc::{Format, Outcome, Payload, Scheduler, Stats};
+
+use super::Exit;
+use super::output::Output;
+use super::stop::Stop;
+use super::units::count;
+
+/// The `--stats` summary.
+pub(super) struct Summary {
+    stats: Stats,
+    wall: Duration,
+    /// Guest output lines dropped because stderr was not read fast enough.
+    dropped: u64,
+}
+
+impl Summary {
+    pub(super) fn new(stats: Stats, wall: Duration, dropped: u64) -> Summary {
+        Summary { stats, wall, dropped }
+    }
+
+    fn json(&self) -> Value {
+        let s = &self.stats;
+        json!({
+            "processes": s.spawned,
+            "peak_live": s.peak_live,
+            "steps": s.workers.iter().map(|w| w.executed).sum::<u64>(),
+            "yields": s.yields,
+            "yields_by_command": s.yields_by_command.iter().map(|(name, n)| (name.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "messages": s.messages,
+            "undelivered": s.undelivered,
+            "hibernated": s.hibernated,
+            "steals": s.workers.iter().map(|w| w.steals).sum::<u64>(),
+            "workers": s.workers.iter().map(|w| json!({"steps": w.executed, "steals": w.steals, "stolen": w.stolen})).collect::<Vec<_>>(),
+            "log_lines_dropped": self.dropped,
+            "wall_ms": self.wall.as_secs_f64() * 1e3,
+        })
+    }
+
+    fn lines(&self) -> Vec<String> {
+        let s = &self.stats;
+        let steps: u64 = s.workers.iter().map(|w| w.executed).sum();
+        let by: Vec<String> = s
+            .yields_by_command
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(name, n)| format!("{name} {}", count(*n)))
+            .collect();
+        let mut lines = vec![
+            "── wasmproc stats ──".to_owned(),
+            format!("processes   {} (peak {} alive at once)", count(s.spawned), count(s.peak_live as u64)),
+            format!("steps       {}", count(steps)),
+            format!(
+                "yields      {}{}",
+                count(s.yields),
+                if by.is_empty() { String::new() } else { format!(": {}", by.join(", ")) }
+            ),
+            format!("messages    {} delivered, {} never read", count(s.messages), count(s.undelivered)),
+            format!("hibernated  {} (waiting processes that gave memory back)", count(s.hibernated)),
+            format!("steals      {}", count(s.workers.iter().map(|w| w.steals).sum())),
+        ];
+        for (i, w) in s.workers.iter().enumerate() {
+            lines.push(format!(
+                "worker {i:<4} {} steps, {} steals taking {} processes",
+                count(w.executed),
+                count(w.steals),
+                count(w.stolen)
+            ));
+        }
+        lines.push(format!("wall time   {:.1?}", self.wall));
+        lines
+    }
+}
+
+/// What a run prints at its end.
+pub(super) struct Report<'a> {
+    json: bool,
+    out: &'a Output,
+    is_command: bool,
+    summary: Option<Summary>,
+}
+
+impl<'a> Report<'a> {
+    /// The report of a run that writes to `out` (one JSON object if `json`), of a WASI
+    /// command if `is_command`.
+    pub(super) fn new(json: bool, out: &'a Output, is_command: bool) -> Report<'a> {
+        Report { json, out, is_command, summary: None }
+    }
+
+    /// The same, with the `--stats` summary.
+    pub(super) fn with_summary(self, summary: Option<Summary>) -> Report<'a> {
+        Report { summary, ..self }
+    }
+
+    /// Prints the entry process's result (whenever it has one, even if the run was
+    /// stopped after it ended) and the summary, waits for the output to be written (until
+    /// `flush_by` at the latest), and picks the exit code.
+    pub(super) fn finish(self, root: Option<Outcome>, stop: Option<Stop>, flush_by: Option<Instant>) -> ExitCode {
+        let Report { json, out, is_command, summary } = self;
+        let exit_of_command = |payload: &Payload| exit_code(payload).unwrap_or(1);
+        let outcome = root.clone().unwrap_or_else(|| Err(stop.map_or_else(String::new, Stop::reason)));
+        if json {
+            let mut object = match (&outcome, is_command) {
+                (Ok(payload), true) => json!({ "exit_code": exit_of_command(payload) }),
+                (Ok(payload), false) => json!({ "ok": payload_json(payload) }),
+                (Err(error), _) => json!({ "error": error }),
+            };
+            if let Some(stop) = stop {
+                object["stopped"] = json!(stop.name());
+            }
+            if let Some(summary) = &summary {
+                object["stats"] = summary.json();
+            }
+            out.stdout(format!("{object}\n").into_bytes());
+        } else {
+            if let Some(summary) = &summary {
+                for line in summary.lines() {
+                    out.line(line);
+                }
+            }
+            match &root {
+                Some(Ok(payload)) if !is_command => out.stdout(payload_bytes(payload)),
+                Some(Err(error)) => out.line(format!("error: the process failed: {error}")),
+                Some(Ok(_)) | None => {}
+            }
+        }
+        let dropped = out.dropped();
+        if dropped > 0 {
+            out.line(format!(
+                "wasmproc: {} of guest output dropped: stderr was not read fast enough",
+                if dropped == 1 { "1 line".to_owned() } else { format!("{} lines", count(dropped)) }
+            ));
+        }
+        let flushed = out.flush(flush_by);
+        match (&outcome, stop) {
+            _ if flushed && out.stdout_closed() => Exit::StdoutClosed.into(),
+            (_, Some(stop)) => stop.exit().into(),
+            (Ok(payload), None) if is_command => ExitCode::from((exit_of_command(payload) & 0xff) as u8),
+            (Ok(_), None) => Exit::Success.into(),
+            (Err(_), None) => Exit::ProcessFailed.into(),
+        }
+    }
+}
+
+/// A result as JSON: JSON as itself, text as a string, bytes as `{"bytes": "<hex>"}`.
+fn payload_json(payload: &Payload) -> Value {
+    match payload.format {
+        Format::Json => {
+            serde_json::from_slice(&payload.data).unwrap_or_else(|_| json!({"invalid_json": payload.as_str()}))
+        }
+        Format::Text => json!(payload.as_str()),
+        _ => json!({ "bytes": &payload.data.iter().map(|b| format!("{b:02x}")).collect::<String>() }),
+    }
+}
+
+/// A result as stdout gets it: JSON and text as lines, bytes raw.
+fn payload_bytes(payload: &Payload) -> Vec<u8> {
+    match payload.format {
+        Format::Json | Format::Text if payload.data.is_empty() => Vec::new(),
+        Format::Json | Format::Text => {
+            let mut bytes = Vec::with_capacity(payload.data.len() + 1);
+            bytes.extend_from_slice(&payload.data);
+            bytes.push(b'\n');
+            bytes
+        }
+        _ => payload.data.clone(),
+    }
+}
+
+/// The `--progress` line: redrawn every 200 ms by a thread of its own.
+pub(super) struct Progress {
+    stop: Arc<AtomicBool>,
+    thread: thread::JoinHandle<()>,
+}
+
+impl Progress {
+    pub(super) fn start(scheduler: &Scheduler, out: &Output, start: Instant) -> Progress {
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = (**scheduler).clone();
+        let flag = stop.clone();
+        let out = out.clone();
+        let thread = thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                let s = handle.stats();
+                let line = format!(
+                    "\r\x1b[K{} alive · {} spawned · {} steps · {} messages · {:.1}s",
+                    count(s.live as u64),
+                    count(s.spawned),
+                    count(s.workers.iter().map(|w| w.executed).sum()),
+                    count(s.messages),
+                    start.elapsed().as_secs_f64()
+                );
+                out.stderr_raw(line.into_bytes());
+                thread::sleep(Duration::from_millis(200));
+            }
+            out.stderr_raw(b"\r\x1b[K".to_vec());
+        });
+        Progress { stop, thread }
+    }
+
+    pub(super) fn finish(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+    }
+}

@@ -1,0 +1,231 @@
+//! [`Builder`]: the scheduler's settings, their defaults and their checks, and starting
+//! the threads.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use anyhow::{Context as _, bail, ensure};
+use crossbeam_deque::{Injector, Worker};
+use crossbeam_utils::CachePadded;
+use parking_lot::{Condvar, Mutex};
+use rustc_hash::FxHashMap;
+
+use super::cell::ProcessCell;
+use super::dispatch::{Factory, Handler};
+use super::handle::Handle;
+use super::idle::Idle;
+use super::limits::Limits;
+use super::registry::{self, Registry};
+use super::shared::{Settings, Shared};
+use super::timer::Timer;
+use super::{Scheduler, Threads, worker};
+use crate::caps::{BUILTIN_COMMANDS, Capabilities};
+
+/// Distinguishes schedulers in one OS process, so a worker thread of one never pushes
+/// work into another's deque.
+static NEXT_SCHEDULER_ID: AtomicUsize = AtomicUsize::new(1);
+
+/// Configures and starts a [`Scheduler`].
+pub struct Builder {
+    workers: Option<usize>,
+    max_processes: usize,
+    mailbox_capacity: usize,
+    turn_budget: u32,
+    limits: Limits,
+    capabilities: Capabilities,
+    thread_name: String,
+    handlers: FxHashMap<String, Arc<dyn Handler>>,
+    kinds: FxHashMap<Arc<str>, Arc<dyn Factory>>,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            workers: None,
+            max_processes: 1_000_000,
+            mailbox_capacity: 1024,
+            turn_budget: 16,
+            limits: Limits {
+                max_yields_per_step: 1024,
+                max_payload_size: 16 << 20,
+                max_children: 10_000,
+                max_descendants: 100_000,
+            },
+            capabilities: Capabilities::default(),
+            thread_name: "wasmproc".to_owned(),
+            handlers: FxHashMap::default(),
+            kinds: FxHashMap::default(),
+        }
+    }
+}
+
+impl Builder {
+    /// A builder with the defaults below.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Worker threads. By default, the machine's available parallelism.
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = Some(workers);
+        self
+    }
+
+    /// Processes alive at once; a spawn past it fails with
+    /// [`SpawnError::LimitExceeded`](crate::SpawnError::LimitExceeded). By default 1,000,000.
+    pub fn max_processes(mut self, max: usize) -> Self {
+        self.max_processes = max;
+        self
+    }
+
+    /// Undelivered messages a process's mailbox holds before sends to it fail with
+    /// [`SendError::MailboxFull`](crate::SendError::MailboxFull). By default 1024: at about 100 bytes an entry plus the
+    /// bodies, a flooded process holds ~100 KiB of backlog, not unbounded memory.
+    pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
+        self.mailbox_capacity = capacity;
+        self
+    }
+
+    /// The most commands one step may yield; a step that yields more ends its process
+    /// with an error naming this limit. By default 1024.
+    pub fn max_yields_per_step(mut self, yields: usize) -> Self {
+        self.limits.max_yields_per_step = yields;
+        self
+    }
+
+    /// The largest payload, in bytes, a process may put in a command (a message's topic
+    /// and body together, a spawn's input, a custom command's payload) or return as its
+    /// result; a process that tries to ends with an error naming this limit. By default
+    /// 16 MiB.
+    pub fn max_payload_size(mut self, bytes: usize) -> Self {
+        self.limits.max_payload_size = bytes;
+        self
+    }
+
+    /// The most live children a process may have at once; a `spawn` past it ends the
+    /// spawning process with an error naming this limit (the host-wide
+    /// [`Builder::max_processes`] still bounds every process tree together). By default
+    /// 10,000.
+    pub fn max_children(mut self, children: usize) -> Self {
+        self.limits.max_children = children;
+        self
+    }
+
+    /// The most live processes one process tree may hold: everything a process spawned
+    /// from the embedder (a root) spawned, and what those spawned, at any depth. A
+    /// `spawn` past it ends the spawning process with an error naming this limit, so a
+    /// spawn bomb uses up its own quota instead of `max_processes`, which every tree
+    /// shares. Checked per step against a count that spawns on other workers update
+    /// concurrently: it may be passed by the spawns of steps running at that moment. By
+    /// default 100,000.
+    pub fn max_descendants(mut self, processes: usize) -> Self {
+        self.limits.max_descendants = processes;
+        self
+    }
+
+    /// Steps a process may take back to back while completions keep arriving during its
+    /// steps, before it goes to the back of the global queue. By default 16: enough that
+    /// a process whose commands complete synchronously runs a burst without touching a
+    /// shared queue, few enough that it cannot hold a worker for long. Picked by
+    /// measurement on the yield-cycle benchmark; not sensitive between 8 and 64.
+    pub fn turn_budget(mut self, steps: u32) -> Self {
+        self.turn_budget = steps;
+        self
+    }
+
+    /// What processes spawned by the embedder may yield, unless their
+    /// [`SpawnOptions`](super::SpawnOptions) say otherwise. By default [`Capabilities::default`]: built-ins
+    /// granted, custom commands denied.
+    pub fn capabilities(mut self, capabilities: Capabilities) -> Self {
+        self.capabilities = capabilities;
+        self
+    }
+
+    /// Prefix of the scheduler's thread names. By default `wasmproc`.
+    pub fn thread_name(mut self, name: impl Into<String>) -> Self {
+        self.thread_name = name.into();
+        self
+    }
+
+    /// Registers `handler` for the custom command `name`.
+    pub fn handler(mut self, name: impl Into<String>, handler: impl Handler) -> Self {
+        self.handlers.insert(name.into(), Arc::new(handler));
+        self
+    }
+
+    /// Registers a process kind: `spawn` commands and [`Handle::spawn_kind`] name it.
+    pub fn kind(mut self, name: impl Into<String>, factory: impl Factory) -> Self {
+        self.kinds.insert(name.into().into(), Arc::new(factory));
+        self
+    }
+
+    /// Starts the worker threads and the timer thread.
+    ///
+    /// # Errors
+    ///
+    /// An out-of-range setting (zero or too many workers, zero mailbox capacity or
+    /// process limit, a handler named like a built-in command), or a thread that could
+    /// not be started.
+    pub fn build(self) -> anyhow::Result<Scheduler> {
+        let workers = match self.workers {
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        let max_workers = registry::MAX_SHARDS - 1;
+        ensure!((1..=max_workers).contains(&workers), "`workers` must be between 1 and {max_workers}, got {workers}");
+        ensure!(self.max_processes > 0, "`max_processes` must be at least 1");
+        ensure!(self.mailbox_capacity > 0, "`mailbox_capacity` must be at least 1");
+        ensure!(self.turn_budget > 0, "`turn_budget` must be at least 1");
+        for name in self.handlers.keys() {
+            if name.is_empty() || BUILTIN_COMMANDS.contains(&name.as_str()) {
+                bail!("cannot register a handler named `{name}`: the name is empty or a built-in command");
+            }
+        }
+
+        let queues: Vec<Worker<Arc<ProcessCell>>> = (0..workers).map(|_| Worker::new_lifo()).collect();
+        let (timer, timer_thread) = Timer::start(&self.thread_name).context("failed to start the timer thread")?;
+        let shared = Arc::new(Shared {
+            id: NEXT_SCHEDULER_ID.fetch_add(1, Ordering::Relaxed),
+            injector: Injector::new(),
+            stealers: queues.iter().map(Worker::stealer).collect(),
+            idle: Idle::new(),
+            // One shard per worker and one for every other thread.
+            registry: Registry::new(workers + 1),
+            counters: (0..=workers).map(|_| CachePadded::default()).collect(),
+            live: AtomicUsize::new(0),
+            retiring: AtomicUsize::new(0),
+            hibernating: Mutex::new(Vec::new()),
+            peak_live: AtomicUsize::new(0),
+            settings: Settings {
+                workers,
+                max_processes: self.max_processes,
+                mailbox_capacity: self.mailbox_capacity,
+                turn_budget: self.turn_budget,
+                limits: self.limits,
+                capabilities: Arc::new(self.capabilities),
+            },
+            handlers: self.handlers,
+            kinds: self.kinds,
+            timer,
+            stopping: AtomicBool::new(false),
+            shut_down: AtomicBool::new(false),
+            drained_lock: Mutex::new(()),
+            drained: Condvar::new(),
+        });
+        let scheduler = Scheduler {
+            handle: Handle { shared: shared.clone() },
+            threads: Mutex::new(Some(Threads { workers: Vec::with_capacity(workers), timer: timer_thread })),
+        };
+        for (index, queue) in queues.into_iter().enumerate() {
+            let shared = shared.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("{}-worker-{index}", self.thread_name))
+                .spawn(move || worker::run(shared, index, queue))
+                .with_context(|| format!("failed to start worker thread {index}"))?;
+            if let Some(threads) = scheduler.threads.lock().as_mut() {
+                threads.workers.push(thread);
+            }
+        }
+        Ok(scheduler)
+    }
+}

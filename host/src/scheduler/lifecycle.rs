@@ -1,0 +1,349 @@
+//! The life of a process in the scheduler: spawn (register, `init`, `Ready`), the
+//! messages, monitors and termination requests that reach it, its end (retire), waiting
+//! until none is left (drain), and the list of waiting processes to hibernate.
+
+use std::borrow::Cow;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::cell::{ProcessCell, Spec, Watcher};
+use super::inbox::Refused;
+use super::limits::Lineage;
+use super::registry;
+use super::shared::Shared;
+use super::state::Wake;
+use super::worker;
+use crate::caps::Capabilities;
+use crate::error::{SendError, SpawnError};
+use crate::process::{Event, Outcome, Payload, Pid, Process};
+
+/// The hibernation list's length below which it is never pruned, so that a scheduler
+/// with few live processes does not prune at every listing. Picked out of thin air: 16
+/// KiB of pids.
+const HIBERNATION_LIST_FLOOR: usize = 2048;
+
+/// Everything a spawn needs besides the process.
+pub(super) struct SpawnArgs {
+    pub(super) kind: Option<Arc<str>>,
+    pub(super) method: String,
+    pub(super) input: Vec<Payload>,
+    pub(super) caps: Arc<Capabilities>,
+    pub(super) mailbox_capacity: usize,
+    pub(super) watcher: Option<Watcher>,
+    /// Its place in its process tree: a root's when the embedder spawns.
+    pub(super) lineage: Lineage,
+}
+
+impl Shared {
+    /// Registers and initialises a process and moves it to `Ready`; the caller queues it.
+    pub(super) fn spawn_unqueued(
+        self: &Arc<Self>,
+        process: Box<dyn Process>,
+        args: SpawnArgs,
+    ) -> Result<Arc<ProcessCell>, SpawnError> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(SpawnError::Stopping);
+        }
+        let limit = self.settings.max_processes;
+        let before = self.live.fetch_add(1, Ordering::AcqRel);
+        if before >= limit {
+            self.release_live();
+            return Err(SpawnError::LimitExceeded { limit });
+        }
+        self.peak_live.fetch_max(before + 1, Ordering::Relaxed);
+
+        let shard = worker::current_index(self.id).unwrap_or(self.settings.workers);
+        let spec = Spec {
+            scheduler: Some(self.clone()),
+            kind: args.kind,
+            caps: args.caps,
+            mailbox_capacity: args.mailbox_capacity,
+        };
+        let cell = match self.registry.insert(shard, process, spec, args.lineage) {
+            Ok(cell) => cell,
+            Err(mut process) => {
+                self.release_live();
+                close_quietly(&mut *process);
+                return Err(SpawnError::LimitExceeded { limit: registry::MAX_PER_SHARD });
+            }
+        };
+        // Counted from registration, so that `retire` (which every registered process
+        // reaches, even one whose init fails) can always take it back.
+        cell.lineage.enter();
+        let pid = cell.pid();
+        let method = args.method;
+        // SAFETY: the process is in `Init`: registered but in no queue, so this spawner
+        // is its only owner.
+        let init =
+            unsafe { cell.with_process(|p| catch_unwind(AssertUnwindSafe(|| p.init(pid, &method, args.input)))) }
+                .expect("a process in `Init` is not closed");
+        let init = match init {
+            Ok(result) => result,
+            Err(panic) => Err(anyhow::anyhow!("init panicked: {}", worker::panic_message(&*panic))),
+        };
+        if let Err(source) = init {
+            self.retire(&cell, Some(Err(format!("{source:#}"))));
+            return Err(SpawnError::Init { method, source });
+        }
+        if let Some(watcher) = args.watcher
+            && cell.inbox.watch(watcher).is_err()
+        {
+            unreachable!("inbox of process {pid} closed during its init");
+        }
+        cell.state.transition_to_ready_from_init();
+        self.count(|c| &c.spawned, 1);
+        Ok(cell)
+    }
+
+    pub(super) fn send(&self, from: Pid, to: Pid, topic: String, body: Payload) -> Result<(), SendError> {
+        let cell = self.registry.get(to).ok_or(SendError::NotFound(to))?;
+        match cell.deliver(Event::Message { sender: from, topic, body }) {
+            Ok(wake) => {
+                self.count(|c| &c.messages, 1);
+                if wake == Wake::Schedule {
+                    self.schedule(cell);
+                }
+                Ok(())
+            }
+            Err(Refused::Closed) => Err(SendError::Closed(to)),
+            Err(Refused::Full { capacity }) => Err(SendError::MailboxFull { pid: to, capacity }),
+        }
+    }
+
+    /// `watcher` gets an [`Event::Exit`] when `target` ends; at once (`Err("noproc")`)
+    /// if it already has.
+    pub(super) fn monitor(&self, watcher: &Arc<ProcessCell>, target: Pid) {
+        let refused = match self.registry.get(target) {
+            Some(cell) => cell.inbox.watch(Watcher::Process(watcher.clone())).is_err(),
+            None => true,
+        };
+        if refused
+            && let Ok(Wake::Schedule) = watcher.deliver(Event::Exit { pid: target, result: Err("noproc".to_owned()) })
+        {
+            self.schedule(watcher.clone());
+        }
+    }
+
+    /// Requests termination of `target`, telling `watcher` once it has ended. On error
+    /// the watcher is handed back.
+    pub(super) fn terminate(&self, target: Pid, watcher: Option<Watcher>) -> Result<(), (SendError, Option<Watcher>)> {
+        let Some(cell) = self.registry.get(target) else {
+            return Err((SendError::NotFound(target), watcher));
+        };
+        if let Some(watcher) = watcher
+            && let Err(watcher) = cell.inbox.watch(watcher)
+        {
+            return Err((SendError::Closed(target), Some(watcher)));
+        }
+        // Once the watcher is registered the exit notifies it, even if the process
+        // finishes by itself before the request lands.
+        let _ = self.terminate_cell(&cell, "terminated");
+        Ok(())
+    }
+
+    pub(super) fn terminate_cell(&self, cell: &Arc<ProcessCell>, reason: &'static str) -> Result<(), SendError> {
+        if !cell.inbox.set_terminate_reason(Cow::Borrowed(reason)) {
+            return Err(SendError::Closed(cell.pid()));
+        }
+        if cell.state.request_terminate() == Wake::Schedule {
+            self.schedule(cell.clone());
+        }
+        Ok(())
+    }
+
+    /// Ends a process that was running (or was dequeued with a terminate request).
+    /// `None` means terminated: the result is the termination reason.
+    pub(super) fn finalize(&self, cell: &Arc<ProcessCell>, result: Option<Outcome>) {
+        // Counted first, so that whoever sees the scheduler drained sees it counted.
+        self.count(|c| &c.completed, 1);
+        self.retire(cell, result);
+    }
+
+    /// The end of every process, in this order: close the inbox (later events are
+    /// refused with `Closed`), mark it complete, close the process (exactly once: it is
+    /// taken out of its cell), remove its pid (later sends get `NotFound`), give back its
+    /// place under `max_processes`, tell the watchers, and only then count it out of
+    /// `retiring`, so a waiter for "no process left" also sees every exit delivered.
+    fn retire(&self, cell: &Arc<ProcessCell>, result: Option<Outcome>) {
+        let closed = cell.inbox.close();
+        let result = result
+            .unwrap_or_else(|| Err(closed.terminate_reason.map_or_else(|| "terminated".to_owned(), Cow::into_owned)));
+        cell.state.transition_to_complete();
+        // Closed before the pid leaves the registry: while `close` runs (dropping a Wasm
+        // store takes a while), senders get `Closed`, not `NotFound`.
+        // SAFETY: the caller owns the process (it is retiring it: the worker that ran it
+        // or the spawner whose init failed), and the inbox is closed.
+        if let Some(mut process) = unsafe { cell.take_process() } {
+            close_quietly(&mut *process);
+        }
+        self.registry.remove(cell.pid());
+        cell.lineage.leave();
+        // Before the watchers hear of the exit: one that spawns on hearing it must find
+        // the room this process held under `max_processes`. `retiring` goes up first, so
+        // that `live` and `retiring` are never both zero before the watchers are told.
+        self.retiring.fetch_add(1, Ordering::AcqRel);
+        self.release_live();
+        let undelivered = closed.undelivered.iter().filter(|e| matches!(e, Event::Message { .. })).count();
+        if undelivered > 0 {
+            self.count(|c| &c.undelivered, undelivered as u64);
+        }
+        for watcher in closed.watchers {
+            match watcher {
+                Watcher::Process(watching) => {
+                    if let Ok(Wake::Schedule) =
+                        watching.deliver(Event::Exit { pid: cell.pid(), result: result.clone() })
+                    {
+                        self.schedule(watching);
+                    }
+                }
+                Watcher::Yield(done) => done.complete(Ok(Payload::empty())),
+                Watcher::Handle(slot) => slot.set(result.clone()),
+            }
+        }
+        if self.retiring.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.notify_drained();
+        }
+    }
+
+    /// Lists `pid` in [`Shared::hibernating`].
+    ///
+    /// Entries of processes that ended are dropped only by a worker that runs out of
+    /// work, which a scheduler under steady load may never do: so a listing that finds
+    /// the list at twice the live processes (each live one is listed at most once)
+    /// first drops the ended ones. The list then holds at most `live` entries, and the
+    /// next pruning is `live` listings away: amortised O(1) a listing, and a list that
+    /// stays within 2 × live (or [`HIBERNATION_LIST_FLOOR`]) whatever the load.
+    pub(super) fn list_for_hibernation(&self, pid: Pid) {
+        let mut listed = self.hibernating.lock();
+        if listed.len() >= HIBERNATION_LIST_FLOOR.max(2 * self.live.load(Ordering::Relaxed)) {
+            listed.retain(|&pid| self.registry.contains(pid));
+        }
+        listed.push(pid);
+    }
+
+    fn release_live(&self) {
+        if self.live.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.notify_drained();
+        }
+    }
+
+    /// Wakes the waiters of [`Shared::wait_drained`] to check again.
+    fn notify_drained(&self) {
+        // Taking the lock orders this notify after a waiter's check (made under the
+        // lock), so the waiter is either still to check or already waiting.
+        let _guard = self.drained_lock.lock();
+        self.drained.notify_all();
+    }
+
+    /// No process alive and none retiring. `live` is read first: `retire` raises
+    /// `retiring` before it lowers `live`, so a zero read from `live` (acquiring that
+    /// decrement) is followed by a read of `retiring` that sees the raise, or its end.
+    fn drained(&self) -> bool {
+        self.live.load(Ordering::Acquire) == 0 && self.retiring.load(Ordering::Acquire) == 0
+    }
+
+    /// Waits until no process is alive; false if `deadline` passed first.
+    pub(super) fn wait_drained(&self, deadline: Option<Instant>) -> bool {
+        let mut guard = self.drained_lock.lock();
+        while !self.drained() {
+            match deadline {
+                Some(deadline) => {
+                    if self.drained.wait_until(&mut guard, deadline).timed_out() {
+                        return self.drained();
+                    }
+                }
+                None => self.drained.wait(&mut guard),
+            }
+        }
+        true
+    }
+}
+
+/// Closes and drops a process, containing any panic: a broken `close` must not take a
+/// worker down with it.
+fn close_quietly(process: &mut dyn Process) {
+    if let Err(panic) = catch_unwind(AssertUnwindSafe(|| process.close())) {
+        tracing::error!(panic = worker::panic_message(&*panic), "a process's `close` panicked");
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use crate::{Command, Events, Payload, Pid, Process, Scheduler, Status, StepOutput};
+
+    /// Waits once, for a sleep of a millisecond (one of no time completes during the
+    /// dispatch, and the process runs on without waiting), asking to hibernate
+    /// meanwhile, then ends.
+    struct WaitsOnce(bool);
+
+    impl Process for WaitsOnce {
+        fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+            Ok(())
+        }
+
+        fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+            if std::mem::replace(&mut self.0, true) {
+                out.complete(Ok(Payload::empty()));
+            } else {
+                out.yield_command(0, Command::Sleep(Duration::from_millis(1)));
+                out.set_status(Status::Blocked);
+            }
+            Ok(())
+        }
+
+        fn wants_hibernation(&mut self) -> bool {
+            true
+        }
+    }
+
+    /// Runs again at once until told to stop, so its worker never runs out of work.
+    struct Busy(Arc<AtomicBool>);
+
+    impl Process for Busy {
+        fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+            Ok(())
+        }
+
+        fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+            if self.0.load(Ordering::Relaxed) {
+                out.complete(Ok(Payload::empty()));
+            } else {
+                out.set_status(Status::Continue);
+            }
+            Ok(())
+        }
+    }
+
+    /// A worker that never runs out of work never prunes the hibernation list of the
+    /// processes that ended: listing prunes it, so it stays bounded by the live
+    /// processes (here 2 at most, so by the floor), not by every process that ever waited.
+    #[test]
+    fn the_hibernation_list_stays_bounded_on_a_busy_worker() {
+        let scheduler = Scheduler::builder().workers(1).build().expect("the scheduler starts");
+        let stop = Arc::new(AtomicBool::new(false));
+        let busy = scheduler.spawn(Busy(stop.clone()), "main", vec![]).expect("spawn");
+        // In batches, so that few are live at once and each batch's sleeps overlap.
+        let (batches, batch) = (96, 64);
+        let processes = batches * batch;
+        assert!(processes > 2 * super::HIBERNATION_LIST_FLOOR);
+        for _ in 0..batches {
+            let waiters: Vec<_> =
+                (0..batch).map(|_| scheduler.spawn(WaitsOnce(false), "main", vec![]).expect("spawn")).collect();
+            for waiter in waiters {
+                waiter.join_timeout(Duration::from_secs(20)).expect("the waiter ends").expect("ok");
+            }
+        }
+        let listed = scheduler.handle().shared.hibernating.lock().len();
+        stop.store(true, Ordering::Relaxed);
+        busy.join_timeout(Duration::from_secs(20)).expect("the busy one ends").expect("ok");
+        assert!(listed > 0, "no waiter was listed: the test shows nothing");
+        assert!(listed <= super::HIBERNATION_LIST_FLOOR, "{listed} entries listed after {processes} waiters");
+        scheduler.stop(Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,128 @@
+//! Limits on what one process may do, and the live counts of its process tree that
+//! `max_children` and `max_descendants` are checked against.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use crate::process::{CommandKind, Yield};
+
+/// Limits on what one process may do, checked by the scheduler for every process
+/// (native or Wasm). A process past one of them ends with an error naming it (DESIGN §6):
+/// the limits exist to stop misbehaving processes, not to be negotiated with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    pub(super) max_yields_per_step: usize,
+    pub(super) max_payload_size: usize,
+    pub(super) max_children: usize,
+    pub(super) max_descendants: usize,
+}
+
+impl Limits {
+    /// Checks one step's yields, from a process with the live children and tree of
+    /// `lineage`: the error ends the process, and none of the yields is carried out.
+    pub(super) fn check(&self, yields: &[Yield], lineage: &Lineage) -> Result<(), String> {
+        if yields.len() > self.max_yields_per_step {
+            return Err(format!(
+                "yield limit exceeded: one step yielded {} commands, more than `max_yields_per_step` ({})",
+                yields.len(),
+                self.max_yields_per_step
+            ));
+        }
+        let mut spawns = 0;
+        for y in yields {
+            if y.command.kind() == CommandKind::Spawn {
+                spawns += 1;
+            }
+            self.check_payload(y.command.payload_size(), y.command.name())?;
+        }
+        let children = lineage.children();
+        if children + spawns > self.max_children {
+            return Err(format!(
+                "child limit exceeded: {spawns} more spawns with {children} children alive would pass \
+                 `max_children` ({})",
+                self.max_children
+            ));
+        }
+        let tree = lineage.tree_size();
+        if tree + spawns > self.max_descendants {
+            return Err(format!(
+                "process tree limit exceeded: {spawns} more spawns with {tree} processes alive in this process's \
+                 tree would pass `max_descendants` ({})",
+                self.max_descendants
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks a payload of `size` bytes that a process hands to `what`.
+    pub(super) fn check_payload(&self, size: usize, what: &str) -> Result<(), String> {
+        if size > self.max_payload_size {
+            return Err(format!(
+                "payload limit exceeded: a {size}-byte payload for `{what}` is over `max_payload_size` ({} bytes)",
+                self.max_payload_size
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A process's place in its process tree: the live counts that [`Limits::check`] bounds.
+/// Every count is `Relaxed`: it orders nothing, it only bounds a number.
+#[derive(Default)]
+pub(super) struct Lineage {
+    /// The live-children count of the process that spawned this one, which counts this
+    /// one until it retires; `None` for a root (spawned by the embedder). The count
+    /// alone, not the parent: a child does not keep its parent alive.
+    parent_children: Option<Arc<AtomicUsize>>,
+    /// Live children, for `max_children`: made when the process first spawns, and shared
+    /// with each child. Incremented only by this process's own dispatch (it is
+    /// `Running`, so one thread), decremented by each child's retire on any thread.
+    children: OnceLock<Arc<AtomicUsize>>,
+    /// The live descendants of this process's root (the root itself not counted), for
+    /// `max_descendants`: shared by the whole tree. A root makes it when it first
+    /// spawns; a child gets its parent's at creation.
+    tree: OnceLock<Arc<AtomicUsize>>,
+}
+
+impl Lineage {
+    /// The lineage of a new child of the process whose lineage is `parent`.
+    pub(super) fn child_of(parent: &Lineage) -> Self {
+        Lineage {
+            parent_children: Some(parent.children.get_or_init(Arc::default).clone()),
+            children: OnceLock::new(),
+            tree: OnceLock::from(parent.tree.get_or_init(Arc::default).clone()),
+        }
+    }
+
+    /// Counts the process in its parent's children and its tree, from its registration
+    /// on, so that [`Lineage::leave`] (which every registered process reaches, even one
+    /// whose init fails) can always take it back. A root is not counted.
+    pub(super) fn enter(&self) {
+        if let Some(siblings) = &self.parent_children {
+            siblings.fetch_add(1, Ordering::Relaxed);
+            if let Some(tree) = self.tree.get() {
+                tree.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Takes back what [`Lineage::enter`] counted, when the process retires.
+    pub(super) fn leave(&self) {
+        if let Some(siblings) = &self.parent_children {
+            siblings.fetch_sub(1, Ordering::Relaxed);
+            if let Some(tree) = self.tree.get() {
+                tree.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Live children.
+    pub(super) fn children(&self) -> usize {
+        self.children.get().map_or(0, |children| children.load(Ordering::Relaxed))
+    }
+
+    /// Live descendants of this process's root.
+    pub(super) fn tree_size(&self) -> usize {
+        self.tree.get().map_or(0, |tree| tree.load(Ordering::Relaxed))
+    }
+}

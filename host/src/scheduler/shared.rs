@@ -1,0 +1,98 @@
+//! The state every thread of one scheduler shares (its workers, the timer, handles and
+//! completers), and how a `Ready` process gets into a run queue.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use crossbeam_deque::{Injector, Stealer};
+use crossbeam_utils::CachePadded;
+use parking_lot::{Condvar, Mutex};
+use rustc_hash::FxHashMap;
+
+use super::cell::ProcessCell;
+use super::dispatch::{Factory, Handler};
+use super::idle::Idle;
+use super::limits::Limits;
+use super::registry::Registry;
+use super::stats::Counters;
+use super::timer::Timer;
+use super::worker;
+use crate::caps::Capabilities;
+use crate::process::Pid;
+
+/// State shared by the workers, the timer, handles and completers.
+pub(super) struct Shared {
+    /// Tells this scheduler's worker threads from another scheduler's in one OS process.
+    pub(super) id: usize,
+    pub(super) injector: Injector<Arc<ProcessCell>>,
+    pub(super) stealers: Box<[Stealer<Arc<ProcessCell>>]>,
+    pub(super) idle: Idle,
+    pub(super) registry: Registry,
+    pub(super) counters: Box<[CachePadded<Counters>]>,
+    pub(super) live: AtomicUsize,
+    /// Processes that gave their place in `live` back but are still retiring (their
+    /// watchers not yet told): "no process left" waits for them too.
+    pub(super) retiring: AtomicUsize,
+    /// Waiting processes that asked to hibernate (`Process::wants_hibernation`), for the
+    /// next worker that runs out of work (`worker::WorkerLoop::hibernate_waiting`). A
+    /// process is listed at most once until it hibernates, so this holds at most one
+    /// entry a live process, plus those of ended processes until they are pruned (see
+    /// [`Shared::list_for_hibernation`]); the lock is taken once a listing, not once a
+    /// step.
+    pub(super) hibernating: Mutex<Vec<Pid>>,
+    pub(super) peak_live: AtomicUsize,
+    pub(super) settings: Settings,
+    pub(super) handlers: FxHashMap<String, Arc<dyn Handler>>,
+    pub(super) kinds: FxHashMap<Arc<str>, Arc<dyn Factory>>,
+    pub(super) timer: Timer,
+    pub(super) stopping: AtomicBool,
+    pub(super) shut_down: AtomicBool,
+    pub(super) drained_lock: Mutex<()>,
+    pub(super) drained: Condvar,
+}
+
+/// What [`Builder::build`](super::Builder::build) checked, as the running scheduler reads it.
+pub(super) struct Settings {
+    pub(super) workers: usize,
+    pub(super) max_processes: usize,
+    pub(super) mailbox_capacity: usize,
+    pub(super) turn_budget: u32,
+    pub(super) capabilities: Arc<Capabilities>,
+    pub(super) limits: Limits,
+}
+
+impl Shared {
+    /// Queues a `Ready` process: on this worker's own deque when called from one of our
+    /// workers (the process it just woke or spawned is likely to share its cache),
+    /// otherwise on the global queue.
+    ///
+    /// A process pushed onto an empty local deque wakes no other worker: this worker
+    /// takes it as soon as its current turn ends, and waking a sleeper to steal it would
+    /// cost a futex call and move the process (and, in a request-reply pair, both
+    /// processes) to another core. This is tokio's "LIFO slot" policy; like it, the
+    /// process waits at most one turn.
+    pub(super) fn schedule(&self, cell: Arc<ProcessCell>) {
+        match worker::push_local(self.id, cell) {
+            Ok(worker::Pushed::Alone) => {}
+            Ok(worker::Pushed::Behind) => self.idle.notify_one(),
+            Err(cell) => {
+                self.injector.push(cell);
+                self.idle.notify_one();
+            }
+        }
+    }
+
+    /// Queues a `Ready` process behind everything already waiting.
+    pub(super) fn schedule_global(&self, cell: Arc<ProcessCell>) {
+        self.injector.push(cell);
+        self.idle.notify_one();
+    }
+
+    pub(super) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+
+    pub(super) fn has_queued_work(&self) -> bool {
+        !self.injector.is_empty() || self.stealers.iter().any(|s| !s.is_empty())
+    }
+}

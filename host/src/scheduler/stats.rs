@@ -1,0 +1,146 @@
+//! Counters: one slot per worker (and one for every other thread), summed into [`Stats`]
+//! on demand.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::shared::Shared;
+use super::worker;
+use crate::process::CommandKind;
+
+/// Scheduler counters; see [`Handle::stats`](super::Handle::stats).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Per worker, in worker order.
+    pub workers: Vec<WorkerStats>,
+    /// Processes in the global queue now.
+    pub global_queue: usize,
+    /// Processes alive now.
+    pub live: usize,
+    /// The most processes alive at once so far.
+    pub peak_live: usize,
+    /// Processes spawned (init succeeded).
+    pub spawned: u64,
+    /// Processes that ended, by themselves or terminated.
+    pub completed: u64,
+    /// Yields dispatched (granted and known).
+    pub yields: u64,
+    /// The same, by command: the built-ins by name, then every custom command as
+    /// `custom`.
+    pub yields_by_command: [(&'static str, u64); 6],
+    /// Messages delivered to mailboxes.
+    pub messages: u64,
+    /// Messages that were in a mailbox when its process ended, never read.
+    pub undelivered: u64,
+    /// Times a process about to wait gave memory back because its worker had nothing
+    /// else to run (see `Process::hibernate`; for a Wasm process, its fiber stack's
+    /// resident pages).
+    pub hibernated: u64,
+}
+
+/// One worker's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkerStats {
+    /// Steps run.
+    pub executed: u64,
+    /// Successful steals from other workers.
+    pub steals: u64,
+    /// Processes taken by those steals.
+    pub stolen: u64,
+}
+
+/// Counters of one worker (or, in the last slot, of every other thread). Relaxed: they
+/// order nothing and are only summed for [`Stats`]. A worker's own slot has one writer,
+/// so it is bumped with a plain load and store instead of a locked read-modify-write;
+/// the shared last slot uses `fetch_add`.
+#[derive(Default)]
+pub(super) struct Counters {
+    steps: AtomicU64,
+    steals: AtomicU64,
+    stolen: AtomicU64,
+    pub(super) spawned: AtomicU64,
+    pub(super) completed: AtomicU64,
+    /// Indexed by [`CommandKind::slot`].
+    yields: [AtomicU64; CommandKind::ALL.len()],
+    pub(super) messages: AtomicU64,
+    pub(super) undelivered: AtomicU64,
+    hibernated: AtomicU64,
+}
+
+impl Counters {
+    /// Called by the worker that owns this slot.
+    pub(super) fn record_hibernation(&self) {
+        bump(&self.hibernated, 1, true);
+    }
+
+    /// Called by the worker that owns this slot.
+    pub(super) fn record_step(&self) {
+        bump(&self.steps, 1, true);
+    }
+
+    /// Called by the worker that owns this slot.
+    pub(super) fn record_steal(&self, stolen: u64) {
+        bump(&self.steals, 1, true);
+        bump(&self.stolen, stolen, true);
+    }
+}
+
+fn bump(counter: &AtomicU64, n: u64, single_writer: bool) {
+    if single_writer {
+        counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+    } else {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl Shared {
+    /// Adds `n` to one of this thread's counters: its worker's, or the shared slot for
+    /// other threads.
+    pub(super) fn count(&self, counter: fn(&Counters) -> &AtomicU64, n: u64) {
+        match worker::current_index(self.id) {
+            Some(index) => bump(counter(&self.counters[index]), n, true),
+            None => bump(counter(&self.counters[self.settings.workers]), n, false),
+        }
+    }
+
+    /// Counts one dispatched yield of `kind`.
+    pub(super) fn count_yield(&self, kind: CommandKind) {
+        let slot = kind.slot();
+        match worker::current_index(self.id) {
+            Some(index) => bump(&self.counters[index].yields[slot], 1, true),
+            None => bump(&self.counters[self.settings.workers].yields[slot], 1, false),
+        }
+    }
+
+    /// Sums the counters; see [`Handle::stats`](super::Handle::stats).
+    pub(super) fn stats(&self) -> Stats {
+        let workers = self.counters[..self.settings.workers]
+            .iter()
+            .map(|c| WorkerStats {
+                executed: c.steps.load(Ordering::Relaxed),
+                steals: c.steals.load(Ordering::Relaxed),
+                stolen: c.stolen.load(Ordering::Relaxed),
+            })
+            .collect();
+        let sum = |f: fn(&Counters) -> &AtomicU64| -> u64 {
+            self.counters.iter().map(|c| f(c).load(Ordering::Relaxed)).sum()
+        };
+        let counted = |kind: CommandKind| -> u64 {
+            self.counters.iter().map(|c| c.yields[kind.slot()].load(Ordering::Relaxed)).sum()
+        };
+        Stats {
+            workers,
+            global_queue: self.injector.len(),
+            live: self.live.load(Ordering::Acquire),
+            peak_live: self.peak_live.load(Ordering::Relaxed),
+            spawned: sum(|c| &c.spawned),
+            completed: sum(|c| &c.completed),
+            yields: CommandKind::ALL.into_iter().map(counted).sum(),
+            yields_by_command: CommandKind::ALL.map(|kind| (kind.name(), counted(kind))),
+            messages: sum(|c| &c.messages),
+            undelivered: sum(|c| &c.undelivered),
+            hibernated: sum(|c| &c.hibernated),
+        }
+    }
+}

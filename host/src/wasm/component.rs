@@ -1,0 +1,133 @@
+//! [`Component`]: a loaded guest of the `process` world, checked against the world and
+//! ready to instantiate; and the linker that gives such guests their imports.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use wasmtime::Engine;
+use wasmtime::component::{HasSelf, Linker};
+
+use super::bindings::{Process as Guest, ProcessIndices, ProcessPre, WORLD};
+use super::config::Config;
+use super::engine::EpochClock;
+use super::process::{Loaded, WasmProcess, guest_error};
+use super::store::{ProcessLimits, ProcessState, new_store};
+use crate::process::{Pid, Process};
+use crate::scheduler::Factory;
+
+/// A loaded component: compiled, checked against the `process` world, ready to
+/// instantiate. Cheap to clone (clones share the compiled code).
+///
+/// It is a [`Factory`]: register it as a process kind
+/// (`Scheduler::builder().kind("hello", component.clone())`) and spawn processes of it by
+/// kind, from the embedder ([`Handle::spawn_kind`](crate::Handle::spawn_kind)) or from
+/// other processes (the `spawn` command). Or spawn one directly with
+/// [`Component::process`].
+#[derive(Clone)]
+pub struct Component {
+    loaded: Arc<Loaded>,
+    limits: ProcessLimits,
+}
+
+/// The linker of processes: WASI p2 (what each process is granted is its store's, see
+/// `store.rs`) and the world's host imports.
+pub(crate) fn linker(engine: &Engine) -> anyhow::Result<Linker<ProcessState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(anyhow::Error::from).context("failed to link WASI")?;
+    Guest::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
+        .map_err(anyhow::Error::from)
+        .context("failed to link the host imports")?;
+    Ok(linker)
+}
+
+impl Component {
+    /// Checks `compiled` against the world (linked by `linker`) and reads its entries,
+    /// with the runtime's settings `config`.
+    pub(crate) fn prepare(
+        linker: &Linker<ProcessState>,
+        engine: &Engine,
+        config: &Config,
+        clock: &EpochClock,
+        compiled: wasmtime::component::Component,
+    ) -> anyhow::Result<Component> {
+        let not_a_process = || format!("the component does not fit the `{WORLD}` world");
+        let pre = linker.instantiate_pre(&compiled).map_err(anyhow::Error::from).with_context(not_a_process)?;
+        let pre = ProcessPre::new(pre).map_err(anyhow::Error::from).with_context(not_a_process)?;
+        let limits = ProcessLimits::new(config, config.max_memory, config.time_slice);
+
+        let mut store = new_store(engine, Pid::HOST, config.log.clone(), &limits);
+        let guest = pre.instantiate(&mut store).map_err(anyhow::Error::from).context("failed to instantiate")?;
+        // `entries` is the host asking, not the process running, so it is not charged to
+        // a process's fuel budget: the instantiation's unbounded fuel stays (a small
+        // budget would otherwise make every component fail to load, as a bad module).
+        // The init time limit, the store's deadline, bounds it instead.
+        let entries = guest.call_entries(&mut store).map_err(|e| guest_error(e, "entries", &limits, store.data()))?;
+        ensure!(!entries.is_empty(), "the component exports no entry methods (`entries` returned none)");
+
+        let indices =
+            ProcessIndices::new(pre.instance_pre()).map_err(anyhow::Error::from).with_context(not_a_process)?;
+        let loaded =
+            Loaded { pre, indices, entries, log: config.log.clone(), clock: clock.clone(), config: config.clone() };
+        Ok(Component { loaded: Arc::new(loaded), limits })
+    }
+
+    /// The entry methods the component offers, as its `entries` export listed them
+    /// when it was loaded.
+    pub fn entries(&self) -> &[String] {
+        &self.loaded.entries
+    }
+
+    /// A new process of this component, not yet initialised: hand it to
+    /// [`Handle::spawn`](crate::Handle::spawn).
+    pub fn process(&self) -> WasmProcess {
+        WasmProcess::new(self.loaded.clone(), self.limits)
+    }
+
+    /// This component with a lower memory cap for its processes (each process of the
+    /// returned component; the original keeps its own). By default the runtime's
+    /// [`Config::max_memory`].
+    ///
+    /// # Errors
+    ///
+    /// `bytes` is above the runtime's `max_memory`: the memory arena's slots hold no more.
+    pub fn with_max_memory(&self, bytes: usize) -> anyhow::Result<Component> {
+        let arena_max = self.loaded.config.max_memory;
+        ensure!(bytes <= arena_max, "`max_memory` of {bytes} bytes is above the runtime's `max_memory` of {arena_max}");
+        Ok(Component {
+            loaded: self.loaded.clone(),
+            limits: ProcessLimits::new(&self.loaded.config, bytes, self.limits.time_slice),
+        })
+    }
+
+    /// This component with another time slice for its processes. By default the
+    /// runtime's [`Config::time_slice`].
+    pub fn with_time_slice(&self, slice: Duration) -> Component {
+        Component {
+            loaded: self.loaded.clone(),
+            limits: ProcessLimits::new(&self.loaded.config, self.limits.max_memory, slice),
+        }
+    }
+
+    /// The memory cap of this component's processes, in bytes.
+    pub fn max_memory(&self) -> usize {
+        self.limits.max_memory
+    }
+
+    /// The time slice of this component's processes.
+    pub fn time_slice(&self) -> Duration {
+        self.limits.time_slice
+    }
+}
+
+impl std::fmt::Debug for Component {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Component").field("entries", &self.loaded.entries).field("limits", &self.limits).finish()
+    }
+}
+
+impl Factory for Component {
+    fn make(&self) -> anyhow::Result<Box<dyn Process>> {
+        Ok(Box::new(self.process()))
+    }
+}
