@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use wasmproc::{Event, Events, Payload, Pid, Process, StepOutput};
+use wasmproc::{Event, Events, Payload, Pid, Port, Process, StepOutput};
 
 pub mod demo;
 
@@ -63,6 +63,8 @@ pub struct Turn<'a> {
     pub step: usize,
     /// The process's own pid.
     pub pid: Pid,
+    /// The process's port: it sends as itself through it during the step.
+    pub port: &'a Port,
     /// The events of this step.
     pub events: Vec<Event>,
     /// Where the step writes.
@@ -77,6 +79,7 @@ pub struct Scripted {
     probe: Arc<Probe>,
     body: Body,
     pid: Pid,
+    port: Option<Port>,
     input: Vec<Payload>,
 }
 
@@ -92,7 +95,8 @@ impl Scripted {
         body: impl FnMut(&mut Turn<'_>) -> anyhow::Result<()> + Send + 'static,
     ) -> (Self, Arc<Probe>) {
         let probe = Arc::new(Probe::default());
-        let process = Scripted { entries, probe: probe.clone(), body: Box::new(body), pid: Pid::HOST, input: vec![] };
+        let process =
+            Scripted { entries, probe: probe.clone(), body: Box::new(body), pid: Pid::HOST, port: None, input: vec![] };
         (process, probe)
     }
 
@@ -103,11 +107,13 @@ impl Scripted {
 }
 
 impl Process for Scripted {
-    fn init(&mut self, pid: Pid, method: &str, input: Vec<Payload>) -> anyhow::Result<()> {
+    fn init(&mut self, port: Port, method: &str, input: Vec<Payload>) -> anyhow::Result<()> {
         if !self.entries.contains(&method) {
             anyhow::bail!("unknown entry method `{method}`; this process has: {}", self.entries.join(", "));
         }
+        let pid = port.pid();
         self.pid = pid;
+        self.port = Some(port);
         *self.probe.pid.lock() = Some(pid);
         self.input = input;
         Ok(())
@@ -117,7 +123,8 @@ impl Process for Scripted {
         let step = self.probe.steps.fetch_add(1, Ordering::SeqCst);
         let events: Vec<Event> = events.collect();
         self.probe.events.lock().extend(events.iter().cloned());
-        (self.body)(&mut Turn { step, pid: self.pid, events, out })
+        let port = self.port.as_ref().expect("`step` comes after a successful `init`");
+        (self.body)(&mut Turn { step, pid: self.pid, port, events, out })
     }
 
     fn close(&mut self) {

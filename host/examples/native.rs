@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use wasmproc::{
-    Capabilities, Command, Event, Events, Payload, Pid, Process, Request, Scheduler, SpawnRequest, Status, StepOutput,
+    Capabilities, Command, Event, Events, Payload, Port, Process, Request, Scheduler, SpawnRequest, Status, StepOutput,
 };
 
 /// Sums 0..n by splitting the range among 10 children until a range is a single number.
@@ -20,7 +20,7 @@ struct Tree {
 }
 
 impl Process for Tree {
-    fn init(&mut self, _: Pid, method: &str, input: Vec<Payload>) -> anyhow::Result<()> {
+    fn init(&mut self, _: Port, method: &str, input: Vec<Payload>) -> anyhow::Result<()> {
         anyhow::ensure!(method == "sum", "unknown entry method `{method}`; entries: sum");
         let range: (u64, u64) = input.first().ok_or_else(|| anyhow::anyhow!("missing input"))?.parse_json()?;
         (self.start, self.len) = range;
@@ -66,7 +66,7 @@ struct Greeter {
 }
 
 impl Process for Greeter {
-    fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
         Ok(())
     }
 

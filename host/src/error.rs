@@ -58,3 +58,25 @@ pub enum SendError {
         capacity: usize,
     },
 }
+
+/// Why a [`Port`](crate::Port) refused to send.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PortError {
+    /// The port's process is not in a step (it is in `init`, or waiting).
+    #[error("`send` is only available during a step (not during `init`)")]
+    NotInStep,
+    /// The message is larger than the payload limit; the message names the limit. A Wasm
+    /// process is ended for it, as for a yield past the limit.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The process was not granted the `send` command.
+    #[error("permission denied: send")]
+    PermissionDenied,
+    /// The receiver could not take the message.
+    #[error(transparent)]
+    Send(#[from] SendError),
+    /// The port's process has ended.
+    #[error("process {0} has ended: its port sends nothing more")]
+    Ended(Pid),
+}

@@ -7,13 +7,13 @@
 //! command's completion wakes it.
 //!
 //! ```
-//! use wasmproc::{Event, Events, Payload, Pid, Process, Scheduler, StepOutput};
+//! use wasmproc::{Event, Events, Payload, Port, Process, Scheduler, StepOutput};
 //!
 //! /// Waits for one message and answers with its body doubled.
 //! struct Doubler;
 //!
 //! impl Process for Doubler {
-//!     fn init(&mut self, _pid: Pid, method: &str, _input: Vec<Payload>) -> anyhow::Result<()> {
+//!     fn init(&mut self, _port: Port, method: &str, _input: Vec<Payload>) -> anyhow::Result<()> {
 //!         anyhow::ensure!(method == "main", "unknown method `{method}`; entries: main");
 //!         Ok(())
 //!     }
@@ -71,11 +71,11 @@ mod scheduler;
 pub mod wasm;
 
 pub use caps::{BUILTIN_COMMANDS, Capabilities};
-pub use error::{SendError, SpawnError};
+pub use error::{PortError, SendError, SpawnError};
 pub use process::{
     Command, Event, Events, Format, Outcome, Payload, Pid, Process, SpawnRequest, Status, StepOutput, Yield,
 };
 pub use scheduler::{
-    Builder, Completer, Factory, Handle, Handler, ProcessHandle, Request, Scheduler, SpawnOptions, Stats, StopReport,
-    WorkerStats,
+    Builder, Completer, Factory, Handle, Handler, Port, ProcessHandle, Request, Scheduler, SpawnOptions, Stats,
+    StopReport, WorkerStats,
 };

@@ -26,15 +26,17 @@ pub type Events<'a> = std::vec::Drain<'a, Event>;
 /// exactly once, after the last `step` (or after a failed `init`). Implementations need
 /// not be `Sync`; a process moves between worker threads between steps.
 pub trait Process: Send + 'static {
-    /// Selects the entry `method` and hands the process its `input`.
+    /// Selects the entry `method` and hands the process its `input`, and its
+    /// [`Port`](crate::Port): its pid, and how it sends as itself during a step and asks
+    /// whether a long step should yield. Keep the port to use it later.
     ///
-    /// Runs before the process is queued. `pid` is the process's own id.
+    /// Runs before the process is queued.
     ///
     /// # Errors
     ///
     /// An error (for example an unknown method) is returned to whoever spawned the
     /// process; the process never runs and no exit is reported for it.
-    fn init(&mut self, pid: Pid, method: &str, input: Vec<Payload>) -> anyhow::Result<()>;
+    fn init(&mut self, port: crate::Port, method: &str, input: Vec<Payload>) -> anyhow::Result<()>;
 
     /// Advances the process: consumes `events` and writes the status and yields to `out`.
     ///

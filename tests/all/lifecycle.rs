@@ -3,7 +3,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use wasmproc::{
-    Capabilities, Command, Event, Events, Payload, Pid, Process, Scheduler, SpawnError, SpawnRequest, Status,
+    Capabilities, Command, Event, Events, Payload, Port, Process, Scheduler, SpawnError, SpawnRequest, Status,
     StepOutput,
 };
 use wasmproc_tests::{HANG, Scripted, complete_now, completion, custom};
@@ -28,7 +28,7 @@ fn unknown_method_error_names_it_and_lists_entries() {
 struct PanicsInInit;
 
 impl Process for PanicsInInit {
-    fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
         panic!("init exploded")
     }
 

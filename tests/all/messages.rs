@@ -1,7 +1,8 @@
 use std::sync::mpsc;
 
 use wasmproc::{
-    Command, Event, Events, Payload, Pid, Process, Scheduler, SendError, SpawnOptions, SpawnRequest, Status, StepOutput,
+    Command, Event, Events, Payload, Pid, Port, Process, Scheduler, SendError, SpawnOptions, SpawnRequest, Status,
+    StepOutput,
 };
 use wasmproc_tests::{HANG, Scripted, completion, custom, gate, holder, with_stash};
 
@@ -36,7 +37,7 @@ struct SlowClose {
 }
 
 impl Process for SlowClose {
-    fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
         Ok(())
     }
 
@@ -297,4 +298,42 @@ fn monitors_receive_exits_with_results() {
         std::thread::yield_now();
     }
     s.terminate(parent_pid).unwrap();
+}
+
+/// A native process sends as itself through its port in the middle of a step: the
+/// message arrives with its pid as the sender, before the step has ended. The checks are
+/// those of a yielded `send`: without the capability the port refuses, and a port kept
+/// past its process's end says so.
+#[test]
+fn a_native_process_sends_as_itself_through_its_port() {
+    let s = Scheduler::builder().workers(2).build().unwrap();
+    let (receiver, _) = idle_until_message();
+    let receiver = s.spawn(receiver, "main", vec![]).unwrap();
+    let to = receiver.pid();
+    let (kept_tx, kept_rx) = mpsc::channel::<Port>();
+    let (sender, _) = Scripted::new(move |t| {
+        t.port.send(to, "hello", Payload::text(format!("from {}", t.pid)))?;
+        kept_tx.send(t.port.clone()).expect("the test waits for the port");
+        t.out.complete(Ok(Payload::empty()));
+        Ok(())
+    });
+    let sender = s.spawn(sender, "main", vec![]).unwrap();
+    let body = receiver.join_timeout(HANG).unwrap().unwrap();
+    assert_eq!(body.as_str(), Some(format!("from {}", sender.pid()).as_str()));
+    sender.join_timeout(HANG).unwrap().unwrap();
+    let kept = kept_rx.recv_timeout(HANG).unwrap();
+    assert_eq!(kept.pid(), sender.pid());
+    assert!(s.wait_idle(Some(HANG)));
+    assert_eq!(kept.send(to, "late", Payload::empty()), Err(wasmproc::PortError::Ended(sender.pid())));
+    assert!(kept.is_terminating(), "an ended process's port says so");
+
+    let (denied, _) = Scripted::new(|t| {
+        let refused = t.port.send(t.pid, "self", Payload::empty());
+        t.out.complete(Ok(Payload::text(refused.map_err(|e| e.to_string()).err().unwrap_or_default())));
+        Ok(())
+    });
+    let options = SpawnOptions::new("main").capabilities(wasmproc::Capabilities::default().deny("send"));
+    let denied = s.spawn_with(Box::new(denied), options).unwrap();
+    assert_eq!(denied.join_timeout(HANG).unwrap().unwrap().as_str(), Some("permission denied: send"));
+    s.stop(std::time::Duration::from_secs(1));
 }

@@ -240,7 +240,7 @@ mod loom_models {
     struct Inert;
 
     impl Process for Inert {
-        fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        fn init(&mut self, _: crate::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
             Ok(())
         }
 

@@ -158,7 +158,7 @@ impl Shared {
                 }
             }
             Command::Send { to, topic, body } => {
-                let sent = self.send(cell.pid(), to, topic, body);
+                let sent = self.send_as(cell, to, topic, body);
                 complete(cell, tag, sent.map(|()| Payload::empty()).map_err(|e| e.to_string()));
             }
             Command::Monitor(target) => {

@@ -11,6 +11,7 @@ use std::time::Instant;
 use super::cell::{ProcessCell, Spec, Watcher};
 use super::inbox::Refused;
 use super::limits::Lineage;
+use super::port::Port;
 use super::registry;
 use super::shared::Shared;
 use super::state::Wake;
@@ -76,9 +77,10 @@ impl Shared {
         let method = args.method;
         // SAFETY: the process is in `Init`: registered but in no queue, so this spawner
         // is its only owner.
-        let init =
-            unsafe { cell.with_process(|p| catch_unwind(AssertUnwindSafe(|| p.init(pid, &method, args.input)))) }
-                .expect("a process in `Init` is not closed");
+        let init = unsafe {
+            cell.with_process(|p| catch_unwind(AssertUnwindSafe(|| p.init(Port::new(&cell), &method, args.input))))
+        }
+        .expect("a process in `Init` is not closed");
         let init = match init {
             Ok(result) => result,
             Err(panic) => Err(anyhow::anyhow!("init panicked: {}", worker::panic_message(&*panic))),
@@ -275,7 +277,7 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
-    use crate::{Command, Events, Payload, Pid, Process, Scheduler, Status, StepOutput};
+    use crate::{Command, Events, Payload, Process, Scheduler, Status, StepOutput};
 
     /// Waits once, for a sleep of a millisecond (one of no time completes during the
     /// dispatch, and the process runs on without waiting), asking to hibernate
@@ -283,7 +285,7 @@ mod tests {
     struct WaitsOnce(bool);
 
     impl Process for WaitsOnce {
-        fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        fn init(&mut self, _: crate::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
             Ok(())
         }
 
@@ -306,7 +308,7 @@ mod tests {
     struct Busy(Arc<AtomicBool>);
 
     impl Process for Busy {
-        fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        fn init(&mut self, _: crate::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
             Ok(())
         }
 

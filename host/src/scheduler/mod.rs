@@ -38,12 +38,13 @@ mod idle;
 mod inbox;
 mod lifecycle;
 mod limits;
+mod port;
 mod registry;
 mod shared;
 mod state;
 mod stats;
 mod timer;
-pub(crate) mod worker;
+mod worker;
 
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
@@ -55,6 +56,7 @@ pub use self::builder::Builder;
 pub use self::completer::Completer;
 pub use self::dispatch::{Factory, Handler, Request};
 pub use self::handle::{Handle, ProcessHandle, SpawnOptions};
+pub use self::port::Port;
 pub use self::stats::{Stats, WorkerStats};
 
 /// The scheduler: owns the worker threads. Dropping it stops it with no grace period

@@ -139,7 +139,7 @@ mod tests {
     struct Inert;
 
     impl Process for Inert {
-        fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        fn init(&mut self, _: crate::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
             Ok(())
         }
 

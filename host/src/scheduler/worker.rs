@@ -82,9 +82,6 @@ struct Local {
     index: usize,
     queue: Worker<Arc<ProcessCell>>,
     dispatch: Dispatching,
-    /// For the Wasm hooks (`wasm_hooks` below).
-    #[cfg(feature = "wasm")]
-    stepping: Stepping,
 }
 
 /// The process whose yields this worker is dispatching, and the completions it got
@@ -156,14 +153,7 @@ impl Drop for Installed {
 
 /// The body of worker thread `index`.
 pub(super) fn run(shared: Arc<Shared>, index: usize, queue: Worker<Arc<ProcessCell>>) {
-    let local = Local {
-        scheduler: shared.id,
-        index,
-        queue,
-        dispatch: Dispatching::default(),
-        #[cfg(feature = "wasm")]
-        stepping: Stepping::new(shared.clone()),
-    };
+    let local = Local { scheduler: shared.id, index, queue, dispatch: Dispatching::default() };
     CURRENT.set(&local);
     let _installed = Installed;
     let mut worker = WorkerLoop {
@@ -349,16 +339,12 @@ impl WorkerLoop<'_> {
             events.append(&mut dispatch.early.borrow_mut());
             out.reset();
             counters.record_step();
-            #[cfg(feature = "wasm")]
-            local.stepping.enter(&cell);
             // SAFETY: `run_turn` runs this closure only while this worker holds the
             // process in `Running`.
             let stepped = unsafe {
                 cell.with_process(|process| catch_unwind(AssertUnwindSafe(|| process.step(events.drain(..), out))))
             };
             // A panic in the step was caught above, so this always runs.
-            #[cfg(feature = "wasm")]
-            local.stepping.leave();
             // A step may leave events it did not take; they were delivered to it all the same.
             events.clear();
             match stepped {
@@ -437,107 +423,6 @@ impl WorkerLoop<'_> {
         }
     }
 }
-
-/// The hooks through which a Wasm process reaches the scheduler in the middle of a step,
-/// found through this thread's worker. Everything here serves them alone: they are to
-/// give way to a port handed to every process at `init`.
-#[cfg(feature = "wasm")]
-mod wasm_hooks {
-    use std::cell::Cell;
-    use std::sync::Arc;
-
-    use super::{CURRENT, ProcessCell, Shared};
-    use crate::process::{CommandKind, Payload, Pid, message_size};
-
-    /// What the hooks read from the worker running on this thread.
-    pub(super) struct Stepping {
-        /// For [`others_waiting`] and [`send_from_step`].
-        shared: Arc<Shared>,
-        /// The cell of the process in a step on this worker; null between steps. Set from
-        /// the cell that `run_task` holds for the whole step and reset before the step's
-        /// end, so it is valid to follow whenever it is not null.
-        cell: Cell<*const ProcessCell>,
-    }
-
-    impl Stepping {
-        pub(super) fn new(shared: Arc<Shared>) -> Self {
-            Stepping { shared, cell: Cell::new(std::ptr::null()) }
-        }
-
-        /// `cell`'s step starts; its caller holds `cell` until [`Stepping::leave`].
-        pub(super) fn enter(&self, cell: &Arc<ProcessCell>) {
-            self.cell.set(Arc::as_ptr(cell));
-        }
-
-        /// The step has returned (or unwound: the caller catches panics first).
-        pub(super) fn leave(&self) {
-            self.cell.set(std::ptr::null());
-        }
-
-        /// The process in a step on this worker, if any.
-        fn cell(&self) -> Option<&ProcessCell> {
-            // SAFETY: non-null only between `enter` and `leave`, while `run_task` holds the
-            // cell's `Arc` (see `cell`).
-            unsafe { self.cell.get().as_ref() }
-        }
-    }
-
-    /// Whether processes are queued on the scheduler whose worker this thread is (false
-    /// off a worker thread): a long step then yields at its next epoch tick instead of at
-    /// the end of its time slice (`wasm/`). A snapshot of racy emptiness checks: a wrong
-    /// answer only moves a yield by one tick.
-    pub(crate) fn others_waiting() -> bool {
-        let local = CURRENT.get();
-        // SAFETY: as in `with_local`.
-        unsafe { local.as_ref() }.is_some_and(|local| local.stepping.shared.has_queued_work())
-    }
-
-    /// Whether process `pid`, in a step on this thread's worker, has been asked to
-    /// terminate: a Wasm step then stops at its next epoch tick instead of running to the
-    /// end of its time slice (`wasm/`). False off a worker, between steps, and for any
-    /// other process than the one stepping.
-    pub(crate) fn terminate_requested(pid: Pid) -> bool {
-        let local = CURRENT.get();
-        // SAFETY: as in `with_local`.
-        let Some(local) = (unsafe { local.as_ref() }) else { return false };
-        local.stepping.cell().is_some_and(|cell| cell.pid() == pid && cell.state.load().is_terminate_requested())
-    }
-
-    /// Sends `body` from process `from`, in a step on this thread's worker, to `to`: the
-    /// `send` host function of Wasm guests (`wasm/`), called in the middle of the step.
-    /// The same checks and delivery as a yielded `send` command, in the same order: the
-    /// payload limit (`Err`: it ends the process, as for a yield), then the permission and
-    /// the delivery (`Ok(Err)`: the sender is told why, as a completion would).
-    pub(crate) fn send_from_step(
-        from: Pid,
-        to: Pid,
-        topic: String,
-        body: Payload,
-    ) -> Result<Result<(), String>, String> {
-        const NOT_IN_A_STEP: &str = "`send` is only available during a step (not during `init`)";
-        let local = CURRENT.get();
-        // SAFETY: as in `with_local`.
-        let Some(local) = (unsafe { local.as_ref() }) else {
-            return Ok(Err(NOT_IN_A_STEP.to_owned()));
-        };
-        // Another process than the caller can be in its step: a native process that
-        // spawns with a `Handle` runs the child's `init` inside its own step.
-        let Some(cell) = local.stepping.cell().filter(|cell| cell.pid() == from) else {
-            return Ok(Err(NOT_IN_A_STEP.to_owned()));
-        };
-        let shared = &local.stepping.shared;
-        shared.settings.limits.check_payload(message_size(&topic, &body), CommandKind::Send.name())?;
-        if !cell.spec.caps.allows_builtin(CommandKind::Send) {
-            return Ok(Err(format!("permission denied: {}", CommandKind::Send.name())));
-        }
-        Ok(shared.send(cell.pid(), to, topic, body).map_err(|e| e.to_string()))
-    }
-}
-
-#[cfg(feature = "wasm")]
-use self::wasm_hooks::Stepping;
-#[cfg(feature = "wasm")]
-pub(crate) use self::wasm_hooks::{others_waiting, send_from_step, terminate_requested};
 
 /// The message of a caught panic, whichever way it was raised.
 pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {

@@ -32,7 +32,8 @@ use super::log::{Level, LogSink};
 use super::stacks;
 use super::store::{ProcessLimits, ProcessState, new_store, refuel};
 use super::watch::{Stopped, Watch, watch};
-use crate::process::{Events, Payload, Pid, Process, Status, StepOutput};
+use crate::Port;
+use crate::process::{Events, Payload, Process, Status, StepOutput};
 
 /// What the processes of one component share: its code, checked against the world, and
 /// the runtime's settings. Made once per component (see `component.rs`).
@@ -163,13 +164,15 @@ impl WasmProcess {
 }
 
 impl Process for WasmProcess {
-    fn init(&mut self, pid: Pid, method: &str, input: Vec<Payload>) -> anyhow::Result<()> {
+    fn init(&mut self, port: Port, method: &str, input: Vec<Payload>) -> anyhow::Result<()> {
+        let pid = port.pid();
         let loaded = &self.loaded;
         if !loaded.entries.iter().any(|entry| entry == method) {
             bail!("unknown entry method `{method}`; this component has: {}", loaded.entries.join(", "));
         }
         let limits = self.limits;
         let mut store = new_store(loaded.pre.engine(), pid, loaded.log.clone(), &limits);
+        store.data_mut().port = Some(port.clone());
         let instantiated = loaded.pre.instance_pre().instantiate(&mut store).and_then(|instance| {
             let guest = loaded.indices.load_prechecked(&mut store, &instance)?;
             let preemptible = loaded.config.preemption.then(|| PreemptibleGuest::of(&guest));
@@ -195,12 +198,7 @@ impl Process for WasmProcess {
             preemptible: preemptible.is_some(),
             cpu_budget: limits.cpu_budget.map(|budget| (limits.cpu_budget_ticks, budget)),
         };
-        watch(
-            &mut store,
-            watching,
-            |state| &mut state.ticks,
-            move || crate::scheduler::worker::terminate_requested(pid).then_some(Stopped::Terminated),
-        );
+        watch(&mut store, watching, |state| &mut state.ticks, port, || None);
         self.state = State::Ready(Running { store, guest, preemptible });
         Ok(())
     }

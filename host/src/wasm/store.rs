@@ -15,6 +15,7 @@ use super::engine::{CORE_INSTANCES_PER_PROCESS, MEMORIES_PER_PROCESS, TABLE_ELEM
 use super::log::{GuestOutput, Level, LogRecord, LogSink, LogSource};
 use super::watch::Ticks;
 use crate::process::Pid;
+use crate::{Port, PortError};
 
 /// Per-process limits; see [`Config::max_memory`], [`Config::time_slice`],
 /// [`Config::fuel`] and [`Config::cpu_budget`].
@@ -90,6 +91,9 @@ pub(crate) struct ProcessState {
     pub(crate) limiter: MemoryLimiter,
     /// Epoch ticks its steps have seen (see `watch.rs`).
     pub(crate) ticks: Ticks,
+    /// The process's port, from `init` on: its `send` host function goes through it.
+    /// `None` only in the store the runtime makes to ask a component for its `entries`.
+    pub(crate) port: Option<Port>,
 }
 
 impl ProcessState {
@@ -105,6 +109,7 @@ impl ProcessState {
             table: ResourceTable::new(),
             limiter: MemoryLimiter { max_memory },
             ticks: Ticks::default(),
+            port: None,
         }
     }
 }
@@ -143,9 +148,18 @@ impl host::Host for ProcessState {
         self.log_host(convert::level_from_wit(level), &message);
     }
 
+    /// Sends through the process's port. A payload past the limit ends the process (the
+    /// trap), as for a yield; any other refusal is the guest's to handle.
     fn send(&mut self, to: types::Pid, topic: String, body: types::Payload) -> wasmtime::Result<Result<(), String>> {
-        let body = convert::payload_from_wit(body);
-        crate::scheduler::worker::send_from_step(self.pid, Pid::from_u64(to), topic, body).map_err(wasmtime::Error::msg)
+        let Some(port) = &self.port else {
+            // Only the runtime's own call to `entries`, at load, runs without a port.
+            return Ok(Err(PortError::NotInStep.to_string()));
+        };
+        match port.send(Pid::from_u64(to), topic, convert::payload_from_wit(body)) {
+            Ok(()) => Ok(Ok(())),
+            Err(PortError::TooLarge(limit)) => Err(wasmtime::Error::msg(limit)),
+            Err(refused) => Ok(Err(refused.to_string())),
+        }
     }
 }
 

@@ -47,6 +47,7 @@ use super::engine::EpochClock;
 use super::log::{GuestOutput, LogSink, LogSource};
 use super::store::{MemoryLimiter, fuel_for_instantiation, refuel};
 use super::watch::{Stopped, Ticks, Watch, watch};
+use crate::Port;
 use crate::process::{Events, Payload, Pid, Process, Status, StepOutput};
 use crate::scheduler::Factory;
 
@@ -341,9 +342,10 @@ impl WasiProcess {
         fuel_for_instantiation(store, self.program.inner.config.fuel);
     }
 
-    /// What stops the program at an epoch tick whatever it is doing: its interrupt flag,
-    /// its time limit, and a terminate request from the scheduler.
-    fn stop(&self, pid: Pid) -> impl Fn() -> Option<Stopped> + Send + Sync + 'static {
+    /// What stops the program at an epoch tick whatever it is doing, besides a terminate
+    /// request (which [`watch`] looks at through the port): its interrupt flag and its
+    /// time limit.
+    fn stop(&self) -> impl Fn() -> Option<Stopped> + Send + Sync + 'static {
         let deadline = self.deadline;
         let interrupt = self.options.interrupt.clone();
         move || {
@@ -355,18 +357,23 @@ impl WasiProcess {
             {
                 return Some(Stopped::TimeLimit(limit));
             }
-            crate::scheduler::worker::terminate_requested(pid).then_some(Stopped::Terminated)
+            None
         }
     }
 
     /// Stops instantiation (the start function, a plain call) at the first epoch tick past
-    /// the `init_time_limit`, or when [`WasiProcess::stop`] says so.
-    fn watch_instantiation<T: 'static>(&self, store: &mut Store<T>, pid: Pid) {
+    /// the `init_time_limit`, when its process is asked to terminate, or when
+    /// [`WasiProcess::stop`] says so.
+    fn watch_instantiation<T: 'static>(&self, store: &mut Store<T>, port: &Port) {
         let started = Instant::now();
         let limit = self.program.inner.config.init_time_limit;
-        let stop = self.stop(pid);
+        let stop = self.stop();
+        let port = port.clone();
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
+            if port.is_terminating() {
+                return Err(wasmtime::Error::new(Stopped::Terminated));
+            }
             if let Some(stopped) = stop() {
                 return Err(wasmtime::Error::new(stopped));
             }
@@ -383,7 +390,7 @@ impl WasiProcess {
     /// Watches the run at every epoch tick (see [`watch`]): with preemption it yields its
     /// fiber as a process's step does; without, it holds its worker to its end. Either
     /// way the CPU budget and [`WasiProcess::stop`] end it within a tick.
-    fn watch_run<T: 'static>(&self, store: &mut Store<T>, pid: Pid, ticks: fn(&mut T) -> &mut Ticks) {
+    fn watch_run<T: 'static>(&self, store: &mut Store<T>, port: &Port, ticks: fn(&mut T) -> &mut Ticks) {
         let config = &self.program.inner.config;
         let watching = Watch {
             slice: if config.preemption { config.ticks(config.time_slice) } else { u64::MAX },
@@ -391,11 +398,12 @@ impl WasiProcess {
             preemptible: config.preemption,
             cpu_budget: config.cpu_budget.map(|budget| (config.ticks(budget), budget)),
         };
-        watch(store, watching, ticks, self.stop(pid));
+        watch(store, watching, ticks, port.clone(), self.stop());
     }
 
     /// Instantiates the program: its start function runs here.
-    fn instantiate(&mut self, pid: Pid) -> anyhow::Result<State> {
+    fn instantiate(&mut self, port: &Port) -> anyhow::Result<State> {
+        let pid = port.pid();
         let inner = self.program.inner.clone();
         let config = &inner.config;
         let mut wasi = self.options.wasi(pid, &config.log)?;
@@ -406,14 +414,14 @@ impl WasiProcess {
                     WasiState { wasi: wasi.build(), table: ResourceTable::new(), limiter, ticks: Ticks::default() };
                 let mut store = Store::new(&inner.engine, state);
                 self.limit(&mut store, |state| &mut state.limiter);
-                self.watch_instantiation(&mut store, pid);
+                self.watch_instantiation(&mut store, port);
                 let instance = match pre.instantiate(&mut store) {
                     Ok(instance) => instance,
                     // A start function that exits ends the program with its code.
                     Err(error) => return exit_status(Err(error), config).map(State::Exited),
                 };
                 refuel(&mut store, config.fuel);
-                self.watch_run(&mut store, pid, |state| &mut state.ticks);
+                self.watch_run(&mut store, port, |state| &mut state.ticks);
                 if config.preemption {
                     let command = preemptible.load(&mut store, &instance).map_err(|e| command_error(e, config))?;
                     Running::PreemptibleComponent(store, command)
@@ -426,7 +434,7 @@ impl WasiProcess {
                 let mut store =
                     Store::new(&inner.engine, P1State { wasi: wasi.build_p1(), limiter, ticks: Ticks::default() });
                 self.limit(&mut store, |state| &mut state.limiter);
-                self.watch_instantiation(&mut store, pid);
+                self.watch_instantiation(&mut store, port);
                 let instance = match pre.instantiate(&mut store) {
                     Ok(instance) => instance,
                     // A start function that exits ends the program with its code.
@@ -438,7 +446,7 @@ impl WasiProcess {
                     .get_typed_func::<(), ()>(&mut store, "_start")
                     .map_err(anyhow::Error::from)
                     .context("the module's `_start` export is not a function of no parameters")?;
-                self.watch_run(&mut store, pid, |state| &mut state.ticks);
+                self.watch_run(&mut store, port, |state| &mut state.ticks);
                 if config.preemption { Running::PreemptibleModule(store, start) } else { Running::Module(store, start) }
             }
         };
@@ -458,9 +466,8 @@ impl WasiProcess {
             Poll::Pending => {
                 // The epoch callback stops the run at the tick these become true; the
                 // checks here catch one that became true as the slice ended. (A terminate
-                // request needs no check: the scheduler acts on it when the step returns,
-                // and no process has the pid `HOST`.)
-                if let Some(stopped) = self.stop(Pid::HOST)() {
+                // request needs none: the scheduler acts on it when the step returns.)
+                if let Some(stopped) = self.stop()() {
                     bail!("{stopped}");
                 }
                 let config = &inner.config;
@@ -489,12 +496,12 @@ fn exit_status(result: wasmtime::Result<u32>, config: &Config) -> anyhow::Result
 }
 
 impl Process for WasiProcess {
-    fn init(&mut self, pid: Pid, method: &str, input: Vec<Payload>) -> anyhow::Result<()> {
+    fn init(&mut self, port: Port, method: &str, input: Vec<Payload>) -> anyhow::Result<()> {
         ensure!(method == COMMAND_ENTRY, "unknown entry method `{method}`; a WASI command has one: {COMMAND_ENTRY}");
         ensure!(input.is_empty(), "a WASI command takes no input payloads: pass it arguments instead");
         // A limit past what `Instant` holds is no limit.
         self.deadline = self.options.time_limit.and_then(|limit| Some((Instant::now().checked_add(limit)?, limit)));
-        self.state = self.instantiate(pid)?;
+        self.state = self.instantiate(&port)?;
         Ok(())
     }
 

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use crate::Port;
+
 use wasmtime::{Store, UpdateDeadline};
 
 /// Epoch ticks that a store's calls have seen (see [`watch`]).
@@ -70,19 +72,21 @@ impl std::error::Error for Stopped {}
 ///
 /// 1. past its CPU budget (`ticks.cpu`, counted here), the call fails with
 ///    [`Stopped::CpuBudget`];
-/// 2. when `stop` says so (a terminate request, a WASI program's interrupt or time
-///    limit), it fails with what `stop` returned;
-/// 3. at the end of its time slice, or at any tick at which other processes wait on
-///    this worker's scheduler, a preemptible call yields its fiber (the latency a
-///    computing process adds to the others is then one tick, not one slice); a plain
-///    call past its slice fails with [`Stopped::TimeSlice`].
+/// 2. when its process is asked to terminate ([`Port::is_terminating`]), it fails with
+///    [`Stopped::Terminated`]; when `stop` says so (a WASI program's interrupt or time
+///    limit), with what `stop` returned;
+/// 3. at the end of its time slice, or at any tick at which other processes wait on its
+///    scheduler ([`Port::should_yield`]), a preemptible call yields its fiber (the
+///    latency a computing process adds to the others is then one tick, not one slice); a
+///    plain call past its slice fails with [`Stopped::TimeSlice`].
 ///
-/// The callback costs a few atomic loads a tick while the store runs Wasm, and nothing
-/// while it does not. `ticks` finds the store's counters.
+/// The callback costs a few atomic operations a tick while the store runs Wasm, and
+/// nothing while it does not. `ticks` finds the store's counters.
 pub(crate) fn watch<T: 'static>(
     store: &mut Store<T>,
     watch: Watch,
     ticks: fn(&mut T) -> &mut Ticks,
+    port: Port,
     stop: impl Fn() -> Option<Stopped> + Send + Sync + 'static,
 ) {
     store.set_epoch_deadline(1);
@@ -95,10 +99,13 @@ pub(crate) fn watch<T: 'static>(
         {
             return Err(wasmtime::Error::new(Stopped::CpuBudget(configured)));
         }
+        if port.is_terminating() {
+            return Err(wasmtime::Error::new(Stopped::Terminated));
+        }
         if let Some(stopped) = stop() {
             return Err(wasmtime::Error::new(stopped));
         }
-        if ticks.slice >= watch.slice || (watch.preemptible && crate::scheduler::worker::others_waiting()) {
+        if ticks.slice >= watch.slice || (watch.preemptible && port.should_yield()) {
             if !watch.preemptible {
                 return Err(wasmtime::Error::new(Stopped::TimeSlice(watch.slice_limit)));
             }

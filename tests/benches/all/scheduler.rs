@@ -15,7 +15,8 @@
 use std::time::{Duration, Instant};
 
 use wasmproc::{
-    Capabilities, Command, Event, Events, Payload, Pid, Process, Request, Scheduler, SpawnRequest, Status, StepOutput,
+    Capabilities, Command, Event, Events, Payload, Pid, Port, Process, Request, Scheduler, SpawnRequest, Status,
+    StepOutput,
 };
 use wasmproc_tests::bench::{Condition, Options, Record, Report, measure_pair};
 
@@ -116,7 +117,7 @@ fn pair(a: u64, b: u64) -> Payload {
 }
 
 impl Process for Skynet {
-    fn init(&mut self, _: Pid, _: &str, input: Vec<Payload>) -> anyhow::Result<()> {
+    fn init(&mut self, _: Port, _: &str, input: Vec<Payload>) -> anyhow::Result<()> {
         let data = &input.first().ok_or_else(|| anyhow::anyhow!("skynet needs (num, size)"))?.data;
         anyhow::ensure!(data.len() == 16, "skynet input must be two u64");
         self.num = u64::from_le_bytes(data[..8].try_into()?);
@@ -202,7 +203,7 @@ struct PingPong {
 }
 
 impl Process for PingPong {
-    fn init(&mut self, _: Pid, method: &str, input: Vec<Payload>) -> anyhow::Result<()> {
+    fn init(&mut self, _: Port, method: &str, input: Vec<Payload>) -> anyhow::Result<()> {
         if method == "client" {
             self.peer = Some(Pid::from_u64(input[0].to_u64().unwrap()));
         }
@@ -291,7 +292,7 @@ struct Yielder {
 }
 
 impl Process for Yielder {
-    fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
         Ok(())
     }
 

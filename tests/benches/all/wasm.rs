@@ -40,7 +40,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use wasmproc::wasm::{Config, Runtime};
-use wasmproc::{Capabilities, Command, Event, Events, Payload, Pid, Process, Request, Scheduler, SpawnRequest};
+use wasmproc::{Capabilities, Command, Event, Events, Payload, Port, Process, Request, Scheduler, SpawnRequest};
 use wasmproc::{Status, StepOutput};
 use wasmproc_tests::bench::{Condition, Options, Record, Report, Sample, measure_pair};
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
@@ -434,7 +434,7 @@ struct Driver {
 }
 
 impl Process for Driver {
-    fn init(&mut self, _: Pid, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
         Ok(())
     }
 

@@ -1,0 +1,98 @@
+//! [`Port`]: a process's own way out, handed to it at `init`.
+//!
+//! What a process does to others outside its yields goes through its port: a message it
+//! sends as itself in the middle of a step ([`Port::send`]), and the questions a long
+//! step asks about the world around it ([`Port::should_yield`], [`Port::is_terminating`]).
+//! Every message, through a port or as a yielded `send` command, is checked in one place,
+//! [`Shared::send_as`]: the payload limit, then the `send` capability, then delivery. That
+//! is where a journal will record what leaves a process, and where a cluster will route a
+//! message to another node.
+//!
+//! A port holds its process weakly: the process owns its port (a Wasm process keeps it in
+//! its store), and a strong reference would keep the cell, and with it the process, alive
+//! for ever. Once the process has ended, every call answers as for an ended process.
+
+use std::sync::{Arc, Weak};
+
+use super::cell::ProcessCell;
+use super::shared::Shared;
+use super::state::Lifecycle;
+use crate::error::PortError;
+use crate::process::{CommandKind, Payload, Pid, message_size};
+
+/// A process's handle on the scheduler that runs it, knowing the process's pid: see the
+/// module docs. Cheap to clone (a pid and a weak reference).
+#[derive(Clone)]
+pub struct Port {
+    pid: Pid,
+    cell: Weak<ProcessCell>,
+}
+
+impl Port {
+    pub(super) fn new(cell: &Arc<ProcessCell>) -> Port {
+        Port { pid: cell.pid(), cell: Arc::downgrade(cell) }
+    }
+
+    /// The pid of the process this port belongs to.
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// Sends `body` to `to` as this process, at once, during one of its steps: what a
+    /// yielded `send` command does, without waiting for the step to end.
+    ///
+    /// # Errors
+    ///
+    /// [`PortError::NotInStep`] outside a step of this process (in `init`, say);
+    /// [`PortError::TooLarge`] past the payload limit (a Wasm process is ended for it, as
+    /// for a yield); [`PortError::PermissionDenied`] without the `send` capability;
+    /// [`PortError::Send`] if the receiver cannot take it; [`PortError::Ended`] once
+    /// this process has ended.
+    pub fn send(&self, to: Pid, topic: impl Into<String>, body: Payload) -> Result<(), PortError> {
+        let cell = self.cell.upgrade().ok_or(PortError::Ended(self.pid))?;
+        if cell.state.load().lifecycle() != Lifecycle::Running {
+            return Err(PortError::NotInStep);
+        }
+        scheduler(&cell).send_as(&cell, to, topic.into(), body)
+    }
+
+    /// Whether a long step should give its worker back now: other processes are queued
+    /// on this scheduler, or this process has been asked to terminate. A snapshot of racy
+    /// checks: a wrong answer only moves a yield by one look (an epoch tick for Wasm).
+    pub fn should_yield(&self) -> bool {
+        self.cell
+            .upgrade()
+            .is_some_and(|cell| cell.state.load().is_terminate_requested() || scheduler(&cell).has_queued_work())
+    }
+
+    /// Whether this process has been asked to terminate (or has ended): a step that
+    /// notices should stop at once, since its result will not be used.
+    pub fn is_terminating(&self) -> bool {
+        self.cell.upgrade().is_none_or(|cell| cell.state.load().is_terminate_requested())
+    }
+}
+
+impl std::fmt::Debug for Port {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Port").field("pid", &self.pid).finish_non_exhaustive()
+    }
+}
+
+/// The scheduler of a live process.
+fn scheduler(cell: &ProcessCell) -> &Arc<Shared> {
+    cell.spec.scheduler.as_ref().expect("only the loom models make cells without a scheduler, and they make no ports")
+}
+
+impl Shared {
+    /// Sends `body` from `cell`'s process to `to`: the one path of every message a
+    /// process sends, through its port or as a yielded command. Checks, in order, the
+    /// payload limit and the `send` capability, then delivers.
+    pub(super) fn send_as(&self, cell: &ProcessCell, to: Pid, topic: String, body: Payload) -> Result<(), PortError> {
+        let send = CommandKind::Send;
+        self.settings.limits.check_payload(message_size(&topic, &body), send.name()).map_err(PortError::TooLarge)?;
+        if !cell.spec.caps.allows_builtin(send) {
+            return Err(PortError::PermissionDenied);
+        }
+        Ok(self.send(cell.pid(), to, topic, body)?)
+    }
+}
