@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 
 use crate::ctx::Ctx;
 use crate::executor::{self, Executor, Outcome, Task};
-use crate::payload::{Level, Message, Payload, Pid};
+use crate::payload::{Format, Level, Message, Payload, Pid};
 
 #[doc(hidden)]
 pub mod bindings {
@@ -62,7 +62,7 @@ where
     let future = entry(ctx, input);
     Ok(Box::pin(async move {
         match future.await {
-            Ok(value) => Payload::json(&value).map_err(|error| format!("{error:#}")),
+            Ok(value) => Payload::json(&value).map_err(|error| format!("failed to serialise a JSON payload: {error}")),
             Err(error) => Err(format!("{:#}", error.into())),
         }
     }))
@@ -135,13 +135,13 @@ pub(crate) fn send_now(command: executor::Command) -> Result<Result<(), String>,
 
 impl From<wit::Payload> for Payload {
     fn from(payload: wit::Payload) -> Self {
-        Payload { format: payload.format, data: payload.data }
+        Payload { format: Format::from_name(&payload.format), data: payload.data }
     }
 }
 
 impl From<Payload> for wit::Payload {
     fn from(payload: Payload) -> Self {
-        wit::Payload { format: payload.format, data: payload.data }
+        wit::Payload { format: payload.format.as_str().to_owned(), data: payload.data }
     }
 }
 
@@ -233,7 +233,7 @@ mod tests {
     fn rejects_input_of_the_wrong_shape() {
         let error = init(TABLE, 1, "double".to_owned(), vec![Payload::json("six").unwrap().into()]).unwrap_err();
         assert!(
-            error.starts_with("invalid input for entry method `double`: failed to decode a JSON payload"),
+            error.starts_with("invalid input for entry method `double`: failed to decode a `json` payload"),
             "{error}"
         );
     }

@@ -70,7 +70,7 @@ impl Ctx {
                 let command = Command::Spawn { kind, method: method.to_owned(), input: vec![input], monitor: true };
                 self.command(command, what, decode_pid)
             }
-            Err(error) => self.failed(error, what, decode_pid),
+            Err(error) => self.unserialisable(error, what, decode_pid),
         }
     }
 
@@ -103,7 +103,7 @@ impl Ctx {
     pub fn send(&self, to: Pid, topic: &str, body: impl Serialize) -> Completion<()> {
         match Payload::json(&body) {
             Ok(body) => self.send_payload(to, topic, body),
-            Err(error) => self.failed(error, "send", decode_unit),
+            Err(error) => self.unserialisable(error, "send", decode_unit),
         }
     }
 
@@ -134,7 +134,7 @@ impl Ctx {
         let what = Cow::Owned(format!("custom command `{name}`"));
         match Payload::json(&input) {
             Ok(payload) => self.command(Command::Custom { name: name.to_owned(), payload }, what, decode_json::<T>),
-            Err(error) => self.failed(error, what, decode_json::<T>),
+            Err(error) => self.unserialisable(error, what, decode_json::<T>),
         }
     }
 
@@ -168,12 +168,14 @@ impl Ctx {
         Completion { shared: self.shared.clone(), state: State::Unsent(command), what: what.into(), decode }
     }
 
-    fn failed<T>(
+    /// A completion that fails when polled, because its JSON input did not serialise.
+    fn unserialisable<T>(
         &self,
-        error: anyhow::Error,
+        error: serde_json::Error,
         what: impl Into<Cow<'static, str>>,
         decode: fn(Payload) -> anyhow::Result<T>,
     ) -> Completion<T> {
+        let error = anyhow::Error::new(error).context("failed to serialise a JSON payload");
         Completion { shared: self.shared.clone(), state: State::Failed(error), what: what.into(), decode }
     }
 }
@@ -183,7 +185,7 @@ fn decode_unit(_: Payload) -> anyhow::Result<()> {
 }
 
 fn decode_json<T: DeserializeOwned>(payload: Payload) -> anyhow::Result<T> {
-    payload.decode()
+    Ok(payload.decode()?)
 }
 
 /// The `spawn` completion: the child's pid as 8 little-endian bytes.

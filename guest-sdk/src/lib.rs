@@ -57,7 +57,7 @@ pub use anyhow::{self, Error, Result};
 
 pub use crate::combinators::{Either, Join, JoinAll, Select, join, join_all, select};
 pub use crate::ctx::{Cancellation, Completion, Ctx, Recv, Sleep, Wait};
-pub use crate::payload::{Level, Message, Payload, Pid};
+pub use crate::payload::{DecodeError, Format, Level, Message, Payload, Pid};
 
 /// Makes an `async fn` an entry method of the component.
 ///
@@ -102,7 +102,7 @@ pub mod prelude {
 
     pub use anyhow::{Context as _, Error, Result, anyhow, bail, ensure};
 
-    pub use crate::{Ctx, Either, Level, Message, Payload, Pid, entry, join, join_all, select};
+    pub use crate::{Ctx, Either, Format, Level, Message, Payload, Pid, entry, join, join_all, select};
 }
 
 /// Exports the listed [`entry`] functions as the component's entry methods, in the

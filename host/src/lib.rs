@@ -73,7 +73,8 @@ pub mod wasm;
 pub use caps::{BUILTIN_COMMANDS, Capabilities};
 pub use error::{PortError, SendError, SpawnError};
 pub use process::{
-    Command, Event, Events, Format, Outcome, Payload, Pid, Process, SpawnRequest, Status, StepOutput, Yield,
+    Command, DecodeError, Event, Events, Format, Outcome, Payload, Pid, Process, SpawnRequest, Status, StepOutput,
+    Yield,
 };
 pub use scheduler::{
     Builder, Completer, Factory, Handle, Handler, Port, ProcessHandle, Request, Scheduler, SpawnOptions, Stats,

@@ -7,9 +7,10 @@
 //! host to dispatch. [`Process::close`] runs exactly once at the end, whatever the end was.
 
 use std::borrow::Cow;
-use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
+
+// The values that cross the Wasm boundary, one type each, shared with the guest SDK.
+pub use wasmproc_types::{DecodeError, Format, Payload, Pid};
 
 /// The outcome of a yield, or the result of a whole process.
 ///
@@ -67,138 +68,6 @@ pub trait Process: Send + 'static {
 
     /// Releases the process's resources. Called exactly once.
     fn close(&mut self) {}
-}
-
-/// A process id.
-///
-/// Ids are never reused while anyone could confuse them: each one carries the generation
-/// of the registry slot it names, so a message or completion for a finished process finds
-/// nothing instead of reaching the slot's next tenant.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Pid(u64);
-
-impl Pid {
-    /// The sender of messages that come from the embedder rather than from a process.
-    /// No process ever has this id.
-    pub const HOST: Pid = Pid(0);
-
-    /// Rebuilds a pid from [`Pid::as_u64`] (for example one that came back from a guest).
-    pub const fn from_u64(raw: u64) -> Self {
-        Pid(raw)
-    }
-
-    /// The pid as a number, as guests see it.
-    pub const fn as_u64(self) -> u64 {
-        self.0
-    }
-}
-
-impl fmt::Display for Pid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-impl fmt::Debug for Pid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Pid({})", self.0)
-    }
-}
-
-/// How to read a [`Payload`]'s bytes.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
-pub enum Format {
-    /// UTF-8 JSON text.
-    #[default]
-    Json,
-    /// Opaque bytes.
-    Bytes,
-    /// UTF-8 text.
-    Text,
-    /// Any other format, by name.
-    Other(Arc<str>),
-}
-
-impl Format {
-    /// The format's name as guests see it: `json`, `bytes`, `text` or the other name.
-    pub fn as_str(&self) -> &str {
-        match self {
-            Format::Json => "json",
-            Format::Bytes => "bytes",
-            Format::Text => "text",
-            Format::Other(name) => name,
-        }
-    }
-
-    /// The format named `name`; the three known names map to their variants.
-    pub fn from_name(name: &str) -> Self {
-        match name {
-            "json" => Format::Json,
-            "bytes" => Format::Bytes,
-            "text" => Format::Text,
-            other => Format::Other(other.into()),
-        }
-    }
-}
-
-/// Bytes plus how to read them: inputs, results, message bodies.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct Payload {
-    /// How to read `data`.
-    pub format: Format,
-    /// The bytes.
-    pub data: Vec<u8>,
-}
-
-impl Payload {
-    /// An empty payload (format `bytes`, no data): the result of commands that return nothing.
-    pub fn empty() -> Self {
-        Payload { format: Format::Bytes, data: Vec::new() }
-    }
-
-    /// Opaque bytes.
-    pub fn bytes(data: impl Into<Vec<u8>>) -> Self {
-        Payload { format: Format::Bytes, data: data.into() }
-    }
-
-    /// UTF-8 text.
-    pub fn text(text: impl Into<String>) -> Self {
-        Payload { format: Format::Text, data: text.into().into_bytes() }
-    }
-
-    /// A value serialised as JSON.
-    ///
-    /// # Errors
-    ///
-    /// Fails if `value` cannot be serialised (for example a map with non-string keys).
-    pub fn json<T: serde::Serialize + ?Sized>(value: &T) -> serde_json::Result<Self> {
-        Ok(Payload { format: Format::Json, data: serde_json::to_vec(value)? })
-    }
-
-    /// A little-endian `u64` as 8 opaque bytes: the cheapest way to pass a number
-    /// between native processes.
-    pub fn u64(value: u64) -> Self {
-        Payload::bytes(value.to_le_bytes())
-    }
-
-    /// Reads back a [`Payload::u64`].
-    pub fn to_u64(&self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.data.as_slice().try_into().ok()?))
-    }
-
-    /// Reads the data as JSON, whatever the declared format.
-    ///
-    /// # Errors
-    ///
-    /// Fails if the data is not JSON of the shape `T` expects.
-    pub fn parse_json<T: serde::de::DeserializeOwned>(&self) -> serde_json::Result<T> {
-        serde_json::from_slice(&self.data)
-    }
-
-    /// The data as text if it is valid UTF-8.
-    pub fn as_str(&self) -> Option<&str> {
-        std::str::from_utf8(&self.data).ok()
-    }
 }
 
 /// Something a process learns at the start of a step.
@@ -476,17 +345,6 @@ impl StepOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn payload_round_trips() {
-        assert_eq!(Payload::u64(42).to_u64(), Some(42));
-        assert_eq!(Payload::text("hi").to_u64(), None);
-        let p = Payload::json(&serde_json::json!({"a": [1, 2]})).unwrap();
-        let v: serde_json::Value = p.parse_json().unwrap();
-        assert_eq!(v["a"][1], 2);
-        assert_eq!(Format::from_name("text"), Format::Text);
-        assert_eq!(Format::from_name("cbor").as_str(), "cbor");
-    }
 
     #[test]
     fn command_kinds_agree_on_names_bits_and_slots() {

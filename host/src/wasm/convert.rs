@@ -6,10 +6,11 @@
 
 use std::time::Duration;
 
+use wasmproc_types::{Format, Level, Payload, Pid};
+
 use super::bindings::wasmproc::process::host;
 use super::bindings::wasmproc::process::types as wit;
-use super::log::Level;
-use crate::process::{Command, Event, Format, Outcome, Payload, Pid, SpawnRequest, Status};
+use crate::process::{Command, Event, Outcome, SpawnRequest, Status};
 
 pub(crate) fn payload_to_wit(payload: Payload) -> wit::Payload {
     wit::Payload { format: payload.format.as_str().to_owned(), data: payload.data }

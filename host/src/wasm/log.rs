@@ -16,40 +16,14 @@ use tokio::io::AsyncWrite;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
+pub use wasmproc_types::Level;
+
 use crate::process::Pid;
 
 /// Bytes a guest may write without a newline before they are logged as a line anyway, so
 /// a process that never ends a line cannot make the host buffer without bound. Picked to
 /// fit any sensible log line; not a tuning knob.
 pub(crate) const MAX_LINE: usize = 16 * 1024;
-
-/// How important a `host.log` line is (the WIT `level`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Level {
-    /// Very detailed tracing.
-    Trace,
-    /// Debugging detail.
-    Debug,
-    /// Normal operation.
-    Info,
-    /// Something unexpected that the process survived.
-    Warn,
-    /// Something failed.
-    Error,
-}
-
-impl Level {
-    /// The level's name, lowercase.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Level::Trace => "trace",
-            Level::Debug => "debug",
-            Level::Info => "info",
-            Level::Warn => "warn",
-            Level::Error => "error",
-        }
-    }
-}
 
 /// Where a [`LogRecord`] came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
