@@ -49,6 +49,11 @@
 //! - [`Process`]: what the scheduler runs: `init` (choose an entry method), `step`, `close`,
 //!   and optionally `hibernate` (give memory back while waiting, when the workers are
 //!   idle). Implement it natively, or load a Wasm component.
+//! - [`Port`]: handed to each process at `init`: its pid, `send` as itself during a step,
+//!   and whether a long step should yield. Cheap to clone; holds its process weakly.
+//!   Every message, through a port or a yielded `send`, takes one checked path.
+//! - [`Pid`], [`Payload`], [`Format`]: the values that cross the Wasm boundary, the same
+//!   types in the host and the guest SDK (crate `wasmproc-types`).
 //! - `wasm::Runtime` (feature `wasm`, on by default): one wasmtime engine, its instance
 //!   memory and fiber-stack arenas and the compile caches. Costly to build (reserves the arenas); one per host.
 //!   `Runtime::load` gives a `wasm::Component`: cheap to clone, and a [`Factory`] to

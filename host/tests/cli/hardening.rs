@@ -18,6 +18,11 @@ fn closed_pipe() -> std::io::PipeWriter {
     writer
 }
 
+/// `wasmproc` with `args` run to its end with no stdin and the given stdout and stderr.
+fn output_with(args: &[&str], stdout: impl Into<Stdio>, stderr: impl Into<Stdio>) -> Output {
+    wasmproc(args).stdin(Stdio::null()).stdout(stdout).stderr(stderr).output().expect("wasmproc runs")
+}
+
 /// How a run of the binary ended: the exit code, or the signal that killed it.
 fn describe(status: ExitStatus) -> String {
     match (status.code(), status.signal()) {
@@ -52,12 +57,7 @@ fn a_closed_stdout_ends_each_subcommand_with_exit_141_not_a_panic() {
         &["--help"],
     ];
     for args in cases {
-        let output = wasmproc(args)
-            .stdin(Stdio::null())
-            .stdout(closed_pipe())
-            .stderr(Stdio::piped())
-            .output()
-            .expect("wasmproc runs");
+        let output = output_with(args, closed_pipe(), Stdio::piped());
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(141), "{args:?}: {}; stderr: {stderr}", describe(output.status));
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
@@ -74,32 +74,17 @@ fn a_closed_stderr_changes_nothing_but_what_is_seen() {
         (&["run", HOSTILE, "--method", "spin", "--timeout", "200ms"], 4),
     ];
     for (args, code) in cases {
-        let output = wasmproc(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(closed_pipe())
-            .output()
-            .expect("wasmproc runs");
+        let output = output_with(args, Stdio::piped(), closed_pipe());
         assert_eq!(output.status.code(), Some(code), "{args:?}: {}", describe(output.status));
     }
     // Both closed at once, with guest output on the way.
-    let output = wasmproc(&["run", HOSTILE, "--method", "panic", "--json"])
-        .stdin(Stdio::null())
-        .stdout(closed_pipe())
-        .stderr(closed_pipe())
-        .output()
-        .expect("wasmproc runs");
+    let output = output_with(&["run", HOSTILE, "--method", "panic", "--json"], closed_pipe(), closed_pipe());
     assert_eq!(output.status.code(), Some(141), "{}", describe(output.status));
 }
 
 #[test]
 fn a_wasi_program_writing_to_a_closed_stdout_does_not_take_the_host_down() {
-    let output = wasmproc(&["run", WASI_CLI, "--", "hello", "world"])
-        .stdin(Stdio::null())
-        .stdout(closed_pipe())
-        .stderr(Stdio::piped())
-        .output()
-        .expect("wasmproc runs");
+    let output = output_with(&["run", WASI_CLI, "--", "hello", "world"], closed_pipe(), Stdio::piped());
     let stderr = String::from_utf8_lossy(&output.stderr);
     // The program's own write fails (how it reacts is its business); the host reports
     // its exit code and does not panic.
