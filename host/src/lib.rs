@@ -83,5 +83,5 @@ pub use process::{
 };
 pub use scheduler::{
     Builder, Completer, Factory, Handle, Handler, Port, ProcessHandle, Request, Scheduler, SpawnOptions, Stats,
-    StopReport, WorkerStats,
+    StopReport, WorkerStats, YieldCounts,
 };

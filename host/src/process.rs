@@ -193,7 +193,8 @@ pub(crate) fn message_size(topic: &str, body: &Payload) -> usize {
 /// capability bit that grants it, and its slot in
 /// [`Stats::yields_by_command`](crate::Stats::yields_by_command). Adding a built-in
 /// command is adding a variant here (before `Custom`) and to [`Command`] and
-/// [`Command::kind`], then handling it in dispatch.
+/// [`Command::kind`], a field to [`YieldCounts`](crate::YieldCounts), then handling it
+/// in dispatch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CommandKind {
     Sleep,

@@ -36,7 +36,7 @@ impl Summary {
             "peak_live": s.peak_live,
             "steps": s.workers.iter().map(|w| w.executed).sum::<u64>(),
             "yields": s.yields,
-            "yields_by_command": s.yields_by_command.iter().map(|(name, n)| (name.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "yields_by_command": s.yields_by_command.by_name().iter().map(|(name, n)| (name.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
             "messages": s.messages,
             "undelivered": s.undelivered,
             "hibernated": s.hibernated,
@@ -52,6 +52,7 @@ impl Summary {
         let steps: u64 = s.workers.iter().map(|w| w.executed).sum();
         let by: Vec<String> = s
             .yields_by_command
+            .by_name()
             .iter()
             .filter(|(_, n)| *n > 0)
             .map(|(name, n)| format!("{name} {}", count(*n)))

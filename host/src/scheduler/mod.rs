@@ -57,7 +57,7 @@ pub use self::completer::Completer;
 pub use self::dispatch::{Factory, Handler, Request};
 pub use self::handle::{Handle, ProcessHandle, SpawnOptions};
 pub use self::port::Port;
-pub use self::stats::{Stats, WorkerStats};
+pub use self::stats::{Stats, WorkerStats, YieldCounts};
 
 /// The scheduler: owns the worker threads. Dropping it stops it with no grace period
 /// (see [`Scheduler::stop`]).

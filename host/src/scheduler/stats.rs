@@ -25,9 +25,8 @@ pub struct Stats {
     pub completed: u64,
     /// Yields dispatched (granted and known).
     pub yields: u64,
-    /// The same, by command: the built-ins by name, then every custom command as
-    /// `custom`.
-    pub yields_by_command: [(&'static str, u64); 6],
+    /// The same, by command.
+    pub yields_by_command: YieldCounts,
     /// Messages delivered to mailboxes.
     pub messages: u64,
     /// Messages that were in a mailbox when its process ended, never read.
@@ -36,6 +35,43 @@ pub struct Stats {
     /// else to run (see `Process::hibernate`; for a Wasm process, its fiber stack's
     /// resident pages).
     pub hibernated: u64,
+}
+
+/// Yields dispatched, by command; see [`Stats::yields_by_command`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct YieldCounts {
+    /// `sleep` commands.
+    pub sleep: u64,
+    /// `spawn` commands.
+    pub spawn: u64,
+    /// `send` commands (not sends made through a port, which are no yields).
+    pub send: u64,
+    /// `monitor` commands.
+    pub monitor: u64,
+    /// `terminate` commands.
+    pub terminate: u64,
+    /// Custom commands, whatever their names.
+    pub custom: u64,
+}
+
+impl YieldCounts {
+    /// The counts by command name, the built-ins in the order `--help` lists them, then
+    /// `custom`: for printing them all.
+    pub fn by_name(&self) -> [(&'static str, u64); 6] {
+        CommandKind::ALL.map(|kind| (kind.name(), self.get(kind)))
+    }
+
+    fn get(&self, kind: CommandKind) -> u64 {
+        match kind {
+            CommandKind::Sleep => self.sleep,
+            CommandKind::Spawn => self.spawn,
+            CommandKind::Send => self.send,
+            CommandKind::Monitor => self.monitor,
+            CommandKind::Terminate => self.terminate,
+            CommandKind::Custom => self.custom,
+        }
+    }
 }
 
 /// One worker's counters.
@@ -137,7 +173,14 @@ impl Shared {
             spawned: sum(|c| &c.spawned),
             completed: sum(|c| &c.completed),
             yields: CommandKind::ALL.into_iter().map(counted).sum(),
-            yields_by_command: CommandKind::ALL.map(|kind| (kind.name(), counted(kind))),
+            yields_by_command: YieldCounts {
+                sleep: counted(CommandKind::Sleep),
+                spawn: counted(CommandKind::Spawn),
+                send: counted(CommandKind::Send),
+                monitor: counted(CommandKind::Monitor),
+                terminate: counted(CommandKind::Terminate),
+                custom: counted(CommandKind::Custom),
+            },
             messages: sum(|c| &c.messages),
             undelivered: sum(|c| &c.undelivered),
             hibernated: sum(|c| &c.hibernated),
