@@ -18,8 +18,44 @@ pub use wasmproc_types::{DecodeError, Format, Payload, Pid};
 /// formats its own errors with their whole chain (`{:#}`) before they become one.
 pub type Outcome = Result<Payload, String>;
 
-/// The events a step consumes, in arrival order. A process may take them by value.
-pub type Events<'a> = std::vec::Drain<'a, Event>;
+/// The events a step consumes, in arrival order: an iterator that hands each over by
+/// value. Events the step does not take were delivered all the same and are dropped
+/// with it.
+pub struct Events<'a>(std::vec::Drain<'a, Event>);
+
+impl<'a> Events<'a> {
+    pub(crate) fn new(drain: std::vec::Drain<'a, Event>) -> Self {
+        Events(drain)
+    }
+}
+
+impl Iterator for Events<'_> {
+    type Item = Event;
+
+    fn next(&mut self) -> Option<Event> {
+        self.0.next()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.size_hint()
+    }
+}
+
+impl ExactSizeIterator for Events<'_> {}
+
+impl DoubleEndedIterator for Events<'_> {
+    fn next_back(&mut self) -> Option<Event> {
+        self.0.next_back()
+    }
+}
+
+impl std::iter::FusedIterator for Events<'_> {}
+
+impl std::fmt::Debug for Events<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Events").field(&self.0.as_slice()).finish()
+    }
+}
 
 /// A process: something the scheduler can initialise, step and close.
 ///

@@ -59,7 +59,7 @@ use super::cell::{Decision, Hibernation, ProcessCell, TurnEnd};
 use super::idle::{PARK_AFTER_ROUNDS, Unparked, YIELD_AFTER_ROUNDS};
 use super::shared::Shared;
 use super::state::Lifecycle;
-use crate::process::{Event, Status, StepOutput};
+use crate::process::{Event, Events, Status, StepOutput};
 
 /// How many more processes to move from the global queue into the local deque when
 /// taking one. From the scheduler spec.
@@ -342,7 +342,9 @@ impl WorkerLoop<'_> {
             // SAFETY: `run_turn` runs this closure only while this worker holds the
             // process in `Running`.
             let stepped = unsafe {
-                cell.with_process(|process| catch_unwind(AssertUnwindSafe(|| process.step(events.drain(..), out))))
+                cell.with_process(|process| {
+                    catch_unwind(AssertUnwindSafe(|| process.step(Events::new(events.drain(..)), out)))
+                })
             };
             // A panic in the step was caught above, so this always runs.
             // A step may leave events it did not take; they were delivered to it all the same.
