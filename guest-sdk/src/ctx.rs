@@ -156,7 +156,7 @@ impl Ctx {
 
     /// Writes `message` to the host's log at `level`, tagged with the process's pid.
     pub fn log(&self, level: Level, message: &str) {
-        crate::component::log(level, message);
+        crate::host::log(level, message);
     }
 
     fn command<T>(
@@ -222,7 +222,7 @@ impl<T> Future for Completion<T> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         match std::mem::replace(&mut this.state, State::Done) {
-            State::Unsent(command) => match crate::component::send_now(command) {
+            State::Unsent(command) => match crate::host::send_now(command) {
                 Ok(sent) => Poll::Ready(this.resolve(sent.map(|()| Payload::bytes(Vec::new())))),
                 Err(command) => {
                     this.state = State::Sent(this.shared.yield_command(command, cx.waker()));

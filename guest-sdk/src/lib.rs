@@ -51,6 +51,7 @@ mod combinators;
 mod component;
 mod ctx;
 mod executor;
+mod host;
 mod payload;
 
 pub use anyhow::{self, Error, Result};
@@ -168,9 +169,10 @@ macro_rules! export {
 /// What the macros expand to; not a stable API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::component::bindings::Guest;
-    pub use crate::component::bindings::wasmproc::process::types::{
+    pub use crate::component::{Entry, entries, init, start, step};
+    pub use crate::host::bindings;
+    pub use crate::host::bindings::Guest;
+    pub use crate::host::bindings::wasmproc::process::types::{
         Event as WitEvent, Payload as WitPayload, StepOutput as WitStepOutput,
     };
-    pub use crate::component::{Entry, bindings, entries, init, start, step};
 }

@@ -1,0 +1,115 @@
+//! What the SDK asks of the host: the WIT bindings of the `process` world, the two host
+//! functions (`log`, and `send` at once), and the mapping between the WIT types and the
+//! SDK's own. The executor and `Ctx` reach the host only through here.
+
+use crate::executor::{self, Outcome};
+use crate::payload::{Format, Level, Message, Payload, Pid};
+
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../wit",
+        world: "process",
+        pub_export_macro: true,
+        export_macro_name: "__export_process",
+        default_bindings_module: "wasmproc_guest::__private::bindings",
+    });
+}
+
+use bindings::wasmproc::process::{host, types as wit};
+
+/// Writes a line to the host's log.
+pub(crate) fn log(level: Level, message: &str) {
+    let level = match level {
+        Level::Trace => host::Level::Trace,
+        Level::Debug => host::Level::Debug,
+        Level::Info => host::Level::Info,
+        Level::Warn => host::Level::Warn,
+        Level::Error => host::Level::Error,
+    };
+    #[cfg(target_arch = "wasm32")]
+    host::log(level, message);
+    // Native builds (the SDK's own tests) have no host to call.
+    #[cfg(not(target_arch = "wasm32"))]
+    eprintln!("[{level:?}] {message}");
+}
+
+/// Delivers a `send` command through the host's `send` function, at once: there is no
+/// completion to wait for, so a process that sends and then waits needs one step, not
+/// two. Any other command, and every command in native builds (the SDK's own tests have
+/// no host), is handed back to be yielded.
+pub(crate) fn send_now(command: executor::Command) -> Result<Result<(), String>, executor::Command> {
+    match command {
+        #[cfg(target_arch = "wasm32")]
+        executor::Command::Send { to, topic, body } => Ok(host::send(to.as_u64(), &topic, &body.into())),
+        other => Err(other),
+    }
+}
+
+impl From<wit::Payload> for Payload {
+    fn from(payload: wit::Payload) -> Self {
+        Payload { format: Format::from_name(&payload.format), data: payload.data }
+    }
+}
+
+impl From<Payload> for wit::Payload {
+    fn from(payload: Payload) -> Self {
+        wit::Payload { format: payload.format.as_str().to_owned(), data: payload.data }
+    }
+}
+
+fn outcome_from(result: Result<wit::Payload, String>) -> Outcome {
+    result.map(Payload::from)
+}
+
+impl From<wit::Event> for executor::Event {
+    fn from(event: wit::Event) -> Self {
+        match event {
+            wit::Event::Completion(c) => executor::Event::Completion { tag: c.tag, result: outcome_from(c.result) },
+            wit::Event::Message(m) => executor::Event::Message(Message {
+                sender: Pid::from_u64(m.sender),
+                topic: m.topic,
+                body: m.body.into(),
+            }),
+            wit::Event::Exit(e) => executor::Event::Exit { pid: Pid::from_u64(e.pid), result: outcome_from(e.result) },
+            wit::Event::Cancel(reason) => executor::Event::Cancel(reason),
+        }
+    }
+}
+
+impl From<executor::Command> for wit::Command {
+    fn from(command: executor::Command) -> Self {
+        use executor::Command;
+        match command {
+            Command::Sleep(nanos) => wit::Command::Sleep(nanos),
+            Command::Spawn { kind, method, input, monitor } => wit::Command::Spawn(wit::SpawnRequest {
+                kind,
+                method,
+                input: input.into_iter().map(Into::into).collect(),
+                monitor,
+            }),
+            Command::Send { to, topic, body } => {
+                wit::Command::Send(wit::SendRequest { to: to.as_u64(), topic, body: body.into() })
+            }
+            Command::Monitor(pid) => wit::Command::Monitor(pid.as_u64()),
+            Command::Terminate(pid) => wit::Command::Terminate(pid.as_u64()),
+            Command::Custom { name, payload } => {
+                wit::Command::Custom(wit::CustomCommand { name, payload: payload.into() })
+            }
+        }
+    }
+}
+
+impl From<executor::StepOutput> for wit::StepOutput {
+    fn from(output: executor::StepOutput) -> Self {
+        let status = match output.status {
+            executor::Status::Complete(outcome) => wit::Status::Complete(outcome.map(Into::into)),
+            executor::Status::Idle => wit::Status::Idle,
+            executor::Status::Blocked => wit::Status::Blocked,
+            executor::Status::Continue => wit::Status::Continue,
+        };
+        let yields =
+            output.yields.into_iter().map(|y| wit::YieldCommand { tag: y.tag, command: y.command.into() }).collect();
+        wit::StepOutput { status, yields }
+    }
+}
