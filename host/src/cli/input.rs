@@ -54,22 +54,13 @@ pub(super) fn read_app(path: &Path, max_size: u64) -> Result<Vec<u8>, Failure> {
             ),
         ));
     }
-    let mut header = [0u8; 8];
+    let mut header = [0u8; wasmproc::wasm::PROGRAM_START];
     let mut reader = file.take(max_size);
     let got = read_up_to(&mut reader, &mut header)
         .map_err(|e| Failure::new(Exit::Usage, format!("cannot read `{shown}`: {e}")))?;
     let header = &header[..got];
-    // Wasm (`\0asm`) and wasmproc's precompiled files (`\0wasmproc…`) both begin with a
-    // NUL; ELF files are let through so that the loader can say what they are.
-    if !(header.starts_with(b"\0") || header.starts_with(b"\x7fELF")) {
-        return Err(Failure::new(
-            Exit::BadModule,
-            format!(
-                "cannot load `{shown}`: not a WebAssembly file: it does not start with the `\\0asm` header (nor is it a \
-                 file made by `wasmproc compile`)"
-            ),
-        ));
-    }
+    wasmproc::wasm::check_start(header)
+        .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{shown}`: {e:#}")))?;
     let mut bytes = Vec::with_capacity(usize::try_from(metadata.len()).unwrap_or(0));
     bytes.extend_from_slice(header);
     reader.read_to_end(&mut bytes).map_err(|e| Failure::new(Exit::Usage, format!("cannot read `{shown}`: {e}")))?;

@@ -148,11 +148,11 @@ impl Output {
     }
 
     /// Queues a line of guest output for stderr, or drops it if [`GUEST_BACKLOG`] bytes
-    /// already wait.
-    pub(crate) fn guest_line(&self, text: &str) {
-        let mut bytes = Vec::with_capacity(text.len() + 1);
-        bytes.extend_from_slice(text.as_bytes());
-        bytes.push(b'\n');
+    /// already wait. Formatted straight into the queued buffer: one allocation a line.
+    pub(crate) fn guest_line(&self, line: impl std::fmt::Display) {
+        let mut bytes = Vec::new();
+        // Writing into a `Vec` cannot fail.
+        let _ = writeln!(bytes, "{line}");
         self.stderr.guest(bytes);
     }
 

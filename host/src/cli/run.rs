@@ -208,7 +208,7 @@ impl Run {
             .time_slice(self.time_slice)
             .preemption(!self.no_preemption)
             .max_instances(self.max_processes)
-            .log_sink(move |record: &LogRecord<'_>| guest_out.guest_line(&record.to_string()));
+            .log_sink(move |record: &LogRecord<'_>| guest_out.guest_line(record));
         if let Some(budget) = self.cpu_budget {
             config = config.cpu_budget(budget);
         }

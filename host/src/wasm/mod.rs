@@ -7,10 +7,10 @@
 //!
 //! let runtime = Runtime::new(Config::default())?;
 //! let hello = runtime.load("hello.wasm")?;
-//! println!("entries: {}", hello.entries().join(", "));
+//! assert!(hello.entries().iter().any(|entry| entry == "main"));
 //! let scheduler = Scheduler::builder().kind("hello", hello.clone()).build()?;
 //! let process = scheduler.spawn_kind("hello", "main", vec![])?;
-//! println!("{:?}", process.join());
+//! let result = process.join()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -74,5 +74,5 @@ pub use config::Config;
 pub use inspect::{Inspection, ProgramKind};
 pub use log::{Level, LogRecord, LogSink, LogSource};
 pub use process::WasmProcess;
-pub use runtime::{LoadStats, Program, Runtime};
+pub use runtime::{LoadStats, PROGRAM_START, Program, Runtime, check_start};
 pub use wasi::{COMMAND_ENTRY, WasiOptions, WasiProcess, WasiProgram, exit_code};

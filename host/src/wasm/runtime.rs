@@ -327,6 +327,21 @@ fn check_magic(bytes: &[u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Refuses a file by its first bytes (`start`: [`PROGRAM_START`] of them, or the whole
+/// file if shorter) when it can be no program: neither Wasm nor a precompiled file (nor
+/// an ELF file, which the loader names). Lets a caller refuse a large file before reading
+/// it whole, with the error a load of it would give.
+///
+/// # Errors
+///
+/// `start` is not the beginning of a program.
+pub fn check_start(start: &[u8]) -> anyhow::Result<()> {
+    if precompiled::is_precompiled(start) { Ok(()) } else { check_magic(start) }
+}
+
+/// How many first bytes [`check_start`] needs to tell a program from anything else.
+pub const PROGRAM_START: usize = 32;
+
 /// Whether `bytes` are a core module of version 1 (components have another version).
 fn is_core_module(bytes: &[u8]) -> bool {
     bytes.get(..8) == Some(&[0, b'a', b's', b'm', 1, 0, 0, 0])
