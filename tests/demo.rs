@@ -7,8 +7,10 @@ use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use wasmproc::handler::Request;
+use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::wasm::{Config, Runtime};
-use wasmproc::{Capabilities, Payload, Request, Scheduler};
+use wasmproc::{Capabilities, Payload, Scheduler};
 
 /// Runs the demo on a runtime made with `config`, writing what it does to `out`.
 ///
@@ -63,7 +65,10 @@ pub fn run(config: Config, out: &mut dyn Write) -> anyhow::Result<()> {
     for (kind, method, input) in runs {
         let start = Instant::now();
         let shown = input.to_string();
-        let outcome = scheduler.spawn_kind(kind, method, vec![Payload::json(&input)?]).map(|p| p.join());
+        let outcome = scheduler
+            .handle()
+            .spawn(Spawnable::kind(kind), SpawnOptions::new(method).input(vec![Payload::json(&input)?]))
+            .map(|p| p.join());
         let elapsed = start.elapsed();
         let shown_result = match outcome {
             Ok(Ok(payload)) => format!("ok {}", abbreviate(payload.as_str().unwrap_or("<bytes>"))),
@@ -73,7 +78,7 @@ pub fn run(config: Config, out: &mut dyn Write) -> anyhow::Result<()> {
         writeln!(out, "{kind}.{method}({}) → {shown_result}  [{elapsed:.1?}]", abbreviate(&shown))?;
     }
 
-    let stats = scheduler.stats();
+    let stats = scheduler.handle().stats();
     writeln!(
         out,
         "\n{} processes, {} steps, {} yields, {} messages; peak {} alive at once",

@@ -162,14 +162,14 @@ pub fn completion(event: &Event, tag: u64) -> Option<&wasmproc::Outcome> {
 }
 
 /// A handler that completes at once, inside dispatch.
-pub fn complete_now(request: wasmproc::Request) {
+pub fn complete_now(request: wasmproc::handler::Request) {
     request.complete(Ok(Payload::empty()));
 }
 
 /// A handler that hands each completer to the receiver, for the test to complete later.
-pub fn stash() -> (impl wasmproc::Handler, std::sync::mpsc::Receiver<wasmproc::Completer>) {
+pub fn stash() -> (impl wasmproc::handler::Handler, std::sync::mpsc::Receiver<wasmproc::handler::Completer>) {
     let (tx, rx) = std::sync::mpsc::channel();
-    let handler = move |request: wasmproc::Request| {
+    let handler = move |request: wasmproc::handler::Request| {
         let (_, done) = request.into_parts();
         // The test may have stopped listening; then the completer's drop answers the yield.
         let _ = tx.send(done);
@@ -236,7 +236,9 @@ pub fn holder() -> (Scripted, Gate) {
 
 /// A scheduler builder with `workers` workers and the [`stash`] handler registered and
 /// granted under the name `stash`.
-pub fn with_stash(workers: usize) -> (wasmproc::Builder, std::sync::mpsc::Receiver<wasmproc::Completer>) {
+pub fn with_stash(
+    workers: usize,
+) -> (wasmproc::scheduler::Builder, std::sync::mpsc::Receiver<wasmproc::handler::Completer>) {
     let (handler, stashed) = stash();
     let builder = wasmproc::Scheduler::builder()
         .workers(workers)

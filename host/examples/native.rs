@@ -5,8 +5,10 @@
 
 use std::time::{Duration, Instant};
 
+use wasmproc::handler::Request;
+use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::{
-    Capabilities, Command, Event, Events, Payload, Port, Process, Request, Scheduler, SpawnRequest, Status, StepOutput,
+    Capabilities, Command, Event, Events, Payload, Port, Process, Scheduler, SpawnRequest, Status, StepOutput,
 };
 
 /// Sums 0..n by splitting the range among 10 children until a range is a single number.
@@ -107,22 +109,24 @@ fn main() -> anyhow::Result<()> {
 
     let n = 100_000u64;
     let start = Instant::now();
-    let tree = scheduler.spawn_kind("tree", "sum", vec![Payload::json(&(0, n))?])?;
+    let tree = scheduler
+        .handle()
+        .spawn(Spawnable::kind("tree"), SpawnOptions::new("sum").input(vec![Payload::json(&(0, n))?]))?;
     let sum: u64 = tree.join().map_err(anyhow::Error::msg)?.parse_json()?;
     println!("sum of 0..{n} by a tree of {} processes: {sum} in {:.1?}", n + n / 9, start.elapsed());
     assert_eq!(sum, n * (n - 1) / 2);
 
-    let options = wasmproc::SpawnOptions::new("main").capabilities(Capabilities::default().allow("greet"));
-    let greeter = scheduler.spawn_with(Box::new(Greeter::default()), options)?;
-    scheduler.send(greeter.pid(), "news", Payload::text("the scheduler works"))?;
+    let options = wasmproc::scheduler::SpawnOptions::new("main").capabilities(Capabilities::default().allow("greet"));
+    let greeter = scheduler.handle().spawn(Greeter::default(), options)?;
+    scheduler.handle().send(greeter.pid(), "news", Payload::text("the scheduler works"))?;
     println!("greeter answered: {}", greeter.join().map_err(anyhow::Error::msg)?.as_str().unwrap_or(""));
 
-    match scheduler.spawn_kind("tree", "product", vec![]) {
+    match scheduler.handle().spawn(Spawnable::kind("tree"), "product") {
         Err(e) => println!("a bad spawn is an error, not a crash: {e}"),
         Ok(_) => anyhow::bail!("unknown method accepted"),
     }
 
-    let stats = scheduler.stats();
+    let stats = scheduler.handle().stats();
     println!(
         "stats: {} spawned, {} completed, {} yields, {} messages, peak {} live",
         stats.spawned, stats.completed, stats.yields, stats.messages, stats.peak_live

@@ -1,6 +1,8 @@
 //! Errors callers match on.
 
-use crate::process::Pid;
+use wasmproc_types::Pid;
+
+pub use wasmproc_types::DecodeError;
 
 /// Why a spawn failed.
 #[derive(Debug, thiserror::Error)]

@@ -32,8 +32,8 @@
 //! }
 //!
 //! let scheduler = Scheduler::builder().workers(2).build()?;
-//! let process = scheduler.spawn(Doubler, "main", vec![])?;
-//! scheduler.send(process.pid(), "n", Payload::u64(21))?;
+//! let process = scheduler.handle().spawn(Doubler, "main")?;
+//! scheduler.handle().send(process.pid(), "n", Payload::u64(21))?;
 //! assert_eq!(process.join()?.to_u64(), Some(42));
 //! scheduler.stop(std::time::Duration::from_secs(1));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -41,10 +41,13 @@
 //!
 //! # Core concepts
 //!
+//! The root holds what a process is written against; four modules hold the rest.
+//!
 //! - [`Scheduler`]: owns the worker threads (one per core by default), each with a local
 //!   LIFO deque, plus a global FIFO queue and work stealing. Costly to build (starts
 //!   threads); build one per host. [`Scheduler::stop`] shuts it down gracefully.
-//! - [`Handle`]: a cheap, clonable reference to the scheduler for spawning, sending and
+//! - [`Handle`]: a cheap, clonable reference to the scheduler for spawning (one
+//!   [`Handle::spawn`], taking a process or a kind and its options), sending and
 //!   terminating from any thread, including command handlers.
 //! - [`Process`]: what the scheduler runs: `init` (choose an entry method), `step`, `close`,
 //!   and optionally `hibernate` (give memory back while waiting, when the workers are
@@ -54,34 +57,30 @@
 //!   Every message, through a port or a yielded `send`, takes one checked path.
 //! - [`Pid`], [`Payload`], [`Format`]: the values that cross the Wasm boundary, the same
 //!   types in the host and the guest SDK (crate `wasmproc-types`).
-//! - `wasm::Runtime` (feature `wasm`, on by default): one wasmtime engine, its instance
-//!   memory and fiber-stack arenas and the compile caches. Costly to build (reserves the arenas); one per host.
-//!   `Runtime::load` gives a `wasm::Component`: cheap to clone, and a [`Factory`] to
-//!   register as a process kind. Each of its processes is a `wasm::WasmProcess`: one
-//!   store and instance, sandboxed by a memory cap, with steps preempted at each time slice.
-//! - [`Event`] / [`StepOutput`] / [`Command`]: what flows into and out of a step.
-//! - [`Handler`] and [`Completer`]: custom commands and how they answer, now or later.
+//! - [`Event`] / [`Events`] / [`StepOutput`] / [`Command`]: what flows into and out of a step.
 //! - [`Capabilities`]: the commands a process may use; custom ones are denied by default.
-//! - Limits: process count, mailbox bound ([`Builder`]); more per-process limits apply to
-//!   Wasm processes.
+//! - [`scheduler`]: the builder and its limits (process count, mailbox bound; more
+//!   per-process limits apply to Wasm processes), spawn options, stats.
+//! - [`handler`]: custom commands and how they answer, now or later; process kinds.
+//! - [`error`]: the errors callers match on.
+//! - [`wasm`] (feature `wasm`, on by default): one wasmtime engine, its instance memory and
+//!   fiber-stack arenas and the compile caches (`wasm::Runtime`; costly to build, one per
+//!   host). `Runtime::load` gives a `wasm::Component`: cheap to clone, and a
+//!   [`Factory`](handler::Factory) to register as a process kind. Each of its processes is
+//!   a `wasm::WasmProcess`: one store and instance, sandboxed by a memory cap, with steps
+//!   preempted at each time slice.
 
 #![deny(missing_docs)]
 
-mod caps;
-mod error;
+pub mod error;
+pub mod handler;
 mod loom;
-mod process;
-mod scheduler;
+pub mod scheduler;
 #[cfg(feature = "wasm")]
 pub mod wasm;
 
-pub use caps::{BUILTIN_COMMANDS, Capabilities};
-pub use error::{PortError, SendError, SpawnError};
-pub use process::{
-    Command, DecodeError, Event, Events, Format, Outcome, Payload, Pid, Process, SpawnRequest, Status, StepOutput,
+pub use scheduler::{
+    Capabilities, Command, Event, Events, Handle, Outcome, Port, Process, Scheduler, SpawnRequest, Status, StepOutput,
     Yield,
 };
-pub use scheduler::{
-    Builder, Completer, Factory, Handle, Handler, Port, ProcessHandle, Request, Scheduler, SpawnOptions, Stats,
-    StopReport, WorkerStats, YieldCounts,
-};
+pub use wasmproc_types::{Format, Payload, Pid};

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use wasmproc::Scheduler;
+use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::wasm::{COMMAND_ENTRY, Config, Program, Runtime, WasiOptions, WasiProgram, exit_code};
 use wasmproc_tests::HANG;
 
@@ -62,7 +63,7 @@ fn a_start_function_that_exits_ends_the_program_with_its_code() {
         &module(r#"(func $init (call $proc_exit (i32.const 5))) (start $init) (func (export "_start") unreachable)"#),
     );
     let s = Scheduler::builder().workers(1).build().expect("the scheduler starts");
-    let process = s.spawn(program.process(WasiOptions::new()), COMMAND_ENTRY, vec![]).expect("the spawn succeeds");
+    let process = s.handle().spawn(program.process(WasiOptions::new()), COMMAND_ENTRY).expect("the spawn succeeds");
     let result = process.join_timeout(HANG).expect("it ends").expect("an exit is a result, not an error");
     assert_eq!(exit_code(&result), Some(5), "the start function's exit code, and `_start` never ran");
     s.stop(Duration::from_secs(1));
@@ -74,7 +75,7 @@ fn an_endless_start_function_is_stopped_at_the_init_time_limit() {
     let program =
         command(&runtime, &module(r#"(func $init (loop $l (br $l))) (start $init) (func (export "_start"))"#));
     let s = Scheduler::builder().workers(1).build().expect("the scheduler starts");
-    let error = s.spawn(program.process(WasiOptions::new()), COMMAND_ENTRY, vec![]).map(|_| ()).unwrap_err();
+    let error = s.handle().spawn(program.process(WasiOptions::new()), COMMAND_ENTRY).map(|_| ()).unwrap_err();
     assert!(error.to_string().contains("init time limit exceeded"), "{error}");
     assert!(error.to_string().contains("`init_time_limit` of 50ms"), "{error}");
     s.stop(Duration::from_secs(1));
@@ -92,17 +93,23 @@ fn an_endless_program_is_preempted_so_others_run_on_its_worker() {
         .expect("the scheduler starts");
     // Both ways in: with options, and as a kind (the default options: no time limit).
     let spinners = [
-        s.spawn(spin.process(WasiOptions::new()), COMMAND_ENTRY, vec![]).expect("the spinner starts"),
-        s.spawn_kind("spin", COMMAND_ENTRY, vec![]).expect("the kind starts"),
+        s.handle().spawn(spin.process(WasiOptions::new()), COMMAND_ENTRY).expect("the spinner starts"),
+        s.handle().spawn(Spawnable::kind("spin"), COMMAND_ENTRY).expect("the kind starts"),
     ];
     for n in 0..20u32 {
-        let good = s.spawn_kind("hello", "add", vec![wasmproc::Payload::json(&[n, 1]).unwrap()]).unwrap();
+        let good = s
+            .handle()
+            .spawn(
+                Spawnable::kind("hello"),
+                SpawnOptions::new("add").input(vec![wasmproc::Payload::json(&[n, 1]).unwrap()]),
+            )
+            .unwrap();
         let result = good.join_timeout(HANG).expect("a good process runs beside the programs").unwrap();
         assert_eq!(result.as_str(), Some((n + 1).to_string().as_str()));
     }
     for spinner in &spinners {
         assert!(spinner.try_result().is_none(), "without a limit the program runs on");
-        s.terminate(spinner.pid()).expect("the spinner is alive");
+        s.handle().terminate(spinner.pid()).expect("the spinner is alive");
         let error = spinner.join_timeout(HANG).expect("termination ends it").unwrap_err();
         assert!(error.contains("terminated"), "{error}");
     }
@@ -116,7 +123,7 @@ fn an_endless_program_is_ended_at_its_time_limit_or_cpu_budget() {
     let unpreempted = runtime(Config::default().preemption(false));
     let s = Scheduler::builder().workers(2).build().expect("the scheduler starts");
     let run = |runtime: &Runtime, options: WasiOptions| {
-        let process = s.spawn(command(runtime, &module(SPIN)).process(options), COMMAND_ENTRY, vec![]).unwrap();
+        let process = s.handle().spawn(command(runtime, &module(SPIN)).process(options), COMMAND_ENTRY).unwrap();
         process.join_timeout(HANG).expect("the program is stopped").unwrap_err()
     };
     assert_eq!(

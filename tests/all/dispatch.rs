@@ -1,6 +1,7 @@
 use std::time::Duration;
 
-use wasmproc::{Capabilities, Command, Outcome, Payload, Scheduler, SpawnOptions, SpawnRequest};
+use wasmproc::scheduler::SpawnOptions;
+use wasmproc::{Capabilities, Command, Outcome, Payload, Scheduler, SpawnRequest};
 use wasmproc_tests::{HANG, Scripted, complete_now, completion, custom, stash};
 
 /// Runs one process that yields `command` (tag 1) and returns the completion it got.
@@ -17,7 +18,7 @@ fn outcome_of(s: &Scheduler, caps: Option<Capabilities>, command: Command) -> Ou
     if let Some(caps) = caps {
         options = options.capabilities(caps);
     }
-    s.spawn_with(Box::new(p), options).unwrap().join_timeout(HANG).unwrap().unwrap();
+    s.handle().spawn(p, options).unwrap().join_timeout(HANG).unwrap().unwrap();
     completion(&probe.events()[0], 1).unwrap().clone()
 }
 
@@ -29,13 +30,13 @@ fn scheduler() -> Scheduler {
         .workers(2)
         .capabilities(Capabilities::default().allow_all_custom())
         .handler("now", complete_now)
-        .handler("fails", |r: wasmproc::Request| {
+        .handler("fails", |r: wasmproc::handler::Request| {
             let error = format!("no rows for {:?}", r.payload().as_str());
             r.complete(Err(error));
         })
-        .handler("panics", |_: wasmproc::Request| panic!("handler bug"))
+        .handler("panics", |_: wasmproc::handler::Request| panic!("handler bug"))
         .handler("forgets", stash)
-        .handler("elsewhere", |r: wasmproc::Request| {
+        .handler("elsewhere", |r: wasmproc::handler::Request| {
             let (payload, done) = r.into_parts();
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(2));
@@ -95,7 +96,7 @@ fn ungranted_commands_are_permission_denied() {
 
 #[test]
 fn builder_rejects_bad_settings_with_clear_errors() {
-    let err = |b: wasmproc::Builder| b.build().err().unwrap().to_string();
+    let err = |b: wasmproc::scheduler::Builder| b.build().err().unwrap().to_string();
     assert!(err(Scheduler::builder().workers(0)).contains("`workers` must be between 1 and"));
     assert!(err(Scheduler::builder().mailbox_capacity(0)).contains("`mailbox_capacity`"));
     assert!(err(Scheduler::builder().handler("send", complete_now)).contains("built-in"));

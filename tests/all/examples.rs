@@ -5,8 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use wasmproc::handler::Request;
+use wasmproc::scheduler::SpawnOptions;
+use wasmproc::scheduler::Spawnable;
 use wasmproc::wasm::{Component, Config, Runtime};
-use wasmproc::{Capabilities, Outcome, Payload, Request, Scheduler, SpawnOptions};
+use wasmproc::{Capabilities, Outcome, Payload, Scheduler};
 use wasmproc_tests::HANG;
 
 /// The custom command the `workflow` guest calls.
@@ -25,7 +28,10 @@ fn scheduler(kind: &str, path: &str) -> Scheduler {
 
 /// Runs `kind`'s entry `method` with `input` and returns its result.
 fn run(scheduler: &Scheduler, kind: &str, method: &str, input: Vec<Payload>) -> Outcome {
-    let process = scheduler.spawn_kind(kind, method, input).unwrap_or_else(|e| panic!("spawn `{method}`: {e}"));
+    let process = scheduler
+        .handle()
+        .spawn(Spawnable::kind(kind), SpawnOptions::new(method).input(input))
+        .unwrap_or_else(|e| panic!("spawn `{method}`: {e}"));
     process.join_timeout(HANG).unwrap_or_else(|| panic!("`{kind}` `{method}` did not finish"))
 }
 
@@ -82,11 +88,15 @@ fn entries_are_listed_and_bad_spawns_fail_naming_the_method() -> anyhow::Result<
     assert_eq!(hello.entries(), ["greet", "add"]);
     let s = Scheduler::builder().kind("hello", hello).build()?;
 
-    let unknown = s.spawn_kind("hello", "shout", vec![]).expect_err("`shout` is no entry").to_string();
+    let unknown = s.handle().spawn(Spawnable::kind("hello"), "shout").expect_err("`shout` is no entry").to_string();
     assert!(unknown.contains("unknown entry method `shout`"), "{unknown}");
     assert!(unknown.contains("greet") && unknown.contains("add"), "the error lists the entries: {unknown}");
 
-    let bad_input = s.spawn_kind("hello", "greet", vec![Payload::json(&5)?]).expect_err("5 is no name").to_string();
+    let bad_input = s
+        .handle()
+        .spawn(Spawnable::kind("hello"), SpawnOptions::new("greet").input(vec![Payload::json(&5)?]))
+        .expect_err("5 is no name")
+        .to_string();
     assert!(bad_input.contains("invalid input for entry method `greet`"), "{bad_input}");
     Ok(())
 }
@@ -128,7 +138,7 @@ fn children_get_their_parents_grants_and_no_more() {
     let job = Payload::json(&("workflow", "main", serde_json::json!({"item": "apples", "quantity": 2}))).unwrap();
     let delegate = |caps: Capabilities| {
         let options = SpawnOptions::new("delegate").input(vec![job.clone()]).capabilities(caps);
-        let process = s.spawn_kind_with("fan-out", options).expect("the supervisor starts");
+        let process = s.handle().spawn(Spawnable::kind("fan-out"), options).expect("the supervisor starts");
         process.join_timeout(HANG).expect("the supervisor ends")
     };
     // Granted the command, the supervisor's child may call it.
@@ -225,7 +235,7 @@ fn workflow_calling_an_unknown_command_gets_an_error() {
 #[test]
 fn a_guest_waiting_in_recv_sees_the_cancel_at_shutdown() {
     let s = scheduler("ping-pong", env!("GUEST_PING_PONG"));
-    let pong = s.spawn_kind("ping-pong", "pong", vec![]).expect("`pong` spawns");
+    let pong = s.handle().spawn(Spawnable::kind("ping-pong"), "pong").expect("`pong` spawns");
     // Let it reach its receive; the outcome is the same if the cancel comes first.
     std::thread::sleep(Duration::from_millis(50));
     let report = s.stop(Duration::from_secs(10));
@@ -259,8 +269,8 @@ fn sdk_guests_run_in_their_initial_memory() -> anyhow::Result<()> {
 #[test]
 fn a_send_the_host_function_refuses_fails_the_sender_alone() -> anyhow::Result<()> {
     let s = scheduler("ping-pong", env!("GUEST_PING_PONG"));
-    let pong = s.spawn_kind("ping-pong", "pong", vec![])?;
-    s.send(pong.pid(), "ping", Payload::json(&7)?)?;
+    let pong = s.handle().spawn(Spawnable::kind("ping-pong"), "pong")?;
+    s.handle().send(pong.pid(), "ping", Payload::json(&7)?)?;
     let error = pong.join_timeout(HANG).expect("`pong` ends").unwrap_err();
     assert_eq!(error, format!("send failed: no process {}: it never existed or has ended", wasmproc::Pid::HOST));
     // Others send and receive all the same.
@@ -273,8 +283,8 @@ fn a_send_the_host_function_refuses_fails_the_sender_alone() -> anyhow::Result<(
 fn the_send_host_function_needs_the_send_capability() -> anyhow::Result<()> {
     let s = scheduler("ping-pong", env!("GUEST_PING_PONG"));
     let mute = SpawnOptions::new("pong").capabilities(Capabilities::all().deny("send"));
-    let pong = s.spawn_kind_with("ping-pong", mute)?;
-    s.send(pong.pid(), "ping", Payload::json(&7)?)?;
+    let pong = s.handle().spawn(Spawnable::kind("ping-pong"), mute)?;
+    s.handle().send(pong.pid(), "ping", Payload::json(&7)?)?;
     assert_eq!(pong.join_timeout(HANG), Some(Err("send failed: permission denied: send".to_owned())));
     Ok(())
 }
@@ -285,8 +295,8 @@ fn the_send_host_function_needs_the_send_capability() -> anyhow::Result<()> {
 #[test]
 fn a_send_over_the_payload_limit_ends_the_sender() -> anyhow::Result<()> {
     let s = Scheduler::builder().kind("ping-pong", load(env!("GUEST_PING_PONG"))).max_payload_size(4).build()?;
-    let pong = s.spawn_kind("ping-pong", "pong", vec![])?;
-    s.send(pong.pid(), "ping", Payload::json(&12345)?)?;
+    let pong = s.handle().spawn(Spawnable::kind("ping-pong"), "pong")?;
+    s.handle().send(pong.pid(), "ping", Payload::json(&12345)?)?;
     let error = pong.join_timeout(HANG).expect("`pong` ends").unwrap_err();
     assert!(
         error.contains("payload limit exceeded: a 9-byte payload for `send` is over `max_payload_size` (4 bytes)"),
@@ -316,24 +326,24 @@ fn processes_waiting_on_an_idle_worker_hibernate_and_run_on() -> anyhow::Result<
         .build()?;
     let hibernated_more_than = |before: u64, what: &str| {
         let deadline = std::time::Instant::now() + HANG;
-        while s.stats().hibernated <= before {
+        while s.handle().stats().hibernated <= before {
             assert!(std::time::Instant::now() < deadline, "the waiting `{what}` never hibernated");
             std::thread::sleep(Duration::from_millis(1));
         }
     };
-    let pong = s.spawn_kind("ping-pong", "pong", vec![])?;
+    let pong = s.handle().spawn(Spawnable::kind("ping-pong"), "pong")?;
     hibernated_more_than(0, "pong");
 
     // 200 pings and pongs: each process waits while the other is queued on the one worker.
-    let before = s.stats().hibernated;
+    let before = s.handle().stats().hibernated;
     assert_eq!(run(&s, "ping-pong", "main", vec![Payload::json(&200)?]), Ok(Payload::json(&200)?));
-    let during = s.stats().hibernated - before;
+    let during = s.handle().stats().hibernated - before;
     assert!(during <= 2, "{during} hibernations among 400 busy waits");
 
     // A process that hibernated while waiting for a command's answer runs on from where
     // it waited when the answer comes.
-    let before = s.stats().hibernated;
-    let workflow = s.spawn_kind("workflow", "main", vec![order()])?;
+    let before = s.handle().stats().hibernated;
+    let workflow = s.handle().spawn(Spawnable::kind("workflow"), SpawnOptions::new("main").input(vec![order()]))?;
     let completer = requests.recv_timeout(HANG).expect("`workflow` calls `inventory.reserve`");
     hibernated_more_than(before, "workflow");
     completer.complete(Ok(Payload::json(&"R-1")?));
@@ -341,7 +351,7 @@ fn processes_waiting_on_an_idle_worker_hibernate_and_run_on() -> anyhow::Result<
     assert_eq!(summary, r#"{"item":"apples","quantity":2,"reservation":"R-1","attempts":1}"#);
 
     // And the first one, woken from hibernation, answers.
-    s.send(pong.pid(), "stop", Payload::json(&())?)?;
+    s.handle().send(pong.pid(), "stop", Payload::json(&())?)?;
     assert_eq!(pong.join_timeout(HANG), Some(Ok(Payload::json(&0)?)));
     Ok(())
 }

@@ -2,9 +2,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use wasmproc::error::SpawnError;
 use wasmproc::{
-    Capabilities, Command, Event, Events, Payload, Port, Process, Scheduler, SpawnError, SpawnRequest, Status,
-    StepOutput,
+    Capabilities, Command, Event, Events, Payload, Port, Process, Scheduler, SpawnRequest, Status, StepOutput,
 };
 use wasmproc_tests::{HANG, Scripted, complete_now, completion, custom};
 
@@ -17,12 +17,12 @@ fn done(turn: &mut wasmproc_tests::Turn<'_>) -> anyhow::Result<()> {
 fn unknown_method_error_names_it_and_lists_entries() {
     let s = Scheduler::builder().workers(1).build().unwrap();
     let (p, probe) = Scripted::with_entries(&["main", "square"], done);
-    let err = s.spawn(p, "nope", vec![]).unwrap_err();
+    let err = s.handle().spawn(p, "nope").unwrap_err();
     assert!(matches!(err, SpawnError::Init { ref method, .. } if method == "nope"));
     let msg = err.to_string();
     assert!(msg.contains("`nope`") && msg.contains("main, square"), "{msg}");
     assert_eq!((probe.steps(), probe.closes()), (0, 1), "never stepped, closed once");
-    assert_eq!((s.live(), s.registered(), s.stats().spawned), (0, 0, 0));
+    assert_eq!((s.handle().live(), s.handle().registered(), s.handle().stats().spawned), (0, 0, 0));
 }
 
 struct PanicsInInit;
@@ -40,10 +40,10 @@ impl Process for PanicsInInit {
 #[test]
 fn init_panic_is_an_init_error_and_the_host_lives_on() {
     let s = Scheduler::builder().workers(1).build().unwrap();
-    let err = s.spawn(PanicsInInit, "main", vec![]).unwrap_err();
+    let err = s.handle().spawn(PanicsInInit, "main").unwrap_err();
     assert!(err.to_string().contains("init panicked: init exploded"), "{err}");
     let (p, _) = Scripted::new(done);
-    assert_eq!(s.spawn(p, "main", vec![]).unwrap().join_timeout(HANG), Some(Ok(Payload::empty())));
+    assert_eq!(s.handle().spawn(p, "main").unwrap().join_timeout(HANG), Some(Ok(Payload::empty())));
 }
 
 #[test]
@@ -62,11 +62,11 @@ fn spawn_command_reports_a_child_init_error_to_the_parent() {
         }
         Ok(())
     });
-    s.spawn(parent, "main", vec![]).unwrap().join_timeout(HANG).unwrap().unwrap();
+    s.handle().spawn(parent, "main").unwrap().join_timeout(HANG).unwrap().unwrap();
     let events = probe.events();
     let error = completion(&events[0], 1).unwrap().as_ref().unwrap_err();
     assert!(error.contains("`cube`") && error.contains("square"), "{error}");
-    assert_eq!(s.stats().spawned, 1, "only the parent started");
+    assert_eq!(s.handle().stats().spawned, 1, "only the parent started");
 }
 
 #[test]
@@ -76,7 +76,7 @@ fn yields_written_with_complete_are_discarded() {
     let s = Scheduler::builder()
         .workers(1)
         .capabilities(Capabilities::default().allow("count"))
-        .handler("count", move |r: wasmproc::Request| {
+        .handler("count", move |r: wasmproc::handler::Request| {
             counted.fetch_add(1, Ordering::SeqCst);
             r.complete(Ok(Payload::empty()));
         })
@@ -87,7 +87,7 @@ fn yields_written_with_complete_are_discarded() {
         t.out.complete(Ok(Payload::text("finished")));
         Ok(())
     });
-    assert_eq!(s.spawn(p, "main", vec![]).unwrap().join_timeout(HANG), Some(Ok(Payload::text("finished"))));
+    assert_eq!(s.handle().spawn(p, "main").unwrap().join_timeout(HANG), Some(Ok(Payload::text("finished"))));
     // The same yield without `Complete` is dispatched: the handler is reachable.
     let (p, _) = Scripted::new(|t| {
         if t.step == 0 {
@@ -97,7 +97,7 @@ fn yields_written_with_complete_are_discarded() {
         }
         Ok(())
     });
-    s.spawn(p, "main", vec![]).unwrap().join_timeout(HANG).unwrap().unwrap();
+    s.handle().spawn(p, "main").unwrap().join_timeout(HANG).unwrap().unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
@@ -113,7 +113,7 @@ fn continue_without_yields_runs_again() {
         }
         Ok(())
     });
-    assert_eq!(s.spawn(p, "main", vec![]).unwrap().join_timeout(HANG), Some(Ok(Payload::u64(3))));
+    assert_eq!(s.handle().spawn(p, "main").unwrap().join_timeout(HANG), Some(Ok(Payload::u64(3))));
     assert_eq!(probe.steps(), 4);
 }
 
@@ -132,7 +132,7 @@ fn every_status_dispatches_its_yields() {
             }
             Ok(())
         });
-        s.spawn(p, "main", vec![]).unwrap().join_timeout(HANG).unwrap().unwrap();
+        s.handle().spawn(p, "main").unwrap().join_timeout(HANG).unwrap().unwrap();
         assert_eq!(probe.completion_tags(), vec![7]);
     }
 }
@@ -156,7 +156,7 @@ fn five_yields_then_complete_take_exactly_six_steps() {
             }
             Ok(())
         });
-        s.spawn(p, "main", vec![]).unwrap().join_timeout(HANG).unwrap().unwrap();
+        s.handle().spawn(p, "main").unwrap().join_timeout(HANG).unwrap().unwrap();
         assert_eq!(probe.steps(), 6);
         assert_eq!(probe.completion_tags(), vec![0, 1, 2, 3, 4]);
     }
@@ -174,16 +174,16 @@ fn step_error_or_panic_ends_only_that_process() {
         }
         Ok(())
     });
-    let good = s.spawn(good, "main", vec![]).unwrap();
-    let failing = s.spawn(failing, "main", vec![]).unwrap();
-    let panicking = s.spawn(panicking, "main", vec![]).unwrap();
+    let good = s.handle().spawn(good, "main").unwrap();
+    let failing = s.handle().spawn(failing, "main").unwrap();
+    let panicking = s.handle().spawn(panicking, "main").unwrap();
     assert_eq!(failing.join_timeout(HANG), Some(Err("ledger is unbalanced".to_owned())));
     assert_eq!(panicking.join_timeout(HANG), Some(Err("process panicked: boom".to_owned())));
-    s.send(good.pid(), "ping", Payload::text("still here")).unwrap();
+    s.handle().send(good.pid(), "ping", Payload::text("still here")).unwrap();
     assert_eq!(good.join_timeout(HANG), Some(Ok(Payload::text("still here"))));
     for probe in [failing_probe, panicking_probe, good_probe] {
         assert_eq!(probe.closes(), 1);
     }
-    assert!(s.wait_idle(Some(HANG)));
-    assert_eq!(s.registered(), 0);
+    assert!(s.handle().wait_idle(Some(HANG)));
+    assert_eq!(s.handle().registered(), 0);
 }

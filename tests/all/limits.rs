@@ -2,7 +2,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use wasmproc::{Event, Payload, Scheduler, SpawnError, Status};
+use wasmproc::error::SpawnError;
+use wasmproc::{Event, Payload, Scheduler, Status};
 use wasmproc_tests::{HANG, Scripted};
 
 fn idle() -> Scripted {
@@ -16,14 +17,14 @@ fn idle() -> Scripted {
 #[test]
 fn max_processes_is_a_clear_spawn_error() {
     let s = Scheduler::builder().workers(1).max_processes(2).build().unwrap();
-    let a = s.spawn(idle(), "main", vec![]).unwrap();
-    s.spawn(idle(), "main", vec![]).unwrap();
-    let err = s.spawn(idle(), "main", vec![]).unwrap_err();
+    let a = s.handle().spawn(idle(), "main").unwrap();
+    s.handle().spawn(idle(), "main").unwrap();
+    let err = s.handle().spawn(idle(), "main").unwrap_err();
     assert!(matches!(err, SpawnError::LimitExceeded { limit: 2 }));
     assert!(err.to_string().contains("process limit reached: 2"), "{err}");
-    s.terminate(a.pid()).unwrap();
+    s.handle().terminate(a.pid()).unwrap();
     a.join_timeout(HANG).unwrap().unwrap_err();
-    s.spawn(idle(), "main", vec![]).expect("room again after an exit");
+    s.handle().spawn(idle(), "main").expect("room again after an exit");
 }
 
 #[test]
@@ -31,7 +32,7 @@ fn spawn_after_stop_is_refused_with_stopping() {
     let s = Scheduler::builder().workers(1).build().unwrap();
     let handle = s.handle().clone();
     s.stop(Duration::from_millis(10));
-    let err = handle.spawn(idle(), "main", vec![]).unwrap_err();
+    let err = handle.spawn(idle(), "main").unwrap_err();
     assert!(matches!(err, SpawnError::Stopping), "{err}");
     assert!(handle.is_stopping());
 }
@@ -65,8 +66,8 @@ fn stop_cancels_then_forces_at_the_deadline() {
             }
             Ok(())
         });
-        polite.push(s.spawn(p, "main", vec![]).unwrap());
-        stubborn.push(s.spawn(idle(), "main", vec![]).unwrap());
+        polite.push(s.handle().spawn(p, "main").unwrap());
+        stubborn.push(s.handle().spawn(idle(), "main").unwrap());
     }
     let start = Instant::now();
     let report = s.stop(Duration::from_millis(200));
@@ -80,10 +81,10 @@ fn stop_cancels_then_forces_at_the_deadline() {
     for h in &stubborn {
         assert_eq!(h.try_result(), Some(Err("terminated: shutdown deadline exceeded".to_owned())));
     }
-    assert_eq!(s.live(), 0);
-    assert_eq!(s.registered(), 0);
+    assert_eq!(s.handle().live(), 0);
+    assert_eq!(s.handle().registered(), 0);
     assert_eq!(worker_threads("stoptest"), 0, "every scheduler thread has exited");
-    assert_eq!(s.stop(Duration::ZERO), wasmproc::StopReport::default(), "a second stop is a no-op");
+    assert_eq!(s.stop(Duration::ZERO), wasmproc::scheduler::StopReport::default(), "a second stop is a no-op");
 }
 
 /// After `stop` returns, no step is running: a step in progress is waited for.
@@ -100,7 +101,7 @@ fn stop_waits_for_a_running_step() {
         t.out.set_status(Status::Idle);
         Ok(())
     });
-    let h = s.spawn(p, "main", vec![]).unwrap();
+    let h = s.handle().spawn(p, "main").unwrap();
     started.recv_timeout(HANG).unwrap();
     s.stop(Duration::ZERO);
     assert!(finished.load(Ordering::SeqCst), "stop returned while a step was running");
@@ -127,11 +128,11 @@ fn sleeper(n: u64) -> Scripted {
 #[test]
 fn a_step_yielding_more_than_max_yields_per_step_ends_its_process() {
     let s = Scheduler::builder().workers(1).max_yields_per_step(4).build().unwrap();
-    s.spawn(sleeper(4), "main", vec![]).unwrap().join_timeout(HANG).unwrap().expect("4 yields are within the limit");
-    let error = s.spawn(sleeper(5), "main", vec![]).unwrap().join_timeout(HANG).unwrap().unwrap_err();
+    s.handle().spawn(sleeper(4), "main").unwrap().join_timeout(HANG).unwrap().expect("4 yields are within the limit");
+    let error = s.handle().spawn(sleeper(5), "main").unwrap().join_timeout(HANG).unwrap().unwrap_err();
     assert!(error.contains("yield limit exceeded: one step yielded 5 commands"), "{error}");
     assert!(error.contains("`max_yields_per_step` (4)"), "{error}");
-    assert_eq!(s.stats().yields, 4, "the refused step's yields were not carried out");
+    assert_eq!(s.handle().stats().yields, 4, "the refused step's yields were not carried out");
 }
 
 #[test]
@@ -141,7 +142,7 @@ fn payloads_over_max_payload_size_end_the_process_and_are_not_delivered() {
         t.out.set_status(Status::Idle);
         Ok(())
     });
-    let receiver = s.spawn(receiver, "main", vec![]).unwrap();
+    let receiver = s.handle().spawn(receiver, "main").unwrap();
     let to = receiver.pid();
     // `size` bytes of message: the 1-byte topic and the body together.
     let sender = |size: usize| {
@@ -156,10 +157,10 @@ fn payloads_over_max_payload_size_end_the_process_and_are_not_delivered() {
         })
         .0
     };
-    s.spawn(sender(100), "main", vec![]).unwrap().join_timeout(HANG).unwrap().expect("100 bytes are allowed");
-    let error = s.spawn(sender(101), "main", vec![]).unwrap().join_timeout(HANG).unwrap().unwrap_err();
+    s.handle().spawn(sender(100), "main").unwrap().join_timeout(HANG).unwrap().expect("100 bytes are allowed");
+    let error = s.handle().spawn(sender(101), "main").unwrap().join_timeout(HANG).unwrap().unwrap_err();
     assert!(error.contains("payload limit exceeded: a 101-byte payload for `send`"), "{error}");
-    assert!(s.wait_idle(Some(Duration::from_millis(1))) || s.live() == 1);
+    assert!(s.handle().wait_idle(Some(Duration::from_millis(1))) || s.handle().live() == 1);
     let messages = probe.events().iter().filter(|e| matches!(e, Event::Message { .. })).count();
     assert_eq!(messages, 1, "only the allowed message arrived");
 
@@ -167,9 +168,9 @@ fn payloads_over_max_payload_size_end_the_process_and_are_not_delivered() {
         t.out.complete(Ok(Payload::bytes(vec![1; 101])));
         Ok(())
     });
-    let error = s.spawn(big_result.0, "main", vec![]).unwrap().join_timeout(HANG).unwrap().unwrap_err();
+    let error = s.handle().spawn(big_result.0, "main").unwrap().join_timeout(HANG).unwrap().unwrap_err();
     assert!(error.contains("for `the result`"), "{error}");
-    s.terminate(to).unwrap();
+    s.handle().terminate(to).unwrap();
 }
 
 #[test]
@@ -193,7 +194,7 @@ fn spawning_past_max_children_ends_the_parent() {
         }
         Ok(())
     });
-    let parent = s.spawn(parent, "main", vec![]).unwrap();
+    let parent = s.handle().spawn(parent, "main").unwrap();
     let error = parent.join_timeout(HANG).unwrap().unwrap_err();
     assert!(error.contains("child limit exceeded: 1 more spawns with 2 children alive"), "{error}");
     assert!(error.contains("`max_children` (2)"), "{error}");
@@ -209,8 +210,8 @@ fn spawning_past_max_children_ends_the_parent() {
     // The children live on without their parent (which is counted out just after its
     // result is published).
     let deadline = Instant::now() + HANG;
-    while s.live() != 2 {
-        assert!(Instant::now() < deadline, "{} processes alive, not the two children", s.live());
+    while s.handle().live() != 2 {
+        assert!(Instant::now() < deadline, "{} processes alive, not the two children", s.handle().live());
         std::thread::yield_now();
     }
 }
@@ -245,5 +246,5 @@ fn children_that_end_give_their_room_back() {
         }
         Ok(())
     });
-    s.spawn(parent, "main", vec![]).unwrap().join_timeout(HANG).unwrap().expect("four children, two at a time");
+    s.handle().spawn(parent, "main").unwrap().join_timeout(HANG).unwrap().expect("four children, two at a time");
 }

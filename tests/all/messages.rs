@@ -1,9 +1,8 @@
 use std::sync::mpsc;
 
-use wasmproc::{
-    Command, Event, Events, Payload, Pid, Port, Process, Scheduler, SendError, SpawnOptions, SpawnRequest, Status,
-    StepOutput,
-};
+use wasmproc::error::SendError;
+use wasmproc::scheduler::SpawnOptions;
+use wasmproc::{Command, Event, Events, Payload, Pid, Port, Process, Scheduler, SpawnRequest, Status, StepOutput};
 use wasmproc_tests::{HANG, Scripted, completion, custom, gate, holder, with_stash};
 
 fn idle_until_message() -> (Scripted, std::sync::Arc<wasmproc_tests::Probe>) {
@@ -20,14 +19,14 @@ fn idle_until_message() -> (Scripted, std::sync::Arc<wasmproc_tests::Probe>) {
 fn send_to_unknown_or_finished_pid_is_not_found() {
     let s = Scheduler::builder().workers(1).build().unwrap();
     let nobody = Pid::from_u64(12345 << 32);
-    assert_eq!(s.send(nobody, "t", Payload::empty()), Err(SendError::NotFound(nobody)));
-    assert_eq!(s.send(Pid::HOST, "t", Payload::empty()), Err(SendError::NotFound(Pid::HOST)));
+    assert_eq!(s.handle().send(nobody, "t", Payload::empty()), Err(SendError::NotFound(nobody)));
+    assert_eq!(s.handle().send(Pid::HOST, "t", Payload::empty()), Err(SendError::NotFound(Pid::HOST)));
     let (p, _) = idle_until_message();
-    let h = s.spawn(p, "main", vec![]).unwrap();
-    s.send(h.pid(), "t", Payload::empty()).unwrap();
+    let h = s.handle().spawn(p, "main").unwrap();
+    s.handle().send(h.pid(), "t", Payload::empty()).unwrap();
     h.join_timeout(HANG).unwrap().unwrap();
-    assert!(s.wait_idle(Some(HANG)));
-    assert_eq!(s.send(h.pid(), "t", Payload::empty()), Err(SendError::NotFound(h.pid())));
+    assert!(s.handle().wait_idle(Some(HANG)));
+    assert_eq!(s.handle().send(h.pid(), "t", Payload::empty()), Err(SendError::NotFound(h.pid())));
 }
 
 /// A process whose `close` waits for the test: it is exiting but not yet gone.
@@ -57,10 +56,10 @@ fn send_to_an_exiting_process_is_closed() {
     let s = Scheduler::builder().workers(1).build().unwrap();
     let (closing_tx, closing) = mpsc::channel();
     let (release, release_rx) = mpsc::channel();
-    let h = s.spawn(SlowClose { closing: closing_tx, release: release_rx }, "main", vec![]).unwrap();
+    let h = s.handle().spawn(SlowClose { closing: closing_tx, release: release_rx }, "main").unwrap();
     closing.recv_timeout(HANG).unwrap();
-    assert_eq!(s.send(h.pid(), "t", Payload::empty()), Err(SendError::Closed(h.pid())));
-    assert_eq!(s.terminate(h.pid()), Err(SendError::Closed(h.pid())));
+    assert_eq!(s.handle().send(h.pid(), "t", Payload::empty()), Err(SendError::Closed(h.pid())));
+    assert_eq!(s.handle().terminate(h.pid()), Err(SendError::Closed(h.pid())));
     release.send(()).unwrap();
     assert_eq!(h.join_timeout(HANG), Some(Ok(Payload::empty())));
 }
@@ -73,7 +72,7 @@ fn per_sender_order_is_kept() {
         t.out.set_status(Status::Idle);
         Ok(())
     });
-    let receiver = s.spawn(receiver, "main", vec![]).unwrap();
+    let receiver = s.handle().spawn(receiver, "main").unwrap();
     let to = receiver.pid();
     let mut sent = 0;
     let (sender, _) = Scripted::new(move |t| {
@@ -88,9 +87,9 @@ fn per_sender_order_is_kept() {
         }
         Ok(())
     });
-    let sender = s.spawn(sender, "main", vec![]).unwrap();
+    let sender = s.handle().spawn(sender, "main").unwrap();
     for i in 0..100 {
-        s.send(to, "n", Payload::u64(1000 + i)).unwrap();
+        s.handle().send(to, "n", Payload::u64(1000 + i)).unwrap();
     }
     // Wait until all 200 arrived: the receiver stays idle, so poll its probe.
     let deadline = std::time::Instant::now() + HANG;
@@ -141,11 +140,11 @@ fn full_mailbox_is_an_error_to_the_sender() {
         }
         Ok(())
     });
-    let h = s.spawn_with(Box::new(p), SpawnOptions::new("main").mailbox_capacity(2)).unwrap();
+    let h = s.handle().spawn(p, SpawnOptions::new("main").mailbox_capacity(2)).unwrap();
     gate.wait_reached();
-    s.send(h.pid(), "a", Payload::empty()).unwrap();
-    s.send(h.pid(), "b", Payload::empty()).unwrap();
-    let err = s.send(h.pid(), "c", Payload::empty()).unwrap_err();
+    s.handle().send(h.pid(), "a", Payload::empty()).unwrap();
+    s.handle().send(h.pid(), "b", Payload::empty()).unwrap();
+    let err = s.handle().send(h.pid(), "c", Payload::empty()).unwrap_err();
     assert_eq!(err, SendError::MailboxFull { pid: h.pid(), capacity: 2 });
     assert!(err.to_string().contains("mailbox of process") && err.to_string().contains("full"), "{err}");
     gate.open();
@@ -164,8 +163,8 @@ fn terminate_idle_blocked_and_ready_processes() {
         t.out.yield_command(1, custom("stash"));
         Ok(())
     });
-    let idle = s.spawn(idle, "main", vec![]).unwrap();
-    let blocked = s.spawn(blocked, "main", vec![]).unwrap();
+    let idle = s.handle().spawn(idle, "main").unwrap();
+    let blocked = s.handle().spawn(blocked, "main").unwrap();
 
     // A process that monitors both and reports the exits it saw.
     let targets = [idle.pid(), blocked.pid()];
@@ -188,17 +187,17 @@ fn terminate_idle_blocked_and_ready_processes() {
         assert!(std::time::Instant::now() < deadline);
         std::thread::yield_now();
     }
-    let monitor = s.spawn(monitor, "main", vec![]).unwrap();
+    let monitor = s.handle().spawn(monitor, "main").unwrap();
 
     // Ready: with the only worker held by a step, a fresh process stays queued.
     let (holder, gate) = holder();
-    let holder = s.spawn(holder, "main", vec![]).unwrap();
+    let holder = s.handle().spawn(holder, "main").unwrap();
     gate.wait_reached();
     let (ready, ready_probe) = idle_until_message();
-    let ready = s.spawn(ready, "main", vec![]).unwrap();
-    s.terminate(ready.pid()).unwrap();
-    s.terminate(idle.pid()).unwrap();
-    s.terminate(blocked.pid()).unwrap();
+    let ready = s.handle().spawn(ready, "main").unwrap();
+    s.handle().terminate(ready.pid()).unwrap();
+    s.handle().terminate(idle.pid()).unwrap();
+    s.handle().terminate(blocked.pid()).unwrap();
     gate.open();
 
     for h in [&ready, &idle, &blocked] {
@@ -210,8 +209,8 @@ fn terminate_idle_blocked_and_ready_processes() {
     let report: String = report.parse_json().unwrap();
     assert!(report.contains("Err(\"terminated\")"), "{report}");
     for h in [&ready, &idle, &blocked] {
-        assert_eq!(s.send(h.pid(), "t", Payload::empty()), Err(SendError::NotFound(h.pid())));
-        assert_eq!(s.terminate(h.pid()), Err(SendError::NotFound(h.pid())));
+        assert_eq!(s.handle().send(h.pid(), "t", Payload::empty()), Err(SendError::NotFound(h.pid())));
+        assert_eq!(s.handle().terminate(h.pid()), Err(SendError::NotFound(h.pid())));
     }
     assert_eq!(idle_probe.closes() + blocked_probe.closes() + ready_probe.closes(), 3);
 }
@@ -222,7 +221,7 @@ fn terminate_idle_blocked_and_ready_processes() {
 fn terminate_command_completes_after_the_target_is_gone() {
     let s = Scheduler::builder().workers(2).build().unwrap();
     let (target, _) = idle_until_message();
-    let target = s.spawn(target, "main", vec![]).unwrap();
+    let target = s.handle().spawn(target, "main").unwrap();
     let pid = target.pid();
     let (killer, probe) = Scripted::new(move |t| {
         match t.step {
@@ -232,7 +231,7 @@ fn terminate_command_completes_after_the_target_is_gone() {
         }
         Ok(())
     });
-    s.spawn(killer, "main", vec![]).unwrap().join_timeout(HANG).unwrap().unwrap();
+    s.handle().spawn(killer, "main").unwrap().join_timeout(HANG).unwrap().unwrap();
     assert_eq!(target.join_timeout(HANG), Some(Err("terminated".to_owned())));
     let events = probe.events();
     assert_eq!(completion(&events[0], 1), Some(&Ok(Payload::empty())));
@@ -267,7 +266,7 @@ fn monitors_receive_exits_with_results() {
         t.out.set_status(Status::Idle);
         Ok(())
     });
-    let parent_pid = s.spawn(parent, "main", vec![]).unwrap().pid();
+    let parent_pid = s.handle().spawn(parent, "main").unwrap().pid();
     let deadline = std::time::Instant::now() + HANG;
     loop {
         let events = probe.events();
@@ -297,7 +296,7 @@ fn monitors_receive_exits_with_results() {
         assert!(std::time::Instant::now() < deadline, "exits missing: {events:?}");
         std::thread::yield_now();
     }
-    s.terminate(parent_pid).unwrap();
+    s.handle().terminate(parent_pid).unwrap();
 }
 
 /// A native process sends as itself through its port in the middle of a step: the
@@ -308,7 +307,7 @@ fn monitors_receive_exits_with_results() {
 fn a_native_process_sends_as_itself_through_its_port() {
     let s = Scheduler::builder().workers(2).build().unwrap();
     let (receiver, _) = idle_until_message();
-    let receiver = s.spawn(receiver, "main", vec![]).unwrap();
+    let receiver = s.handle().spawn(receiver, "main").unwrap();
     let to = receiver.pid();
     let (kept_tx, kept_rx) = mpsc::channel::<Port>();
     let (sender, _) = Scripted::new(move |t| {
@@ -317,14 +316,14 @@ fn a_native_process_sends_as_itself_through_its_port() {
         t.out.complete(Ok(Payload::empty()));
         Ok(())
     });
-    let sender = s.spawn(sender, "main", vec![]).unwrap();
+    let sender = s.handle().spawn(sender, "main").unwrap();
     let body = receiver.join_timeout(HANG).unwrap().unwrap();
     assert_eq!(body.as_str(), Some(format!("from {}", sender.pid()).as_str()));
     sender.join_timeout(HANG).unwrap().unwrap();
     let kept = kept_rx.recv_timeout(HANG).unwrap();
     assert_eq!(kept.pid(), sender.pid());
-    assert!(s.wait_idle(Some(HANG)));
-    assert_eq!(kept.send(to, "late", Payload::empty()), Err(wasmproc::PortError::Ended(sender.pid())));
+    assert!(s.handle().wait_idle(Some(HANG)));
+    assert_eq!(kept.send(to, "late", Payload::empty()), Err(wasmproc::error::PortError::Ended(sender.pid())));
     assert!(kept.is_terminating(), "an ended process's port says so");
 
     let (denied, _) = Scripted::new(|t| {
@@ -333,7 +332,7 @@ fn a_native_process_sends_as_itself_through_its_port() {
         Ok(())
     });
     let options = SpawnOptions::new("main").capabilities(wasmproc::Capabilities::default().deny("send"));
-    let denied = s.spawn_with(Box::new(denied), options).unwrap();
+    let denied = s.handle().spawn(denied, options).unwrap();
     assert_eq!(denied.join_timeout(HANG).unwrap().unwrap().as_str(), Some("permission denied: send"));
     s.stop(std::time::Duration::from_secs(1));
 }

@@ -12,7 +12,7 @@ use wasmproc_tests::{HANG, Scripted, complete_now, custom, holder};
 fn processes_spawned_from_outside_run_in_spawn_order_on_one_worker() {
     let s = Scheduler::builder().workers(1).build().unwrap();
     let (holder, gate) = holder();
-    s.spawn(holder, "main", vec![]).unwrap();
+    s.handle().spawn(holder, "main").unwrap();
     gate.wait_reached();
     let order = Arc::new(Mutex::new(Vec::new()));
     let handles: Vec<_> = (0..50u64)
@@ -23,7 +23,7 @@ fn processes_spawned_from_outside_run_in_spawn_order_on_one_worker() {
                 t.out.complete(Ok(Payload::empty()));
                 Ok(())
             });
-            s.spawn(p, "main", vec![]).unwrap()
+            s.handle().spawn(p, "main").unwrap()
         })
         .collect();
     gate.open();
@@ -54,7 +54,7 @@ fn busy_processes_do_not_starve_others_on_one_worker() {
             }
             Ok(())
         });
-        let busy = s.spawn(busy, "main", vec![]).unwrap();
+        let busy = s.handle().spawn(busy, "main").unwrap();
         let to = busy.pid();
         let (stopper, _) = Scripted::new(move |t| {
             if t.step == 0 {
@@ -64,7 +64,7 @@ fn busy_processes_do_not_starve_others_on_one_worker() {
             }
             Ok(())
         });
-        s.spawn(stopper, "main", vec![]).unwrap().join_timeout(HANG).unwrap().unwrap();
+        s.handle().spawn(stopper, "main").unwrap().join_timeout(HANG).unwrap().unwrap();
         busy.join_timeout(HANG).unwrap().unwrap();
         assert!(busy_probe.steps() >= 2);
     }

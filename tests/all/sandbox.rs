@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::wasm::{Component, Config, Runtime};
 use wasmproc::{Payload, Scheduler};
 use wasmproc_tests::HANG;
@@ -29,11 +30,14 @@ fn misbehave(config: Config, entry: &str) -> String {
         .kind("hello", load(&runtime, HELLO))
         .build()
         .expect("the scheduler starts");
-    let outcome = match s.spawn_kind("hostile", entry, vec![]) {
+    let outcome = match s.handle().spawn(Spawnable::kind("hostile"), entry) {
         Ok(process) => process.join_timeout(HANG).unwrap_or_else(|| panic!("`{entry}` was not stopped")),
         Err(spawn) => Err(spawn.to_string()),
     };
-    let good = s.spawn_kind("hello", "add", vec![Payload::json(&[20, 22]).unwrap()]).expect("a good process starts");
+    let good = s
+        .handle()
+        .spawn(Spawnable::kind("hello"), SpawnOptions::new("add").input(vec![Payload::json(&[20, 22]).unwrap()]))
+        .expect("a good process starts");
     let result = good.join_timeout(HANG).expect("the good process ends").expect("and succeeds");
     assert_eq!(result.as_str(), Some("42"));
     s.stop(Duration::from_secs(1));
@@ -59,15 +63,18 @@ fn one_worker(runtime: &Runtime) -> Scheduler {
 fn an_infinite_loop_is_preempted_so_others_run_on_its_worker() {
     let runtime = runtime(Config::default().time_slice(Duration::from_millis(5)));
     let s = one_worker(&runtime);
-    let spinner = s.spawn_kind("hostile", "spin", vec![]).expect("the spinner starts");
+    let spinner = s.handle().spawn(Spawnable::kind("hostile"), "spin").expect("the spinner starts");
     for n in 0..20 {
-        let good = s.spawn_kind("hello", "add", vec![Payload::json(&[n, 1]).unwrap()]).unwrap();
+        let good = s
+            .handle()
+            .spawn(Spawnable::kind("hello"), SpawnOptions::new("add").input(vec![Payload::json(&[n, 1]).unwrap()]))
+            .unwrap();
         let result = good.join_timeout(HANG).expect("a good process runs beside the loop").unwrap();
         assert_eq!(result.as_str(), Some((n + 1).to_string().as_str()));
     }
     assert!(spinner.try_result().is_none(), "without a CPU budget the loop runs on");
-    assert!(s.stats().workers[0].executed > 20, "the spinner's step was resumed, not restarted");
-    s.terminate(spinner.pid()).expect("the spinner is alive");
+    assert!(s.handle().stats().workers[0].executed > 20, "the spinner's step was resumed, not restarted");
+    s.handle().terminate(spinner.pid()).expect("the spinner is alive");
     says(&spinner.join_timeout(HANG).expect("termination ends it").unwrap_err(), "terminated");
     s.stop(Duration::from_secs(1));
 }
@@ -95,13 +102,19 @@ fn without_preemption_an_infinite_loop_is_stopped_at_its_time_slice() {
 fn a_preempted_step_resumes_and_then_reads_what_arrived_meanwhile() {
     let runtime = runtime(Config::default().time_slice(Duration::from_millis(2)));
     let s = one_worker(&runtime);
-    let busy = s.spawn_kind("hostile", "busy", vec![Payload::json(&500).unwrap()]).unwrap();
+    let busy = s
+        .handle()
+        .spawn(Spawnable::kind("hostile"), SpawnOptions::new("busy").input(vec![Payload::json(&500).unwrap()]))
+        .unwrap();
     // The good process can only run on the one worker once the busy one's first step
     // was preempted; that step lasts 500 ms, so the message below comes while it is
     // suspended (on a machine too slow for that, it comes later and is read all the same).
-    let good = s.spawn_kind("hello", "add", vec![Payload::json(&[20, 22]).unwrap()]).unwrap();
+    let good = s
+        .handle()
+        .spawn(Spawnable::kind("hello"), SpawnOptions::new("add").input(vec![Payload::json(&[20, 22]).unwrap()]))
+        .unwrap();
     assert_eq!(good.join_timeout(HANG).expect("the good one ends").unwrap().as_str(), Some("42"));
-    s.send(busy.pid(), "note", Payload::text("sent mid-step")).expect("the busy process is alive");
+    s.handle().send(busy.pid(), "note", Payload::text("sent mid-step")).expect("the busy process is alive");
     let result = busy.join_timeout(HANG).expect("the busy process ends").expect("and succeeds");
     assert_eq!(result.as_str(), Some("sent mid-step"));
     s.stop(Duration::from_secs(1));
@@ -152,11 +165,11 @@ fn a_send_in_init_is_refused_inside_another_process_step() {
     let s = Scheduler::builder().kind("hostile", load(&runtime, HOSTILE)).build().expect("the scheduler starts");
     let handle = s.handle().clone();
     let (parent, _) = wasmproc_tests::Scripted::new(move |t| {
-        let refused = handle.spawn_kind("hostile", "send-in-init", vec![]).expect_err("the child refuses to start");
+        let refused = handle.spawn(Spawnable::kind("hostile"), "send-in-init").expect_err("the child refuses to start");
         t.out.complete(Ok(Payload::text(refused.to_string())));
         Ok(())
     });
-    let result = s.spawn(parent, "main", vec![]).unwrap().join_timeout(HANG).expect("the parent ends").unwrap();
+    let result = s.handle().spawn(parent, "main").unwrap().join_timeout(HANG).expect("the parent ends").unwrap();
     says(result.as_str().expect("text"), "send in init: `send` is only available during a step");
 }
 
@@ -202,8 +215,13 @@ fn a_thousand_good_processes_beside_every_hostile_guest_at_once() {
         .kind("hello", load(&runtime, HELLO))
         .build()
         .expect("the scheduler starts");
-    let victim = s.spawn_kind("hostile", "busy", vec![Payload::json(&0).unwrap()]).unwrap();
-    let spawn = |entry: &str, input: Vec<Payload>| s.spawn_kind("hostile", entry, input);
+    let victim = s
+        .handle()
+        .spawn(Spawnable::kind("hostile"), SpawnOptions::new("busy").input(vec![Payload::json(&0).unwrap()]))
+        .unwrap();
+    let spawn = |entry: &str, input: Vec<Payload>| {
+        s.handle().spawn(Spawnable::kind("hostile"), SpawnOptions::new(entry).input(input))
+    };
     let bomb = spawn("spawn-bomb", vec![]).unwrap();
     let expected = [
         ("spin", "CPU budget exceeded"),
@@ -227,7 +245,12 @@ fn a_thousand_good_processes_beside_every_hostile_guest_at_once() {
                 .map(|i| {
                     let n = phase * 1000 + batch * 10 + i;
                     let input = vec![Payload::json(&[n, 1]).unwrap()];
-                    (n, s.spawn_kind("hello", "add", input).expect("a good one starts"))
+                    (
+                        n,
+                        s.handle()
+                            .spawn(Spawnable::kind("hello"), SpawnOptions::new("add").input(input))
+                            .expect("a good one starts"),
+                    )
                 })
                 .collect();
             for (n, process) in good {
@@ -250,15 +273,15 @@ fn a_thousand_good_processes_beside_every_hostile_guest_at_once() {
     assert_eq!(victim.join_timeout(HANG).expect("the victim ends").unwrap().as_str(), Some("flood"));
     // The bomb's tree is held to its quota (plus the spawns of steps running when it was
     // reached); its root lives on, idle, until terminated.
-    assert!(s.live() <= 1 + 200 + 2 * 2, "live processes: {}", s.live());
+    assert!(s.handle().live() <= 1 + 200 + 2 * 2, "live processes: {}", s.handle().live());
     assert!(bomb.try_result().is_none());
 
     // The one-off misbehaviours are over; a fresh infinite loop runs beside the next
     // thousand, and is still running when they are done.
-    let spinner = s.spawn_kind("loop", "spin", vec![]).unwrap();
+    let spinner = s.handle().spawn(Spawnable::kind("loop"), "spin").unwrap();
     let beside_a_loop = good(1);
     assert!(spinner.try_result().is_none(), "the loop ran beside every one of them");
-    s.terminate(spinner.pid()).expect("the loop runs until terminated");
+    s.handle().terminate(spinner.pid()).expect("the loop runs until terminated");
     s.stop(Duration::from_secs(1));
 
     for (what, mut latencies) in [("every hostile guest at once", beside_all), ("an infinite loop", beside_a_loop)] {

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use wasmproc::{Capabilities, Command, Completer, Event, Payload, Pid, Scheduler, Status};
+use wasmproc::handler::Completer;
+use wasmproc::{Capabilities, Command, Event, Payload, Pid, Scheduler, Status};
 use wasmproc_tests::{HANG, Probe, Scripted, complete_now, custom};
 
 const PAIRS: u64 = 5_000;
@@ -80,7 +81,7 @@ fn run(workers: usize) {
         .workers(workers)
         .capabilities(Capabilities::default().allow("now").allow("later"))
         .handler("now", complete_now)
-        .handler("later", move |r: wasmproc::Request| {
+        .handler("later", move |r: wasmproc::handler::Request| {
             let (_, done) = r.into_parts();
             later_tx.lock().send(done).unwrap();
         })
@@ -92,9 +93,9 @@ fn run(workers: usize) {
     let mut pongers = Vec::new();
     for n in 0..PAIRS {
         let (pong, pong_probe) = ponger();
-        let pong = s.spawn(pong, "main", vec![]).unwrap();
+        let pong = s.handle().spawn(pong, "main").unwrap();
         let (ping, ping_probe) = pinger(n, pong.pid());
-        pingers.push((n, s.spawn(ping, "main", vec![]).unwrap()));
+        pingers.push((n, s.handle().spawn(ping, "main").unwrap()));
         pongers.push(pong);
         probes.extend([pong_probe, ping_probe]);
     }
@@ -104,10 +105,10 @@ fn run(workers: usize) {
     for h in &pongers {
         assert_eq!(h.join_timeout(HANG), Some(Ok(Payload::empty())));
     }
-    assert!(s.wait_idle(Some(HANG)));
+    assert!(s.handle().wait_idle(Some(HANG)));
     assert!(probes.iter().all(|p| p.closes() == 1), "every process closed exactly once");
-    assert_eq!(s.registered(), 0);
-    let stats = s.stats();
+    assert_eq!(s.handle().registered(), 0);
+    let stats = s.handle().stats();
     assert_eq!((stats.spawned, stats.completed, stats.live), (2 * PAIRS, 2 * PAIRS, 0));
     assert_eq!(stats.messages, 2 * PAIRS);
     assert_eq!(stats.undelivered, 0);

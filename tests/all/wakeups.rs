@@ -16,7 +16,7 @@ fn concurrent_yields_resume_in_completion_order() {
         }
         Ok(())
     });
-    s.spawn(p, "main", vec![]).unwrap().join_timeout(HANG).unwrap().unwrap();
+    s.handle().spawn(p, "main").unwrap().join_timeout(HANG).unwrap().unwrap();
     assert_eq!(probe.completion_tags(), vec![2, 1]);
 }
 
@@ -50,7 +50,7 @@ fn completion_during_a_step_reruns_the_process() {
         }
         Ok(())
     });
-    let handle = s.spawn(p, "main", vec![]).unwrap();
+    let handle = s.handle().spawn(p, "main").unwrap();
     let late = stashed.recv_timeout(HANG).unwrap();
     gate.wait_reached();
     late.complete(Ok(Payload::text("late")));
@@ -82,10 +82,10 @@ fn send_wakes_idle_and_blocked_processes() {
     };
     let (idle, _) = receiver(Status::Idle);
     let (blocked, _) = receiver(Status::Blocked);
-    let idle = s.spawn(idle, "main", vec![]).unwrap();
-    let blocked = s.spawn(blocked, "main", vec![]).unwrap();
+    let idle = s.handle().spawn(idle, "main").unwrap();
+    let blocked = s.handle().spawn(blocked, "main").unwrap();
     for h in [&idle, &blocked] {
-        s.send(h.pid(), "wake", Payload::text("up")).unwrap();
+        s.handle().send(h.pid(), "wake", Payload::text("up")).unwrap();
     }
     assert_eq!(idle.join_timeout(HANG), Some(Ok(Payload::text("up"))));
     assert_eq!(blocked.join_timeout(HANG), Some(Ok(Payload::text("up"))));
@@ -106,7 +106,7 @@ fn completion_wakes_an_idle_process() {
         }
         Ok(())
     });
-    assert_eq!(s.spawn(p, "main", vec![]).unwrap().join_timeout(HANG), Some(Ok(Payload::empty())));
+    assert_eq!(s.handle().spawn(p, "main").unwrap().join_timeout(HANG), Some(Ok(Payload::empty())));
 }
 
 /// DESIGN 8: completing a yield of a finished process, after its registry slot has
@@ -123,10 +123,10 @@ fn stale_completion_is_a_no_op() {
         }
         Ok(())
     });
-    let first = s.spawn(first, "main", vec![]).unwrap();
+    let first = s.handle().spawn(first, "main").unwrap();
     first.join_timeout(HANG).unwrap().unwrap();
     let stale = stashed.recv_timeout(HANG).unwrap();
-    assert!(s.wait_idle(Some(HANG)));
+    assert!(s.handle().wait_idle(Some(HANG)));
 
     let (second, second_probe) = Scripted::new(|t| {
         match t.events.first() {
@@ -135,13 +135,16 @@ fn stale_completion_is_a_no_op() {
         }
         Ok(())
     });
-    let second = s.spawn(second, "main", vec![]).unwrap();
+    let second = s.handle().spawn(second, "main").unwrap();
     let mask = (1u64 << 32) - 1;
     assert_eq!(first.pid().as_u64() & mask, second.pid().as_u64() & mask, "the slot was reused");
     assert_ne!(first.pid(), second.pid());
     stale.complete(Ok(Payload::text("stale")));
-    assert_eq!(s.send(first.pid(), "hi", Payload::empty()), Err(wasmproc::SendError::NotFound(first.pid())));
-    s.send(second.pid(), "hi", Payload::empty()).unwrap();
+    assert_eq!(
+        s.handle().send(first.pid(), "hi", Payload::empty()),
+        Err(wasmproc::error::SendError::NotFound(first.pid()))
+    );
+    s.handle().send(second.pid(), "hi", Payload::empty()).unwrap();
     assert_eq!(second.join_timeout(HANG), Some(Ok(Payload::u64(1))));
     assert!(second_probe.completion_tags().is_empty(), "the stale completion reached the new tenant");
 }

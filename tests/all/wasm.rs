@@ -7,8 +7,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use wasmproc::error::SpawnError;
+use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::wasm::{Component, Config, LogRecord, Runtime};
-use wasmproc::{Format, Payload, Scheduler, SpawnError};
+use wasmproc::{Format, Payload, Scheduler};
 use wasmproc_tests::HANG;
 
 const RAW: &str = env!("GUEST_RAW");
@@ -57,12 +59,12 @@ fn raw_guest_lists_its_entries() {
 fn main_sleeps_then_counts_its_input() {
     let s = scheduler();
     let input = vec![Payload::text("a"), Payload::u64(7), Payload::json(&[1, 2]).unwrap()];
-    let process = s.spawn_kind("raw", "main", input).unwrap();
+    let process = s.handle().spawn(Spawnable::kind("raw"), SpawnOptions::new("main").input(input)).unwrap();
     let pid = process.pid();
     let result = process.join_timeout(HANG).expect("main finishes").expect("main succeeds");
     assert_eq!(result.format, Format::Json);
     assert_eq!(result.parse_json::<u64>().unwrap(), 3);
-    assert!(s.stats().yields >= 1, "the sleep went through the dispatcher");
+    assert!(s.handle().stats().yields >= 1, "the sleep went through the dispatcher");
     assert!(logged(&format!("[pid {pid}] info: process {pid} starts `main` with 3 inputs")), "{:?}", LOG.lock());
 }
 
@@ -71,16 +73,19 @@ fn main_sleeps_then_counts_its_input() {
 #[test]
 fn a_guest_that_yields_once_takes_exactly_two_steps() {
     let s = Scheduler::builder().workers(1).kind("raw", raw()).build().expect("the scheduler starts");
-    let process = s.spawn_kind("raw", "main", vec![]).unwrap();
+    let process = s.handle().spawn(Spawnable::kind("raw"), "main").unwrap();
     assert_eq!(process.join_timeout(HANG).expect("main finishes"), Ok(Payload::json(&0).unwrap()));
-    assert_eq!(s.stats().workers[0].executed, 2);
+    assert_eq!(s.handle().stats().workers[0].executed, 2);
 }
 
 #[test]
 fn echo_answers_with_its_first_input() {
     let s = scheduler();
     let first = Payload { format: Format::from_name("cbor"), data: vec![0xa1, 0x01, 0x02] };
-    let process = s.spawn_kind("raw", "echo", vec![first.clone(), Payload::text("ignored")]).unwrap();
+    let process = s
+        .handle()
+        .spawn(Spawnable::kind("raw"), SpawnOptions::new("echo").input(vec![first.clone(), Payload::text("ignored")]))
+        .unwrap();
     let pid = process.pid();
     assert_eq!(process.join_timeout(HANG), Some(Ok(first)));
     assert!(logged(&format!("[pid {pid}] stdout: echo: 3 bytes of `cbor`")), "{:?}", LOG.lock());
@@ -89,26 +94,28 @@ fn echo_answers_with_its_first_input() {
 #[test]
 fn processes_spawn_directly_from_a_component() {
     let s = Scheduler::builder().workers(1).build().unwrap();
-    let process = s.spawn(raw().process(), "echo", vec![Payload::text("hi")]).unwrap();
+    let process =
+        s.handle().spawn(raw().process(), SpawnOptions::new("echo").input(vec![Payload::text("hi")])).unwrap();
     assert_eq!(process.join_timeout(HANG), Some(Ok(Payload::text("hi"))));
 }
 
 #[test]
 fn unknown_method_is_an_init_error_that_lists_the_entries() {
     let s = scheduler();
-    let err = s.spawn_kind("raw", "nope", vec![]).unwrap_err();
+    let err = s.handle().spawn(Spawnable::kind("raw"), "nope").unwrap_err();
     assert!(matches!(err, SpawnError::Init { ref method, .. } if method == "nope"), "{err:?}");
     let message = err.to_string();
     assert!(message.contains("unknown entry method `nope`; this component has: main, echo"), "{message}");
-    assert_eq!((s.live(), s.stats().spawned), (0, 0));
+    assert_eq!((s.handle().live(), s.handle().stats().spawned), (0, 0));
 }
 
 #[test]
 fn a_trap_ends_only_its_own_process() {
     let s = scheduler();
     // `echo` with no input indexes past the end: a Rust panic, which is a trap in Wasm.
-    let trapping = s.spawn_kind("raw", "echo", vec![]).unwrap();
-    let healthy = s.spawn_kind("raw", "main", vec![Payload::empty()]).unwrap();
+    let trapping = s.handle().spawn(Spawnable::kind("raw"), "echo").unwrap();
+    let healthy =
+        s.handle().spawn(Spawnable::kind("raw"), SpawnOptions::new("main").input(vec![Payload::empty()])).unwrap();
     let pid = trapping.pid();
     let error = trapping.join_timeout(HANG).expect("the trapping process ends").unwrap_err();
     assert_eq!(error, "guest `step` failed: wasm trap: wasm `unreachable` instruction executed");
@@ -117,8 +124,8 @@ fn a_trap_ends_only_its_own_process() {
     assert!(logged(&format!("[pid {pid}] stderr: ")) && logged("panicked"), "{:?}", LOG.lock());
     let result = healthy.join_timeout(HANG).expect("the other process ends").expect("and succeeds");
     assert_eq!(result.parse_json::<u64>().unwrap(), 1);
-    assert!(s.wait_idle(Some(HANG)));
-    assert_eq!(s.registered(), 0);
+    assert!(s.handle().wait_idle(Some(HANG)));
+    assert_eq!(s.handle().registered(), 0);
 }
 
 #[test]
@@ -139,7 +146,7 @@ fn a_module_compiles_once_per_runtime_and_once_per_cache_dir() {
     let stats = second.stats();
     assert_eq!((stats.compiled, stats.disk_hits), (0, 1));
     let s = Scheduler::builder().workers(1).kind("raw", component).build().unwrap();
-    let result = s.spawn_kind("raw", "main", vec![]).unwrap().join_timeout(HANG).unwrap().unwrap();
+    let result = s.handle().spawn(Spawnable::kind("raw"), "main").unwrap().join_timeout(HANG).unwrap().unwrap();
     assert_eq!(result.parse_json::<u64>().unwrap(), 0);
 
     // A damaged entry is compiled again, not loaded.
@@ -206,7 +213,7 @@ fn a_component_of_another_world_is_refused_naming_the_export() {
 #[test]
 fn a_memory_cap_below_the_guest_s_needs_fails_init_naming_the_limit() {
     let s = Scheduler::builder().workers(1).kind("tiny", raw().with_max_memory(64 * 1024).unwrap()).build().unwrap();
-    let err = s.spawn_kind("tiny", "main", vec![]).unwrap_err().to_string();
+    let err = s.handle().spawn(Spawnable::kind("tiny"), "main").unwrap_err().to_string();
     assert!(err.contains("memory limit exceeded") && err.contains("`max_memory` of 65536 bytes"), "{err}");
     assert!(raw().with_max_memory(usize::MAX).is_err(), "no more than the pool gives");
 }
@@ -220,7 +227,8 @@ fn log_lines_arrive_whole_and_tagged() {
         .log_sink(move |r: &LogRecord<'_>| seen.lock().push((r.pid, r.source.to_string(), r.message.to_owned())));
     let component = Runtime::new(config).unwrap().load(RAW).unwrap();
     let s = Scheduler::builder().workers(1).build().unwrap();
-    let process = s.spawn(component.process(), "echo", vec![Payload::text("x")]).unwrap();
+    let process =
+        s.handle().spawn(component.process(), SpawnOptions::new("echo").input(vec![Payload::text("x")])).unwrap();
     let pid = process.pid();
     process.join_timeout(HANG).unwrap().unwrap();
     let lines = lines.lock();
@@ -316,8 +324,8 @@ fn an_endless_step_is_preempted_and_ended_at_its_cpu_budget() {
     let spinner = budgeted.load_bytes(&wat::parse_str(RUNAWAY).unwrap()).unwrap();
     assert_eq!(spinner.entries(), ["spin", "hog"]);
     let s = Scheduler::builder().workers(1).kind("spin", spinner).kind("raw", raw()).build().unwrap();
-    let spinning = s.spawn_kind("spin", "spin", vec![]).unwrap();
-    let healthy = s.spawn_kind("raw", "main", vec![]).unwrap();
+    let spinning = s.handle().spawn(Spawnable::kind("spin"), "spin").unwrap();
+    let healthy = s.handle().spawn(Spawnable::kind("raw"), "main").unwrap();
     assert!(healthy.join_timeout(HANG).unwrap().is_ok());
     let error = spinning.join_timeout(HANG).expect("the CPU budget ends the step").unwrap_err();
     assert_eq!(error, "CPU budget exceeded: the process ran for longer than its `cpu_budget` of 50ms and was stopped");
@@ -327,7 +335,7 @@ fn an_endless_step_is_preempted_and_ended_at_its_cpu_budget() {
 fn growing_past_the_memory_cap_ends_the_process_naming_the_limit() {
     let hog = runaway().with_max_memory(1024 * 1024).unwrap();
     let s = Scheduler::builder().workers(1).kind("hog", hog).build().unwrap();
-    let error = s.spawn_kind("hog", "hog", vec![]).unwrap().join_timeout(HANG).unwrap().unwrap_err();
+    let error = s.handle().spawn(Spawnable::kind("hog"), "hog").unwrap().join_timeout(HANG).unwrap().unwrap_err();
     assert!(error.starts_with("guest `step` failed: memory limit exceeded"), "{error}");
     assert!(error.contains("past its `max_memory` of 1048576 bytes"), "{error}");
 }

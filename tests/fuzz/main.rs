@@ -22,10 +22,12 @@ use arbitrary::Unstructured;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config as ProptestConfig, FileFailurePersistence, TestCaseError, TestRunner};
+use wasmproc::scheduler::Spawnable;
+use wasmproc::scheduler::{ProcessHandle, SpawnOptions};
 use wasmproc::wasm::{
     COMMAND_ENTRY, Component, Config, LogRecord, Program, ProgramKind, Runtime, WasiOptions, WasiProgram, exit_code,
 };
-use wasmproc::{Capabilities, Format, Payload, Pid, ProcessHandle, Scheduler, SpawnOptions};
+use wasmproc::{Capabilities, Format, Payload, Pid, Scheduler};
 use wasmproc_tests::HANG;
 
 const HELLO: &str = env!("GUEST_HELLO");
@@ -318,7 +320,7 @@ fn ends(context: &str, process: &ProcessHandle) -> Result<String, TestCaseError>
 /// Runs a loaded WASI program to its end on `scheduler`, with a time limit.
 fn run_command(scheduler: &Scheduler, command: &WasiProgram) -> Result<String, TestCaseError> {
     let process = command.process(WasiOptions::new().args(["fuzz"]).time_limit(COMMAND_TIME_LIMIT));
-    match scheduler.spawn(process, COMMAND_ENTRY, vec![]) {
+    match scheduler.handle().spawn(process, COMMAND_ENTRY) {
         Ok(process) => ends("the WASI program", &process),
         Err(e) => {
             says_something("spawning the WASI program", &e.to_string())?;
@@ -331,7 +333,7 @@ fn run_command(scheduler: &Scheduler, command: &WasiProgram) -> Result<String, T
 fn run_entries(scheduler: &Scheduler, component: &Component, tally: &Tally) -> Result<(), TestCaseError> {
     for entry in component.entries().iter().take(4) {
         let input = vec![Payload::json(&[20, 22]).expect("encodes")];
-        let outcome = match scheduler.spawn(component.process(), entry, input) {
+        let outcome = match scheduler.handle().spawn(component.process(), SpawnOptions::new(entry).input(input)) {
             Ok(process) => ends(entry, &process)?,
             Err(e) => {
                 says_something(entry, &e.to_string())?;
@@ -906,7 +908,9 @@ fn run_ops(ops: &[Op], grace: Duration, tally: &Tally) -> Result<(), TestCaseErr
     };
     for op in ops {
         let spawn = match op {
-            Op::SpawnKind { kind, method, input } => Some(scheduler.spawn_kind(kind, method, input.clone())),
+            Op::SpawnKind { kind, method, input } => {
+                Some(scheduler.handle().spawn(Spawnable::kind(*kind), SpawnOptions::new(method).input(input.clone())))
+            }
             Op::SpawnWith { hostile: is_hostile, method, input, caps, mailbox } => {
                 let component = if *is_hostile { hostile() } else { hello() };
                 let caps = match caps {
@@ -920,25 +924,25 @@ fn run_ops(ops: &[Op], grace: Duration, tally: &Tally) -> Result<(), TestCaseErr
                     .input(input.clone())
                     .capabilities(caps)
                     .mailbox_capacity(*mailbox);
-                Some(scheduler.spawn_with(Box::new(component.process()), options))
+                Some(scheduler.handle().spawn(component.process(), options))
             }
             Op::SpawnCommand { args } => {
                 let options = WasiOptions::new()
                     .args(std::iter::once("wasi-cli".to_owned()).chain(args.iter().cloned()))
                     .time_limit(Duration::from_millis(100));
-                Some(scheduler.spawn(wasi_cli().process(options), COMMAND_ENTRY, vec![]))
+                Some(scheduler.handle().spawn(wasi_cli().process(options), COMMAND_ENTRY))
             }
             Op::Send { to, topic, body } => {
-                let sent = scheduler.send(pid(to, &spawned), topic.as_str(), body.clone());
+                let sent = scheduler.handle().send(pid(to, &spawned), topic.as_str(), body.clone());
                 tally_request(tally, "send", "delivered", sent)?;
                 None
             }
             Op::Terminate(to) => {
-                tally_request(tally, "terminate", "requested", scheduler.terminate(pid(to, &spawned)))?;
+                tally_request(tally, "terminate", "requested", scheduler.handle().terminate(pid(to, &spawned)))?;
                 None
             }
             Op::CancelAll(reason) => {
-                scheduler.cancel_all(reason);
+                scheduler.handle().cancel_all(reason);
                 tally.add("cancel_all", Duration::ZERO);
                 None
             }
@@ -959,7 +963,7 @@ fn run_ops(ops: &[Op], grace: Duration, tally: &Tally) -> Result<(), TestCaseErr
     let start = Instant::now();
     let report = scheduler.stop(grace);
     prop_assert!(start.elapsed() < HANG, "stop took {:?}", start.elapsed());
-    prop_assert_eq!(scheduler.live(), 0, "processes alive after stop");
+    prop_assert_eq!(scheduler.handle().live(), 0, "processes alive after stop");
     tally.add(format!("stop: {} processes forced", if report.forced == 0 { "no" } else { "some" }), start.elapsed());
     for process in &spawned {
         let outcome = ends("after stop", process)?;

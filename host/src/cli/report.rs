@@ -8,8 +8,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use wasmproc::scheduler::Stats;
 use wasmproc::wasm::exit_code;
-use wasmproc::{Format, Outcome, Payload, Scheduler, Stats};
+use wasmproc::{Format, Outcome, Payload, Scheduler};
 
 use super::Exit;
 use super::output::Output;
@@ -187,7 +188,7 @@ pub(super) struct Progress {
 impl Progress {
     pub(super) fn start(scheduler: &Scheduler, out: &Output, start: Instant) -> Progress {
         let stop = Arc::new(AtomicBool::new(false));
-        let handle = (**scheduler).clone();
+        let handle = scheduler.handle().clone();
         let flag = stop.clone();
         let out = out.clone();
         let thread = thread::spawn(move || {

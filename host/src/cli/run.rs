@@ -19,14 +19,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use wasmproc::scheduler::{ProcessHandle, SpawnOptions};
 use wasmproc::wasm::{COMMAND_ENTRY, LogRecord, Program, WasiOptions};
-use wasmproc::{BUILTIN_COMMANDS, Capabilities, Payload, ProcessHandle, Scheduler, SpawnOptions};
+use wasmproc::{Capabilities, Payload, Scheduler};
 
 use super::input::{payloads, read_app};
 use super::output::Output;
 use super::report::{Progress, Report, Summary};
 use super::stop::Signals;
 use super::{EngineArgs, Exit, Failure, runtime, units};
+use wasmproc::scheduler::Spawnable;
 
 pub(super) const AFTER_HELP: &str = "\
 Examples:
@@ -181,7 +183,7 @@ impl Run {
             }
             None => root,
         };
-        let stats = scheduler.stats();
+        let stats = scheduler.handle().stats();
         super::stop::shut_down(scheduler, stop.is_some(), &out);
         if let Some(progress) = progress {
             progress.finish();
@@ -282,10 +284,14 @@ impl Run {
 }
 
 impl Root {
-    fn spawn(self, scheduler: &Scheduler) -> Result<ProcessHandle, wasmproc::SpawnError> {
+    fn spawn(self, scheduler: &Scheduler) -> Result<ProcessHandle, wasmproc::error::SpawnError> {
         match self {
-            Root::Process { method, inputs } => scheduler.spawn_kind("app", &method, inputs),
-            Root::Command(process) => scheduler.spawn_with(process, SpawnOptions::new(COMMAND_ENTRY)),
+            Root::Process { method, inputs } => {
+                scheduler.handle().spawn(Spawnable::kind("app"), SpawnOptions::new(&method).input(inputs))
+            }
+            Root::Command(process) => {
+                scheduler.handle().spawn(process as Box<dyn wasmproc::Process>, SpawnOptions::new(COMMAND_ENTRY))
+            }
         }
     }
 }
@@ -295,13 +301,13 @@ fn capabilities(args: &Run) -> Result<Capabilities, Failure> {
     let mut caps = Capabilities::default().deny("terminate");
     for (flag, names) in [("--allow", &args.allow), ("--deny", &args.deny)] {
         for name in names {
-            if !BUILTIN_COMMANDS.contains(&name.as_str()) {
+            if !Capabilities::BUILTIN.contains(&name.as_str()) {
                 return Err(Failure::new(
                     Exit::Usage,
                     format!(
                         "{flag} `{name}`: no such command; the commands are {} (custom commands need an embedder \
                          that handles them)",
-                        BUILTIN_COMMANDS.join(", ")
+                        Capabilities::BUILTIN.join(", ")
                     ),
                 ));
             }

@@ -7,7 +7,8 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use wasmproc::{Outcome, ProcessHandle, Scheduler};
+use wasmproc::scheduler::ProcessHandle;
+use wasmproc::{Outcome, Scheduler};
 
 use super::output::Output;
 use super::units::count;
@@ -173,7 +174,7 @@ impl Signals {
         let since = Instant::now();
         let mut noticed = false;
         loop {
-            if scheduler.wait_idle(Some(Duration::from_millis(50))) {
+            if scheduler.handle().wait_idle(Some(Duration::from_millis(50))) {
                 return Ok(());
             }
             if let Ok(Signal::Stop(signal)) = self.rx.try_recv() {
@@ -187,7 +188,7 @@ impl Signals {
                 out.line(format!(
                     "wasmproc: the entry process has ended; waiting for {} it spawned (Ctrl-C or --timeout to stop \
                      them)",
-                    processes(scheduler.live())
+                    processes(scheduler.handle().live())
                 ));
             }
         }
@@ -209,18 +210,18 @@ impl Signals {
             Stop::Timeout(_) => stop.reason(),
             Stop::Signal(_) => format!("{} (again to force)", stop.reason()),
         };
-        out.line(format!("wasmproc: {what}: stopping {}", processes(scheduler.live())));
-        scheduler.cancel_all(&stop.reason());
+        out.line(format!("wasmproc: {what}: stopping {}", processes(scheduler.handle().live())));
+        scheduler.handle().cancel_all(&stop.reason());
         let until = Instant::now().checked_add(grace);
         let mut ended = false;
         while until.is_none_or(|until| Instant::now() < until) {
-            if scheduler.wait_idle(Some(Duration::from_millis(20))) {
+            if scheduler.handle().wait_idle(Some(Duration::from_millis(20))) {
                 ended = true;
                 break;
             }
         }
         if !ended {
-            let forced = scheduler.terminate_all("terminated: the run was stopped");
+            let forced = scheduler.handle().terminate_all("terminated: the run was stopped");
             if forced > 0 {
                 out.line(format!("wasmproc: terminated {} that did not end when cancelled", processes(forced)));
             }
@@ -243,7 +244,7 @@ impl Signals {
 /// still running once [`STEPS_AFTER_STOP`] has passed: a step blocked outside Wasm (in
 /// a system call) would hold `stop` for good, so the host exits without joining them.
 pub(super) fn shut_down(scheduler: Scheduler, stopped: bool, out: &Output) {
-    if !stopped || scheduler.wait_idle(Some(STEPS_AFTER_STOP)) {
+    if !stopped || scheduler.handle().wait_idle(Some(STEPS_AFTER_STOP)) {
         scheduler.stop(Duration::ZERO);
     } else {
         out.line("wasmproc: exiting with steps still running (blocked outside Wasm)");

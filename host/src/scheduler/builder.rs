@@ -10,6 +10,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex};
 use rustc_hash::FxHashMap;
 
+use super::caps::Capabilities;
 use super::cell::ProcessCell;
 use super::dispatch::{Factory, Handler};
 use super::handle::Handle;
@@ -19,7 +20,6 @@ use super::registry::{self, Registry};
 use super::shared::{Settings, Shared};
 use super::timer::Timer;
 use super::{Scheduler, Threads, worker};
-use crate::caps::{BUILTIN_COMMANDS, Capabilities};
 
 /// Distinguishes schedulers in one OS process, so a worker thread of one never pushes
 /// work into another's deque.
@@ -72,14 +72,14 @@ impl Builder {
     }
 
     /// Processes alive at once; a spawn past it fails with
-    /// [`SpawnError::LimitExceeded`](crate::SpawnError::LimitExceeded). By default 1,000,000.
+    /// [`SpawnError::LimitExceeded`](crate::error::SpawnError::LimitExceeded). By default 1,000,000.
     pub fn max_processes(mut self, max: usize) -> Self {
         self.max_processes = max;
         self
     }
 
     /// Undelivered messages a process's mailbox holds before sends to it fail with
-    /// [`SendError::MailboxFull`](crate::SendError::MailboxFull). By default 1024: at about 100 bytes an entry plus the
+    /// [`SendError::MailboxFull`](crate::error::SendError::MailboxFull). By default 1024: at about 100 bytes an entry plus the
     /// bodies, a flooded process holds ~100 KiB of backlog, not unbounded memory.
     pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
         self.mailbox_capacity = capacity;
@@ -153,7 +153,7 @@ impl Builder {
         self
     }
 
-    /// Registers a process kind: `spawn` commands and [`Handle::spawn_kind`] name it.
+    /// Registers a process kind: `spawn` commands and [`Spawnable::kind`](super::Spawnable::kind) name it.
     pub fn kind(mut self, name: impl Into<String>, factory: impl Factory) -> Self {
         self.kinds.insert(name.into().into(), Arc::new(factory));
         self
@@ -177,7 +177,7 @@ impl Builder {
         ensure!(self.mailbox_capacity > 0, "`mailbox_capacity` must be at least 1");
         ensure!(self.turn_budget > 0, "`turn_budget` must be at least 1");
         for name in self.handlers.keys() {
-            if name.is_empty() || BUILTIN_COMMANDS.contains(&name.as_str()) {
+            if name.is_empty() || Capabilities::BUILTIN.contains(&name.as_str()) {
                 bail!("cannot register a handler named `{name}`: the name is empty or a built-in command");
             }
         }

@@ -8,14 +8,14 @@ use std::cell::UnsafeCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
+use super::caps::Capabilities;
 use super::completer::Completer;
 use super::handle::ExitSlot;
 use super::inbox::{Inbox, Refused};
 use super::limits::Lineage;
+use super::process::{Event, Outcome, Pid, Process};
 use super::shared::Shared;
 use super::state::{Lifecycle, State, Waiting, Wake};
-use crate::caps::Capabilities;
-use crate::process::{Event, Outcome, Pid, Process};
 
 /// Someone to tell when a process ends.
 pub(super) enum Watcher {
@@ -234,13 +234,13 @@ mod loom_models {
     use loom::sync::atomic::{AtomicUsize, Ordering};
     use loom::thread;
 
+    use crate::scheduler::process::{Events, Payload, StepOutput};
     use super::*;
-    use crate::process::{Events, Payload, StepOutput};
 
     struct Inert;
 
     impl Process for Inert {
-        fn init(&mut self, _: crate::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        fn init(&mut self, _: crate::scheduler::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
             Ok(())
         }
 

@@ -6,9 +6,9 @@
 use std::sync::Arc;
 
 use super::cell::ProcessCell;
+use super::process::{Event, Outcome, Pid};
 use super::state::Wake;
 use super::worker;
-use crate::process::{Event, Outcome, Pid};
 
 /// What a yield completes with when its completer (or its handler's [`Request`]) is
 /// dropped unanswered.

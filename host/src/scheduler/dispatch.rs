@@ -19,9 +19,9 @@ use super::completer::{Completer, DROPPED, complete};
 use super::handle::Handle;
 use super::lifecycle::SpawnArgs;
 use super::limits::Lineage;
+use super::process::{Command, CommandKind, Outcome, Payload, Pid, Process, SpawnRequest, Yield};
 use super::shared::Shared;
 use super::worker::panic_message;
-use crate::process::{Command, CommandKind, Outcome, Payload, Pid, Process, SpawnRequest, Yield};
 
 /// Code that carries out a custom command.
 ///

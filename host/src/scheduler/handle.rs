@@ -8,15 +8,15 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::caps::Capabilities;
 use super::cell::Watcher;
 use super::lifecycle::SpawnArgs;
 use super::limits::Lineage;
+use super::process::{Event, Outcome, Payload, Pid, Process};
 use super::shared::Shared;
 use super::state::Wake;
 use super::stats::Stats;
-use crate::caps::Capabilities;
 use crate::error::{SendError, SpawnError};
-use crate::process::{Event, Outcome, Payload, Pid, Process};
 
 /// Spawns, messages and inspects processes. Cheap to clone; usable from any thread,
 /// including from command handlers.
@@ -26,44 +26,49 @@ pub struct Handle {
 }
 
 impl Handle {
-    /// Initialises `process` with entry `method` and `input` and queues it.
+    /// Spawns a process: `what` is a process value or a registered kind
+    /// ([`Spawnable::kind`]); `options` is at least the entry method (a `&str` will do) and
+    /// optionally its input, capabilities and mailbox bound. `init` runs here, on the
+    /// caller's thread; the process is queued once it succeeds.
+    ///
+    /// ```
+    /// # use wasmproc::{Scheduler, Payload};
+    /// # use wasmproc::scheduler::{Spawnable, SpawnOptions};
+    /// # struct Echo;
+    /// # impl wasmproc::Process for Echo {
+    /// #     fn init(&mut self, _: wasmproc::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> { Ok(()) }
+    /// #     fn step(&mut self, _: wasmproc::Events<'_>, out: &mut wasmproc::StepOutput) -> anyhow::Result<()> {
+    /// #         out.complete(Ok(Payload::empty())); Ok(())
+    /// #     }
+    /// # }
+    /// let echo = || -> anyhow::Result<Box<dyn wasmproc::Process>> { Ok(Box::new(Echo)) };
+    /// let scheduler = Scheduler::builder().workers(1).kind("echo", echo).build()?;
+    /// let handle = scheduler.handle();
+    /// let a = handle.spawn(Echo, "main")?;
+    /// let b = handle.spawn(Spawnable::kind("echo"), SpawnOptions::new("main").input(vec![Payload::u64(1)]))?;
+    /// assert!(a.join().is_ok() && b.join().is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     ///
-    /// See [`SpawnError`]: init failures (unknown method…), the process limit, stopping.
-    pub fn spawn(&self, process: impl Process, method: &str, input: Vec<Payload>) -> Result<ProcessHandle, SpawnError> {
-        self.spawn_with(Box::new(process), SpawnOptions::new(method).input(input))
-    }
-
-    /// Spawns a process of the registered `kind`.
-    ///
-    /// # Errors
-    ///
-    /// As [`Handle::spawn`], and [`SpawnError::UnknownKind`] / [`SpawnError::Factory`].
-    pub fn spawn_kind(&self, kind: &str, method: &str, input: Vec<Payload>) -> Result<ProcessHandle, SpawnError> {
-        self.spawn_kind_with(kind, SpawnOptions::new(method).input(input))
-    }
-
-    /// Spawns a process of the registered `kind` with explicit options (its capabilities,
-    /// which bound its children's, or its mailbox).
-    ///
-    /// # Errors
-    ///
-    /// As [`Handle::spawn_kind`].
-    pub fn spawn_kind_with(&self, kind: &str, options: SpawnOptions) -> Result<ProcessHandle, SpawnError> {
-        let (name, factory) =
-            self.shared.kinds.get_key_value(kind).ok_or_else(|| SpawnError::UnknownKind(kind.to_owned()))?;
-        let process = factory.make().map_err(|source| SpawnError::Factory { kind: kind.to_owned(), source })?;
-        self.spawn_inner(process, Some(name.clone()), options)
-    }
-
-    /// Spawns `process` with explicit options.
-    ///
-    /// # Errors
-    ///
-    /// As [`Handle::spawn`].
-    pub fn spawn_with(&self, process: Box<dyn Process>, options: SpawnOptions) -> Result<ProcessHandle, SpawnError> {
-        self.spawn_inner(process, None, options)
+    /// See [`SpawnError`]: init failures (unknown method…), the process limit, stopping;
+    /// for a kind, [`SpawnError::UnknownKind`] and [`SpawnError::Factory`].
+    pub fn spawn(
+        &self,
+        what: impl Into<Spawnable>,
+        options: impl Into<SpawnOptions>,
+    ) -> Result<ProcessHandle, SpawnError> {
+        let options = options.into();
+        match what.into().0 {
+            Source::Process(process) => self.spawn_inner(process, None, options),
+            Source::Kind(kind) => {
+                let (name, factory) =
+                    self.shared.kinds.get_key_value(&*kind).ok_or_else(|| SpawnError::UnknownKind(kind.clone()))?;
+                let process = factory.make().map_err(|source| SpawnError::Factory { kind, source })?;
+                self.spawn_inner(process, Some(name.clone()), options)
+            }
+        }
     }
 
     fn spawn_inner(
@@ -166,6 +171,43 @@ impl Handle {
     }
 }
 
+/// What [`Handle::spawn`] starts: a process value (any [`Process`], or a boxed one) or a
+/// kind registered with [`Builder::kind`](super::Builder::kind), made by its factory.
+pub struct Spawnable(Source);
+
+enum Source {
+    Process(Box<dyn Process>),
+    Kind(String),
+}
+
+impl Spawnable {
+    /// A process of the registered `kind`.
+    pub fn kind(kind: impl Into<String>) -> Self {
+        Spawnable(Source::Kind(kind.into()))
+    }
+}
+
+impl<P: Process> From<P> for Spawnable {
+    fn from(process: P) -> Self {
+        Spawnable(Source::Process(Box::new(process)))
+    }
+}
+
+impl From<Box<dyn Process>> for Spawnable {
+    fn from(process: Box<dyn Process>) -> Self {
+        Spawnable(Source::Process(process))
+    }
+}
+
+impl std::fmt::Debug for Spawnable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Source::Process(_) => f.write_str("Spawnable::Process(..)"),
+            Source::Kind(kind) => write!(f, "Spawnable::Kind({kind:?})"),
+        }
+    }
+}
+
 /// How to spawn a process from the embedder.
 #[derive(Debug, Clone, Default)]
 pub struct SpawnOptions {
@@ -198,6 +240,18 @@ impl SpawnOptions {
     pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
         self.mailbox_capacity = Some(capacity);
         self
+    }
+}
+
+impl From<&str> for SpawnOptions {
+    fn from(method: &str) -> Self {
+        SpawnOptions::new(method)
+    }
+}
+
+impl From<String> for SpawnOptions {
+    fn from(method: String) -> Self {
+        SpawnOptions::new(method)
     }
 }
 

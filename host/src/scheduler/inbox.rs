@@ -12,8 +12,8 @@
 use std::borrow::Cow;
 use std::mem;
 
+use super::process::Event;
 use crate::loom::Mutex;
-use crate::process::Event;
 
 /// Why an inbox refused an event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,7 +128,7 @@ impl<W> Inbox<W> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::process::{Payload, Pid};
+    use crate::scheduler::process::{Payload, Pid};
 
     fn message(n: u64) -> Event {
         Event::Message { sender: Pid::HOST, topic: "t".into(), body: Payload::u64(n) }

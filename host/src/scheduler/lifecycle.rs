@@ -8,17 +8,17 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use super::caps::Capabilities;
 use super::cell::{ProcessCell, Spec, Watcher};
 use super::inbox::Refused;
 use super::limits::Lineage;
 use super::port::Port;
+use super::process::{Event, Outcome, Payload, Pid, Process};
 use super::registry;
 use super::shared::Shared;
 use super::state::Wake;
 use super::worker;
-use crate::caps::Capabilities;
 use crate::error::{SendError, SpawnError};
-use crate::process::{Event, Outcome, Payload, Pid, Process};
 
 /// The hibernation list's length below which it is never pruned, so that a scheduler
 /// with few live processes does not prune at every listing. Picked out of thin air: 16
@@ -277,7 +277,8 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
-    use crate::{Command, Events, Payload, Process, Scheduler, Status, StepOutput};
+    use crate::scheduler::{Command, Events, Process, Scheduler, Status, StepOutput};
+    use wasmproc_types::Payload;
 
     /// Waits once, for a sleep of a millisecond (one of no time completes during the
     /// dispatch, and the process runs on without waiting), asking to hibernate
@@ -285,7 +286,7 @@ mod tests {
     struct WaitsOnce(bool);
 
     impl Process for WaitsOnce {
-        fn init(&mut self, _: crate::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        fn init(&mut self, _: crate::scheduler::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
             Ok(())
         }
 
@@ -308,7 +309,7 @@ mod tests {
     struct Busy(Arc<AtomicBool>);
 
     impl Process for Busy {
-        fn init(&mut self, _: crate::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        fn init(&mut self, _: crate::scheduler::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
             Ok(())
         }
 
@@ -329,14 +330,14 @@ mod tests {
     fn the_hibernation_list_stays_bounded_on_a_busy_worker() {
         let scheduler = Scheduler::builder().workers(1).build().expect("the scheduler starts");
         let stop = Arc::new(AtomicBool::new(false));
-        let busy = scheduler.spawn(Busy(stop.clone()), "main", vec![]).expect("spawn");
+        let busy = scheduler.handle().spawn(Busy(stop.clone()), "main").expect("spawn");
         // In batches, so that few are live at once and each batch's sleeps overlap.
         let (batches, batch) = (96, 64);
         let processes = batches * batch;
         assert!(processes > 2 * super::HIBERNATION_LIST_FLOOR);
         for _ in 0..batches {
             let waiters: Vec<_> =
-                (0..batch).map(|_| scheduler.spawn(WaitsOnce(false), "main", vec![]).expect("spawn")).collect();
+                (0..batch).map(|_| scheduler.handle().spawn(WaitsOnce(false), "main").expect("spawn")).collect();
             for waiter in waiters {
                 waiter.join_timeout(Duration::from_secs(20)).expect("the waiter ends").expect("ok");
             }

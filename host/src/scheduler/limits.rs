@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::process::{CommandKind, Yield};
+use super::process::{CommandKind, Yield};
 
 /// Limits on what one process may do, checked by the scheduler for every process
 /// (native or Wasm). A process past one of them ends with an error naming it (DESIGN §6):

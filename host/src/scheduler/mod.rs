@@ -1,5 +1,14 @@
-//! The work-stealing process scheduler, one concern a file:
+//! The work-stealing process scheduler and the interface of the processes it runs.
 //!
+//! Build a [`Scheduler`] with [`Scheduler::builder`]; spawn and message processes through
+//! its [`Handle`]; each process gets a [`Port`] at `init`. The [`Process`] trait and the
+//! values of a step ([`Event`], [`StepOutput`], [`Command`]…) are re-exported at the crate
+//! root.
+//!
+//! # Inside, one concern a file
+//!
+//! - `process.rs`: the [`Process`] trait and what flows into and out of a step;
+//!   `caps.rs`: the commands a process may yield;
 //! - `state.rs`: the per-process state word and the wakeup protocol (read it first);
 //! - `cell.rs`: one process as the scheduler holds it, and the worker's turn (the loom
 //!   models live here);
@@ -7,8 +16,10 @@
 //! - `worker.rs`: the worker loop (local deque, global injector, stealing, hibernation);
 //! - `idle.rs`: searching and parked workers;
 //! - `shared.rs`: what every thread of a scheduler shares, and queueing a process;
+//! - `port.rs`: a process's own way out, the path every message takes;
 //! - `lifecycle.rs`: spawn, send, monitor, terminate, retire, drain;
-//! - `dispatch.rs`: carrying out yields, and the embedder's [`Handler`]s and [`Factory`]s;
+//! - `dispatch.rs`: carrying out yields, and the embedder's
+//!   [`Handler`](crate::handler::Handler)s and [`Factory`](crate::handler::Factory)s;
 //! - `completer.rs`: answering a yield, now or later; `timer.rs`: the `sleep` command;
 //! - `limits.rs`: per-process limits and the process-tree counts they bound;
 //! - `registry.rs`: pid → process routing;
@@ -19,8 +30,8 @@
 //!
 //! [`Scheduler::stop`]:
 //! 1. marks the scheduler stopping: every later spawn fails with
-//!    [`SpawnError::Stopping`](crate::SpawnError::Stopping);
-//! 2. sends [`Event::Cancel`](crate::Event::Cancel) to every live process;
+//!    [`SpawnError::Stopping`](crate::error::SpawnError::Stopping);
+//! 2. sends [`Event::Cancel`] to every live process;
 //! 3. waits until no process is left, or the grace period ends;
 //! 4. then terminates whatever is left (repeating for processes whose spawn raced step 1)
 //!    and waits for them: a process in the middle of a step ends when the step returns;
@@ -30,15 +41,17 @@
 //! thread the scheduler started has exited.
 
 mod builder;
+pub(crate) mod caps;
 mod cell;
-mod completer;
-mod dispatch;
+pub(crate) mod completer;
+pub(crate) mod dispatch;
 mod handle;
 mod idle;
 mod inbox;
 mod lifecycle;
 mod limits;
 mod port;
+pub(crate) mod process;
 mod registry;
 mod shared;
 mod state;
@@ -53,17 +66,18 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 pub use self::builder::Builder;
-pub use self::completer::Completer;
-pub use self::dispatch::{Factory, Handler, Request};
-pub use self::handle::{Handle, ProcessHandle, SpawnOptions};
+pub use self::caps::Capabilities;
+pub use self::handle::{Handle, ProcessHandle, SpawnOptions, Spawnable};
 pub use self::port::Port;
+pub use self::process::{Command, Event, Events, Outcome, Process, SpawnRequest, Status, StepOutput, Yield};
 pub use self::stats::{Stats, WorkerStats, YieldCounts};
 
 /// The scheduler: owns the worker threads. Dropping it stops it with no grace period
 /// (see [`Scheduler::stop`]).
 ///
-/// It dereferences to its [`Handle`], which has the API to spawn and message processes;
-/// clone the handle to use it from elsewhere.
+/// Processes are spawned and messaged through its [`Handle`] ([`Scheduler::handle`]),
+/// which can be cloned and used from any thread; the scheduler itself only starts and
+/// stops.
 pub struct Scheduler {
     handle: Handle,
     threads: Mutex<Option<Threads>>,
@@ -142,14 +156,6 @@ impl Scheduler {
         }
         let _ = taken.timer.join();
         StopReport { cancelled, forced, elapsed: start.elapsed() }
-    }
-}
-
-impl std::ops::Deref for Scheduler {
-    type Target = Handle;
-
-    fn deref(&self) -> &Handle {
-        &self.handle
     }
 }
 

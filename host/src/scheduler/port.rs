@@ -15,10 +15,10 @@
 use std::sync::{Arc, Weak};
 
 use super::cell::ProcessCell;
+use super::process::{CommandKind, Payload, Pid, message_size};
 use super::shared::Shared;
 use super::state::Lifecycle;
 use crate::error::PortError;
-use crate::process::{CommandKind, Payload, Pid, message_size};
 
 /// A process's handle on the scheduler that runs it, knowing the process's pid: see the
 /// module docs. Cheap to clone (a pid and a weak reference).

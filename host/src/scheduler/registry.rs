@@ -17,7 +17,7 @@ use slab::Slab;
 
 use super::cell::{ProcessCell, Spec};
 use super::limits::Lineage;
-use crate::process::{Pid, Process};
+use super::process::{Pid, Process};
 
 const INDEX_BITS: u32 = 24;
 const SHARD_BITS: u32 = 8;
@@ -134,12 +134,12 @@ impl Registry {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::process::{Events, Payload, StepOutput};
+    use crate::scheduler::process::{Events, Payload, StepOutput};
 
     struct Inert;
 
     impl Process for Inert {
-        fn init(&mut self, _: crate::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        fn init(&mut self, _: crate::scheduler::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
             Ok(())
         }
 

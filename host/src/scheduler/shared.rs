@@ -9,16 +9,16 @@ use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex};
 use rustc_hash::FxHashMap;
 
+use super::caps::Capabilities;
 use super::cell::ProcessCell;
 use super::dispatch::{Factory, Handler};
 use super::idle::Idle;
 use super::limits::Limits;
+use super::process::Pid;
 use super::registry::Registry;
 use super::stats::Counters;
 use super::timer::Timer;
 use super::worker;
-use crate::caps::Capabilities;
-use crate::process::Pid;
 
 /// State shared by the workers, the timer, handles and completers.
 pub(super) struct Shared {

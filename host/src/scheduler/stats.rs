@@ -3,9 +3,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::process::CommandKind;
 use super::shared::Shared;
 use super::worker;
-use crate::process::CommandKind;
 
 /// Scheduler counters; see [`Handle::stats`](super::Handle::stats).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::completer::Completer;
-use crate::process::Payload;
+use super::process::Payload;
 
 /// The handle to the timer thread, held by the scheduler.
 pub(super) struct Timer {

@@ -45,8 +45,8 @@
 //! cost falls only on a worker that had nothing else to do, stopping as soon as work is
 //! queued. The loom model `loom_send_races_hibernate` checks the race.
 //!
-//! [`Process::wants_hibernation`]: crate::Process::wants_hibernation
-//! [`Process::hibernate`]: crate::Process::hibernate
+//! [`Process::wants_hibernation`]: super::Process::wants_hibernation
+//! [`Process::hibernate`]: super::Process::hibernate
 
 use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -57,9 +57,9 @@ use crossbeam_deque::{Steal, Worker};
 
 use super::cell::{Decision, Hibernation, ProcessCell, TurnEnd};
 use super::idle::{PARK_AFTER_ROUNDS, Unparked, YIELD_AFTER_ROUNDS};
+use super::process::{Event, Events, Status, StepOutput};
 use super::shared::Shared;
 use super::state::Lifecycle;
-use crate::process::{Event, Events, Status, StepOutput};
 
 /// How many more processes to move from the global queue into the local deque when
 /// taking one. From the scheduler spec.

@@ -13,15 +13,15 @@ use super::config::Config;
 use super::engine::EpochClock;
 use super::process::{Loaded, WasmProcess, guest_error};
 use super::store::{ProcessLimits, ProcessState, new_store};
-use crate::process::{Pid, Process};
-use crate::scheduler::Factory;
+use crate::handler::Factory;
+use crate::scheduler::process::{Pid, Process};
 
 /// A loaded component: compiled, checked against the `process` world, ready to
 /// instantiate. Cheap to clone (clones share the compiled code).
 ///
 /// It is a [`Factory`]: register it as a process kind
 /// (`Scheduler::builder().kind("hello", component.clone())`) and spawn processes of it by
-/// kind, from the embedder ([`Handle::spawn_kind`](crate::Handle::spawn_kind)) or from
+/// kind, from the embedder ([`Spawnable::kind`](crate::scheduler::Spawnable::kind)) or from
 /// other processes (the `spawn` command). Or spawn one directly with
 /// [`Component::process`].
 #[derive(Clone)]

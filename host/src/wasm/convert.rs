@@ -10,7 +10,7 @@ use wasmproc_types::{Format, Level, Payload, Pid};
 
 use super::bindings::wasmproc::process::host;
 use super::bindings::wasmproc::process::types as wit;
-use crate::process::{Command, Event, Outcome, SpawnRequest, Status};
+use crate::scheduler::process::{Command, Event, Outcome, SpawnRequest, Status};
 
 pub(crate) fn payload_to_wit(payload: Payload) -> wit::Payload {
     wit::Payload { format: payload.format.as_str().to_owned(), data: payload.data }

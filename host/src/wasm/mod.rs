@@ -3,13 +3,14 @@
 //!
 //! ```no_run
 //! use wasmproc::Scheduler;
+//! use wasmproc::scheduler::Spawnable;
 //! use wasmproc::wasm::{Config, Runtime};
 //!
 //! let runtime = Runtime::new(Config::default())?;
 //! let hello = runtime.load("hello.wasm")?;
 //! assert!(hello.entries().iter().any(|entry| entry == "main"));
 //! let scheduler = Scheduler::builder().kind("hello", hello.clone()).build()?;
-//! let process = scheduler.spawn_kind("hello", "main", vec![])?;
+//! let process = scheduler.handle().spawn(Spawnable::kind("hello"), "main")?;
 //! let result = process.join()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

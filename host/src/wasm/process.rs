@@ -32,8 +32,8 @@ use super::log::{Level, LogSink};
 use super::stacks;
 use super::store::{ProcessLimits, ProcessState, new_store, refuel};
 use super::watch::{Stopped, Watch, watch};
-use crate::Port;
-use crate::process::{Events, Payload, Process, Status, StepOutput};
+use crate::scheduler::Port;
+use crate::scheduler::process::{Events, Payload, Process, Status, StepOutput};
 
 /// What the processes of one component share: its code, checked against the world, and
 /// the runtime's settings. Made once per component (see `component.rs`).

@@ -14,8 +14,9 @@ use super::convert;
 use super::engine::{CORE_INSTANCES_PER_PROCESS, MEMORIES_PER_PROCESS, TABLE_ELEMENTS, TABLES_PER_PROCESS};
 use super::log::{GuestOutput, Level, LogRecord, LogSink, LogSource};
 use super::watch::Ticks;
-use crate::process::Pid;
-use crate::{Port, PortError};
+use crate::error::PortError;
+use crate::scheduler::Port;
+use crate::scheduler::process::Pid;
 
 /// Per-process limits; see [`Config::max_memory`], [`Config::time_slice`],
 /// [`Config::fuel`] and [`Config::cpu_budget`].

@@ -47,9 +47,9 @@ use super::engine::EpochClock;
 use super::log::{GuestOutput, LogSink, LogSource};
 use super::store::{MemoryLimiter, fuel_for_instantiation, refuel};
 use super::watch::{Stopped, Ticks, Watch, watch};
-use crate::Port;
-use crate::process::{Events, Payload, Pid, Process, Status, StepOutput};
-use crate::scheduler::Factory;
+use crate::handler::Factory;
+use crate::scheduler::Port;
+use crate::scheduler::process::{Events, Payload, Pid, Process, Status, StepOutput};
 
 /// The one entry method of a WASI program.
 pub const COMMAND_ENTRY: &str = "run";

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::Port;
+use crate::scheduler::Port;
 
 use wasmtime::{Store, UpdateDeadline};
 

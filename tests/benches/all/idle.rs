@@ -28,6 +28,7 @@ use wasmtime::Store;
 use crate::plot::Plots;
 use crate::short;
 use crate::wasm::{GUEST, INIT_TIME_LIMIT, RawState, RawWasm, step, watch, wit};
+use wasmproc::scheduler::Spawnable;
 
 /// The longest a child may take before it is killed: spawning 1M instances takes about
 /// a minute, so this only catches a hang.
@@ -272,10 +273,10 @@ fn idle_wasmproc(count: u32, workers: usize) {
         .max_processes(count as usize + 16)
         .build()
         .expect("the scheduler starts");
-    let steps = || s.stats().workers.iter().map(|w| w.executed).sum::<u64>();
+    let steps = || s.handle().stats().workers.iter().map(|w| w.executed).sum::<u64>();
     // One process first, so the first-use costs (code pages, buffers) are in the baseline.
-    let warm = s.spawn_kind("bench", "idle", vec![]).expect("one idle process starts");
-    s.send(warm.pid(), "", Payload::empty()).expect("it takes a message");
+    let warm = s.handle().spawn(Spawnable::kind("bench"), "idle").expect("one idle process starts");
+    s.handle().send(warm.pid(), "", Payload::empty()).expect("it takes a message");
     warm.join().expect("it ends");
 
     let (rss_before, pte_before, maps_before, steps_before) =
@@ -304,7 +305,7 @@ fn idle_wasmproc(count: u32, workers: usize) {
             wait_for_first_steps(spawned);
             println!("@sample {spawned} {}", status_kib("VmRSS").saturating_sub(rss_before));
         }
-        match s.spawn_kind("bench", "idle", vec![]) {
+        match s.handle().spawn(Spawnable::kind("bench"), "idle") {
             Ok(handle) => pids.push(handle.pid()),
             Err(e) => {
                 failure = Some(format!("spawn {} failed: {e:#}", spawned + 1));
@@ -320,10 +321,10 @@ fn idle_wasmproc(count: u32, workers: usize) {
     // stacks' pages (`Stats::hibernated`): measured once that has settled.
     let hibernated = {
         let deadline = Instant::now() + WAIT_CAP;
-        let mut last = s.stats().hibernated;
+        let mut last = s.handle().stats().hibernated;
         loop {
             thread::sleep(Duration::from_millis(20));
-            let now = s.stats().hibernated;
+            let now = s.handle().stats().hibernated;
             if now == last || Instant::now() > deadline {
                 break now;
             }
@@ -361,9 +362,9 @@ fn idle_wasmproc(count: u32, workers: usize) {
     println!("@result {result}");
     let release = Instant::now();
     for pid in pids {
-        let _ = s.send(pid, "", Payload::empty());
+        let _ = s.handle().send(pid, "", Payload::empty());
     }
-    let drained = s.wait_idle(Some(WAIT_CAP));
+    let drained = s.handle().wait_idle(Some(WAIT_CAP));
     println!(
         "{label}: all woken and ended in {:.0} ms{}; {} memory maps left; RSS then +{:.1} MiB over the baseline",
         release.elapsed().as_secs_f64() * 1e3,

@@ -14,13 +14,14 @@
 
 use std::time::{Duration, Instant};
 
+use wasmproc::handler::Request;
 use wasmproc::{
-    Capabilities, Command, Event, Events, Payload, Pid, Port, Process, Request, Scheduler, SpawnRequest, Status,
-    StepOutput,
+    Capabilities, Command, Event, Events, Payload, Pid, Port, Process, Scheduler, SpawnRequest, Status, StepOutput,
 };
 use wasmproc_tests::bench::{Condition, Options, Record, Report, measure_pair};
 
 use crate::{WARMUP, short};
+use wasmproc::scheduler::{SpawnOptions, Spawnable};
 
 /// The workloads' sizes.
 struct Sizes {
@@ -161,7 +162,8 @@ impl Process for Skynet {
 
 fn skynet_wasmproc(s: &Scheduler, leaves: u64) -> Duration {
     let start = Instant::now();
-    let root = s.spawn_kind("skynet", "main", vec![pair(0, leaves)]).unwrap();
+    let root =
+        s.handle().spawn(Spawnable::kind("skynet"), SpawnOptions::new("main").input(vec![pair(0, leaves)])).unwrap();
     let sum = root.join().unwrap().to_u64().unwrap();
     let elapsed = start.elapsed();
     assert_eq!(sum, leaves * (leaves - 1) / 2);
@@ -248,9 +250,10 @@ impl Process for PingPong {
 
 fn ping_pong_wasmproc(s: &Scheduler, limit: u64) -> Duration {
     let start = Instant::now();
-    let server = s.spawn(PingPong { peer: None, started: false, sent_last: false, limit }, "serve", vec![]).unwrap();
+    let server = s.handle().spawn(PingPong { peer: None, started: false, sent_last: false, limit }, "serve").unwrap();
     let client = PingPong { peer: None, started: false, sent_last: false, limit };
-    let client = s.spawn(client, "client", vec![Payload::u64(server.pid().as_u64())]).unwrap();
+    let client =
+        s.handle().spawn(client, SpawnOptions::new("client").input(vec![Payload::u64(server.pid().as_u64())])).unwrap();
     let (a, b) = (server.join(), client.join());
     let elapsed = start.elapsed();
     assert_eq!((a.unwrap().to_u64(), b.unwrap().to_u64()), (Some(limit), Some(limit)));
@@ -310,7 +313,7 @@ impl Process for Yielder {
 fn yields_wasmproc(s: &Scheduler, sizes: &Sizes) -> Duration {
     let start = Instant::now();
     let handles: Vec<_> = (0..sizes.yield_processes)
-        .map(|_| s.spawn(Yielder { left: sizes.yields_each }, "main", vec![]).unwrap())
+        .map(|_| s.handle().spawn(Yielder { left: sizes.yields_each }, "main").unwrap())
         .collect();
     for h in handles {
         h.join().unwrap();

@@ -39,8 +39,9 @@ use std::collections::VecDeque;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use wasmproc::handler::Request;
 use wasmproc::wasm::{Config, Runtime};
-use wasmproc::{Capabilities, Command, Event, Events, Payload, Port, Process, Request, Scheduler, SpawnRequest};
+use wasmproc::{Capabilities, Command, Event, Events, Payload, Port, Process, Scheduler, SpawnRequest};
 use wasmproc::{Status, StepOutput};
 use wasmproc_tests::bench::{Condition, Options, Record, Report, Sample, measure_pair};
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
@@ -50,6 +51,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::plot::Plots;
 use crate::{WARMUP, short};
+use wasmproc::scheduler::{SpawnOptions, Spawnable};
 
 mod raw {
     wasmtime::component::bindgen!({ world: "process", path: "../wit", additional_derives: [PartialEq] });
@@ -477,7 +479,7 @@ fn lifecycles_wasmproc(s: &Scheduler, drivers: usize, sizes: Sizes) -> Duration 
     let handles: Vec<_> = (0..drivers)
         .map(|_| {
             let driver = Driver { total: total / drivers, in_flight: IN_FLIGHT / drivers, spawned: 0, ended: 0 };
-            s.spawn(driver, "main", vec![]).expect("the driver starts")
+            s.handle().spawn(driver, "main").expect("the driver starts")
         })
         .collect();
     let ended: u64 = handles.iter().map(|h| h.join().expect("the driver succeeds").to_u64().unwrap_or(0)).sum();
@@ -509,7 +511,11 @@ fn cycles_wasmproc(s: &Scheduler, sizes: Sizes) -> Duration {
     let each = sizes.cycles_each;
     let start = Instant::now();
     let handles: Vec<_> = (0..sizes.cycle_processes)
-        .map(|_| s.spawn_kind("bench", "cycles", vec![Payload::u64(each)]).expect("`cycles` starts"))
+        .map(|_| {
+            s.handle()
+                .spawn(Spawnable::kind("bench"), SpawnOptions::new("cycles").input(vec![Payload::u64(each)]))
+                .expect("`cycles` starts")
+        })
         .collect();
     for h in handles {
         assert_eq!(h.join(), Ok(Payload::u64(each)));
@@ -546,9 +552,15 @@ fn cycles_raw(raw: &RawWasm, threads: usize, sizes: Sizes) -> Duration {
 
 fn ping_pong_wasmproc(s: &Scheduler, limit: u64) -> Duration {
     let start = Instant::now();
-    let server = s.spawn_kind("bench", "ping-pong", vec![Payload::u64(limit)]).expect("the server starts");
+    let server = s
+        .handle()
+        .spawn(Spawnable::kind("bench"), SpawnOptions::new("ping-pong").input(vec![Payload::u64(limit)]))
+        .expect("the server starts");
     let peer = Payload::u64(server.pid().as_u64());
-    let client = s.spawn_kind("bench", "ping-pong", vec![Payload::u64(limit), peer]).expect("the client starts");
+    let client = s
+        .handle()
+        .spawn(Spawnable::kind("bench"), SpawnOptions::new("ping-pong").input(vec![Payload::u64(limit), peer]))
+        .expect("the client starts");
     let (a, b) = (server.join(), client.join());
     let elapsed = start.elapsed();
     assert_eq!((a, b), (Ok(Payload::u64(limit)), Ok(Payload::u64(limit))));
@@ -606,8 +618,13 @@ fn handle_output(
 fn tree_wasmproc(s: &Scheduler, sizes: Sizes) -> Duration {
     let leaves = sizes.tree_leaves;
     let start = Instant::now();
-    let root =
-        s.spawn_kind("bench", "tree", vec![Payload::u64(leaves), Payload::u64(TREE_WIDTH)]).expect("the root starts");
+    let root = s
+        .handle()
+        .spawn(
+            Spawnable::kind("bench"),
+            SpawnOptions::new("tree").input(vec![Payload::u64(leaves), Payload::u64(TREE_WIDTH)]),
+        )
+        .expect("the root starts");
     let result = root.join();
     let elapsed = start.elapsed();
     assert_eq!(result, Ok(Payload::u64(leaves)));

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 // The values that cross the Wasm boundary, one type each, shared with the guest SDK.
-pub use wasmproc_types::{DecodeError, Format, Payload, Pid};
+pub(crate) use wasmproc_types::{Payload, Pid};
 
 /// The outcome of a yield, or the result of a whole process.
 ///
@@ -64,7 +64,7 @@ impl std::fmt::Debug for Events<'_> {
 /// not be `Sync`; a process moves between worker threads between steps.
 pub trait Process: Send + 'static {
     /// Selects the entry `method` and hands the process its `input`, and its
-    /// [`Port`](crate::Port): its pid, and how it sends as itself during a step and asks
+    /// [`Port`](super::Port): its pid, and how it sends as itself during a step and asks
     /// whether a long step should yield. Keep the port to use it later.
     ///
     /// Runs before the process is queued.
@@ -73,7 +73,7 @@ pub trait Process: Send + 'static {
     ///
     /// An error (for example an unknown method) is returned to whoever spawned the
     /// process; the process never runs and no exit is reported for it.
-    fn init(&mut self, port: crate::Port, method: &str, input: Vec<Payload>) -> anyhow::Result<()>;
+    fn init(&mut self, port: super::Port, method: &str, input: Vec<Payload>) -> anyhow::Result<()>;
 
     /// Advances the process: consumes `events` and writes the status and yields to `out`.
     ///
@@ -97,7 +97,7 @@ pub trait Process: Send + 'static {
     /// with nothing else to run, so the cost delays no one; under load, waiting
     /// processes stay as they are. The next step may have to fault the memory back in.
     /// Returns whether anything was given back, counted in
-    /// [`Stats::hibernated`](crate::Stats::hibernated).
+    /// [`Stats::hibernated`](super::Stats::hibernated).
     fn hibernate(&mut self) -> bool {
         false
     }
@@ -227,9 +227,9 @@ pub(crate) fn message_size(topic: &str, body: &Payload) -> usize {
 /// The kinds of [`Command`], and everything that is decided per kind rather than per
 /// command: the name (of a built-in; a custom command is named by its yield), the
 /// capability bit that grants it, and its slot in
-/// [`Stats::yields_by_command`](crate::Stats::yields_by_command). Adding a built-in
+/// [`Stats::yields_by_command`](super::Stats::yields_by_command). Adding a built-in
 /// command is adding a variant here (before `Custom`) and to [`Command`] and
-/// [`Command::kind`], a field to [`YieldCounts`](crate::YieldCounts), then handling it
+/// [`Command::kind`], a field to [`YieldCounts`](super::YieldCounts), then handling it
 /// in dispatch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CommandKind {

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::process::{Command, CommandKind};
+use super::process::{Command, CommandKind};
 
 /// Every built-in's capability bit.
 const ALL_BUILTINS: u8 = {
@@ -22,8 +22,7 @@ const ALL_BUILTINS: u8 = {
     bits
 };
 
-/// The built-in command names, in the order `--help` lists them.
-pub const BUILTIN_COMMANDS: [&str; 5] = {
+const BUILTIN_NAMES: [&str; 5] = {
     let mut names = [""; 5];
     let mut i = 0;
     while i < names.len() {
@@ -58,6 +57,9 @@ impl Default for Capabilities {
 }
 
 impl Capabilities {
+    /// The built-in command names, in the order `--help` lists them.
+    pub const BUILTIN: [&str; 5] = BUILTIN_NAMES;
+
     /// Nothing granted.
     pub fn none() -> Self {
         Capabilities { builtins: 0, custom: Custom::Only(Arc::default()) }
@@ -156,7 +158,7 @@ mod tests {
     #[test]
     fn defaults_grant_builtins_and_deny_custom() {
         let caps = Capabilities::default();
-        for name in BUILTIN_COMMANDS {
+        for name in Capabilities::BUILTIN {
             assert!(caps.allows(name), "{name}");
         }
         assert!(!caps.allows("http.get"));
