@@ -29,6 +29,10 @@ pub enum SpawnError {
     /// No process kind is registered under this name.
     #[error("unknown process kind `{0}`")]
     UnknownKind(String),
+    /// The journal could not record the spawn (it has failed, or the process is past its
+    /// record limit): the process never ran.
+    #[error("spawn not recorded: {0}")]
+    Journal(String),
     /// The kind's factory failed to make a process.
     #[error("could not create a process of kind `{kind}`: {source:#}")]
     Factory {

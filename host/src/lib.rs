@@ -74,6 +74,7 @@
 
 pub mod error;
 pub mod handler;
+pub mod journal;
 mod loom;
 pub mod scheduler;
 #[cfg(feature = "wasm")]

@@ -8,6 +8,8 @@ mod commands;
 mod dispatch;
 /// The SDK-written example guests end to end: results, concurrency, retries, cancellation.
 mod examples;
+/// Durable processes: the journal's records, write-ahead effects, a failing store.
+mod journal;
 /// Init, step statuses, step counts, errors, close (DESIGN 1, 2, 4, 12).
 mod lifecycle;
 /// Process limits and shutdown (DESIGN 13, 14).

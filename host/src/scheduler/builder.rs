@@ -13,6 +13,7 @@ use rustc_hash::FxHashMap;
 use super::caps::Capabilities;
 use super::cell::ProcessCell;
 use super::dispatch::{Factory, Handler};
+use super::durable::Durable;
 use super::handle::Handle;
 use super::idle::Idle;
 use super::limits::Limits;
@@ -20,6 +21,7 @@ use super::registry::{self, Registry};
 use super::shared::{Settings, Shared};
 use super::timer::Timer;
 use super::{Scheduler, Threads, worker};
+use crate::journal::Journal;
 
 /// Distinguishes schedulers in one OS process, so a worker thread of one never pushes
 /// work into another's deque.
@@ -36,6 +38,7 @@ pub struct Builder {
     thread_name: String,
     handlers: FxHashMap<String, Arc<dyn Handler>>,
     kinds: FxHashMap<Arc<str>, Arc<dyn Factory>>,
+    journal: Option<Journal>,
 }
 
 impl Default for Builder {
@@ -55,6 +58,7 @@ impl Default for Builder {
             thread_name: "wasmproc".to_owned(),
             handlers: FxHashMap::default(),
             kinds: FxHashMap::default(),
+            journal: None,
         }
     }
 }
@@ -159,6 +163,13 @@ impl Builder {
         self
     }
 
+    /// Makes every process durable: its history goes to `journal`, and nothing of a step
+    /// takes effect before the step's record is committed. See [`crate::journal`].
+    pub fn journal(mut self, journal: Journal) -> Self {
+        self.journal = Some(journal);
+        self
+    }
+
     /// Starts the worker threads and the timer thread.
     ///
     /// # Errors
@@ -184,6 +195,12 @@ impl Builder {
 
         let queues: Vec<Worker<Arc<ProcessCell>>> = (0..workers).map(|_| Worker::new_lifo()).collect();
         let (timer, timer_thread) = Timer::start(&self.thread_name).context("failed to start the timer thread")?;
+        let durable = match &self.journal {
+            Some(journal) => {
+                Some(Durable::start(&self.thread_name, journal).context("failed to start the journal's thread")?)
+            }
+            None => None,
+        };
         let shared = Arc::new(Shared {
             id: NEXT_SCHEDULER_ID.fetch_add(1, Ordering::Relaxed),
             injector: Injector::new(),
@@ -207,6 +224,7 @@ impl Builder {
             handlers: self.handlers,
             kinds: self.kinds,
             timer,
+            durable,
             stopping: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
             drained_lock: Mutex::new(()),

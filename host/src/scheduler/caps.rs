@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::process::{Command, CommandKind};
+use crate::journal::{Malformed, Reader, Writer};
 
 /// Every built-in's capability bit.
 const ALL_BUILTINS: u8 = {
@@ -144,6 +145,41 @@ impl Capabilities {
             (Custom::Only(a), Custom::Only(b)) => Custom::Only(Arc::new(a.intersection(b).cloned().collect())),
         };
         Capabilities { builtins: self.builtins & other.builtins, custom }
+    }
+}
+
+impl Capabilities {
+    /// Writes the grant set to a journal record.
+    pub(super) fn encode(&self, w: &mut Writer) {
+        w.u8(self.builtins);
+        match &self.custom {
+            Custom::All => w.u8(0),
+            Custom::Only(names) => {
+                w.u8(1);
+                w.u64(names.len() as u64);
+                for name in names.iter() {
+                    w.str(name);
+                }
+            }
+        }
+    }
+
+    /// Reads back what [`Capabilities::encode`] wrote.
+    pub(super) fn decode(r: &mut Reader<'_>) -> Result<Capabilities, Malformed> {
+        let builtins = r.u8()? & ALL_BUILTINS;
+        let custom = match r.u8()? {
+            0 => Custom::All,
+            1 => {
+                let count = r.count()?;
+                let mut names = BTreeSet::new();
+                for _ in 0..count {
+                    names.insert(r.str()?.to_owned());
+                }
+                Custom::Only(Arc::new(names))
+            }
+            _ => return Err(Malformed("bad capability set")),
+        };
+        Ok(Capabilities { builtins, custom })
     }
 }
 

@@ -7,6 +7,7 @@
 use std::cell::UnsafeCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use super::caps::Capabilities;
 use super::completer::Completer;
@@ -49,6 +50,8 @@ pub(super) struct ProcessCell {
     pub(super) spec: Spec,
     /// Its parent and the live counts of its process tree.
     pub(super) lineage: Lineage,
+    /// The sequence number of its next journal record (durable schedulers only).
+    pub(super) journal_seq: AtomicU64,
 }
 
 /// What the step closure of [`ProcessCell::run_turn`] decided.
@@ -93,6 +96,7 @@ impl ProcessCell {
             process: UnsafeCell::new(Some(process)),
             spec,
             lineage,
+            journal_seq: AtomicU64::new(0),
         }
     }
 
@@ -234,8 +238,8 @@ mod loom_models {
     use loom::sync::atomic::{AtomicUsize, Ordering};
     use loom::thread;
 
-    use crate::scheduler::process::{Events, Payload, StepOutput};
     use super::*;
+    use crate::scheduler::process::{Events, Payload, StepOutput};
 
     struct Inert;
 

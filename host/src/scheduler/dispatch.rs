@@ -198,6 +198,7 @@ impl Shared {
         };
         let process = factory.make().map_err(|e| format!("spawn failed: {e:#}"))?;
         let args = SpawnArgs {
+            parent: parent.pid(),
             kind: Some(kind.clone()),
             method: request.method,
             input: request.input,

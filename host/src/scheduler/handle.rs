@@ -80,6 +80,7 @@ impl Handle {
         let shared = &self.shared;
         let slot = Arc::new(ExitSlot::default());
         let args = SpawnArgs {
+            parent: Pid::HOST,
             kind,
             method: options.method,
             input: options.input,
@@ -162,6 +163,11 @@ impl Handle {
     /// [`Scheduler::stop`]: super::Scheduler::stop
     pub fn is_stopping(&self) -> bool {
         self.shared.stopping.load(Ordering::Acquire)
+    }
+
+    /// What the journal has committed, if processes are durable.
+    pub fn journal_stats(&self) -> Option<crate::journal::CommitStats> {
+        self.shared.durable.as_ref().map(|durable| durable.stats())
     }
 
     /// Counters, read without stopping anything (so slightly inconsistent with each other

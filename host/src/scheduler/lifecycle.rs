@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use super::caps::Capabilities;
 use super::cell::{ProcessCell, Spec, Watcher};
+use super::durable::spawn_record;
 use super::inbox::Refused;
 use super::limits::Lineage;
 use super::port::Port;
@@ -27,6 +28,8 @@ const HIBERNATION_LIST_FLOOR: usize = 2048;
 
 /// Everything a spawn needs besides the process.
 pub(super) struct SpawnArgs {
+    /// The spawner: [`Pid::HOST`] for the embedder.
+    pub(super) parent: Pid,
     pub(super) kind: Option<Arc<str>>,
     pub(super) method: String,
     pub(super) input: Vec<Payload>,
@@ -75,6 +78,8 @@ impl Shared {
         cell.lineage.enter();
         let pid = cell.pid();
         let method = args.method;
+        // The spawn record needs the input that `init` consumes.
+        let recorded_input = self.durable.as_ref().map(|_| args.input.clone());
         // SAFETY: the process is in `Init`: registered but in no queue, so this spawner
         // is its only owner.
         let init = unsafe {
@@ -88,6 +93,22 @@ impl Shared {
         if let Err(source) = init {
             self.retire(&cell, Some(Err(format!("{source:#}"))));
             return Err(SpawnError::Init { method, source });
+        }
+        if let Some(input) = recorded_input {
+            let record = || {
+                spawn_record(
+                    args.parent,
+                    cell.spec.kind.as_deref(),
+                    &method,
+                    input,
+                    &cell.spec.caps,
+                    cell.spec.mailbox_capacity,
+                )
+            };
+            if let Err(reason) = self.record_spawn(&cell, record) {
+                self.retire(&cell, Some(Err(reason.clone())));
+                return Err(SpawnError::Journal(reason));
+            }
         }
         if let Some(watcher) = args.watcher
             && cell.inbox.watch(watcher).is_err()
@@ -146,13 +167,34 @@ impl Shared {
     }
 
     pub(super) fn terminate_cell(&self, cell: &Arc<ProcessCell>, reason: &'static str) -> Result<(), SendError> {
-        if !cell.inbox.set_terminate_reason(Cow::Borrowed(reason)) {
+        self.terminate_cell_because(cell, Cow::Borrowed(reason))
+    }
+
+    pub(super) fn terminate_cell_because(
+        &self,
+        cell: &Arc<ProcessCell>,
+        reason: Cow<'static, str>,
+    ) -> Result<(), SendError> {
+        if !cell.inbox.set_terminate_reason(reason) {
             return Err(SendError::Closed(cell.pid()));
         }
         if cell.state.request_terminate() == Wake::Schedule {
             self.schedule(cell.clone());
         }
         Ok(())
+    }
+
+    /// Ends a process whose turn ended it (`None`: terminated). A durable process's exit
+    /// is recorded first, and it is finalised once that is committed.
+    pub(super) fn end(&self, cell: &Arc<ProcessCell>, result: Option<Outcome>) {
+        match &self.durable {
+            Some(durable) => {
+                if let Err(reason) = durable.record_exit(cell, result) {
+                    self.finalize(cell, Some(Err(format!("{reason}; the result was not recorded"))));
+                }
+            }
+            None => self.finalize(cell, result),
+        }
     }
 
     /// Ends a process that was running (or was dequeued with a terminate request).

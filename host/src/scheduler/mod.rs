@@ -45,6 +45,7 @@ pub(crate) mod caps;
 mod cell;
 pub(crate) mod completer;
 pub(crate) mod dispatch;
+mod durable;
 mod handle;
 mod idle;
 mod inbox;
@@ -52,6 +53,7 @@ mod lifecycle;
 mod limits;
 mod port;
 pub(crate) mod process;
+pub(crate) mod record;
 mod registry;
 mod shared;
 mod state;
@@ -70,6 +72,7 @@ pub use self::caps::Capabilities;
 pub use self::handle::{Handle, ProcessHandle, SpawnOptions, Spawnable};
 pub use self::port::Port;
 pub use self::process::{Command, Event, Events, Outcome, Process, SpawnRequest, Status, StepOutput, Yield};
+pub use self::record::History;
 pub use self::stats::{Stats, WorkerStats, YieldCounts};
 
 /// The scheduler: owns the worker threads. Dropping it stops it with no grace period
@@ -155,6 +158,9 @@ impl Scheduler {
             let _ = thread.join();
         }
         let _ = taken.timer.join();
+        if let Some(durable) = &shared.durable {
+            durable.shut_down();
+        }
         StopReport { cancelled, forced, elapsed: start.elapsed() }
     }
 }

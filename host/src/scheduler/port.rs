@@ -18,6 +18,7 @@ use super::cell::ProcessCell;
 use super::process::{CommandKind, Payload, Pid, message_size};
 use super::shared::Shared;
 use super::state::Lifecycle;
+use super::worker;
 use crate::error::PortError;
 
 /// A process's handle on the scheduler that runs it, knowing the process's pid: see the
@@ -92,6 +93,11 @@ impl Shared {
         self.settings.limits.check_payload(message_size(&topic, &body), send.name()).map_err(PortError::TooLarge)?;
         if !cell.spec.caps.allows_builtin(send) {
             return Err(PortError::PermissionDenied);
+        }
+        if self.durable.is_some() {
+            // Delivered once the step's record is committed: whether the receiver takes
+            // it is not known before, so it is not reported (see `durable.rs`).
+            return worker::keep_port_send(cell, (to, topic, body)).map_err(|_| PortError::NotInStep);
         }
         Ok(self.send(cell.pid(), to, topic, body)?)
     }

@@ -12,6 +12,7 @@ use rustc_hash::FxHashMap;
 use super::caps::Capabilities;
 use super::cell::ProcessCell;
 use super::dispatch::{Factory, Handler};
+use super::durable::Durable;
 use super::idle::Idle;
 use super::limits::Limits;
 use super::process::Pid;
@@ -45,6 +46,8 @@ pub(super) struct Shared {
     pub(super) handlers: FxHashMap<String, Arc<dyn Handler>>,
     pub(super) kinds: FxHashMap<Arc<str>, Arc<dyn Factory>>,
     pub(super) timer: Timer,
+    /// The journal, if processes are durable.
+    pub(super) durable: Option<Durable>,
     pub(super) stopping: AtomicBool,
     pub(super) shut_down: AtomicBool,
     pub(super) drained_lock: Mutex<()>,

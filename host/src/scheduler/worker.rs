@@ -56,8 +56,10 @@ use std::thread;
 use crossbeam_deque::{Steal, Worker};
 
 use super::cell::{Decision, Hibernation, ProcessCell, TurnEnd};
+use super::durable::PortSend;
 use super::idle::{PARK_AFTER_ROUNDS, Unparked, YIELD_AFTER_ROUNDS};
-use super::process::{Event, Events, Status, StepOutput};
+use super::process::{Event, Events, Payload, Status, StepOutput};
+use super::record::now_micros;
 use super::shared::Shared;
 use super::state::Lifecycle;
 
@@ -91,6 +93,10 @@ struct Dispatching {
     /// Address of the process's cell; 0 when not dispatching. Compared, never followed.
     cell: Cell<usize>,
     early: RefCell<Vec<Event>>,
+    /// Address of the cell of the process in a step on this worker; 0 between steps.
+    stepping: Cell<usize>,
+    /// A durable process's port sends of the step running, kept for its record.
+    sends: RefCell<Vec<PortSend>>,
 }
 
 /// Runs `f` on this thread's worker if it is one of `scheduler`'s.
@@ -102,6 +108,19 @@ fn with_local<R>(scheduler: usize, f: impl FnOnce(&Local) -> R) -> Option<R> {
     // references to the `Local` exist.
     let local = unsafe { local.as_ref() }?;
     (local.scheduler == scheduler).then(|| f(local))
+}
+
+/// Keeps a durable process's port send for its step's record: `Err` hands it back if
+/// `cell` is not in a step on this thread (the port was used from elsewhere).
+pub(super) fn keep_port_send(cell: &ProcessCell, send: PortSend) -> Result<(), PortSend> {
+    let scheduler = cell.scheduler().id;
+    let mut send = Some(send);
+    with_local(scheduler, |local| {
+        if local.dispatch.stepping.get() == std::ptr::from_ref(cell) as usize {
+            local.dispatch.sends.borrow_mut().extend(send.take());
+        }
+    });
+    send.map_or(Ok(()), Err)
 }
 
 /// Keeps `event` for the next step of `cell` if this thread is dispatching `cell`'s
@@ -335,10 +354,14 @@ impl WorkerLoop<'_> {
         let out = &mut self.out;
         let local = self.local;
         let dispatch = &local.dispatch;
+        let durable = shared.durable.as_ref();
         let end = cell.run_turn(shared.settings.turn_budget, &mut self.events, |events| {
             events.append(&mut dispatch.early.borrow_mut());
             out.reset();
             counters.record_step();
+            // A durable step's record holds the events it was given.
+            let recorded = durable.map(|_| (now_micros(), events.clone()));
+            dispatch.stepping.set(Arc::as_ptr(&cell) as usize);
             // SAFETY: `run_turn` runs this closure only while this worker holds the
             // process in `Running`.
             let stepped = unsafe {
@@ -346,6 +369,8 @@ impl WorkerLoop<'_> {
                     catch_unwind(AssertUnwindSafe(|| process.step(Events::new(events.drain(..)), out)))
                 })
             };
+            dispatch.stepping.set(0);
+            let sends = if durable.is_some() { dispatch.sends.take() } else { Vec::new() };
             // A panic in the step was caught above, so this always runs.
             // A step may leave events it did not take; they were delivered to it all the same.
             events.clear();
@@ -368,11 +393,23 @@ impl WorkerLoop<'_> {
                 {
                     return Decision::Complete(Err(error));
                 }
+                if let (Some(durable), Some((at, events))) = (durable, recorded) {
+                    let status = Status::Complete(Ok(Payload::empty()));
+                    if let Err(error) = durable.record_step(&cell, at, events, Vec::new(), sends, status) {
+                        return Decision::Complete(Err(error));
+                    }
+                }
                 return Decision::Complete(result);
             }
             if let Err(error) = limits.check(yields, &cell.lineage) {
                 yields.clear();
                 return Decision::Complete(Err(error));
+            }
+            if let (Some(durable), Some((at, events))) = (durable, recorded) {
+                let yields = std::mem::take(yields);
+                if let Err(error) = durable.record_step(&cell, at, events, yields, sends, status.clone()) {
+                    return Decision::Complete(Err(error));
+                }
             }
             dispatch.cell.set(Arc::as_ptr(&cell) as usize);
             for y in yields.drain(..) {
@@ -420,8 +457,8 @@ impl WorkerLoop<'_> {
             // Requeued processes go to the back of the global queue: behind everything
             // already waiting, so one busy process cannot starve the others.
             TurnEnd::Requeue => shared.schedule_global(cell),
-            TurnEnd::Complete(result) => shared.finalize(&cell, Some(result)),
-            TurnEnd::Terminated => shared.finalize(&cell, None),
+            TurnEnd::Complete(result) => shared.end(&cell, Some(result)),
+            TurnEnd::Terminated => shared.end(&cell, None),
         }
     }
 }

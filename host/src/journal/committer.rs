@@ -1,0 +1,320 @@
+//! Group commit: one thread writes what every worker submitted since its last commit in
+//! one batch and one sync, then hands the submissions back, committed or failed.
+//!
+//! A submission is its records and an item (what to do once they are durable). Items are
+//! handed back in submission order, and a submission is never handed back before every
+//! earlier one: so what one process submits commits in order, and a record submitted
+//! after another is never durable without it.
+//!
+//! After a failed commit the committer takes nothing more: every later submission is
+//! refused with the first failure, since what the store holds after a failed write is
+//! unknown to it.
+
+use std::io;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::store::{Batch, Key, Store};
+
+/// Why a submission was not made durable: the store's failure, shared by every
+/// submission of the failed batch and refused after it.
+pub type CommitError = Arc<io::Error>;
+
+/// What the committer does with each committed (or failed) group, on its own thread.
+pub(crate) type OnCommit<T> = Box<dyn FnMut(Vec<T>, Result<(), CommitError>) + Send>;
+
+/// Counts of the committer's work since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Batches written.
+    pub commits: u64,
+    /// Records in them.
+    pub records: u64,
+    /// Bytes of record values in them.
+    pub bytes: u64,
+}
+
+pub(crate) struct Committer<T> {
+    shared: Arc<Shared<T>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct Shared<T> {
+    pending: Mutex<Pending<T>>,
+    wake: Condvar,
+    store: Arc<dyn Store>,
+    sync: bool,
+    window: Duration,
+}
+
+struct Pending<T> {
+    batch: Batch,
+    items: Vec<T>,
+    failed: Option<CommitError>,
+    shut_down: bool,
+    stats: CommitStats,
+}
+
+impl<T: Send + 'static> Committer<T> {
+    /// Starts the committer's thread. `window`: how long it waits after the first
+    /// submission of a group for more to join it (zero: commit at once; what arrives
+    /// while a commit runs forms the next group either way).
+    pub(crate) fn start(
+        name: &str,
+        store: Arc<dyn Store>,
+        sync: bool,
+        window: Duration,
+        on_commit: OnCommit<T>,
+    ) -> io::Result<Committer<T>> {
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Pending {
+                batch: Batch::default(),
+                items: Vec::new(),
+                failed: None,
+                shut_down: false,
+                stats: CommitStats::default(),
+            }),
+            wake: Condvar::new(),
+            store,
+            sync,
+            window,
+        });
+        let thread = {
+            let shared = shared.clone();
+            std::thread::Builder::new().name(format!("{name}-journal")).spawn(move || shared.run(on_commit))?
+        };
+        Ok(Committer { shared, thread: Mutex::new(Some(thread)) })
+    }
+
+    /// Queues `records` for the next group, and `item` to hand back once they are
+    /// durable.
+    ///
+    /// # Errors
+    ///
+    /// The failure of an earlier commit (nothing more is taken after one), or an
+    /// `io::ErrorKind::BrokenPipe` error once the committer has shut down.
+    pub(crate) fn submit(&self, records: impl IntoIterator<Item = (Key, Vec<u8>)>, item: T) -> Result<(), CommitError> {
+        self.submit_with(records, Vec::new(), item)
+    }
+
+    /// As [`Committer::submit`], also removing every record of `removals` in the same
+    /// batch.
+    pub(crate) fn submit_with(
+        &self,
+        records: impl IntoIterator<Item = (Key, Vec<u8>)>,
+        removals: Vec<u64>,
+        item: T,
+    ) -> Result<(), CommitError> {
+        let mut pending = self.shared.pending.lock();
+        if let Some(error) = &pending.failed {
+            return Err(error.clone());
+        }
+        if pending.shut_down {
+            return Err(Arc::new(io::Error::new(io::ErrorKind::BrokenPipe, "the journal has shut down")));
+        }
+        let was_empty = pending.items.is_empty();
+        pending.batch.puts.extend(records);
+        pending.batch.removals.extend(removals);
+        pending.items.push(item);
+        drop(pending);
+        if was_empty {
+            self.shared.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    pub(crate) fn stats(&self) -> CommitStats {
+        self.shared.pending.lock().stats
+    }
+
+    /// Commits what is pending, stops the thread and waits for it.
+    pub(crate) fn shut_down(&self) {
+        self.shared.pending.lock().shut_down = true;
+        self.shared.wake.notify_one();
+        if let Some(thread) = self.thread.lock().take() {
+            join(thread);
+        }
+    }
+}
+
+impl<T> Drop for Committer<T> {
+    fn drop(&mut self) {
+        self.shared.pending.lock().shut_down = true;
+        self.shared.wake.notify_one();
+        if let Some(thread) = self.thread.get_mut().take() {
+            join(thread);
+        }
+    }
+}
+
+/// Waits for the committer's thread, unless this is it: the last reference to what owns
+/// the committer may be dropped by an item it hands back, and a thread cannot wait for
+/// itself (it exits on its own once it sees the shutdown).
+fn join(thread: JoinHandle<()>) {
+    if thread.thread().id() != std::thread::current().id() {
+        // The thread contains the panics of `on_commit`; a panic here is a bug in the
+        // committer itself, already reported by the panic hook.
+        let _ = thread.join();
+    }
+}
+
+impl<T> Shared<T> {
+    fn run(&self, mut on_commit: OnCommit<T>) {
+        let mut pending = self.pending.lock();
+        loop {
+            while pending.items.is_empty() && !pending.shut_down {
+                self.wake.wait(&mut pending);
+            }
+            if pending.items.is_empty() {
+                return;
+            }
+            if !self.window.is_zero() && !pending.shut_down {
+                let deadline = Instant::now() + self.window;
+                while !pending.shut_down && !self.wake.wait_until(&mut pending, deadline).timed_out() {}
+            }
+            let batch = std::mem::take(&mut pending.batch);
+            let items = std::mem::take(&mut pending.items);
+            drop(pending);
+
+            let result = if batch.is_empty() { Ok(()) } else { self.store.commit(&batch, self.sync) };
+            let result = result.map_err(Arc::new);
+            pending = self.pending.lock();
+            match &result {
+                Ok(()) => {
+                    pending.stats.commits += 1;
+                    pending.stats.records += batch.puts.len() as u64;
+                    pending.stats.bytes += batch.bytes() as u64;
+                }
+                Err(error) => {
+                    tracing::error!(%error, "the journal's store failed a commit: no more durable work is accepted");
+                    pending.failed = Some(error.clone());
+                    // What was submitted after the failed batch is refused with it too.
+                    let mut refused = std::mem::take(&mut pending.items);
+                    pending.batch = Batch::default();
+                    drop(pending);
+                    let mut all = items;
+                    all.append(&mut refused);
+                    call(&mut on_commit, all, result);
+                    pending = self.pending.lock();
+                    continue;
+                }
+            }
+            drop(pending);
+            call(&mut on_commit, items, result);
+            pending = self.pending.lock();
+        }
+    }
+}
+
+fn call<T>(on_commit: &mut OnCommit<T>, items: Vec<T>, result: Result<(), CommitError>) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| on_commit(items, result))) {
+        let message = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("a panic without a message");
+        tracing::error!(panic = message, "handling a committed group panicked");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ops::ControlFlow;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc;
+
+    use super::*;
+
+    /// A store in memory that can be told to fail, or to hold every commit until let go.
+    #[derive(Default)]
+    struct Faulty {
+        records: Mutex<std::collections::BTreeMap<Key, Vec<u8>>>,
+        fail: AtomicBool,
+        syncs: Mutex<Vec<bool>>,
+    }
+
+    impl Store for Faulty {
+        fn commit(&self, batch: &Batch, sync: bool) -> io::Result<()> {
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(io::Error::other("disk on fire"));
+            }
+            self.syncs.lock().push(sync);
+            let mut records = self.records.lock();
+            records.retain(|key, _| !batch.removals.contains(&key.process));
+            records.extend(batch.puts.iter().cloned());
+            Ok(())
+        }
+
+        fn scan(&self, from: Key, visit: &mut dyn FnMut(Key, &[u8]) -> ControlFlow<()>) -> io::Result<()> {
+            for (key, value) in self.records.lock().range(from..) {
+                if visit(*key, value).is_break() {
+                    break;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    fn key(process: u64, seq: u64) -> Key {
+        Key { process, seq }
+    }
+
+    #[test]
+    fn items_come_back_in_order_once_their_records_are_in_the_store() {
+        let store = Arc::new(Faulty::default());
+        let (tx, rx) = mpsc::channel();
+        let seen = store.clone();
+        let on_commit: OnCommit<u64> = Box::new(move |items, result| {
+            result.unwrap();
+            for item in items {
+                // The item's record is in the store before the item comes back.
+                assert!(seen.records.lock().contains_key(&key(1, item)));
+                tx.send(item).unwrap();
+            }
+        });
+        let committer = Committer::start("test", store.clone(), true, Duration::from_micros(200), on_commit).unwrap();
+        for seq in 0..1000 {
+            committer.submit([(key(1, seq), vec![seq as u8])], seq).unwrap();
+        }
+        let back: Vec<u64> = (0..1000).map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap()).collect();
+        assert_eq!(back, (0..1000).collect::<Vec<_>>());
+        let stats = committer.stats();
+        assert_eq!(stats.records, 1000);
+        assert!(stats.commits < 1000, "submissions are grouped: {stats:?}");
+        assert!(store.syncs.lock().iter().all(|&sync| sync));
+        committer.shut_down();
+    }
+
+    #[test]
+    fn after_a_failed_commit_nothing_is_acknowledged_and_nothing_more_taken() {
+        let store = Arc::new(Faulty::default());
+        store.fail.store(true, Ordering::SeqCst);
+        let (tx, rx) = mpsc::channel();
+        let on_commit: OnCommit<u64> = Box::new(move |items, result| {
+            tx.send((items, result.map_err(|e| e.to_string()))).unwrap();
+        });
+        let committer = Committer::start("test", store.clone(), true, Duration::ZERO, on_commit).unwrap();
+        committer.submit([(key(1, 0), vec![1])], 7).unwrap();
+        let (items, result) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(items, vec![7]);
+        assert_eq!(result, Err("disk on fire".to_owned()));
+        store.fail.store(false, Ordering::SeqCst);
+        let refused = committer.submit([(key(1, 1), vec![1])], 8).unwrap_err();
+        assert_eq!(refused.to_string(), "disk on fire");
+        assert!(store.records.lock().is_empty());
+    }
+
+    #[test]
+    fn shut_down_commits_what_is_pending() {
+        let store = Arc::new(Faulty::default());
+        let on_commit: OnCommit<()> = Box::new(|_, result| result.unwrap());
+        let committer = Committer::start("test", store.clone(), false, Duration::from_secs(60), on_commit).unwrap();
+        committer.submit([(key(2, 0), vec![1]), (key(2, 1), vec![2])], ()).unwrap();
+        committer.shut_down();
+        assert_eq!(store.records.lock().len(), 2);
+        assert!(committer.submit([(key(2, 2), vec![3])], ()).is_err());
+    }
+}

@@ -1,0 +1,130 @@
+//! The journal of durable processes: every process's history, written ahead of its
+//! effects, so the processes outlive their host.
+//!
+//! A scheduler built with a [`Journal`] ([`Builder::journal`](crate::scheduler::Builder::journal))
+//! makes every process durable. Its records, one sequence a process:
+//!
+//! 1. the spawn: the kind, entry method, input, parent and grants;
+//! 2. each step: the events it was given, the commands it yielded (with their tags) and
+//!    the messages it sent through its port, and the status it ended with;
+//! 3. its exit, with its result.
+//!
+//! # Guarantees
+//!
+//! **Write-ahead.** Nothing leaves a step before its record is committed: its commands are
+//! dispatched, its messages delivered and its result reported only once the group its
+//! record belongs to has been written (with [`Durability::Sync`], synced). So whatever
+//! another process, a handler or the embedder has seen of a process is in the journal.
+//!
+//! **Group commit.** Steps on every worker submit their records to one committer thread,
+//! which writes all that is pending in one batch and one sync. A step does not hold its
+//! worker while it waits: the worker runs other processes, and the step's effects happen
+//! when its group is durable. [`JournalSettings::group_window`] makes the committer wait
+//! a little for more to join a group.
+//!
+//! **Failure.** A commit that fails stops the journal: the processes whose records it held
+//! end with an error naming the failure (none of their effects happened), and every later
+//! step of a durable process fails the same way. The failure is logged once, as an error.
+//!
+//! # On disk
+//!
+//! A [`Store`]: by default [`FjallStore`], a directory of its own. Record keys are
+//! (process, sequence); values start with [`FORMAT_VERSION`]. Process 0 holds the
+//! journal's own metadata.
+
+mod codec;
+mod committer;
+mod store;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use self::codec::Malformed;
+pub(crate) use self::codec::{Reader, Writer};
+pub use self::committer::{CommitError, CommitStats};
+pub(crate) use self::committer::{Committer, OnCommit};
+pub use self::store::{Batch, FjallStore, Key, Store};
+
+/// The first byte of every record value: a journal written by a later format is refused
+/// rather than misread.
+pub const FORMAT_VERSION: u8 = 1;
+
+/// When a committed group is on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Synced (`fsync`) before anything of the group takes effect: survives a crash of
+    /// the machine.
+    #[default]
+    Sync,
+    /// Handed to the operating system before anything of the group takes effect:
+    /// survives a crash of the host process (a kill, a panic), not of the machine.
+    Buffered,
+}
+
+/// How the journal commits.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct JournalSettings {
+    /// When a commit is on disk. Default: [`Durability::Sync`].
+    pub durability: Durability,
+    /// How long the committer waits, after the first record of a group, for more to join
+    /// it. Zero (the default) commits at once; what is submitted during a commit forms
+    /// the next group either way, so groups grow with the load without any wait.
+    pub group_window: Duration,
+    /// The most records one process may have in the journal; a step past it ends the
+    /// process with an error naming this limit. Default: 100,000.
+    pub max_records_per_process: u64,
+}
+
+impl Default for JournalSettings {
+    fn default() -> Self {
+        JournalSettings { durability: Durability::Sync, group_window: Duration::ZERO, max_records_per_process: 100_000 }
+    }
+}
+
+/// A journal: a store and how to commit to it. Give it to a scheduler's builder to make
+/// its processes durable.
+#[derive(Clone)]
+pub struct Journal {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) settings: JournalSettings,
+}
+
+impl Journal {
+    /// Opens (or creates) the default store in `dir`.
+    ///
+    /// # Errors
+    ///
+    /// The directory cannot be created or read, or holds a damaged store.
+    pub fn open(dir: impl AsRef<Path>) -> std::io::Result<Journal> {
+        let dir = dir.as_ref();
+        let store = FjallStore::open(dir).map_err(|error| {
+            std::io::Error::new(error.kind(), format!("cannot open the journal in {}: {error}", dir.display()))
+        })?;
+        Ok(Journal::with_store(store))
+    }
+
+    /// A journal on `store`.
+    pub fn with_store(store: impl Store) -> Journal {
+        Journal { store: Arc::new(store), settings: JournalSettings::default() }
+    }
+
+    /// These settings instead of the defaults.
+    pub fn settings(mut self, settings: JournalSettings) -> Journal {
+        self.settings = settings;
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal").field("settings", &self.settings).finish_non_exhaustive()
+    }
+}

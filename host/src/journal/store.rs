@@ -1,0 +1,153 @@
+//! Where the journal's records live: the [`Store`] trait, and [`FjallStore`], the default
+//! (an embedded log-structured store; see `BENCHMARKS.md`, "The journal's store", for the
+//! measurements that chose it).
+
+use std::io;
+use std::ops::ControlFlow;
+use std::path::Path;
+
+/// A record's key: the process it belongs to and its place in that process's history.
+/// Keys order by process, then sequence, so one process's records are contiguous.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Key {
+    /// The process (its pid as a number); 0 holds the journal's own metadata.
+    pub process: u64,
+    /// The record's place in its process's history, from 0.
+    pub seq: u64,
+}
+
+impl Key {
+    fn to_bytes(self) -> [u8; 16] {
+        let mut bytes = [0; 16];
+        bytes[..8].copy_from_slice(&self.process.to_be_bytes());
+        bytes[8..].copy_from_slice(&self.seq.to_be_bytes());
+        bytes
+    }
+
+    fn from_bytes(bytes: &[u8]) -> io::Result<Key> {
+        let bytes: [u8; 16] = bytes.try_into().map_err(|_| damaged("a key is not 16 bytes"))?;
+        let (process, seq) = bytes.split_at(8);
+        Ok(Key {
+            process: u64::from_be_bytes(process.try_into().expect("8 bytes")),
+            seq: u64::from_be_bytes(seq.try_into().expect("8 bytes")),
+        })
+    }
+}
+
+/// What one group commit writes: every put and every removal, applied all or nothing.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// Records to write (a key written again is replaced).
+    pub puts: Vec<(Key, Vec<u8>)>,
+    /// Processes whose every record goes.
+    pub removals: Vec<u64>,
+}
+
+impl Batch {
+    /// Nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.puts.is_empty() && self.removals.is_empty()
+    }
+
+    /// Bytes of record values in the batch.
+    pub fn bytes(&self) -> usize {
+        self.puts.iter().map(|(_, value)| value.len()).sum()
+    }
+}
+
+/// A journal's storage: an ordered map from [`Key`] to bytes with atomic batches.
+///
+/// The contract the journal relies on:
+/// - [`Store::commit`] applies a whole batch or none of it, also across a crash;
+/// - with `sync`, the batch survives a machine crash once `commit` returns (`fsync` or
+///   its equivalent); without, it survives a crash of the process only;
+/// - a commit that fails leaves earlier commits intact; the journal stops using the
+///   store after one (it cannot know what the failed one left).
+pub trait Store: Send + Sync + 'static {
+    /// Writes `batch` atomically; durable on return when `sync`.
+    ///
+    /// # Errors
+    ///
+    /// The store's I/O error; nothing of the batch may be assumed written.
+    fn commit(&self, batch: &Batch, sync: bool) -> io::Result<()>;
+
+    /// Visits every record in key order, from `from` on, until `visit` breaks.
+    ///
+    /// # Errors
+    ///
+    /// The store's I/O error, or damage found while reading.
+    fn scan(&self, from: Key, visit: &mut dyn FnMut(Key, &[u8]) -> ControlFlow<()>) -> io::Result<()>;
+}
+
+/// A shared store: the journal and its owner (a test, a tool) can both hold it.
+impl<S: Store> Store for std::sync::Arc<S> {
+    fn commit(&self, batch: &Batch, sync: bool) -> io::Result<()> {
+        (**self).commit(batch, sync)
+    }
+
+    fn scan(&self, from: Key, visit: &mut dyn FnMut(Key, &[u8]) -> ControlFlow<()>) -> io::Result<()> {
+        (**self).scan(from, visit)
+    }
+}
+
+/// The default [`Store`]: a [fjall](https://docs.rs/fjall) database in a directory of its
+/// own. Its write-ahead log checksums every batch and, on opening, drops a torn tail back
+/// to the last whole batch.
+pub struct FjallStore {
+    db: fjall::Database,
+    records: fjall::Keyspace,
+}
+
+impl FjallStore {
+    /// Opens the database in `dir`, creating it if it does not exist.
+    ///
+    /// # Errors
+    ///
+    /// The directory cannot be created or read, or holds a damaged database.
+    pub fn open(dir: &Path) -> io::Result<FjallStore> {
+        let db = fjall::Database::builder(dir).open().map_err(from_fjall)?;
+        let records = db.keyspace("records", fjall::KeyspaceCreateOptions::default).map_err(from_fjall)?;
+        Ok(FjallStore { db, records })
+    }
+}
+
+impl Store for FjallStore {
+    fn commit(&self, batch: &Batch, sync: bool) -> io::Result<()> {
+        // `SyncAll`: `fdatasync` alone may not persist a journal file's new length.
+        let mut write = self.db.batch().durability(Some(if sync {
+            fjall::PersistMode::SyncAll
+        } else {
+            fjall::PersistMode::Buffer
+        }));
+        for &process in &batch.removals {
+            for record in self.records.prefix(process.to_be_bytes()) {
+                write.remove(&self.records, record.key().map_err(from_fjall)?);
+            }
+        }
+        for (key, value) in &batch.puts {
+            write.insert(&self.records, key.to_bytes(), value.as_slice());
+        }
+        write.commit().map_err(from_fjall)
+    }
+
+    fn scan(&self, from: Key, visit: &mut dyn FnMut(Key, &[u8]) -> ControlFlow<()>) -> io::Result<()> {
+        for record in self.records.range(from.to_bytes()..) {
+            let (key, value) = record.into_inner().map_err(from_fjall)?;
+            if visit(Key::from_bytes(&key)?, &value).is_break() {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn from_fjall(error: fjall::Error) -> io::Error {
+    match error {
+        fjall::Error::Io(error) => error,
+        other => io::Error::other(other.to_string()),
+    }
+}
+
+fn damaged(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("damaged journal: {what}"))
+}
