@@ -65,6 +65,8 @@ pub struct Turn<'a> {
     pub pid: Pid,
     /// The process's port: it sends as itself through it during the step.
     pub port: &'a Port,
+    /// The input given to `init`.
+    pub input: &'a [Payload],
     /// The events of this step.
     pub events: Vec<Event>,
     /// Where the step writes.
@@ -124,7 +126,7 @@ impl Process for Scripted {
         let events: Vec<Event> = events.collect();
         self.probe.events.lock().extend(events.iter().cloned());
         let port = self.port.as_ref().expect("`step` comes after a successful `init`");
-        (self.body)(&mut Turn { step, pid: self.pid, port, events, out })
+        (self.body)(&mut Turn { step, pid: self.pid, port, input: &self.input, events, out })
     }
 
     fn close(&mut self) {

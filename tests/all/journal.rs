@@ -21,6 +21,9 @@ struct TestStore {
     released: Condvar,
     fail: AtomicBool,
     commits: AtomicUsize,
+    /// Commits taken before every later one is held for ever (0: never).
+    crash_after: AtomicUsize,
+    crashed: AtomicBool,
 }
 
 impl TestStore {
@@ -32,10 +35,38 @@ impl TestStore {
         *self.held.lock() = false;
         self.released.notify_all();
     }
+
+    /// Waits until a commit past `crash_after` is being held (true), or `done` (false: a
+    /// run may group its records into fewer commits than another).
+    fn wait_for_crash(&self, done: impl Fn() -> bool) -> bool {
+        let deadline = std::time::Instant::now() + HANG;
+        loop {
+            if self.crashed.load(Ordering::SeqCst) {
+                return true;
+            }
+            if done() {
+                return false;
+            }
+            assert!(std::time::Instant::now() < deadline, "the run neither crashed nor ended");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// What a fresh start finds on the disk.
+    fn copy(&self) -> TestStore {
+        let copy = TestStore::default();
+        *copy.records.lock() = self.records.lock().clone();
+        copy
+    }
 }
 
 impl Store for TestStore {
     fn commit(&self, batch: &Batch, _sync: bool) -> io::Result<()> {
+        let crash_after = self.crash_after.load(Ordering::SeqCst);
+        if crash_after > 0 && self.commits.load(Ordering::SeqCst) >= crash_after {
+            self.crashed.store(true, Ordering::SeqCst);
+            self.hold();
+        }
         let mut held = self.held.lock();
         while *held {
             self.released.wait(&mut held);
@@ -197,4 +228,223 @@ fn the_default_store_keeps_the_history_across_a_reopen() {
     assert!(history[0].records[0].contains("Text") || history[0].records[0].contains("in"), "{:?}", history[0].records);
     assert!(history[0].records[1].contains("Sleep(5ms)"), "{:?}", history[0].records);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Counts what reaches the outside world, across a crash: the `effect` command's calls
+/// by idempotency key.
+#[derive(Default)]
+struct World {
+    effects: Mutex<Vec<String>>,
+}
+
+/// A test store that takes `commits` commits and then holds every later one for ever,
+/// as a crash at that moment would leave the disk.
+fn crashing_store(commits: usize) -> Arc<TestStore> {
+    let store = Arc::new(TestStore::default());
+    store.crash_after.store(commits, Ordering::SeqCst);
+    store
+}
+
+/// The workflow: `main` spawns a monitored `sink`, then a `source` that sends it five
+/// numbers (three through its port, two as yields), sleeps, runs `effect`, and ends
+/// with the sink's result and the effect's.
+fn workflow(store: Arc<TestStore>, world: Arc<World>) -> Scheduler {
+    let sink = || -> anyhow::Result<Box<dyn wasmproc::Process>> {
+        let mut got = Vec::new();
+        Ok(Box::new(
+            Scripted::new(move |t| {
+                for event in &t.events {
+                    if let Event::Message { body, .. } = event {
+                        got.push(body.to_u64().unwrap());
+                    }
+                }
+                if got.len() == 5 {
+                    t.out.set_status(Status::Complete(Payload::json(&got).map_err(|e| e.to_string())));
+                } else {
+                    t.out.set_status(Status::Idle);
+                }
+                Ok(())
+            })
+            .0,
+        ))
+    };
+    let source = || -> anyhow::Result<Box<dyn wasmproc::Process>> {
+        let mut sink = None;
+        Ok(Box::new(
+            Scripted::new(move |t| {
+                if t.step == 0 {
+                    let to = wasmproc::Pid::from_u64(t.input[0].to_u64().unwrap());
+                    sink = Some(to);
+                    for n in 1..=3 {
+                        t.port.send(to, "n", Payload::u64(n))?;
+                    }
+                    for n in 4..=5 {
+                        t.out.yield_command(n, Command::Send { to, topic: "n".into(), body: Payload::u64(n) });
+                    }
+                    return Ok(());
+                }
+                let _ = sink;
+                t.out.set_status(Status::Complete(Ok(Payload::empty())));
+                Ok(())
+            })
+            .0,
+        ))
+    };
+    let main = || -> anyhow::Result<Box<dyn wasmproc::Process>> {
+        let mut sink = None;
+        let mut effect = None;
+        let mut exit = None;
+        Ok(Box::new(
+            Scripted::new(move |t| {
+                for event in &t.events {
+                    match event {
+                        Event::Completion { tag: 1, result } => {
+                            let pid = result.as_ref().unwrap().to_u64().unwrap();
+                            sink = Some(pid);
+                            let spawn = wasmproc::SpawnRequest {
+                                kind: Some("source".into()),
+                                method: "main".into(),
+                                input: vec![Payload::u64(pid)],
+                                monitor: false,
+                            };
+                            t.out.yield_command(2, Command::Spawn(spawn));
+                            t.out.yield_command(3, Command::Sleep(Duration::from_millis(30)));
+                        }
+                        Event::Completion { tag: 3, .. } => {
+                            t.out
+                                .yield_command(4, Command::Custom { name: "effect".into(), payload: Payload::empty() });
+                        }
+                        Event::Completion { tag: 4, result } => effect = Some(result.clone().unwrap()),
+                        Event::Exit { result, .. } => exit = Some(result.clone().unwrap()),
+                        _ => {}
+                    }
+                }
+                if t.step == 0 {
+                    let spawn = wasmproc::SpawnRequest {
+                        kind: Some("sink".into()),
+                        method: "main".into(),
+                        input: vec![],
+                        monitor: true,
+                    };
+                    t.out.yield_command(1, Command::Spawn(spawn));
+                }
+                if let (Some(effect), Some(exit)) = (&effect, &exit) {
+                    let result = format!("{} {}", exit.as_str().unwrap(), effect.as_str().unwrap());
+                    t.out.set_status(Status::Complete(Ok(Payload::text(result))));
+                }
+                let _ = sink;
+                Ok(())
+            })
+            .0,
+        ))
+    };
+    Scheduler::builder()
+        .workers(2)
+        .journal(Journal::with_store(store))
+        .capabilities(Capabilities::default().allow("effect"))
+        .kind("sink", sink)
+        .kind("source", source)
+        .kind("main", main)
+        .handler("effect", move |request: wasmproc::handler::Request| {
+            let key = request.idempotency_key().expect("a durable process's yield has a key");
+            world.effects.lock().push(key);
+            request.complete(Ok(Payload::text("effect")));
+        })
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_workflow_resumed_after_a_crash_at_every_commit_ends_as_an_uncrashed_one() {
+    let expected = "[1,2,3,4,5] effect";
+    // The uncrashed run, and how many commits it takes.
+    let store = Arc::new(TestStore::default());
+    let world = Arc::new(World::default());
+    let scheduler = workflow(store.clone(), world.clone());
+    let root = scheduler.handle().spawn(wasmproc::scheduler::Spawnable::kind("main"), "main").unwrap();
+    assert_eq!(root.join_timeout(HANG).unwrap(), Ok(Payload::text(expected)));
+    scheduler.stop(Duration::from_secs(1));
+    let commits = store.commits.load(Ordering::SeqCst);
+    assert!(commits >= 3, "{commits}");
+
+    let mut crashes = 0;
+    for crash_at in 1..commits {
+        let store = crashing_store(crash_at);
+        let world = Arc::new(World::default());
+        let scheduler = workflow(store.clone(), world.clone());
+        let root = scheduler.handle().spawn(wasmproc::scheduler::Spawnable::kind("main"), "main").unwrap();
+        if !store.wait_for_crash(|| root.try_result().is_some()) {
+            assert_eq!(root.try_result().unwrap(), Ok(Payload::text(expected)));
+            scheduler.stop(Duration::from_secs(1));
+            continue;
+        }
+        crashes += 1;
+        let effects_before = world.effects.lock().clone();
+        // The crashed host's threads wait on the store for ever; only its disk survives.
+        std::mem::forget(scheduler);
+        drop(root);
+        let disk = Arc::new(store.copy());
+        let resumed = workflow(disk.clone(), world.clone());
+        let roots = resumed.resumed();
+        assert_eq!(roots.len(), 1, "crash at commit {crash_at}: the root is resumed");
+        let result = roots[0].join_timeout(Duration::from_secs(5)).unwrap_or_else(|| {
+            let history = Journal::with_store(disk.clone()).history().unwrap();
+            panic!("crash at commit {crash_at}: no result; the journal then: {history:#?}")
+        });
+        assert_eq!(result, Ok(Payload::text(expected)), "crash at commit {crash_at}");
+        let effects = world.effects.lock().clone();
+        assert!(!effects.is_empty() && effects.len() <= 2, "crash at commit {crash_at}: effects {effects:?}");
+        assert!(effects.iter().all(|key| *key == effects[0]), "one key across retries: {effects:?}");
+        assert!(effects.len() == 1 || effects_before.len() == 1, "run again only if in flight: {effects:?}");
+        resumed.stop(Duration::from_secs(1));
+    }
+    assert!(crashes * 2 >= commits - 1, "{crashes} crashes of {} commit points", commits - 1);
+}
+
+#[test]
+fn a_step_that_differs_on_replay_fails_its_process_naming_the_step() {
+    static SECOND_RUN: AtomicBool = AtomicBool::new(false);
+    let build = |store: Arc<TestStore>| {
+        let kind = || -> anyhow::Result<Box<dyn wasmproc::Process>> {
+            Ok(Box::new(
+                Scripted::new(|t| {
+                    if t.step == 0 {
+                        let ms = if SECOND_RUN.load(Ordering::SeqCst) { 20 } else { 10 };
+                        t.out.yield_command(1, Command::Sleep(Duration::from_millis(ms)));
+                        t.out.yield_command(2, Command::Custom { name: "never".into(), payload: Payload::empty() });
+                    }
+                    Ok(())
+                })
+                .0,
+            ))
+        };
+        Scheduler::builder()
+            .workers(1)
+            .journal(Journal::with_store(store))
+            .capabilities(Capabilities::default().allow("never"))
+            .handler("never", |request: wasmproc::handler::Request| {
+                // Answered never: the process waits for it across the crash.
+                std::mem::forget(request.into_parts());
+            })
+            .kind("drifts", kind)
+            .build()
+            .unwrap()
+    };
+    let store = Arc::new(TestStore::default());
+    let first = build(store.clone());
+    first.handle().spawn(wasmproc::scheduler::Spawnable::kind("drifts"), "main").unwrap();
+    // Spawn and first step committed; then the crash.
+    while store.commits.load(Ordering::SeqCst) < 2 || Journal::with_store(store.clone()).history().unwrap()[0].steps < 1
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    store.hold();
+    std::mem::forget(first);
+    SECOND_RUN.store(true, Ordering::SeqCst);
+    let resumed = build(Arc::new(store.copy()));
+    let roots = resumed.resumed();
+    let error = roots[0].join_timeout(HANG).unwrap().unwrap_err();
+    assert!(error.contains("non-determinism in process") && error.contains("at step record 1"), "{error}");
+    assert!(error.contains("Sleep(10ms)") && error.contains("Sleep(20ms)"), "{error}");
+    resumed.stop(Duration::from_secs(1));
 }

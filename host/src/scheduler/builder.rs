@@ -17,6 +17,7 @@ use super::durable::Durable;
 use super::handle::Handle;
 use super::idle::Idle;
 use super::limits::Limits;
+use super::recovery::Plan;
 use super::registry::{self, Registry};
 use super::shared::{Settings, Shared};
 use super::timer::Timer;
@@ -195,19 +196,24 @@ impl Builder {
 
         let queues: Vec<Worker<Arc<ProcessCell>>> = (0..workers).map(|_| Worker::new_lifo()).collect();
         let (timer, timer_thread) = Timer::start(&self.thread_name).context("failed to start the timer thread")?;
-        let durable = match &self.journal {
+        let (durable, plan) = match &self.journal {
             Some(journal) => {
-                Some(Durable::start(&self.thread_name, journal).context("failed to start the journal's thread")?)
+                let plan = Plan::read(journal)?;
+                let durable =
+                    Durable::start(&self.thread_name, journal).context("failed to start the journal's thread")?;
+                (Some(durable), Some(plan))
             }
-            None => None,
+            None => (None, None),
         };
+        // One shard per worker and one for every other thread, and as many as the pids
+        // of the journal's processes name.
+        let shards = (workers + 1).max(plan.as_ref().map_or(0, Plan::shards));
         let shared = Arc::new(Shared {
             id: NEXT_SCHEDULER_ID.fetch_add(1, Ordering::Relaxed),
             injector: Injector::new(),
             stealers: queues.iter().map(Worker::stealer).collect(),
             idle: Idle::new(),
-            // One shard per worker and one for every other thread.
-            registry: Registry::new(workers + 1),
+            registry: Registry::new(shards),
             counters: (0..=workers).map(|_| CachePadded::default()).collect(),
             live: AtomicUsize::new(0),
             retiring: AtomicUsize::new(0),
@@ -233,6 +239,7 @@ impl Builder {
         let scheduler = Scheduler {
             handle: Handle { shared: shared.clone() },
             threads: Mutex::new(Some(Threads { workers: Vec::with_capacity(workers), timer: timer_thread })),
+            resumed: Mutex::new(Vec::new()),
         };
         for (index, queue) in queues.into_iter().enumerate() {
             let shared = shared.clone();
@@ -243,6 +250,9 @@ impl Builder {
             if let Some(threads) = scheduler.threads.lock().as_mut() {
                 threads.workers.push(thread);
             }
+        }
+        if let Some(plan) = plan {
+            *scheduler.resumed.lock() = plan.restore(&shared);
         }
         Ok(scheduler)
     }

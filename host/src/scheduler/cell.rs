@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicU64;
 use super::caps::Capabilities;
 use super::completer::Completer;
 use super::handle::ExitSlot;
-use super::inbox::{Inbox, Refused};
+use super::inbox::{Inbox, MessageId, Refused};
 use super::limits::Lineage;
 use super::process::{Event, Outcome, Pid, Process};
 use super::shared::Shared;
@@ -112,7 +112,12 @@ impl ProcessCell {
     /// The producers' half of the protocol: push, then wake. `Ok(Wake::Schedule)` makes
     /// the caller responsible for queueing the process.
     pub(super) fn deliver(&self, event: Event) -> Result<Wake, Refused> {
-        self.inbox.push(event, self.spec.mailbox_capacity)?;
+        self.deliver_identified(event, None)
+    }
+
+    /// As [`ProcessCell::deliver`], for a message with an identity.
+    pub(super) fn deliver_identified(&self, event: Event, id: Option<MessageId>) -> Result<Wake, Refused> {
+        self.inbox.push_identified(event, self.spec.mailbox_capacity, id)?;
         Ok(self.state.wake())
     }
 

@@ -64,6 +64,8 @@ impl<F: Fn() -> anyhow::Result<Box<dyn Process>> + Send + Sync + 'static> Factor
 pub struct Request<'a> {
     caller: &'a Arc<ProcessCell>,
     tag: u64,
+    /// Where the yield is in its process's journal, for a durable process.
+    origin: Option<Origin>,
     name: Cow<'static, str>,
     payload: Payload,
     answered: bool,
@@ -83,6 +85,15 @@ impl Request<'_> {
     /// The command's input.
     pub fn payload(&self) -> &Payload {
         &self.payload
+    }
+
+    /// For a durable process, a key that names this yield and no other, the same each
+    /// time the yield is carried out: after a crash, a command whose completion was not
+    /// recorded is carried out again with the key it had, so a handler with an effect
+    /// outside the host can make the retry do nothing twice. `None` for a process that
+    /// is not durable.
+    pub fn idempotency_key(&self) -> Option<String> {
+        self.origin.map(|origin| format!("{}-{}-{}", self.caller.pid(), origin.seq, self.tag))
     }
 
     /// The scheduler, to spawn, send or terminate on the caller's behalf.
@@ -112,9 +123,29 @@ impl Drop for Request<'_> {
     }
 }
 
+/// Where a yield of a durable process is in its journal: the record of its step, and its
+/// place among that step's yields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Origin {
+    pub(super) seq: u64,
+    pub(super) index: u32,
+}
+
+impl Origin {
+    /// The identity of the message a yielded `send` at this origin carries.
+    pub(super) fn message_id(self) -> u64 {
+        (self.seq << 20) | super::durable::YIELD_SEND_BIT | u64::from(self.index)
+    }
+}
+
 impl Shared {
     /// Carries out one yield of `cell`'s last step.
     pub(super) fn dispatch(self: &Arc<Self>, cell: &Arc<ProcessCell>, y: Yield) {
+        self.dispatch_from(cell, y, None);
+    }
+
+    /// Carries out one yield; `origin` is where it is in a durable process's journal.
+    pub(super) fn dispatch_from(self: &Arc<Self>, cell: &Arc<ProcessCell>, y: Yield, origin: Option<Origin>) {
         let tag = y.tag;
         if let Command::Custom { name, payload } = y.command {
             let Some((registered, handler)) = self.handlers.get_key_value(name.as_ref()) else {
@@ -124,7 +155,7 @@ impl Shared {
                 return complete(cell, tag, Err(format!("permission denied: {name}")));
             }
             self.count_yield(CommandKind::Custom);
-            let request = Request { caller: cell, tag, name, payload, answered: false };
+            let request = Request { caller: cell, tag, origin, name, payload, answered: false };
             // A panicking handler drops the request while unwinding, and its drop
             // answers the yield with an error.
             if let Err(panic) = catch_unwind(AssertUnwindSafe(|| handler.handle(request))) {
@@ -145,7 +176,7 @@ impl Shared {
             Command::Sleep(duration) if duration.is_zero() => complete(cell, tag, Ok(Payload::empty())),
             Command::Sleep(duration) => self.timer.sleep(duration, Completer::new(cell.clone(), tag)),
             Command::Spawn(request) => {
-                let result = self.spawn_child(cell, request);
+                let result = self.spawn_child(cell, request, origin.map(|o| (o.seq, tag)));
                 complete(
                     cell,
                     tag,
@@ -158,7 +189,7 @@ impl Shared {
                 }
             }
             Command::Send { to, topic, body } => {
-                let sent = self.send_as(cell, to, topic, body);
+                let sent = self.send_as(cell, to, topic, body, origin.map(Origin::message_id));
                 complete(cell, tag, sent.map(|()| Payload::empty()).map_err(|e| e.to_string()));
             }
             Command::Monitor(target) => {
@@ -183,6 +214,7 @@ impl Shared {
         self: &Arc<Self>,
         parent: &Arc<ProcessCell>,
         request: SpawnRequest,
+        origin: Option<(u64, u64)>,
     ) -> Result<Arc<ProcessCell>, String> {
         let kind = match &request.kind {
             Some(name) => self.kinds.get_key_value(name.as_str()),
@@ -199,6 +231,7 @@ impl Shared {
         let process = factory.make().map_err(|e| format!("spawn failed: {e:#}"))?;
         let args = SpawnArgs {
             parent: parent.pid(),
+            origin,
             kind: Some(kind.clone()),
             method: request.method,
             input: request.input,

@@ -10,17 +10,60 @@
 //! command.
 
 use std::borrow::Cow;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::cell::ProcessCell;
-use super::process::{Event, Outcome, Payload, Pid, Status, Yield};
+use super::dispatch::Origin;
+use super::process::{Outcome, Payload, Pid, Yield};
 use super::record::{Record, SpawnRecord, StepRecord, now_micros};
 use super::shared::Shared;
 use crate::journal::{CommitError, CommitStats, Committer, Journal, Key, OnCommit};
 
 /// A message sent through a port during a step: (to, topic, body).
 pub(super) type PortSend = (Pid, String, Payload);
+
+/// The identities of a durable process's messages: `step record << 20 | index`, the
+/// index among the step's port sends, or among its yields with this bit set (a step's
+/// port sends happen during it, before its yields: so a sender's identities grow in the
+/// order its messages leave). Both counts stay below 2^19 (the yield limit is far
+/// below; port sends are bounded by `record_step`).
+pub(super) const YIELD_SEND_BIT: u64 = 1 << 19;
+
+/// The identity of the `index`th port send of step record `seq`.
+pub(super) fn port_send_id(seq: u64, index: usize) -> u64 {
+    (seq << 20) | index as u64
+}
+
+thread_local! {
+    /// The cell whose recorded step this thread replays (0: none), and the port sends
+    /// the replayed step made, for comparison with the record.
+    static REPLAY: (Cell<usize>, RefCell<Vec<PortSend>>) = const { (Cell::new(0), RefCell::new(Vec::new())) };
+}
+
+/// Runs `step` as a replay of one of `cell`'s steps: its port sends are collected, not
+/// sent, and returned.
+pub(super) fn replaying<R>(cell: &ProcessCell, step: impl FnOnce() -> R) -> (R, Vec<PortSend>) {
+    REPLAY.with(|(replaying, _)| replaying.set(std::ptr::from_ref(cell) as usize));
+    let result = step();
+    REPLAY.with(|(replaying, sends)| {
+        replaying.set(0);
+        (result, sends.take())
+    })
+}
+
+/// Keeps `send` if this thread replays a step of `cell`; hands it back otherwise.
+pub(super) fn keep_replayed_send(cell: &ProcessCell, send: PortSend) -> Result<(), PortSend> {
+    REPLAY.with(|(replaying, sends)| {
+        if replaying.get() == std::ptr::from_ref(cell) as usize {
+            sends.borrow_mut().push(send);
+            Ok(())
+        } else {
+            Err(send)
+        }
+    })
+}
 
 /// A scheduler's journal, as its threads use it.
 pub(super) struct Durable {
@@ -32,8 +75,10 @@ pub(super) struct Durable {
 pub(super) enum AfterCommit {
     /// A spawn, or a step with no effect.
     Nothing,
-    /// A step's yields and port sends, in order.
-    Effects { cell: Arc<ProcessCell>, yields: Vec<Yield>, sends: Vec<PortSend> },
+    /// A step's yields and port sends, in order; `seq` is its record's.
+    Effects { cell: Arc<ProcessCell>, seq: u64, yields: Vec<Yield>, sends: Vec<PortSend> },
+    /// A message from the embedder, recorded in its receiver's history as record `seq`.
+    Deliver { cell: Arc<ProcessCell>, seq: u64, topic: String, body: Payload },
     /// A process's end: `None` is a termination.
     Exit { cell: Arc<ProcessCell>, result: Option<Outcome> },
 }
@@ -57,8 +102,9 @@ impl Durable {
         self.committer.shut_down();
     }
 
-    /// Submits `record` as the next of `cell`'s history.
-    fn submit(&self, cell: &ProcessCell, record: &Record, then: AfterCommit) -> Result<(), String> {
+    /// Submits `record` as the next of `cell`'s history; `then(seq)` is what its commit
+    /// lets happen.
+    fn submit(&self, cell: &ProcessCell, record: &Record, then: impl FnOnce(u64) -> AfterCommit) -> Result<(), String> {
         let seq = cell.journal_seq.fetch_add(1, Ordering::Relaxed);
         // The exit is always allowed: a process at its limit must still be able to end.
         if seq >= self.max_records && !matches!(record, Record::Exit(_)) {
@@ -68,31 +114,53 @@ impl Durable {
             ));
         }
         let key = Key { process: cell.pid().as_u64(), seq };
-        self.committer.submit([(key, record.encode())], then).map_err(|error| journal_failed(&error))
+        self.committer.submit([(key, record.encode())], then(seq)).map_err(|error| journal_failed(&error))
     }
 
     /// Records the spawn of `cell`; its steps' records follow it in the same order.
     pub(super) fn record_spawn(&self, cell: &ProcessCell, spawn: SpawnRecord) -> Result<(), String> {
-        self.submit(cell, &Record::Spawn(spawn), AfterCommit::Nothing)
+        self.submit(cell, &Record::Spawn(spawn), |_| AfterCommit::Nothing)
+    }
+
+    /// Records a message from the embedder in its receiver's history, and delivers it
+    /// once that is committed.
+    pub(super) fn record_host_message(
+        &self,
+        cell: &Arc<ProcessCell>,
+        topic: String,
+        body: Payload,
+    ) -> Result<(), String> {
+        let record = Record::HostMessage { topic, body };
+        self.submit(cell, &record, |seq| {
+            let Record::HostMessage { topic, body } = record.clone() else { unreachable!("built above") };
+            AfterCommit::Deliver { cell: cell.clone(), seq, topic, body }
+        })
     }
 
     /// Records a step and hands its effects to the committer. On error nothing of the
     /// step has happened, and the process must end with the error.
-    pub(super) fn record_step(
-        &self,
-        cell: &Arc<ProcessCell>,
-        at: u64,
-        events: Vec<Event>,
-        yields: Vec<Yield>,
-        sends: Vec<PortSend>,
-        status: Status,
-    ) -> Result<(), String> {
-        let then = if yields.is_empty() && sends.is_empty() {
-            AfterCommit::Nothing
-        } else {
-            AfterCommit::Effects { cell: cell.clone(), yields: yields.clone(), sends: sends.clone() }
-        };
-        self.submit(cell, &Record::Step(StepRecord { at, events, yields, sends, status }), then)
+    pub(super) fn record_step(&self, cell: &Arc<ProcessCell>, step: StepRecord) -> Result<(), String> {
+        if step.sends.len() >= YIELD_SEND_BIT as usize {
+            return Err(format!("a durable step may send at most {YIELD_SEND_BIT} messages through its port"));
+        }
+        let effects = !step.yields.is_empty() || !step.sends.is_empty();
+        let record = Record::Step(step);
+        self.submit(cell, &record, |seq| {
+            let Record::Step(step) = record.clone() else { unreachable!("built above") };
+            match effects {
+                true => AfterCommit::Effects { cell: cell.clone(), seq, yields: step.yields, sends: step.sends },
+                false => AfterCommit::Nothing,
+            }
+        })
+    }
+
+    /// Records the end of a process that could not be restored (it has no cell), so the
+    /// next start does not try again.
+    pub(super) fn record_lost_exit(&self, pid: Pid, seq: u64, reason: String) {
+        let key = Key { process: pid.as_u64(), seq };
+        if let Err(error) = self.committer.submit([(key, Record::Exit(Err(reason)).encode())], AfterCommit::Nothing) {
+            tracing::error!(%pid, %error, "the exit of a process that cannot be resumed was not recorded");
+        }
     }
 
     /// Records the end of `cell`'s process; the committer finalises it once that is
@@ -103,7 +171,7 @@ impl Durable {
             Some(result) => result.clone(),
             None => Err("terminated".to_owned()),
         };
-        self.submit(cell, &Record::Exit(recorded), AfterCommit::Exit { cell: cell.clone(), result })
+        self.submit(cell, &Record::Exit(recorded), |_| AfterCommit::Exit { cell: cell.clone(), result })
     }
 }
 
@@ -111,16 +179,24 @@ impl AfterCommit {
     fn carry_out(self) {
         match self {
             AfterCommit::Nothing => {}
-            AfterCommit::Effects { cell, yields, sends } => {
+            AfterCommit::Effects { cell, seq, yields, sends } => {
                 let shared = cell.scheduler().clone();
-                for (to, topic, body) in sends {
-                    if let Err(error) = shared.send(cell.pid(), to, topic, body) {
+                for (index, (to, topic, body)) in sends.into_iter().enumerate() {
+                    let id = port_send_id(seq, index);
+                    if let Err(error) = shared.send(cell.pid(), to, topic, body, Some(id)) {
                         shared.count(|c| &c.undelivered, 1);
                         tracing::debug!(from = %cell.pid(), %to, %error, "a message sent through a port was not delivered");
                     }
                 }
-                for y in yields {
-                    shared.dispatch(&cell, y);
+                for (index, y) in yields.into_iter().enumerate() {
+                    shared.dispatch_from(&cell, y, Some(Origin { seq, index: index as u32 }));
+                }
+            }
+            AfterCommit::Deliver { cell, seq, topic, body } => {
+                let shared = cell.scheduler().clone();
+                if let Err(error) = shared.send(Pid::HOST, cell.pid(), topic, body, Some(seq)) {
+                    shared.count(|c| &c.undelivered, 1);
+                    tracing::debug!(to = %cell.pid(), %error, "a message from the embedder was not delivered");
                 }
             }
             AfterCommit::Exit { cell, result } => cell.scheduler().clone().finalize(&cell, result),
@@ -130,7 +206,7 @@ impl AfterCommit {
     fn fail(self, error: &CommitError) {
         let reason = journal_failed(error);
         match self {
-            AfterCommit::Nothing => {}
+            AfterCommit::Nothing | AfterCommit::Deliver { .. } => {}
             AfterCommit::Effects { cell, .. } => {
                 let _ = cell.scheduler().clone().terminate_cell_because(&cell, Cow::Owned(reason));
             }
@@ -157,6 +233,7 @@ impl Shared {
 
 pub(super) fn spawn_record(
     parent: Pid,
+    origin: Option<(u64, u64)>,
     kind: Option<&str>,
     method: &str,
     input: Vec<Payload>,
@@ -165,6 +242,7 @@ pub(super) fn spawn_record(
 ) -> SpawnRecord {
     SpawnRecord {
         parent,
+        origin,
         kind: kind.map(str::to_owned),
         method: method.to_owned(),
         input,

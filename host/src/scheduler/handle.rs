@@ -81,6 +81,7 @@ impl Handle {
         let slot = Arc::new(ExitSlot::default());
         let args = SpawnArgs {
             parent: Pid::HOST,
+            origin: None,
             kind,
             method: options.method,
             input: options.input,
@@ -101,7 +102,15 @@ impl Handle {
     ///
     /// See [`SendError`]: unknown or finished process, exiting process, full mailbox.
     pub fn send(&self, to: Pid, topic: impl Into<String>, body: Payload) -> Result<(), SendError> {
-        self.shared.send(Pid::HOST, to, topic.into(), body)
+        match &self.shared.durable {
+            // Recorded in the receiver's history first, and delivered once that is
+            // committed; a full mailbox then drops it (counted as undelivered).
+            Some(durable) => {
+                let cell = self.shared.registry.get(to).ok_or(SendError::NotFound(to))?;
+                durable.record_host_message(&cell, topic.into(), body).map_err(|_| SendError::Closed(to))
+            }
+            None => self.shared.send(Pid::HOST, to, topic.into(), body, None),
+        }
     }
 
     /// Ends `pid` with the result `Err("terminated")`. Returns once termination is
@@ -285,7 +294,7 @@ pub struct ProcessHandle {
 }
 
 impl ProcessHandle {
-    fn new(pid: Pid, slot: Arc<ExitSlot>) -> Self {
+    pub(super) fn new(pid: Pid, slot: Arc<ExitSlot>) -> Self {
         ProcessHandle { pid, slot }
     }
 

@@ -12,8 +12,12 @@
 use std::borrow::Cow;
 use std::mem;
 
-use super::process::Event;
+use super::process::{Event, Pid};
 use crate::loom::Mutex;
+
+/// A durable message's identity: its sender, and a number unique among that sender's
+/// messages (see `durable.rs`), so a recovery delivers each exactly once.
+pub(super) type MessageId = (Pid, u64);
 
 /// Why an inbox refused an event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +34,11 @@ pub(super) struct Inbox<W> {
 
 struct InboxState<W> {
     events: Vec<Event>,
+    /// The identities of the messages in `events`, in order, when they have any (in a
+    /// durable scheduler, all do).
+    ids: Vec<MessageId>,
+    /// The identities of the messages the last drain took, for the consumer to record.
+    drained_ids: Vec<MessageId>,
     /// Messages in `events`; bounded by the mailbox capacity.
     messages: usize,
     closed: bool,
@@ -52,6 +61,8 @@ impl<W> Inbox<W> {
         Inbox {
             inner: Mutex::new(InboxState {
                 events: Vec::new(),
+                ids: Vec::new(),
+                drained_ids: Vec::new(),
                 messages: 0,
                 closed: false,
                 watchers: Vec::new(),
@@ -63,6 +74,11 @@ impl<W> Inbox<W> {
     /// Pushes `event`. Messages count against `capacity`; other events (completions,
     /// exits, cancel) are bounded by what the process itself asked for and always fit.
     pub(super) fn push(&self, event: Event, capacity: usize) -> Result<(), Refused> {
+        self.push_identified(event, capacity, None)
+    }
+
+    /// As [`Inbox::push`], with the identity of a message.
+    pub(super) fn push_identified(&self, event: Event, capacity: usize, id: Option<MessageId>) -> Result<(), Refused> {
         let mut inner = self.inner.lock();
         if inner.closed {
             return Err(Refused::Closed);
@@ -74,6 +90,7 @@ impl<W> Inbox<W> {
             inner.messages += 1;
         }
         inner.events.push(event);
+        inner.ids.extend(id);
         Ok(())
     }
 
@@ -84,6 +101,16 @@ impl<W> Inbox<W> {
         let mut inner = self.inner.lock();
         mem::swap(&mut inner.events, buf);
         inner.messages = 0;
+        // Swapping two empty vectors when messages carry no identity: no allocation.
+        let inner = &mut *inner;
+        inner.drained_ids.clear();
+        mem::swap(&mut inner.ids, &mut inner.drained_ids);
+    }
+
+    /// The identities of the messages the last [`Inbox::drain_into`] took. Only the
+    /// consumer calls it, between its drain and the next.
+    pub(super) fn take_drained_ids(&self) -> Vec<MessageId> {
+        mem::take(&mut self.inner.lock().drained_ids)
     }
 
     /// Registers someone to tell when the process ends; gives it back if it already has.

@@ -30,6 +30,8 @@ const HIBERNATION_LIST_FLOOR: usize = 2048;
 pub(super) struct SpawnArgs {
     /// The spawner: [`Pid::HOST`] for the embedder.
     pub(super) parent: Pid,
+    /// For a child of a durable process: the parent's step record and the spawn's tag.
+    pub(super) origin: Option<(u64, u64)>,
     pub(super) kind: Option<Arc<str>>,
     pub(super) method: String,
     pub(super) input: Vec<Payload>,
@@ -98,6 +100,7 @@ impl Shared {
             let record = || {
                 spawn_record(
                     args.parent,
+                    args.origin,
                     cell.spec.kind.as_deref(),
                     &method,
                     input,
@@ -120,9 +123,31 @@ impl Shared {
         Ok(cell)
     }
 
-    pub(super) fn send(&self, from: Pid, to: Pid, topic: String, body: Payload) -> Result<(), SendError> {
+    /// Registers restored processes under their recorded pids and counts them live, as
+    /// a spawn would (see `recovery.rs`); they are in `Init` and in no queue.
+    pub(super) fn adopt(&self, cells: Vec<Arc<ProcessCell>>) {
+        let count = cells.len();
+        let before = self.live.fetch_add(count, Ordering::AcqRel);
+        self.peak_live.fetch_max(before + count, Ordering::Relaxed);
+        for cell in &cells {
+            cell.lineage.enter();
+        }
+        let refused = self.registry.restore(cells);
+        assert!(refused.is_empty(), "the registry was sized for every recorded pid");
+        self.count(|c| &c.spawned, count as u64);
+    }
+
+    /// Delivers a message; `id` is its identity in a durable scheduler (`None` otherwise).
+    pub(super) fn send(
+        &self,
+        from: Pid,
+        to: Pid,
+        topic: String,
+        body: Payload,
+        id: Option<u64>,
+    ) -> Result<(), SendError> {
         let cell = self.registry.get(to).ok_or(SendError::NotFound(to))?;
-        match cell.deliver(Event::Message { sender: from, topic, body }) {
+        match cell.deliver_identified(Event::Message { sender: from, topic, body }, id.map(|n| (from, n))) {
             Ok(wake) => {
                 self.count(|c| &c.messages, 1);
                 if wake == Wake::Schedule {

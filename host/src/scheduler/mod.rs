@@ -54,6 +54,7 @@ mod limits;
 mod port;
 pub(crate) mod process;
 pub(crate) mod record;
+mod recovery;
 mod registry;
 mod shared;
 mod state;
@@ -84,6 +85,8 @@ pub use self::stats::{Stats, WorkerStats, YieldCounts};
 pub struct Scheduler {
     handle: Handle,
     threads: Mutex<Option<Threads>>,
+    /// The processes the embedder had spawned that were resumed from the journal.
+    resumed: Mutex<Vec<ProcessHandle>>,
 }
 
 struct Threads {
@@ -107,6 +110,13 @@ impl Scheduler {
     /// A builder with default settings.
     pub fn builder() -> Builder {
         Builder::new()
+    }
+
+    /// The processes the embedder had spawned that this scheduler resumed from its
+    /// journal at build, to wait for their results as when they were spawned (taken:
+    /// empty the second time). Their children were resumed too.
+    pub fn resumed(&self) -> Vec<ProcessHandle> {
+        std::mem::take(&mut *self.resumed.lock())
     }
 
     /// A handle to spawn and message processes from anywhere.

@@ -54,7 +54,7 @@ impl Port {
         if cell.state.load().lifecycle() != Lifecycle::Running {
             return Err(PortError::NotInStep);
         }
-        scheduler(&cell).send_as(&cell, to, topic.into(), body)
+        scheduler(&cell).send_as(&cell, to, topic.into(), body, None)
     }
 
     /// Whether a long step should give its worker back now: other processes are queued
@@ -88,17 +88,26 @@ impl Shared {
     /// Sends `body` from `cell`'s process to `to`: the one path of every message a
     /// process sends, through its port or as a yielded command. Checks, in order, the
     /// payload limit and the `send` capability, then delivers.
-    pub(super) fn send_as(&self, cell: &ProcessCell, to: Pid, topic: String, body: Payload) -> Result<(), PortError> {
+    /// `id`: the message's identity, for a yielded `send` of a durable process (its port
+    /// sends are kept for the step's record here, and delivered with theirs later).
+    pub(super) fn send_as(
+        &self,
+        cell: &ProcessCell,
+        to: Pid,
+        topic: String,
+        body: Payload,
+        id: Option<u64>,
+    ) -> Result<(), PortError> {
         let send = CommandKind::Send;
         self.settings.limits.check_payload(message_size(&topic, &body), send.name()).map_err(PortError::TooLarge)?;
         if !cell.spec.caps.allows_builtin(send) {
             return Err(PortError::PermissionDenied);
         }
-        if self.durable.is_some() {
+        if self.durable.is_some() && id.is_none() {
             // Delivered once the step's record is committed: whether the receiver takes
             // it is not known before, so it is not reported (see `durable.rs`).
             return worker::keep_port_send(cell, (to, topic, body)).map_err(|_| PortError::NotInStep);
         }
-        Ok(self.send(cell.pid(), to, topic, body)?)
+        Ok(self.send(cell.pid(), to, topic, body, id)?)
     }
 }

@@ -19,6 +19,7 @@ use crate::journal::{FORMAT_VERSION, Journal, Key, Malformed, Reader, Writer};
 const SPAWN: u8 = 1;
 const STEP: u8 = 2;
 const EXIT: u8 = 3;
+const HOST_MESSAGE: u8 = 4;
 
 /// One record of a process's history.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,6 +27,12 @@ pub(crate) enum Record {
     Spawn(SpawnRecord),
     Step(StepRecord),
     Exit(Outcome),
+    /// A message from the embedder, recorded in its receiver's history before it is
+    /// delivered; its identity is ([`Pid::HOST`], the record's sequence number).
+    HostMessage {
+        topic: String,
+        body: Payload,
+    },
 }
 
 /// How a process was started.
@@ -33,6 +40,8 @@ pub(crate) enum Record {
 pub(crate) struct SpawnRecord {
     /// The spawner: [`Pid::HOST`] for the embedder.
     pub(crate) parent: Pid,
+    /// For a child: its parent's step record that yielded the spawn, and the yield's tag.
+    pub(crate) origin: Option<(u64, u64)>,
     pub(crate) kind: Option<String>,
     pub(crate) method: String,
     pub(crate) input: Vec<Payload>,
@@ -49,6 +58,8 @@ pub(crate) struct StepRecord {
     /// this time plus its duration, which a recovery re-arms the timer for.
     pub(crate) at: u64,
     pub(crate) events: Vec<Event>,
+    /// The identities of the messages among `events`, in order.
+    pub(crate) message_ids: Vec<(Pid, u64)>,
     pub(crate) yields: Vec<Yield>,
     /// Messages sent through the port during the step, in order: (to, topic, body).
     pub(crate) sends: Vec<(Pid, String, Payload)>,
@@ -117,6 +128,7 @@ impl Journal {
                 }
                 Record::Step(_) => history.steps += 1,
                 Record::Exit(result) => history.result = Some(result.clone()),
+                Record::HostMessage { .. } => {}
             }
             history.records.push(format!("{}: {record:?}", key.seq));
             ControlFlow::Continue(())
@@ -141,6 +153,14 @@ impl Record {
             Record::Spawn(spawn) => {
                 w.u8(SPAWN);
                 w.u64(spawn.parent.as_u64());
+                match spawn.origin {
+                    Some((seq, tag)) => {
+                        w.bool(true);
+                        w.u64(seq);
+                        w.u64(tag);
+                    }
+                    None => w.bool(false),
+                }
                 match &spawn.kind {
                     Some(kind) => {
                         w.bool(true);
@@ -158,6 +178,11 @@ impl Record {
                 w.u8(STEP);
                 w.u64(step.at);
                 events(&mut w, &step.events);
+                w.u64(step.message_ids.len() as u64);
+                for (sender, id) in &step.message_ids {
+                    w.u64(sender.as_u64());
+                    w.u64(*id);
+                }
                 w.u64(step.yields.len() as u64);
                 for y in &step.yields {
                     w.u64(y.tag);
@@ -180,6 +205,11 @@ impl Record {
                 w.u8(EXIT);
                 outcome(&mut w, result);
             }
+            Record::HostMessage { topic, body } => {
+                w.u8(HOST_MESSAGE);
+                w.str(topic);
+                payload(&mut w, body);
+            }
         }
         w.into_bytes()
     }
@@ -198,6 +228,7 @@ impl Record {
         let record = match r.u8()? {
             SPAWN => Record::Spawn(SpawnRecord {
                 parent: Pid::from_u64(r.u64()?),
+                origin: if r.bool()? { Some((r.u64()?, r.u64()?)) } else { None },
                 kind: if r.bool()? { Some(r.str()?.to_owned()) } else { None },
                 method: r.str()?.to_owned(),
                 input: read_payloads(&mut r)?,
@@ -208,6 +239,11 @@ impl Record {
             STEP => {
                 let at = r.u64()?;
                 let events = read_events(&mut r)?;
+                let count = r.count()?;
+                let mut message_ids = Vec::with_capacity(count);
+                for _ in 0..count {
+                    message_ids.push((Pid::from_u64(r.u64()?), r.u64()?));
+                }
                 let count = r.count()?;
                 let mut yields = Vec::with_capacity(count);
                 for _ in 0..count {
@@ -225,9 +261,10 @@ impl Record {
                     3 => Status::Complete(Ok(Payload::empty())),
                     _ => return Err(Malformed("bad step status")),
                 };
-                Record::Step(StepRecord { at, events, yields, sends, status })
+                Record::Step(StepRecord { at, events, message_ids, yields, sends, status })
             }
             EXIT => Record::Exit(read_outcome(&mut r)?),
+            HOST_MESSAGE => Record::HostMessage { topic: r.str()?.to_owned(), body: read_payload(&mut r)? },
             _ => return Err(Malformed("unknown record kind")),
         };
         r.finish()?;
@@ -393,6 +430,7 @@ mod tests {
         vec![
             Record::Spawn(SpawnRecord {
                 parent: Pid::HOST,
+                origin: Some((3, 9)),
                 kind: Some("app".into()),
                 method: "main".into(),
                 input: input.clone(),
@@ -408,6 +446,7 @@ mod tests {
                     Event::Exit { pid: Pid::from_u64(5), result: Err("noproc".into()) },
                     Event::Cancel { reason: "shutdown".into() },
                 ],
+                message_ids: vec![(Pid::from_u64(9), 1 << 20)],
                 yields: vec![
                     Yield { tag: 1, command: Command::Sleep(Duration::from_millis(20)) },
                     Yield {
@@ -431,6 +470,7 @@ mod tests {
                 status: Status::Idle,
             }),
             Record::Exit(Ok(Payload::u64(42))),
+            Record::HostMessage { topic: "t".into(), body: Payload::text("x") },
             Record::Exit(Err("boom".into())),
         ]
     }

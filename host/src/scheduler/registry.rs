@@ -30,6 +30,11 @@ pub(super) const MAX_SHARDS: usize = 1 << SHARD_BITS;
 /// The most processes one shard can hold at once.
 pub(super) const MAX_PER_SHARD: usize = 1 << INDEX_BITS;
 
+/// The shard a pid names.
+pub(super) fn shard_of(pid: Pid) -> usize {
+    ((pid.as_u64() >> INDEX_BITS) & SHARD_MASK) as usize
+}
+
 pub(super) struct Registry {
     shards: Box<[Mutex<Shard>]>,
 }
@@ -74,6 +79,42 @@ impl Registry {
         let cell = Arc::new(ProcessCell::new(pid, process, spec, lineage));
         shard.slots.insert(Slot { generation, cell: cell.clone() });
         Ok(cell)
+    }
+
+    /// Registers restored processes under the pids they had (see `recovery.rs`), into an
+    /// empty registry. A process whose pid names a shard this registry lacks is handed
+    /// back.
+    pub(super) fn restore(&self, cells: Vec<Arc<ProcessCell>>) -> Vec<Arc<ProcessCell>> {
+        let mut by_shard: Vec<Vec<(usize, Slot)>> = (0..self.shards.len()).map(|_| Vec::new()).collect();
+        let mut refused = Vec::new();
+        for cell in cells {
+            match self.split(cell.pid()) {
+                Some((shard, index, generation)) => by_shard[shard].push((index, Slot { generation, cell })),
+                None => refused.push(cell),
+            }
+        }
+        for (shard, slots) in self.shards.iter().zip(by_shard) {
+            if slots.is_empty() {
+                continue;
+            }
+            let mut shard = shard.lock();
+            assert!(shard.slots.is_empty(), "processes are restored into an empty registry only");
+            let newest = slots.iter().map(|(_, slot)| slot.generation).max().unwrap_or(0);
+            shard.next_generation = shard.next_generation.max(newest);
+            shard.slots = slots.into_iter().collect();
+        }
+        refused
+    }
+
+    /// Makes every later pid of a shard newer than the given ones: pids recorded in a
+    /// journal are never given to another process.
+    pub(super) fn reserve_generations(&self, pids: impl Iterator<Item = Pid>) {
+        for pid in pids {
+            if let Some((shard, _, generation)) = self.split(pid) {
+                let mut shard = self.shards[shard].lock();
+                shard.next_generation = shard.next_generation.max(generation);
+            }
+        }
     }
 
     pub(super) fn get(&self, pid: Pid) -> Option<Arc<ProcessCell>> {

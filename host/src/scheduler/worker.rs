@@ -59,7 +59,7 @@ use super::cell::{Decision, Hibernation, ProcessCell, TurnEnd};
 use super::durable::PortSend;
 use super::idle::{PARK_AFTER_ROUNDS, Unparked, YIELD_AFTER_ROUNDS};
 use super::process::{Event, Events, Payload, Status, StepOutput};
-use super::record::now_micros;
+use super::record::{StepRecord, now_micros};
 use super::shared::Shared;
 use super::state::Lifecycle;
 
@@ -120,7 +120,10 @@ pub(super) fn keep_port_send(cell: &ProcessCell, send: PortSend) -> Result<(), P
             local.dispatch.sends.borrow_mut().extend(send.take());
         }
     });
-    send.map_or(Ok(()), Err)
+    match send {
+        Some(send) => super::durable::keep_replayed_send(cell, send),
+        None => Ok(()),
+    }
 }
 
 /// Keeps `event` for the next step of `cell` if this thread is dispatching `cell`'s
@@ -360,7 +363,7 @@ impl WorkerLoop<'_> {
             out.reset();
             counters.record_step();
             // A durable step's record holds the events it was given.
-            let recorded = durable.map(|_| (now_micros(), events.clone()));
+            let recorded = durable.map(|_| (now_micros(), events.clone(), cell.inbox.take_drained_ids()));
             dispatch.stepping.set(Arc::as_ptr(&cell) as usize);
             // SAFETY: `run_turn` runs this closure only while this worker holds the
             // process in `Running`.
@@ -393,9 +396,10 @@ impl WorkerLoop<'_> {
                 {
                     return Decision::Complete(Err(error));
                 }
-                if let (Some(durable), Some((at, events))) = (durable, recorded) {
+                if let (Some(durable), Some((at, events, message_ids))) = (durable, recorded) {
                     let status = Status::Complete(Ok(Payload::empty()));
-                    if let Err(error) = durable.record_step(&cell, at, events, Vec::new(), sends, status) {
+                    let step = StepRecord { at, events, message_ids, yields: Vec::new(), sends, status };
+                    if let Err(error) = durable.record_step(&cell, step) {
                         return Decision::Complete(Err(error));
                     }
                 }
@@ -405,9 +409,10 @@ impl WorkerLoop<'_> {
                 yields.clear();
                 return Decision::Complete(Err(error));
             }
-            if let (Some(durable), Some((at, events))) = (durable, recorded) {
+            if let (Some(durable), Some((at, events, message_ids))) = (durable, recorded) {
                 let yields = std::mem::take(yields);
-                if let Err(error) = durable.record_step(&cell, at, events, yields, sends, status.clone()) {
+                let step = StepRecord { at, events, message_ids, yields, sends, status: status.clone() };
+                if let Err(error) = durable.record_step(&cell, step) {
                     return Decision::Complete(Err(error));
                 }
             }

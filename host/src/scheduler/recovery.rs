@@ -1,0 +1,502 @@
+//! Resuming durable processes from their journal (see [`crate::journal`]).
+//!
+//! At build, a scheduler with a journal reads every history ([`Plan::read`]); processes
+//! without a recorded exit are restored:
+//!
+//! 1. **Registered** under the pid they had, each made by its kind's factory, every one
+//!    before any runs (so a message between two restored processes finds its receiver).
+//! 2. **Replayed**: `init` with the recorded method and input, then each recorded step
+//!    with its recorded events. A replayed step must yield the recorded commands and port
+//!    sends and end with the recorded status; if it does not, the process ends with an
+//!    error naming the step and what differed. Replay carries nothing out.
+//! 3. **Rewired**: what was under way at the crash is taken up again. A command whose
+//!    completion no step consumed runs again (a `sleep` for what is left of it, counted
+//!    from its step's recorded start; a custom command with the same idempotency key; a
+//!    `spawn` whose child was recorded completes with that child instead). A message that
+//!    its receiver did not consume is delivered again, once: messages carry (sender,
+//!    number) identities, and a step's record lists those it consumed. Monitors are
+//!    registered again, and an exit that happened but was not consumed is delivered.
+//! 4. **Queued** when they can run.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::cell::{ProcessCell, Spec, Watcher};
+use super::completer::complete;
+use super::dispatch::Origin;
+use super::durable::{port_send_id, replaying};
+use super::handle::{ExitSlot, ProcessHandle};
+use super::limits::Lineage;
+use super::port::Port;
+use super::process::{Command, Event, Outcome, Payload, Pid, Status, StepOutput, Yield};
+use super::record::{Record, SpawnRecord, StepRecord, now_micros};
+use super::shared::Shared;
+use super::state::{Lifecycle, Waiting};
+use crate::journal::{Journal, Key};
+
+/// One process's history as read back.
+struct Saved {
+    spawn: SpawnRecord,
+    steps: Vec<(u64, StepRecord)>,
+    host_messages: Vec<(u64, String, Payload)>,
+    exit: Option<Outcome>,
+    next_seq: u64,
+}
+
+/// What a journal holds, read at build.
+pub(super) struct Plan {
+    saved: BTreeMap<Pid, Saved>,
+}
+
+impl Plan {
+    /// Reads every history.
+    ///
+    /// # Errors
+    ///
+    /// The store cannot be read, or a record is damaged (named by its key): a journal that
+    /// cannot be trusted is not resumed at all.
+    pub(super) fn read(journal: &Journal) -> anyhow::Result<Plan> {
+        let mut saved: BTreeMap<Pid, Saved> = BTreeMap::new();
+        let mut failure = None;
+        journal.store.scan(Key { process: 1, seq: 0 }, &mut |key, value| {
+            let pid = Pid::from_u64(key.process);
+            let record = match Record::decode(value) {
+                Ok(record) => record,
+                Err(error) => {
+                    failure = Some(anyhow::anyhow!("record {} of process {pid}: {error}", key.seq));
+                    return ControlFlow::Break(());
+                }
+            };
+            match (saved.get_mut(&pid), record) {
+                (None, Record::Spawn(spawn)) => {
+                    let history = Saved {
+                        spawn,
+                        steps: Vec::new(),
+                        host_messages: Vec::new(),
+                        exit: None,
+                        next_seq: key.seq + 1,
+                    };
+                    saved.insert(pid, history);
+                }
+                (None, _) => {
+                    failure = Some(anyhow::anyhow!("process {pid} has records but no spawn record"));
+                    return ControlFlow::Break(());
+                }
+                (Some(history), record) => {
+                    history.next_seq = key.seq + 1;
+                    match record {
+                        Record::Spawn(_) => {
+                            failure = Some(anyhow::anyhow!("process {pid} has a second spawn record at {}", key.seq));
+                            return ControlFlow::Break(());
+                        }
+                        Record::Step(step) => history.steps.push((key.seq, step)),
+                        Record::HostMessage { topic, body } => history.host_messages.push((key.seq, topic, body)),
+                        Record::Exit(result) => history.exit = Some(result),
+                    }
+                }
+            }
+            ControlFlow::Continue(())
+        })?;
+        if let Some(error) = failure {
+            return Err(error.context("the journal is damaged and cannot be resumed"));
+        }
+        Ok(Plan { saved })
+    }
+
+    /// The registry shards the recorded pids need.
+    pub(super) fn shards(&self) -> usize {
+        self.saved.keys().map(|pid| super::registry::shard_of(*pid) + 1).max().unwrap_or(0)
+    }
+
+    /// Restores every unfinished process and sets it going; returns the handles of those
+    /// the embedder had spawned.
+    pub(super) fn restore(self, shared: &Arc<Shared>) -> Vec<ProcessHandle> {
+        shared.registry.reserve_generations(self.saved.keys().copied());
+        let cells = self.register(shared);
+        let mut handles = Vec::new();
+        let mut replayed = HashMap::new();
+        for (pid, cell) in &cells {
+            let saved = &self.saved[pid];
+            if saved.spawn.parent == Pid::HOST {
+                let slot = Arc::new(ExitSlot::default());
+                if cell.inbox.watch(Watcher::Handle(slot.clone())).is_ok() {
+                    handles.push(ProcessHandle::new(*pid, slot));
+                }
+            }
+            match replay(cell, saved) {
+                Ok(status) => {
+                    replayed.insert(*pid, status);
+                }
+                Err(error) => {
+                    // The process ends here, with its exit recorded like any other.
+                    shared.end(cell, Some(Err(error)));
+                }
+            }
+        }
+        let consumed: HashMap<Pid, HashSet<(Pid, u64)>> = replayed
+            .keys()
+            .map(|pid| {
+                let ids = self.saved[pid].steps.iter().flat_map(|(_, step)| step.message_ids.iter().copied()).collect();
+                (*pid, ids)
+            })
+            .collect();
+        let live = |pid: &Pid| replayed.contains_key(pid);
+        // Every message to deliver again, by receiver, in each sender's order; with the
+        // yield to complete once it is delivered, for a `send` still in flight.
+        let mut deliveries: BTreeMap<Pid, BTreeMap<(Pid, u64), Redelivery>> = BTreeMap::new();
+        let mut undelivered = |from: Pid, to: Pid, id: u64, topic: &str, body: &Payload, yielded| {
+            let fresh = live(&to) && !consumed[&to].contains(&(from, id));
+            if fresh {
+                let message = Redelivery { topic: topic.to_owned(), body: body.clone(), yielded };
+                deliveries.entry(to).or_default().insert((from, id), message);
+            }
+            fresh
+        };
+        let mut later = Vec::new();
+        for (pid, saved) in &self.saved {
+            for (seq, step) in &saved.steps {
+                for (index, (to, topic, body)) in step.sends.iter().enumerate() {
+                    undelivered(*pid, *to, port_send_id(*seq, index), topic, body, None);
+                }
+            }
+            for (seq, topic, body) in &saved.host_messages {
+                undelivered(Pid::HOST, *pid, *seq, topic, body, None);
+            }
+            // A sender that has ended may still have messages its receiver did not take.
+            let pending = pending_yields(saved);
+            for done in &pending.completed_sends {
+                undelivered(*pid, done.to, done.id, &done.topic, &done.body, None);
+            }
+            if !live(pid) {
+                continue;
+            }
+            let cell = &cells[pid];
+            self.rewire_monitors(shared, cell, saved, &pending, &cells);
+            for (origin, y) in pending.outstanding {
+                // A `send` in flight is delivered with the others, in its sender's order.
+                if let Command::Send { to, topic, body } = &y.command
+                    && undelivered(*pid, *to, origin.message_id(), topic, body, Some((cell.clone(), y.tag)))
+                {
+                    continue;
+                }
+                later.push((cell.clone(), origin, y));
+            }
+        }
+        for (to, messages) in deliveries {
+            for ((from, id), message) in messages {
+                let sent = shared.send(from, to, message.topic, message.body, Some(id));
+                match message.yielded {
+                    Some((cell, tag)) => {
+                        complete(&cell, tag, sent.map(|()| Payload::empty()).map_err(|e| e.to_string()))
+                    }
+                    None => {
+                        if let Err(error) = sent {
+                            tracing::warn!(%from, %to, %error, "a recovered message could not be delivered again");
+                        }
+                    }
+                }
+            }
+        }
+        for (cell, origin, y) in later {
+            let saved = &self.saved[&cell.pid()];
+            self.take_up(shared, &cell, saved, origin, y, &consumed, &cells);
+        }
+        for (pid, status) in replayed {
+            let cell = &cells[&pid];
+            let target = match status {
+                Some(Status::Blocked) => Some(Lifecycle::Blocked),
+                Some(Status::Idle) => Some(Lifecycle::Idle),
+                _ => None,
+            };
+            match target.map(|target| cell.state.transition_to_waiting(target)) {
+                Some(Waiting::Parked) => {}
+                Some(Waiting::Rerun) | None => {
+                    cell.state.transition_to_ready_from_running();
+                    shared.schedule_global(cell.clone());
+                }
+            }
+        }
+        handles
+    }
+
+    /// Makes and registers every unfinished process, parents before children.
+    fn register(&self, shared: &Arc<Shared>) -> BTreeMap<Pid, Arc<ProcessCell>> {
+        let mut cells: BTreeMap<Pid, Arc<ProcessCell>> = BTreeMap::new();
+        let unfinished: Vec<Pid> = self.saved.iter().filter(|(_, s)| s.exit.is_none()).map(|(pid, _)| *pid).collect();
+        // Parents first, so a child's lineage can count it in its parent's.
+        let mut order = Vec::with_capacity(unfinished.len());
+        let mut placed = HashSet::new();
+        while order.len() < unfinished.len() {
+            let before = order.len();
+            for pid in &unfinished {
+                let parent = self.saved[pid].spawn.parent;
+                let parent_ready = parent == Pid::HOST || placed.contains(&parent) || !unfinished.contains(&parent);
+                if !placed.contains(pid) && parent_ready {
+                    placed.insert(*pid);
+                    order.push(*pid);
+                }
+            }
+            assert!(order.len() > before, "the spawn records form a cycle of parents");
+        }
+        for pid in order {
+            let saved = &self.saved[&pid];
+            let made = match &saved.spawn.kind {
+                Some(kind) => match shared.kinds.get_key_value(kind.as_str()) {
+                    Some((name, factory)) => {
+                        factory.make().map(|p| (p, Some(name.clone()))).map_err(|e| format!("{e:#}"))
+                    }
+                    None => Err(format!("its kind `{kind}` is not registered")),
+                },
+                None => {
+                    Err("it was spawned as a value, not by a registered kind, so it cannot be made again".to_owned())
+                }
+            };
+            let lineage = match cells.get(&saved.spawn.parent) {
+                Some(parent) => Lineage::child_of(&parent.lineage),
+                None => Lineage::default(),
+            };
+            let (process, kind) = match made {
+                Ok(made) => made,
+                Err(reason) => {
+                    tracing::error!(%pid, %reason, "a durable process cannot be resumed");
+                    // Recorded as ended, so the next start does not try again.
+                    if let Some(durable) = &shared.durable {
+                        durable.record_lost_exit(pid, saved.next_seq, format!("cannot be resumed: {reason}"));
+                    }
+                    continue;
+                }
+            };
+            let spec = Spec {
+                scheduler: Some(shared.clone()),
+                kind,
+                caps: Arc::new(saved.spawn.caps.clone()),
+                mailbox_capacity: (saved.spawn.mailbox_capacity as usize).max(1),
+            };
+            let cell = Arc::new(ProcessCell::new(pid, process, spec, lineage));
+            cell.journal_seq.store(saved.next_seq, std::sync::atomic::Ordering::Relaxed);
+            cells.insert(pid, cell);
+        }
+        shared.adopt(cells.values().cloned().collect());
+        cells
+    }
+
+    /// Registers again the monitors `cell`'s process had set up, and delivers the exits
+    /// it did not consume of processes that ended.
+    fn rewire_monitors(
+        &self,
+        shared: &Arc<Shared>,
+        cell: &Arc<ProcessCell>,
+        saved: &Saved,
+        pending: &Pending,
+        cells: &BTreeMap<Pid, Arc<ProcessCell>>,
+    ) {
+        let consumed_exits: HashSet<Pid> = saved
+            .steps
+            .iter()
+            .flat_map(|(_, step)| step.events.iter())
+            .filter_map(|event| match event {
+                Event::Exit { pid, .. } => Some(*pid),
+                _ => None,
+            })
+            .collect();
+        for target in &pending.monitored {
+            if consumed_exits.contains(target) {
+                continue;
+            }
+            self.watch(shared, cell, *target, cells);
+        }
+    }
+
+    /// `cell` gets an exit event when `target` ends: now, if it already has.
+    fn watch(
+        &self,
+        shared: &Arc<Shared>,
+        cell: &Arc<ProcessCell>,
+        target: Pid,
+        cells: &BTreeMap<Pid, Arc<ProcessCell>>,
+    ) {
+        if let Some(target_cell) = cells.get(&target)
+            && target_cell.inbox.watch(Watcher::Process(cell.clone())).is_ok()
+        {
+            return;
+        }
+        let result = match self.saved.get(&target).and_then(|s| s.exit.clone()) {
+            Some(result) => result,
+            None => Err("noproc".to_owned()),
+        };
+        if let Ok(super::state::Wake::Schedule) = cell.deliver(Event::Exit { pid: target, result }) {
+            shared.schedule(cell.clone());
+        }
+    }
+
+    /// Takes up a yield whose completion was not consumed.
+    #[expect(clippy::too_many_arguments, reason = "the recovery's context, passed down once")]
+    fn take_up(
+        &self,
+        shared: &Arc<Shared>,
+        cell: &Arc<ProcessCell>,
+        saved: &Saved,
+        origin: Origin,
+        y: Yield,
+        consumed: &HashMap<Pid, HashSet<(Pid, u64)>>,
+        cells: &BTreeMap<Pid, Arc<ProcessCell>>,
+    ) {
+        let tag = y.tag;
+        match y.command {
+            Command::Sleep(duration) => {
+                let started = saved.steps.iter().find(|(seq, _)| *seq == origin.seq).map_or(0, |(_, s)| s.at);
+                let deadline = started.saturating_add(duration.as_micros().min(u128::from(u64::MAX)) as u64);
+                let left = Duration::from_micros(deadline.saturating_sub(now_micros()));
+                shared.dispatch_from(cell, Yield { tag, command: Command::Sleep(left) }, Some(origin));
+            }
+            Command::Spawn(request) => {
+                let child = self
+                    .saved
+                    .iter()
+                    .find(|(_, s)| s.spawn.parent == cell.pid() && s.spawn.origin == Some((origin.seq, tag)));
+                match child {
+                    Some((child, _)) => {
+                        complete(cell, tag, Ok(Payload::u64(child.as_u64())));
+                        if request.monitor {
+                            self.watch(shared, cell, *child, cells);
+                        }
+                    }
+                    None => shared.dispatch_from(cell, Yield { tag, command: Command::Spawn(request) }, Some(origin)),
+                }
+            }
+            Command::Send { to, topic, body } => {
+                let id = origin.message_id();
+                if consumed.get(&to).is_some_and(|ids| ids.contains(&(cell.pid(), id))) {
+                    complete(cell, tag, Ok(Payload::empty()));
+                } else {
+                    shared.dispatch_from(cell, Yield { tag, command: Command::Send { to, topic, body } }, Some(origin));
+                }
+            }
+            command => shared.dispatch_from(cell, Yield { tag, command }, Some(origin)),
+        }
+    }
+}
+
+/// Runs `init` and every recorded step again, checking each against its record. Leaves
+/// the process `Running`, and returns the status of its last step (`None`: it has not
+/// stepped yet).
+fn replay(cell: &Arc<ProcessCell>, saved: &Saved) -> Result<Option<Status>, String> {
+    let pid = cell.pid();
+    let spawn = &saved.spawn;
+    // SAFETY: the process was registered moments ago and is in `Init`, in no queue:
+    // this thread is its only owner until it is queued or parked below.
+    let init = unsafe {
+        cell.with_process(|p| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                p.init(Port::new(cell), &spawn.method, spawn.input.clone())
+            }))
+        })
+    }
+    .expect("a process in `Init` is not closed");
+    cell.state.transition_to_ready_from_init();
+    cell.state.transition_to_running();
+    match init {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => return Err(format!("cannot be resumed: its init failed on replay: {error:#}")),
+        Err(_) => return Err("cannot be resumed: its init panicked on replay".to_owned()),
+    }
+    let mut out = StepOutput::new();
+    let mut last = None;
+    for (seq, step) in &saved.steps {
+        out.reset();
+        let (stepped, sends) = replaying(cell, || {
+            // SAFETY: as above; the process is `Running` and owned by this thread.
+            unsafe {
+                cell.with_process(|p| {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        p.step(super::process::Events::new(step.events.clone().drain(..)), &mut out)
+                    }))
+                })
+            }
+        });
+        let differs = |what: String| Err(format!("non-determinism in process {pid} at step record {seq}: {what}"));
+        match stepped {
+            Some(Ok(Ok(()))) => {}
+            Some(Ok(Err(error))) => return differs(format!("the step failed on replay ({error:#})")),
+            Some(Err(_)) | None => return differs("the step panicked on replay".to_owned()),
+        }
+        if out.yields() != step.yields.as_slice() {
+            return differs(format!("recorded yields {:?}, replay yielded {:?}", step.yields, out.yields()));
+        }
+        if sends != step.sends {
+            return differs(format!("recorded port sends {:?}, replay sent {sends:?}", step.sends));
+        }
+        let status = out.take_status();
+        let same_status = match (&status, &step.status) {
+            (Status::Complete(_), Status::Complete(_)) => true,
+            (a, b) => a == b,
+        };
+        if !same_status {
+            return differs(format!("recorded status {:?}, replay ended with {status:?}", step.status));
+        }
+        last = Some(status);
+    }
+    Ok(last)
+}
+
+/// A message to deliver again at recovery.
+struct Redelivery {
+    topic: String,
+    body: Payload,
+    /// The process and tag of the `send` yield to complete once it is delivered.
+    yielded: Option<(Arc<ProcessCell>, u64)>,
+}
+
+/// A yielded `send` whose completion the process consumed, with its outcome `Ok`.
+struct CompletedSend {
+    to: Pid,
+    id: u64,
+    topic: String,
+    body: Payload,
+}
+
+/// What a process's history says is still under way.
+struct Pending {
+    /// Yields with no consumed completion, in order.
+    outstanding: Vec<(Origin, Yield)>,
+    /// Yielded sends that completed successfully (delivered, perhaps not consumed).
+    completed_sends: Vec<CompletedSend>,
+    /// Processes it monitors through completed `monitor` yields and monitored spawns.
+    monitored: Vec<Pid>,
+}
+
+fn pending_yields(saved: &Saved) -> Pending {
+    let mut open: BTreeMap<u64, Vec<(Origin, Yield)>> = BTreeMap::new();
+    let mut completed_sends = Vec::new();
+    let mut monitored = Vec::new();
+    for (seq, step) in &saved.steps {
+        for event in &step.events {
+            let Event::Completion { tag, result } = event else { continue };
+            let Some(waiting) = open.get_mut(tag) else { continue };
+            if waiting.is_empty() {
+                continue;
+            }
+            let (origin, y) = waiting.remove(0);
+            match (y.command, result) {
+                (Command::Send { to, topic, body }, Ok(_)) => {
+                    completed_sends.push(CompletedSend { to, id: origin.message_id(), topic, body });
+                }
+                (Command::Monitor(target), Ok(_)) => monitored.push(target),
+                (Command::Spawn(request), Ok(pid)) if request.monitor => {
+                    if let Some(child) = pid.to_u64() {
+                        monitored.push(Pid::from_u64(child));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (index, y) in step.yields.iter().enumerate() {
+            open.entry(y.tag).or_default().push((Origin { seq: *seq, index: index as u32 }, y.clone()));
+        }
+    }
+    let mut outstanding: Vec<(Origin, Yield)> = open.into_values().flatten().collect();
+    outstanding.sort_by_key(|(origin, _)| (origin.seq, origin.index));
+    Pending { outstanding, completed_sends, monitored }
+}
