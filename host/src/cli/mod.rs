@@ -1,4 +1,4 @@
-//! The command line: `wasmproc run`, `inspect` and `compile`.
+//! The command line: `wasmproc run`, `inspect`, `compile` and `journal`.
 //!
 //! Each subcommand is a struct of its flags with `execute(self)` (`run.rs`, `inspect.rs`,
 //! `compile.rs`): it parses nothing itself, builds a configuration and calls the library.
@@ -13,6 +13,7 @@
 mod compile;
 mod input;
 mod inspect;
+mod journal;
 mod output;
 mod report;
 mod run;
@@ -107,6 +108,9 @@ enum Command {
     Inspect(inspect::Inspect),
     /// Precompile a program, so that `run` loads it without compiling.
     Compile(compile::Compile),
+    /// Read the journal of a durable run (`run --journal DIR`): `ls` its processes,
+    /// `show` one's history.
+    Journal(journal::JournalCommand),
 }
 
 /// Engine settings that compiled code depends on: `compile` and `run` must agree.
@@ -186,6 +190,7 @@ pub(crate) fn main() -> ExitCode {
         Command::Run(run) => run.execute(),
         Command::Inspect(inspect) => inspect.execute(),
         Command::Compile(compile) => compile.execute(),
+        Command::Journal(journal) => journal.execute(),
     };
     match outcome {
         Ok(code) => code,

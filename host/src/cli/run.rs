@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use wasmproc::journal::Journal;
 use wasmproc::scheduler::{ProcessHandle, SpawnOptions};
 use wasmproc::wasm::{COMMAND_ENTRY, LogRecord, Program, WasiOptions};
 use wasmproc::{Capabilities, Payload, Scheduler};
@@ -128,6 +129,12 @@ pub(super) struct Run {
     /// through from the host's. Repeatable.
     #[arg(long, value_name = "NAME[=VALUE]")]
     env: Vec<String>,
+    /// Run durably, with the journal in DIR (created if missing): every step is recorded
+    /// before it takes effect, so after a crash, a kill or a stop the same command
+    /// resumes the run where it was instead of starting it again. Process components
+    /// only.
+    #[arg(long, value_name = "DIR")]
+    journal: Option<PathBuf>,
     /// Print a summary at exit (stderr, or in the --json object): processes, steps,
     /// yields by command, messages, steals, per-worker steps, peak live, wall time.
     #[arg(long)]
@@ -147,8 +154,13 @@ pub(super) struct Run {
 
 /// The entry process, ready to spawn.
 enum Root {
-    Process { method: String, inputs: Vec<Payload> },
+    Process {
+        method: String,
+        inputs: Vec<Payload>,
+    },
     Command(Box<wasmproc::wasm::WasiProcess>),
+    /// Resumed from the journal: already running.
+    Resumed(ProcessHandle),
 }
 
 impl Run {
@@ -231,15 +243,50 @@ impl Run {
             Program::Process(component) => {
                 let method = self.entry_method(component.entries())?;
                 builder = builder.kind("app", component);
+                if let Some(dir) = &self.journal {
+                    let journal = Journal::open(dir).map_err(|e| Failure::new(Exit::Host, format!("{e}")))?;
+                    builder = builder.journal(journal);
+                }
                 Root::Process { method, inputs }
             }
             Program::Wasi(command) => {
+                if self.journal.is_some() {
+                    return Err(Failure::new(
+                        Exit::Usage,
+                        format!(
+                            "`{}` is a WASI command: it runs in one step, so --journal cannot make it durable",
+                            self.app.display()
+                        ),
+                    ));
+                }
                 self.check_command_flags(&inputs)?;
                 Root::Command(Box::new(command.process(command_options(self, interrupt.clone())?)))
             }
         };
         let scheduler =
             builder.build().map_err(|e| Failure::new(Exit::Host, format!("cannot start the scheduler: {e:#}")))?;
+        let mut resumed = scheduler.resumed();
+        let root = match resumed.len() {
+            0 => root,
+            1 => {
+                let process = resumed.remove(0);
+                if let Some(dir) = &self.journal {
+                    out.line(format!(
+                        "wasmproc: resuming process {} from the journal in {}",
+                        process.pid(),
+                        dir.display()
+                    ));
+                }
+                Root::Resumed(process)
+            }
+            n => {
+                scheduler.stop(Duration::ZERO);
+                return Err(Failure::new(
+                    Exit::Usage,
+                    format!("the journal holds {n} unfinished runs; one journal directory serves one run at a time"),
+                ));
+            }
+        };
         Ok((scheduler, root))
     }
 
@@ -289,6 +336,7 @@ impl Root {
             Root::Process { method, inputs } => {
                 scheduler.handle().spawn(Spawnable::kind("app"), SpawnOptions::new(&method).input(inputs))
             }
+            Root::Resumed(process) => Ok(process),
             Root::Command(process) => {
                 scheduler.handle().spawn(process as Box<dyn wasmproc::Process>, SpawnOptions::new(COMMAND_ENTRY))
             }

@@ -210,6 +210,17 @@ impl Signals {
             Stop::Timeout(_) => stop.reason(),
             Stop::Signal(_) => format!("{} (again to force)", stop.reason()),
         };
+        if scheduler.handle().is_durable() {
+            // Nothing is cancelled: the processes are suspended where their journal has
+            // them, and the same command resumes them.
+            out.line(format!(
+                "wasmproc: {}: suspending {}; run the same command again to resume",
+                stop.reason(),
+                processes(scheduler.handle().live())
+            ));
+            scheduler.stop(Duration::ZERO);
+            return root;
+        }
         out.line(format!("wasmproc: {what}: stopping {}", processes(scheduler.handle().live())));
         scheduler.handle().cancel_all(&stop.reason());
         let until = Instant::now().checked_add(grace);

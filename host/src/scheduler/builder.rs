@@ -231,6 +231,7 @@ impl Builder {
             kinds: self.kinds,
             timer,
             durable,
+            suspending: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
             drained_lock: Mutex::new(()),

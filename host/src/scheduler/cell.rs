@@ -11,6 +11,7 @@ use std::sync::atomic::AtomicU64;
 
 use super::caps::Capabilities;
 use super::completer::Completer;
+use super::durable::StepInProgress;
 use super::handle::ExitSlot;
 use super::inbox::{Inbox, MessageId, Refused};
 use super::limits::Lineage;
@@ -52,6 +53,9 @@ pub(super) struct ProcessCell {
     pub(super) lineage: Lineage,
     /// The sequence number of its next journal record (durable schedulers only).
     pub(super) journal_seq: AtomicU64,
+    /// The step under way of a durable process (see `durable.rs`); only its owner
+    /// touches it, the lock is uncontended.
+    pub(super) durable_step: parking_lot::Mutex<Option<Box<StepInProgress>>>,
 }
 
 /// What the step closure of [`ProcessCell::run_turn`] decided.
@@ -97,6 +101,7 @@ impl ProcessCell {
             spec,
             lineage,
             journal_seq: AtomicU64::new(0),
+            durable_step: parking_lot::Mutex::new(None),
         }
     }
 

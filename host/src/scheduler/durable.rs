@@ -16,7 +16,8 @@ use std::sync::atomic::Ordering;
 
 use super::cell::ProcessCell;
 use super::dispatch::Origin;
-use super::process::{Outcome, Payload, Pid, Yield};
+use super::inbox::MessageId;
+use super::process::{Event, Outcome, Payload, Pid, Status, Yield};
 use super::record::{Record, SpawnRecord, StepRecord, now_micros};
 use super::shared::Shared;
 use crate::journal::{CommitError, CommitStats, Committer, Journal, Key, OnCommit};
@@ -105,6 +106,9 @@ impl Durable {
     /// Submits `record` as the next of `cell`'s history; `then(seq)` is what its commit
     /// lets happen.
     fn submit(&self, cell: &ProcessCell, record: &Record, then: impl FnOnce(u64) -> AfterCommit) -> Result<(), String> {
+        if cell.scheduler().suspending.load(Ordering::Acquire) {
+            return Err(SUSPENDED.to_owned());
+        }
         let seq = cell.journal_seq.fetch_add(1, Ordering::Relaxed);
         // The exit is always allowed: a process at its limit must still be able to end.
         if seq >= self.max_records && !matches!(record, Record::Exit(_)) {
@@ -175,6 +179,70 @@ impl Durable {
     }
 }
 
+/// One turn of a durable process: when it began, the events it was given and the
+/// identities of the messages among them.
+pub(super) struct Turn {
+    pub(super) at: u64,
+    pub(super) events: Vec<Event>,
+    pub(super) ids: Vec<MessageId>,
+}
+
+/// A step of a durable process as far as its turns have gone: a preempted step spans
+/// several turns. The events given to a resumed turn are kept by the process for its next
+/// step ([`StepOutput::set_preempted`](super::StepOutput::set_preempted)), so they are
+/// carried to that step's record, which then holds exactly what its step began with.
+#[derive(Default)]
+pub(super) struct StepInProgress {
+    /// The step under way (begun, preempted, not finished).
+    started: Option<(u64, Vec<Event>, Vec<MessageId>)>,
+    carried: Vec<Event>,
+    carried_ids: Vec<MessageId>,
+    sends: Vec<PortSend>,
+}
+
+/// A finished step, less what it yielded and its status.
+pub(super) struct Finished {
+    at: u64,
+    events: Vec<Event>,
+    ids: Vec<MessageId>,
+    sends: Vec<PortSend>,
+}
+
+impl Finished {
+    pub(super) fn into_record(self, yields: Vec<Yield>, status: Status) -> StepRecord {
+        StepRecord { at: self.at, events: self.events, message_ids: self.ids, yields, sends: self.sends, status }
+    }
+}
+
+impl ProcessCell {
+    /// Adds a turn to the step under way; the step once it has finished (`preempted`
+    /// false), for its record.
+    pub(super) fn durable_turn(&self, turn: Turn, sends: Vec<PortSend>, preempted: bool) -> Option<Finished> {
+        let mut slot = self.durable_step.lock();
+        let step = slot.get_or_insert_with(Box::default);
+        match &mut step.started {
+            None => {
+                let mut events = std::mem::take(&mut step.carried);
+                events.extend(turn.events);
+                let mut ids = std::mem::take(&mut step.carried_ids);
+                ids.extend(turn.ids);
+                step.started = Some((turn.at, events, ids));
+            }
+            Some(_) => {
+                step.carried.extend(turn.events);
+                step.carried_ids.extend(turn.ids);
+            }
+        }
+        step.sends.extend(sends);
+        if preempted {
+            return None;
+        }
+        let (at, events, ids) = step.started.take().expect("set above");
+        let sends = std::mem::take(&mut step.sends);
+        Some(Finished { at, events, ids, sends })
+    }
+}
+
 impl AfterCommit {
     fn carry_out(self) {
         match self {
@@ -216,6 +284,10 @@ impl AfterCommit {
         }
     }
 }
+
+/// The result a durable process reports when its scheduler stops: it is not ended.
+pub(super) const SUSPENDED: &str =
+    "suspended: the host stopped; the process resumes when a host starts with its journal";
 
 fn journal_failed(error: &CommitError) -> String {
     format!("journal failed: {error}")

@@ -174,6 +174,11 @@ impl Handle {
         self.shared.stopping.load(Ordering::Acquire)
     }
 
+    /// Whether the scheduler has a journal: its processes are durable.
+    pub fn is_durable(&self) -> bool {
+        self.shared.durable.is_some()
+    }
+
     /// What the journal has committed, if processes are durable.
     pub fn journal_stats(&self) -> Option<crate::journal::CommitStats> {
         self.shared.durable.as_ref().map(|durable| durable.stats())

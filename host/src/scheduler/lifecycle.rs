@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use super::caps::Capabilities;
 use super::cell::{ProcessCell, Spec, Watcher};
-use super::durable::spawn_record;
+use super::durable::{SUSPENDED, spawn_record};
 use super::inbox::Refused;
 use super::limits::Lineage;
 use super::port::Port;
@@ -213,6 +213,10 @@ impl Shared {
     /// is recorded first, and it is finalised once that is committed.
     pub(super) fn end(&self, cell: &Arc<ProcessCell>, result: Option<Outcome>) {
         match &self.durable {
+            // Its exit is not recorded: it resumes on the next start.
+            Some(_) if self.suspending.load(Ordering::Acquire) => {
+                self.finalize(cell, Some(Err(SUSPENDED.to_owned())));
+            }
             Some(durable) => {
                 if let Err(reason) = durable.record_exit(cell, result) {
                     self.finalize(cell, Some(Err(format!("{reason}; the result was not recorded"))));
@@ -258,8 +262,12 @@ impl Shared {
         if undelivered > 0 {
             self.count(|c| &c.undelivered, undelivered as u64);
         }
+        // Suspended processes tell no other process: they all go down together, and a
+        // step that consumed a suspension as an exit would make it part of the history.
+        let suspending = self.suspending.load(Ordering::Acquire);
         for watcher in closed.watchers {
             match watcher {
+                Watcher::Process(_) if suspending => {}
                 Watcher::Process(watching) => {
                     if let Ok(Wake::Schedule) =
                         watching.deliver(Event::Exit { pid: cell.pid(), result: result.clone() })

@@ -70,6 +70,7 @@ use parking_lot::Mutex;
 
 pub use self::builder::Builder;
 pub use self::caps::Capabilities;
+use self::durable::SUSPENDED;
 pub use self::handle::{Handle, ProcessHandle, SpawnOptions, Spawnable};
 pub use self::port::Port;
 pub use self::process::{Command, Event, Events, Outcome, Process, SpawnRequest, Status, StepOutput, Yield};
@@ -128,6 +129,11 @@ impl Scheduler {
     /// terminates the rest, and joins every thread. See the module docs, "Shutdown".
     /// A second call returns at once with an empty report.
     ///
+    /// A durable scheduler (one with a journal) suspends its processes instead: each
+    /// ends here, at its next turn, with the error "suspended: …" and no recorded exit,
+    /// and resumes where its journal left it when a scheduler is built on the journal
+    /// again. Nothing is cancelled and `grace` is not waited for. `forced` counts them.
+    ///
     /// A native process whose step never returns keeps `stop` from returning: steps are
     /// not preemptible from outside (Wasm steps are: terminating a preempted one drops it).
     ///
@@ -146,9 +152,20 @@ impl Scheduler {
         let start = Instant::now();
         shared.stopping.store(true, Ordering::SeqCst);
 
-        let cancelled = self.handle.cancel_all("shutdown");
+        if shared.durable.is_some() {
+            // Durable processes are suspended, not cancelled: see `Scheduler::stop`.
+            shared.suspending.store(true, Ordering::SeqCst);
+        }
+        let cancelled = if shared.durable.is_some() { 0 } else { self.handle.cancel_all("shutdown") };
         let mut forced = 0;
-        if !shared.wait_drained(Some(start + grace)) {
+        if shared.durable.is_some() {
+            loop {
+                forced += self.handle.terminate_all(SUSPENDED);
+                if shared.wait_drained(Some(Instant::now() + Duration::from_millis(50))) {
+                    break;
+                }
+            }
+        } else if !shared.wait_drained(Some(start + grace)) {
             // Spawns that passed the stopping check before it was set may still be
             // registering: sweep until nothing is left.
             loop {

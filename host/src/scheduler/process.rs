@@ -332,6 +332,7 @@ pub enum Status {
 pub struct StepOutput {
     status: Status,
     yields: Vec<Yield>,
+    preempted: bool,
 }
 
 impl StepOutput {
@@ -365,9 +366,24 @@ impl StepOutput {
         &self.yields
     }
 
+    /// Marks the step as stopped part-way, at its time slice, to resume where it
+    /// stopped when stepped next (with [`Status::Continue`]): the events given to the
+    /// resumed turns are the process's own to keep for its next step. A durable scheduler
+    /// records the step once it finishes, as one step, and a replay runs it whole.
+    pub fn set_preempted(&mut self) {
+        self.preempted = true;
+        self.status = Status::Continue;
+    }
+
+    /// Whether [`StepOutput::set_preempted`] was called in this step.
+    pub fn is_preempted(&self) -> bool {
+        self.preempted
+    }
+
     pub(crate) fn reset(&mut self) {
         self.status = Status::Blocked;
         self.yields.clear();
+        self.preempted = false;
     }
 
     pub(crate) fn take_status(&mut self) -> Status {

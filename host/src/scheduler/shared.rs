@@ -48,6 +48,9 @@ pub(super) struct Shared {
     pub(super) timer: Timer,
     /// The journal, if processes are durable.
     pub(super) durable: Option<Durable>,
+    /// A durable scheduler is stopping: its processes are suspended, not ended (their
+    /// exits are not recorded, so the next start with the journal resumes them).
+    pub(super) suspending: AtomicBool,
     pub(super) stopping: AtomicBool,
     pub(super) shut_down: AtomicBool,
     pub(super) drained_lock: Mutex<()>,

@@ -57,9 +57,10 @@ use crossbeam_deque::{Steal, Worker};
 
 use super::cell::{Decision, Hibernation, ProcessCell, TurnEnd};
 use super::durable::PortSend;
+use super::durable::Turn;
 use super::idle::{PARK_AFTER_ROUNDS, Unparked, YIELD_AFTER_ROUNDS};
 use super::process::{Event, Events, Payload, Status, StepOutput};
-use super::record::{StepRecord, now_micros};
+use super::record::now_micros;
 use super::shared::Shared;
 use super::state::Lifecycle;
 
@@ -363,7 +364,8 @@ impl WorkerLoop<'_> {
             out.reset();
             counters.record_step();
             // A durable step's record holds the events it was given.
-            let recorded = durable.map(|_| (now_micros(), events.clone(), cell.inbox.take_drained_ids()));
+            let turn =
+                durable.map(|_| Turn { at: now_micros(), events: events.clone(), ids: cell.inbox.take_drained_ids() });
             dispatch.stepping.set(Arc::as_ptr(&cell) as usize);
             // SAFETY: `run_turn` runs this closure only while this worker holds the
             // process in `Running`.
@@ -373,7 +375,11 @@ impl WorkerLoop<'_> {
                 })
             };
             dispatch.stepping.set(0);
-            let sends = if durable.is_some() { dispatch.sends.take() } else { Vec::new() };
+            // A preempted step is recorded once it finishes, as one step.
+            let recorded = match (durable, turn) {
+                (Some(_), Some(turn)) => cell.durable_turn(turn, dispatch.sends.take(), out.is_preempted()),
+                _ => None,
+            };
             // A panic in the step was caught above, so this always runs.
             // A step may leave events it did not take; they were delivered to it all the same.
             events.clear();
@@ -396,9 +402,8 @@ impl WorkerLoop<'_> {
                 {
                     return Decision::Complete(Err(error));
                 }
-                if let (Some(durable), Some((at, events, message_ids))) = (durable, recorded) {
-                    let status = Status::Complete(Ok(Payload::empty()));
-                    let step = StepRecord { at, events, message_ids, yields: Vec::new(), sends, status };
+                if let (Some(durable), Some(step)) = (durable, recorded) {
+                    let step = step.into_record(Vec::new(), Status::Complete(Ok(Payload::empty())));
                     if let Err(error) = durable.record_step(&cell, step) {
                         return Decision::Complete(Err(error));
                     }
@@ -409,9 +414,8 @@ impl WorkerLoop<'_> {
                 yields.clear();
                 return Decision::Complete(Err(error));
             }
-            if let (Some(durable), Some((at, events, message_ids))) = (durable, recorded) {
-                let yields = std::mem::take(yields);
-                let step = StepRecord { at, events, message_ids, yields, sends, status: status.clone() };
+            if let (Some(durable), Some(step)) = (durable, recorded) {
+                let step = step.into_record(std::mem::take(yields), status.clone());
                 if let Err(error) = durable.record_step(&cell, step) {
                     return Decision::Complete(Err(error));
                 }

@@ -211,7 +211,7 @@ impl Process for WasmProcess {
             State::Empty => bail!("`step` called on a Wasm process that is not initialised"),
         };
         let Some((running, mut batch, result)) = stepped else {
-            out.set_status(Status::Continue);
+            out.set_preempted();
             return Ok(());
         };
         let limits = &self.limits;

@@ -232,7 +232,7 @@ fn the_entry_result_is_printed_when_its_children_outlive_the_timeout() {
 
 /// Waits until the run of `child` has started its scheduler (its worker threads exist):
 /// a signal before that ends the host at once, with nothing to cancel.
-fn wait_until_running(child: &Child) {
+pub(super) fn wait_until_running(child: &Child) {
     let tasks = PathBuf::from(format!("/proc/{}/task", child.id()));
     let start = Instant::now();
     loop {

@@ -1,0 +1,54 @@
+//! A workflow to run durably (`wasmproc run durable.wasm --journal DIR`): it waits on
+//! timers, spawns children and exchanges messages with them, and its result is the same
+//! however often the host is killed and the run resumed.
+
+use wasmproc_guest::prelude::*;
+
+/// Spawns `workers` (default 4) `worker`s, sends each the numbers 1 to `rounds` (default
+/// 5) one message at a time, waiting for each answer and sleeping 20 ms between rounds,
+/// then stops them. Returns the sum of every answer and of every worker's result.
+#[entry]
+async fn main(ctx: Ctx, input: Option<(u32, u32)>) -> Result<u64> {
+    let (workers, rounds) = input.unwrap_or((4, 5));
+    let mut children = Vec::new();
+    for _ in 0..workers {
+        children.push(ctx.spawn("worker", ()).await?);
+    }
+    let mut total = 0u64;
+    for round in 1..=rounds {
+        for &child in &children {
+            ctx.send(child, "n", round).await?;
+            let answer: u64 = ctx.recv_topic("answer").await?.decode()?;
+            total += answer;
+        }
+        ctx.sleep(Duration::from_millis(20)).await;
+    }
+    for &child in &children {
+        ctx.send(child, "stop", ()).await?;
+        let seen: u64 = ctx.wait(child).await?;
+        total += seen;
+    }
+    Ok(total)
+}
+
+/// Answers each `n` message with n², after a 5 ms sleep, until `stop`; returns how many
+/// it answered.
+#[entry]
+async fn worker(ctx: Ctx, _: ()) -> Result<u64> {
+    let mut answered = 0;
+    loop {
+        let message = ctx.recv().await?;
+        match message.topic.as_str() {
+            "n" => {
+                let n: u64 = message.decode()?;
+                ctx.sleep(Duration::from_millis(5)).await;
+                ctx.send(message.sender, "answer", n * n).await?;
+                answered += 1;
+            }
+            "stop" => return Ok(answered),
+            other => bail!("unexpected `{other}` message from process {}", message.sender),
+        }
+    }
+}
+
+wasmproc_guest::export!(main, worker);

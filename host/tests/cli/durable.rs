@@ -1,0 +1,122 @@
+//! Durable runs through the real binary: killed with SIGKILL at random moments and
+//! resumed by the same command line, stopped by a signal and resumed, read back with
+//! `journal ls` and `show`.
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use wasmproc_tests::guests::{DURABLE, WASI_CLI};
+
+use super::{run, scratch, wasmproc};
+
+/// The durable example's result at its default input: four workers answer n² for n in
+/// 1..=5 (4 × 55) and each reports its 5 answers. A message lost would hang the run; one
+/// delivered twice would change a worker's count.
+const EXPECTED: &str = "240";
+
+/// Crashes per run of the suite; `WASMPROC_FUZZ_SCALE` multiplies them.
+const CRASHES: u64 = 8;
+
+fn start(journal: &str) -> Child {
+    wasmproc(&["run", DURABLE, "--journal", journal])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("wasmproc runs")
+}
+
+/// A small generator for the kill moments: the seed is printed with any failure.
+struct Moments(u64);
+
+impl Moments {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n.max(1)
+    }
+}
+
+#[test]
+fn a_run_killed_at_random_moments_resumes_to_the_uncrashed_result() {
+    let scale: u64 = std::env::var("WASMPROC_FUZZ_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let dir = scratch("durable-kill");
+    // An uncrashed run: its result and how long it takes.
+    let journal = dir.join("clean");
+    let started = Instant::now();
+    let ran = run(&["run", DURABLE, "--journal", journal.to_str().unwrap()]).expect(0);
+    assert_eq!(ran.stdout.trim(), EXPECTED);
+    let whole = started.elapsed().as_millis() as u64;
+
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let mut moments = Moments(seed);
+    for crash in 0..CRASHES * scale {
+        let journal = dir.join(format!("crash-{crash}"));
+        let journal = journal.to_str().unwrap();
+        // One to three kills in a row, each at a random moment of a run's length, then a
+        // run left to finish.
+        let kills = 1 + moments.below(3);
+        let mut killed = 0;
+        for _ in 0..kills {
+            let mut child = start(journal);
+            std::thread::sleep(Duration::from_millis(moments.below(whole)));
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap();
+                killed += 1;
+            }
+            child.wait().unwrap();
+        }
+        let ran = run(&["run", DURABLE, "--journal", journal]);
+        assert_eq!(
+            (ran.code, ran.stdout.trim()),
+            (0, EXPECTED),
+            "seed {seed}, crash {crash} after {killed} kills; stderr: {}",
+            ran.stderr
+        );
+    }
+}
+
+#[test]
+fn a_signal_suspends_a_durable_run_and_the_same_command_resumes_it() {
+    let dir = scratch("durable-signal");
+    let journal = dir.join("journal");
+    let journal = journal.to_str().unwrap();
+    // Input (2, 30): long enough (30 rounds with 20 ms sleeps) to be stopped midway.
+    let child = wasmproc(&["run", DURABLE, "--journal", journal, "--input", "[2, 30]"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("wasmproc runs");
+    super::hardening::wait_until_running(&child);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(143), "{stderr}");
+    assert!(stderr.contains("suspending"), "{stderr}");
+
+    let listed = run(&["journal", "ls", journal]).expect(0);
+    assert!(listed.stdout.contains("unfinished"), "{}", listed.stdout);
+    assert!(!listed.stdout.contains("failed"), "suspended, not ended: {}", listed.stdout);
+
+    let ran = run(&["run", DURABLE, "--journal", journal, "--input", "[2, 30]"]).expect(0);
+    assert!(ran.stderr.contains("resuming process"), "{}", ran.stderr);
+    // Two workers, n² for n in 1..=30 (2 × 9455), and 30 answers each.
+    assert_eq!(ran.stdout.trim(), "18970");
+    let listed = run(&["journal", "ls", journal]).expect(0);
+    assert_eq!(listed.stdout.lines().filter(|l| l.contains("finished: ok")).count(), 3, "{}", listed.stdout);
+    let root = listed.stdout.lines().nth(1).unwrap().split_whitespace().next().unwrap().to_owned();
+    let shown = run(&["journal", "show", journal, &root]).expect(0);
+    assert!(shown.stdout.starts_with("0: Spawn("), "{}", shown.stdout);
+    assert!(shown.stdout.contains("Exit(Ok("), "{}", shown.stdout);
+}
+
+#[test]
+fn journal_refuses_what_it_cannot_do() {
+    let dir = scratch("durable-refusals");
+    let journal = dir.join("journal");
+    run(&["run", WASI_CLI, "--journal", journal.to_str().unwrap()]).expect(2).error_says("cannot make it durable");
+    run(&["journal", "ls", dir.join("missing").to_str().unwrap()]).expect(2).error_says("not a directory");
+    run(&["run", DURABLE, "--journal", journal.to_str().unwrap()]).expect(0);
+    run(&["journal", "show", journal.to_str().unwrap(), "12345"]).expect(2).error_says("holds no process 12345");
+}
