@@ -1,6 +1,13 @@
 //! A workflow to run durably (`wasmproc run durable.wasm --journal DIR`): it waits on
 //! timers, spawns children and exchanges messages with them, and its result is the same
 //! however often the host is killed and the run resumed.
+//!
+//! It also reads the clock and random numbers (through std's `HashMap`, whose order
+//! is seeded from them): a durable process reads the values its journal recorded, so a
+//! replay takes the same path.
+
+use std::collections::HashMap;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use wasmproc_guest::prelude::*;
 
@@ -14,6 +21,8 @@ async fn main(ctx: Ctx, input: Option<(u32, u32)>) -> Result<u64> {
     for _ in 0..workers {
         children.push(ctx.spawn("worker", ()).await?);
     }
+    // The children in the order of a randomly seeded hash map.
+    let children: Vec<Pid> = children.iter().map(|&pid| (pid, ())).collect::<HashMap<_, _>>().into_keys().collect();
     let mut total = 0u64;
     for round in 1..=rounds {
         for &child in &children {
@@ -21,7 +30,9 @@ async fn main(ctx: Ctx, input: Option<(u32, u32)>) -> Result<u64> {
             let answer: u64 = ctx.recv_topic("answer").await?.decode()?;
             total += answer;
         }
-        ctx.sleep(Duration::from_millis(20)).await;
+        // 20 to 24 ms, by the clock.
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        ctx.sleep(Duration::from_millis(20 + u64::from(now % 5))).await;
     }
     for &child in &children {
         ctx.send(child, "stop", ()).await?;

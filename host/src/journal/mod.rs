@@ -22,6 +22,12 @@
 //! when its group is durable. [`JournalSettings::group_window`] makes the committer wait
 //! a little for more to join a group.
 //!
+//! **Recovery.** A scheduler built on a journal that holds unfinished processes resumes
+//! them: each is made again by its kind under its recorded pid, replayed step by step
+//! against its records (a step that differs fails it, naming the step), and what was in
+//! flight is taken up again. See the README, "Durable processes", for what that means
+//! for each command.
+//!
 //! **Failure.** A commit that fails stops the journal: the processes whose records it held
 //! end with an error naming the failure (none of their effects happened), and every later
 //! step of a durable process fails the same way. The failure is logged once, as an error.
@@ -29,8 +35,10 @@
 //! # On disk
 //!
 //! A [`Store`]: by default [`FjallStore`], a directory of its own. Record keys are
-//! (process, sequence); values start with [`FORMAT_VERSION`]. Process 0 holds the
-//! journal's own metadata.
+//! (process, sequence); values start with [`FORMAT_VERSION`]. Process 0 is reserved for
+//! the journal's own metadata. Records are only appended and read back in order, so a
+//! snapshot of a process (its memory at step N) can later replace the records before it
+//! without changing the format of the others.
 
 mod codec;
 mod committer;
@@ -101,7 +109,13 @@ impl Journal {
     pub fn open(dir: impl AsRef<Path>) -> std::io::Result<Journal> {
         let dir = dir.as_ref();
         let store = FjallStore::open(dir).map_err(|error| {
-            std::io::Error::new(error.kind(), format!("cannot open the journal in {}: {error}", dir.display()))
+            let hint = match error.kind() {
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => "",
+                // A torn tail is repaired on opening; what is left is damage that would
+                // make a resumed run wrong.
+                _ => " (it is damaged: move the directory aside to start afresh)",
+            };
+            std::io::Error::new(error.kind(), format!("cannot open the journal in {}{hint}: {error}", dir.display()))
         })?;
         Ok(Journal::with_store(store))
     }

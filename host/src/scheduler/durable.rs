@@ -18,7 +18,7 @@ use super::cell::ProcessCell;
 use super::dispatch::Origin;
 use super::inbox::MessageId;
 use super::process::{Event, Outcome, Payload, Pid, Status, Yield};
-use super::record::{Record, SpawnRecord, StepRecord, now_micros};
+use super::record::{Record, SpawnRecord, StepRecord};
 use super::shared::Shared;
 use crate::journal::{CommitError, CommitStats, Committer, Journal, Key, OnCommit};
 
@@ -191,8 +191,12 @@ pub(super) struct Turn {
 /// several turns. The events given to a resumed turn are kept by the process for its next
 /// step ([`StepOutput::set_preempted`](super::StepOutput::set_preempted)), so they are
 /// carried to that step's record, which then holds exactly what its step began with.
-#[derive(Default)]
 pub(super) struct StepInProgress {
+    /// The seed of the process's random numbers, drawn at spawn and recorded.
+    pub(super) seed: [u8; 32],
+    /// The time of the step under way (of `init` before the first), as recorded: what
+    /// the process reads as the time.
+    pub(super) step_at: u64,
     /// The step under way (begun, preempted, not finished).
     started: Option<(u64, Vec<Event>, Vec<MessageId>)>,
     carried: Vec<Event>,
@@ -214,12 +218,47 @@ impl Finished {
     }
 }
 
+impl StepInProgress {
+    pub(super) fn new(seed: [u8; 32], step_at: u64) -> Box<StepInProgress> {
+        Box::new(StepInProgress {
+            seed,
+            step_at,
+            started: None,
+            carried: Vec::new(),
+            carried_ids: Vec::new(),
+            sends: Vec::new(),
+        })
+    }
+}
+
+/// A fresh seed for a durable process's random numbers.
+pub(super) fn draw_seed() -> [u8; 32] {
+    let mut seed = [0; 32];
+    if let Err(error) = getrandom::fill(&mut seed) {
+        // The seed is recorded, so replay never depends on this: a fixed seed only makes
+        // this process's random numbers predictable, which the log says.
+        tracing::error!(%error, "no randomness for a durable process's seed; it reads predictable numbers");
+    }
+    seed
+}
+
 impl ProcessCell {
+    /// The time of the turn about to run: now, unless it resumes a preempted step, whose
+    /// time is the time the step began. What the process reads as the time meanwhile.
+    pub(super) fn begin_durable_turn(&self, now: u64) -> u64 {
+        let mut slot = self.durable_step.lock();
+        let step = slot.get_or_insert_with(|| StepInProgress::new(draw_seed(), now));
+        if step.started.is_none() {
+            step.step_at = now;
+        }
+        step.step_at
+    }
+
     /// Adds a turn to the step under way; the step once it has finished (`preempted`
     /// false), for its record.
     pub(super) fn durable_turn(&self, turn: Turn, sends: Vec<PortSend>, preempted: bool) -> Option<Finished> {
         let mut slot = self.durable_step.lock();
-        let step = slot.get_or_insert_with(Box::default);
+        let step = slot.get_or_insert_with(|| StepInProgress::new(draw_seed(), turn.at));
         match &mut step.started {
             None => {
                 let mut events = std::mem::take(&mut step.carried);
@@ -300,26 +339,5 @@ impl Shared {
             Some(durable) => durable.record_spawn(cell, spawn()),
             None => Ok(()),
         }
-    }
-}
-
-pub(super) fn spawn_record(
-    parent: Pid,
-    origin: Option<(u64, u64)>,
-    kind: Option<&str>,
-    method: &str,
-    input: Vec<Payload>,
-    caps: &super::caps::Capabilities,
-    mailbox_capacity: usize,
-) -> SpawnRecord {
-    SpawnRecord {
-        parent,
-        origin,
-        kind: kind.map(str::to_owned),
-        method: method.to_owned(),
-        input,
-        caps: caps.clone(),
-        mailbox_capacity: mailbox_capacity as u64,
-        at: now_micros(),
     }
 }

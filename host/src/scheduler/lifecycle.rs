@@ -10,11 +10,12 @@ use std::time::Instant;
 
 use super::caps::Capabilities;
 use super::cell::{ProcessCell, Spec, Watcher};
-use super::durable::{SUSPENDED, spawn_record};
+use super::durable::{SUSPENDED, StepInProgress, draw_seed};
 use super::inbox::Refused;
 use super::limits::Lineage;
 use super::port::Port;
 use super::process::{Event, Outcome, Payload, Pid, Process};
+use super::record::{SpawnRecord, now_micros};
 use super::registry;
 use super::shared::Shared;
 use super::state::Wake;
@@ -80,8 +81,14 @@ impl Shared {
         cell.lineage.enter();
         let pid = cell.pid();
         let method = args.method;
-        // The spawn record needs the input that `init` consumes.
+        // The spawn record needs the input that `init` consumes, and `init` the seed and
+        // time it records.
         let recorded_input = self.durable.as_ref().map(|_| args.input.clone());
+        let durable_start = self.durable.as_ref().map(|_| {
+            let (seed, at) = (draw_seed(), now_micros());
+            *cell.durable_step.lock() = Some(StepInProgress::new(seed, at));
+            (seed, at)
+        });
         // SAFETY: the process is in `Init`: registered but in no queue, so this spawner
         // is its only owner.
         let init = unsafe {
@@ -96,17 +103,17 @@ impl Shared {
             self.retire(&cell, Some(Err(format!("{source:#}"))));
             return Err(SpawnError::Init { method, source });
         }
-        if let Some(input) = recorded_input {
-            let record = || {
-                spawn_record(
-                    args.parent,
-                    args.origin,
-                    cell.spec.kind.as_deref(),
-                    &method,
-                    input,
-                    &cell.spec.caps,
-                    cell.spec.mailbox_capacity,
-                )
+        if let (Some(input), Some((seed, at))) = (recorded_input, durable_start) {
+            let record = || SpawnRecord {
+                parent: args.parent,
+                origin: args.origin,
+                kind: cell.spec.kind.as_deref().map(str::to_owned),
+                method: method.clone(),
+                input,
+                caps: (*cell.spec.caps).clone(),
+                mailbox_capacity: cell.spec.mailbox_capacity as u64,
+                at,
+                seed,
             };
             if let Err(reason) = self.record_spawn(&cell, record) {
                 self.retire(&cell, Some(Err(reason.clone())));

@@ -66,6 +66,24 @@ impl Port {
             .is_some_and(|cell| cell.state.load().is_terminate_requested() || scheduler(&cell).has_queued_work())
     }
 
+    /// For a durable process, the time of the step it is in (of its `init` before its
+    /// first step), as its journal has it: the same when the step is replayed after a
+    /// crash. Read the time through this in a durable process, so a replay reads what
+    /// the step read. `None` if the process is not durable (or has ended).
+    pub fn step_time(&self) -> Option<std::time::SystemTime> {
+        let cell = self.cell.upgrade()?;
+        let micros = cell.durable_step.lock().as_ref()?.step_at;
+        Some(std::time::UNIX_EPOCH + std::time::Duration::from_micros(micros))
+    }
+
+    /// For a durable process, a seed drawn at its spawn and recorded in its journal: the
+    /// same on every replay, so random numbers drawn from it replay too. `None` if the
+    /// process is not durable.
+    pub fn random_seed(&self) -> Option<[u8; 32]> {
+        let cell = self.cell.upgrade()?;
+        cell.durable_step.lock().as_ref().map(|step| step.seed)
+    }
+
     /// Whether this process has been asked to terminate (or has ended): a step that
     /// notices should stop at once, since its result will not be used.
     pub fn is_terminating(&self) -> bool {

@@ -47,8 +47,10 @@ pub(crate) struct SpawnRecord {
     pub(crate) input: Vec<Payload>,
     pub(crate) caps: Capabilities,
     pub(crate) mailbox_capacity: u64,
-    /// Microseconds since the Unix epoch.
+    /// Microseconds since the Unix epoch: also the time its `init` reads.
     pub(crate) at: u64,
+    /// The seed of the random numbers it reads (see `Port::random_seed`).
+    pub(crate) seed: [u8; 32],
 }
 
 /// One step: what went in and what came out.
@@ -173,6 +175,7 @@ impl Record {
                 spawn.caps.encode(&mut w);
                 w.u64(spawn.mailbox_capacity);
                 w.u64(spawn.at);
+                w.bytes(&spawn.seed);
             }
             Record::Step(step) => {
                 w.u8(STEP);
@@ -235,6 +238,7 @@ impl Record {
                 caps: Capabilities::decode(&mut r)?,
                 mailbox_capacity: r.u64()?,
                 at: r.u64()?,
+                seed: r.bytes()?.try_into().map_err(|_| Malformed("a seed is not 32 bytes"))?,
             }),
             STEP => {
                 let at = r.u64()?;
@@ -437,6 +441,7 @@ mod tests {
                 caps: Capabilities::default().allow("kv.get"),
                 mailbox_capacity: 1024,
                 at: now_micros(),
+                seed: [7; 32],
             }),
             Record::Step(StepRecord {
                 at: 1,

@@ -26,7 +26,7 @@ use std::time::Duration;
 use super::cell::{ProcessCell, Spec, Watcher};
 use super::completer::complete;
 use super::dispatch::Origin;
-use super::durable::{port_send_id, replaying};
+use super::durable::{StepInProgress, port_send_id, replaying};
 use super::handle::{ExitSlot, ProcessHandle};
 use super::limits::Lineage;
 use super::port::Port;
@@ -164,12 +164,18 @@ impl Plan {
             for (seq, topic, body) in &saved.host_messages {
                 undelivered(Pid::HOST, *pid, *seq, topic, body, None);
             }
-            // A sender that has ended may still have messages its receiver did not take.
+            // A sender that has ended may still have messages its receiver did not take:
+            // sends it saw complete, and sends it did not wait for.
             let pending = pending_yields(saved);
             for done in &pending.completed_sends {
                 undelivered(*pid, done.to, done.id, &done.topic, &done.body, None);
             }
             if !live(pid) {
+                for (origin, y) in &pending.outstanding {
+                    if let Command::Send { to, topic, body } = &y.command {
+                        undelivered(*pid, *to, origin.message_id(), topic, body, None);
+                    }
+                }
                 continue;
             }
             let cell = &cells[pid];
@@ -385,6 +391,7 @@ impl Plan {
 fn replay(cell: &Arc<ProcessCell>, saved: &Saved) -> Result<Option<Status>, String> {
     let pid = cell.pid();
     let spawn = &saved.spawn;
+    *cell.durable_step.lock() = Some(StepInProgress::new(spawn.seed, spawn.at));
     // SAFETY: the process was registered moments ago and is in `Init`, in no queue:
     // this thread is its only owner until it is queued or parked below.
     let init = unsafe {
@@ -406,6 +413,9 @@ fn replay(cell: &Arc<ProcessCell>, saved: &Saved) -> Result<Option<Status>, Stri
     let mut last = None;
     for (seq, step) in &saved.steps {
         out.reset();
+        if let Some(progress) = cell.durable_step.lock().as_mut() {
+            progress.step_at = step.at;
+        }
         let (stepped, sends) = replaying(cell, || {
             // SAFETY: as above; the process is `Running` and owned by this thread.
             unsafe {

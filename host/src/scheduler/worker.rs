@@ -364,8 +364,11 @@ impl WorkerLoop<'_> {
             out.reset();
             counters.record_step();
             // A durable step's record holds the events it was given.
-            let turn =
-                durable.map(|_| Turn { at: now_micros(), events: events.clone(), ids: cell.inbox.take_drained_ids() });
+            let turn = durable.map(|_| Turn {
+                at: cell.begin_durable_turn(now_micros()),
+                events: events.clone(),
+                ids: cell.inbox.take_drained_ids(),
+            });
             dispatch.stepping.set(Arc::as_ptr(&cell) as usize);
             // SAFETY: `run_turn` runs this closure only while this worker holds the
             // process in `Running`.

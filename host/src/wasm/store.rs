@@ -115,15 +115,72 @@ impl ProcessState {
     }
 }
 
-/// The WASI context of process `pid` (see [`ProcessState::new`]).
-fn new_wasi(pid: Pid, log: &LogSink) -> WasiCtx {
-    WasiCtxBuilder::new()
+/// The WASI context of process `pid` (see [`ProcessState::new`]). A durable process
+/// (its port has a recorded seed) reads its step's recorded time from the clocks and
+/// numbers drawn from its recorded seed from the random interfaces, so a replay of its
+/// steps reads what they read.
+fn new_wasi(pid: Pid, log: &LogSink, port: Option<&Port>) -> WasiCtx {
+    let mut builder = WasiCtxBuilder::new();
+    builder
         .stdout(GuestOutput::new(pid, LogSource::Stdout, log.clone()))
         .stderr(GuestOutput::new(pid, LogSource::Stderr, log.clone()))
         .allow_tcp(false)
         .allow_udp(false)
-        .allow_ip_name_lookup(false)
-        .build()
+        .allow_ip_name_lookup(false);
+    if let Some(port) = port
+        && let Some(seed) = port.random_seed()
+    {
+        use rand::SeedableRng as _;
+        let mut insecure_seed = seed;
+        insecure_seed[0] ^= 0xff;
+        builder
+            .wall_clock(StepClock::new(port.clone()))
+            .monotonic_clock(StepClock::new(port.clone()))
+            .secure_random(rand::rngs::StdRng::from_seed(seed))
+            .insecure_random(rand::rngs::StdRng::from_seed(insecure_seed))
+            .insecure_random_seed(u128::from_le_bytes(seed[..16].try_into().expect("16 bytes")));
+    }
+    builder.build()
+}
+
+/// A durable process's clock: its step's recorded time, plus a nanosecond for each read
+/// before in the same process, so that reads within a step still advance (a replayed
+/// step makes the same reads, in the same order).
+struct StepClock {
+    port: Port,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl StepClock {
+    fn new(port: Port) -> Self {
+        StepClock { port, reads: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    fn nanos(&self) -> u64 {
+        let step = self.port.step_time().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
+        let reads = self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (step.as_nanos() as u64).saturating_add(reads)
+    }
+}
+
+impl wasmtime_wasi::HostWallClock for StepClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_nanos(1)
+    }
+
+    fn now(&self) -> Duration {
+        Duration::from_nanos(self.nanos())
+    }
+}
+
+impl wasmtime_wasi::HostMonotonicClock for StepClock {
+    fn resolution(&self) -> u64 {
+        1
+    }
+
+    fn now(&self) -> u64 {
+        self.nanos()
+    }
 }
 
 impl ProcessState {
@@ -139,7 +196,7 @@ impl ProcessState {
 
 impl WasiView for ProcessState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        let wasi = self.wasi.get_or_insert_with(|| Box::new(new_wasi(self.pid, &self.log)));
+        let wasi = self.wasi.get_or_insert_with(|| Box::new(new_wasi(self.pid, &self.log, self.port.as_ref())));
         WasiCtxView { ctx: wasi, table: &mut self.table }
     }
 }

@@ -120,3 +120,91 @@ fn journal_refuses_what_it_cannot_do() {
     run(&["run", DURABLE, "--journal", journal.to_str().unwrap()]).expect(0);
     run(&["journal", "show", journal.to_str().unwrap(), "12345"]).expect(2).error_says("holds no process 12345");
 }
+
+/// Every file of `dir`, recursively.
+fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            all.extend(files(&path));
+        } else {
+            all.push(path);
+        }
+    }
+    all.sort();
+    all
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_torn_or_damaged_journal_resumes_from_its_last_intact_commit_or_is_refused() {
+    let dir = scratch("durable-damage");
+    // A journal of a run killed midway: what a crash leaves.
+    let original = dir.join("original");
+    let mut child = start(original.to_str().unwrap());
+    super::hardening::wait_until_running(&child);
+    std::thread::sleep(Duration::from_millis(150));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let mut moments = Moments(seed);
+    let (mut resumed, mut refused) = (0, 0);
+    for case in 0..12 {
+        let damaged = dir.join(format!("damaged-{case}"));
+        copy_dir(&original, &damaged);
+        let targets: Vec<_> = files(&damaged).into_iter().filter(|f| std::fs::metadata(f).unwrap().len() > 0).collect();
+        let file = &targets[moments.below(targets.len() as u64) as usize];
+        let mut bytes = std::fs::read(file).unwrap();
+        let len = bytes.len() as u64;
+        if case % 2 == 0 {
+            // Torn: the file cut at a random offset.
+            bytes.truncate(moments.below(len) as usize);
+        } else {
+            // Damaged: bytes flipped in the file's last quarter.
+            for _ in 0..4 {
+                let at = (len - len / 4 + moments.below(len / 4 + 1)).min(len - 1) as usize;
+                bytes[at] ^= 0x5a;
+            }
+        }
+        std::fs::write(file, &bytes).unwrap();
+        let ran = run(&["run", DURABLE, "--journal", damaged.to_str().unwrap(), "--timeout", "20s"]);
+        let what = format!(
+            "seed {seed}, case {case}, {}: code {}, stdout {}, stderr {}",
+            file.display(),
+            ran.code,
+            ran.stdout,
+            ran.stderr
+        );
+        match ran.code {
+            // Resumed, or started afresh from a journal whose records were all lost:
+            // either way the right result.
+            0 => {
+                assert_eq!(ran.stdout.trim(), EXPECTED, "{what}");
+                resumed += 1;
+            }
+            // Refused, saying why.
+            5 => {
+                assert!(ran.stderr.contains("error: ") && ran.stderr.contains("journal"), "{what}");
+                refused += 1;
+            }
+            // A replay that no longer matches ends the process with a non-determinism
+            // error: a wrong result is never printed.
+            1 => assert!(ran.stderr.contains("non-determinism") || ran.stderr.contains("cannot be resumed"), "{what}"),
+            _ => panic!("neither resumed nor refused: {what}"),
+        }
+    }
+    eprintln!("damaged journals: {resumed} resumed, {refused} refused");
+    assert!(resumed + refused > 0);
+}
