@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use wasmproc::journal::Journal;
+use wasmproc::journal::{Journal, JournalSettings};
 use wasmproc::scheduler::{ProcessHandle, SpawnOptions};
 use wasmproc::wasm::{COMMAND_ENTRY, LogRecord, Program, WasiOptions};
 use wasmproc::{Capabilities, Payload, Scheduler};
@@ -135,6 +135,11 @@ pub(super) struct Run {
     /// only.
     #[arg(long, value_name = "DIR")]
     journal: Option<PathBuf>,
+    /// With --journal: keep the records of finished processes, for `wasmproc journal
+    /// show` after the run (by default a run's records go once all its processes have
+    /// ended).
+    #[arg(long, requires = "journal")]
+    keep_finished: bool,
     /// Print a summary at exit (stderr, or in the --json object): processes, steps,
     /// yields by command, messages, steals, per-worker steps, peak live, wall time.
     #[arg(long)]
@@ -244,8 +249,10 @@ impl Run {
                 let method = self.entry_method(component.entries())?;
                 builder = builder.kind("app", component);
                 if let Some(dir) = &self.journal {
+                    let mut settings = JournalSettings::default();
+                    settings.keep_finished = self.keep_finished;
                     let journal = Journal::open(dir).map_err(|e| Failure::new(Exit::Host, format!("{e}")))?;
-                    builder = builder.journal(journal);
+                    builder = builder.journal(journal.settings(settings));
                 }
                 Root::Process { method, inputs }
             }

@@ -84,11 +84,22 @@ pub struct JournalSettings {
     /// The most records one process may have in the journal; a step past it ends the
     /// process with an error naming this limit. Default: 100,000.
     pub max_records_per_process: u64,
+    /// Keep the records of finished processes. By default a process tree's records (a
+    /// process the embedder spawned and everything it spawned) are removed once every
+    /// process of the tree has ended and its root's result has been handed over, unless
+    /// the tree sent messages outside itself: those trees are removed at the next start,
+    /// once no message of theirs is waiting to be delivered again.
+    pub keep_finished: bool,
 }
 
 impl Default for JournalSettings {
     fn default() -> Self {
-        JournalSettings { durability: Durability::Sync, group_window: Duration::ZERO, max_records_per_process: 100_000 }
+        JournalSettings {
+            durability: Durability::Sync,
+            group_window: Duration::ZERO,
+            max_records_per_process: 100_000,
+            keep_finished: false,
+        }
     }
 }
 

@@ -199,6 +199,7 @@ impl Builder {
         let (durable, plan) = match &self.journal {
             Some(journal) => {
                 let plan = Plan::read(journal)?;
+                plan.check(&self.kinds)?;
                 let durable =
                     Durable::start(&self.thread_name, journal).context("failed to start the journal's thread")?;
                 (Some(durable), Some(plan))

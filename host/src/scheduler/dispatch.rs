@@ -48,6 +48,13 @@ pub trait Factory: Send + Sync + 'static {
     ///
     /// The spawn fails with this error.
     fn make(&self) -> anyhow::Result<Box<dyn Process>>;
+
+    /// What the processes are made from, for a durable scheduler to check on resuming: a
+    /// journal written by processes of one identity is not resumed with another (a Wasm
+    /// component's is its hash). `None` (the default) checks nothing.
+    fn identity(&self) -> Option<String> {
+        None
+    }
 }
 
 impl<F: Fn() -> anyhow::Result<Box<dyn Process>> + Send + Sync + 'static> Factory for F {

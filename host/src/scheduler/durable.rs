@@ -14,6 +14,9 @@ use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
 use super::cell::ProcessCell;
 use super::dispatch::Origin;
 use super::inbox::MessageId;
@@ -70,6 +73,88 @@ pub(super) fn keep_replayed_send(cell: &ProcessCell, send: PortSend) -> Result<(
 pub(super) struct Durable {
     committer: Committer<AfterCommit>,
     max_records: u64,
+    /// The process trees whose records go once they have all ended; `None` keeps them.
+    trees: Option<Mutex<Trees>>,
+}
+
+/// Every durable process's tree, by its root (the process the embedder spawned).
+#[derive(Default)]
+pub(super) struct Trees {
+    roots: FxHashMap<Pid, Pid>,
+    trees: FxHashMap<Pid, Tree>,
+}
+
+#[derive(Default)]
+struct Tree {
+    members: Vec<Pid>,
+    live: usize,
+    /// It sent a message to a process of another tree: its records are needed to deliver
+    /// that again after a crash, so they stay until a start finds it delivered.
+    sent_outside: bool,
+}
+
+impl Trees {
+    /// Adds `pid`, spawned by `parent`, to its parent's tree (a tree of its own when its
+    /// parent is the embedder or unknown); `live` if it has not ended.
+    pub(super) fn add(&mut self, pid: Pid, parent: Pid, live: bool) {
+        let root = self.roots.get(&parent).copied().unwrap_or(pid);
+        self.add_to(pid, root, live);
+    }
+
+    /// Adds `pid` to the tree of `root`.
+    pub(super) fn add_to(&mut self, pid: Pid, root: Pid, live: bool) {
+        self.roots.insert(pid, root);
+        let tree = self.trees.entry(root).or_default();
+        tree.members.push(pid);
+        tree.live += usize::from(live);
+    }
+
+    /// Notes a message from `from` to `to`.
+    fn sent(&mut self, from: Pid, to: Pid) {
+        let (Some(a), b) = (self.roots.get(&from).copied(), self.roots.get(&to).copied()) else { return };
+        if Some(a) != b
+            && let Some(tree) = self.trees.get_mut(&a)
+        {
+            tree.sent_outside = true;
+        }
+    }
+
+    /// Notes the end of `pid`; the members of its tree if that was the last and the tree
+    /// can go.
+    fn ended(&mut self, pid: Pid) -> Option<Vec<Pid>> {
+        let root = *self.roots.get(&pid)?;
+        let tree = self.trees.get_mut(&root)?;
+        tree.live = tree.live.saturating_sub(1);
+        if tree.live > 0 || tree.sent_outside {
+            return None;
+        }
+        let tree = self.trees.remove(&root)?;
+        for member in &tree.members {
+            self.roots.remove(member);
+        }
+        Some(tree.members)
+    }
+
+    /// The finished trees that sent nothing still to deliver: those of `finished` roots
+    /// whose members are not in `senders`.
+    pub(super) fn finished_without(&mut self, senders: &std::collections::HashSet<Pid>) -> Vec<Pid> {
+        let done: Vec<Pid> = self
+            .trees
+            .iter()
+            .filter(|(_, tree)| tree.live == 0 && !tree.members.iter().any(|m| senders.contains(m)))
+            .map(|(root, _)| *root)
+            .collect();
+        let mut members = Vec::new();
+        for root in done {
+            if let Some(tree) = self.trees.remove(&root) {
+                for member in &tree.members {
+                    self.roots.remove(member);
+                }
+                members.extend(tree.members);
+            }
+        }
+        members
+    }
 }
 
 /// What a committed record lets happen.
@@ -92,7 +177,8 @@ impl Durable {
             Err(error) => items.into_iter().for_each(|item| item.fail(&error)),
         });
         let committer = Committer::start(name, journal.store.clone(), sync, journal.settings.group_window, on_commit)?;
-        Ok(Durable { committer, max_records: journal.settings.max_records_per_process.max(2) })
+        let trees = (!journal.settings.keep_finished).then(|| Mutex::new(Trees::default()));
+        Ok(Durable { committer, max_records: journal.settings.max_records_per_process.max(2), trees })
     }
 
     pub(super) fn stats(&self) -> CommitStats {
@@ -123,7 +209,28 @@ impl Durable {
 
     /// Records the spawn of `cell`; its steps' records follow it in the same order.
     pub(super) fn record_spawn(&self, cell: &ProcessCell, spawn: SpawnRecord) -> Result<(), String> {
-        self.submit(cell, &Record::Spawn(spawn), |_| AfterCommit::Nothing)
+        let parent = spawn.parent;
+        self.submit(cell, &Record::Spawn(spawn), |_| AfterCommit::Nothing)?;
+        if let Some(trees) = &self.trees {
+            trees.lock().add(cell.pid(), parent, true);
+        }
+        Ok(())
+    }
+
+    /// The process trees, for recovery to fill; `None` when finished ones are kept.
+    pub(super) fn trees(&self) -> Option<&Mutex<Trees>> {
+        self.trees.as_ref()
+    }
+
+    /// Removes the records of `processes`.
+    pub(super) fn remove(&self, processes: Vec<Pid>) {
+        if processes.is_empty() {
+            return;
+        }
+        let removals = processes.iter().map(|pid| pid.as_u64()).collect();
+        if let Err(error) = self.committer.submit_with([], removals, AfterCommit::Nothing) {
+            tracing::warn!(%error, "the records of finished processes were not removed");
+        }
     }
 
     /// Records a message from the embedder in its receiver's history, and delivers it
@@ -288,6 +395,16 @@ impl AfterCommit {
             AfterCommit::Nothing => {}
             AfterCommit::Effects { cell, seq, yields, sends } => {
                 let shared = cell.scheduler().clone();
+                if let Some(trees) = shared.durable.as_ref().and_then(Durable::trees) {
+                    let mut trees = trees.lock();
+                    let to_yields = yields.iter().filter_map(|y| match &y.command {
+                        super::process::Command::Send { to, .. } => Some(*to),
+                        _ => None,
+                    });
+                    for to in sends.iter().map(|(to, _, _)| *to).chain(to_yields) {
+                        trees.sent(cell.pid(), to);
+                    }
+                }
                 for (index, (to, topic, body)) in sends.into_iter().enumerate() {
                     let id = port_send_id(seq, index);
                     if let Err(error) = shared.send(cell.pid(), to, topic, body, Some(id)) {
@@ -306,7 +423,16 @@ impl AfterCommit {
                     tracing::debug!(to = %cell.pid(), %error, "a message from the embedder was not delivered");
                 }
             }
-            AfterCommit::Exit { cell, result } => cell.scheduler().clone().finalize(&cell, result),
+            AfterCommit::Exit { cell, result } => {
+                let shared = cell.scheduler().clone();
+                shared.finalize(&cell, result);
+                if let Some(durable) = &shared.durable
+                    && let Some(trees) = durable.trees()
+                {
+                    let finished = trees.lock().ended(cell.pid());
+                    durable.remove(finished.unwrap_or_default());
+                }
+            }
         }
     }
 

@@ -21,8 +21,9 @@
 //! - `dispatch.rs`: carrying out yields, and the embedder's
 //!   [`Handler`](crate::handler::Handler)s and [`Factory`](crate::handler::Factory)s;
 //! - `completer.rs`: answering a yield, now or later; `timer.rs`: the `sleep` command;
-//! - `limits.rs`: per-process limits and the process-tree counts they bound;
-//! - `registry.rs`: pid → process routing;
+//! - `limits.rs`: per-process limits and tree counts; `registry.rs`: pid → process;
+//! - `durable.rs`: a journal's write-ahead of steps; `record.rs`: its records;
+//!   `recovery.rs`: resuming from it (see [`crate::journal`]);
 //! - `builder.rs`, `handle.rs`, `stats.rs`: the public API around [`Scheduler`];
 //! - this file: the [`Scheduler`] itself and its shutdown.
 //!
@@ -38,7 +39,7 @@
 //! 5. shuts the workers and the timer down and joins their threads.
 //!
 //! So when `stop` returns no step is running, every process has been closed, and every
-//! thread the scheduler started has exited.
+//! thread the scheduler started has exited. A durable scheduler suspends instead of 2–4.
 
 mod builder;
 pub(crate) mod caps;
@@ -53,7 +54,7 @@ mod lifecycle;
 mod limits;
 mod port;
 pub(crate) mod process;
-pub(crate) mod record;
+mod record;
 mod recovery;
 mod registry;
 mod shared;
@@ -113,9 +114,8 @@ impl Scheduler {
         Builder::new()
     }
 
-    /// The processes the embedder had spawned that this scheduler resumed from its
-    /// journal at build, to wait for their results as when they were spawned (taken:
-    /// empty the second time). Their children were resumed too.
+    /// The processes the embedder had spawned that were resumed from the journal at
+    /// build, with their children (taken: empty the second time).
     pub fn resumed(&self) -> Vec<ProcessHandle> {
         std::mem::take(&mut *self.resumed.lock())
     }
@@ -152,24 +152,17 @@ impl Scheduler {
         let start = Instant::now();
         shared.stopping.store(true, Ordering::SeqCst);
 
-        if shared.durable.is_some() {
-            // Durable processes are suspended, not cancelled: see `Scheduler::stop`.
-            shared.suspending.store(true, Ordering::SeqCst);
-        }
-        let cancelled = if shared.durable.is_some() { 0 } else { self.handle.cancel_all("shutdown") };
+        // Durable processes are suspended at once, not cancelled: see `Scheduler::stop`.
+        let durable = shared.durable.is_some();
+        shared.suspending.store(durable, Ordering::SeqCst);
+        let cancelled = if durable { 0 } else { self.handle.cancel_all("shutdown") };
         let mut forced = 0;
-        if shared.durable.is_some() {
-            loop {
-                forced += self.handle.terminate_all(SUSPENDED);
-                if shared.wait_drained(Some(Instant::now() + Duration::from_millis(50))) {
-                    break;
-                }
-            }
-        } else if !shared.wait_drained(Some(start + grace)) {
+        if durable || !shared.wait_drained(Some(start + grace)) {
             // Spawns that passed the stopping check before it was set may still be
             // registering: sweep until nothing is left.
+            let reason = if durable { SUSPENDED } else { "terminated: shutdown deadline exceeded" };
             loop {
-                forced += self.handle.terminate_all("terminated: shutdown deadline exceeded");
+                forced += self.handle.terminate_all(reason);
                 if shared.wait_drained(Some(Instant::now() + Duration::from_millis(50))) {
                     break;
                 }

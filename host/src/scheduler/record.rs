@@ -43,6 +43,8 @@ pub(crate) struct SpawnRecord {
     /// For a child: its parent's step record that yielded the spawn, and the yield's tag.
     pub(crate) origin: Option<(u64, u64)>,
     pub(crate) kind: Option<String>,
+    /// What its kind's factory made it from (see `Factory::identity`).
+    pub(crate) identity: Option<String>,
     pub(crate) method: String,
     pub(crate) input: Vec<Payload>,
     pub(crate) caps: Capabilities,
@@ -170,6 +172,13 @@ impl Record {
                     }
                     None => w.bool(false),
                 }
+                match &spawn.identity {
+                    Some(identity) => {
+                        w.bool(true);
+                        w.str(identity);
+                    }
+                    None => w.bool(false),
+                }
                 w.str(&spawn.method);
                 payloads(&mut w, &spawn.input);
                 spawn.caps.encode(&mut w);
@@ -233,6 +242,7 @@ impl Record {
                 parent: Pid::from_u64(r.u64()?),
                 origin: if r.bool()? { Some((r.u64()?, r.u64()?)) } else { None },
                 kind: if r.bool()? { Some(r.str()?.to_owned()) } else { None },
+                identity: if r.bool()? { Some(r.str()?.to_owned()) } else { None },
                 method: r.str()?.to_owned(),
                 input: read_payloads(&mut r)?,
                 caps: Capabilities::decode(&mut r)?,
@@ -436,6 +446,7 @@ mod tests {
                 parent: Pid::HOST,
                 origin: Some((3, 9)),
                 kind: Some("app".into()),
+                identity: Some("sha256:00".into()),
                 method: "main".into(),
                 input: input.clone(),
                 caps: Capabilities::default().allow("kv.get"),

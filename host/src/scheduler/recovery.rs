@@ -105,6 +105,33 @@ impl Plan {
         Ok(Plan { saved })
     }
 
+    /// Refuses to resume processes this host cannot make as they were: of a kind it has
+    /// not registered, or whose kind's factory makes them from something else (a Wasm
+    /// component with another hash). Nothing is resumed then and the journal is left as
+    /// it is, for a host that can.
+    pub(super) fn check(
+        &self,
+        kinds: &rustc_hash::FxHashMap<Arc<str>, Arc<dyn super::dispatch::Factory>>,
+    ) -> anyhow::Result<()> {
+        for (pid, saved) in self.saved.iter().filter(|(_, s)| s.exit.is_none()) {
+            let Some(kind) = &saved.spawn.kind else { continue };
+            let Some(factory) = kinds.get(kind.as_str()) else {
+                anyhow::bail!(
+                    "the journal holds unfinished process {pid} of kind `{kind}`, which this host does not register"
+                );
+            };
+            if let (Some(recorded), Some(now)) = (&saved.spawn.identity, factory.identity())
+                && *recorded != now
+            {
+                anyhow::bail!(
+                    "the journal's processes of kind `{kind}` (process {pid} first) ran {recorded}, and this host's \
+                     `{kind}` is {now}: resume them with the program they ran, or move the journal aside"
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// The registry shards the recorded pids need.
     pub(super) fn shards(&self) -> usize {
         self.saved.keys().map(|pid| super::registry::shard_of(*pid) + 1).max().unwrap_or(0)
@@ -116,25 +143,37 @@ impl Plan {
         shared.registry.reserve_generations(self.saved.keys().copied());
         let cells = self.register(shared);
         let mut handles = Vec::new();
-        let mut replayed = HashMap::new();
         for (pid, cell) in &cells {
-            let saved = &self.saved[pid];
-            if saved.spawn.parent == Pid::HOST {
+            if self.saved[pid].spawn.parent == Pid::HOST {
                 let slot = Arc::new(ExitSlot::default());
                 if cell.inbox.watch(Watcher::Handle(slot.clone())).is_ok() {
                     handles.push(ProcessHandle::new(*pid, slot));
                 }
             }
-            match replay(cell, saved) {
-                Ok(status) => {
-                    replayed.insert(*pid, status);
-                }
-                Err(error) => {
-                    // The process ends here, with its exit recorded like any other.
-                    shared.end(cell, Some(Err(error)));
-                }
-            }
         }
+        // Replays touch nothing but their own process: one thread a worker shares them.
+        let all: Vec<(&Pid, &Arc<ProcessCell>)> = cells.iter().collect();
+        let chunk = all.len().div_ceil(shared.settings.workers).max(1);
+        let saved = &self.saved;
+        let replayed: HashMap<Pid, Option<Status>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = all
+                .chunks(chunk)
+                .map(|part| {
+                    scope.spawn(move || {
+                        let mut done = Vec::with_capacity(part.len());
+                        for &(pid, cell) in part {
+                            match replay(cell, &saved[pid]) {
+                                Ok(status) => done.push((*pid, status)),
+                                // The process ends here, with its exit recorded like any other.
+                                Err(error) => shared.end(cell, Some(Err(error))),
+                            }
+                        }
+                        done
+                    })
+                })
+                .collect();
+            threads.into_iter().flat_map(|t| t.join().expect("a replay's panics are caught")).collect()
+        });
         let consumed: HashMap<Pid, HashSet<(Pid, u64)>> = replayed
             .keys()
             .map(|pid| {
@@ -190,6 +229,20 @@ impl Plan {
                 later.push((cell.clone(), origin, y));
             }
         }
+        // The trees whose every process has ended and whose messages need no delivering
+        // again are done with: their records go.
+        if let Some(durable) = &shared.durable
+            && let Some(trees) = durable.trees()
+        {
+            let senders: HashSet<Pid> = deliveries.values().flat_map(|m| m.keys().map(|(from, _)| *from)).collect();
+            let mut trees = trees.lock();
+            for pid in self.saved.keys() {
+                trees.add_to(*pid, self.root_of(*pid), self.saved[pid].exit.is_none() && cells.contains_key(pid));
+            }
+            let done = trees.finished_without(&senders);
+            drop(trees);
+            durable.remove(done);
+        }
         for (to, messages) in deliveries {
             for ((from, id), message) in messages {
                 let sent = shared.send(from, to, message.topic, message.body, Some(id));
@@ -225,6 +278,18 @@ impl Plan {
             }
         }
         handles
+    }
+
+    /// The first process up `pid`'s chain of parents that the embedder spawned (or whose
+    /// parent's records are gone).
+    fn root_of(&self, mut pid: Pid) -> Pid {
+        for _ in 0..self.saved.len() {
+            match self.saved.get(&pid).map(|s| s.spawn.parent) {
+                Some(parent) if parent != Pid::HOST && self.saved.contains_key(&parent) => pid = parent,
+                _ => break,
+            }
+        }
+        pid
     }
 
     /// Makes and registers every unfinished process, parents before children.

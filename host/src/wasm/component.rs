@@ -50,6 +50,7 @@ impl Component {
         config: &Config,
         clock: &EpochClock,
         compiled: wasmtime::component::Component,
+        digest: super::cache::Digest,
     ) -> anyhow::Result<Component> {
         let not_a_process = || format!("the component does not fit the `{WORLD}` world");
         let pre = linker.instantiate_pre(&compiled).map_err(anyhow::Error::from).with_context(not_a_process)?;
@@ -67,9 +68,22 @@ impl Component {
 
         let indices =
             ProcessIndices::new(pre.instance_pre()).map_err(anyhow::Error::from).with_context(not_a_process)?;
-        let loaded =
-            Loaded { pre, indices, entries, log: config.log.clone(), clock: clock.clone(), config: config.clone() };
+        let loaded = Loaded {
+            pre,
+            indices,
+            entries,
+            log: config.log.clone(),
+            clock: clock.clone(),
+            config: config.clone(),
+            digest,
+        };
         Ok(Component { loaded: Arc::new(loaded), limits })
+    }
+
+    /// The SHA-256 of the bytes it was loaded from, as `sha256:<hex>` (of the precompiled
+    /// file, for one made by `Runtime::precompile`).
+    pub fn hash(&self) -> String {
+        format!("sha256:{}", super::cache::hex(&self.loaded.digest))
     }
 
     /// The entry methods the component offers, as its `entries` export listed them
@@ -129,5 +143,9 @@ impl std::fmt::Debug for Component {
 impl Factory for Component {
     fn make(&self) -> anyhow::Result<Box<dyn Process>> {
         Ok(Box::new(self.process()))
+    }
+
+    fn identity(&self) -> Option<String> {
+        Some(self.hash())
     }
 }

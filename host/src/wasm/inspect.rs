@@ -42,7 +42,7 @@ impl Runtime {
             }
         };
         let (entries, problem) = match (&kind, compiled) {
-            (ProgramKind::Process, Compiled::Component(component)) => match self.prepare(component) {
+            (ProgramKind::Process, Compiled::Component(component)) => match self.prepare(component, digest) {
                 Ok(component) => (component.entries().to_vec(), None),
                 Err(e) => (Vec::new(), Some(format!("{e:#}"))),
             },

@@ -45,6 +45,8 @@ pub(crate) struct Loaded {
     pub(crate) log: LogSink,
     pub(crate) clock: EpochClock,
     pub(crate) config: Config,
+    /// The SHA-256 of the bytes it was loaded from.
+    pub(crate) digest: super::cache::Digest,
 }
 
 /// A process running a [`Component`](super::Component): one store and one instance,

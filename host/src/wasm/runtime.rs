@@ -168,7 +168,7 @@ impl Runtime {
             Compiled::Component(component) if self.is_command(&component) => {
                 Program::Wasi(self.wasi_component(&component)?)
             }
-            Compiled::Component(component) => Program::Process(self.prepare(component)?),
+            Compiled::Component(component) => Program::Process(self.prepare(component, digest)?),
         };
         *slot = Some(program.clone());
         Ok(program)
@@ -304,9 +304,13 @@ impl Runtime {
     }
 
     /// Checks `compiled` against the world and reads its entries.
-    pub(super) fn prepare(&self, compiled: wasmtime::component::Component) -> anyhow::Result<Component> {
+    pub(super) fn prepare(
+        &self,
+        compiled: wasmtime::component::Component,
+        digest: Digest,
+    ) -> anyhow::Result<Component> {
         let inner = &self.inner;
-        Component::prepare(&inner.linker, &inner.engine, &inner.config, &inner.clock, compiled)
+        Component::prepare(&inner.linker, &inner.engine, &inner.config, &inner.clock, compiled, digest)
     }
 }
 

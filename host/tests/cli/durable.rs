@@ -81,7 +81,7 @@ fn a_signal_suspends_a_durable_run_and_the_same_command_resumes_it() {
     let journal = dir.join("journal");
     let journal = journal.to_str().unwrap();
     // Input (2, 30): long enough (30 rounds with 20 ms sleeps) to be stopped midway.
-    let child = wasmproc(&["run", DURABLE, "--journal", journal, "--input", "[2, 30]"])
+    let child = wasmproc(&["run", DURABLE, "--journal", journal, "--keep-finished", "--input", "[2, 30]"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -99,7 +99,7 @@ fn a_signal_suspends_a_durable_run_and_the_same_command_resumes_it() {
     assert!(listed.stdout.contains("unfinished"), "{}", listed.stdout);
     assert!(!listed.stdout.contains("failed"), "suspended, not ended: {}", listed.stdout);
 
-    let ran = run(&["run", DURABLE, "--journal", journal, "--input", "[2, 30]"]).expect(0);
+    let ran = run(&["run", DURABLE, "--journal", journal, "--keep-finished", "--input", "[2, 30]"]).expect(0);
     assert!(ran.stderr.contains("resuming process"), "{}", ran.stderr);
     // Two workers, n² for n in 1..=30 (2 × 9455), and 30 answers each.
     assert_eq!(ran.stdout.trim(), "18970");
@@ -119,6 +119,19 @@ fn journal_refuses_what_it_cannot_do() {
     run(&["journal", "ls", dir.join("missing").to_str().unwrap()]).expect(2).error_says("not a directory");
     run(&["run", DURABLE, "--journal", journal.to_str().unwrap()]).expect(0);
     run(&["journal", "show", journal.to_str().unwrap(), "12345"]).expect(2).error_says("holds no process 12345");
+}
+
+#[test]
+fn a_finished_run_leaves_an_empty_journal_unless_asked_to_keep_it() {
+    let dir = scratch("durable-growth");
+    let journal = dir.join("journal");
+    let journal = journal.to_str().unwrap();
+    run(&["run", DURABLE, "--journal", journal]).expect(0);
+    let listed = run(&["journal", "ls", journal]).expect(0);
+    assert_eq!(listed.stdout.lines().count(), 1, "only the header: {}", listed.stdout);
+    run(&["run", DURABLE, "--journal", journal, "--keep-finished"]).expect(0);
+    let listed = run(&["journal", "ls", journal]).expect(0);
+    assert_eq!(listed.stdout.lines().filter(|l| l.contains("finished: ok")).count(), 5, "{}", listed.stdout);
 }
 
 /// Every file of `dir`, recursively.
@@ -207,4 +220,27 @@ fn a_torn_or_damaged_journal_resumes_from_its_last_intact_commit_or_is_refused()
     }
     eprintln!("damaged journals: {resumed} resumed, {refused} refused");
     assert!(resumed + refused > 0);
+}
+
+#[test]
+fn a_journal_is_not_resumed_with_another_program() {
+    let dir = scratch("durable-identity");
+    let journal = dir.join("journal");
+    let journal = journal.to_str().unwrap();
+    let mut child = start(journal);
+    super::hardening::wait_until_running(&child);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let listed = run(&["journal", "ls", journal]).expect(0);
+    if !listed.stdout.contains("unfinished") {
+        // Killed before its first commit: nothing to resume, nothing to refuse.
+        return;
+    }
+    let ran = run(&["run", wasmproc_tests::guests::FAN_OUT, "--journal", journal]).expect(5);
+    let error = ran.stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_default().to_owned();
+    assert_eq!(error.matches("sha256:").count(), 2, "both hashes named: {error}");
+    assert!(error.contains("move the journal aside"), "{error}");
+    // The journal is left as it was: the right program still resumes it.
+    let ran = run(&["run", DURABLE, "--journal", journal]).expect(0);
+    assert_eq!(ran.stdout.trim(), EXPECTED);
 }

@@ -24,11 +24,13 @@
 //!
 //! - [`scheduler`]: the scheduler alone, with native processes, against tokio;
 //! - [`wasm`]: Wasm processes against raw wasmtime, and the sandbox against itself;
+//! - [`durable`]: Wasm processes with a journal against the same without;
 //! - [`idle`]: memory per idle process, each count in a child process;
 //! - [`cli`]: `wasmproc run` against `wasmtime run`, cold;
 //! - [`plot`]: the SVGs drawn from what the others measured.
 
 mod cli;
+mod durable;
 mod idle;
 mod plot;
 mod scheduler;
@@ -64,6 +66,7 @@ fn main() {
     let mut plots = plot::Plots::default();
     scheduler::run(&options, &mut report);
     wasm::run(&options, &mut report, &mut plots);
+    durable::run(&options, &mut report);
     idle::run(&options, &mut report, &mut plots);
     cli::run(&options, &mut report);
     let load_after = load_average();
@@ -100,7 +103,7 @@ fn main() {
 
 /// The workspace's target directory, wherever `CARGO_TARGET_DIR` put it: the nearest
 /// ancestor of this executable that cargo marked with its `CACHEDIR.TAG`.
-fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the bench knows its own path");
     exe.ancestors()
         .find(|dir| dir.join("CACHEDIR.TAG").is_file())

@@ -1,0 +1,236 @@
+//! Durable processes: the same Wasm workloads with and without a journal (fjall on this
+//! machine's disk, every group commit synced), what the journal writes, how long a
+//! commit makes a command wait, and how long a host takes to resume 10,000 processes of
+//! 100 steps each. The limit to compare with: the store's own synced, batched write rate
+//! on records of the size a step writes.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use wasmproc::handler::{Completer, Request};
+use wasmproc::journal::{Batch, FjallStore, Journal, Key, Store};
+use wasmproc::scheduler::{SpawnOptions, Spawnable};
+use wasmproc::wasm::{Config, Runtime};
+use wasmproc::{Capabilities, Command, Events, Payload, Port, Process, Scheduler, Status, StepOutput};
+use wasmproc_tests::bench::{Condition, Options, Record, Report, measure_pair};
+
+use crate::wasm::{GUEST, INIT_TIME_LIMIT};
+use crate::{WARMUP, short};
+
+const RECOVERY_PROCESSES: u64 = 10_000;
+const RECOVERY_STEPS: u64 = 100;
+
+/// A fresh journal directory under the target directory.
+fn journal_dir(name: &str) -> PathBuf {
+    let dir = crate::target_dir().join("bench").join(format!("journal-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Bench-guest schedulers: `now` completes at once, unless `held` keeps the `now` of
+/// processes past their allowance (see `recovery`).
+fn scheduler(bytes: &[u8], workers: usize, journal: Option<Journal>, held: Option<Arc<Held>>) -> Scheduler {
+    let config = Config::default().max_instances(16_384).init_time_limit(INIT_TIME_LIMIT).no_disk_cache();
+    let runtime = Runtime::new(config).expect("the runtime starts");
+    let component = runtime.load_bytes(bytes).expect("the bench guest loads");
+    let mut builder = Scheduler::builder()
+        .workers(workers)
+        .capabilities(Capabilities::default().allow("now"))
+        .kind("bench", component)
+        .handler("now", move |r: Request<'_>| match &held {
+            Some(held) => held.now(r),
+            None => r.complete(Ok(Payload::empty())),
+        });
+    if let Some(journal) = journal {
+        builder = builder.journal(journal);
+    }
+    builder.build().expect("the scheduler starts")
+}
+
+/// Answers every `now` but each process's last, which it keeps: the processes stay
+/// blocked, with their steps in the journal, until the host stops.
+#[derive(Default)]
+struct Held {
+    kept: Mutex<Vec<Completer>>,
+    counts: Mutex<std::collections::HashMap<u64, u64>>,
+}
+
+impl Held {
+    fn now(&self, request: Request<'_>) {
+        let caller = request.caller().as_u64();
+        let count = {
+            let mut counts = self.counts.lock();
+            let count = counts.entry(caller).or_default();
+            *count += 1;
+            *count
+        };
+        if count < RECOVERY_STEPS {
+            request.complete(Ok(Payload::empty()));
+        } else {
+            self.kept.lock().push(request.into_parts().1);
+        }
+    }
+}
+
+fn cycles(s: &Scheduler, processes: u64, each: u64) -> Duration {
+    let start = Instant::now();
+    let handles: Vec<_> = (0..processes)
+        .map(|_| {
+            let options = SpawnOptions::new("cycles").input(vec![Payload::u64(each)]);
+            s.handle().spawn(Spawnable::kind("bench"), options).expect("`cycles` starts")
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join(), Ok(Payload::u64(each)));
+    }
+    start.elapsed()
+}
+
+fn lifecycles(s: &Scheduler, total: u64) -> Duration {
+    let start = Instant::now();
+    let mut handles = Vec::with_capacity(512);
+    for _ in 0..total {
+        handles.push(s.handle().spawn(Spawnable::kind("bench"), "echo").expect("`echo` starts"));
+        if handles.len() == 512 {
+            handles.drain(..).for_each(|h| assert!(h.join().is_ok()));
+        }
+    }
+    handles.drain(..).for_each(|h| assert!(h.join().is_ok()));
+    start.elapsed()
+}
+
+/// A native process that yields `sleep(0)` `n` times, one after another, and returns
+/// how long each took to complete, in nanoseconds: in a durable scheduler, the wait for
+/// the step's group commit.
+struct Waits {
+    left: u64,
+    last: Option<Instant>,
+    waits: Vec<u64>,
+}
+
+impl Process for Waits {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        if let Some(last) = self.last {
+            self.waits.push(last.elapsed().as_nanos() as u64);
+        }
+        if self.left == 0 {
+            self.waits.sort_unstable();
+            let at = |q: f64| self.waits[((self.waits.len() - 1) as f64 * q) as usize];
+            out.set_status(Status::Complete(Payload::json(&[at(0.5), at(0.99)]).map_err(|e| e.to_string())));
+            return Ok(());
+        }
+        self.left -= 1;
+        self.last = Some(Instant::now());
+        out.yield_command(self.left, Command::Sleep(Duration::ZERO));
+        Ok(())
+    }
+}
+
+/// The store alone: `records` records of `size` bytes in synced batches of `group`.
+fn store_rate(dir: &Path, records: u64, size: usize, group: u64) -> Duration {
+    let store = FjallStore::open(dir).expect("the store opens");
+    let value = vec![0x5a; size];
+    let start = Instant::now();
+    let mut seq = 0;
+    while seq < records {
+        let mut batch = Batch::default();
+        for _ in 0..group {
+            batch.puts.push((Key { process: 1 + seq % 256, seq }, value.clone()));
+            seq += 1;
+        }
+        store.commit(&batch, true).expect("the commit succeeds");
+    }
+    start.elapsed()
+}
+
+pub fn run(options: &Options, report: &mut Report) {
+    let scale = if options.quick { 10 } else { 1 };
+    let (processes, each) = (200 / scale, 500);
+    let lifecycle_count = 20_000 / scale;
+    let cycles_name = format!("durable/cycles-{}x{}-w{}", short(processes), short(each), options.workers);
+    let lifecycle_name = format!("durable/lifecycle-{}-w{}", short(lifecycle_count), options.workers);
+    let latency_name = "durable/commit-wait-p50".to_owned();
+    let store_name = "durable/store-synced-records".to_owned();
+    let recovery_name = format!("durable/recovery-{}x{}", short(RECOVERY_PROCESSES), RECOVERY_STEPS);
+    let names = [&cycles_name, &lifecycle_name, &latency_name, &store_name, &recovery_name];
+    if !names.iter().any(|name| options.selected(name)) {
+        return;
+    }
+    let bytes = std::fs::read(GUEST).unwrap_or_else(|e| panic!("failed to read `{GUEST}`: {e}"));
+    let memory = scheduler(&bytes, options.workers, None, None);
+    let dir = journal_dir("runs");
+    let journal = Journal::open(&dir).expect("the journal opens");
+    let durable = scheduler(&bytes, options.workers, Some(journal), None);
+
+    if options.selected(&cycles_name) {
+        let before = durable.handle().journal_stats().expect("durable");
+        let (ours, theirs) = measure_pair(options.runs, WARMUP, &mut || cycles(&durable, processes, each), &mut || {
+            cycles(&memory, processes, each)
+        });
+        let after = durable.handle().journal_stats().expect("durable");
+        let steps = processes * each;
+        let record = Record::rate(&cycles_name, "steps/s", steps, &ours, Some(&theirs));
+        report.push(record.goal(Condition::ratio_at_most(2.0)));
+        let runs = (options.runs + WARMUP) as u64;
+        let (records, bytes, commits) =
+            (after.records - before.records, after.bytes - before.bytes, after.commits - before.commits);
+        println!(
+            "  durable cycles: {} bytes a record, {:.0} records a commit, {} synced commits/s, {} records/s",
+            bytes / records.max(1),
+            records as f64 / commits.max(1) as f64,
+            short((commits as f64 / (ours.median.as_secs_f64() * runs as f64)) as u64),
+            short((records as f64 / (ours.median.as_secs_f64() * runs as f64)) as u64),
+        );
+    }
+    if options.selected(&lifecycle_name) {
+        let (ours, theirs) =
+            measure_pair(options.runs, WARMUP, &mut || lifecycles(&durable, lifecycle_count), &mut || {
+                lifecycles(&memory, lifecycle_count)
+            });
+        let record = Record::rate(&lifecycle_name, "lifecycles/s", lifecycle_count, &ours, Some(&theirs));
+        report.push(record.goal(Condition::ratio_at_most(2.0)));
+    }
+    if options.selected(&latency_name) {
+        let waits = Waits { left: 2_000 / scale, last: None, waits: Vec::new() };
+        let result = durable.handle().spawn(waits, "main").expect("starts").join().expect("ends");
+        let [p50, p99]: [u64; 2] = result.parse_json().expect("two figures");
+        println!("  commit wait of a command: p50 {:.3} ms, p99 {:.3} ms", p50 as f64 / 1e6, p99 as f64 / 1e6);
+        report.push(Record::single(&latency_name, "ms", p50 as f64 / 1e6));
+        report.push(Record::single("durable/commit-wait-p99", "ms", p99 as f64 / 1e6));
+    }
+    durable.stop(Duration::from_secs(1));
+    memory.stop(Duration::from_secs(1));
+    if options.selected(&store_name) {
+        // Records of a cycle step's size, in groups of the size the cycles made.
+        let records = 200_000 / scale;
+        let elapsed = store_rate(&journal_dir("store"), records, 200, 64);
+        report.push(Record::single(&store_name, "records/s", records as f64 / elapsed.as_secs_f64()));
+    }
+    if options.selected(&recovery_name) {
+        let dir = journal_dir("recovery");
+        let held = Arc::new(Held::default());
+        let s = scheduler(&bytes, options.workers, Some(Journal::open(&dir).expect("opens")), Some(held.clone()));
+        for _ in 0..RECOVERY_PROCESSES / scale {
+            let options = SpawnOptions::new("cycles").input(vec![Payload::u64(RECOVERY_STEPS + 1)]);
+            s.handle().spawn(Spawnable::kind("bench"), options).expect("starts");
+        }
+        while held.kept.lock().len() < (RECOVERY_PROCESSES / scale) as usize {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // A durable scheduler's stop suspends: every process stays in the journal.
+        s.stop(Duration::ZERO);
+        drop(s);
+        let start = Instant::now();
+        let resumed = scheduler(&bytes, options.workers, Some(Journal::open(&dir).expect("opens")), None);
+        let elapsed = start.elapsed();
+        assert_eq!(resumed.handle().live() as u64, RECOVERY_PROCESSES / scale, "every process is resumed");
+        report.push(Record::single(&recovery_name, "s", elapsed.as_secs_f64()).goal(Condition::median_at_most(2.0)));
+        resumed.stop(Duration::ZERO);
+    }
+}
