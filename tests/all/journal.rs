@@ -1,4 +1,3 @@
-use std::collections::BTreeMap;
 use std::io;
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -6,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use wasmproc::journal::{Batch, Durability, Journal, JournalSettings, Key, Store};
+use wasmproc::journal::{Batch, Durability, Journal, JournalSettings, Key, MemoryStore, Store};
 use wasmproc::scheduler::SpawnOptions;
 use wasmproc::{Capabilities, Command, Event, Payload, Scheduler, Status};
 use wasmproc_tests::Scripted;
@@ -16,7 +15,7 @@ const HANG: Duration = Duration::from_secs(20);
 /// A store in memory that can hold every commit until let go, or fail them all.
 #[derive(Default)]
 struct TestStore {
-    records: Mutex<BTreeMap<Key, Vec<u8>>>,
+    records: MemoryStore,
     held: Mutex<bool>,
     released: Condvar,
     fail: AtomicBool,
@@ -54,9 +53,7 @@ impl TestStore {
 
     /// What a fresh start finds on the disk.
     fn copy(&self) -> TestStore {
-        let copy = TestStore::default();
-        *copy.records.lock() = self.records.lock().clone();
-        copy
+        TestStore { records: self.records.snapshot(), ..TestStore::default() }
     }
 }
 
@@ -75,19 +72,11 @@ impl Store for TestStore {
             return Err(io::Error::other("injected sync failure"));
         }
         self.commits.fetch_add(1, Ordering::SeqCst);
-        let mut records = self.records.lock();
-        records.retain(|key, _| !batch.removals.contains(&key.process));
-        records.extend(batch.puts.iter().cloned());
-        Ok(())
+        self.records.commit(batch, true)
     }
 
     fn scan(&self, from: Key, visit: &mut dyn FnMut(Key, &[u8]) -> ControlFlow<()>) -> io::Result<()> {
-        for (key, value) in self.records.lock().range(from..) {
-            if visit(*key, value).is_break() {
-                break;
-            }
-        }
-        Ok(())
+        self.records.scan(from, visit)
     }
 }
 
@@ -471,8 +460,8 @@ fn a_finished_tree_leaves_no_records_by_default() {
     assert_eq!(root.join_timeout(HANG).unwrap(), Ok(Payload::text("[1,2,3,4,5] effect")));
     // The removal is committed right after the root's exit.
     let deadline = std::time::Instant::now() + HANG;
-    while !store.records.lock().is_empty() {
-        assert!(std::time::Instant::now() < deadline, "{} records left", store.records.lock().len());
+    while !store.records.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "{} records left", store.records.len());
         std::thread::sleep(Duration::from_millis(5));
     }
     scheduler.stop(Duration::from_secs(1));

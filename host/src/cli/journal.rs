@@ -1,15 +1,17 @@
 //! `wasmproc journal`: what a durable run's journal holds, read without running anything.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use wasmproc::Pid;
 use wasmproc::journal::Journal;
 use wasmproc::scheduler::History;
+use wasmproc::wasm::Program;
+use wasmproc::{Pid, Scheduler};
 
+use super::input::read_app;
 use super::output::print_now;
-use super::{Exit, Failure};
+use super::{EngineArgs, Exit, Failure, runtime};
 
 /// `wasmproc journal`'s subcommands.
 #[derive(Args, Debug)]
@@ -25,6 +27,19 @@ enum Verb {
         /// The journal's directory (what `run --journal` was given).
         #[arg(value_name = "DIR")]
         dir: PathBuf,
+    },
+    /// Replay every unfinished process of a journal against its records, offline, with
+    /// the program that wrote it: what resuming would find, without resuming. Exits 1 if
+    /// a replay differs from its records (non-determinism), naming the step.
+    Verify {
+        /// The journal's directory.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+        /// The program the journal's run was started with.
+        #[arg(value_name = "APP.wasm")]
+        app: PathBuf,
+        #[command(flatten)]
+        engine: EngineArgs,
     },
     /// Show one process's history: its spawn, every step, its exit.
     Show {
@@ -42,6 +57,7 @@ impl JournalCommand {
         let (dir, pid) = match &self.command {
             Verb::Ls { dir } => (dir, None),
             Verb::Show { dir, pid } => (dir, Some(Pid::from_u64(*pid))),
+            Verb::Verify { dir, app, engine } => return verify(dir, app, engine),
         };
         if !dir.is_dir() {
             return Err(Failure::new(Exit::Usage, format!("no journal in `{}`: not a directory", dir.display())));
@@ -64,6 +80,45 @@ impl JournalCommand {
         print_now(&text).map_err(|_| Failure::new(Exit::StdoutClosed, "stdout was closed"))?;
         Ok(Exit::Success.into())
     }
+}
+
+/// `journal verify`: replays with the program as `run` would load it.
+fn verify(dir: &Path, app: &Path, engine: &EngineArgs) -> Result<ExitCode, Failure> {
+    if !dir.is_dir() {
+        return Err(Failure::new(Exit::Usage, format!("no journal in `{}`: not a directory", dir.display())));
+    }
+    let bytes = read_app(app, engine.max_module_size as u64)?;
+    let program = runtime(engine.config())?
+        .load_program_bytes(&bytes)
+        .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{}`: {e:#}", app.display())))?;
+    let Program::Process(component) = program else {
+        return Err(Failure::new(Exit::Usage, format!("`{}` is a WASI command: it has no journal", app.display())));
+    };
+    let journal = Journal::open(dir).map_err(|e| Failure::new(Exit::Host, format!("{e}")))?;
+    let verdicts = Scheduler::builder()
+        .workers(1)
+        .kind("app", component)
+        .journal(journal)
+        .verify_journal()
+        .map_err(|e| Failure::new(Exit::Host, format!("cannot verify the journal: {e:#}")))?;
+    let mut text = String::new();
+    let mut differs = false;
+    for (pid, verdict) in &verdicts {
+        match verdict {
+            Ok(steps) => text.push_str(&format!("{pid}: ok, {steps} steps replay as recorded\n")),
+            Err(error) => {
+                differs = true;
+                text.push_str(&format!("{pid}: {error}\n"));
+            }
+        }
+    }
+    text.push_str(&format!(
+        "{} unfinished processes, {} replay as recorded\n",
+        verdicts.len(),
+        verdicts.iter().filter(|(_, v)| v.is_ok()).count()
+    ));
+    print_now(&text).map_err(|_| Failure::new(Exit::StdoutClosed, "stdout was closed"))?;
+    Ok(if differs { Exit::ProcessFailed } else { Exit::Success }.into())
 }
 
 fn list(history: &[History]) -> String {

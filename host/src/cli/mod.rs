@@ -109,7 +109,7 @@ enum Command {
     /// Precompile a program, so that `run` loads it without compiling.
     Compile(compile::Compile),
     /// Read the journal of a durable run (`run --journal DIR`): `ls` its processes,
-    /// `show` one's history.
+    /// `show` one's history, `verify` its replay offline.
     Journal(journal::JournalCommand),
 }
 

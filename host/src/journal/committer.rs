@@ -105,7 +105,7 @@ impl<T: Send + 'static> Committer<T> {
     pub(crate) fn submit_with(
         &self,
         records: impl IntoIterator<Item = (Key, Vec<u8>)>,
-        removals: Vec<u64>,
+        removals: Vec<(u64, u64)>,
         item: T,
     ) -> Result<(), CommitError> {
         let mut pending = self.shared.pending.lock();
@@ -227,11 +227,12 @@ mod tests {
     use std::sync::mpsc;
 
     use super::*;
+    use crate::journal::MemoryStore;
 
-    /// A store in memory that can be told to fail, or to hold every commit until let go.
+    /// A store in memory that can be told to fail.
     #[derive(Default)]
     struct Faulty {
-        records: Mutex<std::collections::BTreeMap<Key, Vec<u8>>>,
+        store: MemoryStore,
         fail: AtomicBool,
         syncs: Mutex<Vec<bool>>,
     }
@@ -242,20 +243,24 @@ mod tests {
                 return Err(io::Error::other("disk on fire"));
             }
             self.syncs.lock().push(sync);
-            let mut records = self.records.lock();
-            records.retain(|key, _| !batch.removals.contains(&key.process));
-            records.extend(batch.puts.iter().cloned());
-            Ok(())
+            self.store.commit(batch, sync)
         }
 
         fn scan(&self, from: Key, visit: &mut dyn FnMut(Key, &[u8]) -> ControlFlow<()>) -> io::Result<()> {
-            for (key, value) in self.records.lock().range(from..) {
-                if visit(*key, value).is_break() {
-                    break;
-                }
-            }
-            Ok(())
+            self.store.scan(from, visit)
         }
+    }
+
+    /// Whether `store` holds `key`.
+    fn holds(store: &MemoryStore, key: Key) -> bool {
+        let mut found = false;
+        store
+            .scan(key, &mut |k, _| {
+                found = k == key;
+                ControlFlow::Break(())
+            })
+            .unwrap();
+        found
     }
 
     fn key(process: u64, seq: u64) -> Key {
@@ -271,7 +276,7 @@ mod tests {
             result.unwrap();
             for item in items {
                 // The item's record is in the store before the item comes back.
-                assert!(seen.records.lock().contains_key(&key(1, item)));
+                assert!(holds(&seen.store, key(1, item)));
                 tx.send(item).unwrap();
             }
         });
@@ -304,7 +309,7 @@ mod tests {
         store.fail.store(false, Ordering::SeqCst);
         let refused = committer.submit([(key(1, 1), vec![1])], 8).unwrap_err();
         assert_eq!(refused.to_string(), "disk on fire");
-        assert!(store.records.lock().is_empty());
+        assert!(store.store.is_empty());
     }
 
     #[test]
@@ -314,7 +319,7 @@ mod tests {
         let committer = Committer::start("test", store.clone(), false, Duration::from_secs(60), on_commit).unwrap();
         committer.submit([(key(2, 0), vec![1]), (key(2, 1), vec![2])], ()).unwrap();
         committer.shut_down();
-        assert_eq!(store.records.lock().len(), 2);
+        assert_eq!(store.store.len(), 2);
         assert!(committer.submit([(key(2, 2), vec![3])], ()).is_err());
     }
 }

@@ -52,7 +52,7 @@ pub use self::codec::Malformed;
 pub(crate) use self::codec::{Reader, Writer};
 pub use self::committer::{CommitError, CommitStats};
 pub(crate) use self::committer::{Committer, OnCommit};
-pub use self::store::{Batch, FjallStore, Key, Store};
+pub use self::store::{Batch, FjallStore, Key, MemoryStore, Store};
 
 /// The first byte of every record value: a journal written by a later format is refused
 /// rather than misread.
@@ -121,7 +121,9 @@ impl Journal {
         let dir = dir.as_ref();
         let store = FjallStore::open(dir).map_err(|error| {
             let hint = match error.kind() {
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => "",
+                std::io::ErrorKind::NotFound
+                | std::io::ErrorKind::PermissionDenied
+                | std::io::ErrorKind::ResourceBusy => "",
                 // A torn tail is repaired on opening; what is left is damage that would
                 // make a resumed run wrong.
                 _ => " (it is damaged: move the directory aside to start afresh)",

@@ -39,8 +39,10 @@ impl Key {
 pub struct Batch {
     /// Records to write (a key written again is replaced).
     pub puts: Vec<(Key, Vec<u8>)>,
-    /// Processes whose every record goes.
-    pub removals: Vec<u64>,
+    /// Records to remove: every record of a process below a sequence number, as
+    /// (process, number of records). The journal knows how many records a process has,
+    /// so a store deletes them without reading them first.
+    pub removals: Vec<(u64, u64)>,
 }
 
 impl Batch {
@@ -77,6 +79,59 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// The store's I/O error, or damage found while reading.
     fn scan(&self, from: Key, visit: &mut dyn FnMut(Key, &[u8]) -> ControlFlow<()>) -> io::Result<()>;
+}
+
+/// A store in memory: for tests, and for tools that read a journal's copy. Nothing
+/// survives the process, whatever `sync` says.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    records: parking_lot::Mutex<std::collections::BTreeMap<Key, Vec<u8>>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> MemoryStore {
+        MemoryStore::default()
+    }
+
+    /// Records held now.
+    pub fn len(&self) -> usize {
+        self.records.lock().len()
+    }
+
+    /// Whether it holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.records.lock().is_empty()
+    }
+
+    /// A copy of what it holds now.
+    pub fn snapshot(&self) -> MemoryStore {
+        MemoryStore { records: parking_lot::Mutex::new(self.records.lock().clone()) }
+    }
+}
+
+impl Store for MemoryStore {
+    fn commit(&self, batch: &Batch, _sync: bool) -> io::Result<()> {
+        let mut records = self.records.lock();
+        for &(process, count) in &batch.removals {
+            let doomed: Vec<Key> =
+                records.range(Key { process, seq: 0 }..Key { process, seq: count }).map(|(k, _)| *k).collect();
+            for key in doomed {
+                records.remove(&key);
+            }
+        }
+        records.extend(batch.puts.iter().cloned());
+        Ok(())
+    }
+
+    fn scan(&self, from: Key, visit: &mut dyn FnMut(Key, &[u8]) -> ControlFlow<()>) -> io::Result<()> {
+        for (key, value) in self.records.lock().range(from..) {
+            if visit(*key, value).is_break() {
+                break;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A shared store: the journal and its owner (a test, a tool) can both hold it.
@@ -119,9 +174,9 @@ impl Store for FjallStore {
         } else {
             fjall::PersistMode::Buffer
         }));
-        for &process in &batch.removals {
-            for record in self.records.prefix(process.to_be_bytes()) {
-                write.remove(&self.records, record.key().map_err(from_fjall)?);
+        for &(process, count) in &batch.removals {
+            for seq in 0..count {
+                write.remove(&self.records, Key { process, seq }.to_bytes());
             }
         }
         for (key, value) in &batch.puts {
@@ -144,6 +199,10 @@ impl Store for FjallStore {
 fn from_fjall(error: fjall::Error) -> io::Error {
     match error {
         fjall::Error::Io(error) => error,
+        fjall::Error::Locked => io::Error::new(
+            io::ErrorKind::ResourceBusy,
+            "another process has it open (one host at a time can use a journal)",
+        ),
         other => io::Error::other(other.to_string()),
     }
 }

@@ -17,6 +17,7 @@ use super::durable::Durable;
 use super::handle::Handle;
 use super::idle::Idle;
 use super::limits::Limits;
+use super::process::Pid;
 use super::recovery::Plan;
 use super::registry::{self, Registry};
 use super::shared::{Settings, Shared};
@@ -40,6 +41,8 @@ pub struct Builder {
     handlers: FxHashMap<String, Arc<dyn Handler>>,
     kinds: FxHashMap<Arc<str>, Arc<dyn Factory>>,
     journal: Option<Journal>,
+    /// Build only to replay the journal's unfinished processes (see `verify_journal`).
+    verifying: bool,
 }
 
 impl Default for Builder {
@@ -60,6 +63,7 @@ impl Default for Builder {
             handlers: FxHashMap::default(),
             kinds: FxHashMap::default(),
             journal: None,
+            verifying: false,
         }
     }
 }
@@ -242,6 +246,7 @@ impl Builder {
             handle: Handle { shared: shared.clone() },
             threads: Mutex::new(Some(Threads { workers: Vec::with_capacity(workers), timer: timer_thread })),
             resumed: Mutex::new(Vec::new()),
+            verdicts: Mutex::new(Vec::new()),
         };
         for (index, queue) in queues.into_iter().enumerate() {
             let shared = shared.clone();
@@ -254,8 +259,30 @@ impl Builder {
             }
         }
         if let Some(plan) = plan {
-            *scheduler.resumed.lock() = plan.restore(&shared);
+            if self.verifying {
+                *scheduler.verdicts.lock() = plan.verify(&shared);
+            } else {
+                *scheduler.resumed.lock() = plan.restore(&shared);
+            }
         }
         Ok(scheduler)
+    }
+
+    /// Replays every unfinished process of the journal given to [`Builder::journal`]
+    /// against its records, without resuming anything or running any command: what
+    /// resuming would find. One verdict a process, in pid order: the number of steps
+    /// replayed, or why the replay failed (a non-determinism error names the step and
+    /// both versions). Nothing is written to the journal.
+    ///
+    /// # Errors
+    ///
+    /// As [`Builder::build`], and no journal was given.
+    pub fn verify_journal(mut self) -> anyhow::Result<Vec<(Pid, Result<usize, String>)>> {
+        ensure!(self.journal.is_some(), "`verify_journal` needs a journal (`Builder::journal`)");
+        self.verifying = true;
+        let scheduler = self.build()?;
+        let verdicts = std::mem::take(&mut *scheduler.verdicts.lock());
+        scheduler.stop(std::time::Duration::ZERO);
+        Ok(verdicts)
     }
 }

@@ -86,7 +86,8 @@ pub(super) struct Trees {
 
 #[derive(Default)]
 struct Tree {
-    members: Vec<Pid>,
+    /// Each process and how many records it has (known once it has ended).
+    members: Vec<(Pid, u64)>,
     live: usize,
     /// It sent a message to a process of another tree: its records are needed to deliver
     /// that again after a crash, so they stay until a start finds it delivered.
@@ -105,8 +106,18 @@ impl Trees {
     pub(super) fn add_to(&mut self, pid: Pid, root: Pid, live: bool) {
         self.roots.insert(pid, root);
         let tree = self.trees.entry(root).or_default();
-        tree.members.push(pid);
+        tree.members.push((pid, 0));
         tree.live += usize::from(live);
+    }
+
+    /// Notes how many records `pid` has.
+    pub(super) fn set_records(&mut self, pid: Pid, records: u64) {
+        if let Some(root) = self.roots.get(&pid)
+            && let Some(tree) = self.trees.get_mut(root)
+            && let Some(member) = tree.members.iter_mut().find(|(member, _)| *member == pid)
+        {
+            member.1 = records;
+        }
     }
 
     /// Notes a message from `from` to `to`.
@@ -119,9 +130,10 @@ impl Trees {
         }
     }
 
-    /// Notes the end of `pid`; the members of its tree if that was the last and the tree
-    /// can go.
-    fn ended(&mut self, pid: Pid) -> Option<Vec<Pid>> {
+    /// Notes the end of `pid`, which has `records` records; the members of its tree if
+    /// that was the last and the tree can go.
+    fn ended(&mut self, pid: Pid, records: u64) -> Option<Vec<(Pid, u64)>> {
+        self.set_records(pid, records);
         let root = *self.roots.get(&pid)?;
         let tree = self.trees.get_mut(&root)?;
         tree.live = tree.live.saturating_sub(1);
@@ -129,7 +141,7 @@ impl Trees {
             return None;
         }
         let tree = self.trees.remove(&root)?;
-        for member in &tree.members {
+        for (member, _) in &tree.members {
             self.roots.remove(member);
         }
         Some(tree.members)
@@ -137,17 +149,17 @@ impl Trees {
 
     /// The finished trees that sent nothing still to deliver: those of `finished` roots
     /// whose members are not in `senders`.
-    pub(super) fn finished_without(&mut self, senders: &std::collections::HashSet<Pid>) -> Vec<Pid> {
+    pub(super) fn finished_without(&mut self, senders: &std::collections::HashSet<Pid>) -> Vec<(Pid, u64)> {
         let done: Vec<Pid> = self
             .trees
             .iter()
-            .filter(|(_, tree)| tree.live == 0 && !tree.members.iter().any(|m| senders.contains(m)))
+            .filter(|(_, tree)| tree.live == 0 && !tree.members.iter().any(|(m, _)| senders.contains(m)))
             .map(|(root, _)| *root)
             .collect();
         let mut members = Vec::new();
         for root in done {
             if let Some(tree) = self.trees.remove(&root) {
-                for member in &tree.members {
+                for (member, _) in &tree.members {
                     self.roots.remove(member);
                 }
                 members.extend(tree.members);
@@ -191,7 +203,12 @@ impl Durable {
 
     /// Submits `record` as the next of `cell`'s history; `then(seq)` is what its commit
     /// lets happen.
-    fn submit(&self, cell: &ProcessCell, record: &Record, then: impl FnOnce(u64) -> AfterCommit) -> Result<(), String> {
+    fn submit(
+        &self,
+        cell: &ProcessCell,
+        record: Record,
+        then: impl FnOnce(u64, Record) -> AfterCommit,
+    ) -> Result<(), String> {
         if cell.scheduler().suspending.load(Ordering::Acquire) {
             return Err(SUSPENDED.to_owned());
         }
@@ -204,13 +221,14 @@ impl Durable {
             ));
         }
         let key = Key { process: cell.pid().as_u64(), seq };
-        self.committer.submit([(key, record.encode())], then(seq)).map_err(|error| journal_failed(&error))
+        let value = record.encode();
+        self.committer.submit([(key, value)], then(seq, record)).map_err(|error| journal_failed(&error))
     }
 
     /// Records the spawn of `cell`; its steps' records follow it in the same order.
     pub(super) fn record_spawn(&self, cell: &ProcessCell, spawn: SpawnRecord) -> Result<(), String> {
         let parent = spawn.parent;
-        self.submit(cell, &Record::Spawn(spawn), |_| AfterCommit::Nothing)?;
+        self.submit(cell, Record::Spawn(spawn), |_, _| AfterCommit::Nothing)?;
         if let Some(trees) = &self.trees {
             trees.lock().add(cell.pid(), parent, true);
         }
@@ -222,12 +240,12 @@ impl Durable {
         self.trees.as_ref()
     }
 
-    /// Removes the records of `processes`.
-    pub(super) fn remove(&self, processes: Vec<Pid>) {
+    /// Removes the records of `processes`, each with how many it has.
+    pub(super) fn remove(&self, processes: Vec<(Pid, u64)>) {
         if processes.is_empty() {
             return;
         }
-        let removals = processes.iter().map(|pid| pid.as_u64()).collect();
+        let removals = processes.iter().map(|(pid, records)| (pid.as_u64(), *records)).collect();
         if let Err(error) = self.committer.submit_with([], removals, AfterCommit::Nothing) {
             tracing::warn!(%error, "the records of finished processes were not removed");
         }
@@ -241,9 +259,8 @@ impl Durable {
         topic: String,
         body: Payload,
     ) -> Result<(), String> {
-        let record = Record::HostMessage { topic, body };
-        self.submit(cell, &record, |seq| {
-            let Record::HostMessage { topic, body } = record.clone() else { unreachable!("built above") };
+        self.submit(cell, Record::HostMessage { topic, body }, |seq, record| {
+            let Record::HostMessage { topic, body } = record else { unreachable!("built above") };
             AfterCommit::Deliver { cell: cell.clone(), seq, topic, body }
         })
     }
@@ -254,14 +271,12 @@ impl Durable {
         if step.sends.len() >= YIELD_SEND_BIT as usize {
             return Err(format!("a durable step may send at most {YIELD_SEND_BIT} messages through its port"));
         }
-        let effects = !step.yields.is_empty() || !step.sends.is_empty();
-        let record = Record::Step(step);
-        self.submit(cell, &record, |seq| {
-            let Record::Step(step) = record.clone() else { unreachable!("built above") };
-            match effects {
-                true => AfterCommit::Effects { cell: cell.clone(), seq, yields: step.yields, sends: step.sends },
-                false => AfterCommit::Nothing,
+        self.submit(cell, Record::Step(step), |seq, record| {
+            let Record::Step(step) = record else { unreachable!("built above") };
+            if step.yields.is_empty() && step.sends.is_empty() {
+                return AfterCommit::Nothing;
             }
+            AfterCommit::Effects { cell: cell.clone(), seq, yields: step.yields, sends: step.sends }
         })
     }
 
@@ -282,7 +297,7 @@ impl Durable {
             Some(result) => result.clone(),
             None => Err("terminated".to_owned()),
         };
-        self.submit(cell, &Record::Exit(recorded), |_| AfterCommit::Exit { cell: cell.clone(), result })
+        self.submit(cell, Record::Exit(recorded), |_, _| AfterCommit::Exit { cell: cell.clone(), result })
     }
 }
 
@@ -429,7 +444,8 @@ impl AfterCommit {
                 if let Some(durable) = &shared.durable
                     && let Some(trees) = durable.trees()
                 {
-                    let finished = trees.lock().ended(cell.pid());
+                    let records = cell.journal_seq.load(Ordering::Relaxed);
+                    let finished = trees.lock().ended(cell.pid(), records);
                     durable.remove(finished.unwrap_or_default());
                 }
             }

@@ -74,6 +74,7 @@ pub use self::caps::Capabilities;
 use self::durable::SUSPENDED;
 pub use self::handle::{Handle, ProcessHandle, SpawnOptions, Spawnable};
 pub use self::port::Port;
+use self::process::Pid;
 pub use self::process::{Command, Event, Events, Outcome, Process, SpawnRequest, Status, StepOutput, Yield};
 pub use self::record::History;
 pub use self::stats::{Stats, WorkerStats, YieldCounts};
@@ -89,6 +90,8 @@ pub struct Scheduler {
     threads: Mutex<Option<Threads>>,
     /// The processes the embedder had spawned that were resumed from the journal.
     resumed: Mutex<Vec<ProcessHandle>>,
+    /// What `Builder::verify_journal` found.
+    verdicts: Mutex<Vec<(Pid, Result<usize, String>)>>,
 }
 
 struct Threads {

@@ -105,6 +105,39 @@ impl Plan {
         Ok(Plan { saved })
     }
 
+    /// Replays every unfinished process against its records, on processes registered
+    /// nowhere: nothing is resumed, nothing runs, nothing is written.
+    pub(super) fn verify(self, shared: &Arc<Shared>) -> Vec<(Pid, Result<usize, String>)> {
+        let mut verdicts = Vec::new();
+        for (pid, saved) in self.saved.iter().filter(|(_, s)| s.exit.is_none()) {
+            let made = match &saved.spawn.kind {
+                Some(kind) => match shared.kinds.get(kind.as_str()) {
+                    Some(factory) => factory.make().map_err(|e| format!("cannot be made: {e:#}")),
+                    None => Err(format!("its kind `{kind}` is not registered")),
+                },
+                None => Err("it was spawned as a value, not by a registered kind".to_owned()),
+            };
+            let verdict = made.and_then(|process| {
+                let spec = Spec {
+                    scheduler: Some(shared.clone()),
+                    kind: saved.spawn.kind.as_deref().map(Arc::from),
+                    caps: Arc::new(saved.spawn.caps.clone()),
+                    mailbox_capacity: (saved.spawn.mailbox_capacity as usize).max(1),
+                };
+                let cell = Arc::new(ProcessCell::new(*pid, process, spec, Lineage::default()));
+                let replayed = replay(&cell, saved).map(|_| saved.steps.len());
+                // SAFETY: `replay` left the process `Running`, owned by this thread; it is
+                // in no registry and no queue, and is dropped here.
+                if let Some(mut process) = unsafe { cell.take_process() } {
+                    process.close();
+                }
+                replayed
+            });
+            verdicts.push((*pid, verdict));
+        }
+        verdicts
+    }
+
     /// Refuses to resume processes this host cannot make as they were: of a kind it has
     /// not registered, or whose kind's factory makes them from something else (a Wasm
     /// component with another hash). Nothing is resumed then and the journal is left as
@@ -236,8 +269,9 @@ impl Plan {
         {
             let senders: HashSet<Pid> = deliveries.values().flat_map(|m| m.keys().map(|(from, _)| *from)).collect();
             let mut trees = trees.lock();
-            for pid in self.saved.keys() {
-                trees.add_to(*pid, self.root_of(*pid), self.saved[pid].exit.is_none() && cells.contains_key(pid));
+            for (pid, saved) in &self.saved {
+                trees.add_to(*pid, self.root_of(*pid), saved.exit.is_none() && cells.contains_key(pid));
+                trees.set_records(*pid, saved.next_seq);
             }
             let done = trees.finished_without(&senders);
             drop(trees);

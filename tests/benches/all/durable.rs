@@ -223,9 +223,11 @@ pub fn run(options: &Options, report: &mut Report) {
         while held.kept.lock().len() < (RECOVERY_PROCESSES / scale) as usize {
             std::thread::sleep(Duration::from_millis(10));
         }
-        // A durable scheduler's stop suspends: every process stays in the journal.
+        // A durable scheduler's stop suspends: every process stays in the journal. The
+        // kept completers hold the processes, and through them the journal: let go.
         s.stop(Duration::ZERO);
         drop(s);
+        held.kept.lock().clear();
         let start = Instant::now();
         let resumed = scheduler(&bytes, options.workers, Some(Journal::open(&dir).expect("opens")), None);
         let elapsed = start.elapsed();
