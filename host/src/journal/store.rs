@@ -161,7 +161,11 @@ impl FjallStore {
     /// The directory cannot be created or read, or holds a damaged database.
     pub fn open(dir: &Path) -> io::Result<FjallStore> {
         let db = fjall::Database::builder(dir).open().map_err(from_fjall)?;
-        let records = db.keyspace("records", fjall::KeyspaceCreateOptions::default).map_err(from_fjall)?;
+        // Small memtables are flushed to tables often, so that opening after a crash
+        // replays little of fjall's own log: at fjall's default of 64 MiB, a journal of
+        // 10,000 processes of 100 steps took 2 s to open, at 8 MiB a tenth of that.
+        let options = || fjall::KeyspaceCreateOptions::default().max_memtable_size(MEMTABLE_SIZE);
+        let records = db.keyspace("records", options).map_err(from_fjall)?;
         Ok(FjallStore { db, records })
     }
 }
@@ -195,6 +199,9 @@ impl Store for FjallStore {
         Ok(())
     }
 }
+
+/// The size at which fjall flushes a memtable to a table (see [`FjallStore::open`]).
+const MEMTABLE_SIZE: u64 = 8 << 20;
 
 fn from_fjall(error: fjall::Error) -> io::Error {
     match error {
