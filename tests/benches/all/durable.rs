@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use wasmproc::handler::{Completer, Request};
-use wasmproc::journal::{Batch, FjallStore, Journal, Key, Store};
+use wasmproc::journal::{Batch, FjallStore, Journal, JournalSettings, Key, Store};
 use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::wasm::{Component, Config, Runtime};
 use wasmproc::{Capabilities, Command, Events, Payload, Port, Process, Scheduler, Status, StepOutput};
@@ -171,7 +171,11 @@ pub fn run(options: &Options, report: &mut Report) {
     let bytes = component(&bytes);
     let memory = scheduler(&bytes, options.workers, None, None);
     let dir = journal_dir("runs");
-    let journal = Journal::open(&dir).expect("the journal opens");
+    let mut settings = JournalSettings::default();
+    if let Some(us) = std::env::var("DURABLE_WINDOW_US").ok().and_then(|v| v.parse().ok()) {
+        settings.group_window = Duration::from_micros(us);
+    }
+    let journal = Journal::open(&dir).expect("the journal opens").settings(settings);
     let durable = scheduler(&bytes, options.workers, Some(journal), None);
 
     if options.selected(&cycles_name) {

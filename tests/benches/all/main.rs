@@ -12,6 +12,8 @@
 //! QUICK=1     counts divided by 10, 2 runs, idle at 1k and 10k: for development only,
 //!             the figures are not comparable with a full run's
 //! WASMTIME=p  the wasmtime CLI of the cold-start baseline (else `wasmtime` on PATH)
+//! DURABLE_WINDOW_US=n
+//!             the journal's group window for `durable/` (default: the library's, 0)
 //! RAW_KEEP_RESIDENT=bytes, RAW_COW=0
 //!             what-if engine settings for the raw wasmtime side only
 //! ```
