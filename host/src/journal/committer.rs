@@ -1,5 +1,7 @@
 //! Group commit: one thread writes what every worker submitted since its last commit in
-//! one batch and one sync, then hands the submissions back, committed or failed.
+//! one batch and one sync, then hands the submissions back, committed or failed, to a
+//! second thread that carries them out: so the next group's sync overlaps the last
+//! group's effects.
 //!
 //! A submission is its records and an item (what to do once they are durable). Items are
 //! handed back in submission order, and a submission is never handed back before every
@@ -39,7 +41,8 @@ pub struct CommitStats {
 
 pub(crate) struct Committer<T> {
     shared: Arc<Shared<T>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// The committing thread, then the one that hands groups back.
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 struct Shared<T> {
@@ -82,11 +85,19 @@ impl<T: Send + 'static> Committer<T> {
             sync,
             window,
         });
-        let thread = {
+        let (groups, committed) = std::sync::mpsc::channel::<Group<T>>();
+        let handing = std::thread::Builder::new().name(format!("{name}-committed")).spawn(move || {
+            let mut on_commit = on_commit;
+            // Ends when the committing thread has ended and every group is handed back.
+            for (items, result) in committed {
+                call(&mut on_commit, items, result);
+            }
+        })?;
+        let committing = {
             let shared = shared.clone();
-            std::thread::Builder::new().name(format!("{name}-journal")).spawn(move || shared.run(on_commit))?
+            std::thread::Builder::new().name(format!("{name}-journal")).spawn(move || shared.run(&groups))?
         };
-        Ok(Committer { shared, thread: Mutex::new(Some(thread)) })
+        Ok(Committer { shared, threads: Mutex::new(vec![committing, handing]) })
     }
 
     /// Queues `records` for the next group, and `item` to hand back once they are
@@ -134,7 +145,7 @@ impl<T: Send + 'static> Committer<T> {
     pub(crate) fn shut_down(&self) {
         self.shared.pending.lock().shut_down = true;
         self.shared.wake.notify_one();
-        if let Some(thread) = self.thread.lock().take() {
+        for thread in std::mem::take(&mut *self.threads.lock()) {
             join(thread);
         }
     }
@@ -144,13 +155,13 @@ impl<T> Drop for Committer<T> {
     fn drop(&mut self) {
         self.shared.pending.lock().shut_down = true;
         self.shared.wake.notify_one();
-        if let Some(thread) = self.thread.get_mut().take() {
+        for thread in std::mem::take(self.threads.get_mut()) {
             join(thread);
         }
     }
 }
 
-/// Waits for the committer's thread, unless this is it: the last reference to what owns
+/// Waits for one of the committer's threads, unless this is it: the last reference to what owns
 /// the committer may be dropped by an item it hands back, and a thread cannot wait for
 /// itself (it exits on its own once it sees the shutdown).
 fn join(thread: JoinHandle<()>) {
@@ -162,7 +173,7 @@ fn join(thread: JoinHandle<()>) {
 }
 
 impl<T> Shared<T> {
-    fn run(&self, mut on_commit: OnCommit<T>) {
+    fn run(&self, groups: &std::sync::mpsc::Sender<Group<T>>) {
         let mut pending = self.pending.lock();
         loop {
             while pending.items.is_empty() && !pending.shut_down {
@@ -197,16 +208,24 @@ impl<T> Shared<T> {
                     drop(pending);
                     let mut all = items;
                     all.append(&mut refused);
-                    call(&mut on_commit, all, result);
+                    hand_back(groups, all, result);
                     pending = self.pending.lock();
                     continue;
                 }
             }
             drop(pending);
-            call(&mut on_commit, items, result);
+            hand_back(groups, items, result);
             pending = self.pending.lock();
         }
     }
+}
+
+/// A committed (or failed) group on its way back.
+type Group<T> = (Vec<T>, Result<(), CommitError>);
+
+fn hand_back<T>(groups: &std::sync::mpsc::Sender<Group<T>>, items: Vec<T>, result: Result<(), CommitError>) {
+    // The receiving thread lives until this sender is dropped: the send cannot fail.
+    let _ = groups.send((items, result));
 }
 
 fn call<T>(on_commit: &mut OnCommit<T>, items: Vec<T>, result: Result<(), CommitError>) {
