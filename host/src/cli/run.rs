@@ -36,6 +36,8 @@ Examples:
   wasmproc run app.wasm --method main --input '{\"n\": 10}'
   wasmproc run app.wasm --input-file job.json --timeout 30s --stats
   wasmproc run tool.wasm --dir ./data::/data -- --verbose input.txt   (a WASI command)
+  wasmproc run flow.wasm --journal ./flow.journal   (durable: after a crash, the same
+                                                    command resumes the run)
 
 The result is printed on stdout (JSON as the process gave it); logs and guest output go
 to stderr, tagged with the process id. A WASI command's own stdin/stdout/stderr are
