@@ -114,11 +114,17 @@ pub struct Journal {
 impl Journal {
     /// Opens (or creates) the default store in `dir`.
     ///
+    /// A journal decides what its processes are resumed with (their input, their grants,
+    /// every event), so its directory must be this user's alone: it is created private
+    /// (mode 0700), and one that another user owns or can write to is refused.
+    ///
     /// # Errors
     ///
-    /// The directory cannot be created or read, or holds a damaged store.
+    /// The directory cannot be created or read, is not private to this user, or holds a
+    /// damaged store.
     pub fn open(dir: impl AsRef<Path>) -> std::io::Result<Journal> {
         let dir = dir.as_ref();
+        private_dir(dir)?;
         let store = FjallStore::open(dir).map_err(|error| {
             let hint = match error.kind() {
                 std::io::ErrorKind::NotFound
@@ -148,6 +154,38 @@ impl Journal {
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
     }
+}
+
+/// Creates `dir` private to this user, or checks that it is: owned by this user, and
+/// writable by no one else (as ssh checks its files).
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+    let refuse = |why: String| {
+        std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("refusing the journal in {}: {why}", dir.display()),
+        )
+    };
+    let meta = match std::fs::metadata(dir) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
+        }
+        other => other?,
+    };
+    if !meta.is_dir() {
+        return Err(refuse("it is not a directory".to_owned()));
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(refuse(format!("it belongs to uid {}, not to this user (uid {me})", meta.uid())));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(refuse(format!(
+            "other users can write to it (mode {:o}): `chmod go-w` it, since a journal decides what its processes resume with",
+            meta.mode() & 0o777
+        )));
+    }
+    Ok(())
 }
 
 impl std::fmt::Debug for Journal {

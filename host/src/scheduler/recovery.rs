@@ -271,7 +271,10 @@ impl Plan {
             let mut trees = trees.lock();
             for (pid, saved) in &self.saved {
                 trees.add_to(*pid, self.root_of(*pid), saved.exit.is_none() && cells.contains_key(pid));
-                trees.set_records(*pid, saved.next_seq);
+                // A process that could not be made again had its exit recorded after
+                // its last record.
+                let lost = saved.exit.is_none() && !cells.contains_key(pid);
+                trees.set_records(*pid, saved.next_seq + u64::from(lost));
             }
             let done = trees.finished_without(&senders);
             drop(trees);

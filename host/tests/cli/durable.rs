@@ -125,6 +125,18 @@ fn journal_refuses_what_it_cannot_do() {
 }
 
 #[test]
+fn a_journal_is_private_and_one_others_can_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = scratch("durable-private");
+    let journal = dir.join("journal");
+    run(&["run", DURABLE, "--journal", journal.to_str().unwrap()]).expect(0);
+    assert_eq!(std::fs::metadata(&journal).unwrap().permissions().mode() & 0o777, 0o700);
+    std::fs::set_permissions(&journal, std::fs::Permissions::from_mode(0o777)).unwrap();
+    run(&["run", DURABLE, "--journal", journal.to_str().unwrap()]).expect(5).error_says("other users can write to it");
+    run(&["journal", "ls", journal.to_str().unwrap()]).expect(5).error_says("other users can write to it");
+}
+
+#[test]
 fn a_finished_run_leaves_an_empty_journal_unless_asked_to_keep_it() {
     let dir = scratch("durable-growth");
     let journal = dir.join("journal");
