@@ -63,6 +63,10 @@ pub enum SendError {
         /// Its mailbox capacity.
         capacity: usize,
     },
+    /// A durable scheduler could not record the message (its journal has failed, or the
+    /// scheduler is suspending its processes): it was not sent.
+    #[error("message not recorded: {0}")]
+    Journal(String),
 }
 
 /// Why a [`Port`](crate::Port) refused to send.

@@ -466,3 +466,29 @@ fn a_finished_tree_leaves_no_records_by_default() {
     }
     scheduler.stop(Duration::from_secs(1));
 }
+
+#[test]
+fn a_message_from_the_embedder_is_recorded_before_it_is_delivered() {
+    let store = Arc::new(TestStore::default());
+    let (scheduler, _) = durable(&store);
+    let (echo, _) = Scripted::new(|t| {
+        match t.events.first() {
+            Some(Event::Message { body, .. }) => t.out.set_status(Status::Complete(Ok(body.clone()))),
+            _ => t.out.set_status(Status::Idle),
+        }
+        Ok(())
+    });
+    let process = scheduler.handle().spawn(echo, "main").unwrap();
+    // Let its first step be committed, so it waits idle.
+    std::thread::sleep(Duration::from_millis(50));
+    store.hold();
+    scheduler.handle().send(process.pid(), "in", Payload::u64(9)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(process.try_result(), None, "delivered before it was recorded");
+    store.release();
+    assert_eq!(process.join_timeout(HANG).unwrap(), Ok(Payload::u64(9)));
+    let history = Journal::with_store(store.clone()).history().unwrap();
+    let records = &history.iter().find(|h| h.pid == process.pid()).unwrap().records;
+    assert!(records.iter().any(|r| r.contains("HostMessage")), "{records:#?}");
+    scheduler.stop(Duration::from_secs(1));
+}

@@ -107,7 +107,7 @@ impl Handle {
             // committed; a full mailbox then drops it (counted as undelivered).
             Some(durable) => {
                 let cell = self.shared.registry.get(to).ok_or(SendError::NotFound(to))?;
-                durable.record_host_message(&cell, topic.into(), body).map_err(|_| SendError::Closed(to))
+                durable.record_host_message(&cell, topic.into(), body).map_err(SendError::Journal)
             }
             None => self.shared.send(Pid::HOST, to, topic.into(), body, None),
         }

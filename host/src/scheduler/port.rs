@@ -42,6 +42,11 @@ impl Port {
     /// Sends `body` to `to` as this process, at once, during one of its steps: what a
     /// yielded `send` command does, without waiting for the step to end.
     ///
+    /// In a durable scheduler the message goes into the step's record instead, and is
+    /// delivered once that is committed: so whether the receiver takes it is not known
+    /// here, and a receiver that cannot is counted in [`Stats`](super::Stats)' undelivered
+    /// messages rather than reported (as a message to an ended process in Erlang).
+    ///
     /// # Errors
     ///
     /// [`PortError::NotInStep`] outside a step of this process (in `init`, say);
