@@ -31,8 +31,8 @@ pub(super) type PortSend = (Pid, String, Payload);
 /// The identities of a durable process's messages: `step record << 20 | index`, the
 /// index among the step's port sends, or among its yields with this bit set (a step's
 /// port sends happen during it, before its yields: so a sender's identities grow in the
-/// order its messages leave). Both counts stay below 2^19 (the yield limit is far
-/// below; port sends are bounded by `record_step`).
+/// order its messages leave). Both counts stay below 2^19: `record_step` ends a durable
+/// process whose step goes past it (the default yield limit is 1,024).
 pub(super) const YIELD_SEND_BIT: u64 = 1 << 19;
 
 /// The identity of the `index`th port send of step record `seq`.
@@ -87,7 +87,7 @@ pub(super) struct Trees {
 #[derive(Default)]
 struct Tree {
     /// Each process and how many records it has (known once it has ended).
-    members: Vec<(Pid, u64)>,
+    members: FxHashMap<Pid, u64>,
     live: usize,
     /// It sent a message to a process of another tree: its records are needed to deliver
     /// that again after a crash, so they stay until a start finds it delivered.
@@ -106,7 +106,7 @@ impl Trees {
     pub(super) fn add_to(&mut self, pid: Pid, root: Pid, live: bool) {
         self.roots.insert(pid, root);
         let tree = self.trees.entry(root).or_default();
-        tree.members.push((pid, 0));
+        tree.members.insert(pid, 0);
         tree.live += usize::from(live);
     }
 
@@ -114,9 +114,9 @@ impl Trees {
     pub(super) fn set_records(&mut self, pid: Pid, records: u64) {
         if let Some(root) = self.roots.get(&pid)
             && let Some(tree) = self.trees.get_mut(root)
-            && let Some(member) = tree.members.iter_mut().find(|(member, _)| *member == pid)
+            && let Some(member) = tree.members.get_mut(&pid)
         {
-            member.1 = records;
+            *member = records;
         }
     }
 
@@ -141,10 +141,10 @@ impl Trees {
             return None;
         }
         let tree = self.trees.remove(&root)?;
-        for (member, _) in &tree.members {
+        for member in tree.members.keys() {
             self.roots.remove(member);
         }
-        Some(tree.members)
+        Some(tree.members.into_iter().collect())
     }
 
     /// The finished trees that sent nothing still to deliver: those of `finished` roots
@@ -153,13 +153,13 @@ impl Trees {
         let done: Vec<Pid> = self
             .trees
             .iter()
-            .filter(|(_, tree)| tree.live == 0 && !tree.members.iter().any(|(m, _)| senders.contains(m)))
+            .filter(|(_, tree)| tree.live == 0 && !tree.members.keys().any(|m| senders.contains(m)))
             .map(|(root, _)| *root)
             .collect();
         let mut members = Vec::new();
         for root in done {
             if let Some(tree) = self.trees.remove(&root) {
-                for (member, _) in &tree.members {
+                for member in tree.members.keys() {
                     self.roots.remove(member);
                 }
                 members.extend(tree.members);
@@ -268,8 +268,10 @@ impl Durable {
     /// Records a step and hands its effects to the committer. On error nothing of the
     /// step has happened, and the process must end with the error.
     pub(super) fn record_step(&self, cell: &Arc<ProcessCell>, step: StepRecord) -> Result<(), String> {
-        if step.sends.len() >= YIELD_SEND_BIT as usize {
-            return Err(format!("a durable step may send at most {YIELD_SEND_BIT} messages through its port"));
+        if step.sends.len() >= YIELD_SEND_BIT as usize || step.yields.len() >= YIELD_SEND_BIT as usize {
+            return Err(format!(
+                "a durable step may yield, and send through its port, fewer than {YIELD_SEND_BIT} of each"
+            ));
         }
         self.submit(cell, Record::Step(step), |seq, record| {
             let Record::Step(step) = record else { unreachable!("built above") };

@@ -133,16 +133,19 @@ impl Shared {
 
     /// Registers restored processes under their recorded pids and counts them live, as
     /// a spawn would (see `recovery.rs`); they are in `Init` and in no queue.
-    pub(super) fn adopt(&self, cells: Vec<Arc<ProcessCell>>) {
-        let count = cells.len();
+    ///
+    /// Hands back those whose pids no registry can hold (only a journal written by
+    /// something else has such pids), not counted.
+    pub(super) fn adopt(&self, cells: Vec<Arc<ProcessCell>>) -> Vec<Arc<ProcessCell>> {
+        let refused = self.registry.restore(cells.clone());
+        let count = cells.len() - refused.len();
         let before = self.live.fetch_add(count, Ordering::AcqRel);
         self.peak_live.fetch_max(before + count, Ordering::Relaxed);
-        for cell in &cells {
+        for cell in cells.iter().filter(|cell| !refused.iter().any(|r| Arc::ptr_eq(r, cell))) {
             cell.lineage.enter();
         }
-        let refused = self.registry.restore(cells);
-        assert!(refused.is_empty(), "the registry was sized for every recorded pid");
         self.count(|c| &c.spawned, count as u64);
+        refused
     }
 
     /// Delivers a message; `id` is its identity in a durable scheduler (`None` otherwise).
