@@ -41,7 +41,7 @@
 //!
 //! # Core concepts
 //!
-//! The root holds what a process is written against; four modules hold the rest.
+//! The root holds what a process is written against; five modules hold the rest.
 //!
 //! - [`Scheduler`]: owns the worker threads (one per core by default), each with a local
 //!   LIFO deque, plus a global FIFO queue and work stealing. Costly to build (starts
@@ -63,6 +63,9 @@
 //!   per-process limits apply to Wasm processes), spawn options, stats.
 //! - [`handler`]: custom commands and how they answer, now or later; process kinds.
 //! - [`error`]: the errors callers match on.
+//! - [`journal`]: durable processes: a journal given to the builder records every
+//!   process's history ahead of its effects, and a scheduler built on it again resumes
+//!   the unfinished ones.
 //! - [`wasm`] (feature `wasm`, on by default): one wasmtime engine, its instance memory and
 //!   fiber-stack arenas and the compile caches (`wasm::Runtime`; costly to build, one per
 //!   host). `Runtime::load` gives a `wasm::Component`: cheap to clone, and a
