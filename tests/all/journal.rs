@@ -264,12 +264,10 @@ fn workflow(store: Arc<TestStore>, world: Arc<World>) -> Scheduler {
         ))
     };
     let source = || -> anyhow::Result<Box<dyn wasmproc::Process>> {
-        let mut sink = None;
         Ok(Box::new(
             Scripted::new(move |t| {
                 if t.step == 0 {
                     let to = wasmproc::Pid::from_u64(t.input[0].to_u64().unwrap());
-                    sink = Some(to);
                     for n in 1..=3 {
                         t.port.send(to, "n", Payload::u64(n))?;
                     }
@@ -278,7 +276,6 @@ fn workflow(store: Arc<TestStore>, world: Arc<World>) -> Scheduler {
                     }
                     return Ok(());
                 }
-                let _ = sink;
                 t.out.set_status(Status::Complete(Ok(Payload::empty())));
                 Ok(())
             })
@@ -286,7 +283,6 @@ fn workflow(store: Arc<TestStore>, world: Arc<World>) -> Scheduler {
         ))
     };
     let main = || -> anyhow::Result<Box<dyn wasmproc::Process>> {
-        let mut sink = None;
         let mut effect = None;
         let mut exit = None;
         Ok(Box::new(
@@ -295,7 +291,6 @@ fn workflow(store: Arc<TestStore>, world: Arc<World>) -> Scheduler {
                     match event {
                         Event::Completion { tag: 1, result } => {
                             let pid = result.as_ref().unwrap().to_u64().unwrap();
-                            sink = Some(pid);
                             let spawn = wasmproc::SpawnRequest {
                                 kind: Some("source".into()),
                                 method: "main".into(),
@@ -327,7 +322,6 @@ fn workflow(store: Arc<TestStore>, world: Arc<World>) -> Scheduler {
                     let result = format!("{} {}", exit.as_str().unwrap(), effect.as_str().unwrap());
                     t.out.set_status(Status::Complete(Ok(Payload::text(result))));
                 }
-                let _ = sink;
                 Ok(())
             })
             .0,

@@ -22,7 +22,6 @@ use super::dispatch::Origin;
 use super::inbox::MessageId;
 use super::process::{Event, Outcome, Payload, Pid, Status, Yield};
 use super::record::{Record, SpawnRecord, StepRecord};
-use super::shared::Shared;
 use crate::journal::{CommitError, CommitStats, Committer, Journal, Key, OnCommit};
 
 /// A message sent through a port during a step: (to, topic, body).
@@ -474,14 +473,4 @@ pub(super) const SUSPENDED: &str =
 
 fn journal_failed(error: &CommitError) -> String {
     format!("journal failed: {error}")
-}
-
-impl Shared {
-    /// Records the spawn of a new process, if this scheduler is durable.
-    pub(super) fn record_spawn(&self, cell: &ProcessCell, spawn: impl FnOnce() -> SpawnRecord) -> Result<(), String> {
-        match &self.durable {
-            Some(durable) => durable.record_spawn(cell, spawn()),
-            None => Ok(()),
-        }
-    }
 }

@@ -83,11 +83,10 @@ impl Shared {
         let method = args.method;
         // The spawn record needs the input that `init` consumes, and `init` the seed and
         // time it records.
-        let recorded_input = self.durable.as_ref().map(|_| args.input.clone());
-        let durable_start = self.durable.as_ref().map(|_| {
+        let durable_start = self.durable.as_ref().map(|durable| {
             let (seed, at) = (draw_seed(), now_micros());
             *cell.durable_step.lock() = Some(StepInProgress::new(seed, at));
-            (seed, at)
+            (durable, seed, at, args.input.clone())
         });
         // SAFETY: the process is in `Init`: registered but in no queue, so this spawner
         // is its only owner.
@@ -103,8 +102,8 @@ impl Shared {
             self.retire(&cell, Some(Err(format!("{source:#}"))));
             return Err(SpawnError::Init { method, source });
         }
-        if let (Some(input), Some((seed, at))) = (recorded_input, durable_start) {
-            let record = || SpawnRecord {
+        if let Some((durable, seed, at, input)) = durable_start {
+            let record = SpawnRecord {
                 parent: args.parent,
                 origin: args.origin,
                 kind: cell.spec.kind.as_deref().map(str::to_owned),
@@ -116,7 +115,7 @@ impl Shared {
                 at,
                 seed,
             };
-            if let Err(reason) = self.record_spawn(&cell, record) {
+            if let Err(reason) = durable.record_spawn(&cell, record) {
                 self.retire(&cell, Some(Err(reason.clone())));
                 return Err(SpawnError::Journal(reason));
             }

@@ -48,6 +48,8 @@ struct Saved {
 /// What a journal holds, read at build.
 pub(super) struct Plan {
     saved: BTreeMap<Pid, Saved>,
+    /// Each recorded child by the yield that spawned it: (parent, step record, tag).
+    children: HashMap<(Pid, u64, u64), Pid>,
 }
 
 impl Plan {
@@ -102,7 +104,11 @@ impl Plan {
         if let Some(error) = failure {
             return Err(error.context("the journal is damaged and cannot be resumed"));
         }
-        Ok(Plan { saved })
+        let children = saved
+            .iter()
+            .filter_map(|(pid, s)| s.spawn.origin.map(|(seq, tag)| ((s.spawn.parent, seq, tag), *pid)))
+            .collect();
+        Ok(Plan { saved, children })
     }
 
     /// Replays every unfinished process against its records, on processes registered
@@ -474,26 +480,22 @@ impl Plan {
         let tag = y.tag;
         match y.command {
             Command::Sleep(duration) => {
-                let started = saved.steps.iter().find(|(seq, _)| *seq == origin.seq).map_or(0, |(_, s)| s.at);
+                // Steps are in record order.
+                let step = saved.steps.binary_search_by_key(&origin.seq, |(seq, _)| *seq);
+                let started = step.map_or(0, |i| saved.steps[i].1.at);
                 let deadline = started.saturating_add(duration.as_micros().min(u128::from(u64::MAX)) as u64);
                 let left = Duration::from_micros(deadline.saturating_sub(now_micros()));
                 shared.dispatch_from(cell, Yield { tag, command: Command::Sleep(left) }, Some(origin));
             }
-            Command::Spawn(request) => {
-                let child = self
-                    .saved
-                    .iter()
-                    .find(|(_, s)| s.spawn.parent == cell.pid() && s.spawn.origin == Some((origin.seq, tag)));
-                match child {
-                    Some((child, _)) => {
-                        complete(cell, tag, Ok(Payload::u64(child.as_u64())));
-                        if request.monitor {
-                            self.watch(shared, cell, *child, cells);
-                        }
+            Command::Spawn(request) => match self.children.get(&(cell.pid(), origin.seq, tag)) {
+                Some(child) => {
+                    complete(cell, tag, Ok(Payload::u64(child.as_u64())));
+                    if request.monitor {
+                        self.watch(shared, cell, *child, cells);
                     }
-                    None => shared.dispatch_from(cell, Yield { tag, command: Command::Spawn(request) }, Some(origin)),
                 }
-            }
+                None => shared.dispatch_from(cell, Yield { tag, command: Command::Spawn(request) }, Some(origin)),
+            },
             Command::Send { to, topic, body } => {
                 let id = origin.message_id();
                 if consumed.get(&to).is_some_and(|ids| ids.contains(&(cell.pid(), id))) {
