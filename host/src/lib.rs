@@ -63,6 +63,8 @@
 //!   per-process limits apply to Wasm processes), spawn options, stats.
 //! - [`handler`]: custom commands and how they answer, now or later; process kinds.
 //! - [`error`]: the errors callers match on.
+//! - [`provider`]: families of commands that do real I/O (HTTP, key-value, files,
+//!   environment, time and randomness), each denied until granted.
 //! - [`journal`]: durable processes: a journal given to the builder records every
 //!   process's history ahead of its effects, and a scheduler built on it again resumes
 //!   the unfinished ones.
@@ -79,6 +81,7 @@ pub mod error;
 pub mod handler;
 pub mod journal;
 mod loom;
+pub mod provider;
 pub mod scheduler;
 #[cfg(feature = "wasm")]
 pub mod wasm;

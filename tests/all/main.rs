@@ -8,8 +8,12 @@ mod commands;
 mod dispatch;
 /// The SDK-written example guests end to end: results, concurrency, retries, cancellation.
 mod examples;
+/// The `http` provider against a real server on loopback: allow-list, redirects, limits.
+mod http;
 /// Durable processes: the journal's records, write-ahead effects, a failing store.
 mod journal;
+/// The `kv` provider: persistence, quotas, compare-and-swap under concurrency.
+mod kv;
 /// Init, step statuses, step counts, errors, close (DESIGN 1, 2, 4, 12).
 mod lifecycle;
 /// Process limits and shutdown (DESIGN 13, 14).

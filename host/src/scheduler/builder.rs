@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap;
 
 use super::caps::Capabilities;
 use super::cell::ProcessCell;
-use super::dispatch::{Factory, Handler};
+use super::dispatch::{Factory, Handler, Request};
 use super::durable::Durable;
 use super::handle::Handle;
 use super::idle::Idle;
@@ -24,6 +24,7 @@ use super::shared::{Settings, Shared};
 use super::timer::Timer;
 use super::{Scheduler, Threads, worker};
 use crate::journal::Journal;
+use crate::provider::Provider;
 
 /// Distinguishes schedulers in one OS process, so a worker thread of one never pushes
 /// work into another's deque.
@@ -43,6 +44,15 @@ pub struct Builder {
     journal: Option<Journal>,
     /// Build only to replay the journal's unfinished processes (see `verify_journal`).
     verifying: bool,
+}
+
+/// A provider as the handler of its family.
+struct ProviderHandler<P>(P);
+
+impl<P: Provider> Handler for ProviderHandler<P> {
+    fn handle(&self, request: Request<'_>) {
+        self.0.handle(request);
+    }
 }
 
 impl Default for Builder {
@@ -156,10 +166,19 @@ impl Builder {
         self
     }
 
-    /// Registers `handler` for the custom command `name`.
+    /// Registers `handler` for the custom command `name`; a name `family.*` registers it
+    /// for every command `family.<anything>` without a handler of its own.
     pub fn handler(mut self, name: impl Into<String>, handler: impl Handler) -> Self {
         self.handlers.insert(name.into(), Arc::new(handler));
         self
+    }
+
+    /// Registers `provider` for its family of commands (`kv.*` for the key-value
+    /// store). Processes still need the commands granted: `Capabilities::allow("kv.*")`
+    /// grants the family.
+    pub fn provider(self, provider: impl Provider) -> Self {
+        let name = format!("{}.*", provider.family());
+        self.handler(name, ProviderHandler(provider))
     }
 
     /// Registers a process kind: `spawn` commands and [`Spawnable::kind`](super::Spawnable::kind) name it.
@@ -192,9 +211,27 @@ impl Builder {
         ensure!(self.max_processes > 0, "`max_processes` must be at least 1");
         ensure!(self.mailbox_capacity > 0, "`mailbox_capacity` must be at least 1");
         ensure!(self.turn_budget > 0, "`turn_budget` must be at least 1");
-        for name in self.handlers.keys() {
+        let mut handlers = FxHashMap::default();
+        let mut families = FxHashMap::default();
+        for (name, handler) in self.handlers {
             if name.is_empty() || Capabilities::BUILTIN.contains(&name.as_str()) {
                 bail!("cannot register a handler named `{name}`: the name is empty or a built-in command");
+            }
+            match name.strip_suffix(".*") {
+                Some(family) => {
+                    ensure!(
+                        !family.is_empty() && !family.contains(['.', '*']),
+                        "cannot register a handler named `{name}`: a family is one word before `.*`"
+                    );
+                    families.insert(family.to_owned(), handler);
+                }
+                None => {
+                    ensure!(
+                        !name.contains('*'),
+                        "cannot register a handler named `{name}`: `*` only ends a family name"
+                    );
+                    handlers.insert(name, handler);
+                }
             }
         }
 
@@ -232,7 +269,8 @@ impl Builder {
                 limits: self.limits,
                 capabilities: Arc::new(self.capabilities),
             },
-            handlers: self.handlers,
+            handlers,
+            families,
             kinds: self.kinds,
             timer,
             durable,

@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use super::dispatch::family;
 use super::process::{Command, CommandKind};
 use crate::journal::{Malformed, Reader, Writer};
 
@@ -37,8 +38,8 @@ const BUILTIN_NAMES: [&str; 5] = {
 ///
 /// By default every built-in command (`sleep`, `spawn`, `send`, `monitor`, `terminate`)
 /// is granted and no custom command is: custom commands reach the embedder's code, so
-/// each must be granted by name ([`Capabilities::allow`]) or all at once
-/// ([`Capabilities::allow_all_custom`]).
+/// each must be granted by name ([`Capabilities::allow`]), by family (`allow("kv.*")`
+/// grants every `kv.<command>`) or all at once ([`Capabilities::allow_all_custom`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Capabilities {
     builtins: u8,
@@ -48,7 +49,45 @@ pub struct Capabilities {
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Custom {
     All,
-    Only(Arc<BTreeSet<String>>),
+    Only(Arc<Granted>),
+}
+
+/// Custom commands granted by name, and families granted whole (`kv` for `kv.*`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Granted {
+    names: BTreeSet<String>,
+    families: BTreeSet<String>,
+}
+
+impl Granted {
+    fn covers(&self, name: &str) -> bool {
+        self.names.contains(name) || family(name).is_some_and(|f| self.families.contains(f))
+    }
+
+    fn insert(&mut self, grant: &str) {
+        match grant.strip_suffix(".*") {
+            Some(family) => self.families.insert(family.to_owned()),
+            None => self.names.insert(grant.to_owned()),
+        };
+    }
+
+    fn remove(&mut self, grant: &str) {
+        match grant.strip_suffix(".*") {
+            Some(family) => self.families.remove(family),
+            None => self.names.remove(grant),
+        };
+    }
+
+    /// What both grant: a name either side grants that the other covers, and the
+    /// families both grant.
+    fn intersect(&self, other: &Granted) -> Granted {
+        let names = self.names.iter().filter(|n| other.covers(n));
+        let theirs = other.names.iter().filter(|n| self.covers(n));
+        Granted {
+            names: names.chain(theirs).cloned().collect(),
+            families: self.families.intersection(&other.families).cloned().collect(),
+        }
+    }
 }
 
 impl Default for Capabilities {
@@ -71,27 +110,30 @@ impl Capabilities {
         Capabilities { builtins: ALL_BUILTINS, custom: Custom::All }
     }
 
-    /// Grants `command`: a built-in name or a custom command's name.
+    /// Grants `command`: a built-in name, a custom command's name, or a family of
+    /// custom commands as `family.*`.
     pub fn allow(mut self, command: &str) -> Self {
         match builtin_bit(command) {
             Some(bit) => self.builtins |= bit,
             None => {
-                if let Custom::Only(names) = &mut self.custom {
-                    Arc::make_mut(names).insert(command.to_owned());
+                if let Custom::Only(granted) = &mut self.custom {
+                    Arc::make_mut(granted).insert(command);
                 }
             }
         }
         self
     }
 
-    /// Withdraws `command`. Withdrawing one custom command from [`Capabilities::all`]
-    /// is not supported: grant custom commands by name instead.
+    /// Withdraws `command`, as [`Capabilities::allow`] names it (a family's grant is
+    /// withdrawn as `family.*`). Withdrawing one custom command from
+    /// [`Capabilities::all`] or from a granted family is not supported: grant custom
+    /// commands by name instead.
     pub fn deny(mut self, command: &str) -> Self {
         match builtin_bit(command) {
             Some(bit) => self.builtins &= !bit,
             None => {
-                if let Custom::Only(names) = &mut self.custom {
-                    Arc::make_mut(names).remove(command);
+                if let Custom::Only(granted) = &mut self.custom {
+                    Arc::make_mut(granted).remove(command);
                 }
             }
         }
@@ -108,10 +150,7 @@ impl Capabilities {
     pub fn allows(&self, name: &str) -> bool {
         match builtin_bit(name) {
             Some(bit) => self.builtins & bit != 0,
-            None => match &self.custom {
-                Custom::All => true,
-                Custom::Only(names) => names.contains(name),
-            },
+            None => self.allows_custom(name),
         }
     }
 
@@ -119,7 +158,7 @@ impl Capabilities {
     pub(crate) fn allows_custom(&self, name: &str) -> bool {
         match &self.custom {
             Custom::All => true,
-            Custom::Only(names) => names.contains(name),
+            Custom::Only(granted) => granted.covers(name),
         }
     }
 
@@ -142,7 +181,7 @@ impl Capabilities {
     pub fn intersect(&self, other: &Capabilities) -> Capabilities {
         let custom = match (&self.custom, &other.custom) {
             (Custom::All, c) | (c, Custom::All) => c.clone(),
-            (Custom::Only(a), Custom::Only(b)) => Custom::Only(Arc::new(a.intersection(b).cloned().collect())),
+            (Custom::Only(a), Custom::Only(b)) => Custom::Only(Arc::new(a.intersect(b))),
         };
         Capabilities { builtins: self.builtins & other.builtins, custom }
     }
@@ -154,11 +193,14 @@ impl Capabilities {
         w.u8(self.builtins);
         match &self.custom {
             Custom::All => w.u8(0),
-            Custom::Only(names) => {
+            Custom::Only(granted) => {
                 w.u8(1);
-                w.u64(names.len() as u64);
-                for name in names.iter() {
+                w.u64((granted.names.len() + granted.families.len()) as u64);
+                for name in &granted.names {
                     w.str(name);
+                }
+                for family in &granted.families {
+                    w.str(&format!("{family}.*"));
                 }
             }
         }
@@ -171,11 +213,11 @@ impl Capabilities {
             0 => Custom::All,
             1 => {
                 let count = r.count()?;
-                let mut names = BTreeSet::new();
+                let mut granted = Granted::default();
                 for _ in 0..count {
-                    names.insert(r.str()?.to_owned());
+                    granted.insert(r.str()?);
                 }
-                Custom::Only(Arc::new(names))
+                Custom::Only(Arc::new(granted))
             }
             _ => return Err(Malformed("bad capability set")),
         };
@@ -212,5 +254,24 @@ mod tests {
         let narrower = Capabilities::none().allow("db").allow("http");
         let child = parent.intersect(&narrower);
         assert!(child.allows("db") && !child.allows("http") && !child.allows("send"));
+    }
+
+    #[test]
+    fn families_grant_their_commands_and_intersect_by_coverage() {
+        let parent = Capabilities::none().allow("kv.*").allow("http.get");
+        assert!(parent.allows("kv.get") && parent.allows("kv.put") && !parent.allows("kvx.get"));
+        assert!(!parent.allows("http.post") && !parent.allows("kv"));
+        // A child that asks for one kv command and the whole http family gets the kv
+        // command and only the http command its parent has.
+        let child = parent.intersect(&Capabilities::none().allow("kv.get").allow("http.*"));
+        assert!(child.allows("kv.get") && !child.allows("kv.put"));
+        assert!(child.allows("http.get") && !child.allows("http.post"));
+        let both = parent.intersect(&Capabilities::none().allow("kv.*"));
+        assert!(both.allows("kv.delete") && !both.allows("http.get"));
+        assert!(!parent.clone().deny("kv.*").allows("kv.get"));
+        let mut w = Writer::default();
+        parent.encode(&mut w);
+        let bytes = w.into_bytes();
+        assert_eq!(Capabilities::decode(&mut Reader::new(&bytes)).unwrap(), parent);
     }
 }

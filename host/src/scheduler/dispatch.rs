@@ -7,6 +7,10 @@
 //! Every yield is answered by exactly one completion (see `completer.rs`): the handler's
 //! [`Completer`] may complete it at once or later from any thread.
 //!
+//! A handler registered as `family.*` carries out every command `family.<anything>` that
+//! has no handler of its own: that is how a [`Provider`](crate::provider::Provider)
+//! serves a whole family of commands.
+//!
 //! Checks, in order: an unknown custom command completes with ``unknown command `name` ``;
 //! a command the process was not granted completes with `permission denied: name`.
 
@@ -130,6 +134,11 @@ impl Drop for Request<'_> {
     }
 }
 
+/// The family of a command name: what comes before its first dot, if anything does.
+pub(crate) fn family(name: &str) -> Option<&str> {
+    name.split_once('.').map(|(family, _)| family).filter(|family| !family.is_empty())
+}
+
 /// Where a yield of a durable process is in its journal: the record of its step, and its
 /// place among that step's yields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,7 +164,7 @@ impl Shared {
     pub(super) fn dispatch_from(self: &Arc<Self>, cell: &Arc<ProcessCell>, y: Yield, origin: Option<Origin>) {
         let tag = y.tag;
         if let Command::Custom { name, payload } = y.command {
-            let Some((registered, handler)) = self.handlers.get_key_value(name.as_ref()) else {
+            let Some((registered, handler)) = self.handler_for(&name) else {
                 return complete(cell, tag, Err(format!("unknown command `{name}`")));
             };
             if !cell.spec.caps.allows_custom(&name) {
@@ -214,6 +223,12 @@ impl Shared {
             }
             Command::Custom { .. } => unreachable!("handled above"),
         }
+    }
+
+    /// The handler registered for the command `name`, under its own name or as its
+    /// family's (`kv.*` for `kv.get`).
+    fn handler_for(&self, name: &str) -> Option<(&String, &Arc<dyn Handler>)> {
+        self.handlers.get_key_value(name).or_else(|| self.families.get_key_value(family(name)?))
     }
 
     /// Starts the child `request` asks for, not yet queued.

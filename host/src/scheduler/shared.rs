@@ -44,6 +44,8 @@ pub(super) struct Shared {
     pub(super) peak_live: AtomicUsize,
     pub(super) settings: Settings,
     pub(super) handlers: FxHashMap<String, Arc<dyn Handler>>,
+    /// Handlers registered as `family.*`, by family.
+    pub(super) families: FxHashMap<String, Arc<dyn Handler>>,
     pub(super) kinds: FxHashMap<Arc<str>, Arc<dyn Factory>>,
     pub(super) timer: Timer,
     /// The journal, if processes are durable.

@@ -1,0 +1,1 @@
+//! `http.*`: outbound HTTP requests to an allow-list of hosts.

@@ -1,0 +1,1 @@
+//! `kv.*`: a persistent key-value store per application.

@@ -1,0 +1,129 @@
+//! Providers: families of commands that give processes real I/O, each denied until
+//! granted.
+//!
+//! A [`Provider`] serves every command of one family (`kv.get`, `kv.put`… for the
+//! family `kv`), registered with [`Builder::provider`](crate::scheduler::Builder::provider).
+//! Its commands are custom commands like any other: a process yields them, a
+//! [`Capabilities`](crate::Capabilities) grant (`allow("kv.*")` for the family) lets
+//! them through, they complete later without holding a worker, and in a durable process
+//! their completions are journaled, so a resumed process does not repeat one it saw
+//! complete.
+//!
+//! # The wire
+//!
+//! A command's input and its answer are JSON payloads. A failure is a string
+//! `"<code>: <message>"`, where `<code>` is one of [`ErrorCode`]'s names, so that a
+//! guest can tell a missing grant from a full quota without parsing prose.
+
+use std::fmt;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::Payload;
+use crate::handler::Request;
+use crate::scheduler::Outcome;
+
+/// Serves one family of commands.
+///
+/// `handle` runs on the worker thread that ran the yielding step, so it must not block:
+/// a provider with I/O to do takes the [`Completer`](crate::handler::Completer) out of
+/// the request ([`Request::into_parts`]) and completes from a thread of its own.
+pub trait Provider: Send + Sync + 'static {
+    /// The family: the provider serves the commands `family.<command>`.
+    fn family(&self) -> &str;
+
+    /// Carries out one command of the family; [`Request::name`] is the whole name.
+    fn handle(&self, request: Request<'_>);
+}
+
+/// Why a provider's command failed, as the first word of its error string.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// The process was not granted what the command needs (a host outside the
+    /// allow-list, a path outside the granted directories).
+    Denied,
+    /// The input is malformed or names something the command cannot act on.
+    Invalid,
+    /// The command names something that does not exist.
+    NotFound,
+    /// A quota or a size limit would be passed.
+    Limit,
+    /// A compare-and-swap found another version.
+    Conflict,
+    /// The command did not finish in time.
+    Timeout,
+    /// The service behind the provider failed or could not be reached.
+    Unavailable,
+}
+
+impl ErrorCode {
+    /// The code's name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::Denied => "denied",
+            ErrorCode::Invalid => "invalid",
+            ErrorCode::NotFound => "not-found",
+            ErrorCode::Limit => "limit",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::Timeout => "timeout",
+            ErrorCode::Unavailable => "unavailable",
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A provider command's failure: its code and what went wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// What kind of failure.
+    pub code: ErrorCode,
+    /// What went wrong, for people.
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure with `code`.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Failure { code, message: message.into() }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl From<Failure> for String {
+    fn from(failure: Failure) -> String {
+        failure.to_string()
+    }
+}
+
+/// Decodes a command's JSON input, or says what was wrong with it.
+pub fn input<T: DeserializeOwned>(command: &str, payload: &Payload) -> Result<T, Failure> {
+    payload.parse_json().map_err(|e| Failure::new(ErrorCode::Invalid, format!("`{command}` takes JSON input: {e}")))
+}
+
+/// A command's answer: `value` as JSON, or the failure.
+pub fn answer<T: Serialize>(result: Result<T, Failure>) -> Outcome {
+    match result {
+        Ok(value) => Payload::json(&value).map_err(|e| format!("unavailable: the answer did not serialise: {e}")),
+        Err(failure) => Err(failure.into()),
+    }
+}
+
+/// The answer to a command the family does not have, listing the ones it has.
+pub fn unknown(command: &str, family: &str, commands: &[&str]) -> Failure {
+    let list = commands.iter().map(|c| format!("{family}.{c}")).collect::<Vec<_>>().join(", ");
+    Failure::new(ErrorCode::Invalid, format!("unknown command `{command}`; the {family} commands are {list}"))
+}
+
+pub mod http;
+pub mod kv;

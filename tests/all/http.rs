@@ -1,0 +1,1 @@
+//! The `http` provider against a real HTTP server on loopback.

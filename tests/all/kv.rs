@@ -1,0 +1,1 @@
+//! The `kv` provider: persistence across opens, quotas, compare-and-swap under concurrency.
