@@ -89,4 +89,7 @@ pub enum PortError {
     /// The port's process has ended.
     #[error("process {0} has ended: its port sends nothing more")]
     Ended(Pid),
+    /// [`Port::respond`](crate::Port::respond) named no request waiting for this process.
+    #[error("no request {0} is waiting for this process: it was answered already, or sent to another")]
+    NoRequest(u64),
 }

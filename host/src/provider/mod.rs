@@ -125,5 +125,39 @@ pub fn unknown(command: &str, family: &str, commands: &[&str]) -> Failure {
     Failure::new(ErrorCode::Invalid, format!("unknown command `{command}`; the {family} commands are {list}"))
 }
 
+pub mod clock;
+pub mod env;
+pub mod fs;
 pub mod http;
 pub mod kv;
+
+/// A family of commands served by a process: each command is
+/// [forwarded](crate::Handle::forward) to it as a request, and completes when the
+/// process answers. How a provider written as a Wasm component serves its family.
+#[derive(Clone)]
+pub struct Served {
+    family: String,
+    handle: crate::Handle,
+    server: crate::Pid,
+}
+
+impl Served {
+    /// The family `family`, served by the process `server` of the scheduler `handle`
+    /// (one without a journal: see [`Handle::forward`](crate::Handle::forward)).
+    pub fn new(family: impl Into<String>, handle: crate::Handle, server: crate::Pid) -> Self {
+        Served { family: family.into(), handle, server }
+    }
+}
+
+impl Provider for Served {
+    fn family(&self) -> &str {
+        &self.family
+    }
+
+    fn handle(&self, request: Request<'_>) {
+        // A refused forward has completed the command with the reason already.
+        if let Err(error) = self.handle.forward(self.server, request) {
+            tracing::debug!(family = self.family.as_str(), %error, "a provider process refused a request");
+        }
+    }
+}

@@ -20,6 +20,7 @@ use super::limits::Limits;
 use super::process::Pid;
 use super::recovery::Plan;
 use super::registry::{self, Registry};
+use super::requests::Requests;
 use super::shared::{Settings, Shared};
 use super::timer::Timer;
 use super::{Scheduler, Threads, worker};
@@ -272,6 +273,7 @@ impl Builder {
             handlers,
             families,
             kinds: self.kinds,
+            requests: Requests::default(),
             timer,
             durable,
             suspending: AtomicBool::new(false),

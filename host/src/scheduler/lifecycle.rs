@@ -262,6 +262,7 @@ impl Shared {
             close_quietly(&mut *process);
         }
         self.registry.remove(cell.pid());
+        self.requests.abandon(cell.pid());
         cell.lineage.leave();
         // Before the watchers hear of the exit: one that spawns on hearing it must find
         // the room this process held under `max_processes`. `retiring` goes up first, so

@@ -21,6 +21,7 @@
 //! - `dispatch.rs`: carrying out yields, and the embedder's
 //!   [`Handler`](crate::handler::Handler)s and [`Factory`](crate::handler::Factory)s;
 //! - `completer.rs`: answering a yield, now or later; `timer.rs`: the `sleep` command;
+//! - `requests.rs`: commands a process serves ([`Handle::forward`], [`Port::respond`]);
 //! - `limits.rs`: per-process limits and tree counts; `registry.rs`: pid → process;
 //! - `durable.rs`: a journal's write-ahead of steps; `record.rs`: its records;
 //!   `recovery.rs`: resuming from it (see [`crate::journal`]);
@@ -57,6 +58,7 @@ pub(crate) mod process;
 mod record;
 mod recovery;
 mod registry;
+mod requests;
 mod shared;
 mod state;
 mod stats;

@@ -89,6 +89,11 @@ impl Port {
         cell.durable_step.lock().as_ref().map(|step| step.seed)
     }
 
+    /// The scheduler of this port's process, while it lives.
+    pub(super) fn shared(&self) -> Option<Arc<Shared>> {
+        self.cell.upgrade().map(|cell| scheduler(&cell).clone())
+    }
+
     /// Whether this process has been asked to terminate (or has ended): a step that
     /// notices should stop at once, since its result will not be used.
     pub fn is_terminating(&self) -> bool {

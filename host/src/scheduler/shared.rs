@@ -17,6 +17,7 @@ use super::idle::Idle;
 use super::limits::Limits;
 use super::process::Pid;
 use super::registry::Registry;
+use super::requests::Requests;
 use super::stats::Counters;
 use super::timer::Timer;
 use super::worker;
@@ -47,6 +48,8 @@ pub(super) struct Shared {
     /// Handlers registered as `family.*`, by family.
     pub(super) families: FxHashMap<String, Arc<dyn Handler>>,
     pub(super) kinds: FxHashMap<Arc<str>, Arc<dyn Factory>>,
+    /// Commands handed to processes to answer ([`Handle::forward`](super::Handle::forward)).
+    pub(super) requests: Requests,
     pub(super) timer: Timer,
     /// The journal, if processes are durable.
     pub(super) durable: Option<Durable>,

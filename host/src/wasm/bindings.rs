@@ -15,6 +15,20 @@ wasmtime::component::bindgen!({
     imports: { "wasmproc:process/host.send": trappable },
 });
 
+/// The `provider` import of the `handler` world: a provider component is a process
+/// component that also answers requests, so one linker serves both worlds, and a
+/// process component simply leaves this import unused.
+pub(crate) mod handler {
+    wasmtime::component::bindgen!({
+        world: "handler",
+        path: "../wit",
+        with: {
+            "wasmproc:process/types": super::wasmproc::process::types,
+            "wasmproc:process/host": super::wasmproc::process::host,
+        },
+    });
+}
+
 impl ProcessIndices {
     /// The exports of `instance`, an instance of the component these indices were made
     /// from, without the type checks of the generated `load`.

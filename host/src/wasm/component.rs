@@ -8,6 +8,7 @@ use anyhow::{Context as _, ensure};
 use wasmtime::Engine;
 use wasmtime::component::{HasSelf, Linker};
 
+use super::bindings::handler::wasmproc::process::provider;
 use super::bindings::{Process as Guest, ProcessIndices, ProcessPre, WORLD};
 use super::config::Config;
 use super::engine::EpochClock;
@@ -38,6 +39,9 @@ pub(crate) fn linker(engine: &Engine) -> anyhow::Result<Linker<ProcessState>> {
     Guest::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
         .map_err(anyhow::Error::from)
         .context("failed to link the host imports")?;
+    provider::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
+        .map_err(anyhow::Error::from)
+        .context("failed to link the provider imports")?;
     Ok(linker)
 }
 

@@ -8,6 +8,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{Engine, ResourceLimiter, Store, format_err};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
+use super::bindings::handler::wasmproc::process::provider;
 use super::bindings::wasmproc::process::{host, types};
 use super::config::Config;
 use super::convert;
@@ -222,6 +223,15 @@ impl host::Host for ProcessState {
 }
 
 impl types::Host for ProcessState {}
+
+impl provider::Host for ProcessState {
+    fn respond(&mut self, id: u64, result: Result<types::Payload, String>) -> Result<(), String> {
+        let Some(port) = &self.port else {
+            return Err(PortError::NotInStep.to_string());
+        };
+        port.respond(id, result.map(convert::payload_from_wit)).map_err(|refused| refused.to_string())
+    }
+}
 
 /// Caps a process's linear memory. Growth past the cap traps with an error that names the
 /// limit, instead of `memory.grow` returning -1 and the guest's allocator aborting with a

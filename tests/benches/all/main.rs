@@ -27,13 +27,17 @@
 //! - [`scheduler`]: the scheduler alone, with native processes, against tokio;
 //! - [`wasm`]: Wasm processes against raw wasmtime, and the sandbox against itself;
 //! - [`durable`]: Wasm processes with a journal against the same without;
+//! - [`kv`]: the `kv` provider's round trip against the store's own read rate;
+//! - [`http`]: an `http` provider call against a direct request with the same client;
 //! - [`idle`]: memory per idle process, each count in a child process;
 //! - [`cli`]: `wasmproc run` against `wasmtime run`, cold;
 //! - [`plot`]: the SVGs drawn from what the others measured.
 
 mod cli;
 mod durable;
+mod http;
 mod idle;
+mod kv;
 mod plot;
 mod scheduler;
 mod wasm;
@@ -69,6 +73,8 @@ fn main() {
     scheduler::run(&options, &mut report);
     wasm::run(&options, &mut report, &mut plots);
     durable::run(&options, &mut report);
+    kv::run(&options, &mut report);
+    http::run(&options, &mut report);
     idle::run(&options, &mut report, &mut plots);
     cli::run(&options, &mut report);
     let load_after = load_average();

@@ -1,0 +1,361 @@
+//! `fs.*`: files in the host directories granted to processes, under the paths the
+//! processes see them at.
+//!
+//! Nothing is reachable by default. Each [`Grant`] maps a host directory to a guest path
+//! (`--dir HOST::GUEST`, `--dir-rw` for a writable one), and every command names a guest
+//! path: absolute, without `..`, inside one grant (the longest guest path that contains
+//! it wins). The host directory is opened once, at [`Files::new`], and every path is
+//! resolved beneath that handle by `cap-primitives`, the sandboxing wasmtime's WASI
+//! builds on: a symbolic link that leads out of the directory is refused however it is
+//! reached, so the grant is the directory and nothing else.
+//!
+//! Commands, with JSON input:
+//!
+//! - `fs.read {"path"}`: the file's bytes, as a `bytes` payload (not JSON: files are
+//!   bytes); past [`FilesSettings::max_read`] it fails `limit`.
+//! - `fs.write {"path", "text" | "data": [bytes], "append": false}`: creates or
+//!   replaces (or appends to) the file → `{"bytes": n}`. Needs a writable grant.
+//! - `fs.list {"path"}` → `{"entries": [{"name", "kind", "size"}]}`, by name; `kind` is
+//!   `file`, `dir`, `symlink` or `other`.
+//! - `fs.stat {"path"}` → `{"kind", "size", "modified_ms"}`, not following a final link.
+//! - `fs.mkdir {"path"}`, `fs.remove {"path"}` (a file or an empty directory): writable
+//!   grants only → `{}`.
+//!
+//! File I/O blocks, so it runs on a thread of the provider's, never on the worker that
+//! ran the step; requests wait for it in order.
+
+use std::fs::File;
+use std::io::{self, Read as _, Write as _};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::UNIX_EPOCH;
+
+use cap_primitives::fs::{DirOptions, FollowSymlinks, OpenOptions};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use super::{ErrorCode, Failure, Provider, answer, input, unknown};
+use crate::Payload;
+use crate::handler::{Completer, Request};
+
+const COMMANDS: [&str; 6] = ["read", "write", "list", "stat", "mkdir", "remove"];
+
+/// A host directory granted to processes.
+#[derive(Clone, Debug)]
+pub struct Grant {
+    /// The directory on the host.
+    pub host: PathBuf,
+    /// Where processes see it: an absolute path such as `/data`.
+    pub guest: String,
+    /// Whether processes may change what is in it.
+    pub writable: bool,
+}
+
+/// Limits of the `fs` provider.
+#[derive(Clone, Debug)]
+pub struct FilesSettings {
+    /// The largest file `fs.read` returns, in bytes. By default 16 MiB, the scheduler's
+    /// default payload limit.
+    pub max_read: u64,
+}
+
+impl Default for FilesSettings {
+    fn default() -> Self {
+        FilesSettings { max_read: 16 << 20 }
+    }
+}
+
+/// The `fs` provider. Cheap to clone; one file thread serves every clone.
+#[derive(Clone)]
+pub struct Files {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct Job {
+    name: String,
+    payload: Payload,
+    done: Completer,
+}
+
+/// A grant with its directory open.
+struct Root {
+    dir: File,
+    guest: PathBuf,
+    writable: bool,
+}
+
+impl Files {
+    /// Opens every granted directory and starts the file thread.
+    ///
+    /// # Errors
+    ///
+    /// A directory that cannot be opened, a guest path that is not absolute, or the
+    /// thread could not start.
+    pub fn new(grants: Vec<Grant>, settings: FilesSettings) -> anyhow::Result<Files> {
+        let mut roots = Vec::with_capacity(grants.len());
+        for grant in grants {
+            let guest = normal_guest_path(&grant.guest)
+                .map_err(|e| anyhow::anyhow!("the guest path `{}` of `{}`: {e}", grant.guest, grant.host.display()))?;
+            let dir = cap_primitives::fs::open_ambient_dir(&grant.host, cap_primitives::ambient_authority())
+                .map_err(|e| anyhow::anyhow!("cannot open the directory `{}`: {e}", grant.host.display()))?;
+            roots.push(Root { dir, guest, writable: grant.writable });
+        }
+        // The longest guest path first, so the most specific grant answers.
+        roots.sort_by_key(|root| std::cmp::Reverse(root.guest.components().count()));
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new().name("wasmproc-fs".to_owned()).spawn(move || {
+            for job in queue {
+                let result = run(&roots, &settings, &job.name, &job.payload);
+                job.done.complete(result);
+            }
+        })?;
+        Ok(Files { inner: Arc::new(Inner { jobs: Mutex::new(Some(jobs)), thread: Mutex::new(Some(thread)) }) })
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the queue ends the thread once it has answered what is queued.
+        self.jobs.lock().take();
+        if let Some(thread) = self.thread.lock().take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Provider for Files {
+    fn family(&self) -> &str {
+        "fs"
+    }
+
+    fn handle(&self, request: Request<'_>) {
+        let name = request.name().to_owned();
+        let (payload, done) = request.into_parts();
+        if let Some(jobs) = self.inner.jobs.lock().as_ref() {
+            // A send fails only once the thread is gone; the job's completer, dropped
+            // with it, then answers with an error.
+            let _ = jobs.send(Job { name, payload, done });
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct PathInput {
+    path: String,
+}
+
+#[derive(Deserialize)]
+struct WriteInput {
+    path: String,
+    text: Option<String>,
+    data: Option<Vec<u8>>,
+    #[serde(default)]
+    append: bool,
+}
+
+#[derive(Serialize)]
+struct Entry {
+    name: String,
+    kind: &'static str,
+    size: u64,
+}
+
+fn run(roots: &[Root], settings: &FilesSettings, name: &str, payload: &Payload) -> crate::Outcome {
+    let command = name.strip_prefix("fs.").unwrap_or(name);
+    match command {
+        "read" => match read(roots, settings, name, payload) {
+            Ok(bytes) => Ok(Payload::bytes(bytes)),
+            Err(failure) => Err(failure.into()),
+        },
+        "write" => answer(write(roots, name, payload)),
+        "list" => answer(list(roots, name, payload)),
+        "stat" => answer(stat(roots, name, payload)),
+        "mkdir" => answer(change(roots, name, payload, |dir, path| {
+            cap_primitives::fs::create_dir(dir, path, &DirOptions::new())
+        })),
+        "remove" => answer(change(roots, name, payload, remove)),
+        _ => answer::<()>(Err(unknown(name, "fs", &COMMANDS))),
+    }
+}
+
+fn read(roots: &[Root], settings: &FilesSettings, name: &str, payload: &Payload) -> Result<Vec<u8>, Failure> {
+    let PathInput { path } = input(name, payload)?;
+    let (root, rest) = resolve(roots, &path, false)?;
+    let file =
+        cap_primitives::fs::open(&root.dir, &rest, OpenOptions::new().read(true)).map_err(|e| io_failure(&path, e))?;
+    let mut bytes = Vec::new();
+    // One byte past the limit tells a file at the limit from one over it without
+    // reading the rest.
+    file.take(settings.max_read + 1).read_to_end(&mut bytes).map_err(|e| io_failure(&path, e))?;
+    if bytes.len() as u64 > settings.max_read {
+        return Err(Failure::new(
+            ErrorCode::Limit,
+            format!("`{path}` is larger than the {}-byte read limit", settings.max_read),
+        ));
+    }
+    Ok(bytes)
+}
+
+fn write(roots: &[Root], name: &str, payload: &Payload) -> Result<serde_json::Value, Failure> {
+    let WriteInput { path, text, data, append } = input(name, payload)?;
+    let bytes = match (text, data) {
+        (Some(text), None) => text.into_bytes(),
+        (None, Some(data)) => data,
+        _ => return Err(Failure::new(ErrorCode::Invalid, "`fs.write` takes one of `text` and `data`")),
+    };
+    let (root, rest) = resolve(roots, &path, true)?;
+    let mut options = OpenOptions::new();
+    options.write(true).create(true);
+    if append {
+        options.append(true);
+    } else {
+        options.truncate(true);
+    }
+    let mut file = cap_primitives::fs::open(&root.dir, &rest, &options).map_err(|e| io_failure(&path, e))?;
+    file.write_all(&bytes).map_err(|e| io_failure(&path, e))?;
+    Ok(serde_json::json!({ "bytes": bytes.len() }))
+}
+
+fn list(roots: &[Root], name: &str, payload: &Payload) -> Result<serde_json::Value, Failure> {
+    let PathInput { path } = input(name, payload)?;
+    let (root, rest) = resolve(roots, &path, false)?;
+    let entries = if rest.as_os_str().is_empty() {
+        cap_primitives::fs::read_base_dir(&root.dir)
+    } else {
+        cap_primitives::fs::read_dir(&root.dir, &rest)
+    }
+    .map_err(|e| io_failure(&path, e))?;
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| io_failure(&path, e))?;
+        let metadata = entry.metadata().map_err(|e| io_failure(&path, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        out.push(Entry { name, kind: kind(metadata.file_type()), size: metadata.len() });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(serde_json::json!({ "entries": out }))
+}
+
+fn stat(roots: &[Root], name: &str, payload: &Payload) -> Result<serde_json::Value, Failure> {
+    let PathInput { path } = input(name, payload)?;
+    let (root, rest) = resolve(roots, &path, false)?;
+    let metadata = if rest.as_os_str().is_empty() {
+        root.dir.metadata().map(cap_primitives::fs::Metadata::from_just_metadata)
+    } else {
+        cap_primitives::fs::stat(&root.dir, &rest, FollowSymlinks::No)
+    }
+    .map_err(|e| io_failure(&path, e))?;
+    let modified_ms = metadata
+        .modified()
+        .ok()
+        .and_then(|t| t.into_std().duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_millis() as u64);
+    Ok(serde_json::json!({ "kind": kind(metadata.file_type()), "size": metadata.len(), "modified_ms": modified_ms }))
+}
+
+/// `fs.mkdir` and `fs.remove`: a change in a writable grant, answered `{}`.
+fn change(
+    roots: &[Root],
+    name: &str,
+    payload: &Payload,
+    act: impl FnOnce(&File, &Path) -> io::Result<()>,
+) -> Result<serde_json::Value, Failure> {
+    let PathInput { path } = input(name, payload)?;
+    let (root, rest) = resolve(roots, &path, true)?;
+    if rest.as_os_str().is_empty() {
+        return Err(Failure::new(ErrorCode::Denied, format!("`{path}` is a granted directory itself")));
+    }
+    act(&root.dir, &rest).map_err(|e| io_failure(&path, e))?;
+    Ok(serde_json::json!({}))
+}
+
+fn remove(dir: &File, path: &Path) -> io::Result<()> {
+    match cap_primitives::fs::stat(dir, path, FollowSymlinks::No)?.file_type().is_dir() {
+        true => cap_primitives::fs::remove_dir(dir, path),
+        false => cap_primitives::fs::remove_file(dir, path),
+    }
+}
+
+fn kind(file_type: cap_primitives::fs::FileType) -> &'static str {
+    if file_type.is_file() {
+        "file"
+    } else if file_type.is_dir() {
+        "dir"
+    } else if file_type.is_symlink() {
+        "symlink"
+    } else {
+        "other"
+    }
+}
+
+/// The grant that holds the guest path `path`, and the path relative to its directory.
+fn resolve<'r>(roots: &'r [Root], path: &str, write: bool) -> Result<(&'r Root, PathBuf), Failure> {
+    let normal = normal_guest_path(path).map_err(|e| Failure::new(ErrorCode::Invalid, format!("`{path}`: {e}")))?;
+    let Some((root, rest)) = roots.iter().find_map(|root| Some((root, normal.strip_prefix(&root.guest).ok()?))) else {
+        return Err(Failure::new(
+            ErrorCode::Denied,
+            format!("`{path}` is outside the granted directories (grant one with --dir HOST::GUEST)"),
+        ));
+    };
+    if write && !root.writable {
+        return Err(Failure::new(
+            ErrorCode::Denied,
+            format!(
+                "`{path}` is in `{}`, granted read-only (grant it with --dir-rw HOST::{})",
+                root.guest.display(),
+                root.guest.display()
+            ),
+        ));
+    }
+    Ok((root, rest.to_path_buf()))
+}
+
+/// `path` as an absolute path of normal components: `.` dropped, `..` refused, since a
+/// guest path never leaves its grant.
+fn normal_guest_path(path: &str) -> Result<PathBuf, &'static str> {
+    let path = Path::new(path);
+    if !path.has_root() {
+        return Err("a guest path is absolute (starts with `/`)");
+    }
+    let mut normal = PathBuf::from("/");
+    for component in path.components() {
+        match component {
+            Component::RootDir | Component::CurDir => {}
+            Component::Normal(part) => normal.push(part),
+            Component::ParentDir => return Err("a guest path has no `..`"),
+            Component::Prefix(_) => return Err("a guest path has no drive prefix"),
+        }
+    }
+    Ok(normal)
+}
+
+fn io_failure(path: &str, error: io::Error) -> Failure {
+    let code = match error.kind() {
+        io::ErrorKind::NotFound => ErrorCode::NotFound,
+        io::ErrorKind::PermissionDenied => ErrorCode::Denied,
+        io::ErrorKind::InvalidInput | io::ErrorKind::AlreadyExists | io::ErrorKind::DirectoryNotEmpty => {
+            ErrorCode::Invalid
+        }
+        _ => ErrorCode::Unavailable,
+    };
+    Failure::new(code, format!("`{path}`: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_paths_are_absolute_and_never_climb() {
+        assert_eq!(normal_guest_path("/data/./a/b").unwrap(), PathBuf::from("/data/a/b"));
+        assert!(normal_guest_path("data/a").is_err());
+        assert!(normal_guest_path("/data/../etc").is_err());
+    }
+}

@@ -1,0 +1,119 @@
+//! Requests: commands carried out by a process instead of a handler.
+//!
+//! [`Handle::forward`] hands a command to a *serving* process as a message: its sender
+//! is the process that yielded the command, its topic `NAME#ID`, its body the command's
+//! input. The serving process answers with [`Port::respond`]`(ID, result)`, at once or
+//! steps later, in any order, and that completes the command. This is how a provider
+//! written as Wasm serves a family of commands (`wasmproc run --provider`).
+//!
+//! Every request is answered exactly once: by its server, or, when the server ends
+//! first, with an error saying so (the pending request's completer is dropped with a
+//! reason rather than left waiting).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+use super::completer::Completer;
+use super::dispatch::Request;
+use super::handle::Handle;
+use super::port::Port;
+use super::process::{Outcome, Pid};
+use crate::error::{PortError, SendError};
+
+/// The requests a scheduler's processes have not answered yet.
+#[derive(Default)]
+pub(super) struct Requests {
+    next: AtomicU64,
+    pending: Mutex<FxHashMap<u64, Pending>>,
+}
+
+struct Pending {
+    server: Pid,
+    done: Completer,
+}
+
+impl Requests {
+    /// Fails every request `server` holds: it has ended without answering them.
+    pub(super) fn abandon(&self, server: Pid) {
+        let mut pending = self.pending.lock();
+        if pending.is_empty() {
+            return;
+        }
+        let ids: Vec<u64> = pending.iter().filter(|(_, p)| p.server == server).map(|(id, _)| *id).collect();
+        let abandoned: Vec<Pending> = ids.iter().filter_map(|id| pending.remove(id)).collect();
+        drop(pending);
+        for request in abandoned {
+            request.done.complete(Err(format!("unavailable: process {server} ended before it answered")));
+        }
+    }
+}
+
+impl Handle {
+    /// Hands the custom command `request` to the process `server` to carry out: a
+    /// message from the caller with topic `COMMAND#ID` (`COMMAND#ID#KEY` when the request
+    /// has an [idempotency key](Request::idempotency_key)) and the input as body, which
+    /// `server` answers through [`Port::respond`] with the `ID`. The command completes
+    /// with the answer, or, if `server` ends first, with an error that says so.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Handle::send`]; a durable scheduler does not serve requests (its history
+    /// would have to record them) and refuses with [`SendError::Journal`]. The command is
+    /// completed with the error in every case.
+    pub fn forward(&self, server: Pid, request: Request<'_>) -> Result<(), SendError> {
+        let key = request.idempotency_key();
+        let name = request.name().to_owned();
+        let (payload, done) = request.into_parts();
+        if self.shared.durable.is_some() {
+            let error = SendError::Journal("a durable scheduler does not serve requests".to_owned());
+            done.complete(Err(format!("unavailable: {error}")));
+            return Err(error);
+        }
+        let requests = &self.shared.requests;
+        let id = requests.next.fetch_add(1, Ordering::Relaxed);
+        let caller = done.pid();
+        let topic = match key {
+            Some(key) => format!("{name}#{id}#{key}"),
+            None => format!("{name}#{id}"),
+        };
+        // Pending before it is sent: the server may answer before `send` returns.
+        requests.pending.lock().insert(id, Pending { server, done });
+        let sent = self.shared.send(caller, server, topic, payload, None);
+        if let Err(error) = &sent
+            && let Some(request) = requests.pending.lock().remove(&id)
+        {
+            request.done.complete(Err(format!("unavailable: {error}")));
+        }
+        sent
+    }
+}
+
+impl Port {
+    /// Answers the request `id` this process was sent (see [`Handle::forward`]).
+    ///
+    /// # Errors
+    ///
+    /// [`PortError::NoRequest`] if no request `id` is waiting for this process: it was
+    /// answered already, or sent to another process. [`PortError::TooLarge`] for an
+    /// answer past the payload limit; the request still waits for an answer.
+    pub fn respond(&self, id: u64, result: Outcome) -> Result<(), PortError> {
+        let shared = self.shared().ok_or(PortError::Ended(self.pid()))?;
+        let size = match &result {
+            Ok(payload) => payload.data.len() + payload.format.as_str().len(),
+            Err(error) => error.len(),
+        };
+        shared.settings.limits.check_payload(size, "respond").map_err(PortError::TooLarge)?;
+        let mut pending = shared.requests.pending.lock();
+        match pending.get(&id) {
+            Some(request) if request.server == self.pid() => {
+                let request = pending.remove(&id).expect("just looked up under the same lock");
+                drop(pending);
+                request.done.complete(result);
+                Ok(())
+            }
+            _ => Err(PortError::NoRequest(id)),
+        }
+    }
+}
