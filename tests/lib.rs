@@ -143,14 +143,22 @@ pub mod guests {
     pub const DURABLE: &str = env!("GUEST_DURABLE");
     /// `examples-wasm/fan-out`.
     pub const FAN_OUT: &str = env!("GUEST_FAN_OUT");
+    /// `examples-wasm/fetcher`.
+    pub const FETCHER: &str = env!("GUEST_FETCHER");
     /// `examples-wasm/hello`.
     pub const HELLO: &str = env!("GUEST_HELLO");
     /// `examples-wasm/hostile`.
     pub const HOSTILE: &str = env!("GUEST_HOSTILE");
+    /// `examples-wasm/inventory`.
+    pub const INVENTORY: &str = env!("GUEST_INVENTORY");
+    /// `examples-wasm/notes`.
+    pub const NOTES: &str = env!("GUEST_NOTES");
     /// `examples-wasm/timers`.
     pub const TIMERS: &str = env!("GUEST_TIMERS");
     /// `examples-wasm/wasi-cli`.
     pub const WASI_CLI: &str = env!("GUEST_WASI_CLI");
+    /// `examples-wasm/workflow`.
+    pub const WORKFLOW: &str = env!("GUEST_WORKFLOW");
 }
 
 /// How long a test waits for something that should happen at once before it calls it a

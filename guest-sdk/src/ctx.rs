@@ -14,6 +14,7 @@ use serde::de::DeserializeOwned;
 
 use crate::executor::{Command, Shared};
 use crate::payload::{Level, Message, Payload, Pid};
+use crate::providers::CommandError;
 
 /// A process's handle on its host: commands, mailbox, children, cancellation.
 ///
@@ -131,11 +132,25 @@ impl Ctx {
     ///
     /// Fails if the command fails, is unknown, or the process was not granted it.
     pub fn call<T: DeserializeOwned>(&self, name: &str, input: impl Serialize) -> Completion<T> {
+        self.call_with(name, input, decode_json::<T>)
+    }
+
+    /// Like [`Ctx::call`], with the answer read by `decode`.
+    pub(crate) fn call_with<T>(
+        &self,
+        name: &str,
+        input: impl Serialize,
+        decode: fn(Payload) -> anyhow::Result<T>,
+    ) -> Completion<T> {
         let what = Cow::Owned(format!("custom command `{name}`"));
         match Payload::json(&input) {
-            Ok(payload) => self.command(Command::Custom { name: name.to_owned(), payload }, what, decode_json::<T>),
-            Err(error) => self.unserialisable(error, what, decode_json::<T>),
+            Ok(payload) => self.command(Command::Custom { name: name.to_owned(), payload }, what, decode),
+            Err(error) => self.unserialisable(error, what, decode),
         }
+    }
+
+    pub(crate) fn shared(&self) -> Rc<Shared> {
+        self.shared.clone()
     }
 
     /// Ends process `pid` with the result `error("terminated")`; resolves once it has ended.
@@ -247,7 +262,7 @@ impl<T> Completion<T> {
     fn resolve(&self, answer: Result<Payload, String>) -> anyhow::Result<T> {
         match answer {
             Ok(payload) => (self.decode)(payload).with_context(|| format!("bad answer to {}", self.what)),
-            Err(error) => Err(anyhow!(error).context(format!("{} failed", self.what))),
+            Err(error) => Err(anyhow::Error::new(CommandError::parse(error)).context(format!("{} failed", self.what))),
         }
     }
 }

@@ -169,8 +169,17 @@ impl Shared {
     /// others queued. With none queued: `Err(reason)` once the process is cancelled,
     /// otherwise `waker` is woken when a message arrives.
     pub(crate) fn poll_message(&self, topic: Option<&str>, waker: &Waker) -> Poll<Result<Message, String>> {
+        self.poll_message_where(|t| topic.is_none_or(|wanted| t == wanted), waker)
+    }
+
+    /// The oldest message whose topic `wanted` accepts; the others stay queued in order.
+    pub(crate) fn poll_message_where(
+        &self,
+        wanted: impl Fn(&str) -> bool,
+        waker: &Waker,
+    ) -> Poll<Result<Message, String>> {
         let mut state = self.state.borrow_mut();
-        let position = state.mailbox.iter().position(|m| topic.is_none_or(|t| m.topic == t));
+        let position = state.mailbox.iter().position(|m| wanted(&m.topic));
         if let Some(message) = position.and_then(|i| state.mailbox.remove(i)) {
             return Poll::Ready(Ok(message));
         }

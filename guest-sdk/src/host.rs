@@ -1,6 +1,8 @@
-//! What the SDK asks of the host: the WIT bindings of the `process` world, the two host
-//! functions (`log`, and `send` at once), and the mapping between the WIT types and the
-//! SDK's own. The executor and `Ctx` reach the host only through here.
+//! What the SDK asks of the host: the WIT bindings of the `handler` world (the `process`
+//! world and the `provider` import; a component that never answers a request leaves that
+//! import out, so it stays a plain process component), the host functions (`log`,
+//! `send` at once, `respond`), and the mapping between the WIT types and the SDK's own.
+//! The executor and `Ctx` reach the host only through here.
 
 use crate::executor::{self, Outcome};
 use crate::payload::{Format, Level, Message, Payload, Pid};
@@ -9,7 +11,7 @@ use crate::payload::{Format, Level, Message, Payload, Pid};
 pub mod bindings {
     wit_bindgen::generate!({
         path: "../wit",
-        world: "process",
+        world: "handler",
         pub_export_macro: true,
         export_macro_name: "__export_process",
         default_bindings_module: "wasmproc_guest::__private::bindings",
@@ -43,6 +45,21 @@ pub(crate) fn send_now(command: executor::Command) -> Result<Result<(), String>,
         #[cfg(target_arch = "wasm32")]
         executor::Command::Send { to, topic, body } => Ok(host::send(to.as_u64(), &topic, &body.into())),
         other => Err(other),
+    }
+}
+
+/// Answers request `id` through the host's `provider.respond`.
+pub(crate) fn respond(id: u64, result: Result<Payload, String>) -> Result<(), String> {
+    #[cfg(target_arch = "wasm32")]
+    return match result {
+        Ok(payload) => bindings::wasmproc::process::provider::respond(id, Ok(&payload.into())),
+        Err(error) => bindings::wasmproc::process::provider::respond(id, Err(&error)),
+    };
+    // Native builds have no host to answer.
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let _ = (id, result);
+        Err("no host to answer requests outside Wasm".to_owned())
     }
 }
 

@@ -53,12 +53,17 @@ mod ctx;
 mod executor;
 mod host;
 mod payload;
+mod providers;
 
 pub use anyhow::{self, Error, Result};
 
 pub use crate::combinators::{Either, Join, JoinAll, Select, join, join_all, select};
 pub use crate::ctx::{Cancellation, Completion, Ctx, Recv, Sleep, Wait};
 pub use crate::payload::{DecodeError, Format, Level, Message, Payload, Pid};
+pub use crate::providers::{
+    CommandError, DirEntry, ErrorCode, Fs, Http, Keys, Kv, NextRequest, Request as HttpRequest, Response, ServeRequest,
+    Versioned, error_code,
+};
 
 /// Makes an `async fn` an entry method of the component.
 ///

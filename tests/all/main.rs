@@ -20,6 +20,8 @@ mod lifecycle;
 mod limits;
 /// Send, mailboxes, terminate, monitors (DESIGN 9, 10).
 mod messages;
+/// Providers fs, env, time and random; families; commands served by a process.
+mod providers;
 /// Queue order and fairness: global FIFO, `Continue`, turn budgets.
 mod queues;
 /// The hostile guests: each limit ends only the process that passes it.

@@ -21,7 +21,7 @@ use super::process::Pid;
 use super::recovery::Plan;
 use super::registry::{self, Registry};
 use super::requests::Requests;
-use super::shared::{Settings, Shared};
+use super::shared::{DenialHint, Settings, Shared};
 use super::timer::Timer;
 use super::{Scheduler, Threads, worker};
 use crate::journal::Journal;
@@ -43,6 +43,7 @@ pub struct Builder {
     handlers: FxHashMap<String, Arc<dyn Handler>>,
     kinds: FxHashMap<Arc<str>, Arc<dyn Factory>>,
     journal: Option<Journal>,
+    denial_hint: Option<DenialHint>,
     /// Build only to replay the journal's unfinished processes (see `verify_journal`).
     verifying: bool,
 }
@@ -74,6 +75,7 @@ impl Default for Builder {
             handlers: FxHashMap::default(),
             kinds: FxHashMap::default(),
             journal: None,
+            denial_hint: None,
             verifying: false,
         }
     }
@@ -182,6 +184,13 @@ impl Builder {
         self.handler(name, ProviderHandler(provider))
     }
 
+    /// How to grant a command, added to the error of a process denied it:
+    /// `permission denied: terminate (HINT)`. The command line says which flag grants it.
+    pub fn denial_hint(mut self, hint: impl Fn(&str) -> String + Send + Sync + 'static) -> Self {
+        self.denial_hint = Some(Box::new(hint));
+        self
+    }
+
     /// Registers a process kind: `spawn` commands and [`Spawnable::kind`](super::Spawnable::kind) name it.
     pub fn kind(mut self, name: impl Into<String>, factory: impl Factory) -> Self {
         self.kinds.insert(name.into().into(), Arc::new(factory));
@@ -269,6 +278,7 @@ impl Builder {
                 turn_budget: self.turn_budget,
                 limits: self.limits,
                 capabilities: Arc::new(self.capabilities),
+                denial_hint: self.denial_hint,
             },
             handlers,
             families,

@@ -168,7 +168,7 @@ impl Shared {
                 return complete(cell, tag, Err(format!("unknown command `{name}`")));
             };
             if !cell.spec.caps.allows_custom(&name) {
-                return complete(cell, tag, Err(format!("permission denied: {name}")));
+                return complete(cell, tag, Err(self.denied(&name)));
             }
             self.count_yield(CommandKind::Custom);
             let request = Request { caller: cell, tag, origin, name, payload, answered: false };
@@ -185,7 +185,7 @@ impl Shared {
         }
         let kind = y.command.kind();
         if !cell.spec.caps.allows_builtin(kind) {
-            return complete(cell, tag, Err(format!("permission denied: {}", kind.name())));
+            return complete(cell, tag, Err(self.denied(kind.name())));
         }
         self.count_yield(kind);
         match y.command {
@@ -222,6 +222,15 @@ impl Shared {
                 }
             }
             Command::Custom { .. } => unreachable!("handled above"),
+        }
+    }
+
+    /// The answer to a command the process was not granted: `permission denied: NAME`,
+    /// and how to grant it when the embedder said ([`Builder::denial_hint`](super::Builder::denial_hint)).
+    fn denied(&self, name: &str) -> String {
+        match &self.settings.denial_hint {
+            Some(hint) => format!("permission denied: {name} ({})", hint(name)),
+            None => format!("permission denied: {name}"),
         }
     }
 

@@ -70,7 +70,11 @@ pub(super) struct Settings {
     pub(super) turn_budget: u32,
     pub(super) capabilities: Arc<Capabilities>,
     pub(super) limits: Limits,
+    pub(super) denial_hint: Option<DenialHint>,
 }
+
+/// How to grant a command, for the error of a process that was denied it.
+pub(super) type DenialHint = Box<dyn Fn(&str) -> String + Send + Sync>;
 
 impl Shared {
     /// Queues a `Ready` process: on this worker's own deque when called from one of our

@@ -1,0 +1,59 @@
+//! Fetches a page over HTTP and keeps, in the host's key-value store, how many times each
+//! URL was fetched and the size of its last body: state that outlives the run.
+//!
+//! ```text
+//! wasmproc run fetcher.wasm --allow-host 127.0.0.1:8080 --kv ./state \
+//!     --input '{"url": "http://127.0.0.1:8080/"}'
+//! ```
+//!
+//! The count is kept with compare-and-swap, so fetchers running at once never lose an
+//! increment.
+
+use serde::{Deserialize, Serialize};
+use wasmproc_guest::prelude::*;
+use wasmproc_guest::{ErrorCode, error_code};
+
+/// What to fetch.
+#[derive(Deserialize)]
+struct Job {
+    url: String,
+}
+
+/// What one fetch learned.
+#[derive(Serialize)]
+struct Fetched {
+    status: u16,
+    bytes: usize,
+    /// How many times this URL has been fetched, this time included.
+    fetches: u64,
+}
+
+/// The per-URL record in the store.
+#[derive(Serialize, Deserialize, Default)]
+struct Record {
+    fetches: u64,
+    last_bytes: usize,
+}
+
+/// Fetches `job.url` and counts the fetch.
+#[entry]
+async fn main(ctx: Ctx, job: Job) -> Result<Fetched> {
+    let response = ctx.http().get(&job.url).await.context("fetching the page")?;
+    let bytes = response.body.len();
+    let key = format!("fetches/{}", job.url);
+    let kv = ctx.kv();
+    loop {
+        let current = kv.get::<Record>(&key).await?;
+        let (mut record, version) = current.map_or((Record::default(), 0), |v| (v.value, v.version));
+        record.fetches += 1;
+        record.last_bytes = bytes;
+        match kv.compare_and_swap(&key, version, &record).await {
+            Ok(_) => return Ok(Fetched { status: response.status, bytes, fetches: record.fetches }),
+            // Another fetcher wrote first: read again and retry.
+            Err(error) if error_code(&error) == Some(ErrorCode::Conflict) => {}
+            Err(error) => return Err(error.context("counting the fetch")),
+        }
+    }
+}
+
+wasmproc_guest::export!(main);
