@@ -355,3 +355,41 @@ fn processes_waiting_on_an_idle_worker_hibernate_and_run_on() -> anyhow::Result<
     assert_eq!(pong.join_timeout(HANG), Some(Ok(Payload::json(&0)?)));
     Ok(())
 }
+
+/// The `inventory` provider component serving `workflow` processes, both Wasm: twenty
+/// workflows at once ask for one of the ten apples each, and the provider, answering
+/// each request as it takes it, lets exactly ten through; the others give up after their
+/// tries with the provider's own error.
+#[test]
+fn the_inventory_provider_serves_concurrent_workflows_from_one_stock() {
+    let services = Scheduler::builder().workers(1).kind("inventory", load(env!("GUEST_INVENTORY"))).build().unwrap();
+    let server = services.handle().spawn(Spawnable::kind("inventory"), "serve").unwrap();
+    let s = Scheduler::builder()
+        .workers(2)
+        .kind("workflow", load(env!("GUEST_WORKFLOW")))
+        .provider(wasmproc::provider::Served::new("inventory", services.handle().clone(), server.pid()))
+        .capabilities(Capabilities::default().allow("inventory.*"))
+        .build()
+        .unwrap();
+    let one = Payload::json(&serde_json::json!({"item": "apples", "quantity": 1})).unwrap();
+    let workflows: Vec<_> = (0..20)
+        .map(|_| s.handle().spawn(Spawnable::kind("workflow"), SpawnOptions::new("main").input(vec![one.clone()])))
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let mut reservations = Vec::new();
+    let mut refusals = 0;
+    for workflow in workflows {
+        match workflow.join_timeout(HANG).expect("the workflow finishes") {
+            Ok(summary) => reservations.push(summary.parse_json::<serde_json::Value>().unwrap()["reservation"].clone()),
+            Err(error) => {
+                assert!(error.contains("out of stock: 0 of `apples` left"), "{error}");
+                refusals += 1;
+            }
+        }
+    }
+    reservations.sort_by_key(|r| r.as_str().unwrap().to_owned());
+    reservations.dedup();
+    assert_eq!((reservations.len(), refusals), (10, 10), "each of the ten apples reserved once: {reservations:?}");
+    s.stop(HANG);
+    services.stop(HANG);
+}
