@@ -124,7 +124,7 @@ impl Journal {
     /// damaged store.
     pub fn open(dir: impl AsRef<Path>) -> std::io::Result<Journal> {
         let dir = dir.as_ref();
-        private_dir(dir)?;
+        private_dir(dir, "the journal", "a journal decides what its processes resume with")?;
         let store = FjallStore::open(dir).map_err(|error| {
             let hint = match error.kind() {
                 std::io::ErrorKind::NotFound
@@ -157,13 +157,18 @@ impl Journal {
 }
 
 /// Creates `dir` private to this user, or checks that it is: owned by this user, and
-/// writable by no one else (as ssh checks its files).
-fn private_dir(dir: &Path) -> std::io::Result<()> {
+/// writable by no one else (as ssh checks its files). `what` names the directory's use in
+/// the refusal ("the journal"), and `why` says why it must be private.
+///
+/// # Errors
+///
+/// The directory cannot be created or read, or it is not private (`PermissionDenied`).
+pub(crate) fn private_dir(dir: &Path, what: &str, why: &str) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
-    let refuse = |why: String| {
+    let refuse = |reason: String| {
         std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
-            format!("refusing the journal in {}: {why}", dir.display()),
+            format!("refusing {what} in {}: {reason}", dir.display()),
         )
     };
     let meta = match std::fs::metadata(dir) {
@@ -181,7 +186,7 @@ fn private_dir(dir: &Path) -> std::io::Result<()> {
     }
     if meta.mode() & 0o022 != 0 {
         return Err(refuse(format!(
-            "other users can write to it (mode {:o}): `chmod go-w` it, since a journal decides what its processes resume with",
+            "other users can write to it (mode {:o}): `chmod go-w` it, since {why}",
             meta.mode() & 0o777
         )));
     }

@@ -103,8 +103,16 @@ impl Request<'_> {
     /// recorded is carried out again with the key it had, so a handler with an effect
     /// outside the host can make the retry do nothing twice. `None` for a process that
     /// is not durable.
+    ///
+    /// The key is the process's pid, the step's place in its history and the yield's
+    /// tag, with the process's recorded random seed: pids start again in every new
+    /// journal, and the seed tells a process of one journal from its namesake in another,
+    /// so a store of answers shared across runs never mistakes one for the other.
     pub fn idempotency_key(&self) -> Option<String> {
-        self.origin.map(|origin| format!("{}-{}-{}", self.caller.pid(), origin.seq, self.tag))
+        let origin = self.origin?;
+        let seed = self.caller.durable_step.lock().as_ref().map_or([0; 32], |step| step.seed);
+        let run: String = seed[..8].iter().map(|b| format!("{b:02x}")).collect();
+        Some(format!("{}-{}-{}-{run}", self.caller.pid(), origin.seq, self.tag))
     }
 
     /// The scheduler, to spawn, send or terminate on the caller's behalf.

@@ -1,1 +1,0 @@
-//! `kv.*`: a persistent key-value store per application.
