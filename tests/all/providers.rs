@@ -1,4 +1,4 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -46,10 +46,10 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-fn files_scheduler(read: &PathBuf, write: &PathBuf) -> Scheduler {
+fn files_scheduler(read: &Path, write: &Path) -> Scheduler {
     let grants = vec![
-        Grant { host: read.clone(), guest: "/data".into(), writable: false },
-        Grant { host: write.clone(), guest: "/data/out".into(), writable: true },
+        Grant { host: read.to_path_buf(), guest: "/data".into(), writable: false },
+        Grant { host: write.to_path_buf(), guest: "/data/out".into(), writable: true },
     ];
     Scheduler::builder()
         .workers(1)
@@ -176,9 +176,12 @@ fn a_family_name_must_be_one_word() {
     assert!(err("*").to_string().contains("`*` only ends a family name"));
 }
 
+/// The requests a test server was sent: each command's name and caller.
+type Seen = Arc<Mutex<Vec<(String, u64)>>>;
+
 /// A serving process that keeps the requests it is sent and answers them in reverse
 /// order once it holds `batch` of them, each with its input and its caller.
-fn server(batch: usize) -> (Scripted, Arc<Mutex<Vec<(String, u64)>>>) {
+fn server(batch: usize) -> (Scripted, Seen) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     let mut held: Vec<(u64, wasmproc::Pid, Payload)> = Vec::new();
@@ -283,7 +286,7 @@ fn requests_a_server_leaves_unanswered_fail_when_it_ends() {
     let error = waiting.join().unwrap().expect_err("the server ended");
     assert!(error.starts_with("unavailable: process ") && error.ends_with("ended before it answered"), "{error}");
     // Later requests find no server.
-    assert!(call_on(&s.handle(), "svc.hold").unwrap_err().starts_with("unavailable: "));
+    assert!(call_on(s.handle(), "svc.hold").unwrap_err().starts_with("unavailable: "));
     s.stop(HANG);
     services.stop(HANG);
 }
@@ -332,7 +335,7 @@ fn only_the_server_may_answer_and_only_once() {
         .capabilities(Capabilities::default().allow("svc.*"))
         .build()
         .unwrap();
-    assert_eq!(call_on(&s.handle(), "svc.x"), Ok(Payload::text("first")));
+    assert_eq!(call_on(s.handle(), "svc.x"), Ok(Payload::text("first")));
     let (id, second) = ids.lock().pop().unwrap();
     assert_eq!(second, Err(wasmproc::error::PortError::NoRequest(id)));
     s.stop(HANG);

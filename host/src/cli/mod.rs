@@ -15,6 +15,7 @@ mod input;
 mod inspect;
 mod journal;
 mod output;
+mod providers;
 mod report;
 mod run;
 mod stop;

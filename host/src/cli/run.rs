@@ -20,12 +20,14 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use wasmproc::journal::{Journal, JournalSettings};
+use wasmproc::provider::fs::Grant;
 use wasmproc::scheduler::{ProcessHandle, SpawnOptions};
 use wasmproc::wasm::{COMMAND_ENTRY, LogRecord, Program, WasiOptions};
 use wasmproc::{Capabilities, Payload, Scheduler};
 
 use super::input::{payloads, read_app};
 use super::output::Output;
+use super::providers::{FAMILIES, ProviderArgs, Providers, Services};
 use super::report::{Progress, Report, Summary};
 use super::stop::Signals;
 use super::{EngineArgs, Exit, Failure, runtime, units};
@@ -45,7 +47,15 @@ passed through and its exit code becomes wasmproc's.
 
 Sandbox defaults: 64MiB of memory for each process, steps preempted every 10ms, no CPU or
 fuel limit, no files, no environment, no network; the commands sleep, spawn, send and
-monitor are granted, terminate is not (--allow terminate).";
+monitor are granted, terminate is not (--allow terminate).
+
+Providers (process components): http.* with --allow-host, kv.* with --kv, fs.* with --dir
+and --dir-rw, env.* with --env, time.now and random.bytes always, NAME.* with --provider
+NAME=FILE. A command whose flag is missing is denied, naming the flag.
+  wasmproc run fetcher.wasm --allow-host 127.0.0.1:8080 --kv ./state \
+      --input '{\"url\": \"http://127.0.0.1:8080/\"}'
+  wasmproc run workflow.wasm --provider inventory=inventory.wasm \
+      --input '{\"item\": \"apples\", \"quantity\": 2}'";
 
 /// `wasmproc run`'s flags: the run to make.
 #[derive(Args, Debug)]
@@ -118,19 +128,23 @@ pub(super) struct Run {
     /// Withdraw a granted command (repeatable), e.g. --deny spawn.
     #[arg(long = "deny", value_name = "COMMAND")]
     deny: Vec<String>,
-    /// WASI commands only: give the program the host directory HOST, read-only, as
-    /// GUEST (default: the same path). Repeatable.
+    /// Give the program the host directory HOST, read-only, as GUEST (default: the same
+    /// path): a WASI command through WASI, processes through the `fs.*` commands.
+    /// Repeatable.
     #[arg(long, value_name = "HOST[::GUEST]")]
     dir: Vec<String>,
-    /// WASI commands only: as --dir, writable. The program may create symbolic links
-    /// in it that point anywhere: it cannot follow them out of the directory, but a host
-    /// tool that later walks the directory following links would (see SECURITY.md).
+    /// As --dir, writable. A WASI command may create symbolic links in it that point
+    /// anywhere: it cannot follow them out of the directory, but a host tool that later
+    /// walks the directory following links would (see SECURITY.md).
     #[arg(long, value_name = "HOST[::GUEST]")]
     dir_rw: Vec<String>,
-    /// WASI commands only: set NAME=VALUE in the program's environment, or pass NAME
-    /// through from the host's. Repeatable.
+    /// Set NAME=VALUE in the program's environment, or pass NAME through from the
+    /// host's: a WASI command's environment, or what processes read with `env.get`.
+    /// Repeatable.
     #[arg(long, value_name = "NAME[=VALUE]")]
     env: Vec<String>,
+    #[command(flatten)]
+    providers: ProviderArgs,
     /// Run durably, with the journal in DIR (created if missing): every step is recorded
     /// before it takes effect, so after a crash, a kill or a stop the same command
     /// resumes the run where it was instead of starting it again. Process components
@@ -179,7 +193,7 @@ impl Run {
         let signals = Signals::listen()?;
         let inputs = payloads(&self.inputs, self.input_file.as_deref(), self.max_payload)?;
         let interrupt = Arc::new(AtomicBool::new(false));
-        let (scheduler, root) = self.prepare(inputs, &out, &interrupt)?;
+        let (scheduler, root, services) = self.prepare(inputs, &out, &interrupt)?;
         signals.started();
         let report = Report::new(self.json, &out, matches!(root, Root::Command(_)));
         let process = match root.spawn(&scheduler) {
@@ -204,6 +218,9 @@ impl Run {
         };
         let stats = scheduler.handle().stats();
         super::stop::shut_down(scheduler, stop.is_some(), &out);
+        if let Some(services) = services {
+            services.stop(self.grace);
+        }
         if let Some(progress) = progress {
             progress.finish();
         }
@@ -219,8 +236,14 @@ impl Run {
         inputs: Vec<Payload>,
         out: &Output,
         interrupt: &Arc<AtomicBool>,
-    ) -> Result<(Scheduler, Root), Failure> {
-        let caps = capabilities(self)?;
+    ) -> Result<(Scheduler, Root, Option<Services>), Failure> {
+        let served: Vec<String> = self
+            .providers
+            .providers
+            .iter()
+            .filter_map(|spec| spec.split_once('=').map(|(name, _)| name.to_owned()))
+            .collect();
+        let caps = capabilities(self, &served)?;
         let bytes = read_app(&self.app, self.engine.max_module_size as u64)?;
         let guest_out = out.clone();
         let mut config = self
@@ -233,11 +256,11 @@ impl Run {
         if let Some(budget) = self.cpu_budget {
             config = config.cpu_budget(budget);
         }
-        let program = runtime(config)?
+        let runtime = runtime(config)?;
+        let program = runtime
             .load_program_bytes(&bytes)
             .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{}`: {e:#}", self.app.display())))?;
         let mut builder = Scheduler::builder()
-            .capabilities(caps)
             .max_processes(self.max_processes as usize)
             .max_children(self.max_children)
             .max_yields_per_step(self.max_yields as usize)
@@ -246,9 +269,24 @@ impl Run {
         if let Some(workers) = self.workers {
             builder = builder.workers(workers as usize);
         }
+        let mut services = None;
         let root = match program {
             Program::Process(component) => {
                 let method = self.entry_method(component.entries())?;
+                let providers = Providers::start(&self.providers, dir_grants(self)?, env_vars(self)?)?;
+                services = Services::start(
+                    &self.providers.providers,
+                    &runtime,
+                    &providers,
+                    &caps,
+                    self.engine.max_module_size as u64,
+                )?;
+                builder = providers
+                    .register(builder.capabilities(caps))
+                    .denial_hint(|name| format!("grant it with --allow {name}"));
+                if let Some(services) = &services {
+                    builder = services.register(builder);
+                }
                 builder = builder.kind("app", component);
                 if let Some(dir) = &self.journal {
                     let mut settings = JournalSettings::default();
@@ -269,6 +307,7 @@ impl Run {
                     ));
                 }
                 self.check_command_flags(&inputs)?;
+                builder = builder.capabilities(caps);
                 Root::Command(Box::new(command.process(command_options(self, interrupt.clone())?)))
             }
         };
@@ -296,7 +335,7 @@ impl Run {
                 ));
             }
         };
-        Ok((scheduler, root))
+        Ok((scheduler, root, services))
     }
 
     /// The entry method of a process component: `--method`, else `main`, which must be
@@ -335,6 +374,16 @@ impl Run {
                 "a WASI command takes no --input: pass its arguments after `--`".to_owned(),
             ));
         }
+        if let Some(flag) = self.providers.given() {
+            return Err(Failure::new(
+                Exit::Usage,
+                format!(
+                    "{flag} gives process components a provider; `{}` is a WASI command, which reaches the outside \
+                     through --dir and --env only",
+                    self.app.display()
+                ),
+            ));
+        }
         Ok(())
     }
 }
@@ -353,17 +402,25 @@ impl Root {
     }
 }
 
-/// The grant set: the CLI's defaults, then --allow, then --deny.
-fn capabilities(args: &Run) -> Result<Capabilities, Failure> {
-    let mut caps = Capabilities::default().deny("terminate");
+/// The grant set: the CLI's defaults (the built-ins but `terminate`, and every provider
+/// family of the run, `served` among them), then --allow, then --deny.
+fn capabilities(args: &Run, served: &[String]) -> Result<Capabilities, Failure> {
+    let families = || FAMILIES.iter().copied().chain(served.iter().map(String::as_str));
+    let mut caps =
+        families().fold(Capabilities::default().deny("terminate"), |caps, family| caps.allow(&format!("{family}.*")));
     for (flag, names) in [("--allow", &args.allow), ("--deny", &args.deny)] {
         for name in names {
-            if !Capabilities::BUILTIN.contains(&name.as_str()) {
+            let known = Capabilities::BUILTIN.contains(&name.as_str())
+                || name
+                    .split_once('.')
+                    .is_some_and(|(family, rest)| !rest.is_empty() && families().any(|f| f == family));
+            if !known {
+                let list = families().map(|f| format!("{f}.*")).collect::<Vec<_>>().join(", ");
                 return Err(Failure::new(
                     Exit::Usage,
                     format!(
-                        "{flag} `{name}`: no such command; the commands are {} (custom commands need an embedder \
-                         that handles them)",
+                        "{flag} `{name}`: no such command; the commands are {} and the provider families {list} \
+                         (a family's commands one by one, e.g. kv.get, or all as kv.*)",
                         Capabilities::BUILTIN.join(", ")
                     ),
                 ));
@@ -374,16 +431,47 @@ fn capabilities(args: &Run) -> Result<Capabilities, Failure> {
     Ok(caps)
 }
 
+/// The --dir and --dir-rw grants, each an existing directory.
+fn dir_grants(args: &Run) -> Result<Vec<Grant>, Failure> {
+    let mut grants = Vec::new();
+    for (specs, writable) in [(&args.dir, false), (&args.dir_rw, true)] {
+        for spec in specs {
+            let (host, guest) = spec.split_once("::").unwrap_or((spec, spec));
+            if !Path::new(host).is_dir() {
+                let flag = if writable { "--dir-rw" } else { "--dir" };
+                return Err(Failure::new(Exit::Usage, format!("{flag} `{host}`: no such directory")));
+            }
+            grants.push(Grant { host: PathBuf::from(host), guest: guest.to_owned(), writable });
+        }
+    }
+    Ok(grants)
+}
+
+/// The --env variables, NAME=VALUE or NAME passed through from the host's environment.
+fn env_vars(args: &Run) -> Result<Vec<(String, String)>, Failure> {
+    let mut vars = Vec::new();
+    for spec in &args.env {
+        match spec.split_once('=') {
+            Some((key, value)) if !key.is_empty() => vars.push((key.to_owned(), value.to_owned())),
+            Some(_) => return Err(Failure::new(Exit::Usage, format!("--env `{spec}`: the name is empty"))),
+            None => match std::env::var(spec) {
+                Ok(value) => vars.push((spec.clone(), value)),
+                Err(_) => {
+                    return Err(Failure::new(
+                        Exit::Usage,
+                        format!("--env `{spec}`: the host has no such variable (write NAME=VALUE to set one)"),
+                    ));
+                }
+            },
+        }
+    }
+    Ok(vars)
+}
+
 /// Refuses the flags that only WASI commands take.
 fn refuse_command_flags(args: &Run) -> Result<(), Failure> {
-    let given = [
-        ("--dir", !args.dir.is_empty()),
-        ("--dir-rw", !args.dir_rw.is_empty()),
-        ("--env", !args.env.is_empty()),
-        ("arguments after `--`", !args.args.is_empty()),
-    ];
-    match given.iter().find(|(_, given)| *given) {
-        Some((flag, _)) => Err(Failure::new(
+    match (!args.args.is_empty()).then_some("arguments after `--`") {
+        Some(flag) => Err(Failure::new(
             Exit::Usage,
             format!(
                 "{flag} applies to WASI commands only; `{}` is a process component: give it input with --input",
@@ -403,30 +491,11 @@ fn command_options(args: &Run, interrupt: Arc<AtomicBool>) -> Result<WasiOptions
     if let Some(timeout) = args.timeout {
         options = options.time_limit(timeout);
     }
-    for (specs, writable) in [(&args.dir, false), (&args.dir_rw, true)] {
-        for spec in specs {
-            let (host, guest) = spec.split_once("::").unwrap_or((spec, spec));
-            if !Path::new(host).is_dir() {
-                let flag = if writable { "--dir-rw" } else { "--dir" };
-                return Err(Failure::new(Exit::Usage, format!("{flag} `{host}`: no such directory")));
-            }
-            options = options.dir(PathBuf::from(host), guest, writable);
-        }
+    for grant in dir_grants(args)? {
+        options = options.dir(grant.host, &grant.guest, grant.writable);
     }
-    for spec in &args.env {
-        match spec.split_once('=') {
-            Some((key, value)) if !key.is_empty() => options = options.env(key, value),
-            Some(_) => return Err(Failure::new(Exit::Usage, format!("--env `{spec}`: the name is empty"))),
-            None => match std::env::var(spec) {
-                Ok(value) => options = options.env(spec.as_str(), value),
-                Err(_) => {
-                    return Err(Failure::new(
-                        Exit::Usage,
-                        format!("--env `{spec}`: the host has no such variable (write NAME=VALUE to set one)"),
-                    ));
-                }
-            },
-        }
+    for (name, value) in env_vars(args)? {
+        options = options.env(name, value);
     }
     Ok(options)
 }

@@ -96,6 +96,12 @@ impl Handle {
         Ok(handle)
     }
 
+    /// Tells schedulers in one OS process apart: a provider shared by several keys its
+    /// callers by scheduler and pid.
+    pub(crate) fn id(&self) -> usize {
+        self.shared.id
+    }
+
     /// Puts a message from the embedder (sender [`Pid::HOST`]) in `to`'s mailbox.
     ///
     /// # Errors

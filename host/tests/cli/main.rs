@@ -20,6 +20,7 @@ mod cache;
 mod durable;
 mod hardening;
 mod limits;
+mod providers;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_wasmproc");
 
@@ -202,7 +203,12 @@ fn usage_errors_exit_2_with_one_line_that_says_what_to_do() {
         (&["run", HELLO, "--time-slice", "soon"], "is not a duration"),
         (&["run", "/no/such/app.wasm"], "cannot read `/no/such/app.wasm`"),
         (&["run", HELLO, "--allow", "launch.missiles"], "--allow `launch.missiles`: no such command"),
-        (&["run", HELLO, "--dir", "/tmp"], "--dir applies to WASI commands only"),
+        (&["run", HELLO, "-m", "greet", "--", "x"], "arguments after `--` applies to WASI commands only"),
+        (&["run", HELLO, "-m", "greet", "--dir", "/no/such/dir"], "--dir `/no/such/dir`: no such directory"),
+        (&["run", HELLO, "-m", "greet", "--allow-host", "http://x/path"], "--allow-host `http://x/path`"),
+        (&["run", HELLO, "-m", "greet", "--provider", "inventory"], "--provider `inventory`: write NAME=FILE"),
+        (&["run", HELLO, "-m", "greet", "--provider", "kv=x.wasm"], "`kv` is a built-in family or command"),
+        (&["run", WASI_CLI, "--kv", "/tmp/x"], "--kv gives process components a provider"),
         (&["run", HELLO, "--input-file", "/no/such/input.json"], "cannot read --input-file"),
         (&["run", WASI_CLI, "--input", "1"], "a WASI command takes no --input"),
         (&["run", WASI_CLI, "--method", "main"], "is a WASI command: it has no entry method `main`"),

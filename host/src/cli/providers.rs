@@ -1,0 +1,285 @@
+//! The providers `wasmproc run` gives a process component, from its flags.
+//!
+//! Each family is granted to every process of the run, and each is served by what its
+//! flag set up, or, without the flag, by a stand-in that answers every command with a
+//! denial naming the flag: so a guest that calls `kv.get` on a run without `--kv` learns
+//! `denied: kv.get needs the key-value store: run with --kv DIR`, not that the command
+//! does not exist.
+//!
+//! | family    | served by                          | granted by                        |
+//! |-----------|------------------------------------|-----------------------------------|
+//! | `http`    | outbound HTTP, to the allow-list   | `--allow-host PATTERN`            |
+//! | `kv`      | a store in a directory             | `--kv DIR`                        |
+//! | `fs`      | the granted directories            | `--dir`, `--dir-rw`               |
+//! | `env`     | the granted variables              | `--env`                           |
+//! | `time`, `random` | the host's clock and generator | always (as WASI's clocks are)  |
+//! | `NAME`    | a provider component's `serve`     | `--provider NAME=FILE`            |
+//!
+//! Provider components run on a scheduler of their own, without the run's journal: they
+//! are trusted services, not part of the durable history, and they get the same
+//! providers as the run's processes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use wasmproc::handler::Request;
+use wasmproc::provider::clock::{Random, Time};
+use wasmproc::provider::env::Env;
+use wasmproc::provider::fs::{Files, FilesSettings, Grant};
+use wasmproc::provider::http::{HostPattern, Http, HttpSettings};
+use wasmproc::provider::kv::{Kv, KvSettings};
+use wasmproc::provider::{Provider, Served};
+use wasmproc::scheduler::{Builder, SpawnOptions, Spawnable};
+use wasmproc::wasm::{Program, Runtime};
+use wasmproc::{Capabilities, Scheduler};
+
+use super::input::read_app;
+use super::{Exit, Failure};
+
+/// The families every run grants, served by a flag's provider or by its stand-in.
+pub(super) const FAMILIES: [&str; 6] = ["http", "kv", "fs", "env", "time", "random"];
+
+/// The entry method a provider component serves requests from.
+pub(super) const SERVE_ENTRY: &str = "serve";
+
+/// Flags that give processes providers (beside `--dir`, `--dir-rw` and `--env`, which
+/// WASI commands take too).
+#[derive(Args, Debug)]
+pub(super) struct ProviderArgs {
+    /// Let processes make HTTP requests (`http.request`) to hosts that match PATTERN:
+    /// `[SCHEME://]HOST[:PORT]`, HOST a name, `*.example.com`, `*` (any name) or an IP
+    /// address; PORT a number or `*`. No scheme: http and https; no port: the scheme's.
+    /// Names that resolve to loopback or private addresses are refused unless the
+    /// pattern names the address (or `localhost`). Repeatable. [default: no host]
+    #[arg(long = "allow-host", value_name = "PATTERN")]
+    pub(super) allow_host: Vec<String>,
+    /// The longest an HTTP request may take, body included.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::units::duration)]
+    pub(super) http_timeout: Duration,
+    /// The largest HTTP response body a process may receive, e.g. 8MiB.
+    #[arg(long, value_name = "SIZE", default_value = "8MiB", value_parser = super::units::size)]
+    pub(super) max_response: usize,
+    /// Give processes a persistent key-value store (`kv.get`, `kv.put`, `kv.cas`, …) in
+    /// DIR (created if missing, private to the user): the application's state, kept
+    /// across runs.
+    #[arg(long, value_name = "DIR")]
+    pub(super) kv: Option<PathBuf>,
+    /// The most keys the --kv store may hold.
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    pub(super) kv_max_keys: u64,
+    /// The most bytes (keys and values) the --kv store may hold, e.g. 256MiB.
+    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = super::units::size)]
+    pub(super) kv_max_bytes: usize,
+    /// Serve the commands `NAME.*` with the provider component FILE: it runs from its
+    /// `serve` entry on a scheduler of its own and answers each command as a request
+    /// (see the `handler` world in wit/). Repeatable.
+    #[arg(long = "provider", value_name = "NAME=FILE")]
+    pub(super) providers: Vec<String>,
+}
+
+impl ProviderArgs {
+    /// Whether any flag here was given: a WASI command takes none of them.
+    pub(super) fn given(&self) -> Option<&'static str> {
+        if !self.allow_host.is_empty() {
+            Some("--allow-host")
+        } else if self.kv.is_some() {
+            Some("--kv")
+        } else if !self.providers.is_empty() {
+            Some("--provider")
+        } else {
+            None
+        }
+    }
+}
+
+/// The built-in providers of a run, ready to register on a scheduler.
+#[derive(Clone)]
+pub(super) struct Providers {
+    http: Option<Http>,
+    kv: Option<Kv>,
+    files: Option<Files>,
+    env: Option<Env>,
+}
+
+impl Providers {
+    /// Starts what the flags ask for: the HTTP client's thread, the store, the file
+    /// thread.
+    pub(super) fn start(
+        args: &ProviderArgs,
+        dirs: Vec<Grant>,
+        env: Vec<(String, String)>,
+    ) -> Result<Providers, Failure> {
+        let http = if args.allow_host.is_empty() {
+            None
+        } else {
+            let mut allow = Vec::with_capacity(args.allow_host.len());
+            for pattern in &args.allow_host {
+                allow.push(
+                    HostPattern::parse(pattern)
+                        .map_err(|e| Failure::new(Exit::Usage, format!("--allow-host `{pattern}`: {e}")))?,
+                );
+            }
+            let settings = HttpSettings {
+                allow,
+                timeout: args.http_timeout,
+                max_response_body: args.max_response,
+                ..HttpSettings::default()
+            };
+            Some(Http::start(settings).map_err(|e| Failure::new(Exit::Host, format!("cannot start HTTP: {e:#}")))?)
+        };
+        let kv = match &args.kv {
+            Some(dir) => {
+                let settings = KvSettings {
+                    max_keys: args.kv_max_keys,
+                    max_bytes: args.kv_max_bytes as u64,
+                    ..KvSettings::default()
+                };
+                Some(Kv::open(dir, settings).map_err(|e| Failure::new(Exit::Host, format!("--kv: {e:#}")))?)
+            }
+            None => None,
+        };
+        let files = if dirs.is_empty() {
+            None
+        } else {
+            Some(Files::new(dirs, FilesSettings::default()).map_err(|e| Failure::new(Exit::Usage, format!("{e:#}")))?)
+        };
+        let env = (!env.is_empty()).then(|| Env::new(env));
+        Ok(Providers { http, kv, files, env })
+    }
+
+    /// Registers every family on `builder`: a flag's provider, or the stand-in that
+    /// names the flag.
+    pub(super) fn register(&self, builder: Builder) -> Builder {
+        let builder = match &self.http {
+            Some(http) => builder.provider(http.clone()),
+            None => builder
+                .provider(Missing { family: "http", grant: "an allowed host: run with --allow-host HOST[:PORT]" }),
+        };
+        let builder = match &self.kv {
+            Some(kv) => builder.provider(kv.clone()),
+            None => builder.provider(Missing { family: "kv", grant: "the key-value store: run with --kv DIR" }),
+        };
+        let builder = match &self.files {
+            Some(files) => builder.provider(files.clone()),
+            None => builder.provider(Missing { family: "fs", grant: "a directory: run with --dir HOST::GUEST" }),
+        };
+        let builder = match &self.env {
+            Some(env) => builder.provider(env.clone()),
+            None => {
+                builder.provider(Missing { family: "env", grant: "environment variables: run with --env NAME[=VALUE]" })
+            }
+        };
+        builder.provider(Time).provider(Random)
+    }
+}
+
+/// Answers every command of its family with a denial naming the flag that grants it.
+struct Missing {
+    family: &'static str,
+    grant: &'static str,
+}
+
+impl Provider for Missing {
+    fn family(&self) -> &str {
+        self.family
+    }
+
+    fn handle(&self, request: Request<'_>) {
+        let error = format!("denied: `{}` needs {}", request.name(), self.grant);
+        request.complete(Err(error));
+    }
+}
+
+/// Provider components, running on their scheduler.
+pub(super) struct Services {
+    scheduler: Scheduler,
+    served: Vec<Served>,
+}
+
+impl Services {
+    /// Loads each `--provider NAME=FILE` component and starts its `serve` process, on a
+    /// scheduler of their own with the run's providers.
+    pub(super) fn start(
+        specs: &[String],
+        runtime: &Runtime,
+        providers: &Providers,
+        caps: &Capabilities,
+        max_module_size: u64,
+    ) -> Result<Option<Services>, Failure> {
+        if specs.is_empty() {
+            return Ok(None);
+        }
+        let mut components = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let (name, file) = parse_spec(spec)?;
+            let bytes = read_app(&file, max_module_size)?;
+            let loaded = runtime
+                .load_program_bytes(&bytes)
+                .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{}`: {e:#}", file.display())))?;
+            let Program::Process(component) = loaded else {
+                return Err(Failure::new(
+                    Exit::BadModule,
+                    format!("--provider {name}: `{}` is a WASI command, not a provider component", file.display()),
+                ));
+            };
+            if !component.entries().iter().any(|e| e == SERVE_ENTRY) {
+                return Err(Failure::new(
+                    Exit::BadModule,
+                    format!(
+                        "--provider {name}: `{}` has no entry `{SERVE_ENTRY}` to serve requests from (its entries: {})",
+                        file.display(),
+                        component.entries().join(", ")
+                    ),
+                ));
+            }
+            components.push((name, component));
+        }
+        let mut builder = Scheduler::builder().workers(1).thread_name("wasmproc-provider").capabilities(caps.clone());
+        builder = providers.register(builder);
+        for (name, component) in &components {
+            builder = builder.kind(name.clone(), component.clone());
+        }
+        let scheduler = builder
+            .build()
+            .map_err(|e| Failure::new(Exit::Host, format!("cannot start the providers' scheduler: {e:#}")))?;
+        let mut served = Vec::with_capacity(components.len());
+        for (name, _) in components {
+            let process = scheduler
+                .handle()
+                .spawn(Spawnable::kind(name.clone()), SpawnOptions::new(SERVE_ENTRY))
+                .map_err(|e| Failure::new(Exit::ProcessFailed, format!("--provider {name} could not start: {e}")))?;
+            served.push(Served::new(name, scheduler.handle().clone(), process.pid()));
+        }
+        Ok(Some(Services { scheduler, served }))
+    }
+
+    /// Registers every served family on the run's builder.
+    pub(super) fn register(&self, mut builder: Builder) -> Builder {
+        for served in &self.served {
+            builder = builder.provider(served.clone());
+        }
+        builder
+    }
+
+    /// Stops the provider processes, once the run's processes have ended.
+    pub(super) fn stop(self, grace: Duration) {
+        self.scheduler.stop(grace);
+    }
+}
+
+/// `NAME=FILE`: a family name (one word, not a built-in family) and a file.
+fn parse_spec(spec: &str) -> Result<(String, PathBuf), Failure> {
+    let usage = |why: &str| Failure::new(Exit::Usage, format!("--provider `{spec}`: {why}"));
+    let (name, file) = spec.split_once('=').ok_or_else(|| usage("write NAME=FILE, e.g. inventory=inventory.wasm"))?;
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        return Err(usage("NAME is one word of letters, digits, `-` and `_`: the commands it serves are NAME.*"));
+    }
+    if FAMILIES.contains(&name) || Capabilities::BUILTIN.contains(&name) {
+        return Err(usage(&format!("`{name}` is a built-in family or command")));
+    }
+    if file.is_empty() {
+        return Err(usage("FILE is empty"));
+    }
+    Ok((name.to_owned(), PathBuf::from(file)))
+}

@@ -1,1 +1,0 @@
-//! `http.*`: outbound HTTP requests to an allow-list of hosts.

@@ -1,0 +1,136 @@
+//! Providers from the command line: the `workflow` example with its inventory service as
+//! a provider component, the `fetcher` example against a real HTTP server with its
+//! state in `--kv`, the `notes` example with `--dir-rw` and `--env`, and the denials a
+//! missing flag gets.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use wasmproc_tests::guests::{FETCHER, INVENTORY, NOTES, WORKFLOW};
+
+use super::{run, scratch};
+
+const ORDER: &str = r#"{"item": "apples", "quantity": 2}"#;
+
+#[test]
+fn the_workflow_runs_with_its_inventory_as_a_provider_component() {
+    let provider = format!("inventory={INVENTORY}");
+    let ran = run(&["run", WORKFLOW, "--provider", &provider, "--input", ORDER]).expect(0);
+    assert_eq!(
+        ran.json(),
+        serde_json::json!({"item": "apples", "quantity": 2, "reservation": "R-1001", "attempts": 1})
+    );
+    // The provider's own answer reaches the workflow: past the stock, every try fails,
+    // and the workflow gives up after its three.
+    let ran =
+        run(&["run", WORKFLOW, "--provider", &provider, "--input", r#"{"item": "pears", "quantity": 11}"#]).expect(1);
+    assert!(ran.stderr.contains("gave up reserving `pears` after 3 tries"), "{}", ran.stderr);
+    assert!(ran.stderr.contains("out of stock: 10 of `pears` left"), "{}", ran.stderr);
+}
+
+#[test]
+fn a_provider_flag_that_names_no_server_is_refused_clearly() {
+    let scratch = scratch("bad-provider");
+    let missing = scratch.join("missing.wasm");
+    let spec = format!("inventory={}", missing.display());
+    run(&["run", WORKFLOW, "--provider", &spec, "--input", ORDER]).expect(2).error_says("cannot read");
+    // A component without a `serve` entry is not a provider.
+    let spec = format!("inventory={WORKFLOW}");
+    run(&["run", WORKFLOW, "--provider", &spec, "--input", ORDER]).expect(3).error_says("has no entry `serve`");
+    // Without the provider, nothing serves the family.
+    let ran = run(&["run", WORKFLOW, "--input", ORDER]).expect(1);
+    assert!(ran.stderr.contains("unknown command `inventory.reserve`"), "{}", ran.stderr);
+}
+
+/// `python3 -m http.server` serving `dir` on a free loopback port: a real HTTP server,
+/// killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(dir: &Path) -> Server {
+        let mut child = Command::new("python3")
+            .args(["-u", "-m", "http.server", "--bind", "127.0.0.1", "0"])
+            .current_dir(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 runs (the CI machine has it)");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).expect("the server says its port");
+        // "Serving HTTP on 127.0.0.1 port 40013 (http://127.0.0.1:40013/) ..."
+        let port = line
+            .split_whitespace()
+            .skip_while(|w| *w != "port")
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        Server { child, port }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_fetcher_fetches_from_a_local_server_and_keeps_counts_in_kv_across_runs() {
+    let dir = scratch("fetcher");
+    let site = dir.join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join("index.html"), "hello from the server").unwrap();
+    let server = Server::start(&site);
+    let state = dir.join("state");
+    let host = format!("127.0.0.1:{}", server.port);
+    let url = format!("http://{host}/index.html");
+    let input = serde_json::json!({ "url": url }).to_string();
+    let state_arg = state.to_str().unwrap();
+    for fetches in 1..=2 {
+        let ran = run(&["run", FETCHER, "--allow-host", &host, "--kv", state_arg, "--input", &input]).expect(0);
+        assert_eq!(ran.json(), serde_json::json!({"status": 200, "bytes": 21, "fetches": fetches}));
+    }
+
+    // Every denial names the flag that grants it.
+    let ran = run(&["run", FETCHER, "--kv", state_arg, "--input", &input]).expect(1);
+    assert!(
+        ran.stderr.contains("denied: `http.request` needs an allowed host: run with --allow-host"),
+        "{}",
+        ran.stderr
+    );
+    let ran = run(&["run", FETCHER, "--allow-host", &host, "--input", &input]).expect(1);
+    assert!(ran.stderr.contains("denied: `kv.get` needs the key-value store: run with --kv DIR"), "{}", ran.stderr);
+    let other = format!("127.0.0.1:{}", server.port.wrapping_add(1).max(1));
+    let ran = run(&["run", FETCHER, "--allow-host", &other, "--kv", state_arg, "--input", &input]).expect(1);
+    assert!(ran.stderr.contains("denied: ") && ran.stderr.contains("--allow-host"), "{}", ran.stderr);
+    let ran =
+        run(&["run", FETCHER, "--allow-host", &host, "--kv", state_arg, "--deny", "kv.*", "--input", &input]).expect(1);
+    assert!(ran.stderr.contains("permission denied: kv.get (grant it with --allow kv.get)"), "{}", ran.stderr);
+}
+
+#[test]
+fn notes_are_kept_in_a_granted_directory_under_a_granted_title() {
+    let dir = scratch("notes");
+    let grant = format!("{}::/notes", dir.display());
+    for (text, count) in [("apples", 1), ("pears", 2)] {
+        let input = serde_json::json!(text).to_string();
+        let ran = run(&["run", NOTES, "--dir-rw", &grant, "--method", "add", "--input", &input]).expect(0);
+        assert_eq!(ran.json(), serde_json::json!(count));
+    }
+    assert_eq!(std::fs::read_to_string(dir.join("notes.txt")).unwrap(), "apples\npears\n");
+    let ran = run(&["run", NOTES, "--dir", &grant, "--env", "NOTES_TITLE=Groceries", "--method", "list"]).expect(0);
+    assert_eq!(ran.json(), serde_json::json!("Groceries\n1. apples\n2. pears"));
+    // Read-only, the same directory refuses a write, naming the flag that allows it.
+    let ran = run(&["run", NOTES, "--dir", &grant, "--method", "add", "--input", "\"figs\""]).expect(1);
+    assert!(ran.stderr.contains("granted read-only (grant it with --dir-rw"), "{}", ran.stderr);
+    // Without a directory, the notes are out of reach.
+    let ran = run(&["run", NOTES, "--method", "list"]).expect(1);
+    assert!(ran.stderr.contains("denied: `env.get` needs environment variables: run with --env"), "{}", ran.stderr);
+    let ran = run(&["run", NOTES, "--env", "NOTES_TITLE=x", "--method", "list"]).expect(1);
+    assert!(ran.stderr.contains("denied: `fs.read` needs a directory: run with --dir HOST::GUEST"), "{}", ran.stderr);
+}
