@@ -370,3 +370,65 @@ fn an_embedders_provider_serves_every_command_of_its_family() {
     assert_eq!(call(&s, None, "echo.special", Payload::empty()), Ok(Payload::text("own handler")));
     assert_eq!(call(&s, None, "echoes", Payload::empty()), Err("unknown command `echoes`".to_owned()));
 }
+
+/// Grants travel: a child gets its parent's provider grants and no more, whatever its
+/// spawn asks for.
+#[test]
+fn a_child_gets_at_most_its_parents_provider_grants() {
+    let child_outcomes: Arc<Mutex<Vec<Outcome>>> = Arc::default();
+    let seen = child_outcomes.clone();
+    let child = move || -> anyhow::Result<Box<dyn wasmproc::Process>> {
+        let seen = seen.clone();
+        let (p, _) = Scripted::new(move |t| {
+            if t.step == 0 {
+                for (tag, name) in [(1, "time.now"), (2, "random.bytes")] {
+                    let payload = json(serde_json::json!({"count": 1}));
+                    t.out.yield_command(tag, Command::Custom { name: name.into(), payload });
+                }
+                t.out.set_status(Status::Blocked);
+            } else {
+                for event in &t.events {
+                    if let Event::Completion { result, .. } = event {
+                        seen.lock().push(result.clone());
+                    }
+                }
+                if seen.lock().len() == 2 {
+                    t.out.complete(Ok(Payload::empty()));
+                } else {
+                    t.out.set_status(Status::Blocked);
+                }
+            }
+            Ok(())
+        });
+        Ok(Box::new(p))
+    };
+    let s = Scheduler::builder().workers(1).provider(Time).provider(Random).kind("child", child).build().unwrap();
+    let (parent, _) = Scripted::new(|t| {
+        if t.step == 0 {
+            let spawn = wasmproc::SpawnRequest {
+                kind: Some("child".into()),
+                method: "main".into(),
+                monitor: true,
+                ..Default::default()
+            };
+            t.out.yield_command(1, Command::Spawn(spawn));
+            t.out.set_status(Status::Blocked);
+        } else if t.events.iter().any(|e| matches!(e, Event::Exit { .. })) {
+            t.out.complete(Ok(Payload::empty()));
+        } else {
+            t.out.set_status(Status::Blocked);
+        }
+        Ok(())
+    });
+    let parent_caps = Capabilities::default().allow("time.*");
+    s.handle()
+        .spawn(parent, SpawnOptions::new("main").capabilities(parent_caps))
+        .unwrap()
+        .join_timeout(HANG)
+        .unwrap()
+        .unwrap();
+    let outcomes = child_outcomes.lock().clone();
+    assert_eq!(outcomes.len(), 2, "{outcomes:?}");
+    assert!(outcomes.iter().any(|o| o.is_ok()), "time.now, granted to the parent: {outcomes:?}");
+    assert!(outcomes.contains(&Err("permission denied: random.bytes".to_owned())), "{outcomes:?}");
+}
