@@ -151,6 +151,8 @@ pub mod guests {
     pub const HOSTILE: &str = env!("GUEST_HOSTILE");
     /// `examples-wasm/inventory`.
     pub const INVENTORY: &str = env!("GUEST_INVENTORY");
+    /// `examples-wasm/ledger`.
+    pub const LEDGER: &str = env!("GUEST_LEDGER");
     /// `examples-wasm/notes`.
     pub const NOTES: &str = env!("GUEST_NOTES");
     /// `examples-wasm/timers`.

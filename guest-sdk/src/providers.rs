@@ -351,6 +351,12 @@ impl Fs {
         self.ctx.call_with("fs.write", json!({ "path": path, "text": text }), |_| Ok(()))
     }
 
+    /// Appends `text` to the file at `path`, creating it if missing (a writable grant
+    /// only).
+    pub fn append(&self, path: &str, text: &str) -> Completion<()> {
+        self.ctx.call_with("fs.write", json!({ "path": path, "text": text, "append": true }), |_| Ok(()))
+    }
+
     /// Creates or replaces the file at `path` with `data` (a writable grant only).
     pub fn write_bytes(&self, path: &str, data: &[u8]) -> Completion<()> {
         self.ctx.call_with("fs.write", json!({ "path": path, "data": data }), |_| Ok(()))

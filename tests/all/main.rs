@@ -24,6 +24,8 @@ mod messages;
 mod providers;
 /// Queue order and fairness: global FIFO, `Continue`, turn budgets.
 mod queues;
+/// Recovery at commit points a group commit rarely separates.
+mod recovery;
 /// The hostile guests: each limit ends only the process that passes it.
 mod sandbox;
 /// Thousands of processes mixing every kind of yield and message (DESIGN 6, 12).

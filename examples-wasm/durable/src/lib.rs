@@ -16,10 +16,22 @@ use wasmproc_guest::prelude::*;
 /// then stops them. Returns the sum of every answer and of every worker's result.
 #[entry]
 async fn main(ctx: Ctx, input: Option<(u32, u32)>) -> Result<u64> {
+    run(ctx, input, "worker").await
+}
+
+/// As `main`, with workers that record each answer through the `ledger.record` command
+/// before they send it: a side effect outside the journal, for a provider to keep
+/// (`examples-wasm/ledger`).
+#[entry]
+async fn ledgered(ctx: Ctx, input: Option<(u32, u32)>) -> Result<u64> {
+    run(ctx, input, "ledgered_worker").await
+}
+
+async fn run(ctx: Ctx, input: Option<(u32, u32)>, worker: &str) -> Result<u64> {
     let (workers, rounds) = input.unwrap_or((4, 5));
     let mut children = Vec::new();
     for _ in 0..workers {
-        children.push(ctx.spawn("worker", ()).await?);
+        children.push(ctx.spawn(worker, ()).await?);
     }
     // The children in the order of a randomly seeded hash map.
     let children: Vec<Pid> = children.iter().map(|&pid| (pid, ())).collect::<HashMap<_, _>>().into_keys().collect();
@@ -46,6 +58,16 @@ async fn main(ctx: Ctx, input: Option<(u32, u32)>) -> Result<u64> {
 /// it answered.
 #[entry]
 async fn worker(ctx: Ctx, _: ()) -> Result<u64> {
+    serve(ctx, false).await
+}
+
+/// As `worker`, recording each answer with `ledger.record` first.
+#[entry]
+async fn ledgered_worker(ctx: Ctx, _: ()) -> Result<u64> {
+    serve(ctx, true).await
+}
+
+async fn serve(ctx: Ctx, ledger: bool) -> Result<u64> {
     let mut answered = 0;
     loop {
         let message = ctx.recv().await?;
@@ -53,6 +75,10 @@ async fn worker(ctx: Ctx, _: ()) -> Result<u64> {
             "n" => {
                 let n: u64 = message.decode()?;
                 ctx.sleep(Duration::from_millis(5)).await;
+                if ledger {
+                    let recorded: u64 = ctx.call("ledger.record", n * n).await?;
+                    ensure!(recorded == n * n, "the ledger recorded {recorded}, not {}", n * n);
+                }
                 ctx.send(message.sender, "answer", n * n).await?;
                 answered += 1;
             }
@@ -62,4 +88,4 @@ async fn worker(ctx: Ctx, _: ()) -> Result<u64> {
     }
 }
 
-wasmproc_guest::export!(main, worker);
+wasmproc_guest::export!(main, worker, ledgered, ledgered_worker);

@@ -23,7 +23,7 @@ use wasmproc::journal::{Journal, JournalSettings};
 use wasmproc::provider::fs::Grant;
 use wasmproc::scheduler::{ProcessHandle, SpawnOptions};
 use wasmproc::wasm::{COMMAND_ENTRY, LogRecord, Program, WasiOptions};
-use wasmproc::{Capabilities, Payload, Scheduler};
+use wasmproc::{Capabilities, Outcome, Payload, Scheduler};
 
 use super::input::{payloads, read_app};
 use super::output::Output;
@@ -182,6 +182,17 @@ enum Root {
     Command(Box<wasmproc::wasm::WasiProcess>),
     /// Resumed from the journal: already running.
     Resumed(ProcessHandle),
+    /// The journal's run had finished before it was reported: its recorded result.
+    Finished(Outcome),
+}
+
+/// A run ready to start: its scheduler, its entry process, the provider components'
+/// scheduler, and its journal.
+struct Prepared {
+    scheduler: Scheduler,
+    root: Root,
+    services: Option<Services>,
+    journal: Option<Journal>,
 }
 
 impl Run {
@@ -193,9 +204,15 @@ impl Run {
         let signals = Signals::listen()?;
         let inputs = payloads(&self.inputs, self.input_file.as_deref(), self.max_payload)?;
         let interrupt = Arc::new(AtomicBool::new(false));
-        let (scheduler, root, services) = self.prepare(inputs, &out, &interrupt)?;
+        let Prepared { scheduler, root, services, journal } = self.prepare(inputs, &out, &interrupt)?;
         signals.started();
         let report = Report::new(self.json, &out, matches!(root, Root::Command(_)));
+        if let Root::Finished(result) = root {
+            scheduler.stop(Duration::ZERO);
+            let code = report.finish(Some(result), None, None);
+            self.forget_finished(journal.as_ref(), &out);
+            return Ok(code);
+        }
         let process = match root.spawn(&scheduler) {
             Ok(process) => process,
             Err(e) => {
@@ -226,17 +243,28 @@ impl Run {
         }
         let summary = self.stats.then(|| Summary::new(stats, start.elapsed(), out.dropped()));
         let flush_by = stop.map(|_| Instant::now() + super::stop::FLUSH_AFTER_STOP).or(deadline);
-        Ok(report.with_summary(summary).finish(root, stop, flush_by))
+        let code = report.with_summary(summary).finish(root, stop, flush_by);
+        self.forget_finished(journal.as_ref(), &out);
+        Ok(code)
+    }
+
+    /// Removes the journal's finished runs once their results are reported (unless
+    /// --keep-finished): a host that dies before this finds the result on its next start
+    /// and reports it again rather than running the workflow again.
+    fn forget_finished(&self, journal: Option<&Journal>, out: &Output) {
+        let Some(journal) = journal.filter(|_| !self.keep_finished) else { return };
+        let forgotten = journal.finished_runs().and_then(|runs| runs.iter().try_for_each(|run| journal.forget(run)));
+        if let Err(error) = forgotten {
+            out.line(format!(
+                "wasmproc: the finished run's records stay in the journal ({error}): the next run with it reports \
+                 its result again"
+            ));
+        }
     }
 
     /// Reads and loads the program, and builds the scheduler that runs it, with the
     /// entry process to spawn on it.
-    fn prepare(
-        &self,
-        inputs: Vec<Payload>,
-        out: &Output,
-        interrupt: &Arc<AtomicBool>,
-    ) -> Result<(Scheduler, Root, Option<Services>), Failure> {
+    fn prepare(&self, inputs: Vec<Payload>, out: &Output, interrupt: &Arc<AtomicBool>) -> Result<Prepared, Failure> {
         let served: Vec<String> = self
             .providers
             .providers
@@ -270,6 +298,7 @@ impl Run {
             builder = builder.workers(workers as usize);
         }
         let mut services = None;
+        let mut journal = None;
         let root = match program {
             Program::Process(component) => {
                 let method = self.entry_method(component.entries())?;
@@ -289,10 +318,14 @@ impl Run {
                 }
                 builder = builder.kind("app", component);
                 if let Some(dir) = &self.journal {
+                    // The host keeps finished runs; the run removes them once it has
+                    // reported their results (`forget_finished`).
                     let mut settings = JournalSettings::default();
-                    settings.keep_finished = self.keep_finished;
-                    let journal = Journal::open(dir).map_err(|e| Failure::new(Exit::Host, format!("{e}")))?;
-                    builder = builder.journal(journal.settings(settings));
+                    settings.keep_finished = true;
+                    let opened = Journal::open(dir).map_err(|e| Failure::new(Exit::Host, format!("{e}")))?;
+                    let opened = opened.settings(settings);
+                    builder = builder.journal(opened.clone());
+                    journal = Some(opened);
                 }
                 Root::Process { method, inputs }
             }
@@ -315,7 +348,10 @@ impl Run {
             builder.build().map_err(|e| Failure::new(Exit::Host, format!("cannot start the scheduler: {e:#}")))?;
         let mut resumed = scheduler.resumed();
         let root = match resumed.len() {
-            0 => root,
+            0 => match self.finished_run(journal.as_ref(), out) {
+                Some(result) => Root::Finished(result),
+                None => root,
+            },
             1 => {
                 let process = resumed.remove(0);
                 if let Some(dir) = &self.journal {
@@ -335,7 +371,20 @@ impl Run {
                 ));
             }
         };
-        Ok((scheduler, root, services))
+        Ok(Prepared { scheduler, root, services, journal })
+    }
+
+    /// The result of a run the journal holds finished but unreported (the host died
+    /// between the two), to report instead of running again.
+    fn finished_run(&self, journal: Option<&Journal>, out: &Output) -> Option<Outcome> {
+        let runs = journal?.finished_runs().ok()?;
+        let run = runs.into_iter().next()?;
+        out.line(format!(
+            "wasmproc: the run in {} had finished (process {}); its result, from the journal",
+            self.journal.as_ref()?.display(),
+            run.root
+        ));
+        Some(run.result)
     }
 
     /// The entry method of a process component: `--method`, else `main`, which must be
@@ -395,6 +444,7 @@ impl Root {
                 scheduler.handle().spawn(Spawnable::kind("app"), SpawnOptions::new(&method).input(inputs))
             }
             Root::Resumed(process) => Ok(process),
+            Root::Finished(_) => unreachable!("a finished run is reported, not spawned"),
             Root::Command(process) => {
                 scheduler.handle().spawn(process as Box<dyn wasmproc::Process>, SpawnOptions::new(COMMAND_ENTRY))
             }

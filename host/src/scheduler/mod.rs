@@ -78,7 +78,7 @@ pub use self::handle::{Handle, ProcessHandle, SpawnOptions, Spawnable};
 pub use self::port::Port;
 use self::process::Pid;
 pub use self::process::{Command, Event, Events, Outcome, Process, SpawnRequest, Status, StepOutput, Yield};
-pub use self::record::History;
+pub use self::record::{FinishedRun, History};
 pub use self::stats::{Stats, WorkerStats, YieldCounts};
 
 /// The scheduler: owns the worker threads. Dropping it stops it with no grace period

@@ -12,9 +12,10 @@ use wasmproc_types::Format;
 
 use super::caps::Capabilities;
 use super::process::{Command, Event, Outcome, Payload, Pid, SpawnRequest, Status, Yield};
+use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 
-use crate::journal::{FORMAT_VERSION, Journal, Key, Malformed, Reader, Writer};
+use crate::journal::{Batch, FORMAT_VERSION, Journal, Key, Malformed, Reader, Writer};
 
 const SPAWN: u8 = 1;
 const STEP: u8 = 2;
@@ -91,7 +92,92 @@ pub struct History {
     pub records: Vec<String>,
 }
 
+/// A run the journal holds whose every process has ended: a process the embedder spawned
+/// (its root) and everything spawned under it.
+#[derive(Debug, Clone)]
+pub struct FinishedRun {
+    /// The process the embedder spawned.
+    pub root: Pid,
+    /// Its recorded result.
+    pub result: Outcome,
+    /// Every process of the run, with how many records it has.
+    members: Vec<(Pid, u64)>,
+}
+
 impl Journal {
+    /// The runs whose every process has ended and whose records are still held (a host
+    /// with [`JournalSettings::keep_finished`](crate::journal::JournalSettings), or one
+    /// that stopped before it removed them). A host that reports results reads a run
+    /// here that finished before it could report it, rather than running it again.
+    ///
+    /// # Errors
+    ///
+    /// The store's read error, or a damaged record (named by its key).
+    pub fn finished_runs(&self) -> std::io::Result<Vec<FinishedRun>> {
+        // Per process: its parent, its result once ended, and its record count.
+        let mut processes: BTreeMap<Pid, (Option<Pid>, Option<Outcome>, u64)> = BTreeMap::new();
+        let mut failure = None;
+        self.store.scan(Key { process: 1, seq: 0 }, &mut |key, value| {
+            let pid = Pid::from_u64(key.process);
+            let entry = processes.entry(pid).or_insert((None, None, 0));
+            entry.2 = entry.2.max(key.seq + 1);
+            match Record::decode(value) {
+                Ok(Record::Spawn(spawn)) => entry.0 = Some(spawn.parent),
+                Ok(Record::Exit(result)) => entry.1 = Some(result),
+                Ok(_) => {}
+                Err(error) => {
+                    failure = Some(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("record {} of process {}: {error}", key.seq, key.process),
+                    ));
+                    return ControlFlow::Break(());
+                }
+            }
+            ControlFlow::Continue(())
+        })?;
+        if let Some(failure) = failure {
+            return Err(failure);
+        }
+        // Each process's root: up its parents to one the embedder spawned. A chain that
+        // leaves the journal or loops has no root, and keeps its run unfinished.
+        let root_of = |mut pid: Pid| {
+            for _ in 0..=processes.len() {
+                match processes.get(&pid)?.0? {
+                    parent if parent == Pid::HOST => return Some(pid),
+                    parent => pid = parent,
+                }
+            }
+            None
+        };
+        let mut runs: BTreeMap<Pid, (bool, Vec<(Pid, u64)>)> = BTreeMap::new();
+        for (pid, (_, result, records)) in &processes {
+            if let Some(root) = root_of(*pid) {
+                let run = runs.entry(root).or_insert((true, Vec::new()));
+                run.0 &= result.is_some();
+                run.1.push((*pid, *records));
+            }
+        }
+        Ok(runs
+            .into_iter()
+            .filter(|(_, (ended, _))| *ended)
+            .filter_map(|(root, (_, members))| {
+                let result = processes.get(&root)?.1.clone()?;
+                Some(FinishedRun { root, result, members })
+            })
+            .collect())
+    }
+
+    /// Removes the records of `run`, synced: once this returns, a start with this
+    /// journal no longer finds it.
+    ///
+    /// # Errors
+    ///
+    /// The store's write error; the run's records are then still there.
+    pub fn forget(&self, run: &FinishedRun) -> std::io::Result<()> {
+        let removals = run.members.iter().map(|(pid, records)| (pid.as_u64(), *records)).collect();
+        self.store.commit(&Batch { puts: Vec::new(), removals }, true)
+    }
+
     /// Every process the journal holds, in pid order, with its records decoded.
     ///
     /// # Errors

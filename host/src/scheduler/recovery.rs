@@ -307,6 +307,21 @@ impl Plan {
         }
         for (pid, status) in replayed {
             let cell = &cells[&pid];
+            // Its last recorded step completed it, and the host died before its exit was
+            // recorded: the replay gave the result again, so it ends with it now rather
+            // than being stepped past its end.
+            if let Some(Status::Complete(result)) = status {
+                let result = match &result {
+                    Ok(payload) => shared
+                        .settings
+                        .limits
+                        .check_payload(payload.data.len(), "the result")
+                        .map_or_else(Err, |()| result),
+                    Err(_) => result,
+                };
+                shared.end(cell, Some(result));
+                continue;
+            }
             let target = match status {
                 Some(Status::Blocked) => Some(Lifecycle::Blocked),
                 Some(Status::Idle) => Some(Lifecycle::Idle),

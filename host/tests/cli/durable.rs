@@ -5,7 +5,9 @@
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use wasmproc_tests::guests::{DURABLE, WASI_CLI};
+use std::collections::HashMap;
+
+use wasmproc_tests::guests::{DURABLE, LEDGER, WASI_CLI};
 
 use super::{run, scratch, wasmproc};
 
@@ -76,6 +78,88 @@ fn a_run_killed_at_random_moments_resumes_to_the_uncrashed_result() {
         );
     }
     eprintln!("{all_kills} kills in {} runs, every one resumed to {EXPECTED}", CRASHES * scale);
+}
+
+/// The command line of a durable run of the `ledgered` entry, its ledger in `out`.
+fn ledgered(journal: &str, out: &str) -> Vec<String> {
+    let provider = format!("ledger={LEDGER}");
+    let grant = format!("{out}::/ledger");
+    ["run", DURABLE, "--method", "ledgered", "--journal", journal, "--provider", &provider, "--dir-rw", &grant]
+        .map(str::to_owned)
+        .to_vec()
+}
+
+/// The ledger's lines, `KEY VALUE`, as how many times each key was recorded and its
+/// value (which every record of a key must agree on).
+fn ledger_counts(out: &std::path::Path) -> HashMap<String, (u64, String)> {
+    let text = std::fs::read_to_string(out.join("records.txt")).unwrap_or_default();
+    let mut counts: HashMap<String, (u64, String)> = HashMap::new();
+    for line in text.lines() {
+        let (key, value) = line.split_once(' ').unwrap_or_else(|| panic!("a ledger line is `KEY VALUE`: {line:?}"));
+        let entry = counts.entry(key.to_owned()).or_insert((0, value.to_owned()));
+        assert_eq!(entry.1, value, "the command {key} was carried out again with another input");
+        entry.0 += 1;
+    }
+    counts
+}
+
+/// A side effect outside the journal, through a provider component: every `ledger.record`
+/// a worker yields is appended to a file with its idempotency key before it is answered.
+/// However often the host is killed, each of the 20 commands is in the file, every record
+/// of one command has its key and input, and a command is carried out again only if it
+/// was in flight at a kill: never more often than the kills, never more than the four
+/// that can be in flight at once per kill (a command whose completion was journaled is
+/// never carried out again).
+#[test]
+fn commands_with_effects_are_repeated_only_when_in_flight_at_a_crash_with_the_same_key() {
+    let scale: u64 = std::env::var("WASMPROC_FUZZ_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let dir = scratch("durable-ledger");
+    let (journal, out) = (dir.join("clean"), dir.join("clean-out"));
+    std::fs::create_dir_all(&out).unwrap();
+    let args = ledgered(journal.to_str().unwrap(), out.to_str().unwrap());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let started = Instant::now();
+    let ran = run(&args).expect(0);
+    assert_eq!(ran.stdout.trim(), EXPECTED);
+    let whole = started.elapsed().as_millis() as u64;
+    let clean = ledger_counts(&out);
+    assert_eq!(clean.len(), 20, "four workers, five answers each: {clean:?}");
+    assert!(clean.values().all(|(count, _)| *count == 1), "{clean:?}");
+
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let mut moments = Moments(seed);
+    let mut repeats = 0;
+    for crash in 0..CRASHES * scale {
+        let (journal, out) = (dir.join(format!("crash-{crash}")), dir.join(format!("crash-{crash}-out")));
+        std::fs::create_dir_all(&out).unwrap();
+        let args = ledgered(journal.to_str().unwrap(), out.to_str().unwrap());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut killed = 0;
+        let mut finished = None;
+        for _ in 0..1 + moments.below(3) {
+            let mut child =
+                wasmproc(&args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+            std::thread::sleep(Duration::from_millis(moments.below(whole)));
+            if child.try_wait().unwrap().is_some() {
+                // Finished before its kill: another start would begin a new run.
+                finished = Some(super::finish(child.wait_with_output().unwrap()));
+                break;
+            }
+            child.kill().unwrap();
+            child.wait().unwrap();
+            killed += 1;
+        }
+        let ran = finished.unwrap_or_else(|| run(&args));
+        let context = format!("seed {seed}, crash {crash} after {killed} kills");
+        assert_eq!((ran.code, ran.stdout.trim()), (0, EXPECTED), "{context}; stderr: {}", ran.stderr);
+        let counts = ledger_counts(&out);
+        assert_eq!(counts.len(), 20, "{context}: every command carried out: {counts:?}");
+        let extra: u64 = counts.values().map(|(count, _)| count - 1).sum();
+        assert!(counts.values().all(|(count, _)| *count <= 1 + killed), "{context}: {counts:?}");
+        assert!(extra <= 4 * killed, "{context}: {extra} repeats: {counts:?}");
+        repeats += extra;
+    }
+    eprintln!("{} runs, {repeats} commands carried out again, each in flight at a kill", CRASHES * scale);
 }
 
 #[test]
