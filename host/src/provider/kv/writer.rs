@@ -217,7 +217,7 @@ impl<'a> Group<'a> {
             return Err(Failure::new(
                 ErrorCode::Limit,
                 format!(
-                    "the store holds {} keys, the most `max_keys` ({}) allows: delete one to add `{}`",
+                    "the store holds {} keys, the most `max_keys` (--kv-max-keys) of {} allows: delete one to add `{}`",
                     self.totals.keys,
                     self.settings.max_keys,
                     shown(key)
@@ -230,7 +230,7 @@ impl<'a> Group<'a> {
             return Err(Failure::new(
                 ErrorCode::Limit,
                 format!(
-                    "writing `{}` would make the store {bytes} bytes of keys and values, over `max_bytes` ({})",
+                    "writing `{}` would make the store {bytes} bytes of keys and values, over `max_bytes` (--kv-max-bytes) of {}",
                     shown(key),
                     self.settings.max_bytes
                 ),
