@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use wasmproc::journal::{Batch, Durability, Journal, JournalSettings, Key, MemoryStore, Store};
+use wasmproc::journal::{Batch, Durability, FjallStore, Journal, JournalSettings, Key, LogStore, MemoryStore, Store};
 use wasmproc::scheduler::SpawnOptions;
 use wasmproc::{Capabilities, Command, Event, Payload, Scheduler, Status};
 use wasmproc_tests::Scripted;
@@ -191,38 +191,73 @@ fn a_failed_sync_runs_no_effect_ends_the_process_and_refuses_later_spawns() {
     scheduler.stop(Duration::from_secs(1));
 }
 
+/// Opens a journal on a store in a directory.
+type Open = fn(&std::path::Path) -> io::Result<Journal>;
+
+/// The stores on disk: the log (what `Journal::open` makes in a new directory) and fjall
+/// (what it opens in a directory fjall wrote).
+fn disk_stores() -> [(&'static str, Open); 2] {
+    [
+        ("log", |dir| Ok(Journal::with_store(LogStore::open(dir)?))),
+        ("fjall", |dir| Ok(Journal::with_store(FjallStore::open(dir)?))),
+    ]
+}
+
 #[test]
-fn the_default_store_keeps_the_history_across_a_reopen() {
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("journal-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let pid = {
-        let mut settings = keep_finished();
-        settings.durability = Durability::Sync;
-        let journal = Journal::open(&dir).unwrap().settings(settings);
-        let scheduler = Scheduler::builder().workers(1).journal(journal).build().unwrap();
-        let (sleeper, _) = Scripted::new(|t| {
-            if t.step == 0 {
-                t.out.yield_command(1, Command::Sleep(Duration::from_millis(5)));
-            } else {
-                t.out.set_status(Status::Complete(Ok(Payload::u64(t.step as u64))));
-            }
-            Ok(())
-        });
-        let options = SpawnOptions::new("main").input(vec![Payload::text("in")]);
-        let process = scheduler.handle().spawn(sleeper, options).unwrap();
-        assert_eq!(process.join_timeout(HANG).unwrap(), Ok(Payload::u64(1)));
-        let stats = scheduler.handle().journal_stats().unwrap();
-        assert!(stats.records >= 4 && stats.commits >= 1, "{stats:?}");
-        scheduler.stop(Duration::from_secs(1));
-        process.pid()
-    };
-    let history = Journal::open(&dir).unwrap().history().unwrap();
-    assert_eq!(history.len(), 1);
-    assert_eq!(history[0].pid, pid);
-    assert_eq!(history[0].result, Some(Ok(Payload::u64(1))));
-    assert!(history[0].records[0].contains("Text") || history[0].records[0].contains("in"), "{:?}", history[0].records);
-    assert!(history[0].records[1].contains("Sleep(5ms)"), "{:?}", history[0].records);
-    std::fs::remove_dir_all(&dir).unwrap();
+fn each_store_on_disk_keeps_the_history_across_a_reopen() {
+    for (name, open) in disk_stores() {
+        let dir =
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("journal-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let pid = {
+            let mut settings = keep_finished();
+            settings.durability = Durability::Sync;
+            let journal = open(&dir).unwrap().settings(settings);
+            let scheduler = Scheduler::builder().workers(1).journal(journal).build().unwrap();
+            let (sleeper, _) = Scripted::new(|t| {
+                if t.step == 0 {
+                    t.out.yield_command(1, Command::Sleep(Duration::from_millis(5)));
+                } else {
+                    t.out.set_status(Status::Complete(Ok(Payload::u64(t.step as u64))));
+                }
+                Ok(())
+            });
+            let options = SpawnOptions::new("main").input(vec![Payload::text("in")]);
+            let process = scheduler.handle().spawn(sleeper, options).unwrap();
+            assert_eq!(process.join_timeout(HANG).unwrap(), Ok(Payload::u64(1)));
+            let stats = scheduler.handle().journal_stats().unwrap();
+            assert!(stats.records >= 4 && stats.commits >= 1, "{name}: {stats:?}");
+            scheduler.stop(Duration::from_secs(1));
+            process.pid()
+        };
+        // Reopened by the same store, and by `Journal::open`, which tells them apart.
+        let reopen = |open: Open| open(&dir).unwrap().history().unwrap();
+        for history in [reopen(open), reopen(|dir| Journal::open(dir))] {
+            assert_eq!(history.len(), 1, "{name}");
+            assert_eq!(history[0].pid, pid);
+            assert_eq!(history[0].result, Some(Ok(Payload::u64(1))));
+            let records = &history[0].records;
+            assert!(records[0].contains("Text") || records[0].contains("in"), "{name}: {records:?}");
+            assert!(records[1].contains("Sleep(5ms)"), "{name}: {records:?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[test]
+fn a_journal_is_opened_by_one_host_at_a_time() {
+    for (name, open) in disk_stores() {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("journal-locked-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let first = open(&dir).unwrap();
+        let error = Journal::open(&dir).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::ResourceBusy, "{name}: {error}");
+        assert!(error.to_string().contains("one host at a time"), "{name}: {error}");
+        drop(first);
+        Journal::open(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
 
 /// Counts what reaches the outside world, across a crash: the `effect` command's calls

@@ -34,14 +34,19 @@
 //!
 //! # On disk
 //!
-//! A [`Store`]: by default [`FjallStore`], a directory of its own. Record keys are
-//! (process, sequence); values start with [`FORMAT_VERSION`]. Process 0 is reserved for
-//! the journal's own metadata. Records are only appended and read back in order, so a
+//! A [`Store`]: by default [`LogStore`], an append-only log in a directory of its own (one
+//! frame, checksummed, a group commit; a torn last commit dropped on opening; compacted
+//! on a thread of its own). [`Journal::open`] still opens a directory that
+//! [`FjallStore`] wrote with fjall, the default before the log (see `BENCHMARKS.md`, "The
+//! journal's store", for the measurements that chose each). Record keys are (process,
+//! sequence); values start with [`FORMAT_VERSION`]. Process 0 is reserved for the
+//! journal's own metadata. Records are only appended and read back in order, so a
 //! snapshot of a process (its memory at step N) can later replace the records before it
 //! without changing the format of the others.
 
 mod codec;
 mod committer;
+mod log;
 mod store;
 
 use std::path::Path;
@@ -52,6 +57,7 @@ pub use self::codec::Malformed;
 pub(crate) use self::codec::{Reader, Writer};
 pub use self::committer::{CommitError, CommitStats};
 pub(crate) use self::committer::{Committer, OnCommit};
+pub use self::log::{LOG_VERSION, LogStore};
 pub use self::store::{Batch, FjallStore, Key, MemoryStore, Store};
 
 /// The first byte of every record value: a journal written by a later format is refused
@@ -112,7 +118,8 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// Opens (or creates) the default store in `dir`.
+    /// Opens (or creates) the journal in `dir`: a [`LogStore`], or, in a directory that
+    /// [`FjallStore`] wrote (told by its files), that store.
     ///
     /// A journal decides what its processes are resumed with (their input, their grants,
     /// every event), so its directory must be this user's alone: it is created private
@@ -120,23 +127,30 @@ impl Journal {
     ///
     /// # Errors
     ///
-    /// The directory cannot be created or read, is not private to this user, or holds a
-    /// damaged store.
+    /// The directory cannot be created or read, is not private to this user, is in use by
+    /// another process, was written by an unknown version of the store's format, or holds
+    /// a damaged store.
     pub fn open(dir: impl AsRef<Path>) -> std::io::Result<Journal> {
         let dir = dir.as_ref();
         private_dir(dir, "the journal", "a journal decides what its processes resume with")?;
-        let store = FjallStore::open(dir).map_err(|error| {
+        let store: std::io::Result<Arc<dyn Store>> = if written_by_fjall(dir) {
+            FjallStore::open(dir).map(|store| Arc::new(store) as Arc<dyn Store>)
+        } else {
+            LogStore::open(dir).map(|store| Arc::new(store) as Arc<dyn Store>)
+        };
+        let store = store.map_err(|error| {
             let hint = match error.kind() {
                 std::io::ErrorKind::NotFound
                 | std::io::ErrorKind::PermissionDenied
-                | std::io::ErrorKind::ResourceBusy => "",
+                | std::io::ErrorKind::ResourceBusy
+                | std::io::ErrorKind::Unsupported => "",
                 // A torn tail is repaired on opening; what is left is damage that would
                 // make a resumed run wrong.
                 _ => " (it is damaged: move the directory aside to start afresh)",
             };
             std::io::Error::new(error.kind(), format!("cannot open the journal in {}{hint}: {error}", dir.display()))
         })?;
-        Ok(Journal::with_store(store))
+        Ok(Journal { store, settings: JournalSettings::default() })
     }
 
     /// A journal on `store`.
@@ -191,6 +205,12 @@ pub(crate) fn private_dir(dir: &Path, what: &str, why: &str) -> std::io::Result<
         )));
     }
     Ok(())
+}
+
+/// Whether `dir` holds a journal that [`FjallStore`] wrote: fjall's `version` file and
+/// `keyspaces` directory, which a [`LogStore`] never makes.
+pub(crate) fn written_by_fjall(dir: &Path) -> bool {
+    dir.join("version").is_file() && dir.join("keyspaces").is_dir()
 }
 
 impl std::fmt::Debug for Journal {

@@ -1,6 +1,7 @@
-//! Where the journal's records live: the [`Store`] trait, and [`FjallStore`], the default
-//! (an embedded log-structured store; see `BENCHMARKS.md`, "The journal's store", for the
-//! measurements that chose it).
+//! Where the journal's records live: the [`Store`] trait, [`MemoryStore`], and
+//! [`FjallStore`] (an embedded log-structured store), the default before
+//! [`LogStore`](super::LogStore) (see `BENCHMARKS.md`, "The journal's store", for the
+//! measurements that chose each).
 
 use std::io;
 use std::ops::ControlFlow;
@@ -145,9 +146,10 @@ impl<S: Store> Store for std::sync::Arc<S> {
     }
 }
 
-/// The default [`Store`]: a [fjall](https://docs.rs/fjall) database in a directory of its
-/// own. Its write-ahead log checksums every batch and, on opening, drops a torn tail back
-/// to the last whole batch.
+/// A [`Store`] in a [fjall](https://docs.rs/fjall) database in a directory of its own. Its
+/// write-ahead log checksums every batch and, on opening, drops a torn tail back to the
+/// last whole batch. [`Journal::open`](super::Journal::open) opens a directory it wrote
+/// with it; a new one gets a [`LogStore`](super::LogStore), which commits 2–3× faster.
 pub struct FjallStore {
     db: fjall::Database,
     records: fjall::Keyspace,

@@ -1,8 +1,12 @@
-//! Durable processes: the same Wasm workloads with and without a journal (fjall on this
-//! machine's disk, every group commit synced), what the journal writes, how long a
-//! commit makes a command wait, and how long a host takes to resume 10,000 processes of
-//! 100 steps each. The limit to compare with: the store's own synced, batched write rate
-//! on records of the size a step writes.
+//! Durable processes: the same Wasm workloads with and without a journal (on this
+//! machine's disk, every group commit synced), what the journal writes, how long a commit
+//! makes a command wait, and how long a host takes to resume 10,000 processes of 100 steps
+//! each. The limit to compare with: each store's own synced, batched write rate on records
+//! of the size a step writes.
+//!
+//! The stores: `log` ([`LogStore`], what `Journal::open` makes) and `fjall`
+//! ([`FjallStore`]). `DURABLE_STORE=log` or `=fjall` measures one of them; by default
+//! both, the cycles and the store's rate on each, the other benchmarks on the first.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use wasmproc::handler::{Completer, Request};
-use wasmproc::journal::{Batch, FjallStore, Journal, JournalSettings, Key, Store};
+use wasmproc::journal::{Batch, FjallStore, Journal, JournalSettings, Key, LogStore, Store};
 use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::wasm::{Component, Config, Runtime};
 use wasmproc::{Capabilities, Command, Events, Payload, Port, Process, Scheduler, Status, StepOutput};
@@ -138,8 +142,7 @@ impl Process for Waits {
 }
 
 /// The store alone: `records` records of `size` bytes in synced batches of `group`.
-fn store_rate(dir: &Path, records: u64, size: usize, group: u64) -> Duration {
-    let store = FjallStore::open(dir).expect("the store opens");
+fn store_rate(store: &dyn Store, records: u64, size: usize, group: u64) -> Duration {
     let value = vec![0x5a; size];
     let start = Instant::now();
     let mut seq = 0;
@@ -154,78 +157,128 @@ fn store_rate(dir: &Path, records: u64, size: usize, group: u64) -> Duration {
     start.elapsed()
 }
 
+/// The stores to measure (`DURABLE_STORE`): the first is the one of every benchmark,
+/// the others are measured on the cycles and on their own rate.
+fn stores() -> Vec<&'static str> {
+    match std::env::var("DURABLE_STORE").as_deref() {
+        Ok("log") => vec!["log"],
+        Ok("fjall") => vec!["fjall"],
+        Ok(other) if !other.is_empty() => panic!("`DURABLE_STORE={other}`: expected `log` or `fjall`"),
+        _ => vec!["log", "fjall"],
+    }
+}
+
+/// A journal on the store of kind `store` in `dir`.
+fn open_journal(store: &str, dir: &Path) -> Journal {
+    match store {
+        "fjall" => Journal::with_store(FjallStore::open(dir).expect("the store opens")),
+        _ => Journal::with_store(LogStore::open(dir).expect("the store opens")),
+    }
+}
+
 pub fn run(options: &Options, report: &mut Report) {
     let scale = if options.quick { 10 } else { 1 };
     let (processes, each) = (200 / scale, 500);
     let lifecycle_count = 20_000 / scale;
-    let cycles_name = format!("durable/cycles-{}x{}-w{}", short(processes), short(each), options.workers);
+    let stores = stores();
+    let cycles_name =
+        |store: &str| format!("durable/cycles-{}x{}-w{}-{store}", short(processes), short(each), options.workers);
+    let store_name = |store: &str| format!("durable/store-synced-records-{store}");
     let lifecycle_name = format!("durable/lifecycle-{}-w{}", short(lifecycle_count), options.workers);
     let latency_name = "durable/commit-wait-p50".to_owned();
-    let store_name = "durable/store-synced-records".to_owned();
     let recovery_name = format!("durable/recovery-{}x{}", short(RECOVERY_PROCESSES), RECOVERY_STEPS);
-    let names = [&cycles_name, &lifecycle_name, &latency_name, &store_name, &recovery_name];
+    let mut names = vec![lifecycle_name.clone(), latency_name.clone(), recovery_name.clone()];
+    names.extend(stores.iter().flat_map(|store| [cycles_name(store), store_name(store)]));
     if !names.iter().any(|name| options.selected(name)) {
         return;
     }
     let bytes = std::fs::read(GUEST).unwrap_or_else(|e| panic!("failed to read `{GUEST}`: {e}"));
     let bytes = component(&bytes);
     let memory = scheduler(&bytes, options.workers, None, None);
-    let dir = journal_dir("runs");
     let mut settings = JournalSettings::default();
     if let Some(us) = std::env::var("DURABLE_WINDOW_US").ok().and_then(|v| v.parse().ok()) {
         settings.group_window = Duration::from_micros(us);
     }
-    let journal = Journal::open(&dir).expect("the journal opens").settings(settings);
-    let durable = scheduler(&bytes, options.workers, Some(journal), None);
 
-    if options.selected(&cycles_name) {
-        let before = durable.handle().journal_stats().expect("durable");
-        let (ours, theirs) = measure_pair(options.runs, WARMUP, &mut || cycles(&durable, processes, each), &mut || {
-            cycles(&memory, processes, each)
-        });
-        let after = durable.handle().journal_stats().expect("durable");
-        let steps = processes * each;
-        let record = Record::rate(&cycles_name, "steps/s", steps, &ours, Some(&theirs));
-        report.push(record.goal(Condition::ratio_at_most(2.0)));
-        let runs = (options.runs + WARMUP) as u64;
-        let (records, bytes, commits) =
-            (after.records - before.records, after.bytes - before.bytes, after.commits - before.commits);
-        println!(
-            "  durable cycles: {} bytes a record, {:.0} records a commit, {} synced commits/s, {} records/s",
-            bytes / records.max(1),
-            records as f64 / commits.max(1) as f64,
-            short((commits as f64 / (ours.median.as_secs_f64() * runs as f64)) as u64),
-            short((records as f64 / (ours.median.as_secs_f64() * runs as f64)) as u64),
-        );
+    for (i, store) in stores.iter().enumerate() {
+        let first = i == 0;
+        let cycles_name = cycles_name(store);
+        let wanted = options.selected(&cycles_name)
+            || first && (options.selected(&lifecycle_name) || options.selected(&latency_name));
+        if !wanted {
+            continue;
+        }
+        let journal = open_journal(store, &journal_dir(&format!("runs-{store}"))).settings(settings.clone());
+        let durable = scheduler(&bytes, options.workers, Some(journal), None);
+        if options.selected(&cycles_name) {
+            let before = durable.handle().journal_stats().expect("durable");
+            let (ours, theirs) =
+                measure_pair(options.runs, WARMUP, &mut || cycles(&durable, processes, each), &mut || {
+                    cycles(&memory, processes, each)
+                });
+            let after = durable.handle().journal_stats().expect("durable");
+            let steps = processes * each;
+            let record = Record::rate(&cycles_name, "steps/s", steps, &ours, Some(&theirs));
+            report.push(record.goal(Condition::ratio_at_most(2.0)));
+            let runs = (options.runs + WARMUP) as u64;
+            let (records, bytes, commits) =
+                (after.records - before.records, after.bytes - before.bytes, after.commits - before.commits);
+            println!(
+                "  durable cycles on {store}: {} bytes a record, {:.0} records a commit, {} synced commits/s, {} \
+                 records/s",
+                bytes / records.max(1),
+                records as f64 / commits.max(1) as f64,
+                short((commits as f64 / (ours.median.as_secs_f64() * runs as f64)) as u64),
+                short((records as f64 / (ours.median.as_secs_f64() * runs as f64)) as u64),
+            );
+        }
+        if first && options.selected(&lifecycle_name) {
+            let (ours, theirs) =
+                measure_pair(options.runs, WARMUP, &mut || lifecycles(&durable, lifecycle_count), &mut || {
+                    lifecycles(&memory, lifecycle_count)
+                });
+            let record = Record::rate(&lifecycle_name, "lifecycles/s", lifecycle_count, &ours, Some(&theirs));
+            report.push(record.goal(Condition::ratio_at_most(2.0)));
+        }
+        if first && options.selected(&latency_name) {
+            let waits = Waits { left: 2_000 / scale, last: None, waits: Vec::new() };
+            let result = durable.handle().spawn(waits, "main").expect("starts").join().expect("ends");
+            let [p50, p99]: [u64; 2] = result.parse_json().expect("two figures");
+            println!(
+                "  commit wait of a command on {store}: p50 {:.3} ms, p99 {:.3} ms",
+                p50 as f64 / 1e6,
+                p99 as f64 / 1e6
+            );
+            report.push(Record::single(&latency_name, "ms", p50 as f64 / 1e6));
+            report.push(Record::single("durable/commit-wait-p99", "ms", p99 as f64 / 1e6));
+        }
+        durable.stop(Duration::from_secs(1));
     }
-    if options.selected(&lifecycle_name) {
-        let (ours, theirs) =
-            measure_pair(options.runs, WARMUP, &mut || lifecycles(&durable, lifecycle_count), &mut || {
-                lifecycles(&memory, lifecycle_count)
-            });
-        let record = Record::rate(&lifecycle_name, "lifecycles/s", lifecycle_count, &ours, Some(&theirs));
-        report.push(record.goal(Condition::ratio_at_most(2.0)));
-    }
-    if options.selected(&latency_name) {
-        let waits = Waits { left: 2_000 / scale, last: None, waits: Vec::new() };
-        let result = durable.handle().spawn(waits, "main").expect("starts").join().expect("ends");
-        let [p50, p99]: [u64; 2] = result.parse_json().expect("two figures");
-        println!("  commit wait of a command: p50 {:.3} ms, p99 {:.3} ms", p50 as f64 / 1e6, p99 as f64 / 1e6);
-        report.push(Record::single(&latency_name, "ms", p50 as f64 / 1e6));
-        report.push(Record::single("durable/commit-wait-p99", "ms", p99 as f64 / 1e6));
-    }
-    durable.stop(Duration::from_secs(1));
     memory.stop(Duration::from_secs(1));
-    if options.selected(&store_name) {
-        // Records of a cycle step's size, in groups of the size the cycles made.
-        let records = 200_000 / scale;
-        let elapsed = store_rate(&journal_dir("store"), records, 200, 64);
-        report.push(Record::single(&store_name, "records/s", records as f64 / elapsed.as_secs_f64()));
+
+    // Records of a cycle step's size, in groups of the size the cycles made; the stores
+    // alternate, three runs each, so that the disk's drift affects them alike.
+    let rated: Vec<&str> = stores.iter().copied().filter(|store| options.selected(&store_name(store))).collect();
+    let records = 200_000 / scale;
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); rated.len()];
+    for _ in 0..3 {
+        for (store, rates) in rated.iter().zip(&mut rates) {
+            let opened = open_journal(store, &journal_dir(&format!("store-{store}")));
+            let elapsed = store_rate(&**opened.store(), records, 200, 64);
+            rates.push(records as f64 / elapsed.as_secs_f64());
+        }
     }
+    for (store, mut rates) in rated.iter().zip(rates) {
+        rates.sort_by(f64::total_cmp);
+        println!("  {store} alone, synced batches of 64 records of 200 bytes: {:.0?} records/s", rates);
+        report.push(Record::single(store_name(store), "records/s", rates[rates.len() / 2]));
+    }
+
     if options.selected(&recovery_name) {
+        let store = stores[0];
         let dir = journal_dir("recovery");
         let held = Arc::new(Held::default());
-        let s = scheduler(&bytes, options.workers, Some(Journal::open(&dir).expect("opens")), Some(held.clone()));
+        let s = scheduler(&bytes, options.workers, Some(open_journal(store, &dir)), Some(held.clone()));
         for _ in 0..RECOVERY_PROCESSES / scale {
             let options = SpawnOptions::new("cycles").input(vec![Payload::u64(RECOVERY_STEPS + 1)]);
             s.handle().spawn(Spawnable::kind("bench"), options).expect("starts");
@@ -241,12 +294,12 @@ pub fn run(options: &Options, report: &mut Report) {
         // From opening the journal to every process resumed: reading every record,
         // making every process again, replaying every step, rewiring what was under way.
         let start = Instant::now();
-        let journal = Journal::open(&dir).expect("opens");
+        let journal = open_journal(store, &dir);
         let opened = start.elapsed();
         let resumed = scheduler(&bytes, options.workers, Some(journal), None);
         let elapsed = start.elapsed();
         println!(
-            "  resume: the journal opened in {} ms, every process resumed {} ms later",
+            "  resume on {store}: the journal opened in {} ms, every process resumed {} ms later",
             opened.as_millis(),
             (elapsed - opened).as_millis()
         );
