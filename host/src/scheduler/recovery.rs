@@ -52,57 +52,100 @@ pub(super) struct Plan {
     children: HashMap<(Pid, u64, u64), Pid>,
 }
 
+/// The histories of the processes from `from` up to (not including) `to`.
+fn read_range(journal: &Journal, from: u64, to: Option<u64>) -> anyhow::Result<BTreeMap<Pid, Saved>> {
+    let mut saved: BTreeMap<Pid, Saved> = BTreeMap::new();
+    // The history being read: records come in key order, so a process's records are
+    // together, and it goes into `saved` once the next process's begin.
+    let mut current: Option<(Pid, Saved)> = None;
+    let mut failure = None;
+    journal.store.scan(Key { process: from, seq: 0 }, &mut |key, value| {
+        if to.is_some_and(|to| key.process >= to) {
+            return ControlFlow::Break(());
+        }
+        let pid = Pid::from_u64(key.process);
+        let record = match Record::decode(value) {
+            Ok(record) => record,
+            Err(error) => {
+                failure = Some(anyhow::anyhow!("record {} of process {pid}: {error}", key.seq));
+                return ControlFlow::Break(());
+            }
+        };
+        if current.as_ref().is_some_and(|(p, _)| *p != pid) {
+            let (done, history) = current.take().expect("checked above");
+            saved.insert(done, history);
+        }
+        match (&mut current, record) {
+            (None, Record::Spawn(spawn)) => {
+                let history =
+                    Saved { spawn, steps: Vec::new(), host_messages: Vec::new(), exit: None, next_seq: key.seq + 1 };
+                current = Some((pid, history));
+            }
+            (None, _) => {
+                failure = Some(anyhow::anyhow!("process {pid} has records but no spawn record"));
+                return ControlFlow::Break(());
+            }
+            (Some((_, history)), record) => {
+                history.next_seq = key.seq + 1;
+                match record {
+                    Record::Spawn(_) => {
+                        failure = Some(anyhow::anyhow!("process {pid} has a second spawn record at {}", key.seq));
+                        return ControlFlow::Break(());
+                    }
+                    Record::Step(step) => history.steps.push((key.seq, step)),
+                    Record::HostMessage { topic, body } => history.host_messages.push((key.seq, topic, body)),
+                    Record::Exit(result) => history.exit = Some(result),
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    })?;
+    if let Some(error) = failure {
+        return Err(error);
+    }
+    if let Some((pid, history)) = current {
+        saved.insert(pid, history);
+    }
+    Ok(saved)
+}
+
 impl Plan {
-    /// Reads every history.
+    /// Reads every history, on as many threads as the machine has cores: each reads and
+    /// decodes the records of one range of processes (decoding is most of the cost of
+    /// reading a journal of a million records), and the ranges are disjoint, so the
+    /// histories need no merging beyond putting them together.
     ///
     /// # Errors
     ///
     /// The store cannot be read, or a record is damaged (named by its key): a journal that
     /// cannot be trusted is not resumed at all.
     pub(super) fn read(journal: &Journal) -> anyhow::Result<Plan> {
-        let mut saved: BTreeMap<Pid, Saved> = BTreeMap::new();
-        let mut failure = None;
-        journal.store.scan(Key { process: 1, seq: 0 }, &mut |key, value| {
-            let pid = Pid::from_u64(key.process);
-            let record = match Record::decode(value) {
-                Ok(record) => record,
-                Err(error) => {
-                    failure = Some(anyhow::anyhow!("record {} of process {pid}: {error}", key.seq));
-                    return ControlFlow::Break(());
-                }
-            };
-            match (saved.get_mut(&pid), record) {
-                (None, Record::Spawn(spawn)) => {
-                    let history = Saved {
-                        spawn,
-                        steps: Vec::new(),
-                        host_messages: Vec::new(),
-                        exit: None,
-                        next_seq: key.seq + 1,
-                    };
-                    saved.insert(pid, history);
-                }
-                (None, _) => {
-                    failure = Some(anyhow::anyhow!("process {pid} has records but no spawn record"));
-                    return ControlFlow::Break(());
-                }
-                (Some(history), record) => {
-                    history.next_seq = key.seq + 1;
-                    match record {
-                        Record::Spawn(_) => {
-                            failure = Some(anyhow::anyhow!("process {pid} has a second spawn record at {}", key.seq));
-                            return ControlFlow::Break(());
-                        }
-                        Record::Step(step) => history.steps.push((key.seq, step)),
-                        Record::HostMessage { topic, body } => history.host_messages.push((key.seq, topic, body)),
-                        Record::Exit(result) => history.exit = Some(result),
-                    }
-                }
+        // The processes in key order, to cut into ranges of about as many processes.
+        let mut processes: Vec<u64> = Vec::new();
+        journal.store.scan(Key { process: 1, seq: 0 }, &mut |key, _| {
+            if processes.last() != Some(&key.process) {
+                processes.push(key.process);
             }
             ControlFlow::Continue(())
         })?;
-        if let Some(error) = failure {
-            return Err(error.context("the journal is damaged and cannot be resumed"));
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(processes.len()).max(1);
+        let per = processes.len().div_ceil(threads).max(1);
+        let ranges: Vec<(u64, Option<u64>)> = processes
+            .chunks(per)
+            .enumerate()
+            .map(|(i, chunk)| (chunk[0], processes.get((i + 1) * per).copied()))
+            .collect();
+        let parts: Vec<anyhow::Result<BTreeMap<Pid, Saved>>> = std::thread::scope(|scope| {
+            let readers: Vec<_> =
+                ranges.iter().map(|&(from, to)| scope.spawn(move || read_range(journal, from, to))).collect();
+            readers
+                .into_iter()
+                .map(|r| r.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a reader panicked"))))
+                .collect()
+        });
+        let mut saved = BTreeMap::new();
+        for part in parts {
+            saved.append(&mut part.map_err(|error| error.context("the journal is damaged and cannot be resumed"))?);
         }
         let children = saved
             .iter()
