@@ -12,9 +12,9 @@ use anyhow::{Context as _, anyhow};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::error::CommandError;
 use crate::executor::{Command, Shared};
 use crate::payload::{Level, Message, Payload, Pid};
-use crate::providers::CommandError;
 
 /// A process's handle on its host: commands, mailbox, children, cancellation.
 ///

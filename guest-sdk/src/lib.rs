@@ -50,6 +50,7 @@
 mod combinators;
 mod component;
 mod ctx;
+mod error;
 mod executor;
 mod host;
 mod payload;
@@ -59,10 +60,10 @@ pub use anyhow::{self, Error, Result};
 
 pub use crate::combinators::{Either, Join, JoinAll, Select, join, join_all, select};
 pub use crate::ctx::{Cancellation, Completion, Ctx, Recv, Sleep, Wait};
+pub use crate::error::{CommandError, ErrorCode, error_code};
 pub use crate::payload::{DecodeError, Format, Level, Message, Payload, Pid};
 pub use crate::providers::{
-    CommandError, DirEntry, ErrorCode, Fs, Http, Keys, Kv, NextRequest, Request as HttpRequest, Response, ServeRequest,
-    Versioned, error_code,
+    DirEntry, Fs, Http, Keys, Kv, NextRequest, Request as HttpRequest, Response, ServeRequest, Versioned,
 };
 
 /// Makes an `async fn` an entry method of the component.

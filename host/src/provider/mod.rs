@@ -24,18 +24,7 @@ use crate::Payload;
 use crate::handler::Request;
 use crate::scheduler::Outcome;
 
-/// Serves one family of commands.
-///
-/// `handle` runs on the worker thread that ran the yielding step, so it must not block:
-/// a provider with I/O to do takes the [`Completer`](crate::handler::Completer) out of
-/// the request ([`Request::into_parts`]) and completes from a thread of its own.
-pub trait Provider: Send + Sync + 'static {
-    /// The family: the provider serves the commands `family.<command>`.
-    fn family(&self) -> &str;
-
-    /// Carries out one command of the family; [`Request::name`] is the whole name.
-    fn handle(&self, request: Request<'_>);
-}
+pub use crate::scheduler::dispatch::Provider;
 
 /// Why a provider's command failed, as the first word of its error string.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

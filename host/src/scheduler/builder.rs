@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap;
 
 use super::caps::Capabilities;
 use super::cell::ProcessCell;
-use super::dispatch::{Factory, Handler, Request};
+use super::dispatch::{Factory, Handler, Provider, Request};
 use super::durable::Durable;
 use super::handle::Handle;
 use super::idle::Idle;
@@ -25,7 +25,6 @@ use super::shared::{DenialHint, Settings, Shared};
 use super::timer::Timer;
 use super::{Scheduler, Threads, worker};
 use crate::journal::Journal;
-use crate::provider::Provider;
 
 /// Distinguishes schedulers in one OS process, so a worker thread of one never pushes
 /// work into another's deque.

@@ -44,6 +44,19 @@ impl<F: Fn(Request<'_>) + Send + Sync + 'static> Handler for F {
     }
 }
 
+/// Serves one family of commands.
+///
+/// `handle` runs on the worker thread that ran the yielding step, so it must not block:
+/// a provider with I/O to do takes the [`Completer`] out of
+/// the request ([`Request::into_parts`]) and completes from a thread of its own.
+pub trait Provider: Send + Sync + 'static {
+    /// The family: the provider serves the commands `family.<command>`.
+    fn family(&self) -> &str;
+
+    /// Carries out one command of the family; [`Request::name`] is the whole name.
+    fn handle(&self, request: Request<'_>);
+}
+
 /// Makes processes of one registered kind, for `spawn`.
 pub trait Factory: Send + Sync + 'static {
     /// A new, uninitialised process.
