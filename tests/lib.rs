@@ -175,6 +175,30 @@ pub fn completion(event: &Event, tag: u64) -> Option<&wasmproc::Outcome> {
     }
 }
 
+/// Runs one process on `handle` that yields `command` (tag 1), with `caps` if given, and
+/// returns the completion it got.
+pub fn outcome_of(
+    handle: &wasmproc::Handle,
+    caps: Option<wasmproc::Capabilities>,
+    command: wasmproc::Command,
+) -> wasmproc::Outcome {
+    let (p, probe) = Scripted::new(move |t| {
+        if t.step == 0 {
+            t.out.yield_command(1, command.clone());
+        } else {
+            t.out.complete(Ok(Payload::empty()));
+        }
+        Ok(())
+    });
+    let mut options = wasmproc::scheduler::SpawnOptions::new("main");
+    if let Some(caps) = caps {
+        options = options.capabilities(caps);
+    }
+    handle.spawn(p, options).expect("the process starts").join_timeout(HANG).expect("it ends").expect("it succeeds");
+    let events = probe.events();
+    completion(events.first().expect("the completion woke it"), 1).expect("a completion of tag 1").clone()
+}
+
 /// A handler that completes at once, inside dispatch.
 pub fn complete_now(request: wasmproc::handler::Request) {
     request.complete(Ok(Payload::empty()));

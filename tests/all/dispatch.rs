@@ -1,25 +1,11 @@
 use std::time::Duration;
 
-use wasmproc::scheduler::SpawnOptions;
 use wasmproc::{Capabilities, Command, Outcome, Payload, Scheduler, SpawnRequest};
-use wasmproc_tests::{HANG, Scripted, complete_now, completion, custom, stash};
+use wasmproc_tests::{complete_now, custom, stash};
 
-/// Runs one process that yields `command` (tag 1) and returns the completion it got.
+/// Runs one process on `s` that yields `command` and returns the completion it got.
 fn outcome_of(s: &Scheduler, caps: Option<Capabilities>, command: Command) -> Outcome {
-    let (p, probe) = Scripted::new(move |t| {
-        if t.step == 0 {
-            t.out.yield_command(1, command.clone());
-        } else {
-            t.out.complete(Ok(Payload::empty()));
-        }
-        Ok(())
-    });
-    let mut options = SpawnOptions::new("main");
-    if let Some(caps) = caps {
-        options = options.capabilities(caps);
-    }
-    s.handle().spawn(p, options).unwrap().join_timeout(HANG).unwrap().unwrap();
-    completion(&probe.events()[0], 1).unwrap().clone()
+    wasmproc_tests::outcome_of(s.handle(), caps, command)
 }
 
 fn scheduler() -> Scheduler {

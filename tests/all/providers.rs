@@ -12,23 +12,9 @@ use wasmproc::scheduler::SpawnOptions;
 use wasmproc::{Capabilities, Command, Event, Outcome, Payload, Scheduler, Status};
 use wasmproc_tests::{HANG, Scripted, completion};
 
-/// Runs one process that yields `name` with `input` (tag 1) and returns its completion.
+/// Runs one process that yields `name` with `input` and returns its completion.
 fn call(s: &Scheduler, caps: Option<Capabilities>, name: &str, input: Payload) -> Outcome {
-    let command = Command::Custom { name: name.to_owned().into(), payload: input };
-    let (p, probe) = Scripted::new(move |t| {
-        if t.step == 0 {
-            t.out.yield_command(1, command.clone());
-        } else {
-            t.out.complete(Ok(Payload::empty()));
-        }
-        Ok(())
-    });
-    let mut options = SpawnOptions::new("main");
-    if let Some(caps) = caps {
-        options = options.capabilities(caps);
-    }
-    s.handle().spawn(p, options).unwrap().join_timeout(HANG).unwrap().unwrap();
-    completion(&probe.events()[0], 1).unwrap().clone()
+    wasmproc_tests::outcome_of(s.handle(), caps, Command::Custom { name: name.to_owned().into(), payload: input })
 }
 
 fn json(value: serde_json::Value) -> Payload {
@@ -292,17 +278,7 @@ fn requests_a_server_leaves_unanswered_fail_when_it_ends() {
 }
 
 fn call_on(s: &wasmproc::Handle, name: &str) -> Outcome {
-    let command = Command::Custom { name: name.to_owned().into(), payload: Payload::empty() };
-    let (p, probe) = Scripted::new(move |t| {
-        if t.step == 0 {
-            t.out.yield_command(1, command.clone());
-        } else {
-            t.out.complete(Ok(Payload::empty()));
-        }
-        Ok(())
-    });
-    s.spawn(p, "main").unwrap().join_timeout(HANG).unwrap().unwrap();
-    completion(&probe.events()[0], 1).unwrap().clone()
+    wasmproc_tests::outcome_of(s, None, Command::Custom { name: name.to_owned().into(), payload: Payload::empty() })
 }
 
 #[test]
