@@ -251,8 +251,14 @@ fn each_quota_is_refused_with_limit_and_the_store_stays_usable() {
     assert_eq!(error(0), "limit: the key `toolong` is 7 bytes, over `max_key_size` (4)");
     assert_eq!(error(1), "limit: the value of `a` is 11 bytes of JSON, over `max_value_size` (8)");
     assert_eq!(answers[2..4], [Ok(json!({"version": 1})), Ok(json!({"version": 2}))]);
-    assert_eq!(error(4), "limit: the store holds 2 keys, the most `max_keys` (--kv-max-keys) of 2 allows: delete one to add `c`");
-    assert_eq!(error(5), "limit: writing `b` would make the store 11 bytes of keys and values, over `max_bytes` (--kv-max-bytes) of 10");
+    assert_eq!(
+        error(4),
+        "limit: the store holds 2 keys, the most `max_keys` (--kv-max-keys) of 2 allows: delete one to add `c`"
+    );
+    assert_eq!(
+        error(5),
+        "limit: writing `b` would make the store 11 bytes of keys and values, over `max_bytes` (--kv-max-bytes) of 10"
+    );
     assert_eq!(answers[6..], [Ok(json!({"deleted": true})), Ok(json!({"version": 3})), Ok(json!({"version": 4}))]);
     s.stop(Duration::from_secs(1));
     drop(s);
