@@ -1,11 +1,31 @@
 //! A WASI command written with nothing but `std`: what `wasmproc run` must run unmodified.
 //!
-//! `wasi-cli [--cat PATH] [--write PATH] [--env NAME] [--spin] [--exit CODE] [WORDS...]`
-//! prints its words to stdout and a note to stderr, and each option exercises one grant:
-//! files (`--cat`, `--write`), the environment (`--env`), a program that never ends
-//! (`--spin`, for timeouts and Ctrl-C), and the exit code (`--exit`).
+//! `wasi-cli [--cat PATH] [--write PATH] [--env NAME] [--spin] [--exit CODE]
+//! [--exit-with-code CODE] [WORDS...]` prints its words to stdout and a note to stderr,
+//! and each option exercises one grant: files (`--cat`, `--write`), the environment
+//! (`--env`), a program that never ends (`--spin`, for timeouts and Ctrl-C), and the exit
+//! code: `--exit` returns it from `main`, which `std` turns into WASI 0.2's `exit` (success
+//! or failure only: any failure is 1), and `--exit-with-code` passes it to
+//! `exit-with-code` (since WASI 0.2.12), which keeps it, as preview 1's `proc_exit` does.
 
 use std::process::ExitCode;
+
+// `wasi:cli/exit` as WASI 0.2.12 has it: `std` imports the interface at its own version
+// for `exit`, and the component's imports are merged into the newer one.
+wit_bindgen::generate!({
+    inline: "
+        package wasi:cli@0.2.12;
+
+        interface exit {
+            exit: func(status: result);
+            exit-with-code: func(status-code: u8);
+        }
+
+        world exit-code {
+            import exit;
+        }
+    ",
+});
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -44,6 +64,12 @@ fn main() -> ExitCode {
                 }
             }
             "--exit" => code = args.next().and_then(|c| c.parse().ok()).unwrap_or(1),
+            "--exit-with-code" => {
+                let code = args.next().and_then(|c| c.parse().ok()).unwrap_or(1);
+                eprintln!("wasi-cli: exit-with-code {code}");
+                wasi::cli::exit::exit_with_code(code);
+                unreachable!("`exit-with-code` does not return");
+            }
             word => words.push(word.to_owned()),
         }
     }

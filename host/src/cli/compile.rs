@@ -6,13 +6,13 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::input::read_app;
-use super::output::eprint_now;
+use super::output::{Say, say_now};
 use super::{EngineArgs, Exit, Failure, runtime};
 
 /// `wasmproc compile`'s flags.
 #[derive(Args, Debug)]
 pub(super) struct Compile {
-    /// The program to compile.
+    /// The program to compile (Wasm, or its text format: a .wat file).
     #[arg(value_name = "APP.wasm")]
     app: PathBuf,
     /// Where to write the precompiled file. [default: APP.cwasm beside the input]
@@ -30,7 +30,7 @@ impl Compile {
         let bytes = read_app(&self.app, self.engine.max_module_size as u64)?;
         // Compiling instantiates nothing: one arena slot, not `max_instances`' address space
         // (which an address-space limit, `ulimit -v`, would refuse).
-        let runtime = runtime(self.engine.config().max_instances(1))?;
+        let runtime = runtime(self.engine.config()?.max_instances(1))?;
         let compiled = runtime.precompile(&bytes).map_err(|e| Failure::from_error(Exit::BadModule, &e))?;
         let output = self.output.unwrap_or_else(|| self.app.with_extension("cwasm"));
         if output == self.app {
@@ -41,13 +41,16 @@ impl Compile {
         }
         std::fs::write(&output, &compiled)
             .map_err(|e| Failure::new(Exit::Usage, format!("cannot write `{}`: {e}", output.display())))?;
-        eprint_now(&format!(
-            "compiled `{}` into `{}` ({} bytes); run it with `wasmproc run {}`",
-            self.app.display(),
-            output.display(),
-            compiled.len(),
-            output.display()
-        ));
+        say_now(
+            Say::Notice,
+            &format!(
+                "compiled `{}` into `{}` ({} bytes); run it with `wasmproc run {}`",
+                self.app.display(),
+                output.display(),
+                compiled.len(),
+                output.display()
+            ),
+        );
         Ok(Exit::Success.into())
     }
 }

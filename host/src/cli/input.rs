@@ -13,9 +13,13 @@ use super::{Exit, Failure};
 /// Reads the program file, refusing before reading it whole what cannot be a program: a
 /// path that is not a regular file (a FIFO, a device such as `/dev/zero`, a directory),
 /// a file larger than `max_size`, or one whose first bytes are neither Wasm's header nor
-/// a precompiled file's. Opened without blocking, so a FIFO is refused, not waited on.
-/// A path that cannot be read is a usage error (the path is wrong); a file that cannot
-/// be a program is a bad module.
+/// a precompiled file's nor text. Opened without blocking, so a FIFO is refused, not
+/// waited on. A path that cannot be read is a usage error (the path is wrong); a file that
+/// cannot be a program is a bad module.
+///
+/// A text-format module or component (a `.wat` file, or one whose first bytes are `(`
+/// after any whitespace) is translated to Wasm here: an error in the text names its line
+/// and column.
 pub(super) fn read_app(path: &Path, max_size: u64) -> Result<Vec<u8>, Failure> {
     use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
 
@@ -59,12 +63,45 @@ pub(super) fn read_app(path: &Path, max_size: u64) -> Result<Vec<u8>, Failure> {
     let got = read_up_to(&mut reader, &mut header)
         .map_err(|e| Failure::new(Exit::Usage, format!("cannot read `{shown}`: {e}")))?;
     let header = &header[..got];
-    wasmproc::wasm::check_start(header)
-        .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{shown}`: {e:#}")))?;
+    let text = is_text(path, header);
+    if !text {
+        wasmproc::wasm::check_start(header)
+            .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{shown}`: {e:#}")))?;
+    }
     let mut bytes = Vec::with_capacity(usize::try_from(metadata.len()).unwrap_or(0));
     bytes.extend_from_slice(header);
     reader.read_to_end(&mut bytes).map_err(|e| Failure::new(Exit::Usage, format!("cannot read `{shown}`: {e}")))?;
+    if text {
+        return wat::parse_bytes(&bytes).map(|wasm| wasm.into_owned()).map_err(|e| {
+            Failure::new(Exit::BadModule, format!("cannot load `{shown}`: the text is not valid: {}", one_line(&e)))
+        });
+    }
     Ok(bytes)
+}
+
+/// Whether the program at `path`, which starts with `header`, is in the text format: by
+/// its extension, or by its first byte past whitespace (a Wasm or precompiled file starts
+/// with a magic number that is never `(`).
+fn is_text(path: &Path, header: &[u8]) -> bool {
+    path.extension().is_some_and(|ext| ext.eq_ignore_ascii_case("wat"))
+        || header.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'(')
+}
+
+/// A text-format error on one line, its place as "line L, column C": the `wat` crate
+/// renders it over several lines (the message, `--> file:L:C`, the source line, a
+/// caret).
+fn one_line(error: &wat::Error) -> String {
+    let rendered = error.to_string();
+    let mut lines = rendered.lines();
+    let message = lines.next().unwrap_or_default();
+    let place = lines.next().and_then(|l| l.trim_start().strip_prefix("--> ")).and_then(|at| {
+        let mut parts = at.rsplitn(3, ':');
+        Some((parts.next()?, parts.next()?))
+    });
+    match place {
+        Some((column, line)) => format!("{message} (line {line}, column {column})"),
+        None => message.to_owned(),
+    }
 }
 
 /// Reads until `buffer` is full or the end of the input: how many bytes it holds.

@@ -16,7 +16,8 @@ use super::{EngineArgs, Exit, Failure, runtime};
 /// `wasmproc inspect`'s flags.
 #[derive(Args, Debug)]
 pub(super) struct Inspect {
-    /// The program to describe (Wasm, or a file made by `wasmproc compile`).
+    /// The program to describe (Wasm or its text format, or a file made by `wasmproc
+    /// compile`).
     #[arg(value_name = "APP.wasm")]
     app: PathBuf,
     /// Print one JSON object instead of text.
@@ -32,7 +33,7 @@ impl Inspect {
         let bytes = read_app(&self.app, self.engine.max_module_size as u64)?;
         // Inspecting instantiates a process component once (to ask for its `entries`): one
         // arena slot, not `max_instances`' address space (which `ulimit -v` would refuse).
-        let runtime = runtime(self.engine.config().max_instances(1))?;
+        let runtime = runtime(self.engine.config()?.max_instances(1))?;
         let found = runtime.inspect(&bytes).map_err(|e| Failure::from_error(Exit::BadModule, &e))?;
         let compiled = if found.precompiled {
             "precompiled (loads without compiling)".to_owned()

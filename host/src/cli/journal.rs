@@ -88,7 +88,7 @@ fn verify(dir: &Path, app: &Path, engine: &EngineArgs) -> Result<ExitCode, Failu
         return Err(Failure::new(Exit::Usage, format!("no journal in `{}`: not a directory", dir.display())));
     }
     let bytes = read_app(app, engine.max_module_size as u64)?;
-    let program = runtime(engine.config())?
+    let program = runtime(engine.config()?)?
         .load_program_bytes(&bytes)
         .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{}`: {e:#}", app.display())))?;
     let Program::Process(component) = program else {

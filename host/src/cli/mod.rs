@@ -1,4 +1,4 @@
-//! The command line: `wasmproc run`, `inspect`, `compile` and `journal`.
+//! The command line: `wasmproc run`, `inspect`, `compile`, `journal` and `cache`.
 //!
 //! Each subcommand is a struct of its flags with `execute(self)` (`run.rs`, `inspect.rs`,
 //! `compile.rs`): it parses nothing itself, builds a configuration and calls the library.
@@ -10,6 +10,7 @@
 //! exit code from [`Exit`], so scripts can tell a failed process from a bad module or a
 //! typo in a flag.
 
+mod cache;
 mod compile;
 mod input;
 mod inspect;
@@ -21,9 +22,11 @@ mod run;
 mod stop;
 mod units;
 
+use std::ffi::OsString;
+use std::path::Path;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory as _, Parser, Subcommand};
 use wasmproc::wasm::Config;
 
 /// Exit codes, as `--help` lists them.
@@ -92,10 +95,24 @@ Exit codes:
        signal ends wasmproc at once
   141  stdout was closed before the output was written";
 
+const SHORTHAND: &str = "\
+`wasmproc APP.wasm [ARGS...]` is short for `wasmproc run APP.wasm -- ARGS...` (when APP.wasm is
+not a subcommand's name), so wasmproc serves as a cargo runner for WASI programs:
+  CARGO_TARGET_WASM32_WASIP2_RUNNER=wasmproc cargo run --target wasm32-wasip2 -- ARGS";
+
 /// Runs WebAssembly processes on a work-stealing scheduler, sandboxed.
 #[derive(Parser, Debug)]
-#[command(name = "wasmproc", version, about, after_help = EXIT_CODES, max_term_width = 100)]
+#[command(
+    name = "wasmproc",
+    version,
+    about,
+    override_usage = "wasmproc [OPTIONS] <COMMAND>\n       wasmproc [OPTIONS] <APP.wasm> [ARGS]...",
+    after_help = format!("{SHORTHAND}\n\n{EXIT_CODES}"),
+    max_term_width = 100
+)]
 struct Cli {
+    #[command(flatten)]
+    logging: output::Logging,
     #[command(subcommand)]
     command: Command,
 }
@@ -112,6 +129,9 @@ enum Command {
     /// Read the journal of a durable run (`run --journal DIR`): `ls` its processes,
     /// `show` one's history, `verify` its replay offline.
     Journal(journal::JournalCommand),
+    /// The compiled-code cache: `ls` its entries (size, age, last use, total), `clean`
+    /// them (all, or the least recently used past --max-size).
+    Cache(cache::CacheCommand),
 }
 
 /// Engine settings that compiled code depends on: `compile` and `run` must agree.
@@ -142,6 +162,11 @@ pub(super) struct EngineArgs {
     /// refused before compiling.
     #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = units::size)]
     pub(super) max_function_size: usize,
+    /// The most the compiled-code cache may hold, e.g. 1GiB: after each write the least
+    /// recently used entries are removed until the rest fit. Also read from
+    /// $WASMPROC_CACHE_MAX_SIZE. [default: 1GiB]
+    #[arg(long, value_name = "SIZE", value_parser = units::size)]
+    pub(super) cache_max_size: Option<usize>,
     /// Load files made by `wasmproc compile` with another user's key (or on another
     /// machine): they are native code, so only files from a source you trust as you
     /// trust a binary.
@@ -149,8 +174,29 @@ pub(super) struct EngineArgs {
     pub(super) trust_precompiled: bool,
 }
 
+/// The variable that sets `--cache-max-size` when the flag is not given.
+pub(super) const CACHE_MAX_SIZE_VAR: &str = "WASMPROC_CACHE_MAX_SIZE";
+
+/// The cache's size cap: `flag`, else $WASMPROC_CACHE_MAX_SIZE, else `None` (the
+/// library's default).
+pub(super) fn cache_max_size(flag: Option<usize>) -> Result<Option<u64>, Failure> {
+    if let Some(bytes) = flag {
+        return Ok(Some(bytes as u64));
+    }
+    match std::env::var(CACHE_MAX_SIZE_VAR) {
+        Ok(text) => units::size(&text)
+            .map(|bytes| Some(bytes as u64))
+            .map_err(|e| Failure::new(Exit::Usage, format!("${CACHE_MAX_SIZE_VAR}: {e}"))),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(Failure::new(Exit::Usage, format!("${CACHE_MAX_SIZE_VAR} is not UTF-8: write a size like 1GiB")))
+        }
+    }
+}
+
 impl EngineArgs {
-    pub(super) fn config(&self) -> Config {
+    /// The runtime's settings; `Err` if $WASMPROC_CACHE_MAX_SIZE is not a size.
+    pub(super) fn config(&self) -> Result<Config, Failure> {
         let mut config = Config::default()
             .max_memory(self.memory)
             .max_module_size(self.max_module_size)
@@ -169,13 +215,16 @@ impl EngineArgs {
         if self.no_cache {
             config = config.no_disk_cache();
         }
-        config
+        if let Some(bytes) = cache_max_size(self.cache_max_size)? {
+            config = config.max_cache_size(bytes);
+        }
+        Ok(config)
     }
 }
 
 /// Parses the command line, runs the subcommand, and turns its outcome into an exit code.
 pub(crate) fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(expand_shorthand(std::env::args_os().collect())) {
         Ok(cli) => cli,
         Err(error) => {
             // `--help` and `--version` go to stdout; `print` reports a closed one.
@@ -186,20 +235,57 @@ pub(crate) fn main() -> ExitCode {
             };
         }
     };
-    output::install_tracing();
+    cli.logging.install();
     let outcome = match cli.command {
         Command::Run(run) => run.execute(),
         Command::Inspect(inspect) => inspect.execute(),
         Command::Compile(compile) => compile.execute(),
         Command::Journal(journal) => journal.execute(),
+        Command::Cache(cache) => cache.execute(),
     };
     match outcome {
         Ok(code) => code,
         Err(failure) => {
-            output::eprint_now(&format!("error: {}", failure.message));
+            output::say_now(output::Say::Error, &failure.message);
             failure.exit.into()
         }
     }
+}
+
+/// The command line with the shorthand `wasmproc [GLOBAL FLAGS] APP.wasm [ARGS...]`
+/// written out as `wasmproc [GLOBAL FLAGS] run APP.wasm -- ARGS...`; any other command
+/// line as it is.
+///
+/// The shorthand applies when the first word past the global flags is no subcommand and
+/// no flag, and looks like a file: it exists, or its name has a `.` or a `/`. So a
+/// mistyped subcommand (`wasmproc lanch`) is still clap's error, which points at
+/// `--help`, not a missing file.
+fn expand_shorthand(mut args: Vec<OsString>) -> Vec<OsString> {
+    let mut at = 1;
+    while let Some(word) = args.get(at).and_then(|a| a.to_str()) {
+        at += match word {
+            "-q" | "--quiet" | "--verbose" => 1,
+            "--log-format" => 2,
+            _ if word.starts_with("--log-format=") => 1,
+            _ if word.len() > 1 && word.starts_with('-') && word[1..].bytes().all(|b| b == b'v') => 1,
+            _ => break,
+        };
+    }
+    let Some(first) = args.get(at) else { return args };
+    let command = Cli::command();
+    let named = |name: &str| {
+        name == "help"
+            || command.get_subcommands().any(|c| c.get_name() == name || c.get_all_aliases().any(|a| a == name))
+    };
+    let looks_like_a_file = {
+        let text = first.to_string_lossy();
+        !text.starts_with('-') && !named(&text) && (text.contains(['.', '/']) || Path::new(first).exists())
+    };
+    if looks_like_a_file {
+        args.insert(at + 1, "--".into());
+        args.insert(at, "run".into());
+    }
+    args
 }
 
 /// The runtime for `engine`; failing to create it is the host's failure.
@@ -210,9 +296,25 @@ pub(super) fn runtime(config: Config) -> Result<wasmproc::wasm::Runtime, Failure
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory as _;
-
     use super::*;
+
+    fn expanded(args: &[&str]) -> Vec<String> {
+        let args = std::iter::once("wasmproc").chain(args.iter().copied()).map(OsString::from).collect();
+        expand_shorthand(args).into_iter().skip(1).map(|a| a.to_string_lossy().into_owned()).collect()
+    }
+
+    #[test]
+    fn the_shorthand_is_run_with_the_rest_as_program_arguments() {
+        assert_eq!(expanded(&["app.wasm", "-x", "--y"]), ["run", "app.wasm", "--", "-x", "--y"]);
+        assert_eq!(
+            expanded(&["-v", "--log-format", "json", "./app"]),
+            ["-v", "--log-format", "json", "run", "./app", "--"]
+        );
+        assert_eq!(expanded(&["-qq", "a.wat"]), ["-qq", "a.wat"], "-qq is no global flag");
+        for unchanged in [&["run", "app.wasm"][..], &["inspect", "a.wasm"], &["help"], &["lanch"], &["--help"], &[]] {
+            assert_eq!(expanded(unchanged), unchanged, "{unchanged:?}");
+        }
+    }
 
     /// clap's own checks of the whole tree (conflicting names, defaults that do not
     /// parse, …), which it otherwise makes only when a flag is used.

@@ -1,5 +1,5 @@
-//! Everything `wasmproc run` writes to its stdout and stderr, written so that no write
-//! can take the host down or hold it up.
+//! Everything `wasmproc` writes to its stdout and stderr, written so that no write can
+//! take the host down or hold it up, and in the shape the global flags ask for.
 //!
 //! 1. Each stream has a writer thread of its own, fed through a channel; nothing else
 //!    writes to the stream. A worker that logs a guest's line, or the main thread that
@@ -16,13 +16,30 @@
 //!    always queued.
 //! 4. [`Output::flush`] waits for both writers until a deadline, so a stream nobody reads
 //!    cannot hold the host past `--timeout`.
+//!
+//! # Logging
+//!
+//! The global flags ([`Logging`]) are read once, before anything is written, into a
+//! process-wide [`Style`]: `-q` keeps the host's errors only (its notices and warnings,
+//! and the library's `tracing` events below `error`, are dropped), and `--log-format
+//! json` writes every line of the host's own on stderr (its messages, the library's
+//! events, guest log lines, the `--stats` summary) as one JSON object. The library never
+//! writes to a stream: it logs through `tracing`, whose subscriber is installed here.
 
 use std::io::Write;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, OnceLock};
 use std::thread;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
+
+use clap::{ArgAction, Args, ValueEnum};
+use serde_json::{Map, Value, json};
+use tracing_subscriber::filter::{EnvFilter, LevelFilter};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
+use wasmproc::wasm::{LogRecord, LogSource};
 
 /// Bytes of guest output that may wait for a slow stderr before lines are dropped. Enough
 /// for a burst of thousands of lines; not a tuning knob.
@@ -135,8 +152,23 @@ impl Output {
         self.stdout.send(Message::Bytes(bytes));
     }
 
-    /// Queues one line of the host's own for stderr.
-    pub(crate) fn line(&self, text: impl Into<String>) {
+    /// Queues a message of the host's own for stderr, as [`Style`] has it: text (`error:
+    /// …`, `wasmproc: …`) or a JSON object, and nothing for a notice or a warning under
+    /// `-q`.
+    pub(crate) fn say(&self, level: Say, text: impl AsRef<str>) {
+        self.say_with(level, text.as_ref(), Map::new());
+    }
+
+    /// [`Output::say`] with `fields`, which only the JSON form shows.
+    pub(crate) fn say_with(&self, level: Say, text: &str, fields: Map<String, Value>) {
+        if let Some(line) = style().message(level, "wasmproc", text, fields) {
+            self.stderr.send(Message::Bytes(line.into_bytes()));
+        }
+    }
+
+    /// Queues a line of the host's own for stderr as it is, whatever the style: the
+    /// `--stats` summary in text.
+    pub(crate) fn text_line(&self, text: impl Into<String>) {
         let mut bytes = text.into().into_bytes();
         bytes.push(b'\n');
         self.stderr.send(Message::Bytes(bytes));
@@ -147,12 +179,30 @@ impl Output {
         self.stderr.send(Message::Bytes(bytes));
     }
 
-    /// Queues a line of guest output for stderr, or drops it if [`GUEST_BACKLOG`] bytes
-    /// already wait. Formatted straight into the queued buffer: one allocation a line.
-    pub(crate) fn guest_line(&self, line: impl std::fmt::Display) {
+    /// Queues a line of guest output for stderr (`[pid 7] stdout: …`, or a JSON object
+    /// with `--log-format json`), or drops it if [`GUEST_BACKLOG`] bytes already wait.
+    /// Formatted straight into the queued buffer: one allocation a line.
+    pub(crate) fn guest_line(&self, record: &LogRecord<'_>) {
         let mut bytes = Vec::new();
         // Writing into a `Vec` cannot fail.
-        let _ = writeln!(bytes, "{line}");
+        let _ = if style().json {
+            let level = match record.source {
+                LogSource::Log(level) => level.as_str(),
+                LogSource::Stdout => "info",
+                LogSource::Stderr => "warn",
+            };
+            let object = json!({
+                "time": unix_time(),
+                "level": level,
+                "target": "wasmproc::guest",
+                "pid": record.pid.as_u64(),
+                "source": record.source.to_string(),
+                "message": record.message,
+            });
+            writeln!(bytes, "{object}")
+        } else {
+            writeln!(bytes, "{record}")
+        };
         self.stderr.guest(bytes);
     }
 
@@ -184,31 +234,201 @@ pub(crate) fn print_now(text: &str) -> std::io::Result<()> {
     stdout.flush()
 }
 
-/// Writes one line to stderr at once, ignoring failure: there is nowhere else to report
-/// that stderr is closed.
-pub(crate) fn eprint_now(line: &str) {
-    let mut stderr = std::io::stderr().lock();
-    let _ = stderr.write_all(line.as_bytes()).and_then(|()| stderr.write_all(b"\n"));
+/// Writes a message of the host's own to stderr at once (as [`Output::say`] formats it),
+/// ignoring failure: there is nowhere else to report that stderr is closed. For what is
+/// said before or without an [`Output`]: the final error, `compile`'s report.
+pub(crate) fn say_now(level: Say, text: &str) {
+    if let Some(line) = style().message(level, "wasmproc", text, Map::new()) {
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }
 }
 
-/// The `tracing` subscriber of the binary: the library's own events (a refused cache
-/// entry, say) as `wasmproc: warning: …` lines on stderr, at `warn` and above unless
-/// `RUST_LOG` says otherwise. A failed write is ignored (as `eprint_now` does), never a
-/// panic.
-pub(crate) fn install_tracing() {
-    let filter = tracing_subscriber::EnvFilter::builder()
-        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
-        .from_env_lossy();
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .without_time()
-        .with_target(false)
-        .with_ansi(false)
-        .with_writer(std::io::stderr)
-        .log_internal_errors(false)
-        .finish();
-    // Fails only if a subscriber is installed already, which nothing else does.
-    let _ = tracing::subscriber::set_global_default(subscriber);
+/// How important a message of the host's own is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Say {
+    /// Why wasmproc or a process failed: shown whatever the flags.
+    Error,
+    /// Something the user should act on; hidden by `-q`.
+    Warning,
+    /// What the host is doing (resuming, stopping, compiling); hidden by `-q`.
+    Notice,
+    /// What a flag asked for (the `--stats` summary): shown whatever `-q` says.
+    Report,
+}
+
+impl Say {
+    fn level(self) -> &'static str {
+        match self {
+            Say::Error => "error",
+            Say::Warning => "warn",
+            Say::Notice | Say::Report => "info",
+        }
+    }
+}
+
+/// The format of the host's lines on stderr.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Lines of text: `error: …`, `wasmproc: …`, `[pid 7] stdout: …`, ` WARN …`.
+    #[default]
+    Text,
+    /// One JSON object a line, with `time` (Unix seconds), `level`, `target` and
+    /// `message`, and the event's fields.
+    Json,
+}
+
+/// The global flags that shape what wasmproc says on stderr.
+#[derive(Args, Debug, Clone, Copy)]
+pub(crate) struct Logging {
+    /// More of wasmproc's own logs on stderr: -v debug, -vv trace (on top of RUST_LOG,
+    /// which sets the filter as usual, e.g. RUST_LOG=wasmproc=debug; default: warnings).
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Errors only: no warnings, notices or compile message from wasmproc (overrides
+    /// RUST_LOG). Program output is not affected.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    /// How wasmproc's own lines on stderr are written: text, or json (one JSON object a
+    /// line: logs, messages, guest log lines, the --stats summary). A WASI program's own
+    /// stderr is passed through as it is.
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t, global = true)]
+    log_format: LogFormat,
+}
+
+/// What the global flags chose, for every writer of the process; see the module docs.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Style {
+    pub(crate) quiet: bool,
+    pub(crate) json: bool,
+}
+
+/// Set once by [`Logging::install`], before any thread that writes starts.
+static STYLE: OnceLock<Style> = OnceLock::new();
+
+/// The process's [`Style`]; the default (text, not quiet) until installed.
+pub(crate) fn style() -> Style {
+    STYLE.get().copied().unwrap_or_default()
+}
+
+impl Style {
+    /// The line (with its newline) of a message at `level` from `target`, or `None` if
+    /// `-q` hides it.
+    fn message(self, level: Say, target: &str, text: &str, fields: Map<String, Value>) -> Option<String> {
+        if self.quiet && matches!(level, Say::Warning | Say::Notice) {
+            return None;
+        }
+        Some(if self.json {
+            let mut object = Map::new();
+            object.insert("time".to_owned(), json!(unix_time()));
+            object.insert("level".to_owned(), json!(level.level()));
+            object.insert("target".to_owned(), json!(target));
+            object.insert("message".to_owned(), json!(text));
+            object.extend(fields);
+            format!("{}\n", Value::Object(object))
+        } else {
+            match level {
+                Say::Error => format!("error: {text}\n"),
+                Say::Warning | Say::Notice | Say::Report => format!("wasmproc: {text}\n"),
+            }
+        })
+    }
+}
+
+/// Seconds since the Unix epoch, to the microsecond, for the JSON lines' `time`.
+fn unix_time() -> f64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| (d.as_micros() as f64) / 1e6)
+}
+
+impl Logging {
+    /// Fixes the process's [`Style`] and installs the `tracing` subscriber of the binary:
+    /// the library's events on stderr, at `warn` and above unless `RUST_LOG` says
+    /// otherwise; `-v`/`-vv` add debug/trace for wasmproc's own targets; `-q` keeps
+    /// errors only. A failed write is ignored (as [`say_now`] does), never a panic.
+    pub(crate) fn install(self) {
+        let style = Style { quiet: self.quiet, json: self.log_format == LogFormat::Json };
+        // Only `main` installs, once.
+        let _ = STYLE.set(style);
+        let filter = if self.quiet {
+            EnvFilter::default().add_directive(LevelFilter::ERROR.into())
+        } else {
+            let mut filter = EnvFilter::builder().with_default_directive(LevelFilter::WARN.into()).from_env_lossy();
+            let ours = match self.verbose {
+                0 => None,
+                1 => Some("wasmproc=debug"),
+                _ => Some("wasmproc=trace"),
+            };
+            if let Some(Ok(directive)) = ours.map(str::parse) {
+                filter = filter.add_directive(directive);
+            }
+            filter
+        };
+        let builder =
+            tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).log_internal_errors(false);
+        // Each fails only if a subscriber is installed already, which nothing else does.
+        let _ = if style.json {
+            tracing::subscriber::set_global_default(builder.event_format(JsonLines).finish())
+        } else {
+            tracing::subscriber::set_global_default(builder.without_time().with_target(false).with_ansi(false).finish())
+        };
+    }
+}
+
+/// The `--log-format json` form of a `tracing` event: one object a line, the event's
+/// fields beside `time`, `level`, `target`, `message` and the names of its spans.
+struct JsonLines;
+
+impl<S, N> FormatEvent<S, N> for JsonLines
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let meta = event.metadata();
+        let mut object = Map::new();
+        object.insert("time".to_owned(), json!(unix_time()));
+        object.insert("level".to_owned(), json!(meta.level().as_str().to_ascii_lowercase()));
+        object.insert("target".to_owned(), json!(meta.target()));
+        event.record(&mut JsonFields(&mut object));
+        if let Some(scope) = ctx.event_scope() {
+            let spans: Vec<&str> = scope.from_root().map(|span| span.name()).collect();
+            object.insert("spans".to_owned(), json!(spans));
+        }
+        writeln!(writer, "{}", Value::Object(object))
+    }
+}
+
+/// Collects an event's fields into a JSON object.
+struct JsonFields<'a>(&'a mut Map<String, Value>);
+
+impl tracing::field::Visit for JsonFields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), json!(format!("{value:?}")));
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().to_owned(), json!(value));
+    }
+
+    fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
+        self.0.insert(field.name().to_owned(), json!(value));
+    }
+
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.0.insert(field.name().to_owned(), json!(value));
+    }
+
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        self.0.insert(field.name().to_owned(), json!(value));
+    }
+
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        self.0.insert(field.name().to_owned(), json!(value));
+    }
 }
 
 #[cfg(test)]

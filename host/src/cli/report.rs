@@ -1,19 +1,20 @@
 //! What a run prints at its end (the result, the summary) and while it runs (the
-//! progress line), and the exit code it ends with.
+//! compile notice, the progress line), and the exit code it ends with.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use wasmproc::scheduler::Stats;
 use wasmproc::wasm::exit_code;
-use wasmproc::{Format, Outcome, Payload, Scheduler};
+use wasmproc::{Format, Outcome, Payload, Pid, Scheduler};
 
 use super::Exit;
-use super::output::Output;
+use super::output::{Output, Say, style};
 use super::stop::Stop;
 use super::units::count;
 
@@ -44,6 +45,7 @@ impl Summary {
             "steals": s.workers.iter().map(|w| w.steals).sum::<u64>(),
             "workers": s.workers.iter().map(|w| json!({"steps": w.executed, "steals": w.steals, "stolen": w.stolen})).collect::<Vec<_>>(),
             "log_lines_dropped": self.dropped,
+            "unobserved_failures": s.unobserved_failures,
             "wall_ms": self.wall.as_secs_f64() * 1e3,
         })
     }
@@ -84,19 +86,25 @@ impl Summary {
     }
 }
 
+/// How many failures nobody waited on the end-of-run line shows, of the few the
+/// scheduler keeps: enough to start looking.
+const UNOBSERVED_SHOWN: usize = 3;
+
 /// What a run prints at its end.
 pub(super) struct Report<'a> {
     json: bool,
     out: &'a Output,
     is_command: bool,
     summary: Option<Summary>,
+    /// Processes that failed with nobody told, and some of their errors.
+    unobserved: Option<(u64, Vec<(Pid, String)>)>,
 }
 
 impl<'a> Report<'a> {
     /// The report of a run that writes to `out` (one JSON object if `json`), of a WASI
     /// command if `is_command`.
     pub(super) fn new(json: bool, out: &'a Output, is_command: bool) -> Report<'a> {
-        Report { json, out, is_command, summary: None }
+        Report { json, out, is_command, summary: None, unobserved: None }
     }
 
     /// The same, with the `--stats` summary.
@@ -104,18 +112,26 @@ impl<'a> Report<'a> {
         Report { summary, ..self }
     }
 
+    /// The same, saying which processes failed with nobody told of it (from `stats`): a
+    /// failure that would otherwise pass unseen, as a child's whose parent had ended.
+    pub(super) fn with_unobserved(self, stats: &Stats) -> Report<'a> {
+        let unobserved =
+            (stats.unobserved_failures > 0).then(|| (stats.unobserved_failures, stats.first_unobserved.clone()));
+        Report { unobserved, ..self }
+    }
+
     /// Prints the entry process's result (whenever it has one, even if the run was
     /// stopped after it ended) and the summary, waits for the output to be written (until
     /// `flush_by` at the latest), and picks the exit code.
     pub(super) fn finish(self, root: Option<Outcome>, stop: Option<Stop>, flush_by: Option<Instant>) -> ExitCode {
-        let Report { json, out, is_command, summary } = self;
+        let Report { json, out, is_command, summary, unobserved } = self;
         let exit_of_command = |payload: &Payload| exit_code(payload).unwrap_or(1);
         let outcome = root.clone().unwrap_or_else(|| Err(stop.map_or_else(String::new, Stop::reason)));
-        if json {
-            let mut object = match (&outcome, is_command) {
-                (Ok(payload), true) => json!({ "exit_code": exit_of_command(payload) }),
-                (Ok(payload), false) => json!({ "ok": payload_json(payload) }),
-                (Err(error), _) => json!({ "error": error }),
+        // `run` refuses --json for a WASI command, whose stdout is the program's.
+        if json && !is_command {
+            let mut object = match &outcome {
+                Ok(payload) => json!({ "ok": payload_json(payload) }),
+                Err(error) => json!({ "error": error }),
             };
             if let Some(stop) = stop {
                 object["stopped"] = json!(stop.name());
@@ -126,22 +142,34 @@ impl<'a> Report<'a> {
             out.stdout(format!("{object}\n").into_bytes());
         } else {
             if let Some(summary) = &summary {
-                for line in summary.lines() {
-                    out.line(line);
+                if style().json {
+                    let mut fields = serde_json::Map::new();
+                    fields.insert("stats".to_owned(), summary.json());
+                    out.say_with(Say::Report, "stats", fields);
+                } else {
+                    for line in summary.lines() {
+                        out.text_line(line);
+                    }
                 }
             }
             match &root {
                 Some(Ok(payload)) if !is_command => out.stdout(payload_bytes(payload)),
-                Some(Err(error)) => out.line(format!("error: the process failed: {error}")),
+                Some(Err(error)) => out.say(Say::Error, format!("the process failed: {error}")),
                 Some(Ok(_)) | None => {}
             }
         }
+        if let Some((failed, first)) = unobserved {
+            say_unobserved(out, failed, &first);
+        }
         let dropped = out.dropped();
         if dropped > 0 {
-            out.line(format!(
-                "wasmproc: {} of guest output dropped: stderr was not read fast enough",
-                if dropped == 1 { "1 line".to_owned() } else { format!("{} lines", count(dropped)) }
-            ));
+            out.say(
+                Say::Warning,
+                format!(
+                    "{} of guest output dropped: stderr was not read fast enough",
+                    if dropped == 1 { "1 line".to_owned() } else { format!("{} lines", count(dropped)) }
+                ),
+            );
         }
         let flushed = out.flush(flush_by);
         match (&outcome, stop) {
@@ -152,6 +180,33 @@ impl<'a> Report<'a> {
             (Err(_), None) => Exit::ProcessFailed.into(),
         }
     }
+}
+
+/// The end-of-run warning about failures nobody was told of: how many, then the first
+/// few, one a line (one object with `--log-format json`).
+fn say_unobserved(out: &Output, failed: u64, first: &[(Pid, String)]) {
+    let shown = &first[..first.len().min(UNOBSERVED_SHOWN)];
+    let what = if failed == 1 { "1 process".to_owned() } else { format!("{} processes", count(failed)) };
+    let headline = format!("{what} failed with nobody waiting (no monitor, no waiting parent)");
+    if style().json {
+        let mut fields = serde_json::Map::new();
+        fields.insert("failed".to_owned(), json!(failed));
+        let first: Vec<Value> = shown.iter().map(|(pid, error)| json!({"pid": pid.as_u64(), "error": error})).collect();
+        fields.insert("first".to_owned(), json!(first));
+        out.say_with(Say::Warning, &headline, fields);
+        return;
+    }
+    let mut text = format!("{headline}:");
+    for (pid, error) in shown {
+        text.push_str(&format!("\n  process {pid}: {error}"));
+    }
+    if failed > shown.len() as u64 {
+        text.push_str(&format!(
+            "\n  and {} more (a parent that waits or monitors sees each)",
+            count(failed - shown.len() as u64)
+        ));
+    }
+    out.say(Say::Warning, text);
 }
 
 /// A result as JSON: JSON as itself, text as a string, bytes as `{"bytes": "<hex>"}`.
@@ -213,5 +268,48 @@ impl Progress {
     pub(super) fn finish(self) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.thread.join();
+    }
+}
+
+/// How long loading a program may take before the run says that it is compiling.
+pub(super) const COMPILE_NOTICE_AFTER: Duration = Duration::from_secs(1);
+
+/// The line that says a long compile is under way, from a thread of its own so that it
+/// appears while compiling: started before a load that compiles, it says so once if the
+/// load has not ended [`COMPILE_NOTICE_AFTER`] later, and nothing if it has.
+pub(super) struct CompileNotice {
+    /// Dropped when the load ends: the thread then wakes and ends without a word.
+    loaded: mpsc::Sender<()>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl CompileNotice {
+    /// Starts the timer of a load of `app` that compiles (`cached`: a later run loads it
+    /// from the cache).
+    pub(super) fn start(app: &std::path::Path, cached: bool, out: &Output) -> CompileNotice {
+        let (loaded, wait) = mpsc::channel::<()>();
+        let name = app.file_name().map_or_else(|| app.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let later = if cached { "first run; later runs use the cache" } else { "--no-cache: every run compiles" };
+        let text = format!("compiling {name} ({later})…");
+        let out = out.clone();
+        let thread = thread::Builder::new()
+            .name("wasmproc-compile-notice".to_owned())
+            .spawn(move || {
+                if let Err(mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(COMPILE_NOTICE_AFTER) {
+                    out.say(Say::Notice, text);
+                }
+            })
+            // Without its thread the notice is not given: it is a courtesy, not a duty.
+            .ok();
+        CompileNotice { loaded, thread }
+    }
+
+    /// The load has ended: no notice from now on.
+    pub(super) fn finish(self) {
+        let CompileNotice { loaded, thread } = self;
+        drop(loaded);
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
     }
 }

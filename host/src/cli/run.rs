@@ -26,9 +26,9 @@ use wasmproc::wasm::{COMMAND_ENTRY, LogRecord, Program, WasiOptions};
 use wasmproc::{Capabilities, Outcome, Payload, Scheduler};
 
 use super::input::{payloads, read_app};
-use super::output::Output;
+use super::output::{Output, Say, style};
 use super::providers::{FAMILIES, ProviderArgs, Providers, Services};
-use super::report::{Progress, Report, Summary};
+use super::report::{CompileNotice, Progress, Report, Summary};
 use super::stop::Signals;
 use super::{EngineArgs, Exit, Failure, runtime, units};
 use wasmproc::scheduler::Spawnable;
@@ -62,7 +62,8 @@ NAME=FILE. A command whose flag is missing is denied, naming the flag.
 pub(super) struct Run {
     /// The program: a component of the wasmproc:process world, a WASI command
     /// (a wasi:cli/run component or a preview 1 module with _start), or a file made by
-    /// `wasmproc compile`.
+    /// `wasmproc compile`. Wasm, or its text format (a .wat file, or one starting with
+    /// `(`).
     #[arg(value_name = "APP.wasm")]
     app: PathBuf,
     /// The entry method the first process starts in. [default: main; run for a WASI
@@ -163,8 +164,10 @@ pub(super) struct Run {
     /// Show a live status line on stderr while running (only when stderr is a terminal).
     #[arg(long)]
     progress: bool,
-    /// Print one JSON object on stdout: {"ok": RESULT} or {"error": MESSAGE} (a WASI
-    /// command: {"exit_code": N}), with "stats" when --stats is given.
+    /// Print one JSON object on stdout: {"ok": RESULT} or {"error": MESSAGE}, with "stats"
+    /// when --stats is given. Process components only: a WASI command's stdout is the
+    /// program's own, which an object must not be mixed into, so --json is refused for one
+    /// (its exit code is wasmproc's; --stats prints on stderr).
     #[arg(long)]
     json: bool,
     /// WASI commands only: the program's arguments (after `--`); its argv[0] is the
@@ -241,6 +244,8 @@ impl Run {
         if let Some(progress) = progress {
             progress.finish();
         }
+        // A stopped run's processes failed because it was stopped: no news.
+        let report = if stop.is_none() { report.with_unobserved(&stats) } else { report };
         let summary = self.stats.then(|| Summary::new(stats, start.elapsed(), out.dropped()));
         let flush_by = stop.map(|_| Instant::now() + super::stop::FLUSH_AFTER_STOP).or(deadline);
         let code = report.with_summary(summary).finish(root, stop, flush_by);
@@ -255,10 +260,13 @@ impl Run {
         let Some(journal) = journal.filter(|_| !self.keep_finished) else { return };
         let forgotten = journal.finished_runs().and_then(|runs| runs.iter().try_for_each(|run| journal.forget(run)));
         if let Err(error) = forgotten {
-            out.line(format!(
-                "wasmproc: the finished run's records stay in the journal ({error}): the next run with it reports \
+            out.say(
+                Say::Warning,
+                format!(
+                    "the finished run's records stay in the journal ({error}): the next run with it reports \
                  its result again"
-            ));
+                ),
+            );
         }
     }
 
@@ -276,7 +284,7 @@ impl Run {
         let guest_out = out.clone();
         let mut config = self
             .engine
-            .config()
+            .config()?
             .time_slice(self.time_slice)
             .preemption(!self.no_preemption)
             .max_instances(self.max_processes)
@@ -285,9 +293,16 @@ impl Run {
             config = config.cpu_budget(budget);
         }
         let runtime = runtime(config)?;
-        let program = runtime
-            .load_program_bytes(&bytes)
+        let loading = Instant::now();
+        let notice = (!style().quiet && runtime.would_compile(&bytes))
+            .then(|| CompileNotice::start(&self.app, !self.engine.no_cache, out));
+        let program = runtime.load_program_bytes(&bytes);
+        if let Some(notice) = notice {
+            notice.finish();
+        }
+        let program = program
             .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{}`: {e:#}", self.app.display())))?;
+        tracing::debug!(app = %self.app.display(), elapsed = ?loading.elapsed(), "loaded the program");
         let mut builder = Scheduler::builder()
             .max_processes(self.max_processes as usize)
             .max_children(self.max_children)
@@ -355,11 +370,10 @@ impl Run {
             1 => {
                 let process = resumed.remove(0);
                 if let Some(dir) = &self.journal {
-                    out.line(format!(
-                        "wasmproc: resuming process {} from the journal in {}",
-                        process.pid(),
-                        dir.display()
-                    ));
+                    out.say(
+                        Say::Notice,
+                        format!("resuming process {} from the journal in {}", process.pid(), dir.display()),
+                    );
                 }
                 Root::Resumed(process)
             }
@@ -379,11 +393,14 @@ impl Run {
     fn finished_run(&self, journal: Option<&Journal>, out: &Output) -> Option<Outcome> {
         let runs = journal?.finished_runs().ok()?;
         let run = runs.into_iter().next()?;
-        out.line(format!(
-            "wasmproc: the run in {} had finished (process {}); its result, from the journal",
-            self.journal.as_ref()?.display(),
-            run.root
-        ));
+        out.say(
+            Say::Notice,
+            format!(
+                "the run in {} had finished (process {}); its result, from the journal",
+                self.journal.as_ref()?.display(),
+                run.root
+            ),
+        );
         Some(run.result)
     }
 
@@ -421,6 +438,16 @@ impl Run {
             return Err(Failure::new(
                 Exit::Usage,
                 "a WASI command takes no --input: pass its arguments after `--`".to_owned(),
+            ));
+        }
+        if self.json {
+            return Err(Failure::new(
+                Exit::Usage,
+                format!(
+                    "`{}` is a WASI command, whose stdout is its own output: --json would mix an object into it; \
+                     drop --json (the program's exit code is wasmproc's, and --stats prints on stderr)",
+                    self.app.display()
+                ),
             ));
         }
         if let Some(flag) = self.providers.given() {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use wasmproc::scheduler::ProcessHandle;
 use wasmproc::{Outcome, Scheduler};
 
-use super::output::Output;
+use super::output::{Output, Say};
 use super::units::count;
 use super::{Exit, Failure};
 
@@ -185,11 +185,14 @@ impl Signals {
             }
             if !noticed && since.elapsed() >= NOTICE_AFTER {
                 noticed = true;
-                out.line(format!(
-                    "wasmproc: the entry process has ended; waiting for {} it spawned (Ctrl-C or --timeout to stop \
+                out.say(
+                    Say::Notice,
+                    format!(
+                        "the entry process has ended; waiting for {} it spawned (Ctrl-C or --timeout to stop \
                      them)",
-                    processes(scheduler.handle().live())
-                ));
+                        processes(scheduler.handle().live())
+                    ),
+                );
             }
         }
     }
@@ -213,15 +216,18 @@ impl Signals {
         if scheduler.handle().is_durable() {
             // Nothing is cancelled: the processes are suspended where their journal has
             // them, and the same command resumes them.
-            out.line(format!(
-                "wasmproc: {}: suspending {}; run the same command again to resume",
-                stop.reason(),
-                processes(scheduler.handle().live())
-            ));
+            out.say(
+                Say::Notice,
+                format!(
+                    "{}: suspending {}; run the same command again to resume",
+                    stop.reason(),
+                    processes(scheduler.handle().live())
+                ),
+            );
             scheduler.stop(Duration::ZERO);
             return root;
         }
-        out.line(format!("wasmproc: {what}: stopping {}", processes(scheduler.handle().live())));
+        out.say(Say::Notice, format!("{what}: stopping {}", processes(scheduler.handle().live())));
         scheduler.handle().cancel_all(&stop.reason());
         let until = Instant::now().checked_add(grace);
         let mut ended = false;
@@ -234,7 +240,7 @@ impl Signals {
         if !ended {
             let forced = scheduler.handle().terminate_all("terminated: the run was stopped");
             if forced > 0 {
-                out.line(format!("wasmproc: terminated {} that did not end when cancelled", processes(forced)));
+                out.say(Say::Notice, format!("terminated {} that did not end when cancelled", processes(forced)));
             }
         }
         // The joining thread sends the entry process's result soon after it ends, unless
@@ -258,7 +264,7 @@ pub(super) fn shut_down(scheduler: Scheduler, stopped: bool, out: &Output) {
     if !stopped || scheduler.handle().wait_idle(Some(STEPS_AFTER_STOP)) {
         scheduler.stop(Duration::ZERO);
     } else {
-        out.line("wasmproc: exiting with steps still running (blocked outside Wasm)");
+        out.say(Say::Warning, "exiting with steps still running (blocked outside Wasm)");
         std::mem::forget(scheduler);
     }
 }

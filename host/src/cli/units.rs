@@ -40,6 +40,22 @@ pub(crate) fn millis(text: &str) -> Result<Duration, String> {
     }
 }
 
+/// A size for people: `512 B`, `1.2 MiB`, `1.0 GiB`.
+pub(crate) fn bytes(n: u64) -> String {
+    bytesize::ByteSize::b(n).display().iec().to_string()
+}
+
+/// How long ago, coarsely: `12s`, `5m`, `3h`, `2d`.
+pub(crate) fn ago(elapsed: Duration) -> String {
+    let secs = elapsed.as_secs();
+    match secs {
+        0..60 => format!("{secs}s"),
+        60..3600 => format!("{}m", secs / 60),
+        3600..86_400 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86_400),
+    }
+}
+
 /// `n` with thousands separators: `1,234,567`.
 pub(crate) fn count(n: u64) -> String {
     let digits = n.to_string();
@@ -76,6 +92,15 @@ mod tests {
         assert!(duration("soon").unwrap_err().contains("not a duration"));
         assert_eq!(millis("50"), Ok(Duration::from_millis(50)));
         assert_eq!(millis("2s"), Ok(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn sizes_and_ages_for_people() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(3 << 20), "3.0 MiB");
+        assert_eq!(ago(Duration::from_secs(59)), "59s");
+        assert_eq!(ago(Duration::from_secs(3 * 3600 + 5)), "3h");
+        assert_eq!(ago(Duration::from_secs(9 * 86_400)), "9d");
     }
 
     #[test]

@@ -99,7 +99,7 @@ impl Shared {
             Err(panic) => Err(anyhow::anyhow!("init panicked: {}", worker::panic_message(&*panic))),
         };
         if let Err(source) = init {
-            self.retire(&cell, Some(Err(format!("{source:#}"))));
+            self.retire(&cell, Some(Err(format!("{source:#}"))), Ending::Unborn);
             return Err(SpawnError::Init { method, source });
         }
         if let Some((durable, seed, at, input)) = durable_start {
@@ -116,7 +116,7 @@ impl Shared {
                 seed,
             };
             if let Err(reason) = durable.record_spawn(&cell, record) {
-                self.retire(&cell, Some(Err(reason.clone())));
+                self.retire(&cell, Some(Err(reason.clone())), Ending::Unborn);
                 return Err(SpawnError::Journal(reason));
             }
         }
@@ -241,15 +241,19 @@ impl Shared {
     pub(super) fn finalize(&self, cell: &Arc<ProcessCell>, result: Option<Outcome>) {
         // Counted first, so that whoever sees the scheduler drained sees it counted.
         self.count(|c| &c.completed, 1);
-        self.retire(cell, result);
+        self.retire(cell, result, Ending::Ran);
     }
 
     /// The end of every process, in this order: close the inbox (later events are
     /// refused with `Closed`), mark it complete, close the process (exactly once: it is
     /// taken out of its cell), remove its pid (later sends get `NotFound`), give back its
-    /// place under `max_processes`, tell the watchers, and only then count it out of
-    /// `retiring`, so a waiter for "no process left" also sees every exit delivered.
-    fn retire(&self, cell: &Arc<ProcessCell>, result: Option<Outcome>) {
+    /// place under `max_processes`, tell the watchers (counting a failure that no one was
+    /// told of, see [`Stats::unobserved_failures`]), and only then count it out of
+    /// `retiring`, so a waiter for "no process left" also sees every exit delivered and
+    /// counted.
+    ///
+    /// [`Stats::unobserved_failures`]: super::Stats::unobserved_failures
+    fn retire(&self, cell: &Arc<ProcessCell>, result: Option<Outcome>, ending: Ending) {
         let closed = cell.inbox.close();
         let result = result
             .unwrap_or_else(|| Err(closed.terminate_reason.map_or_else(|| "terminated".to_owned(), Cow::into_owned)));
@@ -276,19 +280,35 @@ impl Shared {
         // Suspended processes tell no other process: they all go down together, and a
         // step that consumed a suspension as an exit would make it part of the history.
         let suspending = self.suspending.load(Ordering::Acquire);
+        let mut told = false;
         for watcher in closed.watchers {
             match watcher {
                 Watcher::Process(_) if suspending => {}
                 Watcher::Process(watching) => {
-                    if let Ok(Wake::Schedule) =
-                        watching.deliver(Event::Exit { pid: cell.pid(), result: result.clone() })
-                    {
+                    // A watcher that has ended itself refuses the event: it was not told.
+                    let delivered = watching.deliver(Event::Exit { pid: cell.pid(), result: result.clone() });
+                    told |= delivered.is_ok();
+                    if let Ok(Wake::Schedule) = delivered {
                         self.schedule(watching);
                     }
                 }
-                Watcher::Yield(done) => done.complete(Ok(Payload::empty())),
-                Watcher::Handle(slot) => slot.set(result.clone()),
+                Watcher::Yield(done) => {
+                    told = true;
+                    done.complete(Ok(Payload::empty()));
+                }
+                Watcher::Handle(slot) => {
+                    told = true;
+                    slot.set(result.clone());
+                }
             }
+        }
+        // Only a failure costs anything here; a suspension is no failure.
+        if !told
+            && ending == Ending::Ran
+            && !suspending
+            && let Err(error) = &result
+        {
+            self.count_unobserved(cell.pid(), error);
         }
         if self.retiring.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.notify_drained();
@@ -349,6 +369,16 @@ impl Shared {
     }
 }
 
+/// Who hears of a process's end besides its watchers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ending {
+    /// Its `init` (or its spawn record) failed: the spawner hears of it, as a
+    /// [`SpawnError`].
+    Unborn,
+    /// It was spawned: only its watchers hear of it.
+    Ran,
+}
+
 /// Closes and drops a process, containing any panic: a broken `close` must not take a
 /// worker down with it.
 fn close_quietly(process: &mut dyn Process) {
@@ -363,7 +393,7 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
-    use crate::scheduler::{Command, Events, Process, Scheduler, Status, StepOutput};
+    use crate::scheduler::{Command, Events, Process, Scheduler, SpawnRequest, Status, StepOutput};
     use wasmproc_types::Payload;
 
     /// Waits once, for a sleep of a millisecond (one of no time completes during the
@@ -433,6 +463,80 @@ mod tests {
         busy.join_timeout(Duration::from_secs(20)).expect("the busy one ends").expect("ok");
         assert!(listed > 0, "no waiter was listed: the test shows nothing");
         assert!(listed <= super::HIBERNATION_LIST_FLOOR, "{listed} entries listed after {processes} waiters");
+        scheduler.stop(Duration::from_secs(1));
+    }
+
+    /// Fails after a 20 ms sleep, so that a parent that does not wait has ended by then.
+    struct FailsLater(bool);
+
+    impl Process for FailsLater {
+        fn init(&mut self, _: crate::scheduler::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+            Ok(())
+        }
+
+        fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+            if std::mem::replace(&mut self.0, true) {
+                out.complete(Err("boom".to_owned()));
+            } else {
+                out.yield_command(0, Command::Sleep(Duration::from_millis(20)));
+                out.set_status(Status::Blocked);
+            }
+            Ok(())
+        }
+    }
+
+    /// Spawns a `FailsLater` child, monitored if `watch`; then ends at once, or (if
+    /// `watch`) once the child's exit arrives.
+    struct Parent {
+        watch: bool,
+        spawned: bool,
+    }
+
+    impl Process for Parent {
+        fn init(&mut self, _: crate::scheduler::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+            Ok(())
+        }
+
+        fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+            let exited = events.into_iter().any(|event| matches!(event, crate::scheduler::Event::Exit { .. }));
+            if !std::mem::replace(&mut self.spawned, true) {
+                let request = SpawnRequest {
+                    kind: Some("fails-later".to_owned()),
+                    method: "main".to_owned(),
+                    input: Vec::new(),
+                    monitor: self.watch,
+                };
+                out.yield_command(0, Command::Spawn(request));
+                out.set_status(Status::Blocked);
+            } else if !self.watch || exited {
+                out.complete(Ok(Payload::empty()));
+            } else {
+                out.set_status(Status::Blocked);
+            }
+            Ok(())
+        }
+    }
+
+    /// A failure is counted unobserved only when no watcher was told of it: not a
+    /// monitored child's, nor the handle's of a root; a child's whose parent had ended,
+    /// yes, with its pid and error.
+    #[test]
+    fn failures_no_one_was_told_of_are_counted_with_their_errors() {
+        let factory = || -> anyhow::Result<Box<dyn Process>> { Ok(Box::new(FailsLater(false))) };
+        let scheduler = Scheduler::builder().workers(1).kind("fails-later", factory).build().expect("starts");
+        let handle = scheduler.handle();
+        let idle = || assert!(handle.wait_idle(Some(Duration::from_secs(20))), "the processes end");
+
+        handle.spawn(FailsLater(false), "main").expect("spawn").join().expect_err("it fails");
+        handle.spawn(Parent { watch: true, spawned: false }, "main").expect("spawn").join().expect("ok");
+        idle();
+        assert_eq!(handle.stats().unobserved_failures, 0, "the handle and the monitoring parent were told");
+
+        handle.spawn(Parent { watch: false, spawned: false }, "main").expect("spawn").join().expect("ok");
+        idle();
+        let stats = handle.stats();
+        assert_eq!(stats.unobserved_failures, 1);
+        assert!(matches!(&stats.first_unobserved[..], [(_, error)] if error == "boom"), "{:?}", stats.first_unobserved);
         scheduler.stop(Duration::from_secs(1));
     }
 }

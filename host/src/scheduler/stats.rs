@@ -3,7 +3,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::process::CommandKind;
+use parking_lot::Mutex;
+
+use super::process::{CommandKind, Pid};
 use super::shared::Shared;
 use super::worker;
 
@@ -35,7 +37,25 @@ pub struct Stats {
     /// else to run (see `Process::hibernate`; for a Wasm process, its fiber stack's
     /// resident pages).
     pub hibernated: u64,
+    /// Processes that failed (an error result, a trap, a limit, a termination) when no
+    /// one was told: no monitor, no waiting parent, no handle of the embedder's. A
+    /// process whose `init` failed is not counted (its spawner was told), nor one
+    /// suspended by a durable scheduler's stop.
+    pub unobserved_failures: u64,
+    /// Some of those failures with their errors (each cut at 1 KiB), at most 8, sorted by
+    /// pid: the first ones each worker counted, so the first of all when one worker ran
+    /// them.
+    pub first_unobserved: Vec<(Pid, String)>,
 }
+
+/// How many [`Stats::first_unobserved`] failures are kept: a few to show, bounded so that
+/// a run where every process fails holds no more. Picked for a summary line; not a
+/// tuning knob.
+pub(super) const UNOBSERVED_KEPT: usize = 8;
+
+/// How much of an unobserved failure's error is kept: an error is a guest's payload, up
+/// to the payload limit. Picked for a summary line.
+pub(super) const UNOBSERVED_ERROR_LEN: usize = 1024;
 
 /// Yields dispatched, by command; see [`Stats::yields_by_command`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -102,6 +122,10 @@ pub(super) struct Counters {
     pub(super) messages: AtomicU64,
     pub(super) undelivered: AtomicU64,
     hibernated: AtomicU64,
+    unobserved: AtomicU64,
+    /// The first [`UNOBSERVED_KEPT`] failures this slot counted in `unobserved`. A lock:
+    /// taken only when a process fails unobserved (rare), or to read [`Stats`].
+    first_unobserved: Mutex<Vec<(Pid, String)>>,
 }
 
 impl Counters {
@@ -149,6 +173,22 @@ impl Shared {
         }
     }
 
+    /// Counts a process that failed with no one told (see `retire`), keeping its error if
+    /// this thread's slot has kept fewer than [`UNOBSERVED_KEPT`]. Called only on such a
+    /// failure: a process that succeeds, or whose failure is heard, pays nothing here.
+    pub(super) fn count_unobserved(&self, pid: Pid, error: &str) {
+        self.count(|c| &c.unobserved, 1);
+        let slot = worker::current_index(self.id).unwrap_or(self.settings.workers);
+        let mut first = self.counters[slot].first_unobserved.lock();
+        if first.len() < UNOBSERVED_KEPT {
+            let mut end = error.len().min(UNOBSERVED_ERROR_LEN);
+            while !error.is_char_boundary(end) {
+                end -= 1;
+            }
+            first.push((pid, error[..end].to_owned()));
+        }
+    }
+
     /// Sums the counters; see [`Handle::stats`](super::Handle::stats).
     pub(super) fn stats(&self) -> Stats {
         let workers = self.counters[..self.settings.workers]
@@ -184,6 +224,18 @@ impl Shared {
             messages: sum(|c| &c.messages),
             undelivered: sum(|c| &c.undelivered),
             hibernated: sum(|c| &c.hibernated),
+            unobserved_failures: sum(|c| &c.unobserved),
+            first_unobserved: self.first_unobserved(),
         }
+    }
+
+    /// The slots' kept failures: [`UNOBSERVED_KEPT`] of them, sorted by pid for a stable
+    /// order.
+    fn first_unobserved(&self) -> Vec<(Pid, String)> {
+        let mut all: Vec<(Pid, String)> =
+            self.counters.iter().flat_map(|c| c.first_unobserved.lock().clone()).collect();
+        all.sort_by_key(|(pid, _)| *pid);
+        all.truncate(UNOBSERVED_KEPT);
+        all
     }
 }

@@ -27,19 +27,35 @@
 //! partial entry, and two hosts compiling the same module at once both succeed (the last
 //! rename wins; both files are equally good). Every cache failure is logged and
 //! otherwise ignored: the cache makes loading faster, never fails it.
+//!
+//! # Size
+//!
+//! The entries are kept to [`Config::max_cache_size`] (1 GiB by default) in total: after
+//! each write, the least recently used are removed until the rest fit, never the entry
+//! just written. An entry's last use is its access time, which every load sets
+//! (explicitly, whatever the mount's `noatime`); its modification time is when it was
+//! written. [`CompiledCache`] lists and removes entries for the user (`wasmproc cache`).
+//! Only files named as entries are counted or removed (and temporary files an interrupted
+//! write left, once they are an hour old): whatever else the directory holds is left
+//! alone, and a directory that fails the checks above is neither listed nor cleaned.
+//! Removing an entry another host is reading is harmless (the reader keeps the open
+//! file); one it is about to read is a miss, and it compiles.
 
 use std::fs;
 use std::hash::{Hash, Hasher};
 use std::io::Write as _;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, bail};
 use sha2::{Digest as _, Sha256};
 use wasmtime::component::Component;
 use wasmtime::{Engine, Module};
 
+use super::config::Config;
 use super::key::{Key, KeyFile, TAG_LEN};
 use super::owned::{self, Access, Refused};
 
@@ -112,6 +128,8 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 /// Compiled components on disk, for one engine.
 pub(crate) struct DiskCache {
     dir: PathBuf,
+    /// The most bytes the entries may take together; see the module docs, "Size".
+    max_size: u64,
     /// Identifies the engine's compilation settings; part of every entry's name and tag.
     engine_key: String,
     key: Arc<KeyFile>,
@@ -147,8 +165,15 @@ pub(crate) fn engine_key(engine: &Engine) -> String {
 }
 
 impl DiskCache {
-    pub(crate) fn new(dir: PathBuf, engine: &Engine, key: Arc<KeyFile>) -> Self {
-        DiskCache { dir, engine_key: engine_key(engine), key, usable: OnceLock::new(), warned: AtomicBool::new(false) }
+    pub(crate) fn new(dir: PathBuf, engine: &Engine, key: Arc<KeyFile>, max_size: u64) -> Self {
+        DiskCache {
+            dir,
+            max_size,
+            engine_key: engine_key(engine),
+            key,
+            usable: OnceLock::new(),
+            warned: AtomicBool::new(false),
+        }
     }
 
     /// The file of `digest`'s entry, whether it exists or not.
@@ -160,6 +185,12 @@ impl DiskCache {
     /// is read and written only if they are.
     pub(crate) fn is_usable(&self) -> bool {
         self.key().is_some()
+    }
+
+    /// Whether an entry for `digest` is there to be read: a regular file under its name
+    /// (not read, so not yet checked), in a usable directory.
+    pub(crate) fn has_entry(&self, digest: &Digest) -> bool {
+        self.is_usable() && fs::symlink_metadata(self.entry(digest)).is_ok_and(|meta| meta.is_file())
     }
 
     /// The key, if the directory (created if missing) and the key are fit for use.
@@ -204,7 +235,11 @@ impl DiskCache {
             }
         };
         match self.check(engine, key, digest, &bytes) {
-            Ok(component) => Some(component),
+            Ok(component) => {
+                tracing::debug!(entry = %path.display(), "loaded compiled code from the cache");
+                mark_used(&path);
+                Some(component)
+            }
             // An entry of an older layout is replaced quietly: that is what an upgrade does.
             Err(_) if bytes.starts_with(&MAGIC[..6]) && !bytes.starts_with(MAGIC) => {
                 tracing::debug!("replacing cache entry `{}` of an older layout", path.display());
@@ -258,8 +293,24 @@ impl DiskCache {
     /// is written into a directory that failed its checks.
     pub(crate) fn write(&self, digest: &Digest, compiled: &Compiled) {
         let Some(key) = self.key() else { return };
-        if let Err(e) = self.try_write(key, digest, compiled) {
-            tracing::warn!("could not cache compiled code in `{}`: {e:#}", self.dir.display());
+        match self.try_write(key, digest, compiled) {
+            Ok(()) => {
+                let entry = self.entry(digest);
+                tracing::debug!(entry = %entry.display(), "cached the compiled code");
+                match evict(&self.dir, self.max_size, Some(&entry)) {
+                    Ok(evicted) if evicted.removed > 0 => tracing::debug!(
+                        removed = evicted.removed,
+                        bytes = evicted.freed,
+                        max_size = self.max_size,
+                        "evicted the least recently used cache entries"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!("could not keep the compiled-code cache `{}` to size: {e:#}", self.dir.display())
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("could not cache compiled code in `{}`: {e:#}", self.dir.display()),
         }
     }
 
@@ -282,6 +333,188 @@ impl DiskCache {
             let _ = fs::remove_file(&temp);
         }
         written.with_context(|| format!("failed to write `{}`", path.display()))
+    }
+}
+
+/// Records a use of the entry at `path`: its access time, now (see the module docs,
+/// "Size"). Not through a symlink; a failure only makes the entry look older.
+fn mark_used(path: &Path) {
+    use rustix::fs::{AtFlags, CWD, Timespec, Timestamps, UTIME_NOW, UTIME_OMIT};
+    let times = Timestamps {
+        last_access: Timespec { tv_sec: 0, tv_nsec: UTIME_NOW },
+        last_modification: Timespec { tv_sec: 0, tv_nsec: UTIME_OMIT },
+    };
+    if let Err(e) = rustix::fs::utimensat(CWD, path, &times, AtFlags::SYMLINK_NOFOLLOW) {
+        tracing::debug!(entry = %path.display(), error = %e, "could not record the use of a cache entry");
+    }
+}
+
+
+/// How old a temporary file of a write must be before it counts as left by an
+/// interrupted one: writes take seconds at most. Picked with a wide margin.
+const STALE_TEMP: Duration = Duration::from_secs(3600);
+
+/// One entry of the disk cache, as [`CompiledCache::entries`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CacheEntry {
+    /// Its file.
+    pub path: PathBuf,
+    /// Its size in bytes.
+    pub size: u64,
+    /// When it was written (its modification time).
+    pub written: SystemTime,
+    /// When it was last loaded (its access time), or written if later.
+    pub used: SystemTime,
+}
+
+/// What a removal of entries did; see [`CompiledCache::clean`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Evicted {
+    /// Entries removed.
+    pub removed: usize,
+    /// Their bytes.
+    pub freed: u64,
+    /// Entries left.
+    pub kept: usize,
+    /// Their bytes.
+    pub kept_bytes: u64,
+}
+
+/// Whether `name` is an entry's: `<64 hex digits>-<16 hex digits>.cwasm`, as
+/// [`DiskCache::entry`] names them.
+fn is_entry_name(name: &str) -> bool {
+    let Some(stem) = name.strip_suffix(".cwasm") else { return false };
+    let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
+    stem.split_once('-').is_some_and(|(module, engine)| hex(module, 64) && hex(engine, 16))
+}
+
+/// Whether `name` is a temporary file of a write ([`temp_path`] of an entry).
+fn is_temp_name(name: &str) -> bool {
+    name.ends_with(".tmp")
+        && name.split_once(".cwasm.").is_some_and(|(entry, _)| is_entry_name(&format!("{entry}.cwasm")))
+}
+
+/// The entries in `dir`, least recently used first, and the stale temporary files: only
+/// regular files of this user's under those names. `dir` is not checked here.
+fn scan(dir: &Path) -> anyhow::Result<(Vec<CacheEntry>, Vec<PathBuf>)> {
+    let mut entries = Vec::new();
+    let mut stale = Vec::new();
+    let now = SystemTime::now();
+    let listing = match fs::read_dir(dir) {
+        Ok(listing) => listing,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((entries, stale)),
+        Err(e) => return Err(e).with_context(|| format!("cannot list `{}`", dir.display())),
+    };
+    for item in listing {
+        let item = item.with_context(|| format!("cannot list `{}`", dir.display()))?;
+        let name = item.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let (entry, temp) = (is_entry_name(name), is_temp_name(name));
+        if !entry && !temp {
+            continue;
+        }
+        // `lstat`: a symlink under an entry's name is no entry (and is never followed).
+        let Ok(meta) = fs::symlink_metadata(item.path()) else { continue };
+        if !meta.file_type().is_file() || meta.uid() != owned::euid() {
+            continue;
+        }
+        let written = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        if temp {
+            if now.duration_since(written).is_ok_and(|age| age > STALE_TEMP) {
+                stale.push(item.path());
+            }
+            continue;
+        }
+        let used = meta.accessed().unwrap_or(written).max(written);
+        entries.push(CacheEntry { path: item.path(), size: meta.len(), written, used });
+    }
+    entries.sort_by(|a, b| a.used.cmp(&b.used).then_with(|| a.path.cmp(&b.path)));
+    Ok((entries, stale))
+}
+
+/// Removes the least recently used entries of `dir` until the rest take at most
+/// `max_size` bytes, never `keep`; and the stale temporary files. An entry already gone
+/// (another host removed it) counts as removed by no one.
+fn evict(dir: &Path, max_size: u64, keep: Option<&Path>) -> anyhow::Result<Evicted> {
+    let (entries, stale) = scan(dir)?;
+    for temp in stale {
+        let _ = fs::remove_file(temp);
+    }
+    let mut total: u64 = entries.iter().map(|e| e.size).sum();
+    let mut evicted = Evicted::default();
+    for entry in entries {
+        if total > max_size && keep != Some(entry.path.as_path()) {
+            match fs::remove_file(&entry.path) {
+                Ok(()) => {
+                    evicted.removed += 1;
+                    evicted.freed += entry.size;
+                    total -= entry.size;
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    total -= entry.size;
+                    continue;
+                }
+                Err(e) => return Err(e).with_context(|| format!("cannot remove `{}`", entry.path.display())),
+            }
+        }
+        evicted.kept += 1;
+        evicted.kept_bytes += entry.size;
+    }
+    Ok(evicted)
+}
+
+/// The disk cache of compiled code as its user manages it: what `wasmproc cache ls` and
+/// `wasmproc cache clean` list and remove. The directory must pass the checks a runtime
+/// makes before using it (this user's, writable by no one else); only entries are listed
+/// or removed (see the module docs, "Size").
+#[derive(Debug, Clone)]
+pub struct CompiledCache {
+    dir: PathBuf,
+}
+
+impl CompiledCache {
+    /// The cache a runtime with `config` uses, or `None` if it uses none
+    /// ([`Config::no_disk_cache`], or no home directory to put it in).
+    pub fn of(config: &Config) -> Option<CompiledCache> {
+        config.resolved_cache_dir().map(|dir| CompiledCache { dir })
+    }
+
+    /// Its directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Its entries, least recently used first. A directory not made yet has none.
+    ///
+    /// # Errors
+    ///
+    /// The directory is not this user's or others may write it (the error says what to
+    /// do), or it cannot be listed.
+    pub fn entries(&self) -> anyhow::Result<Vec<CacheEntry>> {
+        self.check()?;
+        Ok(scan(&self.dir)?.0)
+    }
+
+    /// Removes the least recently used entries until the rest take at most `max_size`
+    /// bytes (`0`: all of them), and the temporary files interrupted writes left.
+    ///
+    /// # Errors
+    ///
+    /// As [`CompiledCache::entries`], or an entry that cannot be removed (what was
+    /// removed before it stays removed).
+    pub fn clean(&self, max_size: u64) -> anyhow::Result<Evicted> {
+        self.check()?;
+        evict(&self.dir, max_size, None)
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        match owned::check_dir(&self.dir) {
+            Ok(()) | Err(Refused::Missing) => Ok(()),
+            Err(refused) => bail!("not touching the compiled-code cache `{}`: {refused}", self.dir.display()),
+        }
     }
 }
 
@@ -450,6 +683,17 @@ mod tests {
     #[test]
     fn digests_are_hex_sha256() {
         assert_eq!(hex(&digest(b"abc"))[..16], *"ba7816bf8f01cfea");
+    }
+
+    #[test]
+    fn only_entries_and_their_temporary_files_are_recognised() {
+        let entry = format!("{}-{}.cwasm", "ab".repeat(32), "0".repeat(16));
+        assert!(is_entry_name(&entry));
+        let temp = temp_path(Path::new(&entry));
+        assert!(is_temp_name(temp.to_str().unwrap()), "{temp:?}");
+        for other in ["key", "cache.key", "notes.cwasm", "x.tmp", &format!("{entry}.bak"), &entry[1..]] {
+            assert!(!is_entry_name(other) && !is_temp_name(other), "{other}");
+        }
     }
 
     #[test]

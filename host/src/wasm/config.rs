@@ -9,6 +9,9 @@ use super::log::{LogRecord, LogSink, tracing_sink};
 
 const MIB: usize = 1024 * 1024;
 
+/// The default of [`Config::max_cache_size`]: 1 GiB (see there why).
+pub const DEFAULT_MAX_CACHE_SIZE: u64 = 1 << 30;
+
 /// Settings of a [`Runtime`](super::Runtime). Every setting has a default (see each
 /// method); `Config::default()` is what `wasmproc run` uses.
 #[derive(Clone)]
@@ -22,6 +25,7 @@ pub struct Config {
     pub(crate) epoch_tick: Duration,
     pub(crate) max_instances: u32,
     pub(crate) cache_dir: CacheDir,
+    pub(crate) max_cache_size: u64,
     pub(crate) trust_precompiled: bool,
     pub(crate) max_module_size: usize,
     pub(crate) max_functions: u32,
@@ -49,6 +53,7 @@ impl Default for Config {
             epoch_tick: Duration::from_millis(1),
             max_instances: 10_000,
             cache_dir: CacheDir::Default,
+            max_cache_size: DEFAULT_MAX_CACHE_SIZE,
             trust_precompiled: false,
             max_module_size: 128 * MIB,
             max_functions: 100_000,
@@ -171,6 +176,16 @@ impl Config {
         self
     }
 
+    /// The most bytes the disk cache's entries may take together: after each write the
+    /// least recently used entries are removed until the rest fit (never the one just
+    /// written, so a single larger entry is kept alone). By default 1 GiB: twenty of the
+    /// largest entries we know of (a JavaScript engine component's code is about 47 MB),
+    /// hundreds of Rust guests'.
+    pub fn max_cache_size(mut self, bytes: u64) -> Self {
+        self.max_cache_size = bytes;
+        self
+    }
+
     /// Compiles every component afresh in each runtime: nothing is read from or written
     /// to disk. Components loaded twice in one runtime are still compiled once.
     pub fn no_disk_cache(mut self) -> Self {
@@ -290,6 +305,7 @@ impl fmt::Debug for Config {
             .field("epoch_tick", &self.epoch_tick)
             .field("max_instances", &self.max_instances)
             .field("cache_dir", &self.cache_dir)
+            .field("max_cache_size", &self.max_cache_size)
             .field("trust_precompiled", &self.trust_precompiled)
             .field("max_module_size", &self.max_module_size)
             .field("max_functions", &self.max_functions)

@@ -70,6 +70,8 @@ mod store;
 mod wasi;
 mod watch;
 
+pub use cache::{CacheEntry, CompiledCache, Evicted};
+pub use config::DEFAULT_MAX_CACHE_SIZE;
 pub use component::Component;
 pub use config::Config;
 pub use inspect::{Inspection, ProgramKind};

@@ -78,7 +78,8 @@ impl Runtime {
         let (engine, clock) = new_engine(&config)?;
         let linker = component::linker(&engine)?;
         let key = Arc::new(KeyFile::new(config.resolved_key_file()));
-        let disk = config.resolved_cache_dir().map(|dir| DiskCache::new(dir, &engine, key.clone()));
+        let disk =
+            config.resolved_cache_dir().map(|dir| DiskCache::new(dir, &engine, key.clone(), config.max_cache_size));
         let inner = RuntimeInner {
             engine,
             clock,
@@ -172,6 +173,25 @@ impl Runtime {
         };
         *slot = Some(program.clone());
         Ok(program)
+    }
+
+    /// Whether loading `bytes` would compile them, which may take seconds: not for a
+    /// precompiled file, for bytes this runtime has loaded, or for bytes with an entry in
+    /// the disk cache (whose checks are made when it is loaded: an entry that fails them
+    /// is compiled all the same). For a host that tells its user a long compile is
+    /// coming; cheap (a hash of the bytes and a look at one file).
+    pub fn would_compile(&self, bytes: &[u8]) -> bool {
+        if precompiled::is_precompiled(bytes) {
+            return false;
+        }
+        let digest = cache::digest(bytes);
+        // Cloned out of the map before it is locked, as `load_program_bytes` does; a slot
+        // held by another loader is a compile under way.
+        let slot = self.inner.loaded.lock().get(&digest).cloned();
+        if slot.is_some_and(|slot| slot.try_lock().is_some_and(|loaded| loaded.is_some())) {
+            return false;
+        }
+        !self.inner.disk.as_ref().is_some_and(|disk| disk.has_entry(&digest))
     }
 
     /// Compiles `bytes` (a component or a core module, as [`Runtime::load_program_bytes`]
