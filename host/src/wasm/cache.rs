@@ -349,7 +349,6 @@ fn mark_used(path: &Path) {
     }
 }
 
-
 /// How old a temporary file of a write must be before it counts as left by an
 /// interrupted one: writes take seconds at most. Picked with a wide margin.
 const STALE_TEMP: Duration = Duration::from_secs(3600);

@@ -71,9 +71,9 @@ mod wasi;
 mod watch;
 
 pub use cache::{CacheEntry, CompiledCache, Evicted};
-pub use config::DEFAULT_MAX_CACHE_SIZE;
 pub use component::Component;
 pub use config::Config;
+pub use config::DEFAULT_MAX_CACHE_SIZE;
 pub use inspect::{Inspection, ProgramKind};
 pub use log::{Level, LogRecord, LogSink, LogSource};
 pub use process::WasmProcess;
