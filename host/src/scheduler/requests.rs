@@ -10,7 +10,7 @@
 //! first, with an error saying so (the pending request's completer is dropped with a
 //! reason rather than left waiting).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -27,6 +27,9 @@ use crate::error::{PortError, SendError};
 pub(super) struct Requests {
     next: AtomicU64,
     pending: Mutex<FxHashMap<u64, Pending>>,
+    /// Requests ever sent and not yet taken out of `pending`: every process's end looks
+    /// here first, so a scheduler that serves no requests never takes the lock for it.
+    outstanding: AtomicUsize,
 }
 
 struct Pending {
@@ -37,12 +40,13 @@ struct Pending {
 impl Requests {
     /// Fails every request `server` holds: it has ended without answering them.
     pub(super) fn abandon(&self, server: Pid) {
-        let mut pending = self.pending.lock();
-        if pending.is_empty() {
+        if self.outstanding.load(Ordering::Acquire) == 0 {
             return;
         }
+        let mut pending = self.pending.lock();
         let ids: Vec<u64> = pending.iter().filter(|(_, p)| p.server == server).map(|(id, _)| *id).collect();
         let abandoned: Vec<Pending> = ids.iter().filter_map(|id| pending.remove(id)).collect();
+        self.outstanding.fetch_sub(abandoned.len(), Ordering::AcqRel);
         drop(pending);
         for request in abandoned {
             request.done.complete(Err(format!("unavailable: process {server} ended before it answered")));
@@ -79,11 +83,13 @@ impl Handle {
             None => format!("{name}#{id}"),
         };
         // Pending before it is sent: the server may answer before `send` returns.
+        requests.outstanding.fetch_add(1, Ordering::AcqRel);
         requests.pending.lock().insert(id, Pending { server, done });
         let sent = self.shared.send(caller, server, topic, payload, None);
         if let Err(error) = &sent
             && let Some(request) = requests.pending.lock().remove(&id)
         {
+            requests.outstanding.fetch_sub(1, Ordering::AcqRel);
             request.done.complete(Err(format!("unavailable: {error}")));
         }
         sent
@@ -109,6 +115,7 @@ impl Port {
         match pending.get(&id) {
             Some(request) if request.server == self.pid() => {
                 let request = pending.remove(&id).expect("just looked up under the same lock");
+                shared.requests.outstanding.fetch_sub(1, Ordering::AcqRel);
                 drop(pending);
                 request.done.complete(result);
                 Ok(())
