@@ -7,7 +7,6 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::dispatch::family;
 use super::process::{Command, CommandKind};
 use crate::journal::{Malformed, Reader, Writer};
 
@@ -223,6 +222,11 @@ impl Capabilities {
         };
         Ok(Capabilities { builtins, custom })
     }
+}
+
+/// The family of a command name: what comes before its first dot, if anything does.
+pub(crate) fn family(name: &str) -> Option<&str> {
+    name.split_once('.').map(|(family, _)| family).filter(|family| !family.is_empty())
 }
 
 fn builtin_bit(name: &str) -> Option<u8> {

@@ -18,6 +18,7 @@ use std::borrow::Cow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
+use super::caps::family;
 use super::cell::{ProcessCell, Watcher};
 use super::completer::{Completer, DROPPED, complete};
 use super::handle::Handle;
@@ -153,11 +154,6 @@ impl Drop for Request<'_> {
             complete(self.caller, self.tag, Err(DROPPED.to_owned()));
         }
     }
-}
-
-/// The family of a command name: what comes before its first dot, if anything does.
-pub(crate) fn family(name: &str) -> Option<&str> {
-    name.split_once('.').map(|(family, _)| family).filter(|family| !family.is_empty())
 }
 
 /// Where a yield of a durable process is in its journal: the record of its step, and its
