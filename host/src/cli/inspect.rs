@@ -45,13 +45,22 @@ impl Inspect {
                 (None, _) => "compiled now, not cached (the disk cache is not in use: see the warning)".to_owned(),
             }
         };
+        // A provider component imports what answers requests (the `handler` world); the
+        // SDK leaves the import out of a component that never answers one.
+        let provider = found.imports.iter().any(|import| import.starts_with("wasmproc:process/provider"));
+        let kind = if provider {
+            "provider component (wasmproc:process handler world: run it with --provider NAME=FILE)"
+        } else {
+            found.kind.describe()
+        };
         let text = if self.json {
             let object = json!({
                 "file": self.app.display().to_string(),
                 "size": found.size,
                 "sha256": found.sha256,
                 "compiled_from_sha256": found.source_sha256,
-                "kind": found.kind.describe(),
+                "kind": kind,
+                "provider": provider,
                 "runnable": found.problem.is_none(),
                 "problem": found.problem,
                 "entries": found.entries,
@@ -81,7 +90,7 @@ impl Inspect {
                     found.sha256
                 )),
                 source,
-                Some(format!("kind:      {}", found.kind.describe())),
+                Some(format!("kind:      {kind}")),
                 Some(format!("runnable:  {runnable}")),
                 Some(format!("entries:   {entries}")),
                 Some(format!("imports:   {}", list(&found.imports))),

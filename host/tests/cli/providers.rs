@@ -134,3 +134,13 @@ fn notes_are_kept_in_a_granted_directory_under_a_granted_title() {
     let ran = run(&["run", NOTES, "--env", "NOTES_TITLE=x", "--method", "list"]).expect(1);
     assert!(ran.stderr.contains("denied: `fs.read` needs a directory: run with --dir HOST::GUEST"), "{}", ran.stderr);
 }
+
+#[test]
+fn inspect_tells_a_provider_component_from_a_process_component() {
+    let ran = run(&["inspect", INVENTORY]).expect(0);
+    assert!(ran.stdout.contains("kind:      provider component"), "{}", ran.stdout);
+    assert!(ran.stdout.contains("--provider NAME=FILE"), "{}", ran.stdout);
+    let ran = run(&["inspect", FETCHER, "--json"]).expect(0);
+    assert_eq!(ran.json()["provider"], serde_json::json!(false));
+    assert_eq!(ran.json()["kind"], serde_json::json!("process component (wasmproc:process world)"));
+}
