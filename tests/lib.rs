@@ -182,6 +182,15 @@ pub fn outcome_of(
     caps: Option<wasmproc::Capabilities>,
     command: wasmproc::Command,
 ) -> wasmproc::Outcome {
+    yield_one(handle, caps, command).1
+}
+
+/// As [`outcome_of`], with the pid of the process that yielded the command.
+pub fn yield_one(
+    handle: &wasmproc::Handle,
+    caps: Option<wasmproc::Capabilities>,
+    command: wasmproc::Command,
+) -> (Pid, wasmproc::Outcome) {
     let (p, probe) = Scripted::new(move |t| {
         if t.step == 0 {
             t.out.yield_command(1, command.clone());
@@ -194,9 +203,11 @@ pub fn outcome_of(
     if let Some(caps) = caps {
         options = options.capabilities(caps);
     }
-    handle.spawn(p, options).expect("the process starts").join_timeout(HANG).expect("it ends").expect("it succeeds");
+    let process = handle.spawn(p, options).expect("the process starts");
+    process.join_timeout(HANG).expect("it ends").expect("it succeeds");
     let events = probe.events();
-    completion(events.first().expect("the completion woke it"), 1).expect("a completion of tag 1").clone()
+    let outcome = completion(events.first().expect("the completion woke it"), 1).expect("a completion of tag 1");
+    (process.pid(), outcome.clone())
 }
 
 /// A handler that completes at once, inside dispatch.

@@ -10,7 +10,7 @@ use wasmproc::provider::fs::{Files, FilesSettings, Grant};
 use wasmproc::provider::{Provider, Served};
 use wasmproc::scheduler::SpawnOptions;
 use wasmproc::{Capabilities, Command, Event, Outcome, Payload, Scheduler, Status};
-use wasmproc_tests::{HANG, Scripted, completion};
+use wasmproc_tests::{HANG, Scripted};
 
 /// Runs one process that yields `name` with `input` and returns its completion.
 fn call(s: &Scheduler, caps: Option<Capabilities>, name: &str, input: Payload) -> Outcome {
@@ -199,17 +199,23 @@ fn server(batch: usize) -> (Scripted, Seen) {
     (p, seen)
 }
 
+/// A scheduler of `workers` whose family `family` is served by process `server` of
+/// `services`, and granted.
+fn served_by(family: &str, services: &Scheduler, server: wasmproc::Pid, workers: usize) -> Scheduler {
+    Scheduler::builder()
+        .workers(workers)
+        .provider(Served::new(family, services.handle().clone(), server))
+        .capabilities(Capabilities::default().allow(&format!("{family}.*")))
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn a_process_serves_a_family_answering_later_and_out_of_order() {
     let services = Scheduler::builder().workers(1).build().unwrap();
     let (serve, seen) = server(3);
     let server_pid = services.handle().spawn(serve, "main").unwrap().pid();
-    let s = Scheduler::builder()
-        .workers(2)
-        .provider(Served::new("inventory", services.handle().clone(), server_pid))
-        .capabilities(Capabilities::default().allow("inventory.*"))
-        .build()
-        .unwrap();
+    let s = served_by("inventory", &services, server_pid, 2);
     // Three callers at once: the server answers none before it holds all three.
     let callers: Vec<_> = (0..3)
         .map(|i| {
@@ -217,18 +223,8 @@ fn a_process_serves_a_family_answering_later_and_out_of_order() {
             std::thread::spawn(move || {
                 let command =
                     Command::Custom { name: "inventory.reserve".into(), payload: Payload::text(format!("n{i}")) };
-                let (p, probe) = Scripted::new(move |t| {
-                    if t.step == 0 {
-                        t.out.yield_command(1, command.clone());
-                    } else {
-                        t.out.complete(Ok(Payload::empty()));
-                    }
-                    Ok(())
-                });
-                let process = s.spawn(p, "main").unwrap();
-                let pid = process.pid();
-                process.join_timeout(HANG).unwrap().unwrap();
-                (i, pid, completion(&probe.events()[0], 1).unwrap().clone())
+                let (pid, answer) = wasmproc_tests::yield_one(&s, None, command);
+                (i, pid, answer)
             })
         })
         .collect();
@@ -249,12 +245,7 @@ fn requests_a_server_leaves_unanswered_fail_when_it_ends() {
     let answered = Arc::new(AtomicUsize::new(0));
     let (serve, _) = server(usize::MAX);
     let server = services.handle().spawn(serve, "main").unwrap();
-    let s = Scheduler::builder()
-        .workers(1)
-        .provider(Served::new("svc", services.handle().clone(), server.pid()))
-        .capabilities(Capabilities::default().allow("svc.*"))
-        .build()
-        .unwrap();
+    let s = served_by("svc", &services, server.pid(), 1);
     let waiting = {
         let s = s.handle().clone();
         let answered = answered.clone();
@@ -305,12 +296,7 @@ fn only_the_server_may_answer_and_only_once() {
         Ok(())
     });
     let server = services.handle().spawn(serve, "main").unwrap();
-    let s = Scheduler::builder()
-        .workers(1)
-        .provider(Served::new("svc", services.handle().clone(), server.pid()))
-        .capabilities(Capabilities::default().allow("svc.*"))
-        .build()
-        .unwrap();
+    let s = served_by("svc", &services, server.pid(), 1);
     assert_eq!(call_on(s.handle(), "svc.x"), Ok(Payload::text("first")));
     let (id, second) = ids.lock().pop().unwrap();
     assert_eq!(second, Err(wasmproc::error::PortError::NoRequest(id)));
