@@ -12,7 +12,6 @@ use wasmproc_types::Format;
 
 use super::caps::Capabilities;
 use super::process::{Command, Event, Outcome, Payload, Pid, SpawnRequest, Status, Yield};
-use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 
 use crate::journal::{Batch, FORMAT_VERSION, Journal, Key, Malformed, Reader, Writer};
@@ -104,6 +103,12 @@ pub struct FinishedRun {
     members: Vec<(Pid, u64)>,
 }
 
+impl FinishedRun {
+    pub(super) fn new(root: Pid, result: Outcome, members: Vec<(Pid, u64)>) -> FinishedRun {
+        FinishedRun { root, result, members }
+    }
+}
+
 impl Journal {
     /// The runs whose every process has ended and whose records are still held (a host
     /// with [`JournalSettings::keep_finished`](crate::journal::JournalSettings), or one
@@ -114,57 +119,9 @@ impl Journal {
     ///
     /// The store's read error, or a damaged record (named by its key).
     pub fn finished_runs(&self) -> std::io::Result<Vec<FinishedRun>> {
-        // Per process: its parent, its result once ended, and its record count.
-        let mut processes: BTreeMap<Pid, (Option<Pid>, Option<Outcome>, u64)> = BTreeMap::new();
-        let mut failure = None;
-        self.store.scan(Key { process: 1, seq: 0 }, &mut |key, value| {
-            let pid = Pid::from_u64(key.process);
-            let entry = processes.entry(pid).or_insert((None, None, 0));
-            entry.2 = entry.2.max(key.seq + 1);
-            match Record::decode(value) {
-                Ok(Record::Spawn(spawn)) => entry.0 = Some(spawn.parent),
-                Ok(Record::Exit(result)) => entry.1 = Some(result),
-                Ok(_) => {}
-                Err(error) => {
-                    failure = Some(std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        format!("record {} of process {}: {error}", key.seq, key.process),
-                    ));
-                    return ControlFlow::Break(());
-                }
-            }
-            ControlFlow::Continue(())
-        })?;
-        if let Some(failure) = failure {
-            return Err(failure);
-        }
-        // Each process's root: up its parents to one the embedder spawned. A chain that
-        // leaves the journal or loops has no root, and keeps its run unfinished.
-        let root_of = |mut pid: Pid| {
-            for _ in 0..=processes.len() {
-                match processes.get(&pid)?.0? {
-                    parent if parent == Pid::HOST => return Some(pid),
-                    parent => pid = parent,
-                }
-            }
-            None
-        };
-        let mut runs: BTreeMap<Pid, (bool, Vec<(Pid, u64)>)> = BTreeMap::new();
-        for (pid, (_, result, records)) in &processes {
-            if let Some(root) = root_of(*pid) {
-                let run = runs.entry(root).or_insert((true, Vec::new()));
-                run.0 &= result.is_some();
-                run.1.push((*pid, *records));
-            }
-        }
-        Ok(runs
-            .into_iter()
-            .filter(|(_, (ended, _))| *ended)
-            .filter_map(|(root, (_, members))| {
-                let result = processes.get(&root)?.1.clone()?;
-                Some(FinishedRun { root, result, members })
-            })
-            .collect())
+        let plan = super::recovery::Plan::read(self)
+            .map_err(|error| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{error:#}")))?;
+        Ok(plan.finished_runs())
     }
 
     /// Removes the records of `run`, synced: once this returns, a start with this

@@ -31,6 +31,7 @@ use super::handle::{ExitSlot, ProcessHandle};
 use super::limits::Lineage;
 use super::port::Port;
 use super::process::{Command, Event, Outcome, Payload, Pid, Status, StepOutput, Yield};
+use super::record::FinishedRun;
 use super::record::{Record, SpawnRecord, StepRecord, now_micros};
 use super::shared::Shared;
 use super::state::{Lifecycle, Waiting};
@@ -379,6 +380,28 @@ impl Plan {
             }
         }
         handles
+    }
+
+    /// The runs whose every process has ended: each root the embedder spawned, with its
+    /// tree. A tree whose chain of parents leaves the journal has no such root and counts
+    /// as unfinished.
+    pub(super) fn finished_runs(&self) -> Vec<FinishedRun> {
+        let mut runs: BTreeMap<Pid, (bool, Vec<(Pid, u64)>)> = BTreeMap::new();
+        for (pid, saved) in &self.saved {
+            let root = self.root_of(*pid);
+            if self.saved[&root].spawn.parent == Pid::HOST {
+                let run = runs.entry(root).or_insert((true, Vec::new()));
+                run.0 &= saved.exit.is_some();
+                run.1.push((*pid, saved.next_seq));
+            }
+        }
+        runs.into_iter()
+            .filter(|(_, (ended, _))| *ended)
+            .filter_map(|(root, (_, members))| {
+                let result = self.saved[&root].exit.clone()?;
+                Some(FinishedRun::new(root, result, members))
+            })
+            .collect()
     }
 
     /// The first process up `pid`'s chain of parents that the embedder spawned (or whose
