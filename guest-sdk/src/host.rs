@@ -10,7 +10,7 @@ use crate::payload::{Format, Level, Message, Payload, Pid};
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "wit",
         world: "handler",
         pub_export_macro: true,
         export_macro_name: "__export_process",

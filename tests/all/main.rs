@@ -34,3 +34,5 @@ mod stress;
 mod wakeups;
 /// Wasm processes end to end with the raw guest: loading, caches, world checks, traps, limits.
 mod wasm;
+/// The guest SDK's copy of the WIT is the host's.
+mod wit;
