@@ -26,7 +26,8 @@ fn parse(outcome: Outcome) -> serde_json::Value {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("wasmproc-providers-{}-{name}", std::process::id()));
+    // The same for every run (emptied first), under cargo's scratch space: runs do not pile up.
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("providers-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir

@@ -31,9 +31,11 @@ fn cache_dir(name: &str) -> PathBuf {
 fn runtime() -> &'static Runtime {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
-        let config = Config::default()
-            .cache_dir(cache_dir("shared"))
-            .log_sink(|record: &LogRecord<'_>| LOG.lock().push(record.to_string()));
+        // The same directory on every run (a disk cache is safe to share between runs, and
+        // stays within its size cap), so runs do not leave a directory each behind.
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache-shared");
+        let config =
+            Config::default().cache_dir(dir).log_sink(|record: &LogRecord<'_>| LOG.lock().push(record.to_string()));
         Runtime::new(config).expect("the runtime starts")
     })
 }

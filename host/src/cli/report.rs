@@ -237,7 +237,8 @@ fn payload_bytes(payload: &Payload) -> Vec<u8> {
 /// The `--progress` line: redrawn every 200 ms by a thread of its own.
 pub(super) struct Progress {
     stop: Arc<AtomicBool>,
-    thread: thread::JoinHandle<()>,
+    /// `None` when the thread could not be started: the line is a courtesy, not a duty.
+    thread: Option<thread::JoinHandle<()>>,
 }
 
 impl Progress {
@@ -246,7 +247,7 @@ impl Progress {
         let handle = scheduler.handle().clone();
         let flag = stop.clone();
         let out = out.clone();
-        let thread = thread::spawn(move || {
+        let thread = thread::Builder::new().name("wasmproc-progress".to_owned()).spawn(move || {
             while !flag.load(Ordering::Relaxed) {
                 let s = handle.stats();
                 let line = format!(
@@ -262,41 +263,63 @@ impl Progress {
             }
             out.stderr_raw(b"\r\x1b[K".to_vec());
         });
-        Progress { stop, thread }
+        Progress { stop, thread: thread.ok() }
     }
 
     pub(super) fn finish(self) {
         self.stop.store(true, Ordering::Relaxed);
-        let _ = self.thread.join();
+        if let Some(thread) = self.thread {
+            let _ = thread.join();
+        }
     }
 }
 
 /// How long loading a program may take before the run says that it is compiling.
 pub(super) const COMPILE_NOTICE_AFTER: Duration = Duration::from_secs(1);
 
-/// The line that says a long compile is under way, from a thread of its own so that it
-/// appears while compiling: started before a load that compiles, it says so once if the
-/// load has not ended [`COMPILE_NOTICE_AFTER`] later, and nothing if it has.
+/// Tells that a long compile is under way, from a thread of its own so that it appears
+/// while compiling. Started before a load that compiles, it either says so once if the
+/// load has not ended [`COMPILE_NOTICE_AFTER`] later (and nothing if it has), or, with
+/// `--progress` on a terminal, redraws a line with the time spent so far from the start
+/// and erases it when the load ends.
 pub(super) struct CompileNotice {
-    /// Dropped when the load ends: the thread then wakes and ends without a word.
+    /// Dropped when the load ends: the thread then wakes and ends.
     loaded: mpsc::Sender<()>,
     thread: Option<thread::JoinHandle<()>>,
 }
 
+/// How often the `--progress` line of a compile is redrawn.
+const COMPILE_PROGRESS_EVERY: Duration = Duration::from_millis(200);
+
 impl CompileNotice {
     /// Starts the timer of a load of `app` that compiles (`cached`: a later run loads it
-    /// from the cache).
-    pub(super) fn start(app: &std::path::Path, cached: bool, out: &Output) -> CompileNotice {
+    /// from the cache; `live`: redraw a progress line, for `--progress` on a terminal).
+    pub(super) fn start(app: &std::path::Path, cached: bool, live: bool, out: &Output) -> CompileNotice {
         let (loaded, wait) = mpsc::channel::<()>();
         let name = app.file_name().map_or_else(|| app.display().to_string(), |n| n.to_string_lossy().into_owned());
         let later = if cached { "first run; later runs use the cache" } else { "--no-cache: every run compiles" };
-        let text = format!("compiling {name} ({later})…");
+        let text = format!("compiling {name} ({later})");
         let out = out.clone();
+        let started = Instant::now();
         let thread = thread::Builder::new()
             .name("wasmproc-compile-notice".to_owned())
             .spawn(move || {
-                if let Err(mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(COMPILE_NOTICE_AFTER) {
-                    out.say(Say::Notice, text);
+                if !live {
+                    if let Err(mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(COMPILE_NOTICE_AFTER) {
+                        out.say(Say::Notice, format!("{text}…"));
+                    }
+                    return;
+                }
+                loop {
+                    let line = format!("\r\x1b[Kwasmproc: {text}: {:.1}s", started.elapsed().as_secs_f64());
+                    out.stderr_raw(line.into_bytes());
+                    if let Err(mpsc::RecvTimeoutError::Disconnected) = wait.recv_timeout(COMPILE_PROGRESS_EVERY) {
+                        break;
+                    }
+                }
+                out.stderr_raw(b"\r\x1b[K".to_vec());
+                if started.elapsed() >= COMPILE_NOTICE_AFTER {
+                    out.say(Say::Notice, format!("compiled {name} in {:.1}s", started.elapsed().as_secs_f64()));
                 }
             })
             // Without its thread the notice is not given: it is a courtesy, not a duty.

@@ -161,7 +161,8 @@ pub(super) struct Run {
     /// yields by command, messages, steals, per-worker steps, peak live, wall time.
     #[arg(long)]
     stats: bool,
-    /// Show a live status line on stderr while running (only when stderr is a terminal).
+    /// Show a live status line on stderr while compiling and running (only when stderr is
+    /// a terminal, and not with --log-format json).
     #[arg(long)]
     progress: bool,
     /// Print one JSON object on stdout: {"ok": RESULT} or {"error": MESSAGE}, with "stats"
@@ -224,8 +225,7 @@ impl Run {
             }
         };
         signals.forward_end_of(process);
-        let progress =
-            (self.progress && std::io::stderr().is_terminal()).then(|| Progress::start(&scheduler, &out, start));
+        let progress = self.live_progress().then(|| Progress::start(&scheduler, &out, start));
         // A deadline past what `Instant` holds is no deadline.
         let deadline = self.timeout.and_then(|timeout| start.checked_add(timeout));
         let (root, stop) = signals.wait(&scheduler, deadline, self.timeout, &out);
@@ -295,7 +295,7 @@ impl Run {
         let runtime = runtime(config)?;
         let loading = Instant::now();
         let notice = (!style().quiet && runtime.would_compile(&bytes))
-            .then(|| CompileNotice::start(&self.app, !self.engine.no_cache, out));
+            .then(|| CompileNotice::start(&self.app, !self.engine.no_cache, self.live_progress(), out));
         let program = runtime.load_program_bytes(&bytes);
         if let Some(notice) = notice {
             notice.finish();
@@ -402,6 +402,12 @@ impl Run {
             ),
         );
         Some(run.result)
+    }
+
+    /// Whether `--progress` draws its live lines: they redraw themselves in place, so
+    /// only on a terminal, and never between the JSON lines of `--log-format json`.
+    fn live_progress(&self) -> bool {
+        self.progress && !style().json && std::io::stderr().is_terminal()
     }
 
     /// The entry method of a process component: `--method`, else `main`, which must be

@@ -25,9 +25,10 @@ mod rough_edges;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_wasmproc");
 
-/// A scratch directory of the test's own, emptied.
+/// A scratch directory of the test's own, emptied. The same for every run of the test, so
+/// a run clears what the last one left instead of adding a directory of its own.
 fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-{name}-{}", std::process::id()));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("the scratch directory can be made");
     dir

@@ -123,6 +123,33 @@ fn a_cold_compile_says_so_while_compiling_and_a_cached_load_does_not() {
     assert!(quiet.stderr.is_empty(), "-q is silent: {}", quiet.stderr);
 }
 
+/// With `--progress` on a terminal (a pseudo-terminal from util-linux's `script`), the
+/// compile is a line redrawn in place from its start and erased at its end; without a
+/// terminal, `--progress` draws nothing.
+#[test]
+fn progress_on_a_terminal_redraws_a_compile_line_and_erases_it() {
+    let home = scratch("rough-progress");
+    let app = slow_to_compile(&home);
+    let app = app.to_str().expect("utf-8");
+    let command = format!("{BINARY} run --progress --no-cache {app}");
+    let mut script = Command::new("script");
+    script.args(["-qec", &command, "/dev/null"]);
+    for (key, value) in in_home(&home, &[]).get_envs() {
+        match value {
+            Some(value) => script.env(key, value),
+            None => script.env_remove(key),
+        };
+    }
+    let ran = finish(script.stdin(Stdio::null()).output().expect("`script` (util-linux) runs")).expect(0);
+    let line = "\r\x1b[Kwasmproc: compiling slow.wasm (--no-cache: every run compiles): ";
+    assert!(ran.stdout.contains(line), "a live compile line: {:?}", ran.stdout);
+    let erased = ran.stdout.rfind(line).map(|at| &ran.stdout[at + line.len()..]).expect("drawn");
+    assert!(erased.contains("\r\x1b[K"), "erased after its last redraw: {erased:?}");
+
+    let piped = finish(in_home(&home, &["run", "--progress", "--no-cache", app]).output().expect("runs")).expect(0);
+    assert!(!piped.stderr.contains('\x1b'), "nothing redrawn without a terminal: {:?}", piped.stderr);
+}
+
 // --- 3. failed processes nobody waited on ---------------------------------------------------
 
 /// `orphan` spawns a looping child without monitoring it and completes: the child's CPU
