@@ -67,6 +67,24 @@ pub enum SendError {
     /// scheduler is suspending its processes): it was not sent.
     #[error("message not recorded: {0}")]
     Journal(String),
+    /// The receiver's node is not in the cluster: it never joined, or it was lost (see
+    /// `wasmproc::cluster`). The message was not sent.
+    #[error("no node {node} in the cluster for process {pid}: it never joined or has been lost")]
+    NoNode {
+        /// The receiver.
+        pid: Pid,
+        /// Its node.
+        node: u16,
+    },
+    /// The cluster could not take the message now (its queue to the receiver's node is
+    /// full, or this node is leaving); it was not sent.
+    #[error("cluster refused the message for process {pid}: {reason}")]
+    Cluster {
+        /// The receiver.
+        pid: Pid,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// Why a [`Port`](crate::Port) refused to send.

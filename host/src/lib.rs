@@ -68,6 +68,9 @@
 //! - [`journal`]: durable processes: a journal given to the builder records every
 //!   process's history ahead of its effects, and a scheduler built on it again resumes
 //!   the unfinished ones.
+//! - [`cluster`] (feature `cluster`, on by default): nodes joined through a NATS server;
+//!   a pid names its node, and whatever names another node goes there (`Cluster`: one a
+//!   host, a thread of its own for the network).
 //! - [`wasm`] (feature `wasm`, on by default): one wasmtime engine, its instance memory and
 //!   fiber-stack arenas and the compile caches (`wasm::Runtime`; costly to build, one per
 //!   host). `Runtime::load` gives a `wasm::Component`: cheap to clone, and a
@@ -77,6 +80,8 @@
 
 #![deny(missing_docs)]
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod error;
 pub mod handler;
 pub mod journal;

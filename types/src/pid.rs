@@ -9,6 +9,15 @@ use core::fmt;
 /// nothing instead of reaching the slot's next tenant. Guests see the id as a plain number
 /// ([`Pid::as_u64`]); with the `serde` feature it serialises as one, so pids can travel
 /// inside messages and results.
+///
+/// # The node
+///
+/// A pid names the node of a cluster its process lives on: the top [`Pid::NODE_BITS`]
+/// bits are the node's id ([`Pid::node`]), the rest the process on that node. Node 0 is a
+/// host outside any cluster, so a standalone host's pids (and the pids in its journals)
+/// are what they were before clusters existed. A host decides whether a pid is its own
+/// with one compare of [`Pid::node`]; the layout of the lower bits is its own business
+/// (the scheduler's registry packs `generation:20 | shard:8 | index:24` there).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Pid(u64);
 
@@ -16,6 +25,36 @@ impl Pid {
     /// The sender of messages that come from the embedder rather than from a process.
     /// No process ever has this id.
     pub const HOST: Pid = Pid(0);
+
+    /// How many of the pid's high bits name its node: 4,095 nodes besides node 0.
+    pub const NODE_BITS: u32 = 12;
+    /// Where the node's bits start.
+    pub const NODE_SHIFT: u32 = 64 - Self::NODE_BITS;
+    /// The largest node id.
+    pub const MAX_NODE: u16 = (1 << Self::NODE_BITS) - 1;
+
+    /// The id of the node this pid's process lives on; 0 outside a cluster.
+    #[inline]
+    pub const fn node(self) -> u16 {
+        (self.0 >> Self::NODE_SHIFT) as u16
+    }
+
+    /// The pid with its node bits replaced by `node` (taken modulo 2^[`Pid::NODE_BITS`]).
+    pub const fn with_node(self, node: u16) -> Self {
+        let node = (node as u64) & (Self::MAX_NODE as u64);
+        Pid((self.0 & !((Self::MAX_NODE as u64) << Self::NODE_SHIFT)) | (node << Self::NODE_SHIFT))
+    }
+
+    /// The pid that names node `node` itself rather than a process on it: a node's
+    /// embedder when it sends or watches across the cluster.
+    pub const fn node_host(node: u16) -> Self {
+        Pid::HOST.with_node(node)
+    }
+
+    /// Whether this pid names no process but a node's embedder ([`Pid::HOST`] on node 0).
+    pub const fn is_host(self) -> bool {
+        self.0 & !((Self::MAX_NODE as u64) << Self::NODE_SHIFT) == 0
+    }
 
     /// Rebuilds a pid from [`Pid::as_u64`] (for example one that came back from a guest).
     pub const fn from_u64(raw: u64) -> Self {
@@ -61,6 +100,19 @@ mod tests {
     #[test]
     fn formats_as_its_number() {
         assert_eq!(alloc::format!("{} {:?}", Pid::from_u64(7), Pid::HOST), "7 Pid(0)");
+    }
+
+    #[test]
+    fn the_node_is_the_high_bits_and_node_zero_changes_nothing() {
+        let pid = Pid::from_u64(0x0000_0123_4567_89ab);
+        assert_eq!(pid.node(), 0);
+        let remote = pid.with_node(7);
+        assert_eq!(remote.node(), 7);
+        assert_eq!(remote.as_u64(), (7 << 52) | pid.as_u64());
+        assert_eq!(remote.with_node(0), pid);
+        assert_eq!(Pid::from_u64(u64::MAX).node(), Pid::MAX_NODE);
+        assert!(Pid::node_host(3).is_host() && Pid::HOST.is_host() && !remote.is_host());
+        assert_eq!(Pid::node_host(3).node(), 3);
     }
 
     #[cfg(feature = "json")]

@@ -15,6 +15,7 @@ mod compile;
 mod input;
 mod inspect;
 mod journal;
+mod node;
 mod output;
 mod providers;
 mod report;
@@ -132,6 +133,10 @@ enum Command {
     /// The compiled-code cache: `ls` its entries (size, age, last use, total), `clean`
     /// them (all, or the least recently used past --max-size).
     Cache(cache::CacheCommand),
+    /// Join a cluster through its NATS server and run what it is given until stopped.
+    Node(Box<node::Node>),
+    /// Look at a cluster: `ls` its nodes, their load and their components.
+    Cluster(node::ClusterCommand),
 }
 
 /// Engine settings that compiled code depends on: `compile` and `run` must agree.
@@ -242,6 +247,8 @@ pub(crate) fn main() -> ExitCode {
         Command::Compile(compile) => compile.execute(),
         Command::Journal(journal) => journal.execute(),
         Command::Cache(cache) => cache.execute(),
+        Command::Node(node) => node.execute(),
+        Command::Cluster(cluster) => cluster.execute(),
     };
     match outcome {
         Ok(code) => code,

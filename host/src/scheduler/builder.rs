@@ -20,6 +20,7 @@ use super::limits::Limits;
 use super::process::Pid;
 use super::recovery::Plan;
 use super::registry::{self, Registry};
+use super::remote::Remote;
 use super::requests::Requests;
 use super::shared::{DenialHint, Settings, Shared};
 use super::timer::Timer;
@@ -45,6 +46,9 @@ pub struct Builder {
     denial_hint: Option<DenialHint>,
     /// Build only to replay the journal's unfinished processes (see `verify_journal`).
     verifying: bool,
+    /// The node in a cluster and where work for other nodes goes (`Builder::cluster`).
+    node: u16,
+    remote: Option<Arc<dyn Remote>>,
 }
 
 /// A provider as the handler of its family.
@@ -76,6 +80,8 @@ impl Default for Builder {
             journal: None,
             denial_hint: None,
             verifying: false,
+            node: 0,
+            remote: None,
         }
     }
 }
@@ -203,6 +209,17 @@ impl Builder {
         self
     }
 
+    /// Makes this scheduler a node of `cluster`: its pids name the cluster's node id, and
+    /// what names a process of another node goes through the cluster. Call
+    /// [`Cluster::serve`](crate::cluster::Cluster::serve) with the built scheduler's
+    /// handle to take work from the other nodes. Not with a journal.
+    #[cfg(feature = "cluster")]
+    pub fn cluster(mut self, cluster: &crate::cluster::Cluster) -> Self {
+        self.node = cluster.node();
+        self.remote = Some(cluster.remote());
+        self
+    }
+
     /// Starts the worker threads and the timer thread.
     ///
     /// # Errors
@@ -220,6 +237,10 @@ impl Builder {
         ensure!(self.max_processes > 0, "`max_processes` must be at least 1");
         ensure!(self.mailbox_capacity > 0, "`mailbox_capacity` must be at least 1");
         ensure!(self.turn_budget > 0, "`turn_budget` must be at least 1");
+        ensure!(
+            self.remote.is_none() || self.journal.is_none(),
+            "a scheduler cannot be both durable (a journal) and a cluster node: durable processes do not cross nodes yet"
+        );
         let mut handlers = FxHashMap::default();
         let mut families = FxHashMap::default();
         for (name, handler) in self.handlers {
@@ -264,7 +285,7 @@ impl Builder {
             injector: Injector::new(),
             stealers: queues.iter().map(Worker::stealer).collect(),
             idle: Idle::new(),
-            registry: Registry::new(shards),
+            registry: Registry::new(shards, self.node),
             counters: (0..=workers).map(|_| CachePadded::default()).collect(),
             live: AtomicUsize::new(0),
             retiring: AtomicUsize::new(0),
@@ -285,6 +306,8 @@ impl Builder {
             requests: Requests::default(),
             timer,
             durable,
+            node: self.node,
+            remote: self.remote,
             suspending: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),

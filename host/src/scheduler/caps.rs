@@ -188,7 +188,7 @@ impl Capabilities {
 
 impl Capabilities {
     /// Writes the grant set to a journal record.
-    pub(super) fn encode(&self, w: &mut Writer) {
+    pub(crate) fn encode(&self, w: &mut Writer) {
         w.u8(self.builtins);
         match &self.custom {
             Custom::All => w.u8(0),
@@ -206,7 +206,7 @@ impl Capabilities {
     }
 
     /// Reads back what [`Capabilities::encode`] wrote.
-    pub(super) fn decode(r: &mut Reader<'_>) -> Result<Capabilities, Malformed> {
+    pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Capabilities, Malformed> {
         let builtins = r.u8()? & ALL_BUILTINS;
         let custom = match r.u8()? {
             0 => Custom::All,

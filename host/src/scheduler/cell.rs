@@ -27,6 +27,8 @@ pub(super) enum Watcher {
     Yield(Completer),
     /// The embedder's [`ProcessHandle`](super::ProcessHandle).
     Handle(Arc<ExitSlot>),
+    /// A watcher on another node, through the cluster: called once with the result.
+    Notify(super::remote::Notify),
 }
 
 /// Where a process belongs, what it was made from and what it may do: fixed at spawn.
@@ -35,6 +37,8 @@ pub(super) struct Spec {
     /// per process, rather than in every completer: a reference count touched by every
     /// yield on every worker would bounce between cores. `None` only in the loom models.
     pub(super) scheduler: Option<Arc<Shared>>,
+    /// The process that spawned it: [`Pid::HOST`] for the embedder.
+    pub(super) parent: Pid,
     /// The registered kind it was made from, so it can spawn more of itself.
     pub(super) kind: Option<Arc<str>>,
     pub(super) caps: Arc<Capabilities>,
@@ -264,7 +268,7 @@ mod loom_models {
     }
 
     fn ready_cell() -> Arc<ProcessCell> {
-        let spec = Spec { scheduler: None, kind: None, caps: Arc::default(), mailbox_capacity: 8 };
+        let spec = Spec { scheduler: None, parent: Pid::HOST, kind: None, caps: Arc::default(), mailbox_capacity: 8 };
         let cell = Arc::new(ProcessCell::new(Pid::from_u64(1), Box::new(Inert), spec, Lineage::default()));
         cell.state.transition_to_ready_from_init();
         cell

@@ -209,6 +209,10 @@ impl Shared {
             Command::Sleep(duration) if duration.is_zero() => complete(cell, tag, Ok(Payload::empty())),
             Command::Sleep(duration) => self.timer.sleep(duration, Completer::new(cell.clone(), tag)),
             Command::Spawn(request) => {
+                let request = match self.spawn_elsewhere(cell, request, || Completer::new(cell.clone(), tag)) {
+                    Ok(()) => return,
+                    Err(request) => request,
+                };
                 let result = self.spawn_child(cell, request, origin.map(|o| (o.seq, tag)));
                 complete(
                     cell,
@@ -230,6 +234,9 @@ impl Shared {
                 complete(cell, tag, Ok(Payload::empty()));
             }
             Command::Terminate(target) => {
+                if let Some(remote) = self.remote_for(target) {
+                    return remote.terminate(target, Some(Completer::new(cell.clone(), tag)));
+                }
                 // Completes once the target has ended: its exit notifies the completer.
                 let watcher = Watcher::Yield(Completer::new(cell.clone(), tag));
                 if let Err((error, watcher)) = self.terminate(target, Some(watcher))
@@ -267,6 +274,16 @@ impl Shared {
         let kind = match &request.kind {
             Some(name) => self.kinds.get_key_value(name.as_str()),
             None => parent.spec.kind.as_ref().and_then(|k| self.kinds.get_key_value(k.as_ref())),
+        };
+        // A kind this node lacks may be one the cluster fetched (named by its hash).
+        let fetched;
+        let kind = match (kind, &self.remote) {
+            (None, Some(remote)) => {
+                let name = request.kind.as_deref().or(parent.spec.kind.as_deref());
+                fetched = name.and_then(|name| Some((Arc::<str>::from(name), remote.factory(name)?)));
+                fetched.as_ref().map(|(name, factory)| (name, factory))
+            }
+            (kind, _) => kind,
         };
         let Some((kind, factory)) = kind else {
             return Err(match &request.kind {

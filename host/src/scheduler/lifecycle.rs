@@ -64,6 +64,7 @@ impl Shared {
         let shard = worker::current_index(self.id).unwrap_or(self.settings.workers);
         let spec = Spec {
             scheduler: Some(self.clone()),
+            parent: args.parent,
             kind: args.kind,
             caps: args.caps,
             mailbox_capacity: args.mailbox_capacity,
@@ -156,12 +157,30 @@ impl Shared {
         body: Payload,
         id: Option<u64>,
     ) -> Result<(), SendError> {
+        if let Some(remote) = self.remote_for(to) {
+            // A host's own messages leave as its node's.
+            let from = if from == Pid::HOST { Pid::node_host(self.node) } else { from };
+            return remote.send(from, to, topic, body);
+        }
         let cell = self.registry.get(to).ok_or(SendError::NotFound(to))?;
+        self.deliver_message(&cell, from, topic, body, id)
+    }
+
+    /// Puts a message in `cell`'s mailbox and wakes it.
+    pub(super) fn deliver_message(
+        &self,
+        cell: &Arc<ProcessCell>,
+        from: Pid,
+        topic: String,
+        body: Payload,
+        id: Option<u64>,
+    ) -> Result<(), SendError> {
+        let to = cell.pid();
         match cell.deliver_identified(Event::Message { sender: from, topic, body }, id.map(|n| (from, n))) {
             Ok(wake) => {
                 self.count(|c| &c.messages, 1);
                 if wake == Wake::Schedule {
-                    self.schedule(cell);
+                    self.schedule(cell.clone());
                 }
                 Ok(())
             }
@@ -173,6 +192,9 @@ impl Shared {
     /// `watcher` gets an [`Event::Exit`] when `target` ends; at once (`Err("noproc")`)
     /// if it already has.
     pub(super) fn monitor(&self, watcher: &Arc<ProcessCell>, target: Pid) {
+        if let Some(remote) = self.remote_for(target) {
+            return remote.monitor(watcher.pid(), target);
+        }
         let refused = match self.registry.get(target) {
             Some(cell) => cell.inbox.watch(Watcher::Process(watcher.clone())).is_err(),
             None => true,
@@ -299,6 +321,10 @@ impl Shared {
                 Watcher::Handle(slot) => {
                     told = true;
                     slot.set(result.clone());
+                }
+                Watcher::Notify(notify) => {
+                    told = true;
+                    notify(cell.pid(), &result);
                 }
             }
         }

@@ -23,6 +23,7 @@
 //! - `completer.rs`: answering a yield, now or later; `timer.rs`: the `sleep` command;
 //! - `requests.rs`: commands a process serves ([`Handle::forward`], [`Port::respond`]);
 //! - `limits.rs`: per-process limits and tree counts; `registry.rs`: pid → process;
+//! - `remote.rs`: what names a process of another node goes to the cluster;
 //! - `durable.rs`: a journal's write-ahead of steps; `record.rs`: its records;
 //!   `recovery.rs`: resuming from it (see [`crate::journal`]);
 //! - `builder.rs`, `handle.rs`, `stats.rs`: the public API around [`Scheduler`];
@@ -58,6 +59,7 @@ pub(crate) mod process;
 mod record;
 mod recovery;
 mod registry;
+pub(crate) mod remote;
 mod requests;
 mod shared;
 mod state;

@@ -62,6 +62,19 @@ impl Port {
         scheduler(&cell).send_as(&cell, to, topic.into(), body, None)
     }
 
+    /// The process that spawned this one: [`Pid::HOST`] if the embedder did (or the
+    /// process has ended).
+    pub fn parent(&self) -> Pid {
+        self.cell.upgrade().map_or(Pid::HOST, |cell| cell.spec.parent)
+    }
+
+    /// The most commands one step of this process may yield: more ends it
+    /// ([`Builder::max_yields_per_step`](super::Builder::max_yields_per_step)). 0 once the
+    /// process has ended.
+    pub fn max_yields_per_step(&self) -> usize {
+        self.cell.upgrade().map_or(0, |cell| scheduler(&cell).settings.limits.max_yields_per_step)
+    }
+
     /// Whether a long step should give its worker back now: other processes are queued
     /// on this scheduler, or this process has been asked to terminate. A snapshot of racy
     /// checks: a wrong answer only moves a yield by one look (an epoch tick for Wasm).

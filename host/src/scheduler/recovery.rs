@@ -170,6 +170,7 @@ impl Plan {
             let verdict = made.and_then(|process| {
                 let spec = Spec {
                     scheduler: Some(shared.clone()),
+                    parent: saved.spawn.parent,
                     kind: saved.spawn.kind.as_deref().map(Arc::from),
                     caps: Arc::new(saved.spawn.caps.clone()),
                     mailbox_capacity: (saved.spawn.mailbox_capacity as usize).max(1),
@@ -474,6 +475,7 @@ impl Plan {
             };
             let spec = Spec {
                 scheduler: Some(shared.clone()),
+                parent: saved.spawn.parent,
                 kind,
                 caps: Arc::new(saved.spawn.caps.clone()),
                 mailbox_capacity: (saved.spawn.mailbox_capacity as usize).max(1),

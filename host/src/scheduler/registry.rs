@@ -5,10 +5,14 @@
 //! shard, so the common case takes an uncontended lock; lookups and removals may touch
 //! any shard.
 //!
-//! A [`Pid`] packs `generation:32 | shard:8 | index:24`. Every insert takes the shard's
+//! A [`Pid`] packs `node:12 | generation:20 | shard:8 | index:24`. The node is the
+//! registry's own ([`Pid::node`]; 0 outside a cluster). Every insert takes the shard's
 //! next generation (never 0, so no pid is [`Pid::HOST`]), and a lookup succeeds only if
-//! the slot still holds that generation: a pid of a finished process finds nothing even
-//! after its slot has been reused.
+//! the slot still holds that node and generation (compared as one 32-bit word): a pid of
+//! a finished process finds nothing even after its slot has been reused, until the
+//! generation has wrapped (2^20 inserts into the shard later), and a pid of another node
+//! never does. A journal written before pids had a node keeps its 32-bit generations:
+//! restored pids are registered under the word they carry.
 
 use std::sync::Arc;
 
@@ -21,6 +25,9 @@ use super::process::{Pid, Process};
 
 const INDEX_BITS: u32 = 24;
 const SHARD_BITS: u32 = 8;
+/// The generation's bits below the node's (see [`Pid::NODE_BITS`]).
+const GENERATION_BITS: u32 = 32 - Pid::NODE_BITS;
+const GENERATION_MASK: u32 = (1 << GENERATION_BITS) - 1;
 const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
 const SHARD_MASK: u64 = (1 << SHARD_BITS) - 1;
 
@@ -37,6 +44,8 @@ pub(super) fn shard_of(pid: Pid) -> usize {
 
 pub(super) struct Registry {
     shards: Box<[Mutex<Shard>]>,
+    /// The node's bits of every pid this registry makes, in the generation word.
+    node_bits: u32,
 }
 
 #[derive(Default)]
@@ -51,9 +60,14 @@ struct Slot {
 }
 
 impl Registry {
-    pub(super) fn new(shards: usize) -> Self {
+    /// A registry of `shards` shards making the pids of node `node` (0 outside a cluster).
+    pub(super) fn new(shards: usize, node: u16) -> Self {
         assert!((1..=MAX_SHARDS).contains(&shards), "registry needs 1..={MAX_SHARDS} shards, got {shards}");
-        Registry { shards: (0..shards).map(|_| Mutex::default()).collect() }
+        assert!(node <= Pid::MAX_NODE, "node id {node} past {}", Pid::MAX_NODE);
+        Registry {
+            shards: (0..shards).map(|_| Mutex::default()).collect(),
+            node_bits: u32::from(node) << GENERATION_BITS,
+        }
     }
 
     /// Registers `process` under a fresh pid in `shard` (taken modulo the shard count).
@@ -71,8 +85,11 @@ impl Registry {
         if index >= MAX_PER_SHARD {
             return Err(process);
         }
-        shard.next_generation = shard.next_generation.wrapping_add(1).max(1);
-        let generation = shard.next_generation;
+        // Within the generation's bits and never 0; a restored journal's counter may be
+        // past them, and continues from its low bits.
+        let next = (shard.next_generation & GENERATION_MASK).wrapping_add(1) & GENERATION_MASK;
+        shard.next_generation = next.max(1);
+        let generation = self.node_bits | shard.next_generation;
         let pid = Pid::from_u64(
             (u64::from(generation) << (INDEX_BITS + SHARD_BITS)) | ((shard_index as u64) << INDEX_BITS) | index as u64,
         );
@@ -190,13 +207,13 @@ mod tests {
     }
 
     fn insert(reg: &Registry, shard: usize) -> Pid {
-        let spec = Spec { scheduler: None, kind: None, caps: Arc::default(), mailbox_capacity: 1 };
+        let spec = Spec { scheduler: None, parent: Pid::HOST, kind: None, caps: Arc::default(), mailbox_capacity: 1 };
         reg.insert(shard, Box::new(Inert), spec, Lineage::default()).ok().unwrap().pid()
     }
 
     #[test]
     fn stale_pid_finds_nothing_after_slot_reuse() {
-        let reg = Registry::new(2);
+        let reg = Registry::new(2, 0);
         let first = insert(&reg, 1);
         assert!(reg.get(first).is_some());
         assert!(reg.remove(first));
@@ -211,12 +228,34 @@ mod tests {
 
     #[test]
     fn foreign_and_host_pids_are_rejected() {
-        let reg = Registry::new(1);
+        let reg = Registry::new(1, 0);
         assert!(reg.get(Pid::HOST).is_none());
         assert!(reg.get(Pid::from_u64(u64::MAX)).is_none());
         assert!(!reg.remove(Pid::from_u64(1 << 40)));
         let pid = insert(&reg, 5);
         assert_eq!(reg.snapshot().len(), 1);
         assert!(reg.get(pid).is_some());
+    }
+
+    #[test]
+    fn pids_name_the_node_and_another_nodes_pid_finds_nothing() {
+        let reg = Registry::new(1, 9);
+        let pid = insert(&reg, 0);
+        assert_eq!(pid.node(), 9);
+        assert!(reg.get(pid).is_some());
+        assert!(reg.get(pid.with_node(8)).is_none(), "same slot and generation on another node");
+        assert!(reg.get(pid.with_node(0)).is_none());
+    }
+
+    #[test]
+    fn the_generation_wraps_within_its_bits_and_skips_zero() {
+        let reg = Registry::new(1, 5);
+        reg.shards[0].lock().next_generation = GENERATION_MASK - 1;
+        let last = insert(&reg, 0);
+        reg.remove(last);
+        let wrapped = insert(&reg, 0);
+        assert_eq!(((last.as_u64() >> 32) as u32) & GENERATION_MASK, GENERATION_MASK);
+        assert_eq!(((wrapped.as_u64() >> 32) as u32) & GENERATION_MASK, 1);
+        assert_eq!((last.node(), wrapped.node()), (5, 5));
     }
 }

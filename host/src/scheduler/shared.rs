@@ -17,6 +17,7 @@ use super::idle::Idle;
 use super::limits::Limits;
 use super::process::Pid;
 use super::registry::Registry;
+use super::remote::Remote;
 use super::requests::Requests;
 use super::stats::Counters;
 use super::timer::Timer;
@@ -53,6 +54,11 @@ pub(super) struct Shared {
     pub(super) timer: Timer,
     /// The journal, if processes are durable.
     pub(super) durable: Option<Durable>,
+    /// This scheduler's node in a cluster (0 outside one): the node of every pid it makes.
+    pub(super) node: u16,
+    /// Where work for processes of other nodes goes (see `remote.rs`); `None` outside a
+    /// cluster.
+    pub(super) remote: Option<Arc<dyn Remote>>,
     /// A durable scheduler is stopping: its processes are suspended, not ended (their
     /// exits are not recorded, so the next start with the journal resumes them).
     pub(super) suspending: AtomicBool,

@@ -1,0 +1,647 @@
+//! A cluster: wasmproc nodes joined through a NATS server, where a pid is a pid wherever
+//! its process runs.
+//!
+//! ```no_run
+//! use wasmproc::cluster::{Cluster, ClusterConfig, Placement};
+//! use wasmproc::Scheduler;
+//!
+//! let cluster = Cluster::join(
+//!     ClusterConfig::new("nats://127.0.0.1:4222").name("a").secret(b"shared").placement(Placement::LeastLoaded),
+//! )?;
+//! let scheduler = Scheduler::builder().cluster(&cluster).build()?;
+//! cluster.serve(scheduler.handle().clone());
+//! // … spawn, send and monitor as on one host; pids of other nodes route through NATS.
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+//!
+//! # How it works
+//!
+//! - **Pids.** A node's scheduler makes pids that carry its node id ([`Pid::node`]); the
+//!   scheduler hands whatever names another node to the cluster (one compare on the
+//!   local path, see `scheduler/remote.rs`).
+//! - **Threads.** The NATS client runs on a tokio runtime on a thread of its own
+//!   (`wasmproc-cluster`); a worker hands it work through a channel and never waits on
+//!   the network.
+//! - **Membership.** Every node announces itself (name, id, load = live processes, the
+//!   components it holds) on `PREFIX.announce` every [`HEARTBEAT`]; a node unheard of
+//!   for [`LOSS_AFTER`] is lost. A node disconnected from the server judges no one while
+//!   it is, and gives everyone a fresh [`LOSS_AFTER`] once back. A joining node asks the
+//!   others to announce, and draws a node id no one holds.
+//! - **Links.** Everything between two nodes (messages, monitors, exits, terminations,
+//!   spawns and their answers) travels on one ordered, reliable link per direction,
+//!   subject `PREFIX.node.ID`: items carry a sequence number, the receiver acknowledges
+//!   the highest it has applied in order and ignores repeats and anything past a gap,
+//!   and the sender keeps what is unacknowledged and sends it again after a reconnection
+//!   or [`RETRANSMIT_AFTER`] without progress. So items arrive once and in order while
+//!   both nodes live, across restarts of the server; messages still unacknowledged when
+//!   their receiver's node is lost are counted in [`ClusterStats::messages_lost`].
+//! - **Loss.** When a node is lost, every local monitor of one of its processes gets an
+//!   exit with reason `noconnection`, spawns and terminations waiting on it fail with
+//!   `noconnection`, and sends to its pids fail at once ([`SendError::NoNode`]).
+//! - **Placement and code.** With [`Placement::LeastLoaded`], each `spawn` goes to the
+//!   node with the fewest live processes (as last announced, plus what this node placed
+//!   there since). The spawn carries the component's hash; a node that lacks it fetches
+//!   the bytes once from the spawner (`PREFIX.code.ID`, in chunks, checked against the
+//!   hash), loads it with the [`Loader`] and keeps it. Grants and the mailbox bound
+//!   travel with the spawn, intersected with the receiving node's defaults: never wider.
+//! - **Security.** Every frame carries an HMAC-SHA256 under the shared secret
+//!   ([`ClusterConfig::secret`]); a node drops frames that do not verify, so it takes
+//!   work only from holders of the secret. NATS credentials (a token, or a user and
+//!   password in the URL) keep others off the server itself.
+//!
+//! [`SendError::NoNode`]: crate::error::SendError::NoNode
+
+mod code;
+mod node;
+mod wire;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use parking_lot::{Condvar, Mutex, RwLock};
+use rustc_hash::FxHashMap;
+
+use crate::error::SendError;
+use crate::handler::{Completer, Factory};
+use crate::scheduler::remote::{Remote, RemoteSpawn};
+use crate::scheduler::{Handle, ProcessHandle, SpawnOptions, Spawnable};
+use crate::{Capabilities, Outcome, Payload, Pid};
+
+use self::node::Cmd;
+use self::wire::{Item, Key};
+
+/// How often a node announces itself (its heartbeat).
+pub const HEARTBEAT: Duration = Duration::from_millis(500);
+/// How long a node may go unheard before it is lost: four heartbeats. A monitor of a
+/// process on a node that dies gets its `noconnection` exit within this plus one
+/// heartbeat.
+pub const LOSS_AFTER: Duration = Duration::from_secs(2);
+/// How long unacknowledged items wait before they are sent again.
+pub const RETRANSMIT_AFTER: Duration = Duration::from_secs(1);
+/// The most messages queued or unacknowledged towards other nodes at once; a send past
+/// it fails ([`SendError::Cluster`](crate::error::SendError::Cluster)) instead of
+/// growing memory. Picked out of thin air: ~100 MiB of 1 KiB messages.
+pub const MAX_BACKLOG: usize = 100_000;
+/// How long a joining node listens for the others before it picks its id.
+const JOIN_WAIT: Duration = Duration::from_millis(300);
+
+/// Where a `spawn` goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Placement {
+    /// Every spawn stays on the spawning node (the default).
+    #[default]
+    Local,
+    /// Every spawn goes to the node with the fewest live processes, this one included.
+    LeastLoaded,
+}
+
+/// Turns a component's bytes, fetched from another node, into a factory of processes.
+pub type Loader = Arc<dyn Fn(&[u8]) -> anyhow::Result<Arc<dyn Factory>> + Send + Sync>;
+
+/// How to join a cluster.
+#[derive(Clone)]
+pub struct ClusterConfig {
+    url: String,
+    name: Option<String>,
+    secret: Vec<u8>,
+    token: Option<String>,
+    prefix: String,
+    placement: Placement,
+    accepts: bool,
+}
+
+impl std::fmt::Debug for ClusterConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterConfig")
+            .field("url", &self.url)
+            .field("name", &self.name)
+            .field("prefix", &self.prefix)
+            .field("placement", &self.placement)
+            .field("accepts", &self.accepts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterConfig {
+    /// The NATS server at `url` (`nats://HOST:PORT`; `nats://USER:PASSWORD@HOST:PORT` for
+    /// a server with users), with the defaults below.
+    pub fn new(url: impl Into<String>) -> Self {
+        ClusterConfig {
+            url: url.into(),
+            name: None,
+            secret: Vec::new(),
+            token: None,
+            prefix: "wasmproc".to_owned(),
+            placement: Placement::Local,
+            accepts: true,
+        }
+    }
+
+    /// The node's name, unique in the cluster. By default `HOSTNAME-PID`.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The secret every node of the cluster shares: frames are authenticated with it.
+    /// By default empty, which authenticates nothing (rely on NATS credentials then).
+    pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.secret = secret.as_ref().to_vec();
+        self
+    }
+
+    /// A NATS authentication token. By default none.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// The first word of every subject the cluster uses, so several clusters can share
+    /// one server. By default `wasmproc`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Where spawns go. By default [`Placement::Local`].
+    pub fn placement(mut self, placement: Placement) -> Self {
+        self.placement = placement;
+        self
+    }
+
+    /// Whether other nodes may place spawns here. By default yes; a client that only
+    /// starts work elsewhere (`wasmproc run --cluster`) says no.
+    pub fn accepts_spawns(mut self, accepts: bool) -> Self {
+        self.accepts = accepts;
+        self
+    }
+}
+
+/// A node as the cluster last heard of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeInfo {
+    /// Its id: the node bits of its pids.
+    pub id: u16,
+    /// Its name.
+    pub name: String,
+    /// Its live processes.
+    pub load: u64,
+    /// Whether placement sends it spawns.
+    pub accepts: bool,
+    /// The components it holds, by hash.
+    pub components: Vec<String>,
+}
+
+/// What a node's links have done since it joined.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClusterStats {
+    /// Messages queued for other nodes.
+    pub messages_sent: u64,
+    /// Messages from other nodes put in a local mailbox.
+    pub messages_delivered: u64,
+    /// Messages from other nodes whose receiver could not take them (ended, or a full
+    /// mailbox): refused as a local send would have been.
+    pub messages_refused: u64,
+    /// Messages for a node that was lost before it acknowledged them: maybe delivered,
+    /// maybe not, and reported here rather than lost silently.
+    pub messages_lost: u64,
+    /// Items sent again after a reconnection or a timeout.
+    pub retransmitted: u64,
+    /// Nodes declared lost (missed heartbeats) or that left.
+    pub nodes_lost: u64,
+    /// Frames dropped: failed authentication or malformed.
+    pub frames_refused: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    messages_sent: AtomicU64,
+    messages_delivered: AtomicU64,
+    messages_refused: AtomicU64,
+    messages_lost: AtomicU64,
+    retransmitted: AtomicU64,
+    nodes_lost: AtomicU64,
+    frames_refused: AtomicU64,
+}
+
+/// What a node's threads share: the scheduler's workers (through [`Remote`]), the
+/// embedder and the cluster thread.
+pub(crate) struct Inner {
+    node: u16,
+    incarnation: u64,
+    name: String,
+    key: Key,
+    prefix: String,
+    placement: Placement,
+    accepts: bool,
+    commands: tokio::sync::mpsc::UnboundedSender<Cmd>,
+    /// The incarnation of each node id in the cluster now (0: none); read by workers
+    /// to refuse a send to an unknown node at once.
+    alive: Box<[AtomicU64]>,
+    /// The members, for placement and [`Cluster::nodes`]; written by the cluster thread
+    /// on each announcement.
+    view: RwLock<Vec<NodeInfo>>,
+    /// Spawns this node placed on each node since its last announcement.
+    placed: Box<[AtomicU64]>,
+    /// Messages queued or unacknowledged (bounded by [`MAX_BACKLOG`]).
+    backlog: AtomicUsize,
+    /// The largest frame the server takes, less room for the header.
+    max_item: usize,
+    counters: Counters,
+    handle: OnceLock<Handle>,
+    loader: OnceLock<Loader>,
+    /// Components others may fetch from here, by hash.
+    code: RwLock<FxHashMap<String, Arc<[u8]>>>,
+    /// Factories of components fetched from other nodes, by hash.
+    fetched: RwLock<FxHashMap<String, Arc<dyn Factory>>>,
+    /// Fetches under way, by hash: concurrent spawns of one component share one.
+    fetching: Mutex<FxHashMap<String, Arc<Fetch>>>,
+    /// The embedder's spawns whose results are awaited, by token.
+    embedded: Mutex<FxHashMap<u64, Arc<RemoteSlot>>>,
+    next_token: AtomicU64,
+}
+
+/// One fetch of a component, shared by the spawns waiting for it.
+type Fetch = tokio::sync::OnceCell<anyhow::Result<Arc<dyn Factory>>>;
+
+/// A node of a cluster: joined by [`Cluster::join`], left on drop. Cheap to clone.
+#[derive(Clone)]
+pub struct Cluster {
+    inner: Arc<Inner>,
+    thread: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster").field("node", &self.inner.node).field("name", &self.inner.name).finish()
+    }
+}
+
+impl Cluster {
+    /// Connects to the server, learns who is there, draws a node id no one holds and
+    /// starts announcing this node. Build the scheduler with
+    /// [`Builder::cluster`](crate::scheduler::Builder::cluster) and call
+    /// [`Cluster::serve`] to take work.
+    ///
+    /// # Errors
+    ///
+    /// The server cannot be reached or refuses the credentials (within 5 s); a node of
+    /// the same name is already in the cluster; every node id is taken.
+    pub fn join(config: ClusterConfig) -> anyhow::Result<Cluster> {
+        node::start(config)
+    }
+
+    /// This node's id.
+    pub fn node(&self) -> u16 {
+        self.inner.node
+    }
+
+    /// This node's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    pub(crate) fn remote(&self) -> Arc<dyn Remote> {
+        self.inner.clone()
+    }
+
+    /// How this node loads components fetched from others (for Wasm:
+    /// `Runtime::load_bytes`). Without one, a spawn of a component this node lacks fails.
+    /// Only the first call counts.
+    pub fn set_loader(&self, loader: Loader) {
+        let _ = self.inner.loader.set(loader);
+    }
+
+    /// Lets other nodes fetch `bytes` by `hash` (`sha256:<hex>` of the bytes, as
+    /// [`Factory::identity`] gives it), to run processes of it there.
+    pub fn offer(&self, hash: impl Into<String>, bytes: impl Into<Arc<[u8]>>) {
+        self.inner.code.write().insert(hash.into(), bytes.into());
+    }
+
+    /// Starts taking work from other nodes for the scheduler of `handle`: messages,
+    /// monitors, terminations and spawns. Only the first call counts.
+    pub fn serve(&self, handle: Handle) {
+        let _ = self.inner.handle.set(handle);
+        let _ = self.inner.commands.send(Cmd::Serve);
+    }
+
+    /// The nodes of the cluster, this one included, by id.
+    pub fn nodes(&self) -> Vec<NodeInfo> {
+        let mut nodes = self.inner.view.read().clone();
+        nodes.sort_by_key(|n| n.id);
+        nodes
+    }
+
+    /// What the links have done.
+    pub fn stats(&self) -> ClusterStats {
+        let c = &self.inner.counters;
+        let read = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ClusterStats {
+            messages_sent: read(&c.messages_sent),
+            messages_delivered: read(&c.messages_delivered),
+            messages_refused: read(&c.messages_refused),
+            messages_lost: read(&c.messages_lost),
+            retransmitted: read(&c.retransmitted),
+            nodes_lost: read(&c.nodes_lost),
+            frames_refused: read(&c.frames_refused),
+        }
+    }
+
+    /// Spawns a process of `kind` (a kind registered on the target node, or a component
+    /// offered here with its hash as `identity`) on the node named `node`, or by
+    /// least load among the nodes that accept spawns, and returns a handle to wait for
+    /// its result. The process gets `capabilities`, intersected with the target's
+    /// defaults.
+    ///
+    /// # Errors
+    ///
+    /// No such node, or no node accepts spawns. The spawn itself failing (an unknown
+    /// method, say) is the result of [`RemoteProcess::join`].
+    pub fn spawn(
+        &self,
+        node: Option<&str>,
+        kind: Option<String>,
+        identity: Option<String>,
+        options: RemoteSpawnOptions,
+    ) -> anyhow::Result<RemoteProcess> {
+        let target = match node {
+            Some(name) => self
+                .inner
+                .view
+                .read()
+                .iter()
+                .find(|n| n.name == name)
+                .map(|n| n.id)
+                .with_context(|| format!("no node named `{name}` in the cluster"))?,
+            None => self.inner.least_loaded().context("no node in the cluster accepts spawns")?,
+        };
+        if target == self.inner.node {
+            let handle = self.inner.handle.get().context("this node serves no scheduler: call `Cluster::serve`")?;
+            let kind = kind.context("a spawn on this node needs a registered kind")?;
+            let mut spawn = SpawnOptions::new(options.method).input(options.input);
+            if let Some(caps) = options.capabilities {
+                spawn = spawn.capabilities(caps);
+            }
+            return Ok(RemoteProcess(Waiting::Local(handle.spawn(Spawnable::kind(kind), spawn)?)));
+        }
+        let slot = Arc::new(RemoteSlot::default());
+        let token = self.inner.next_token.fetch_add(1, Ordering::Relaxed);
+        self.inner.embedded.lock().insert(token, slot.clone());
+        let spawn = RemoteSpawn {
+            parent: Pid::node_host(self.inner.node),
+            kind,
+            identity,
+            method: options.method,
+            input: options.input,
+            caps: options.capabilities.unwrap_or_default(),
+            mailbox_capacity: options.mailbox_capacity,
+            monitor: true,
+        };
+        self.inner.placed[usize::from(target)].fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .commands
+            .send(Cmd::Spawn { node: target, spawn, token, done: None })
+            .map_err(|_| anyhow::anyhow!("this node has left the cluster"))?;
+        Ok(RemoteProcess(Waiting::Remote(slot)))
+    }
+
+    /// Leaves the cluster: tells the others (so they need not wait for missed
+    /// heartbeats), flushes what is queued (waiting at most a second) and stops the
+    /// cluster's thread. Called on drop of the last clone.
+    pub fn leave(&self) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        if self.inner.commands.send(Cmd::Leave(tx)).is_ok() {
+            let _ = rx.recv_timeout(Duration::from_secs(2));
+        }
+        if let Some(thread) = self.thread.lock().take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if Arc::strong_count(&self.thread) == 1 {
+            self.leave();
+        }
+    }
+}
+
+/// How [`Cluster::spawn`] starts its process.
+#[derive(Debug, Clone)]
+pub struct RemoteSpawnOptions {
+    method: String,
+    input: Vec<Payload>,
+    capabilities: Option<Capabilities>,
+    mailbox_capacity: usize,
+}
+
+impl RemoteSpawnOptions {
+    /// Runs entry `method` with no input, the default capabilities and a mailbox of
+    /// 1024.
+    pub fn new(method: impl Into<String>) -> Self {
+        RemoteSpawnOptions { method: method.into(), input: Vec::new(), capabilities: None, mailbox_capacity: 1024 }
+    }
+
+    /// The entry method's input.
+    pub fn input(mut self, input: Vec<Payload>) -> Self {
+        self.input = input;
+        self
+    }
+
+    /// What the process may yield (at most the target node's defaults).
+    pub fn capabilities(mut self, capabilities: Capabilities) -> Self {
+        self.capabilities = Some(capabilities);
+        self
+    }
+
+    /// The process's mailbox bound.
+    pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
+        self.mailbox_capacity = capacity;
+        self
+    }
+}
+
+/// A process [`Cluster::spawn`] started, on this node or another.
+#[derive(Debug, Clone)]
+pub struct RemoteProcess(Waiting);
+
+#[derive(Debug, Clone)]
+enum Waiting {
+    Local(ProcessHandle),
+    Remote(Arc<RemoteSlot>),
+}
+
+impl RemoteProcess {
+    /// Its pid, once the target node has answered (at once for a local one); `None`
+    /// before, or if the spawn failed.
+    pub fn pid(&self) -> Option<Pid> {
+        match &self.0 {
+            Waiting::Local(handle) => Some(handle.pid()),
+            Waiting::Remote(slot) => *slot.pid.lock(),
+        }
+    }
+
+    /// Blocks until the process ends (or its spawn fails, or its node is lost:
+    /// `Err("noconnection…")`) and returns its result.
+    pub fn join(&self) -> Outcome {
+        match &self.0 {
+            Waiting::Local(handle) => handle.join(),
+            Waiting::Remote(slot) => {
+                let mut result = slot.result.lock();
+                loop {
+                    if let Some(r) = result.as_ref() {
+                        return r.clone();
+                    }
+                    slot.done.wait(&mut result);
+                }
+            }
+        }
+    }
+
+    /// As [`RemoteProcess::join`], giving up after `timeout` (`None`).
+    pub fn join_timeout(&self, timeout: Duration) -> Option<Outcome> {
+        match &self.0 {
+            Waiting::Local(handle) => handle.join_timeout(timeout),
+            Waiting::Remote(slot) => {
+                let deadline = std::time::Instant::now() + timeout;
+                let mut result = slot.result.lock();
+                while result.is_none() {
+                    if slot.done.wait_until(&mut result, deadline).timed_out() {
+                        break;
+                    }
+                }
+                result.clone()
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct RemoteSlot {
+    pid: Mutex<Option<Pid>>,
+    result: Mutex<Option<Outcome>>,
+    done: Condvar,
+}
+
+impl RemoteSlot {
+    fn set(&self, result: Outcome) {
+        let mut slot = self.result.lock();
+        if slot.is_none() {
+            *slot = Some(result);
+        }
+        self.done.notify_all();
+    }
+}
+
+impl Inner {
+    /// The accepting node with the fewest live processes, counting what this node
+    /// placed there since it last announced; ties go to the lowest id.
+    fn least_loaded(&self) -> Option<u16> {
+        let local_load = self.handle.get().map(|h| h.live() as u64);
+        self.view
+            .read()
+            .iter()
+            .filter(|n| n.accepts)
+            .map(|n| {
+                let load = if n.id == self.node { local_load.unwrap_or(n.load) } else { n.load };
+                (load + self.placed[usize::from(n.id)].load(Ordering::Relaxed), n.id)
+            })
+            .min()
+            .map(|(_, id)| id)
+    }
+
+    fn queue(&self, cmd: Cmd) -> Result<(), String> {
+        self.commands.send(cmd).map_err(|_| "this node has left the cluster".to_owned())
+    }
+
+    fn is_member(&self, node: u16) -> bool {
+        self.alive.get(usize::from(node)).is_some_and(|a| a.load(Ordering::Acquire) != 0)
+    }
+}
+
+impl Remote for Inner {
+    fn send(&self, from: Pid, to: Pid, topic: String, body: Payload) -> Result<(), SendError> {
+        let node = to.node();
+        if !self.is_member(node) {
+            return Err(SendError::NoNode { pid: to, node });
+        }
+        let size = topic.len() + body.data.len() + body.format.as_str().len();
+        if size > self.max_item {
+            return Err(SendError::Cluster {
+                pid: to,
+                reason: format!(
+                    "a message of {size} bytes is larger than the {} bytes the NATS server carries in one frame",
+                    self.max_item
+                ),
+            });
+        }
+        if self.backlog.fetch_add(1, Ordering::AcqRel) >= MAX_BACKLOG {
+            self.backlog.fetch_sub(1, Ordering::AcqRel);
+            return Err(SendError::Cluster {
+                pid: to,
+                reason: format!("{MAX_BACKLOG} messages already wait for other nodes; retry later"),
+            });
+        }
+        let item = Item::Message { from, to, topic, body };
+        self.queue(Cmd::Item { node, item }).map_err(|reason| {
+            self.backlog.fetch_sub(1, Ordering::AcqRel);
+            SendError::Cluster { pid: to, reason }
+        })?;
+        self.counters.messages_sent.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn monitor(&self, watcher: Pid, target: Pid) {
+        if self.queue(Cmd::Monitor { watcher, target }).is_err()
+            && let Some(handle) = self.handle.get()
+        {
+            handle.exit_to(watcher, target, Err("noconnection".to_owned()));
+        }
+    }
+
+    fn terminate(&self, target: Pid, done: Option<Completer>) {
+        if let Err(Cmd::Terminate { done: Some(done), .. }) =
+            self.commands.send(Cmd::Terminate { target, done }).map_err(|e| e.0)
+        {
+            done.complete(Err("noconnection: this node has left the cluster".to_owned()));
+        }
+    }
+
+    fn place(&self) -> Option<u16> {
+        if self.placement == Placement::Local {
+            return None;
+        }
+        let node = self.least_loaded().filter(|&node| node != self.node)?;
+        self.placed[usize::from(node)].fetch_add(1, Ordering::Relaxed);
+        Some(node)
+    }
+
+    fn spawn(&self, node: u16, spawn: RemoteSpawn, done: Completer) {
+        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+        if let Err(Cmd::Spawn { done: Some(done), .. }) =
+            self.commands.send(Cmd::Spawn { node, spawn, token, done: Some(done) }).map_err(|e| e.0)
+        {
+            done.complete(Err("spawn failed: this node has left the cluster".to_owned()));
+        }
+    }
+
+    fn factory(&self, kind: &str) -> Option<Arc<dyn Factory>> {
+        self.fetched.read().get(kind).cloned()
+    }
+}
+
+/// The nodes of the cluster at `config`'s server, as they announce themselves within
+/// about two heartbeats; joins nothing.
+///
+/// # Errors
+///
+/// The server cannot be reached or refuses the credentials.
+pub fn list(config: ClusterConfig) -> anyhow::Result<Vec<NodeInfo>> {
+    node::list(config)
+}

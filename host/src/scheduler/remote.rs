@@ -1,0 +1,210 @@
+//! Processes on other nodes: the seam between the scheduler and a cluster.
+//!
+//! The scheduler knows nothing of networks. A scheduler built with a [`Remote`] (see
+//! `Builder::cluster`) hands it whatever names a pid of another node: a message
+//! ([`Shared::send`]), a monitor, a termination, and the spawns its placement sends
+//! elsewhere. Each is one compare on the pid's node first ([`Pid::node`] against the
+//! scheduler's own), so the local path costs what it did. Without a remote every pid is
+//! local, whatever its node bits say (a journal written before pids had nodes).
+//!
+//! The other half lives here too: what a cluster does to this scheduler on behalf of
+//! another node (deliver a message from a remote sender, an exit to a local watcher, watch
+//! or terminate a local process, spawn one for a remote parent) through `pub(crate)`
+//! methods of [`Handle`].
+
+use std::sync::Arc;
+
+use super::caps::Capabilities;
+use super::cell::{ProcessCell, Watcher};
+use super::completer::Completer;
+use super::dispatch::Factory;
+use super::handle::Handle;
+use super::lifecycle::SpawnArgs;
+use super::limits::Lineage;
+use super::process::{Event, Outcome, Payload, Pid, SpawnRequest};
+use super::shared::Shared;
+use super::state::Wake;
+use crate::error::{SendError, SpawnError};
+
+/// Called once with the pid and result of a process that a remote node watches.
+pub(crate) type Notify = Box<dyn FnOnce(Pid, &Outcome) + Send>;
+
+/// What a scheduler hands to the cluster: work for processes of other nodes. Called on
+/// worker threads in the middle of dispatch, so no method may block.
+pub(crate) trait Remote: Send + Sync + 'static {
+    /// Queues a message from `from` (a local process, or this node's host) to `to` on
+    /// another node. `Ok` once queued: messages between one pair of processes arrive in
+    /// the order they were queued.
+    fn send(&self, from: Pid, to: Pid, topic: String, body: Payload) -> Result<(), SendError>;
+
+    /// `watcher` (local) gets an [`Event::Exit`] when `target` (remote) ends, through
+    /// [`Handle::exit_to`]: with `noproc` if there is no such process, `noconnection` if
+    /// its node is or becomes unreachable.
+    fn monitor(&self, watcher: Pid, target: Pid);
+
+    /// Terminates `target` (remote); `done` completes once it has ended, or with the
+    /// reason it could not be.
+    fn terminate(&self, target: Pid, done: Option<Completer>);
+
+    /// The node the next spawn goes to, if not this one (the placement policy's choice).
+    fn place(&self) -> Option<u16>;
+
+    /// Spawns `request` on `node`; `done` completes with the child's pid.
+    fn spawn(&self, node: u16, request: RemoteSpawn, done: Completer);
+
+    /// The factory of a kind this node has no registration for, but the cluster holds
+    /// (components fetched from other nodes, named by their hash).
+    fn factory(&self, kind: &str) -> Option<Arc<dyn Factory>>;
+}
+
+/// A spawn bound for another node, with everything that bounds the child there: its
+/// grants and mailbox travel with it, never widened.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RemoteSpawn {
+    /// The spawning process (or a node's host).
+    pub(crate) parent: Pid,
+    /// The kind's name on the spawning node.
+    pub(crate) kind: Option<String>,
+    /// What the kind is made from ([`Factory::identity`]: a component's hash), so the
+    /// other node can fetch and check it.
+    pub(crate) identity: Option<String>,
+    pub(crate) method: String,
+    pub(crate) input: Vec<Payload>,
+    pub(crate) caps: Capabilities,
+    pub(crate) mailbox_capacity: usize,
+    /// Whether the parent monitors the child.
+    pub(crate) monitor: bool,
+}
+
+impl Shared {
+    /// The remote that takes `pid`, if it names another node: the one compare on the
+    /// local path.
+    #[inline]
+    pub(super) fn remote_for(&self, pid: Pid) -> Option<&Arc<dyn Remote>> {
+        if pid.node() == self.node { None } else { self.remote.as_ref() }
+    }
+
+    /// Hands `request` to the cluster when its placement picks another node; gives it
+    /// back otherwise.
+    pub(super) fn spawn_elsewhere(
+        &self,
+        parent: &Arc<ProcessCell>,
+        request: SpawnRequest,
+        done: impl FnOnce() -> Completer,
+    ) -> Result<(), SpawnRequest> {
+        let Some(remote) = &self.remote else { return Err(request) };
+        let Some(node) = remote.place() else { return Err(request) };
+        let kind = request.kind.clone().or_else(|| parent.spec.kind.as_deref().map(str::to_owned));
+        let identity = kind.as_deref().and_then(|kind| match self.kinds.get(kind) {
+            Some(factory) => factory.identity(),
+            None => remote.factory(kind).and_then(|factory| factory.identity()),
+        });
+        let spawn = RemoteSpawn {
+            parent: parent.pid(),
+            kind,
+            identity,
+            method: request.method,
+            input: request.input,
+            caps: (*parent.spec.caps).clone(),
+            mailbox_capacity: parent.spec.mailbox_capacity,
+            monitor: request.monitor,
+        };
+        remote.spawn(node, spawn, done());
+        Ok(())
+    }
+}
+
+impl Handle {
+    /// This scheduler's node (0 outside a cluster).
+    pub fn node(&self) -> u16 {
+        self.shared.node
+    }
+
+    /// Delivers a message from a process of another node to a local one.
+    pub(crate) fn deliver_remote(&self, from: Pid, to: Pid, topic: String, body: Payload) -> Result<(), SendError> {
+        let cell = self.shared.registry.get(to).ok_or(SendError::NotFound(to))?;
+        self.shared.deliver_message(&cell, from, topic, body, None)
+    }
+
+    /// Delivers the exit of `pid` (a process of another node) to the local `watcher`.
+    /// False if the watcher has ended.
+    pub(crate) fn exit_to(&self, watcher: Pid, pid: Pid, result: Outcome) -> bool {
+        let Some(cell) = self.shared.registry.get(watcher) else { return false };
+        match cell.deliver(Event::Exit { pid, result }) {
+            Ok(wake) => {
+                if wake == Wake::Schedule {
+                    self.shared.schedule(cell);
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Calls `notify` with `target`'s result when it ends. Hands `notify` back if there
+    /// is no such process, or it is already ending.
+    pub(crate) fn watch(&self, target: Pid, notify: Notify) -> Result<(), Notify> {
+        let Some(cell) = self.shared.registry.get(target) else { return Err(notify) };
+        cell.inbox.watch(Watcher::Notify(notify)).map_err(|watcher| match watcher {
+            Watcher::Notify(notify) => notify,
+            _ => unreachable!("`watch` hands back the watcher it was given"),
+        })
+    }
+
+    /// Terminates `target` on behalf of another node, calling `notify` once it has
+    /// ended. Hands `notify` back with the reason if it cannot.
+    pub(crate) fn terminate_watched(&self, target: Pid, notify: Notify) -> Result<(), (SendError, Notify)> {
+        self.shared.terminate(target, Some(Watcher::Notify(notify))).map_err(|(error, watcher)| match watcher {
+            Some(Watcher::Notify(notify)) => (error, notify),
+            _ => unreachable!("`terminate` hands back the watcher it was given"),
+        })
+    }
+
+    /// Spawns a process for a parent on another node, with the grants and mailbox the
+    /// request carried (never wider than this scheduler's defaults allow: the caller
+    /// intersects them), as the root of a process tree here. `notify` hears its result;
+    /// `spawned` is called with its pid before it is queued, so whatever it sends goes
+    /// before anything the process does.
+    pub(crate) fn spawn_for_remote(
+        &self,
+        factory: &dyn Factory,
+        kind: Arc<str>,
+        spawn: RemoteSpawn,
+        notify: Option<Notify>,
+        spawned: impl FnOnce(Pid),
+    ) -> Result<Pid, SpawnError> {
+        let process = factory.make().map_err(|source| SpawnError::Factory { kind: kind.to_string(), source })?;
+        let args = SpawnArgs {
+            parent: spawn.parent,
+            origin: None,
+            kind: Some(kind),
+            method: spawn.method,
+            input: spawn.input,
+            caps: Arc::new(spawn.caps),
+            mailbox_capacity: spawn.mailbox_capacity.max(1),
+            watcher: notify.map(Watcher::Notify),
+            lineage: Lineage::default(),
+        };
+        let cell = self.shared.spawn_unqueued(process, args)?;
+        let pid = cell.pid();
+        spawned(pid);
+        self.shared.schedule(cell);
+        Ok(pid)
+    }
+
+    /// The factory of the registered kind `kind`, with its name as the registry holds it.
+    pub(crate) fn registered_kind(&self, kind: &str) -> Option<(Arc<str>, Arc<dyn Factory>)> {
+        self.shared.kinds.get_key_value(kind).map(|(name, factory)| (name.clone(), factory.clone()))
+    }
+
+    /// The registered kinds with their identities.
+    pub(crate) fn kinds(&self) -> Vec<(String, Option<String>)> {
+        self.shared.kinds.iter().map(|(name, factory)| (name.to_string(), factory.identity())).collect()
+    }
+
+    /// What this scheduler's processes may do unless told otherwise: a bound on what a
+    /// remote spawn may grant.
+    pub(crate) fn default_capabilities(&self) -> &Capabilities {
+        &self.shared.settings.capabilities
+    }
+}

