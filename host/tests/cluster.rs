@@ -149,7 +149,7 @@ fn ping_pong_and_fan_out_across_three_node_processes() {
     wait_for_nodes(&server, 3);
     let run = |app: &str, input: &str| {
         let out = wasmproc()
-            .args(["run"])
+            .args(["cluster", "run"])
             .arg(guest(app))
             .args(["--input", input, "--cluster", &server.url(), "--cluster-secret", SECRET])
             .output()

@@ -134,11 +134,40 @@ enum ClusterAction {
         #[arg(long)]
         json: bool,
     },
+    /// Run a program's entry process on the cluster's least loaded node and print its
+    /// result (what `run APP --cluster URL` does).
+    Run {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// The program: a component of the `wasmproc:process` world.
+        app: std::path::PathBuf,
+        /// The entry method.
+        #[arg(long, default_value = "main")]
+        method: String,
+        /// The entry's input, JSON; repeat for more.
+        #[arg(long = "input", value_name = "JSON")]
+        inputs: Vec<String>,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
 }
 
 impl ClusterCommand {
     pub(super) fn execute(self) -> Result<ExitCode, Failure> {
-        let ClusterAction::Ls { cluster, json } = self.action;
+        let (cluster, json) = match self.action {
+            ClusterAction::Ls { cluster, json } => (cluster, json),
+            ClusterAction::Run { cluster, app, method, inputs, engine } => {
+                let inputs = super::input::payloads(&inputs, None, 16 << 20)?;
+                return run_on_cluster(
+                    &cluster,
+                    &app,
+                    &method,
+                    inputs,
+                    Capabilities::default(),
+                    engine.max_module_size,
+                );
+            }
+        };
         let nodes = wasmproc::cluster::list(cluster.config()?).map_err(|e| Failure::from_error(Exit::Host, &e))?;
         let mut out = String::new();
         if !json {
