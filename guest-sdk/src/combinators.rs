@@ -1,4 +1,5 @@
-//! Running several futures of one process at once: [`join_all`], [`join`], [`select`].
+//! Running several futures of one process at once: [`join_all`], [`join`], [`select`],
+//! [`select_any`].
 //!
 //! Each combinator polls its futures inside the process's single task, so the commands
 //! they reach in the same step are in flight together. Every child future gets a waker of
@@ -20,7 +21,7 @@ use std::task::{Context, Poll, Wake, Waker};
 ///
 /// ```
 /// # use wasmproc_guest::prelude::*;
-/// async fn spawn_all(ctx: &Ctx, n: u32) -> Result<Vec<Pid>> {
+/// async fn spawn_all(ctx: &Ctx, n: u32) -> Result<Vec<Pid>, Error> {
 ///     join_all((0..n).map(|i| ctx.spawn("square", i))).await
 /// }
 /// ```
@@ -135,10 +136,10 @@ pub enum Either<A, B> {
 ///
 /// ```
 /// # use wasmproc_guest::prelude::*;
-/// async fn next_or_timeout(ctx: &Ctx) -> Result<Option<Message>> {
+/// async fn next_or_timeout(ctx: &Ctx) -> Result<Option<Message>, Error> {
 ///     match select(ctx.recv(), ctx.sleep(Duration::from_secs(1))).await {
 ///         Either::Left(message) => Ok(Some(message?)),
-///         Either::Right(()) => Ok(None),
+///         Either::Right(slept) => slept.map(|()| None),
 ///     }
 /// }
 /// ```
@@ -186,6 +187,61 @@ impl<A: Future, B: Future> Future for Select<A, B> {
             }
             None => Poll::Pending,
         }
+    }
+}
+
+/// Runs every future of `futures` at once and resolves to the index and output of the
+/// first to finish; the others are dropped (their commands still run on the host; their
+/// completions are ignored). Of events arriving in the same step the earliest wins; of
+/// futures ready at their first poll, the first in order. The n-ary [`select`]: futures
+/// of different types can be mapped to one (an enum, or a boxed future).
+///
+/// Given no future at all it never resolves.
+///
+/// ```
+/// # use wasmproc_guest::prelude::*;
+/// /// The first of several workers to answer, by its place in `workers`.
+/// async fn first_answer(ctx: &Ctx, workers: &[Pid]) -> Result<usize> {
+///     let (index, _answer) = select_any(workers.iter().map(|&pid| ctx.wait::<u64>(pid))).await;
+///     Ok(index)
+/// }
+/// ```
+pub fn select_any<I>(futures: I) -> SelectAny<I::Item>
+where
+    I: IntoIterator,
+    I::Item: Future,
+{
+    let futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    SelectAny { wakeups: Wakeups::new(futures.len()), futures }
+}
+
+/// The future of [`select_any`].
+#[must_use = "futures do nothing unless polled"]
+pub struct SelectAny<F> {
+    futures: Vec<Pin<Box<F>>>,
+    wakeups: Wakeups,
+}
+
+impl<F: Future> Future for SelectAny<F> {
+    type Output = (usize, F::Output);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let mut ready = this.wakeups.take_ready(cx);
+        let mut output = None;
+        for &index in &ready {
+            let Some(future) = this.futures.get_mut(index) else { continue };
+            if let Poll::Ready(first) = future.as_mut().poll(&mut Context::from_waker(this.wakeups.waker(index))) {
+                output = Some((index, first));
+                break;
+            }
+        }
+        this.wakeups.give_back(&mut ready);
+        if output.is_some() {
+            // The losers go now, so their completions are ignored from this step on.
+            this.futures.clear();
+        }
+        output.map_or(Poll::Pending, Poll::Ready)
     }
 }
 

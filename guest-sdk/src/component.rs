@@ -72,7 +72,8 @@ pub fn entries(table: &[Entry]) -> Vec<String> {
 pub fn init(table: &[Entry], pid: u64, method: String, input: Vec<wit::Payload>) -> Result<(), String> {
     let entry =
         table.iter().find(|entry| entry.name == method).ok_or_else(|| format!("unknown entry method `{method}`"))?;
-    let mut executor = Executor::new(Pid::from_u64(pid));
+    crate::logger::install();
+    let mut executor = Executor::new(crate::host::identity(Pid::from_u64(pid)));
     let input = input.into_iter().map(Payload::from).collect();
     let task = (entry.start)(Ctx::new(executor.shared()), input)
         .map_err(|error| format!("invalid input for entry method `{method}`: {error:#}"))?;
@@ -100,7 +101,7 @@ mod tests {
 
     async fn double(ctx: Ctx, n: Option<u32>) -> anyhow::Result<u32> {
         let n = n.unwrap_or(21);
-        ctx.sleep(std::time::Duration::from_millis(u64::from(n))).await;
+        ctx.sleep(std::time::Duration::from_millis(u64::from(n))).await?;
         anyhow::ensure!(n < 1000, "{n} is too large");
         Ok(n * 2)
     }

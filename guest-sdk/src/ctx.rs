@@ -8,11 +8,10 @@ use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use anyhow::{Context as _, anyhow};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::error::CommandError;
+use crate::error::Error;
 use crate::executor::{Command, Shared};
 use crate::payload::{Level, Message, Payload, Pid};
 
@@ -23,6 +22,13 @@ use crate::payload::{Level, Message, Payload, Pid};
 /// is sent to the host when its future is first polled (`.await`ed, or polled by a
 /// combinator), not when the method is called; several commands polled in the same step
 /// are in flight at once, and each future resumes when its own completion arrives.
+/// However many there are: past the host's per-step limit the rest go out in the
+/// following steps.
+///
+/// Once the host cancels the process (at shutdown, or `--timeout`), every wait fails
+/// with [`Error::Cancelled`], except for what has already arrived (a completion, a
+/// queued message, an exit), so a process that propagates errors with `?` finishes by
+/// itself. [`Ctx::send`] still works, to tell others.
 ///
 /// A `Ctx` belongs to its process: it is neither `Send` nor `Sync`, like everything in
 /// a single-threaded guest.
@@ -41,17 +47,42 @@ impl Ctx {
         self.shared.pid()
     }
 
+    /// The process that spawned this one; `None` if the embedder started it (the entry
+    /// process of `wasmproc run`, say).
+    pub fn parent(&self) -> Option<Pid> {
+        crate::host::parent()
+    }
+
     /// Waits for `duration` (to the host's timer resolution).
     ///
-    /// A sleep the host refuses (the process was not granted `sleep`) ends at once.
-    pub fn sleep(&self, duration: Duration) -> Sleep {
+    /// Fails if the process is cancelled first, or was not granted `sleep`.
+    pub fn sleep(&self, duration: Duration) -> Completion<()> {
         let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
-        Sleep(self.command(Command::Sleep(nanos), "sleep", decode_unit))
+        self.command(Command::Sleep(nanos), "sleep", decode_unit)
+    }
+
+    /// Runs `future` for at most `duration`: its output, or [`Error::Timeout`] if the
+    /// time runs out first (the future is then dropped: its commands still run on the
+    /// host, their completions are ignored).
+    ///
+    /// ```
+    /// # use wasmproc_guest::prelude::*;
+    /// async fn answer_or_give_up(ctx: &Ctx) -> Result<Option<Message>> {
+    ///     match ctx.timeout(Duration::from_secs(1), ctx.recv_topic("answer")).await {
+    ///         Ok(message) => Ok(Some(message?)),
+    ///         Err(Error::Timeout(_)) => Ok(None),
+    ///         Err(other) => Err(other.into()),
+    ///     }
+    /// }
+    /// ```
+    pub fn timeout<F: Future>(&self, duration: Duration, future: F) -> Timeout<F> {
+        Timeout { future: Box::pin(future), timer: self.sleep(duration), duration }
     }
 
     /// Starts a process of this component running entry `method` with `input`, and
-    /// resolves to its pid once it runs. The child is monitored, so
-    /// [`Ctx::wait`] can always collect its result.
+    /// resolves to its pid once it runs. The child is monitored, so [`Ctx::wait`] can
+    /// always collect its result. An entry's own `spawn` (`square::spawn(&ctx, 3)`, made
+    /// by [`#[entry]`](crate::entry)) does the same with the entry's types.
     ///
     /// Fails if `input` does not serialise, the method does not exist, the input does not
     /// fit it, or the host refuses (not granted `spawn`, too many processes, stopping).
@@ -81,36 +112,36 @@ impl Ctx {
     /// [`Ctx::monitor`]: an exit that arrives before anybody waits for it is kept until
     /// someone does. Each exit is handed to one waiter.
     ///
-    /// Fails if the process ended with an error (terminated, trapped, or its entry
-    /// failed) or its result does not decode into a `T`.
+    /// Fails if the process ended with an error ([`Error::Failed`]: terminated, trapped,
+    /// or its entry failed), did not exist when monitored ([`Error::NoProc`]), its result
+    /// does not decode into a `T`, or this process is cancelled first.
     pub fn wait<T: DeserializeOwned>(&self, pid: Pid) -> Wait<T> {
         Wait { shared: self.shared.clone(), pid, result: PhantomData }
     }
 
     /// Asks for the exit of process `pid`, to collect with [`Ctx::wait`]. A process that
-    /// does not exist exits at once with the error `noproc`.
+    /// does not exist exits at once, and the wait fails with [`Error::NoProc`].
     pub fn monitor(&self, pid: Pid) -> Completion<()> {
         self.command(Command::Monitor(pid), "monitor", decode_unit)
     }
 
-    /// Puts `body`, as JSON, in the mailbox of process `to` under `topic`.
+    /// Puts `body`, as JSON, in the mailbox of process `to` under `topic`, now: the host
+    /// delivers it during the step, so nothing is waited for, and a process that sends
+    /// and then waits for an answer costs one step a message. Messages from one process
+    /// arrive in the order it sent them.
     ///
-    /// Delivered when first polled, at once, through the host's `send` function: the
-    /// future is ready on its first poll, so awaiting it does not end the step, and a
-    /// process that sends and then waits for an answer costs one step a message.
-    ///
-    /// Fails if `body` does not serialise, or the message could not be delivered (no
-    /// such process, exiting, mailbox full, `send` not granted).
-    pub fn send(&self, to: Pid, topic: &str, body: impl Serialize) -> Completion<()> {
-        match Payload::json(&body) {
-            Ok(body) => self.send_payload(to, topic, body),
-            Err(error) => self.unserialisable(error, "send", decode_unit),
-        }
+    /// Fails with [`Error::NoProc`] (no such process, or it is ending),
+    /// [`Error::MailboxFull`], [`Error::Denied`] (`send` not granted) or
+    /// [`Error::Payload`] (`body` does not serialise). A body over the host's payload
+    /// limit ends the process, as any command's would.
+    pub fn send(&self, to: Pid, topic: &str, body: impl Serialize) -> Result<(), Error> {
+        let body = Payload::json(&body).map_err(|e| Error::payload("failed to serialise a JSON payload", e))?;
+        self.send_payload(to, topic, body)
     }
 
     /// Like [`Ctx::send`] with a payload of any format.
-    pub fn send_payload(&self, to: Pid, topic: &str, body: Payload) -> Completion<()> {
-        self.command(Command::Send { to, topic: topic.to_owned(), body }, "send", decode_unit)
+    pub fn send_payload(&self, to: Pid, topic: &str, body: Payload) -> Result<(), Error> {
+        crate::host::send(to, topic, body).map_err(|refused| Error::send(to, refused))
     }
 
     /// The oldest message in the mailbox, once there is one.
@@ -130,7 +161,10 @@ impl Ctx {
     /// Runs the embedder's custom command `name` with `input` as JSON, and decodes its
     /// answer into a `T`.
     ///
-    /// Fails if the command fails, is unknown, or the process was not granted it.
+    /// Fails if the command fails ([`Error::Command`], with its [`ErrorCode`]), is not
+    /// granted ([`Error::Denied`]), or the process is cancelled first.
+    ///
+    /// [`ErrorCode`]: crate::ErrorCode
     pub fn call<T: DeserializeOwned>(&self, name: &str, input: impl Serialize) -> Completion<T> {
         self.call_with(name, input, decode_json::<T>)
     }
@@ -140,7 +174,7 @@ impl Ctx {
         &self,
         name: &str,
         input: impl Serialize,
-        decode: fn(Payload) -> anyhow::Result<T>,
+        decode: fn(Payload) -> Result<T, Error>,
     ) -> Completion<T> {
         let what = Cow::Owned(format!("custom command `{name}`"));
         match Payload::json(&input) {
@@ -169,7 +203,8 @@ impl Ctx {
         Cancellation { shared: self.shared.clone() }
     }
 
-    /// Writes `message` to the host's log at `level`, tagged with the process's pid.
+    /// Writes `message` to the host's log at `level`, tagged with the process's pid. The
+    /// `log` crate's macros (`log::info!`) write there too.
     pub fn log(&self, level: Level, message: &str) {
         crate::host::log(level, message);
     }
@@ -178,7 +213,7 @@ impl Ctx {
         &self,
         command: Command,
         what: impl Into<Cow<'static, str>>,
-        decode: fn(Payload) -> anyhow::Result<T>,
+        decode: fn(Payload) -> Result<T, Error>,
     ) -> Completion<T> {
         Completion { shared: self.shared.clone(), state: State::Unsent(command), what: what.into(), decode }
     }
@@ -188,70 +223,130 @@ impl Ctx {
         &self,
         error: serde_json::Error,
         what: impl Into<Cow<'static, str>>,
-        decode: fn(Payload) -> anyhow::Result<T>,
+        decode: fn(Payload) -> Result<T, Error>,
     ) -> Completion<T> {
-        let error = anyhow::Error::new(error).context("failed to serialise a JSON payload");
-        Completion { shared: self.shared.clone(), state: State::Failed(error), what: what.into(), decode }
+        let what = what.into();
+        let error = Error::payload(format_args!("{what} failed: failed to serialise a JSON payload"), error);
+        Completion { shared: self.shared.clone(), state: State::Failed(error), what, decode }
     }
 }
 
-fn decode_unit(_: Payload) -> anyhow::Result<()> {
+fn decode_unit(_: Payload) -> Result<(), Error> {
     Ok(())
 }
 
-fn decode_json<T: DeserializeOwned>(payload: Payload) -> anyhow::Result<T> {
-    Ok(payload.decode()?)
+fn decode_json<T: DeserializeOwned>(payload: Payload) -> Result<T, Error> {
+    payload.decode().map_err(|e| Error::payload("bad answer", e))
 }
 
 /// The `spawn` completion: the child's pid as 8 little-endian bytes.
-fn decode_pid(payload: Payload) -> anyhow::Result<Pid> {
+fn decode_pid(payload: Payload) -> Result<Pid, Error> {
     let bytes: [u8; 8] = payload.data.as_slice().try_into().map_err(|_| {
-        anyhow!("expected the child's pid as 8 bytes, got {} bytes of `{}`", payload.data.len(), payload.format)
+        Error::Payload(format!(
+            "expected the child's pid as 8 bytes, got {} bytes of `{}`",
+            payload.data.len(),
+            payload.format
+        ))
     })?;
     Ok(Pid::from_u64(u64::from_le_bytes(bytes)))
+}
+
+/// Spawns a child of this component running entry `method`, typed: what `#[entry]`'s
+/// generated `spawn` calls.
+#[doc(hidden)]
+pub fn spawn_entry<T: Serialize, R>(ctx: &Ctx, method: &str, input: T) -> Spawn<R> {
+    Spawn { spawning: ctx.spawn(method, input), result: PhantomData }
+}
+
+/// An entry's own `spawn` in progress (`square::spawn(&ctx, 3)` for `#[entry] async fn
+/// square(…)`): resolves to the [`Child`] once it runs, or fails as [`Ctx::spawn`] does.
+#[must_use = "a command is only sent when its future is polled"]
+pub struct Spawn<R> {
+    spawning: Completion<Pid>,
+    result: PhantomData<fn() -> R>,
+}
+
+impl<R> Future for Spawn<R> {
+    type Output = Result<Child<R>, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let shared = self.spawning.shared.clone();
+        Pin::new(&mut self.spawning).poll(cx).map_ok(|pid| Child { pid, shared, result: PhantomData })
+    }
+}
+
+/// A child process running an entry whose result is an `R`, from the entry's own
+/// `spawn`. It is monitored: [`Child::join`] always gets its result.
+#[must_use = "a child's result is only collected by `join`"]
+pub struct Child<R> {
+    pid: Pid,
+    shared: Rc<Shared>,
+    result: PhantomData<fn() -> R>,
+}
+
+impl<R> Child<R> {
+    /// The child's pid.
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+}
+
+impl<R: DeserializeOwned> Child<R> {
+    /// The child's result, once it ends: [`Ctx::wait`] for its pid, typed, and failing
+    /// as that does.
+    pub fn join(self) -> Wait<R> {
+        Wait { shared: self.shared, pid: self.pid, result: PhantomData }
+    }
+}
+
+impl<R> std::fmt::Debug for Child<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Child").field("pid", &self.pid).finish_non_exhaustive()
+    }
 }
 
 /// A command in flight: sent to the host when first polled, resolved by its completion.
 ///
 /// Dropping it before it resolves does not call the command back (the host still carries
-/// it out); its completion is ignored.
+/// it out, unless it was still queued past the per-step limit); its completion is ignored.
 #[must_use = "a command is only sent when its future is polled"]
 pub struct Completion<T> {
     shared: Rc<Shared>,
     state: State,
     /// What the command was, for its error.
     what: Cow<'static, str>,
-    decode: fn(Payload) -> anyhow::Result<T>,
+    decode: fn(Payload) -> Result<T, Error>,
 }
 
 enum State {
     Unsent(Command),
     Sent(u64),
-    Failed(anyhow::Error),
+    Failed(Error),
     Done,
 }
 
 impl<T> Future for Completion<T> {
-    type Output = anyhow::Result<T>;
+    type Output = Result<T, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         match std::mem::replace(&mut this.state, State::Done) {
-            State::Unsent(command) => match crate::host::send_now(command) {
-                Ok(sent) => Poll::Ready(this.resolve(sent.map(|()| Payload::bytes(Vec::new())))),
-                Err(command) => {
-                    this.state = State::Sent(this.shared.yield_command(command, cx.waker()));
+            State::Unsent(command) => match this.shared.yield_command(command, cx.waker()) {
+                Ok(tag) => {
+                    this.state = State::Sent(tag);
                     Poll::Pending
                 }
+                Err(reason) => Poll::Ready(Err(Error::Cancelled(reason))),
             },
             State::Sent(tag) => match this.shared.poll_completion(tag, cx.waker()) {
                 Poll::Pending => {
                     this.state = State::Sent(tag);
                     Poll::Pending
                 }
-                Poll::Ready(result) => Poll::Ready(this.resolve(result)),
+                Poll::Ready(Ok(answer)) => Poll::Ready(this.resolve(answer)),
+                Poll::Ready(Err(reason)) => Poll::Ready(Err(Error::Cancelled(reason))),
             },
-            State::Failed(error) => Poll::Ready(Err(error.context(format!("{} failed", this.what)))),
+            State::Failed(error) => Poll::Ready(Err(error)),
             State::Done => panic!("`Completion` polled after it resolved"),
         }
     }
@@ -259,10 +354,13 @@ impl<T> Future for Completion<T> {
 
 impl<T> Completion<T> {
     /// The command's answer, decoded.
-    fn resolve(&self, answer: Result<Payload, String>) -> anyhow::Result<T> {
+    fn resolve(&self, answer: Result<Payload, String>) -> Result<T, Error> {
         match answer {
-            Ok(payload) => (self.decode)(payload).with_context(|| format!("bad answer to {}", self.what)),
-            Err(error) => Err(anyhow::Error::new(CommandError::parse(error)).context(format!("{} failed", self.what))),
+            Ok(payload) => (self.decode)(payload).map_err(|error| match error {
+                Error::Payload(message) => Error::Payload(format!("{} failed: {message}", self.what)),
+                other => other,
+            }),
+            Err(error) => Err(Error::command(&self.what, error)),
         }
     }
 }
@@ -275,20 +373,32 @@ impl<T> Drop for Completion<T> {
     }
 }
 
-/// A [`Ctx::sleep`] in progress.
-#[must_use = "a sleep only starts when its future is polled"]
-pub struct Sleep(Completion<()>);
+/// A [`Ctx::timeout`] in progress.
+#[must_use = "futures do nothing unless polled"]
+pub struct Timeout<F> {
+    future: Pin<Box<F>>,
+    timer: Completion<()>,
+    duration: Duration,
+}
 
-impl Future for Sleep {
-    type Output = ();
+impl<F: Future> Future for Timeout<F> {
+    type Output = Result<F::Output, Error>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        // A refused sleep has nothing to wait for; `Ctx::sleep` documents that it ends.
-        Pin::new(&mut self.0).poll(cx).map(|_| ())
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // The future first: one that is ready at once never starts the timer, and of the
+        // two finishing in the same step the future wins.
+        if let Poll::Ready(output) = self.future.as_mut().poll(cx) {
+            return Poll::Ready(Ok(output));
+        }
+        let duration = self.duration;
+        Pin::new(&mut self.timer).poll(cx).map(|slept| match slept {
+            Ok(()) => Err(Error::Timeout(duration)),
+            Err(error) => Err(error),
+        })
     }
 }
 
-/// A [`Ctx::wait`] in progress.
+/// A [`Ctx::wait`] or [`Child::join`] in progress.
 #[must_use = "futures do nothing unless polled"]
 pub struct Wait<T> {
     shared: Rc<Shared>,
@@ -297,13 +407,16 @@ pub struct Wait<T> {
 }
 
 impl<T: DeserializeOwned> Future for Wait<T> {
-    type Output = anyhow::Result<T>;
+    type Output = Result<T, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let pid = self.pid;
-        self.shared.poll_exit(pid, cx.waker()).map(|outcome| match outcome {
-            Ok(payload) => payload.decode().with_context(|| format!("bad result from process {pid}")),
-            Err(error) => Err(anyhow!(error).context(format!("process {pid} failed"))),
+        self.shared.poll_exit(pid, cx.waker()).map(|waited| match waited {
+            Ok(Ok(payload)) => {
+                payload.decode().map_err(|e| Error::payload(format_args!("bad result from process {pid}"), e))
+            }
+            Ok(Err(error)) => Err(Error::exited(pid, error)),
+            Err(reason) => Err(Error::Cancelled(reason)),
         })
     }
 }
@@ -316,11 +429,10 @@ pub struct Recv {
 }
 
 impl Future for Recv {
-    type Output = anyhow::Result<Message>;
+    type Output = Result<Message, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let poll = self.shared.poll_message(self.topic.as_deref(), cx.waker());
-        poll.map(|message| message.map_err(|reason| anyhow!("cancelled: {reason}")))
+        self.shared.poll_message(self.topic.as_deref(), cx.waker()).map(|waited| waited.map_err(Error::Cancelled))
     }
 }
 

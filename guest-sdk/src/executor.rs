@@ -9,19 +9,29 @@
 //!
 //! 1. Route each event, in arrival order: a completion fills the slot of its tag and wakes
 //!    the future waiting on it (a tag nobody waits for any more is dropped); a message
-//!    goes to the mailbox, an exit to the exit buffer, a cancel sets the cancelled flag;
-//!    each wakes whoever waits for that kind of event.
+//!    goes to the mailbox, an exit to the exit buffer (waking whoever waits for that
+//!    pid), a cancel sets the cancelled flag and wakes every waiter, each of which then
+//!    fails with [`Error::Cancelled`](crate::Error::Cancelled) unless what it waits for
+//!    has already arrived.
 //! 2. While the task is awake, poll it, at most [`POLL_BUDGET`] times. A poll that reaches
-//!    a command the host must carry out records a yield (tag from a counter) and leaves a
+//!    a command the host must carry out queues a yield (tag from a counter) and leaves a
 //!    waker in the tag's slot. Nothing outside the task can wake it during the step, so
 //!    once a poll leaves it asleep no further poll could make progress.
 //! 3. Report: `complete(result)` if the task finished (its yields are dropped: the host
-//!    would discard them); otherwise the step's yields and `blocked` if some yield is
-//!    outstanding, `idle` if the task only waits on messages, exits or cancellation, or
-//!    `continue` if it woke itself more often than the budget allows.
+//!    would discard them). Otherwise hand over the queued yields, oldest first, up to the
+//!    host's per-step limit (`host.max-yields`); the surplus stays queued, less the
+//!    commands whose futures were dropped meanwhile, and goes out in later steps. The
+//!    status is `continue` if yields remain queued or the task woke itself more often
+//!    than the budget allows, `blocked` if some yield is outstanding, else `idle` (the
+//!    task waits only on messages, exits or cancellation).
 //!
 //! Steps with no event that concerns the task (a message nobody is receiving yet) do not
 //! poll it at all.
+//!
+//! The surplus keeps a process with many commands (`join_all` over 100,000 spawns) within
+//! the limit without the guest's code knowing of it: the commands go out in the order
+//! they were made, a step's worth at a time, and each one's completion still finds its
+//! future by tag.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
@@ -54,7 +64,8 @@ pub(crate) enum Event {
     Cancel(String),
 }
 
-/// What a process can ask the host to do.
+/// What a process can ask the host to do. (A `send` is no command: the host's `send`
+/// function delivers it during the step.)
 #[derive(Debug, PartialEq)]
 pub(crate) enum Command {
     /// Nanoseconds.
@@ -64,11 +75,6 @@ pub(crate) enum Command {
         method: String,
         input: Vec<Payload>,
         monitor: bool,
-    },
-    Send {
-        to: Pid,
-        topic: String,
-        body: Payload,
     },
     Monitor(Pid),
     Terminate(Pid),
@@ -101,27 +107,39 @@ pub(crate) struct StepOutput {
     pub(crate) yields: Vec<Yield>,
 }
 
+/// What the executor knows of its process, from `init` on.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Identity {
+    pub(crate) pid: Pid,
+    /// The most yields the host takes from one step.
+    pub(crate) max_yields: usize,
+}
+
 /// The state the task's futures share with the executor (through [`crate::Ctx`]).
 ///
 /// Every access borrows `state` only for the length of one method, never across an
 /// await, so the task and the executor never hold it at once.
 pub(crate) struct Shared {
-    pid: Pid,
+    identity: Identity,
     state: RefCell<State>,
 }
 
 #[derive(Default)]
 struct State {
     next_tag: u64,
-    /// Yields made during the current step.
-    yields: Vec<Yield>,
-    /// Outstanding yields by tag.
+    /// Yields not yet handed to the host, oldest first: this step's, and the surplus of
+    /// earlier steps past the host's limit.
+    yields: VecDeque<Yield>,
+    /// Outstanding yields by tag, sent or still queued.
     slots: BTreeMap<u64, Slot>,
     mailbox: VecDeque<Message>,
     mailbox_waiters: Vec<Waker>,
     /// Exits nobody has waited for yet, by pid.
     exits: BTreeMap<Pid, Outcome>,
-    exit_waiters: Vec<Waker>,
+    /// Who waits for which pid's exit: keyed, so that an exit wakes only its own waiters
+    /// (a `join_all` over many waits would otherwise be woken, and scanned, in full for
+    /// every exit).
+    exit_waiters: BTreeMap<Pid, Vec<Waker>>,
     cancel: Option<String>,
     cancel_waiters: Vec<Waker>,
 }
@@ -131,36 +149,52 @@ enum Slot {
     Done(Outcome),
 }
 
+/// How a wait ended: with what it waited for, or with the process's cancellation
+/// (its reason) while it still had to wait.
+pub(crate) type Waited<T> = Result<T, String>;
+
 impl Shared {
     /// The process's own pid.
     pub(crate) fn pid(&self) -> Pid {
-        self.pid
+        self.identity.pid
     }
 
-    /// Records `command` as a yield of this step; its completion will wake `waker`.
-    pub(crate) fn yield_command(&self, command: Command, waker: &Waker) -> u64 {
+    /// Queues `command` as a yield; its completion will wake `waker`. `Err(reason)`, and
+    /// nothing queued, once the process is cancelled: the command would only be waited
+    /// for in vain.
+    pub(crate) fn yield_command(&self, command: Command, waker: &Waker) -> Waited<u64> {
         let mut state = self.state.borrow_mut();
+        if let Some(reason) = &state.cancel {
+            return Err(reason.clone());
+        }
         state.next_tag += 1;
         let tag = state.next_tag;
-        state.yields.push(Yield { tag, command });
+        state.yields.push_back(Yield { tag, command });
         state.slots.insert(tag, Slot::Waiting(waker.clone()));
-        tag
+        Ok(tag)
     }
 
-    /// The outcome of the yield `tag` if it completed; otherwise `waker` is woken when it does.
-    pub(crate) fn poll_completion(&self, tag: u64, waker: &Waker) -> Poll<Outcome> {
+    /// The outcome of the yield `tag` if it completed; otherwise `Err(reason)` (and the
+    /// yield forgotten) once the process is cancelled, or `waker` is woken when it does.
+    pub(crate) fn poll_completion(&self, tag: u64, waker: &Waker) -> Poll<Waited<Outcome>> {
         let mut state = self.state.borrow_mut();
+        let state = &mut *state;
         if let Some(Slot::Waiting(old)) = state.slots.get_mut(&tag) {
+            if let Some(reason) = &state.cancel {
+                state.slots.remove(&tag);
+                return Poll::Ready(Err(reason.clone()));
+            }
             old.clone_from(waker);
             return Poll::Pending;
         }
         match state.slots.remove(&tag) {
-            Some(Slot::Done(outcome)) => Poll::Ready(outcome),
+            Some(Slot::Done(outcome)) => Poll::Ready(Ok(outcome)),
             _ => panic!("inconsistent executor state: yield {tag} polled after its completion was taken"),
         }
     }
 
-    /// Stops waiting for the yield `tag`: its completion, when it comes, is dropped.
+    /// Stops waiting for the yield `tag`: its completion, when it comes, is dropped, and
+    /// if it is still queued it is not sent at all.
     pub(crate) fn forget(&self, tag: u64) {
         self.state.borrow_mut().slots.remove(&tag);
     }
@@ -168,16 +202,12 @@ impl Shared {
     /// Takes the oldest message whose topic is `topic` (any topic for `None`), leaving the
     /// others queued. With none queued: `Err(reason)` once the process is cancelled,
     /// otherwise `waker` is woken when a message arrives.
-    pub(crate) fn poll_message(&self, topic: Option<&str>, waker: &Waker) -> Poll<Result<Message, String>> {
+    pub(crate) fn poll_message(&self, topic: Option<&str>, waker: &Waker) -> Poll<Waited<Message>> {
         self.poll_message_where(|t| topic.is_none_or(|wanted| t == wanted), waker)
     }
 
     /// The oldest message whose topic `wanted` accepts; the others stay queued in order.
-    pub(crate) fn poll_message_where(
-        &self,
-        wanted: impl Fn(&str) -> bool,
-        waker: &Waker,
-    ) -> Poll<Result<Message, String>> {
+    pub(crate) fn poll_message_where(&self, wanted: impl Fn(&str) -> bool, waker: &Waker) -> Poll<Waited<Message>> {
         let mut state = self.state.borrow_mut();
         let position = state.mailbox.iter().position(|m| wanted(&m.topic));
         if let Some(message) = position.and_then(|i| state.mailbox.remove(i)) {
@@ -190,13 +220,17 @@ impl Shared {
         Poll::Pending
     }
 
-    /// The result of process `pid` once its exit has arrived (buffered if it came early).
-    pub(crate) fn poll_exit(&self, pid: Pid, waker: &Waker) -> Poll<Outcome> {
+    /// The result of process `pid` once its exit has arrived (buffered if it came early);
+    /// `Err(reason)` if it has not by the time the process is cancelled.
+    pub(crate) fn poll_exit(&self, pid: Pid, waker: &Waker) -> Poll<Waited<Outcome>> {
         let mut state = self.state.borrow_mut();
         if let Some(outcome) = state.exits.remove(&pid) {
-            return Poll::Ready(outcome);
+            return Poll::Ready(Ok(outcome));
         }
-        register(&mut state.exit_waiters, waker);
+        if let Some(reason) = &state.cancel {
+            return Poll::Ready(Err(reason.clone()));
+        }
+        register(state.exit_waiters.entry(pid).or_default(), waker);
         Poll::Pending
     }
 
@@ -216,8 +250,7 @@ impl Shared {
     }
 }
 
-/// Adds `waker` unless an equivalent one is there already: every waker of a process wakes
-/// the same task, so the lists stay at one entry in practice.
+/// Adds `waker` unless an equivalent one is there already.
 fn register(waiters: &mut Vec<Waker>, waker: &Waker) {
     if !waiters.iter().any(|w| w.will_wake(waker)) {
         waiters.push(waker.clone());
@@ -244,15 +277,42 @@ impl State {
             }
             Event::Exit { pid, result } => {
                 self.exits.insert(pid, result);
-                wake_all(&mut self.exit_waiters);
+                if let Some(mut waiters) = self.exit_waiters.remove(&pid) {
+                    wake_all(&mut waiters);
+                }
             }
             Event::Cancel(reason) => {
-                self.cancel.get_or_insert(reason);
+                if self.cancel.is_some() {
+                    return;
+                }
+                self.cancel = Some(reason);
+                // Every wait ends with the cancellation: wake them all to see it.
                 wake_all(&mut self.cancel_waiters);
-                // Receivers with an empty mailbox end with the cancellation.
                 wake_all(&mut self.mailbox_waiters);
+                for (_, mut waiters) in std::mem::take(&mut self.exit_waiters) {
+                    wake_all(&mut waiters);
+                }
+                for slot in self.slots.values() {
+                    if let Slot::Waiting(waker) = slot {
+                        waker.wake_by_ref();
+                    }
+                }
             }
         }
+    }
+
+    /// Takes the queued yields to hand to the host, oldest first, at most `max`; the rest
+    /// stay queued for later steps.
+    fn take_yields(&mut self, max: usize) -> Vec<Yield> {
+        if self.yields.len() <= max {
+            // The common case: the queue's buffer itself, without a copy.
+            return Vec::from(std::mem::take(&mut self.yields));
+        }
+        // Commands whose futures were dropped before they went out need not go at all.
+        let slots = &self.slots;
+        self.yields.retain(|y| slots.contains_key(&y.tag));
+        let count = max.min(self.yields.len());
+        self.yields.drain(..count).collect()
     }
 }
 
@@ -282,11 +342,11 @@ pub(crate) struct Executor {
 }
 
 impl Executor {
-    /// An executor for process `pid`, with no task yet.
-    pub(crate) fn new(pid: Pid) -> Self {
+    /// An executor for the process `identity` describes, with no task yet.
+    pub(crate) fn new(identity: Identity) -> Self {
         let awake = Arc::new(Awake(AtomicBool::new(false)));
         let waker = Waker::from(awake.clone());
-        Executor { shared: Rc::new(Shared { pid, state: RefCell::default() }), task: None, awake, waker }
+        Executor { shared: Rc::new(Shared { identity, state: RefCell::default() }), task: None, awake, waker }
     }
 
     /// The state the task's [`crate::Ctx`] works on.
@@ -323,14 +383,17 @@ impl Executor {
             }
         }
         let mut state = self.shared.state.borrow_mut();
-        let status = if self.awake.0.load(Ordering::Relaxed) {
+        // At least one: a limit of 0 makes any yield end the process, with the host's
+        // error naming the limit, rather than leave it queued for ever.
+        let yields = state.take_yields(self.shared.identity.max_yields.max(1));
+        let status = if self.awake.0.load(Ordering::Relaxed) || !state.yields.is_empty() {
             Status::Continue
         } else if state.slots.values().any(|slot| matches!(slot, Slot::Waiting(_))) {
             Status::Blocked
         } else {
             Status::Idle
         };
-        StepOutput { status, yields: std::mem::take(&mut state.yields) }
+        StepOutput { status, yields }
     }
 }
 
@@ -341,7 +404,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::{Ctx, Either, join, join_all, select};
+    use crate::{Ctx, Either, join, join_all, select, select_any};
 
     const PID: Pid = Pid::from_u64(42);
 
@@ -350,7 +413,15 @@ mod tests {
     where
         F: Future<Output = anyhow::Result<serde_json::Value>> + 'static,
     {
-        let mut executor = Executor::new(PID);
+        run_limited(1024, body)
+    }
+
+    /// [`run`] with a host that takes at most `max_yields` yields a step.
+    fn run_limited<F>(max_yields: usize, body: impl FnOnce(Ctx) -> F) -> Executor
+    where
+        F: Future<Output = anyhow::Result<serde_json::Value>> + 'static,
+    {
+        let mut executor = Executor::new(Identity { pid: PID, max_yields });
         let future = body(Ctx::new(executor.shared()));
         executor.start(Box::pin(async move {
             match future.await {
@@ -386,7 +457,7 @@ mod tests {
             let nap = |ms, id| {
                 let (ctx, log) = (ctx.clone(), log.clone());
                 async move {
-                    ctx.sleep(Duration::from_millis(ms)).await;
+                    ctx.sleep(Duration::from_millis(ms)).await.expect("the sleep ends");
                     log.borrow_mut().push(id);
                 }
             };
@@ -418,7 +489,7 @@ mod tests {
             let nap = |ms: u64| {
                 let (ctx, order) = (&ctx, &order);
                 async move {
-                    ctx.sleep(Duration::from_millis(ms)).await;
+                    ctx.sleep(Duration::from_millis(ms)).await.expect("the sleep ends");
                     order.borrow_mut().push(ms);
                     Ok::<_, anyhow::Error>(ms)
                 }
@@ -442,7 +513,7 @@ mod tests {
     fn select_picks_the_event_that_arrived_first_in_a_step() {
         let mut executor = run(|ctx| async move {
             let first = select(ctx.sleep(Duration::from_millis(100)), ctx.sleep(Duration::from_millis(10))).await;
-            Ok(serde_json::json!(if first == Either::Left(()) { "left" } else { "right" }))
+            Ok(serde_json::json!(if first == Either::Left(Ok(())) { "left" } else { "right" }))
         });
         assert_eq!(tags(&executor.step([])), [1, 2]);
         assert_eq!(executor.step([done(2), done(1)]).status, json(serde_json::json!("right")));
@@ -472,7 +543,7 @@ mod tests {
     fn wait_collects_an_exit_that_arrived_before_anyone_waited() {
         let mut executor = run(|ctx| async move {
             let child = ctx.spawn("square", 7).await?;
-            ctx.sleep(Duration::from_millis(1)).await;
+            ctx.sleep(Duration::from_millis(1)).await.expect("the sleep ends");
             let result: u64 = ctx.wait(child).await?;
             Ok(serde_json::json!([child, result]))
         });
@@ -533,7 +604,7 @@ mod tests {
         let flag = seen.clone();
         let mut executor = run(move |ctx| async move {
             let reason = match select(ctx.sleep(Duration::from_secs(60)), ctx.cancelled()).await {
-                Either::Left(()) => anyhow::bail!("slept through the cancel"),
+                Either::Left(_) => anyhow::bail!("slept through the cancel"),
                 Either::Right(reason) => reason,
             };
             flag.set(ctx.is_cancelled());
@@ -572,7 +643,7 @@ mod tests {
                 // The message wins; the 1 s sleep (tag 1) is dropped while outstanding.
                 let first = select(ctx.recv(), ctx.sleep(Duration::from_secs(1))).await;
                 assert!(matches!(first, Either::Left(Ok(_))));
-                ctx2.sleep(Duration::from_millis(1)).await;
+                ctx2.sleep(Duration::from_millis(1)).await.expect("the sleep ends");
                 counted.await;
                 Ok(serde_json::json!("done"))
             }
@@ -597,7 +668,7 @@ mod tests {
                 Poll::Ready(())
             })
             .await;
-            ctx.sleep(Duration::from_millis(1)).await;
+            ctx.sleep(Duration::from_millis(1)).await.expect("the sleep ends");
             let message = ctx.recv().await?;
             Ok(serde_json::json!(message.decode::<u32>()?))
         });
@@ -631,7 +702,7 @@ mod tests {
     #[test]
     fn yields_of_the_completing_step_are_dropped() {
         let mut executor = run(|ctx| async move {
-            let unsent = ctx.send(Pid::from_u64(3), "bye", "x");
+            let unsent = ctx.sleep(Duration::from_secs(1));
             // Polled once, so it yields, then abandoned as the task returns.
             let _ = select(unsent, std::future::ready(())).await;
             Ok(serde_json::json!(null))
@@ -657,8 +728,108 @@ mod tests {
 
     #[test]
     fn a_step_without_a_task_reports_an_error() {
-        let mut executor = Executor::new(PID);
+        let mut executor = Executor::new(Identity { pid: PID, max_yields: 1024 });
         let output = executor.step([]);
         assert_eq!(output.status, Status::Complete(Err("the process has no running entry".to_owned())));
+    }
+
+    #[test]
+    fn yields_past_the_hosts_limit_go_out_in_later_steps_in_order() {
+        let mut executor = run_limited(2, |ctx| async move {
+            let naps = join_all((1..=5).map(|ms| ctx.sleep(Duration::from_millis(ms)))).await?;
+            Ok(serde_json::json!(naps.len()))
+        });
+        let nanos = |output: &StepOutput| -> Vec<u64> {
+            output.yields.iter().map(|y| if let Command::Sleep(n) = y.command { n / 1_000_000 } else { 0 }).collect()
+        };
+        let first = executor.step([]);
+        assert_eq!((nanos(&first), tags(&first), first.status), (vec![1, 2], vec![1, 2], Status::Continue));
+        // A completion of a command already sent arrives while the rest are still queued.
+        let second = executor.step([done(1)]);
+        assert_eq!((tags(&second), second.status), (vec![3, 4], Status::Continue));
+        let third = executor.step([]);
+        assert_eq!((tags(&third), third.status), (vec![5], Status::Blocked));
+        assert_eq!(executor.step([done(2), done(3), done(4), done(5)]).status, json(serde_json::json!(5)));
+    }
+
+    #[test]
+    fn queued_commands_of_dropped_futures_are_never_sent() {
+        let mut executor = run_limited(1, |ctx| async move {
+            // The first sleep to finish wins; the others are dropped, two of them unsent.
+            let (first, _) = select_any((1..=4).map(|ms| ctx.sleep(Duration::from_millis(ms)))).await;
+            ctx.sleep(Duration::from_millis(9)).await?;
+            Ok(serde_json::json!(first))
+        });
+        assert_eq!(tags(&executor.step([])), [1]);
+        assert_eq!(tags(&executor.step([])), [2]);
+        let after = executor.step([done(2)]);
+        // Sleeps 3 and 4 were never sent; the new sleep (tag 5) goes out alone.
+        assert_eq!((tags(&after), after.status), (vec![5], Status::Blocked));
+        assert_eq!(executor.step([done(5)]).status, json(serde_json::json!(1)));
+    }
+
+    #[test]
+    fn a_cancel_fails_every_wait_with_the_reason_but_not_what_arrived() {
+        let mut executor = run(|ctx| async move {
+            let sleep = ctx.sleep(Duration::from_secs(10));
+            let call = ctx.call::<u32>("db.query", 1);
+            let done_call = ctx.call::<u32>("db.count", 2);
+            let wait = ctx.wait::<u32>(Pid::from_u64(5));
+            let ((sleep, call), (done_call, wait)) = join(join(sleep, call), join(done_call, wait)).await;
+            // Started after the cancel: fails at once, and is never sent.
+            let later = ctx.sleep(Duration::from_secs(1)).await;
+            let recv = ctx.recv().await;
+            Ok(serde_json::json!([
+                sleep.unwrap_err().to_string(),
+                matches!(call, Err(crate::Error::Cancelled(ref reason)) if reason == "stop"),
+                done_call?,
+                wait.unwrap_err().to_string(),
+                later.unwrap_err().to_string(),
+                recv.unwrap_err().to_string(),
+            ]))
+        });
+        assert_eq!(tags(&executor.step([])), [1, 2, 3]);
+        let answered = Event::Completion { tag: 3, result: Ok(Payload::json(&7).unwrap()) };
+        let output = executor.step([answered, Event::Cancel("stop".to_owned())]);
+        assert_eq!(output.yields.len(), 0);
+        assert_eq!(
+            output.status,
+            json(serde_json::json!([
+                "cancelled: stop",
+                true,
+                7,
+                "cancelled: stop",
+                "cancelled: stop",
+                "cancelled: stop"
+            ]))
+        );
+    }
+
+    #[test]
+    fn a_timeout_ends_a_slow_future_and_lets_a_fast_one_through() {
+        let mut executor = run(|ctx| async move {
+            let fast = ctx.timeout(Duration::from_secs(1), std::future::ready(3)).await?;
+            let slow = ctx.timeout(Duration::from_millis(5), ctx.recv()).await;
+            Ok(serde_json::json!([
+                fast,
+                matches!(slow, Err(crate::Error::Timeout(d)) if d == Duration::from_millis(5))
+            ]))
+        });
+        // The fast future never started its timer: the only yield is the slow one's.
+        let first = executor.step([]);
+        assert_eq!((first.yields.len(), first.status), (1, Status::Blocked));
+        assert_eq!(first.yields[0].command, Command::Sleep(5_000_000));
+        assert_eq!(executor.step([done(1)]).status, json(serde_json::json!([3, true])));
+    }
+
+    #[test]
+    fn select_any_resolves_to_the_first_finished_by_index() {
+        let mut executor = run(|ctx| async move {
+            let (index, slept) = select_any([30, 10, 20].map(|ms| ctx.sleep(Duration::from_millis(ms)))).await;
+            slept?;
+            Ok(serde_json::json!(index))
+        });
+        assert_eq!(tags(&executor.step([])), [1, 2, 3]);
+        assert_eq!(executor.step([done(3), done(2)]).status, json(serde_json::json!(2)));
     }
 }

@@ -1,7 +1,7 @@
 //! What the SDK asks of the host: the WIT bindings of the `handler` world (the `process`
 //! world and the `provider` import; a component that never answers a request leaves that
 //! import out, so it stays a plain process component), the host functions (`log`,
-//! `send` at once, `respond`), and the mapping between the WIT types and the SDK's own.
+//! `send`, `parent`, `max-yields`, `respond`), and the mapping between the WIT types and the SDK's own.
 //! The executor and `Ctx` reach the host only through here.
 
 use crate::executor::{self, Outcome};
@@ -36,16 +36,34 @@ pub(crate) fn log(level: Level, message: &str) {
     eprintln!("[{level:?}] {message}");
 }
 
-/// Delivers a `send` command through the host's `send` function, at once: there is no
-/// completion to wait for, so a process that sends and then waits needs one step, not
-/// two. Any other command, and every command in native builds (the SDK's own tests have
-/// no host), is handed back to be yielded.
-pub(crate) fn send_now(command: executor::Command) -> Result<Result<(), String>, executor::Command> {
-    match command {
-        #[cfg(target_arch = "wasm32")]
-        executor::Command::Send { to, topic, body } => Ok(host::send(to.as_u64(), &topic, &body.into())),
-        other => Err(other),
+/// Puts a message in `to`'s mailbox through the host's `send` function, at once; the
+/// host's reason if it refuses. Native builds (the SDK's own tests) have no host to
+/// deliver to.
+pub(crate) fn send(to: Pid, topic: &str, body: Payload) -> Result<(), String> {
+    #[cfg(target_arch = "wasm32")]
+    return host::send(to.as_u64(), topic, &body.into());
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let _ = (to, topic, body);
+        Err("no host to send through outside Wasm".to_owned())
     }
+}
+
+/// The process `pid` as the executor needs to know it: with the host's per-step yield
+/// limit. Native builds (the SDK's own tests) have no host: the host's default limit.
+pub(crate) fn identity(pid: Pid) -> executor::Identity {
+    #[cfg(target_arch = "wasm32")]
+    return executor::Identity { pid, max_yields: usize::try_from(host::max_yields()).unwrap_or(usize::MAX) };
+    #[cfg(not(target_arch = "wasm32"))]
+    executor::Identity { pid, max_yields: 1024 }
+}
+
+/// The process that spawned this one, as the host says; none in native builds.
+pub(crate) fn parent() -> Option<Pid> {
+    #[cfg(target_arch = "wasm32")]
+    return host::parent().map(Pid::from_u64);
+    #[cfg(not(target_arch = "wasm32"))]
+    None
 }
 
 /// Answers request `id` through the host's `provider.respond`.
@@ -105,9 +123,6 @@ impl From<executor::Command> for wit::Command {
                 input: input.into_iter().map(Into::into).collect(),
                 monitor,
             }),
-            Command::Send { to, topic, body } => {
-                wit::Command::Send(wit::SendRequest { to: to.as_u64(), topic, body: body.into() })
-            }
             Command::Monitor(pid) => wit::Command::Monitor(pid.as_u64()),
             Command::Terminate(pid) => wit::Command::Terminate(pid.as_u64()),
             Command::Custom { name, payload } => {

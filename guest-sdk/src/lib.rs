@@ -3,23 +3,23 @@
 //! A process is an `async fn` marked [`#[entry]`](entry): it gets a [`Ctx`] and a
 //! JSON-decoded input, and returns a `Result` whose value becomes its JSON result (its
 //! error, with the whole chain of causes, becomes its error result). Anything that waits,
-//! such as sleeping, spawning, messaging or calling the embedder, is an `.await` on a
-//! [`Ctx`] method, and several can be in flight at once through [`join_all`], [`join`] and
-//! [`select`]. One line, [`export!`], turns a crate's entries into a component.
+//! such as sleeping, spawning, receiving or calling the embedder, is an `.await` on a
+//! [`Ctx`] method, and several can be in flight at once through [`join_all`], [`join`],
+//! [`select`] and [`select_any`]. One line, [`export!`], turns a crate's entries into a
+//! component.
 //!
 //! ```
 //! use wasmproc_guest::prelude::*;
 //!
 //! /// Squares `0..n` in child processes, one each.
 //! #[entry]
-//! async fn fan_out(ctx: Ctx, n: u32) -> Result<Vec<u64>> {
-//!     let kids = join_all((0..n).map(|i| ctx.spawn("square", i))).await?;
-//!     let mut out = Vec::new();
-//!     for kid in kids {
-//!         out.push(ctx.wait::<u64>(kid).await?);
-//!     }
-//!     ctx.sleep(Duration::from_millis(5)).await;
-//!     Ok(out)
+//! async fn fan_out(ctx: Ctx, n: u64) -> Result<Vec<u64>> {
+//!     // Typed: `square::spawn` takes a `u64`, and its child's `join` gives a `u64`.
+//!     let children = join_all((0..n).map(|i| square::spawn(&ctx, i))).await?;
+//!     let squares = join_all(children.into_iter().map(|child| child.join())).await?;
+//!     ctx.timeout(Duration::from_secs(1), ctx.recv_topic("thanks")).await.ok();
+//!     log::info!("squared {n} numbers");
+//!     Ok(squares)
 //! }
 //!
 //! #[entry]
@@ -34,16 +34,38 @@
 //! Build such a crate as a `cdylib` for `wasm32-wasip2`; the result is a component of the
 //! world `wasmproc:process/process`, ready for the host to load.
 //!
+//! # Errors
+//!
+//! What the host refuses or reports is an [`Error`]: match on what you can handle
+//! ([`Error::MailboxFull`], [`Error::NoProc`], [`Error::Cancelled`], a command's
+//! [`ErrorCode`]…) and pass the rest on with `?`; an entry returns `anyhow::Result`, so
+//! its own failures need no type of their own.
+//!
+//! # Cancellation
+//!
+//! When the host cancels a process (shutdown, `wasmproc run --timeout`), every wait in it
+//! fails with [`Error::Cancelled`] from then on, sleeps, receives, waits for children
+//! and commands alike, unless what it waited for had already arrived. An entry that
+//! propagates errors with `?` thus finishes promptly by itself; one that must tidy up
+//! can still [`Ctx::send`], which does not wait.
+//!
+//! # Logging
+//!
+//! The SDK makes the host's log the backend of the [`log`](https://docs.rs/log) crate:
+//! `log::info!` and its siblings in a guest write there, tagged with the process's pid,
+//! as [`Ctx::log`] does.
+//!
 //! # How it runs
 //!
 //! The host drives a process in steps. `init` decodes the input and creates the entry's
 //! future; each `step` hands the process the events that arrived (completions of its
 //! commands, messages, exits of processes it monitors, cancellation) and polls the future
 //! until it can go no further. The commands it reached go back to the host as yields,
-//! with the status: complete, blocked on commands, or idle waiting for messages. A send
-//! is the exception: it goes through the host's `send` function at once, so its future is
-//! ready on its first poll and costs no step. The SDK contains that executor; it needs no
-//! async runtime, no threads and no clock.
+//! with the status: complete, blocked on commands, idle waiting for messages, or continue
+//! while commands past the host's per-step limit wait their turn (they go out in the
+//! following steps, so `join_all` over 100,000 spawns just works). A send is no command:
+//! it goes through the host's `send` function at once and costs no step. The SDK
+//! contains that executor; it needs no async runtime, no threads and no clock.
 
 #![deny(missing_docs)]
 
@@ -53,14 +75,15 @@ mod ctx;
 mod error;
 mod executor;
 mod host;
+mod logger;
 mod payload;
 mod providers;
 
-pub use anyhow::{self, Error, Result};
+pub use anyhow;
 
-pub use crate::combinators::{Either, Join, JoinAll, Select, join, join_all, select};
-pub use crate::ctx::{Cancellation, Completion, Ctx, Recv, Sleep, Wait};
-pub use crate::error::{CommandError, ErrorCode, error_code};
+pub use crate::combinators::{Either, Join, JoinAll, Select, SelectAny, join, join_all, select, select_any};
+pub use crate::ctx::{Cancellation, Child, Completion, Ctx, Recv, Spawn, Timeout, Wait};
+pub use crate::error::{Error, ErrorCode};
 pub use crate::payload::{DecodeError, Format, Level, Message, Payload, Pid};
 pub use crate::providers::{
     DirEntry, Fs, Http, Keys, Kv, NextRequest, Request as HttpRequest, Response, ServeRequest, Versioned,
@@ -75,11 +98,34 @@ pub use crate::providers::{
 ///   decode fails the spawn, naming the method.
 /// - `R` is serialised as the process's JSON result; an error becomes the error result,
 ///   formatted with its causes (`{:#}`). The error type may be anything that converts
-///   into [`Error`].
+///   into `anyhow::Error`.
 /// - The method's name is the function's name. List the function in [`export!`].
 ///
-/// The function stays callable as written. The attribute adds a hidden module of the same
-/// name beside it, which is why entries must be items of a module, not of a function body.
+/// The function stays callable as written. The attribute adds a module of the same name
+/// beside it, which is why entries must be items of a module, not of a function body. The
+/// module's `spawn` starts the entry in a child process, typed by the signature:
+/// `name::spawn(&ctx, input: T)` resolves to a [`Child<R>`](Child), whose
+/// [`join`](Child::join) resolves to the child's `R`. (`spawn` needs `T: Serialize`;
+/// an entry whose input only deserialises is still an entry, it is only spawned by name
+/// with [`Ctx::spawn`].)
+///
+/// ```
+/// use wasmproc_guest::prelude::*;
+///
+/// #[entry]
+/// async fn tally(ctx: Ctx, words: Vec<String>) -> Result<usize> {
+///     let child = count::spawn(&ctx, words.join(" ")).await?;
+///     Ok(child.join().await?)
+/// }
+///
+/// #[entry]
+/// async fn count(_ctx: Ctx, text: String) -> Result<usize> {
+///     Ok(text.split_whitespace().count())
+/// }
+///
+/// wasmproc_guest::export!(tally, count);
+/// # fn main() {}
+/// ```
 /// Mistakes in the signature are compile errors at the offending tokens:
 ///
 /// ```compile_fail
@@ -107,9 +153,11 @@ pub use wasmproc_guest_macros::entry;
 pub mod prelude {
     pub use std::time::Duration;
 
-    pub use anyhow::{Context as _, Error, Result, anyhow, bail, ensure};
+    pub use anyhow::{Context as _, Result, anyhow, bail, ensure};
 
-    pub use crate::{Ctx, Either, Format, Level, Message, Payload, Pid, entry, join, join_all, select};
+    pub use crate::{
+        Ctx, Either, Error, Format, Level, Message, Payload, Pid, entry, join, join_all, select, select_any,
+    };
 }
 
 /// Exports the listed [`entry`] functions as the component's entry methods, in the
@@ -175,7 +223,10 @@ macro_rules! export {
 /// What the macros expand to; not a stable API.
 #[doc(hidden)]
 pub mod __private {
+    pub use serde::Serialize;
+
     pub use crate::component::{Entry, entries, init, start, step};
+    pub use crate::ctx::spawn_entry;
     pub use crate::host::bindings;
     pub use crate::host::bindings::Guest;
     pub use crate::host::bindings::wasmproc::process::types::{

@@ -1,7 +1,6 @@
 //! The values a process exchanges with its host and with other processes: the boundary
 //! types shared with the host, and [`Message`].
 
-use anyhow::Context as _;
 use serde::de::DeserializeOwned;
 pub use wasmproc_types::{DecodeError, Format, Level, Payload, Pid};
 
@@ -19,11 +18,12 @@ pub struct Message {
 impl Message {
     /// The body read as a `T`; see [`Payload::decode`].
     ///
-    /// # Errors
-    ///
-    /// Fails if the body does not decode into a `T`.
-    pub fn decode<T: DeserializeOwned>(&self) -> anyhow::Result<T> {
-        self.body.decode().with_context(|| format!("bad `{}` message from process {}", self.topic, self.sender))
+    /// Fails with [`Error::Payload`](crate::Error::Payload) if the body does not decode
+    /// into a `T`.
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T, crate::Error> {
+        self.body.decode().map_err(|e| {
+            crate::Error::payload(format_args!("bad `{}` message from process {}", self.topic, self.sender), e)
+        })
     }
 }
 
@@ -36,7 +36,7 @@ mod tests {
         let message = Message { sender: Pid::from_u64(4), topic: "job".into(), body: Payload::text("x") };
         let error = message.decode::<u8>().unwrap_err();
         assert_eq!(
-            format!("{error:#}").split(": ").take(2).collect::<Vec<_>>(),
+            error.to_string().split(": ").take(2).collect::<Vec<_>>(),
             ["bad `job` message from process 4", "failed to decode a `text` payload"]
         );
     }

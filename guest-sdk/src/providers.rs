@@ -3,8 +3,9 @@
 //!
 //! Each wrapper method is one custom command, so it waits like any other: the step ends,
 //! other processes run, and the answer arrives as a completion (in a durable process, a
-//! recorded one). A command the process was not granted fails with a [`CommandError`](crate::CommandError)
-//! whose code is [`ErrorCode::Denied`](crate::ErrorCode::Denied) and whose message names the grant to ask for.
+//! recorded one). A command the process was not granted fails with [`Error::Denied`](crate::Error::Denied),
+//! whose message names the grant to ask for; other failures are
+//! [`Error::Command`](crate::Error::Command) with the provider's [`ErrorCode`](crate::ErrorCode).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::ctx::{Completion, Ctx};
+use crate::error::Error;
 use crate::executor::Shared;
 use crate::payload::{Payload, Pid};
 
@@ -50,7 +52,7 @@ impl Ctx {
             struct Now {
                 unix_nanos: u64,
             }
-            let now: Now = payload.decode()?;
+            let now: Now = payload.decode().map_err(bad_answer)?;
             Ok(UNIX_EPOCH + Duration::from_nanos(now.unix_nanos))
         })
     }
@@ -136,7 +138,7 @@ impl Http {
     }
 }
 
-fn decode_response(payload: Payload) -> anyhow::Result<Response> {
+fn decode_response(payload: Payload) -> Result<Response, Error> {
     #[derive(Deserialize)]
     struct Wire {
         status: u16,
@@ -145,13 +147,18 @@ fn decode_response(payload: Payload) -> anyhow::Result<Response> {
         body: Option<String>,
         body_base64: Option<String>,
     }
-    let wire: Wire = payload.decode()?;
+    let wire: Wire = payload.decode().map_err(bad_answer)?;
     let body = match (wire.body, wire.body_base64) {
         (Some(text), _) => text.into_bytes(),
-        (None, Some(encoded)) => base64_decode(&encoded)?,
+        (None, Some(encoded)) => base64_decode(&encoded).map_err(bad_answer)?,
         (None, None) => Vec::new(),
     };
     Ok(Response { status: wire.status, headers: wire.headers, body })
+}
+
+/// A provider's answer that does not decode.
+fn bad_answer(error: impl std::fmt::Display) -> Error {
+    Error::payload("bad answer", error)
 }
 
 /// Standard base64 with padding, as the host encodes a body that is not UTF-8.
@@ -226,7 +233,7 @@ impl Kv {
             struct Deleted {
                 deleted: bool,
             }
-            Ok(payload.decode::<Deleted>()?.deleted)
+            Ok(payload.decode::<Deleted>().map_err(bad_answer)?.deleted)
         })
     }
 
@@ -236,12 +243,12 @@ impl Kv {
     }
 }
 
-fn version_of(payload: Payload) -> anyhow::Result<u64> {
+fn version_of(payload: Payload) -> Result<u64, Error> {
     #[derive(Deserialize)]
     struct Version {
         version: u64,
     }
-    Ok(payload.decode::<Version>()?.version)
+    Ok(payload.decode::<Version>().map_err(bad_answer)?.version)
 }
 
 /// `fs.*`: see [`Ctx::fs`]. Paths are the guest paths of the grants (`/data/in.txt`).
@@ -269,7 +276,7 @@ impl Fs {
     /// The file at `path` as text.
     pub fn read_to_string(&self, path: &str) -> Completion<String> {
         self.ctx.call_with("fs.read", json!({ "path": path }), |payload| {
-            String::from_utf8(payload.data).map_err(|e| anyhow!("the file is not UTF-8: {e}"))
+            String::from_utf8(payload.data).map_err(|e| Error::payload("the file is not UTF-8", e))
         })
     }
 
@@ -296,7 +303,7 @@ impl Fs {
             struct Entries {
                 entries: Vec<DirEntry>,
             }
-            Ok(payload.decode::<Entries>()?.entries)
+            Ok(payload.decode::<Entries>().map_err(bad_answer)?.entries)
         })
     }
 
@@ -338,10 +345,10 @@ impl ServeRequest {
     /// # Errors
     ///
     /// If the value does not serialise, or the host no longer holds the request.
-    pub fn respond<T: Serialize>(self, result: anyhow::Result<T>) -> anyhow::Result<()> {
+    pub fn respond<T: Serialize>(self, result: Result<T, impl Into<anyhow::Error>>) -> anyhow::Result<()> {
         let answer = match result {
             Ok(value) => Ok(Payload::json(&value)?),
-            Err(error) => Err(format!("{error:#}")),
+            Err(error) => Err(format!("{:#}", error.into())),
         };
         crate::host::respond(self.id, answer).map_err(|e| anyhow!("cannot answer `{}`: {e}", self.command))
     }
@@ -377,12 +384,12 @@ pub struct NextRequest {
 }
 
 impl Future for NextRequest {
-    type Output = anyhow::Result<ServeRequest>;
+    type Output = Result<ServeRequest, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let poll = self.shared.poll_message_where(|topic| parse_request_topic(topic).is_some(), cx.waker());
         poll.map(|message| {
-            let message = message.map_err(|reason| anyhow!("cancelled: {reason}"))?;
+            let message = message.map_err(Error::Cancelled)?;
             let (command, id, key) =
                 parse_request_topic(&message.topic).expect("only messages with a request topic are taken");
             Ok(ServeRequest {

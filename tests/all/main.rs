@@ -14,6 +14,8 @@ mod http;
 mod journal;
 /// The `kv` provider: persistence, quotas, compare-and-swap under concurrency.
 mod kv;
+/// Guests in Python and JavaScript end to end; the instance limits they need.
+mod languages;
 /// Init, step statuses, step counts, errors, close (DESIGN 1, 2, 4, 12).
 mod lifecycle;
 /// Process limits and shutdown (DESIGN 13, 14).
@@ -28,6 +30,9 @@ mod queues;
 mod recovery;
 /// The hostile guests: each limit ends only the process that passes it.
 mod sandbox;
+/// The guest SDK with real guests: commands past the per-step limit, cancellation, typed
+/// errors and spawning, timeouts, parents, `select_any`, the `log` backend.
+mod sdk;
 /// Thousands of processes mixing every kind of yield and message (DESIGN 6, 12).
 mod stress;
 /// Completion order and the wakeup protocol end to end (DESIGN 3, 5, 6, 7, 8).

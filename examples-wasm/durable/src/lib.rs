@@ -38,16 +38,16 @@ async fn run(ctx: Ctx, input: Option<(u32, u32)>, worker: &str) -> Result<u64> {
     let mut total = 0u64;
     for round in 1..=rounds {
         for &child in &children {
-            ctx.send(child, "n", round).await?;
+            ctx.send(child, "n", round)?;
             let answer: u64 = ctx.recv_topic("answer").await?.decode()?;
             total += answer;
         }
         // 20 to 24 ms, by the clock.
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-        ctx.sleep(Duration::from_millis(20 + u64::from(now % 5))).await;
+        ctx.sleep(Duration::from_millis(20 + u64::from(now % 5))).await?;
     }
     for &child in &children {
-        ctx.send(child, "stop", ()).await?;
+        ctx.send(child, "stop", ())?;
         let seen: u64 = ctx.wait(child).await?;
         total += seen;
     }
@@ -74,12 +74,12 @@ async fn serve(ctx: Ctx, ledger: bool) -> Result<u64> {
         match message.topic.as_str() {
             "n" => {
                 let n: u64 = message.decode()?;
-                ctx.sleep(Duration::from_millis(5)).await;
+                ctx.sleep(Duration::from_millis(5)).await?;
                 if ledger {
                     let recorded: u64 = ctx.call("ledger.record", n * n).await?;
                     ensure!(recorded == n * n, "the ledger recorded {recorded}, not {}", n * n);
                 }
-                ctx.send(message.sender, "answer", n * n).await?;
+                ctx.send(message.sender, "answer", n * n)?;
                 answered += 1;
             }
             "stop" => return Ok(answered),

@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 use wasmproc_guest::prelude::*;
-use wasmproc_guest::{ErrorCode, error_code};
+use wasmproc_guest::ErrorCode;
 
 /// What to fetch.
 #[derive(Deserialize)]
@@ -50,8 +50,8 @@ async fn main(ctx: Ctx, job: Job) -> Result<Fetched> {
         match kv.compare_and_swap(&key, version, &record).await {
             Ok(_) => return Ok(Fetched { status: response.status, bytes, fetches: record.fetches }),
             // Another fetcher wrote first: read again and retry.
-            Err(error) if error_code(&error) == Some(ErrorCode::Conflict) => {}
-            Err(error) => return Err(error.context("counting the fetch")),
+            Err(Error::Command { code: ErrorCode::Conflict, .. }) => {}
+            Err(error) => return Err(error).context("counting the fetch"),
         }
     }
 }

@@ -8,7 +8,7 @@
 //! ```
 
 use wasmproc_guest::prelude::*;
-use wasmproc_guest::{ErrorCode, error_code};
+use wasmproc_guest::ErrorCode;
 
 /// Where the notes are, as the process sees the granted directory.
 const FILE: &str = "/notes/notes.txt";
@@ -36,8 +36,8 @@ async fn list(ctx: Ctx, _input: ()) -> Result<String> {
 async fn read(ctx: &Ctx) -> Result<Vec<String>> {
     match ctx.fs().read_to_string(FILE).await {
         Ok(text) => Ok(text.lines().map(str::to_owned).collect()),
-        Err(error) if error_code(&error) == Some(ErrorCode::NotFound) => Ok(Vec::new()),
-        Err(error) => Err(error.context("reading the notes")),
+        Err(Error::Command { code: ErrorCode::NotFound, .. }) => Ok(Vec::new()),
+        Err(error) => Err(error).context("reading the notes"),
     }
 }
 

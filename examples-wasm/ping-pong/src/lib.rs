@@ -8,11 +8,11 @@ use wasmproc_guest::prelude::*;
 async fn main(ctx: Ctx, n: u32) -> Result<u32> {
     let pong = ctx.spawn("pong", ()).await?;
     for i in 0..n {
-        ctx.send(pong, "ping", i).await?;
+        ctx.send(pong, "ping", i)?;
         let answer: u32 = ctx.recv_topic("pong").await?.decode()?;
         ensure!(answer == i, "pong answered {answer} to ping {i}");
     }
-    ctx.send(pong, "stop", ()).await?;
+    ctx.send(pong, "stop", ())?;
     let answered: u32 = ctx.wait(pong).await?;
     ensure!(answered == n, "pong answered {answered} pings of {n}");
     Ok(n)
@@ -28,7 +28,7 @@ async fn pong(ctx: Ctx, _: ()) -> Result<u32> {
         let message = ctx.recv().await?;
         match message.topic.as_str() {
             "ping" => {
-                ctx.send(message.sender, "pong", message.decode::<u32>()?).await?;
+                ctx.send(message.sender, "pong", message.decode::<u32>()?)?;
                 answered += 1;
             }
             "stop" => return Ok(answered),

@@ -16,7 +16,7 @@ async fn main(ctx: Ctx, lengths_ms: Option<Vec<u64>>) -> Result<Vec<u64>> {
     let nap = |ms: u64| {
         let (ctx, finished) = (&ctx, &finished);
         async move {
-            ctx.sleep(Duration::from_millis(ms)).await;
+            ctx.sleep(Duration::from_millis(ms)).await?;
             finished.borrow_mut().push(ms);
             Ok::<_, Error>(())
         }

@@ -41,11 +41,11 @@ async fn main(ctx: Ctx, order: Order) -> Result<Summary> {
             Ok(reservation) => break reservation,
             Err(error) if attempt < ATTEMPTS => {
                 ctx.log(Level::Warn, &format!("try {attempt} of {ATTEMPTS} failed, retrying: {error:#}"));
-                ctx.sleep(BACKOFF).await;
+                ctx.sleep(BACKOFF).await?;
                 attempt += 1;
             }
             Err(error) => {
-                return Err(error.context(format!("gave up reserving `{}` after {ATTEMPTS} tries", order.item)));
+                return Err(error).context(format!("gave up reserving `{}` after {ATTEMPTS} tries", order.item));
             }
         }
     };

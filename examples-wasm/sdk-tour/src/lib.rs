@@ -1,0 +1,93 @@
+//! The guest SDK's features, one entry each, with results the tests check: typed errors,
+//! cancellation of every wait, `ctx.timeout`, `ctx.parent`, `select_any`, typed spawning
+//! and the `log` backend. (`fan-out` shows many spawns past the per-step limit.)
+
+use wasmproc_guest::prelude::*;
+
+/// How a wait ended, as one word or the cancellation's text.
+fn ending<T>(waited: Result<T, Error>) -> String {
+    match waited {
+        Ok(_) => "done".to_owned(),
+        Err(Error::Cancelled(reason)) => format!("cancelled ({reason})"),
+        Err(Error::Timeout(after)) => format!("timeout ({after:?})"),
+        Err(other) => format!("other: {other}"),
+    }
+}
+
+/// Waits in every way at once, for 10 s or a message that never comes, and reports how
+/// each wait ended: under a cancel, each fails with it at once.
+#[entry]
+async fn patient(ctx: Ctx, _: ()) -> Result<Vec<String>> {
+    let forever = std::future::pending::<()>();
+    let ((slept, received), timed) = join(
+        join(ctx.sleep(Duration::from_secs(10)), ctx.recv()),
+        ctx.timeout(Duration::from_secs(10), forever),
+    )
+    .await;
+    Ok(vec![ending(slept), ending(received), ending(timed)])
+}
+
+/// Waits at most `ms` milliseconds for a message.
+#[entry]
+async fn deadline(ctx: Ctx, ms: u64) -> Result<String> {
+    Ok(ending(ctx.timeout(Duration::from_millis(ms), ctx.recv()).await))
+}
+
+/// Sleeps each length (in milliseconds) at once; the index of the first to finish.
+#[entry]
+async fn race(ctx: Ctx, lengths: Vec<u64>) -> Result<usize> {
+    let (first, slept) = select_any(lengths.into_iter().map(|ms| ctx.sleep(Duration::from_millis(ms)))).await;
+    slept?;
+    Ok(first)
+}
+
+/// This process's pid and parent, and the parent its typed child reports.
+#[entry]
+async fn family(ctx: Ctx, _: ()) -> Result<(u64, Option<u64>, Option<u64>)> {
+    let child = whose_child::spawn(&ctx, ()).await?;
+    let childs_parent = child.join().await?;
+    Ok((ctx.pid().as_u64(), ctx.parent().map(Pid::as_u64), childs_parent))
+}
+
+/// The parent of this process.
+#[entry]
+async fn whose_child(ctx: Ctx, _: ()) -> Result<Option<u64>> {
+    Ok(ctx.parent().map(Pid::as_u64))
+}
+
+/// Sends `n` messages to a child that never reads them, and then one to `nobody`; the
+/// typed error of each send that failed, with its number.
+#[entry]
+async fn flood(ctx: Ctx, (n, nobody): (u32, u64)) -> Result<Vec<(u32, String)>> {
+    let deaf = deaf::spawn(&ctx, ()).await?;
+    let mut refused = Vec::new();
+    let mut note = |i, sent: Result<(), Error>| match sent {
+        Ok(()) => {}
+        Err(Error::MailboxFull(pid)) if pid == deaf.pid() => refused.push((i, "mailbox full".to_owned())),
+        Err(Error::NoProc(pid)) if pid.as_u64() == nobody => refused.push((i, "noproc".to_owned())),
+        Err(other) => refused.push((i, format!("other: {other}"))),
+    };
+    for i in 1..=n {
+        note(i, ctx.send(deaf.pid(), "noise", i));
+    }
+    note(n + 1, ctx.send(Pid::from_u64(nobody), "hello", ()));
+    ctx.terminate(deaf.pid()).await?;
+    Ok(refused)
+}
+
+/// Reads nothing; waits to be cancelled or terminated.
+#[entry]
+async fn deaf(ctx: Ctx, _: ()) -> Result<()> {
+    ctx.cancelled().await;
+    Ok(())
+}
+
+/// Logs through the `log` crate, at two levels.
+#[entry]
+async fn chatty(_ctx: Ctx, name: String) -> Result<()> {
+    log::info!("hello, {name}");
+    log::warn!("a line without arguments");
+    Ok(())
+}
+
+wasmproc_guest::export!(patient, deadline, race, family, whose_child, flood, deaf, chatty);
