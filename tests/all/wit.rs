@@ -13,7 +13,8 @@ fn wit_files(dir: &Path) -> BTreeMap<String, String> {
         .filter(|path| path.extension().is_some_and(|ext| ext == "wit"))
         .map(|path| {
             let name = path.file_name().expect("a file name").to_string_lossy().into_owned();
-            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read `{}`: {e}", path.display()));
+            let text =
+                std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read `{}`: {e}", path.display()));
             (name, text)
         })
         .collect()
@@ -26,8 +27,15 @@ fn the_guest_sdk_carries_the_hosts_wit_unchanged() {
     let sdk = wit_files(&root.join("guest-sdk/wit"));
     assert!(host.contains_key("world.wit"), "no `wit/world.wit`: {:?}", host.keys());
     let names = |files: &BTreeMap<String, String>| files.keys().cloned().collect::<Vec<_>>();
-    assert_eq!(names(&sdk), names(&host), "`guest-sdk/wit/` and `wit/` hold different files: run `cp wit/*.wit guest-sdk/wit/`");
+    assert_eq!(
+        names(&sdk),
+        names(&host),
+        "`guest-sdk/wit/` and `wit/` hold different files: run `cp wit/*.wit guest-sdk/wit/`"
+    );
     for (name, text) in &host {
-        assert!(sdk[name] == *text, "`guest-sdk/wit/{name}` differs from `wit/{name}`: run `cp wit/*.wit guest-sdk/wit/`");
+        assert!(
+            sdk[name] == *text,
+            "`guest-sdk/wit/{name}` differs from `wit/{name}`: run `cp wit/*.wit guest-sdk/wit/`"
+        );
     }
 }
