@@ -430,3 +430,89 @@ fn a_server_restart_loses_no_message_silently() {
     let retransmitted: u64 = nodes.iter().map(|node| node.cluster.stats().retransmitted).sum();
     assert_eq!(received_total + lost, accepted_total, "lost {lost}, retransmitted {retransmitted}");
 }
+
+/// Monitors `target` (on another node) and terminates it in the same step, so the
+/// monitor travels before the termination on the one ordered link; once the exit has
+/// arrived, terminates it again. Completes with `[terminate, exit, terminate again]`,
+/// each result as text.
+struct Terminator {
+    target: Pid,
+    started: bool,
+    terminated: Option<String>,
+    exit: Option<String>,
+    again: Option<String>,
+}
+
+impl Process for Terminator {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        if !std::mem::replace(&mut self.started, true) {
+            out.yield_command(1, Yielded::Monitor(self.target));
+            out.yield_command(2, Yielded::Terminate(self.target));
+        }
+        for event in events {
+            match event {
+                Event::Completion { tag: 2, result } => self.terminated = Some(format!("{result:?}")),
+                Event::Completion { tag: 3, result } => self.again = Some(format!("{result:?}")),
+                Event::Exit { pid, result } if pid == self.target => {
+                    self.exit = Some(format!("{result:?}"));
+                    out.yield_command(3, Yielded::Terminate(self.target));
+                }
+                _ => {}
+            }
+        }
+        if let (Some(terminated), Some(exit), Some(again)) = (&self.terminated, &self.exit, &self.again) {
+            out.complete(Ok(Payload::json(&[terminated, exit, again]).unwrap()));
+            return Ok(());
+        }
+        out.set_status(Status::Blocked);
+        Ok(())
+    }
+}
+
+/// A process on one node terminates an idle one on another: the termination completes
+/// once the target has ended, the terminator's monitor and the spawning embedder both
+/// see the exit `terminated`, a second termination fails naming the missing process,
+/// and a later message to the pid is refused on its node.
+#[test]
+fn terminate_across_nodes_ends_the_process_and_its_monitors_see_why() {
+    let server = Server::start();
+    let a = Node::join(&server, "ta", Placement::Local);
+    let b = Node::join(&server, "tb", Placement::Local);
+    a.wait_for(2);
+    b.wait_for(2);
+
+    let target =
+        a.cluster.spawn(Some("tb"), Some("receiver".into()), None, RemoteSpawnOptions::new("main")).expect("spawns");
+    let deadline = Instant::now() + PATIENCE;
+    let pid = loop {
+        if let Some(pid) = target.pid() {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the target was not spawned: {:?}", target.join_timeout(Duration::ZERO));
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(pid.node(), b.cluster.node(), "the target runs on node `tb`");
+
+    let terminator = Terminator { target: pid, started: false, terminated: None, exit: None, again: None };
+    let terminator = a.scheduler.handle().spawn(terminator, "main").expect("spawns");
+    let results = terminator.join_timeout(PATIENCE).expect("the terminator ends").expect("ok");
+    let [terminated, exit, again] = results.decode::<[String; 3]>().unwrap();
+    assert_eq!(terminated, format!("{:?}", Ok::<_, String>(Payload::empty())), "the termination completes");
+    assert_eq!(exit, format!("{:?}", Err::<Payload, _>("terminated".to_owned())), "the monitor's exit");
+    assert!(again.contains(&format!("no process {pid}")), "a second termination: {again}");
+
+    let joined = target.join_timeout(PATIENCE).expect("the embedder hears of the exit");
+    assert_eq!(joined, Err("terminated".to_owned()));
+
+    a.scheduler.handle().send(pid, "late", Payload::empty()).expect("queued for node `tb`");
+    let deadline = Instant::now() + PATIENCE;
+    while b.cluster.stats().messages_refused == 0 {
+        assert!(Instant::now() < deadline, "node `tb` took a message for an ended process: {:?}", b.cluster.stats());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(b.cluster.stats().messages_delivered, 0);
+}
