@@ -7,11 +7,19 @@
 //! `wasm-guests/`): the outer cargo holds the lock on its own, and the guests need other
 //! flags (see `examples-wasm/.cargo/config.toml`) that would rebuild one another's
 //! dependencies if they shared a directory.
+//!
+//! The Python and JavaScript example guests (`examples-python/`, `examples-js/`) are
+//! built too, at the same time, by `build/languages.rs`: `GUEST_PY_<NAME>` and
+//! `GUEST_JS_<NAME>`.
 
 use std::error::Error;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+#[path = "build/languages.rs"]
+mod languages;
+use languages::Language;
 
 const TARGET: &str = "wasm32-wasip2";
 
@@ -19,21 +27,46 @@ fn main() -> Result<(), Box<dyn Error>> {
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").ok_or("`CARGO_MANIFEST_DIR` is not set")?);
     let root = manifest_dir.parent().ok_or("the tests crate has no parent directory")?;
     let guests = root.join("examples-wasm");
-    for dir in ["examples-wasm", "guest-sdk", "wit"] {
+    for dir in ["examples-wasm", "guest-sdk", "wit", Language::Python.examples(), Language::JavaScript.examples()] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
 
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").ok_or("`OUT_DIR` is not set")?);
     // OUT_DIR is `<target>/<profile>/build/<crate>-<hash>/out`.
-    let target_dir = out_dir.ancestors().nth(4).ok_or("unexpected `OUT_DIR` layout")?.join("wasm-guests");
+    let outer_target_dir = out_dir.ancestors().nth(4).ok_or("unexpected `OUT_DIR` layout")?;
+    let target_dir = outer_target_dir.join("wasm-guests");
 
-    ensure_target_installed()?;
-    let built = build_guests(&guests, &target_dir)?;
+    // The Python and JavaScript guests build on threads of their own while cargo builds
+    // the Rust ones: their tools use one core for much of the time.
+    let (rust, others) = std::thread::scope(|scope| {
+        let others = [Language::Python, Language::JavaScript].map(|language| {
+            scope.spawn(move || {
+                languages::build(language, root, outer_target_dir).map_err(|e| format!("{e}")).map(|b| (language, b))
+            })
+        });
+        let rust = ensure_target_installed().and_then(|()| build_guests(&guests, &target_dir));
+        (rust, others.map(|thread| thread.join().unwrap_or_else(|_| Err("a guest build thread panicked".into()))))
+    });
+    // Every failure is reported, not only the first.
+    let failures: Vec<String> = std::iter::once(rust.as_ref().err().map(|e| e.to_string()))
+        .chain(others.iter().map(|other| other.as_ref().err().cloned()))
+        .flatten()
+        .collect();
+    if !failures.is_empty() {
+        return Err(failures.join("\n\n").into());
+    }
+    let built = rust?;
     if built.is_empty() {
         return Err(format!("no guest was built from `{}`", guests.display()).into());
     }
     for (name, path) in built {
         println!("cargo:rustc-env=GUEST_{}={}", name.to_uppercase().replace('-', "_"), path.display());
+    }
+    for (language, built) in others.into_iter().flatten() {
+        for (name, path) in built {
+            let name = name.to_uppercase().replace('-', "_");
+            println!("cargo:rustc-env=GUEST_{}_{name}={}", language.prefix(), path.display());
+        }
     }
     Ok(())
 }

@@ -161,6 +161,10 @@ pub mod guests {
     pub const WASI_CLI: &str = env!("GUEST_WASI_CLI");
     /// `examples-wasm/workflow`.
     pub const WORKFLOW: &str = env!("GUEST_WORKFLOW");
+    /// `examples-python/squares.py`, built with componentize-py.
+    pub const PY_SQUARES: &str = env!("GUEST_PY_SQUARES");
+    /// `examples-js/squares.js`, built with componentize-js.
+    pub const JS_SQUARES: &str = env!("GUEST_JS_SQUARES");
 }
 
 /// How long a test waits for something that should happen at once before it calls it a

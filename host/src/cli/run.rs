@@ -82,6 +82,10 @@ pub(super) struct Run {
     workers: Option<u32>,
     #[command(flatten)]
     engine: EngineArgs,
+    /// Run the entry process on a cluster (`--cluster URL`: its NATS server) instead of
+    /// here: on its least loaded node, and print its result as a local run does.
+    #[command(flatten)]
+    cluster: super::node::ClusterArgs,
     /// How long a step runs before it is preempted: suspended and queued behind the
     /// processes waiting, so a busy or looping process never holds a worker (a bare
     /// number is milliseconds). While others wait, a step yields sooner, at the next
@@ -119,6 +123,22 @@ pub(super) struct Run {
     /// e.g. 16MiB; past it the process ends.
     #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = units::size)]
     max_payload: usize,
+    /// The most core module instances one process may have (a componentize-py guest has
+    /// 14, a Rust guest 3); a component that needs more fails to load, naming this flag.
+    #[arg(long, value_name = "N", default_value_t = wasmproc::wasm::DEFAULT_MAX_CORE_INSTANCES)]
+    max_core_instances: u32,
+    /// The most tables one process may have, over all its core instances.
+    #[arg(long, value_name = "N", default_value_t = wasmproc::wasm::DEFAULT_MAX_TABLES)]
+    max_tables: u32,
+    /// The most elements one table may have; a larger table, or growth past it, fails
+    /// its process.
+    #[arg(long, value_name = "N", default_value_t = wasmproc::wasm::DEFAULT_MAX_TABLE_ELEMENTS)]
+    max_table_elements: u32,
+    /// The most linear memories one process may have. Each takes a --memory slot of
+    /// address space, reserved for every one of --max-processes.
+    #[arg(long, value_name = "N", default_value_t = wasmproc::wasm::DEFAULT_MAX_MEMORIES,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_memories: u32,
     /// Messages a process's mailbox holds; a send to a full mailbox fails for the sender.
     #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     mailbox: u32,
@@ -207,6 +227,18 @@ impl Run {
         let out = Output::start();
         let signals = Signals::listen()?;
         let inputs = payloads(&self.inputs, self.input_file.as_deref(), self.max_payload)?;
+        if self.cluster.url.is_some() {
+            let method = self.method.as_deref().unwrap_or("main");
+            let caps = capabilities(&self, &[])?;
+            return super::node::run_on_cluster(
+                &self.cluster,
+                &self.app,
+                method,
+                inputs,
+                caps,
+                self.engine.max_module_size,
+            );
+        }
         let interrupt = Arc::new(AtomicBool::new(false));
         let Prepared { scheduler, root, services, journal } = self.prepare(inputs, &out, &interrupt)?;
         signals.started();
@@ -288,6 +320,10 @@ impl Run {
             .time_slice(self.time_slice)
             .preemption(!self.no_preemption)
             .max_instances(self.max_processes)
+            .max_core_instances(self.max_core_instances)
+            .max_tables(self.max_tables)
+            .max_table_elements(self.max_table_elements)
+            .max_memories(self.max_memories)
             .log_sink(move |record: &LogRecord<'_>| guest_out.guest_line(record));
         if let Some(budget) = self.cpu_budget {
             config = config.cpu_budget(budget);

@@ -62,7 +62,10 @@ impl Component {
         let limits = ProcessLimits::new(config, config.max_memory, config.time_slice);
 
         let mut store = new_store(engine, Pid::HOST, config.log.clone(), &limits);
-        let guest = pre.instantiate(&mut store).map_err(anyhow::Error::from).context("failed to instantiate")?;
+        let guest = pre
+            .instantiate(&mut store)
+            .map_err(|e| limits.instance.name_exceeded(&e).unwrap_or_else(|| anyhow::Error::from(e)))
+            .context("failed to instantiate")?;
         // `entries` is the host asking, not the process running, so it is not charged to
         // a process's fuel budget: the instantiation's unbounded fuel stays (a small
         // budget would otherwise make every component fail to load, as a bad module).

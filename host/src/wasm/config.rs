@@ -12,6 +12,15 @@ const MIB: usize = 1024 * 1024;
 /// The default of [`Config::max_cache_size`]: 1 GiB (see there why).
 pub const DEFAULT_MAX_CACHE_SIZE: u64 = 1 << 30;
 
+/// The default of [`Config::max_core_instances`].
+pub const DEFAULT_MAX_CORE_INSTANCES: u32 = 16;
+/// The default of [`Config::max_tables`].
+pub const DEFAULT_MAX_TABLES: u32 = 8;
+/// The default of [`Config::max_table_elements`].
+pub const DEFAULT_MAX_TABLE_ELEMENTS: u32 = 50_000;
+/// The default of [`Config::max_memories`].
+pub const DEFAULT_MAX_MEMORIES: u32 = 1;
+
 /// Settings of a [`Runtime`](super::Runtime). Every setting has a default (see each
 /// method); `Config::default()` is what `wasmproc run` uses.
 #[derive(Clone)]
@@ -24,6 +33,10 @@ pub struct Config {
     pub(crate) init_time_limit: Duration,
     pub(crate) epoch_tick: Duration,
     pub(crate) max_instances: u32,
+    pub(crate) max_core_instances: u32,
+    pub(crate) max_tables: u32,
+    pub(crate) max_table_elements: u32,
+    pub(crate) max_memories: u32,
     pub(crate) cache_dir: CacheDir,
     pub(crate) max_cache_size: u64,
     pub(crate) trust_precompiled: bool,
@@ -52,6 +65,10 @@ impl Default for Config {
             init_time_limit: Duration::from_millis(100),
             epoch_tick: Duration::from_millis(1),
             max_instances: 10_000,
+            max_core_instances: DEFAULT_MAX_CORE_INSTANCES,
+            max_tables: DEFAULT_MAX_TABLES,
+            max_table_elements: DEFAULT_MAX_TABLE_ELEMENTS,
+            max_memories: DEFAULT_MAX_MEMORIES,
             cache_dir: CacheDir::Default,
             max_cache_size: DEFAULT_MAX_CACHE_SIZE,
             trust_precompiled: false,
@@ -150,15 +167,58 @@ impl Config {
         self
     }
 
-    /// How many Wasm processes may be instantiated at once: the number of slots in the
-    /// memory arena, which reserves its address space up front (see
-    /// [`Config::max_memory`]). An instantiation past it fails with an error naming this
+    /// How many Wasm processes may be instantiated at once: the memory arena, which
+    /// reserves its address space up front (see [`Config::max_memory`]), has this many
+    /// slots for each of [`Config::max_memories`]. An instantiation past it fails with an error naming this
     /// limit. By default 10,000 (640 GiB of address space at 64 MiB, nothing of it
     /// committed until used). Under an address-space limit (`ulimit -v`) lower it (or
     /// `max_memory`): the runtime fails to start otherwise, with an error naming both. A
     /// runtime that only compiles or inspects needs 1.
     pub fn max_instances(mut self, instances: u32) -> Self {
         self.max_instances = instances;
+        self
+    }
+
+    /// The most core module instances one process may have: a component instantiates
+    /// each of its core modules once. A process that needs more fails to instantiate (the
+    /// spawn, or loading the component, fails) with an error naming this limit. By default
+    /// 16: a Rust `wasm32-wasip2` guest has 3 (its module and the shim and fixup modules
+    /// `wasm-component-ld` adds), a componentize-js 0.23 guest 4, a componentize-py 0.25
+    /// guest 14 (CPython, its libc and the other shared libraries it links are each a
+    /// module). Each costs a `vmctx` on the host's heap.
+    pub fn max_core_instances(mut self, count: u32) -> Self {
+        self.max_core_instances = count;
+        self
+    }
+
+    /// The most tables one process may have, over all its core instances; more fail
+    /// instantiation with an error naming this limit. By default 8: Rust, componentize-py
+    /// and componentize-js guests have 2.
+    pub fn max_tables(mut self, count: u32) -> Self {
+        self.max_tables = count;
+        self
+    }
+
+    /// The most elements one table of a process may have (8 bytes each, on the host's
+    /// heap, for the table's actual size): a table created larger fails instantiation,
+    /// and a `table.grow` past it ends the process, with an error naming this limit. By
+    /// default 50,000: a componentize-py guest's largest table has 5,674 (CPython's
+    /// indirect-call targets), a componentize-js guest's 7,692, a Rust guest's far fewer;
+    /// a Python program with large extension modules links more.
+    pub fn max_table_elements(mut self, count: u32) -> Self {
+        self.max_table_elements = count;
+        self
+    }
+
+    /// The most linear memories one process may have; more fail instantiation with an
+    /// error naming this limit. By default 1, which is what Rust, componentize-py and
+    /// componentize-js guests have (their core modules share one memory). Each memory is
+    /// a slot of the runtime's memory arena, of [`Config::max_memory`] bytes, so the arena
+    /// has `max_instances × max_memories` slots: raising this multiplies the address
+    /// space the runtime reserves (see [`Config::max_instances`]). The cap
+    /// [`Config::max_memory`] applies to each memory alone.
+    pub fn max_memories(mut self, count: u32) -> Self {
+        self.max_memories = count;
         self
     }
 
@@ -304,6 +364,10 @@ impl fmt::Debug for Config {
             .field("init_time_limit", &self.init_time_limit)
             .field("epoch_tick", &self.epoch_tick)
             .field("max_instances", &self.max_instances)
+            .field("max_core_instances", &self.max_core_instances)
+            .field("max_tables", &self.max_tables)
+            .field("max_table_elements", &self.max_table_elements)
+            .field("max_memories", &self.max_memories)
             .field("cache_dir", &self.cache_dir)
             .field("max_cache_size", &self.max_cache_size)
             .field("trust_precompiled", &self.trust_precompiled)

@@ -32,8 +32,10 @@
 //!   time slice is.
 //!
 //! With on-demand allocation nothing in the engine bounds what one process may create:
-//! the store's limiter (`store.rs`) does, with the constants below (core instances,
-//! tables, table elements, one memory).
+//! the store's limiter (`store.rs`) does, with the settings `max_core_instances`,
+//! `max_tables`, `max_table_elements` and `max_memories` of [`Config`]. Each memory is a
+//! slot of the arena, so the arena has `max_instances × max_memories` slots: with the
+//! default of one memory a process, `max_instances` is a count of processes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,23 +48,6 @@ use wasmtime::{Engine, EngineWeak, InstanceAllocationStrategy};
 use super::config::Config;
 use super::memory::MemoryArena;
 use super::stacks::StackArena;
-
-/// Core instances one process may use. A Rust `wasm32-wasip2` guest has 4 (its module
-/// plus the shim and fixup modules that `wasm-component-ld` adds for indirect calls);
-/// twice that leaves room for other toolchains.
-pub(crate) const CORE_INSTANCES_PER_PROCESS: usize = 8;
-
-/// Tables one process may use: a Rust guest has 2 (its function table and the shim's).
-pub(crate) const TABLES_PER_PROCESS: usize = 4;
-
-/// Linear memories one process may have: each takes a slot of the arena, so one a
-/// process keeps `max_instances` a count of processes.
-pub(crate) const MEMORIES_PER_PROCESS: usize = 1;
-
-/// Elements of one table, 8 bytes each of the host's heap; a guest with more
-/// indirect-call targets than this fails to instantiate. No guest of ours approaches it
-/// (wasmtime's pooling allocator, which the engine does not use, defaults to 20,000).
-pub(crate) const TABLE_ELEMENTS: usize = 10_000;
 
 /// Native stack a guest call may use on the worker thread (wasmtime's default is
 /// 512 KiB). Guests keep their own stack in linear memory; this is only for the frames of
@@ -117,17 +102,24 @@ pub(crate) fn new_engine(config: &Config) -> anyhow::Result<(Engine, EpochClock)
         config.max_memory
     );
     ensure!(!config.epoch_tick.is_zero(), "`epoch_tick` must be longer than zero");
+    ensure!(config.max_memories > 0, "`max_memories` must be at least 1");
     let n = config.max_instances;
+    let memory_slots = n.checked_mul(config.max_memories).with_context(|| {
+        format!(
+            "`max_instances` ({n}) × `max_memories` ({}) memory slots do not fit a u32: lower one of them",
+            config.max_memories
+        )
+    })?;
     // The two reservations are address space, not memory: what they can fail on is an
     // address-space limit (`ulimit -v`), so the errors say which settings multiply into
     // them (with the `wasmproc run` flags that set them) and what to lower.
-    let arena = MemoryArena::new(n, config.max_memory, KEEP_RESIDENT, WARM_SLOTS).with_context(|| {
+    let arena = MemoryArena::new(memory_slots, config.max_memory, KEEP_RESIDENT, WARM_SLOTS).with_context(|| {
         format!(
-            "failed to reserve address space for the memories of {n} instances of {} bytes ({} bytes in all): \
-             lower `max_instances` (`--max-processes`) or `max_memory` (`--memory`), or raise the address-space \
-             limit (`ulimit -v`)",
+            "failed to reserve address space for the {memory_slots} memories of {n} instances of {} bytes \
+             ({} bytes in all): lower `max_instances` (`--max-processes`), `max_memory` (`--memory`) or \
+             `max_memories` (`--max-memories`), or raise the address-space limit (`ulimit -v`)",
             config.max_memory,
-            u128::from(n) * config.max_memory as u128
+            u128::from(memory_slots) * config.max_memory as u128
         )
     })?;
 
@@ -200,7 +192,7 @@ mod tests {
 
     /// A store set up as the host's are: the limiter in force, a deadline far away.
     fn store(engine: &Engine) -> Store<MemoryLimiter> {
-        let mut store = Store::new(engine, MemoryLimiter { max_memory: Config::default().max_memory });
+        let mut store = Store::new(engine, MemoryLimiter::of(&Config::default()));
         store.limiter(|limiter| limiter);
         store.set_epoch_deadline(1_000_000);
         store

@@ -377,7 +377,8 @@ unsafe impl MemoryCreator for MemoryArena {
         }
         let slot = arena.take().ok_or_else(|| {
             format!(
-                "`max_instances` reached: all {} linear-memory slots are in use by live instances",
+                "`max_instances` reached: all {} linear-memory slots (`max_instances` × `max_memories`) are in use \
+                 by live instances",
                 arena.mapping.slots
             )
         })?;

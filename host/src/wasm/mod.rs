@@ -73,7 +73,10 @@ mod watch;
 pub use cache::{CacheEntry, CompiledCache, Evicted};
 pub use component::Component;
 pub use config::Config;
-pub use config::DEFAULT_MAX_CACHE_SIZE;
+pub use config::{
+    DEFAULT_MAX_CACHE_SIZE, DEFAULT_MAX_CORE_INSTANCES, DEFAULT_MAX_MEMORIES, DEFAULT_MAX_TABLE_ELEMENTS,
+    DEFAULT_MAX_TABLES,
+};
 pub use inspect::{Inspection, ProgramKind};
 pub use log::{Level, LogRecord, LogSink, LogSource};
 pub use process::WasmProcess;

@@ -183,7 +183,10 @@ impl Process for WasmProcess {
         // Instantiation runs the core modules' start functions, under `init`'s limit.
         let (guest, preemptible) = instantiated.map_err(|e| match e.downcast_ref::<Trap>() {
             Some(Trap::Interrupt) => guest_error(e, "init", &limits, store.data()),
-            _ => anyhow::Error::from(e).context(format!("failed to instantiate process {pid}")),
+            _ => match limits.instance.name_exceeded(&e) {
+                Some(exceeded) => exceeded.context(format!("failed to instantiate process {pid}")),
+                None => anyhow::Error::from(e).context(format!("failed to instantiate process {pid}")),
+            },
         })?;
         refuel(&mut store, limits.fuel);
         let input: Vec<wit::Payload> = input.into_iter().map(convert::payload_to_wit).collect();

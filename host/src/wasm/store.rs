@@ -12,7 +12,6 @@ use super::bindings::handler::wasmproc::process::provider;
 use super::bindings::wasmproc::process::{host, types};
 use super::config::Config;
 use super::convert;
-use super::engine::{CORE_INSTANCES_PER_PROCESS, MEMORIES_PER_PROCESS, TABLE_ELEMENTS, TABLES_PER_PROCESS};
 use super::log::{GuestOutput, Level, LogRecord, LogSink, LogSource};
 use super::watch::Ticks;
 use crate::error::PortError;
@@ -20,10 +19,11 @@ use crate::scheduler::Port;
 use crate::scheduler::process::Pid;
 
 /// Per-process limits; see [`Config::max_memory`], [`Config::time_slice`],
-/// [`Config::fuel`] and [`Config::cpu_budget`].
+/// [`Config::fuel`], [`Config::cpu_budget`] and [`InstanceLimits`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ProcessLimits {
     pub(crate) max_memory: usize,
+    pub(crate) instance: InstanceLimits,
     pub(crate) time_slice: Duration,
     pub(crate) time_slice_ticks: u64,
     /// The whole life's fuel budget; `None` when the engine does not meter fuel.
@@ -39,6 +39,7 @@ impl ProcessLimits {
     pub(crate) fn new(config: &Config, max_memory: usize, time_slice: Duration) -> Self {
         ProcessLimits {
             max_memory,
+            instance: InstanceLimits::of(config),
             time_slice,
             time_slice_ticks: config.ticks(time_slice),
             fuel: config.fuel,
@@ -52,7 +53,8 @@ impl ProcessLimits {
 
 /// A store for process `pid`, with its limits in force.
 pub(crate) fn new_store(engine: &Engine, pid: Pid, log: LogSink, limits: &ProcessLimits) -> Store<ProcessState> {
-    let mut store = Store::new(engine, ProcessState::new(pid, log, limits.max_memory));
+    let limiter = MemoryLimiter { max_memory: limits.max_memory, instance: limits.instance };
+    let mut store = Store::new(engine, ProcessState::new(pid, log, limiter));
     store.limiter(|state| &mut state.limiter);
     store.epoch_deadline_trap();
     store.set_epoch_deadline(limits.init_ticks);
@@ -103,16 +105,8 @@ impl ProcessState {
     /// no environment, no arguments, no network, and stdin at end of file. Clocks and
     /// randomness stay (Rust's std seeds its hash maps from them); stdout and stderr go
     /// to the log, line by line.
-    pub(crate) fn new(pid: Pid, log: LogSink, max_memory: usize) -> Self {
-        ProcessState {
-            pid,
-            log,
-            wasi: None,
-            table: ResourceTable::new(),
-            limiter: MemoryLimiter { max_memory },
-            ticks: Ticks::default(),
-            port: None,
-        }
+    pub(crate) fn new(pid: Pid, log: LogSink, limiter: MemoryLimiter) -> Self {
+        ProcessState { pid, log, wasi: None, table: ResourceTable::new(), limiter, ticks: Ticks::default(), port: None }
     }
 }
 
@@ -220,6 +214,17 @@ impl host::Host for ProcessState {
             Err(refused) => Ok(Err(refused.to_string())),
         }
     }
+
+    fn parent(&mut self) -> Option<types::Pid> {
+        let parent = self.port.as_ref()?.parent();
+        (parent != Pid::HOST).then(|| parent.as_u64())
+    }
+
+    /// Saturated: a limit past `u32::MAX` commands is no limit a step can reach.
+    fn max_yields(&mut self) -> u32 {
+        let limit = self.port.as_ref().map_or(0, Port::max_yields_per_step);
+        u32::try_from(limit).unwrap_or(u32::MAX)
+    }
 }
 
 impl types::Host for ProcessState {}
@@ -233,6 +238,54 @@ impl provider::Host for ProcessState {
     }
 }
 
+/// What instantiating one process may create, besides memory bytes: the settings
+/// [`Config::max_core_instances`], [`Config::max_tables`], [`Config::max_table_elements`]
+/// and [`Config::max_memories`]. With on-demand allocation nothing else bounds them (see
+/// `engine.rs`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct InstanceLimits {
+    pub(crate) core_instances: usize,
+    pub(crate) tables: usize,
+    pub(crate) table_elements: usize,
+    pub(crate) memories: usize,
+}
+
+impl InstanceLimits {
+    pub(crate) fn of(config: &Config) -> Self {
+        InstanceLimits {
+            core_instances: config.max_core_instances as usize,
+            tables: config.max_tables as usize,
+            table_elements: config.max_table_elements as usize,
+            memories: config.max_memories as usize,
+        }
+    }
+
+    /// An error naming the setting (and the `wasmproc run` flag) that `error`, from an
+    /// instantiation, ran into, if it is one of the counts: wasmtime checks them itself,
+    /// before creating each core instance, and says only "resource limit exceeded:
+    /// instance count too high at 9". `None` for any other error.
+    ///
+    /// The phrases matched are wasmtime's (`bump_resource_counts` in its `store.rs`);
+    /// the tests of each limit fail if they change.
+    pub(crate) fn name_exceeded(&self, error: &wasmtime::Error) -> Option<anyhow::Error> {
+        let cause = error.root_cause().to_string();
+        let rest = cause.strip_prefix("resource limit exceeded: ")?;
+        let (setting, flag, what, limit) = if rest.starts_with("instance count too high") {
+            ("max_core_instances", "--max-core-instances", "core instances", self.core_instances)
+        } else if rest.starts_with("table count too high") {
+            ("max_tables", "--max-tables", "tables", self.tables)
+        } else if rest.starts_with("memory count too high") {
+            ("max_memories", "--max-memories", "linear memories", self.memories)
+        } else {
+            return None;
+        };
+        Some(anyhow::anyhow!(
+            "resource limit exceeded: the component needs more than the {limit} {what} a process may have, \
+             its `{setting}` ({rest}); raise it with `{flag}`"
+        ))
+    }
+}
+
 /// Caps a process's linear memory. Growth past the cap traps with an error that names the
 /// limit, instead of `memory.grow` returning -1 and the guest's allocator aborting with a
 /// message that does not say why.
@@ -241,6 +294,14 @@ impl provider::Host for ProcessState {
 /// elements, memories): with on-demand allocation nothing else does (see `engine.rs`).
 pub(crate) struct MemoryLimiter {
     pub(crate) max_memory: usize,
+    pub(crate) instance: InstanceLimits,
+}
+
+impl MemoryLimiter {
+    /// The limiter of `config`'s processes.
+    pub(crate) fn of(config: &Config) -> Self {
+        MemoryLimiter { max_memory: config.max_memory, instance: InstanceLimits::of(config) }
+    }
 }
 
 impl ResourceLimiter for MemoryLimiter {
@@ -255,22 +316,29 @@ impl ResourceLimiter for MemoryLimiter {
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        // Past the bound, `table.grow` returns -1, as the spec allows, and a table whose
-        // initial size is past it fails instantiation with wasmtime's "exceeds table
-        // limits".
-        Ok(desired <= TABLE_ELEMENTS)
+    /// Called also for each table an instantiation creates (with `current` 0), so a
+    /// table whose initial size is past the bound fails instantiation with this error;
+    /// growth past it traps, as memory growth past its cap does.
+    fn table_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let limit = self.instance.table_elements;
+        if desired > limit {
+            return Err(format_err!(
+                "table limit exceeded: the process asked for a table of {desired} elements (from {current}), \
+                 past its `max_table_elements` of {limit}; raise it with `--max-table-elements`"
+            ));
+        }
+        Ok(true)
     }
 
     fn instances(&self) -> usize {
-        CORE_INSTANCES_PER_PROCESS
+        self.instance.core_instances
     }
 
     fn tables(&self) -> usize {
-        TABLES_PER_PROCESS
+        self.instance.tables
     }
 
     fn memories(&self) -> usize {
-        MEMORIES_PER_PROCESS
+        self.instance.memories
     }
 }

@@ -45,7 +45,7 @@ use super::bindings::WORLD;
 use super::config::Config;
 use super::engine::EpochClock;
 use super::log::{GuestOutput, LogSink, LogSource};
-use super::store::{MemoryLimiter, fuel_for_instantiation, refuel};
+use super::store::{InstanceLimits, MemoryLimiter, fuel_for_instantiation, refuel};
 use super::watch::{Stopped, Ticks, Watch, watch};
 use crate::handler::Factory;
 use crate::scheduler::Port;
@@ -407,7 +407,7 @@ impl WasiProcess {
         let inner = self.program.inner.clone();
         let config = &inner.config;
         let mut wasi = self.options.wasi(pid, &config.log)?;
-        let limiter = MemoryLimiter { max_memory: config.max_memory };
+        let limiter = MemoryLimiter::of(config);
         let running = match &inner.code {
             Code::Component(pre, indices, preemptible) => {
                 let state =
@@ -417,8 +417,7 @@ impl WasiProcess {
                 self.watch_instantiation(&mut store, port);
                 let instance = match pre.instantiate(&mut store) {
                     Ok(instance) => instance,
-                    // A start function that exits ends the program with its code.
-                    Err(error) => return exit_status(Err(error), config).map(State::Exited),
+                    Err(error) => return instantiation_failed(error, config).map(State::Exited),
                 };
                 refuel(&mut store, config.fuel);
                 self.watch_run(&mut store, port, |state| &mut state.ticks);
@@ -437,8 +436,7 @@ impl WasiProcess {
                 self.watch_instantiation(&mut store, port);
                 let instance = match pre.instantiate(&mut store) {
                     Ok(instance) => instance,
-                    // A start function that exits ends the program with its code.
-                    Err(error) => return exit_status(Err(error), config).map(State::Exited),
+                    Err(error) => return instantiation_failed(error, config).map(State::Exited),
                 };
                 refuel(&mut store, config.fuel);
                 // The type was checked at load (`start_problem`).
@@ -485,6 +483,16 @@ impl WasiProcess {
 
 /// A finished run's exit code: 0 for a normal return, what the program passed to
 /// `exit`, or 1 for a `wasi:cli/run` that returned an error.
+/// The outcome of an instantiation that failed with `error`: a start function that
+/// exits ends the program with its code; a count limit is named (see
+/// [`InstanceLimits::name_exceeded`]).
+fn instantiation_failed(error: wasmtime::Error, config: &Config) -> anyhow::Result<u32> {
+    match InstanceLimits::of(config).name_exceeded(&error) {
+        Some(exceeded) => Err(exceeded),
+        None => exit_status(Err(error), config),
+    }
+}
+
 fn exit_status(result: wasmtime::Result<u32>, config: &Config) -> anyhow::Result<u32> {
     match result {
         Ok(code) => Ok(code),

@@ -314,6 +314,15 @@ impl raw::wasmproc::process::host::Host for RawState {
         self.outbox.push((to, body));
         Ok(())
     }
+
+    fn parent(&mut self) -> Option<u64> {
+        None
+    }
+
+    /// The host's default (`--max-yields`).
+    fn max_yields(&mut self) -> u32 {
+        1024
+    }
 }
 
 impl wit::Host for RawState {}

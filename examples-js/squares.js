@@ -1,0 +1,166 @@
+// A wasmproc process in JavaScript, built with componentize-js against `wit/` (world
+// `process`): the same fan-out as `examples-python/squares.py`. It spawns children of its
+// own component and gathers their results from their exit events.
+//
+// Entries:
+// - `main`: input `n` (JSON); spawns `n` children running `square` with inputs 0..n-1,
+//   monitored, collects each child's result from its exit event, sleeps 1 ms, and
+//   completes with the squares in input order, as JSON;
+// - `square`: input `i` (JSON); completes at once with `i * i`.
+//
+// A component runs one process per instance, so the process's state is a module global.
+// WIT types as componentize-js gives them: u64 is a BigInt, list<u8> a Uint8Array, a
+// variant `{ tag, val }`, a result `{ tag: 'ok' | 'err', val }`; an exported function
+// returning `result<_, string>` fails by throwing.
+
+import { log } from 'wasmproc:process/host@0.1.0';
+
+const ENTRIES = ['main', 'square'];
+
+// The tag of the one sleep; spawn tags are 1 + the child's index.
+const SLEEP_TAG = 0n;
+
+let state = null;
+
+function payload(value) {
+  return { format: 'json', data: new TextEncoder().encode(JSON.stringify(value)) };
+}
+
+function decode(p) {
+  if (p.format !== 'json') {
+    throw new Error(`expected a \`json\` payload, got \`${p.format}\``);
+  }
+  return JSON.parse(new TextDecoder().decode(p.data));
+}
+
+function output(status, yields = []) {
+  return { status, yields };
+}
+
+function complete(value) {
+  return output({ tag: 'complete', val: { tag: 'ok', val: payload(value) } });
+}
+
+function fail(message) {
+  return output({ tag: 'complete', val: { tag: 'err', val: message } });
+}
+
+/// The pid in a spawn's completion: 8 little-endian bytes.
+function pidOf(data) {
+  return new DataView(data.buffer, data.byteOffset, data.byteLength).getBigUint64(0, true);
+}
+
+// Spawns the children in its first step, then waits for every exit and the sleep.
+class Main {
+  constructor(n) {
+    if (!Number.isInteger(n) || n < 0) {
+      throw new Error(`\`main\` takes a count of children, got ${JSON.stringify(n)}`);
+    }
+    this.n = n;
+    this.started = false;
+    this.pids = new Map(); // child pid -> index
+    this.early = new Map(); // child pid -> result payload, for exits before the pid's spawn completed
+    this.results = new Array(n).fill(null);
+    this.pending = n;
+    this.slept = false;
+  }
+
+  step(events) {
+    if (!this.started) {
+      this.started = true;
+      log('info', `spawning ${this.n} children`);
+      const yields = [];
+      for (let i = 0; i < this.n; i++) {
+        const request = { kind: undefined, method: 'square', input: [payload(i)], monitor: true };
+        yields.push({ tag: BigInt(i + 1), command: { tag: 'spawn', val: request } });
+      }
+      yields.push({ tag: SLEEP_TAG, command: { tag: 'sleep', val: 1_000_000n } });
+      return output({ tag: 'blocked' }, yields);
+    }
+    // A child's exit can come before the completion that names its pid (in the same
+    // batch, or even an earlier one): exits of pids not known yet wait in `early`.
+    for (const event of events) {
+      switch (event.tag) {
+        case 'completion': {
+          const { tag, result } = event.val;
+          if (result.tag === 'err') {
+            return fail(`command ${tag} failed: ${result.val}`);
+          }
+          if (tag === SLEEP_TAG) {
+            this.slept = true;
+          } else {
+            const pid = pidOf(result.val.data);
+            this.pids.set(pid, Number(tag) - 1);
+            if (this.early.has(pid)) {
+              this.finish(pid, this.early.get(pid));
+              this.early.delete(pid);
+            }
+          }
+          break;
+        }
+        case 'exit': {
+          const { pid, result } = event.val;
+          if (result.tag === 'err') {
+            return fail(`child ${pid} failed: ${result.val}`);
+          }
+          if (this.pids.has(pid)) {
+            this.finish(pid, result.val);
+          } else {
+            this.early.set(pid, result.val);
+          }
+          break;
+        }
+        case 'cancel':
+          return fail(`cancelled: ${event.val}`);
+        default:
+          break;
+      }
+    }
+    if (this.pending === 0 && this.slept) {
+      return complete(this.results);
+    }
+    return output({ tag: 'blocked' });
+  }
+
+  finish(pid, result) {
+    this.results[this.pids.get(pid)] = decode(result);
+    this.pending -= 1;
+  }
+}
+
+class Square {
+  constructor(i) {
+    if (!Number.isInteger(i)) {
+      throw new Error(`\`square\` takes an integer, got ${JSON.stringify(i)}`);
+    }
+    this.i = i;
+  }
+
+  step(_events) {
+    return complete(this.i * this.i);
+  }
+}
+
+export function entries() {
+  return ENTRIES;
+}
+
+export function init(_pid, method, input) {
+  const entry = { main: Main, square: Square }[method];
+  if (entry === undefined) {
+    // The host adds the list of entries.
+    throw `unknown entry method \`${method}\``;
+  }
+  if (input.length === 0) {
+    throw `\`${method}\` takes one JSON input, got none`;
+  }
+  try {
+    state = new entry(decode(input[0]));
+  } catch (error) {
+    throw String(error.message ?? error);
+  }
+}
+
+export function step(events) {
+  return state.step(events);
+}

@@ -1,0 +1,141 @@
+"""A wasmproc process in Python, built with componentize-py against `wit/` (world
+`process`): a fan-out that spawns children of its own component and gathers their
+results from their exit events.
+
+Entries:
+- `main`: input `n` (JSON); spawns `n` children running `square` with inputs 0..n-1,
+  monitored, collects each child's result from its exit event, sleeps 1 ms, and
+  completes with the squares in input order, as JSON;
+- `square`: input `i` (JSON); completes at once with `i * i`.
+
+A component runs one process per instance, so the process's state is a module global.
+"""
+
+import json
+
+import wit_world
+from componentize_py_types import Err, Ok
+from wit_world.imports import host, types
+
+ENTRIES = ["main", "square"]
+
+# The tag of the one sleep; spawn tags are 1 + the child's index.
+SLEEP_TAG = 0
+
+state = None
+
+
+def payload(value):
+    return types.Payload(format="json", data=json.dumps(value, separators=(",", ":")).encode())
+
+
+def decode(p):
+    if p.format != "json":
+        raise ValueError(f"expected a `json` payload, got `{p.format}`")
+    return json.loads(p.data)
+
+
+def output(status, yields=()):
+    return types.StepOutput(status=status, yields=list(yields))
+
+
+def complete(value):
+    return output(types.Status_Complete(Ok(payload(value))))
+
+
+def fail(message):
+    return output(types.Status_Complete(Err(message)))
+
+
+class Main:
+    """Spawns the children in its first step, then waits for every exit and the sleep."""
+
+    def __init__(self, n):
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"`main` takes a count of children, got {n!r}")
+        self.n = n
+        self.started = False
+        self.pids = {}  # child pid -> index
+        self.early = {}  # child pid -> result payload, for exits before the pid's spawn completed
+        self.results = [None] * n
+        self.pending = n
+        self.slept = False
+
+    def step(self, events):
+        if not self.started:
+            self.started = True
+            host.log(host.Level.INFO, f"spawning {self.n} children")
+            spawns = [
+                types.YieldCommand(
+                    tag=1 + i,
+                    command=types.Command_Spawn(
+                        types.SpawnRequest(kind=None, method="square", input=[payload(i)], monitor=True)
+                    ),
+                )
+                for i in range(self.n)
+            ]
+            sleep = types.YieldCommand(tag=SLEEP_TAG, command=types.Command_Sleep(1_000_000))
+            return output(types.Status_Blocked(), spawns + [sleep])
+        # A child's exit can come before the completion that names its pid (in the same
+        # batch, or even an earlier one): exits of pids not known yet wait in `early`.
+        for event in events:
+            if isinstance(event, types.Event_Completion):
+                completion = event.value
+                if isinstance(completion.result, Err):
+                    return fail(f"command {completion.tag} failed: {completion.result.value}")
+                if completion.tag == SLEEP_TAG:
+                    self.slept = True
+                else:
+                    pid = int.from_bytes(completion.result.value.data, "little")
+                    self.pids[pid] = completion.tag - 1
+                    if pid in self.early:
+                        self.finish(pid, self.early.pop(pid))
+            elif isinstance(event, types.Event_Exit):
+                exit = event.value
+                if isinstance(exit.result, Err):
+                    return fail(f"child {exit.pid} failed: {exit.result.value}")
+                if exit.pid in self.pids:
+                    self.finish(exit.pid, exit.result.value)
+                else:
+                    self.early[exit.pid] = exit.result.value
+            elif isinstance(event, types.Event_Cancel):
+                return fail(f"cancelled: {event.value}")
+        if self.pending == 0 and self.slept:
+            return complete(self.results)
+        return output(types.Status_Blocked())
+
+
+    def finish(self, pid, result):
+        self.results[self.pids[pid]] = decode(result)
+        self.pending -= 1
+
+
+class Square:
+    def __init__(self, i):
+        if not isinstance(i, int):
+            raise ValueError(f"`square` takes an integer, got {i!r}")
+        self.i = i
+
+    def step(self, events):
+        return complete(self.i * self.i)
+
+
+class WitWorld(wit_world.WitWorld):
+    def entries(self):
+        return ENTRIES
+
+    def init(self, pid, method, input):
+        global state
+        entry = {"main": Main, "square": Square}.get(method)
+        if entry is None:
+            # The host adds the list of entries.
+            raise Err(f"unknown entry method `{method}`")
+        if not input:
+            raise Err(f"`{method}` takes one JSON input, got none")
+        try:
+            state = entry(decode(input[0]))
+        except ValueError as error:
+            raise Err(str(error))
+
+    def step(self, events):
+        return state.step(events)

@@ -1,0 +1,146 @@
+//! Guests in Python and JavaScript (`examples-python/`, `examples-js/`, built by
+//! `build.rs` with componentize-py and componentize-js) run end to end, and the
+//! per-process instance limits they need: each limit, passed, fails naming its setting
+//! and flag; raised, the guest runs.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use wasmproc::scheduler::{SpawnOptions, Spawnable};
+use wasmproc::wasm::{COMMAND_ENTRY, Component, Config, Program, Runtime, WasiOptions, exit_code};
+use wasmproc::{Outcome, Payload, Scheduler};
+use wasmproc_tests::HANG;
+use wasmproc_tests::guests::{JS_SQUARES, PY_SQUARES};
+
+/// A runtime with its compiled code cached in the tests' scratch space, so a guest is
+/// compiled once for every runtime of this binary (the Python guest takes seconds).
+fn runtime(config: Config) -> Runtime {
+    Runtime::new(config.cache_dir(env!("CARGO_TARGET_TMPDIR")).log_sink(|_: &wasmproc::wasm::LogRecord<'_>| {}))
+        .expect("the runtime starts")
+}
+
+/// The guest at `path`, loaded (and compiled, the first time) with the defaults.
+fn load(path: &str) -> Component {
+    runtime(Config::default()).load(path).unwrap_or_else(|e| panic!("failed to load `{path}`: {e:#}"))
+}
+
+fn python() -> &'static Component {
+    static GUEST: OnceLock<Component> = OnceLock::new();
+    GUEST.get_or_init(|| load(PY_SQUARES))
+}
+
+fn javascript() -> &'static Component {
+    static GUEST: OnceLock<Component> = OnceLock::new();
+    GUEST.get_or_init(|| load(JS_SQUARES))
+}
+
+/// Runs `method` of `guest` with `input`.
+fn run(guest: &Component, method: &str, input: Payload) -> Result<Outcome, String> {
+    let s = Scheduler::builder().kind("squares", guest.clone()).build().expect("the scheduler starts");
+    let spawned = s.handle().spawn(Spawnable::kind("squares"), SpawnOptions::new(method).input(vec![input]));
+    let outcome = spawned
+        .map(|process| process.join_timeout(HANG).unwrap_or_else(|| panic!("`{method}` did not finish")))
+        .map_err(|e| format!("{e:#}"));
+    s.stop(Duration::from_secs(1));
+    outcome
+}
+
+fn json(n: u64) -> Payload {
+    Payload::json(&n).expect("a number serialises")
+}
+
+/// The fan-out of each example: `main(n)` spawns `n` children of its own component,
+/// gathers their results from their exit events (which may come before the spawn's
+/// completion names the child), sleeps, and returns the squares in order.
+fn fans_out(guest: &Component, language: &str) {
+    let squares = run(guest, "main", json(5)).expect("`main` spawns").expect("`main` completes");
+    assert_eq!(squares.as_str(), Some("[0,1,4,9,16]"), "{language}");
+    let many = run(guest, "main", json(100)).expect("`main` spawns").expect("`main` completes");
+    let expected: Vec<u64> = (0..100).map(|i| i * i).collect();
+    assert_eq!(many, Payload::json(&expected).unwrap(), "{language}");
+
+    let unknown = run(guest, "cube", json(3)).expect_err("no such entry");
+    assert!(unknown.contains("unknown entry method `cube`; this component has: main, square"), "{language}: {unknown}");
+    let refused = run(guest, "main", Payload::json(&"five").unwrap()).expect_err("the guest refuses the input");
+    assert!(refused.contains("`main` takes a count of children, got"), "{language}: {refused}");
+}
+
+#[test]
+fn a_python_guest_spawns_children_and_gathers_their_results() {
+    fans_out(python(), "Python");
+}
+
+#[test]
+fn a_javascript_guest_spawns_children_and_gathers_their_results() {
+    fans_out(javascript(), "JavaScript");
+}
+
+/// componentize-py links CPython and its libraries as 14 core modules.
+#[test]
+fn a_guest_past_max_core_instances_fails_naming_it_and_runs_with_it_raised() {
+    python();
+    let error = runtime(Config::default().max_core_instances(13)).load(PY_SQUARES).map(|_| ()).unwrap_err();
+    let error = format!("{error:#}");
+    assert!(error.contains("more than the 13 core instances a process may have, its `max_core_instances`"), "{error}");
+    assert!(error.contains("raise it with `--max-core-instances`"), "{error}");
+    let raised = runtime(Config::default().max_core_instances(14)).load(PY_SQUARES).expect("14 are enough");
+    assert_eq!(run(&raised, "main", json(2)).expect("spawns").expect("completes").as_str(), Some("[0,1]"));
+
+    javascript();
+    let error = runtime(Config::default().max_core_instances(3)).load(JS_SQUARES).map(|_| ()).unwrap_err();
+    assert!(format!("{error:#}").contains("its `max_core_instances`"), "{error:#}");
+    runtime(Config::default().max_core_instances(4)).load(JS_SQUARES).expect("componentize-js needs 4");
+}
+
+/// Spawns the WASI preview 1 program `wat` under `config`; its exit code, or why the
+/// spawn failed.
+fn run_command(config: Config, wat: &str) -> Result<Option<i32>, String> {
+    let runtime = runtime(config);
+    let bytes = wat::parse_str(wat).expect("valid WAT");
+    let Program::Wasi(program) = runtime.load_program_bytes(&bytes).expect("the program loads") else {
+        panic!("a core module with `_start` is a WASI command");
+    };
+    let s = Scheduler::builder().workers(1).build().expect("the scheduler starts");
+    let outcome = s.handle().spawn(program.process(WasiOptions::new()), COMMAND_ENTRY).map_err(|e| format!("{e:#}"));
+    let result = outcome.and_then(|process| {
+        let result = process.join_timeout(HANG).expect("it ends");
+        result.map(|payload| exit_code(&payload)).map_err(|e| e.to_string())
+    });
+    s.stop(Duration::from_secs(1));
+    result
+}
+
+#[test]
+fn a_module_past_max_tables_fails_naming_it_and_runs_with_it_raised() {
+    let wat = r#"(module (table 1 funcref) (table 1 funcref) (func (export "_start")))"#;
+    let error = run_command(Config::default().max_tables(1), wat).unwrap_err();
+    assert!(error.contains("more than the 1 tables a process may have, its `max_tables`"), "{error}");
+    assert!(error.contains("raise it with `--max-tables`"), "{error}");
+    assert_eq!(run_command(Config::default().max_tables(2), wat), Ok(Some(0)));
+}
+
+#[test]
+fn a_module_past_max_memories_fails_naming_it_and_runs_with_it_raised() {
+    let wat = r#"(module (memory (export "memory") 1) (memory 1) (func (export "_start")))"#;
+    let error = run_command(Config::default(), wat).unwrap_err();
+    assert!(error.contains("more than the 1 linear memories a process may have, its `max_memories`"), "{error}");
+    assert!(error.contains("raise it with `--max-memories`"), "{error}");
+    // Two memories a process: the arena has two slots for each process.
+    assert_eq!(run_command(Config::default().max_memories(2).max_instances(1), wat), Ok(Some(0)));
+}
+
+/// A table made past the limit fails instantiation; one grown past it ends the process.
+#[test]
+fn tables_past_max_table_elements_fail_naming_it_and_run_with_it_raised() {
+    let made = r#"(module (table 100 funcref) (func (export "_start")))"#;
+    let error = run_command(Config::default().max_table_elements(99), made).unwrap_err();
+    assert!(error.contains("a table of 100 elements (from 0), past its `max_table_elements` of 99"), "{error}");
+    assert!(error.contains("raise it with `--max-table-elements`"), "{error}");
+    assert_eq!(run_command(Config::default().max_table_elements(100), made), Ok(Some(0)));
+
+    let grown = r#"(module (table 1 funcref)
+        (func (export "_start") (drop (table.grow (ref.null func) (i32.const 199)))))"#;
+    let error = run_command(Config::default().max_table_elements(100), grown).unwrap_err();
+    assert!(error.contains("a table of 200 elements (from 1), past its `max_table_elements` of 100"), "{error}");
+    assert_eq!(run_command(Config::default().max_table_elements(200), grown), Ok(Some(0)));
+}
