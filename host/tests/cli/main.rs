@@ -19,6 +19,7 @@ use wasmproc_tests::guests::{FAN_OUT, HELLO, HOSTILE, TIMERS, WASI_CLI};
 mod cache;
 mod durable;
 mod hardening;
+mod languages;
 mod limits;
 mod providers;
 mod rough_edges;
