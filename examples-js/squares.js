@@ -6,7 +6,8 @@
 // - `main`: input `n` (JSON); spawns `n` children running `square` with inputs 0..n-1,
 //   monitored, collects each child's result from its exit event, sleeps 1 ms, and
 //   completes with the squares in input order, as JSON;
-// - `square`: input `i` (JSON); completes at once with `i * i`.
+// - `square`: input `i` (JSON); completes at once with `i * i`;
+// - `idle`: waits (status `idle`) for the first message, then completes with its body.
 //
 // A component runs one process per instance, so the process's state is a module global.
 // WIT types as componentize-js gives them: u64 is a BigInt, list<u8> a Uint8Array, a
@@ -15,7 +16,7 @@
 
 import { log } from 'wasmproc:process/host@0.1.0';
 
-const ENTRIES = ['main', 'square'];
+const ENTRIES = ['main', 'square', 'idle'];
 
 // The tag of the one sleep; spawn tags are 1 + the child's index.
 const SLEEP_TAG = 0n;
@@ -141,12 +142,26 @@ class Square {
   }
 }
 
+class Idle {
+  step(events) {
+    for (const event of events) {
+      if (event.tag === 'message') {
+        return output({ tag: 'complete', val: { tag: 'ok', val: event.val.body } });
+      }
+      if (event.tag === 'cancel') {
+        return fail(`cancelled: ${event.val}`);
+      }
+    }
+    return output({ tag: 'idle' });
+  }
+}
+
 export function entries() {
   return ENTRIES;
 }
 
 export function init(_pid, method, input) {
-  const entry = { main: Main, square: Square }[method];
+  const entry = { main: Main, square: Square, idle: Idle }[method];
   if (entry === undefined) {
     // The host adds the list of entries.
     throw `unknown entry method \`${method}\``;

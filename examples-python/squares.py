@@ -6,7 +6,8 @@ Entries:
 - `main`: input `n` (JSON); spawns `n` children running `square` with inputs 0..n-1,
   monitored, collects each child's result from its exit event, sleeps 1 ms, and
   completes with the squares in input order, as JSON;
-- `square`: input `i` (JSON); completes at once with `i * i`.
+- `square`: input `i` (JSON); completes at once with `i * i`;
+- `idle`: waits (status `idle`) for the first message, then completes with its body.
 
 A component runs one process per instance, so the process's state is a module global.
 """
@@ -17,7 +18,7 @@ import wit_world
 from componentize_py_types import Err, Ok
 from wit_world.imports import host, types
 
-ENTRIES = ["main", "square"]
+ENTRIES = ["main", "square", "idle"]
 
 # The tag of the one sleep; spawn tags are 1 + the child's index.
 SLEEP_TAG = 0
@@ -120,13 +121,26 @@ class Square:
         return complete(self.i * self.i)
 
 
+class Idle:
+    def __init__(self, _input):
+        pass
+
+    def step(self, events):
+        for event in events:
+            if isinstance(event, types.Event_Message):
+                return output(types.Status_Complete(Ok(event.value.body)))
+            if isinstance(event, types.Event_Cancel):
+                return fail(f"cancelled: {event.value}")
+        return output(types.Status_Idle())
+
+
 class WitWorld(wit_world.WitWorld):
     def entries(self):
         return ENTRIES
 
     def init(self, pid, method, input):
         global state
-        entry = {"main": Main, "square": Square}.get(method)
+        entry = {"main": Main, "square": Square, "idle": Idle}.get(method)
         if entry is None:
             # The host adds the list of entries.
             raise Err(f"unknown entry method `{method}`")

@@ -123,6 +123,11 @@ pub(super) struct Run {
     /// e.g. 16MiB; past it the process ends.
     #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = units::size)]
     max_payload: usize,
+    /// How long instantiating a process and its `init` may take. Instantiating a Python
+    /// guest copies its interpreter's memory image (about 15 ms a process): raise this on a
+    /// loaded machine if spawns fail with "init time limit exceeded".
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = units::duration)]
+    init_time_limit: Duration,
     /// The most core module instances one process may have (a componentize-py guest has
     /// 14, a Rust guest 3); a component that needs more fails to load, naming this flag.
     #[arg(long, value_name = "N", default_value_t = wasmproc::wasm::DEFAULT_MAX_CORE_INSTANCES)]
@@ -320,6 +325,7 @@ impl Run {
             .time_slice(self.time_slice)
             .preemption(!self.no_preemption)
             .max_instances(self.max_processes)
+            .init_time_limit(self.init_time_limit)
             .max_core_instances(self.max_core_instances)
             .max_tables(self.max_tables)
             .max_table_elements(self.max_table_elements)

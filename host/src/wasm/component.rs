@@ -64,7 +64,14 @@ impl Component {
         let mut store = new_store(engine, Pid::HOST, config.log.clone(), &limits);
         let guest = pre
             .instantiate(&mut store)
-            .map_err(|e| limits.instance.name_exceeded(&e).unwrap_or_else(|| anyhow::Error::from(e)))
+            .map_err(|e| match limits.instance.name_exceeded(&e) {
+                Some(exceeded) => exceeded,
+                // Instantiation runs the core modules' start functions under `init`'s limit.
+                None if matches!(e.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt)) => {
+                    guest_error(e, "instantiation", &limits, store.data())
+                }
+                None => anyhow::Error::from(e),
+            })
             .context("failed to instantiate")?;
         // `entries` is the host asking, not the process running, so it is not charged to
         // a process's fuel budget: the instantiation's unbounded fuel stays (a small

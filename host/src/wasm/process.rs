@@ -306,7 +306,8 @@ pub(crate) fn guest_error(
     match error.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => {
             return anyhow!(
-                "init time limit exceeded: `{export}` ran longer than the `init_time_limit` of {:?} and was stopped",
+                "init time limit exceeded: `{export}` ran longer than the `init_time_limit` of {:?} and was stopped \
+                 (raise it with `--init-time-limit`)",
                 limits.init_time_limit
             );
         }
