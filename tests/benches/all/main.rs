@@ -29,15 +29,19 @@
 //! - [`durable`]: Wasm processes with a journal against the same without;
 //! - [`kv`]: the `kv` provider's round trip against the store's own read rate;
 //! - [`http`]: an `http` provider call against a direct request with the same client;
+//! - [`cluster`]: two nodes over a real `nats-server` against one node and raw NATS;
 //! - [`idle`]: memory per idle process, each count in a child process;
+//! - [`languages`]: Rust, Python and JavaScript guests side by side;
 //! - [`cli`]: `wasmproc run` against `wasmtime run`, cold;
 //! - [`plot`]: the SVGs drawn from what the others measured.
 
 mod cli;
+mod cluster;
 mod durable;
 mod http;
 mod idle;
 mod kv;
+mod languages;
 mod plot;
 mod scheduler;
 mod wasm;
@@ -75,7 +79,9 @@ fn main() {
     durable::run(&options, &mut report);
     kv::run(&options, &mut report);
     http::run(&options, &mut report);
+    cluster::run(&options, &mut report);
     idle::run(&options, &mut report, &mut plots);
+    languages::run(&options, &mut report);
     cli::run(&options, &mut report);
     let load_after = load_average();
     let steal = cpu_times().zip(cpu_before).map(|(after, before)| after.steal_since(&before));
