@@ -516,3 +516,41 @@ fn terminate_across_nodes_ends_the_process_and_its_monitors_see_why() {
     }
     assert_eq!(b.cluster.stats().messages_delivered, 0);
 }
+
+/// `wasmproc run APP --cluster URL`: with no node to take it, it fails naming why; with
+/// a node, the entry runs there (the node fetches the program by its hash) and prints
+/// what a local run prints; an entry the program lacks fails as a process failure
+/// naming the method.
+#[test]
+fn run_with_cluster_runs_the_entry_on_a_node_and_prints_its_result() {
+    let server = Server::start();
+    let run = |args: &[&str]| {
+        wasmproc()
+            .arg("run")
+            .arg(guest("fan_out"))
+            .args(args)
+            .args(["--cluster", &server.url(), "--cluster-secret", SECRET])
+            .output()
+            .expect("wasmproc run runs")
+    };
+
+    let alone = run(&["--input", "3"]);
+    assert_eq!(alone.status.code(), Some(5), "no node: a host failure");
+    let stderr = String::from_utf8_lossy(&alone.stderr);
+    assert!(stderr.contains("no node in the cluster accepts spawns"), "{stderr}");
+
+    let _node = node_process(&server, "runner");
+    wait_for_nodes(&server, 1);
+    let remote = run(&["--input", "12"]);
+    assert!(remote.status.success(), "{}", String::from_utf8_lossy(&remote.stderr));
+    let local = wasmproc().arg("run").arg(guest("fan_out")).args(["--input", "12"]).output().expect("runs");
+    assert!(local.status.success(), "{}", String::from_utf8_lossy(&local.stderr));
+    assert_eq!(String::from_utf8_lossy(&remote.stdout), String::from_utf8_lossy(&local.stdout));
+    let squares: Vec<u64> = serde_json::from_slice(&remote.stdout).expect("a JSON list");
+    assert_eq!(squares, (0..12u64).map(|i| i * i).collect::<Vec<_>>());
+
+    let missing = run(&["--method", "no_such_entry"]);
+    assert_eq!(missing.status.code(), Some(1), "{}", String::from_utf8_lossy(&missing.stderr));
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(stderr.contains("no_such_entry"), "{stderr}");
+}
