@@ -53,7 +53,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         .flatten()
         .collect();
     if !failures.is_empty() {
-        return Err(failures.join("\n\n").into());
+        // `main`'s error is printed with `Debug`, which would escape the line breaks.
+        for failure in &failures {
+            eprintln!("error: {failure}");
+        }
+        return Err(format!("{} of the example guests' builds failed (see the errors above)", failures.len()).into());
     }
     let built = rust?;
     if built.is_empty() {

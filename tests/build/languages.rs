@@ -7,7 +7,9 @@
 //! and `npm install --prefix`, as a fresh machine with only Python 3 and Node with npm
 //! needs. An install that fails (no network, no `python3` or `npm`) fails the build with
 //! what to do; nothing is skipped silently. An install counts only once its marker file
-//! is written, so an interrupted one is made again.
+//! is written, so an interrupted one is made again. A lock file a language
+//! (`guest-tools/py.lock`, `js.lock`) keeps two builds (the test and bench profiles) from
+//! installing or building into the same place at once.
 //!
 //! Componentizing takes seconds (CPython or SpiderMonkey is linked into each guest), so a
 //! guest is built again only when its source, the WIT or the tool's version changed: a
@@ -81,7 +83,16 @@ pub(crate) fn build(
     if sources.is_empty() {
         return Err(format!("no guest in `{}`", examples.display()).into());
     }
-    let tool = install(language, &target_dir.join("guest-tools"))?;
+    let tools = target_dir.join("guest-tools");
+    std::fs::create_dir_all(&tools).map_err(|e| format!("cannot create `{}`: {e}", tools.display()))?;
+    // The test and bench profiles run this script each, possibly at once, over the same
+    // tool and guest directories: one holds the language's lock until its guests are
+    // built (the lock goes with the file, when this function returns).
+    let lock_path = tools.join(format!("{}.lock", language.extension()));
+    let lock =
+        std::fs::File::create(&lock_path).map_err(|e| format!("cannot create `{}`: {e}", lock_path.display()))?;
+    lock.lock().map_err(|e| format!("cannot lock `{}`: {e}", lock_path.display()))?;
+    let tool = install(language, &tools)?;
     let out = target_dir.join("wasm-guests").join(language.extension());
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create `{}`: {e}", out.display()))?;
     let wit = root.join("wit");
@@ -187,7 +198,7 @@ fn install(language: Language, tools: &Path) -> Result<Tool, Box<dyn Error>> {
         return Err(format!(
             "failed to install {what} into `{}` ({status}; its messages are above): the `{}` guests need it, \
              and the build fails without them. Check the network access (or the registry and proxy settings of \
-             pip or npm) and build again",
+             {program}) and build again",
             dir.display(),
             language.examples()
         )
