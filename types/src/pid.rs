@@ -12,12 +12,31 @@ use core::fmt;
 ///
 /// # The node
 ///
-/// A pid names the node of a cluster its process lives on: the top [`Pid::NODE_BITS`]
-/// bits are the node's id ([`Pid::node`]), the rest the process on that node. Node 0 is a
-/// host outside any cluster, so a standalone host's pids (and the pids in its journals)
-/// are what they were before clusters existed. A host decides whether a pid is its own
-/// with one compare of [`Pid::node`]; the layout of the lower bits is its own business
-/// (the scheduler's registry packs `generation:20 | shard:8 | index:24` there).
+/// A pid of a cluster node names the node its process lives on: the top
+/// [`Pid::NODE_BITS`] bits are the node's id ([`Pid::node`]), the rest the process on
+/// that node, and a node decides whether a pid is its own with one compare of
+/// [`Pid::node`]. The layout of the lower bits is the host's business: its registry
+/// packs `generation word:32 | shard:8 | index:24`, and the node's bits are the top of
+/// the generation word.
+///
+/// A host outside any cluster has no node: there every pid is its own, the generation
+/// has the whole word, and [`Pid::node`] of its pids means nothing. So a standalone host's
+/// pids, and those its journals record, are what they were before clusters existed.
+///
+/// # The trade-off: node bits against generation bits
+///
+/// A pid stays stale (finds nothing once its process has ended) until its registry
+/// shard's generation wraps and the same slot comes round: after 2^32 spawns into the
+/// shard outside a cluster, 2^20 on a cluster node, whose node takes 12 of the 32. The
+/// low 32 bits cannot give any back (journals record pids, and a restored pid must name
+/// the same shard and slot), so only the node's bits could. They stay 12 because a
+/// joining node draws its id at random among the free ones, and nodes that join within
+/// the same moment do not see each other's draw (a clash is only reported): with `k`
+/// nodes started together the chance of a clash is about `k²/2` over the ids, 5% for 20
+/// nodes among 4,094 but more than half among 254 (8 bits). Fewer node bits are sound
+/// once ids are handed out without clashes (a claim round at join, or a compare-and-set
+/// on the server); 8 would then give the generation 24 (2^24 spawns a shard), and 254
+/// nodes is about what heartbeats from every node to every node carry.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Pid(u64);
 
@@ -26,7 +45,9 @@ impl Pid {
     /// No process ever has this id.
     pub const HOST: Pid = Pid(0);
 
-    /// How many of the pid's high bits name its node: 4,095 nodes besides node 0.
+    /// How many of the pid's high bits name its node on a cluster node: ids 1 to
+    /// 4,094 ([`Pid::MAX_NODE`] is what a client greeting the cluster calls itself; see
+    /// "The trade-off" above).
     pub const NODE_BITS: u32 = 12;
     /// Where the node's bits start.
     pub const NODE_SHIFT: u32 = 64 - Self::NODE_BITS;

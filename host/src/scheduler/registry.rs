@@ -5,14 +5,24 @@
 //! shard, so the common case takes an uncontended lock; lookups and removals may touch
 //! any shard.
 //!
-//! A [`Pid`] packs `node:12 | generation:20 | shard:8 | index:24`. The node is the
-//! registry's own ([`Pid::node`]; 0 outside a cluster). Every insert takes the shard's
-//! next generation (never 0, so no pid is [`Pid::HOST`]), and a lookup succeeds only if
-//! the slot still holds that node and generation (compared as one 32-bit word): a pid of
-//! a finished process finds nothing even after its slot has been reused, until the
-//! generation has wrapped (2^20 inserts into the shard later), and a pid of another node
-//! never does. A journal written before pids had a node keeps its 32-bit generations:
-//! restored pids are registered under the word they carry.
+//! A [`Pid`] packs `generation word:32 | shard:8 | index:24`. Every insert takes the
+//! shard's next generation (never 0, so no pid is [`Pid::HOST`]), and a lookup succeeds
+//! only if the slot still holds that generation word: a pid of a finished process finds
+//! nothing even after its slot has been reused, until the shard's generation has wrapped
+//! and the same index comes round again.
+//!
+//! The generation word is the generation alone outside a cluster (node 0): 2^32 inserts
+//! into a shard before a stale pid can name a new process, and the pids a journal
+//! records are what they were before clusters existed (a scheduler is a journal's or a
+//! cluster's, never both). On a cluster node the word's top [`Pid::NODE_BITS`] are the
+//! node ([`Pid::node`]) and the generation has the other 20: 2^20 inserts into a shard
+//! before a stale pid can alias. See [`Pid`] for why the node keeps 12 bits.
+//!
+//! The low 32 bits are fixed: journals record pids, and a restored pid must name the
+//! same shard and index it did (so neither can give bits to the generation). The
+//! shard's 8 bits bound the workers (255, plus the outside shard); the index's 24 bound
+//! what one shard holds at once (16.7M; `max_processes` defaults to 1M, and the
+//! embedder's or one busy worker's spawns may all land in one shard).
 
 use std::sync::Arc;
 
@@ -25,9 +35,9 @@ use super::process::{Pid, Process};
 
 const INDEX_BITS: u32 = 24;
 const SHARD_BITS: u32 = 8;
-/// The generation's bits below the node's (see [`Pid::NODE_BITS`]).
-const GENERATION_BITS: u32 = 32 - Pid::NODE_BITS;
-const GENERATION_MASK: u32 = (1 << GENERATION_BITS) - 1;
+/// The generation's bits on a cluster node: those of the word below the node's (see
+/// [`Pid::NODE_BITS`]). Outside a cluster it has all 32.
+const CLUSTER_GENERATION_BITS: u32 = 32 - Pid::NODE_BITS;
 const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
 const SHARD_MASK: u64 = (1 << SHARD_BITS) - 1;
 
@@ -46,6 +56,9 @@ pub(super) struct Registry {
     shards: Box<[Mutex<Shard>]>,
     /// The node's bits of every pid this registry makes, in the generation word.
     node_bits: u32,
+    /// The generation's bits of the word: all of them outside a cluster, the ones
+    /// below the node's on a cluster node.
+    generation_mask: u32,
 }
 
 #[derive(Default)]
@@ -60,13 +73,16 @@ struct Slot {
 }
 
 impl Registry {
-    /// A registry of `shards` shards making the pids of node `node` (0 outside a cluster).
+    /// A registry of `shards` shards making the pids of node `node` (0 outside a cluster,
+    /// where the generation has the whole word).
     pub(super) fn new(shards: usize, node: u16) -> Self {
         assert!((1..=MAX_SHARDS).contains(&shards), "registry needs 1..={MAX_SHARDS} shards, got {shards}");
         assert!(node <= Pid::MAX_NODE, "node id {node} past {}", Pid::MAX_NODE);
+        let generation_mask = if node == 0 { u32::MAX } else { (1 << CLUSTER_GENERATION_BITS) - 1 };
         Registry {
             shards: (0..shards).map(|_| Mutex::default()).collect(),
-            node_bits: u32::from(node) << GENERATION_BITS,
+            node_bits: if node == 0 { 0 } else { u32::from(node) << CLUSTER_GENERATION_BITS },
+            generation_mask,
         }
     }
 
@@ -87,7 +103,8 @@ impl Registry {
         }
         // Within the generation's bits and never 0; a restored journal's counter may be
         // past them, and continues from its low bits.
-        let next = (shard.next_generation & GENERATION_MASK).wrapping_add(1) & GENERATION_MASK;
+        let mask = self.generation_mask;
+        let next = (shard.next_generation & mask).wrapping_add(1) & mask;
         shard.next_generation = next.max(1);
         let generation = self.node_bits | shard.next_generation;
         let pid = Pid::from_u64(
@@ -249,13 +266,42 @@ mod tests {
 
     #[test]
     fn the_generation_wraps_within_its_bits_and_skips_zero() {
+        // On a cluster node: the 20 bits below the node's.
         let reg = Registry::new(1, 5);
-        reg.shards[0].lock().next_generation = GENERATION_MASK - 1;
+        let mask = (1 << CLUSTER_GENERATION_BITS) - 1;
+        reg.shards[0].lock().next_generation = mask - 1;
         let last = insert(&reg, 0);
         reg.remove(last);
         let wrapped = insert(&reg, 0);
-        assert_eq!(((last.as_u64() >> 32) as u32) & GENERATION_MASK, GENERATION_MASK);
-        assert_eq!(((wrapped.as_u64() >> 32) as u32) & GENERATION_MASK, 1);
+        assert_eq!(((last.as_u64() >> 32) as u32) & mask, mask);
+        assert_eq!(((wrapped.as_u64() >> 32) as u32) & mask, 1);
         assert_eq!((last.node(), wrapped.node()), (5, 5));
+
+        // Outside a cluster: the whole word.
+        let reg = Registry::new(1, 0);
+        reg.shards[0].lock().next_generation = u32::MAX - 1;
+        let last = insert(&reg, 0);
+        reg.remove(last);
+        let wrapped = insert(&reg, 0);
+        assert_eq!(last.as_u64() >> 32, u64::from(u32::MAX));
+        assert_eq!(wrapped.as_u64() >> 32, 1);
+    }
+
+    /// The trade-off of the cluster's node bits: 2^20 inserts into a shard after a pid's
+    /// process ended, its slot coming round again, the stale pid names the new process on
+    /// a cluster node; outside a cluster it still finds nothing.
+    #[test]
+    fn a_stale_pid_aliases_after_2_pow_20_inserts_only_on_a_cluster_node() {
+        for (node, aliases) in [(5, true), (0, false)] {
+            let reg = Registry::new(1, node);
+            let stale = insert(&reg, 0);
+            reg.remove(stale);
+            // As if 2^20 - 1 processes had come and gone in this slot since.
+            reg.shards[0].lock().next_generation = (1 << CLUSTER_GENERATION_BITS) - 1;
+            let new = insert(&reg, 0);
+            assert_eq!(stale.as_u64() & INDEX_MASK, new.as_u64() & INDEX_MASK, "the slot came round");
+            assert_eq!(stale == new, aliases, "node {node}: {stale:?} and {new:?}");
+            assert_eq!(reg.get(stale).is_some(), aliases, "node {node}");
+        }
     }
 }
