@@ -114,7 +114,7 @@ fn inspect_and_compile_work_under_an_address_space_limit() {
     limited(&["compile", HELLO, "-o", out.to_str().expect("utf-8")]).expect(0);
 
     let ran = limited(&["run", HELLO, "--method", "greet", "--input", "\"limited\""]).expect(5);
-    let ran = ran.error_says("lower `max_instances` (`--max-processes`) or `max_memory` (`--memory`)");
+    let ran = ran.error_says("lower `max_instances` (`--max-processes`), `max_memory` (`--memory`) or `max_memories`");
     assert!(ran.stderr.contains("ulimit -v"), "{}", ran.stderr);
     let ran =
         limited(&["run", HELLO, "--method", "greet", "--input", "\"limited\"", "--max-processes", "16"]).expect(0);
