@@ -15,6 +15,7 @@ use super::cell::ProcessCell;
 use super::dispatch::{Factory, Handler, Provider, Request};
 use super::durable::Durable;
 use super::handle::Handle;
+use super::hibernation::Hibernating;
 use super::idle::Idle;
 use super::limits::Limits;
 use super::process::Pid;
@@ -289,7 +290,7 @@ impl Builder {
             counters: (0..=workers).map(|_| CachePadded::default()).collect(),
             live: AtomicUsize::new(0),
             retiring: AtomicUsize::new(0),
-            hibernating: Mutex::new(Vec::new()),
+            hibernating: Mutex::new(Hibernating::default()),
             peak_live: AtomicUsize::new(0),
             settings: Settings {
                 workers,

@@ -21,6 +21,7 @@
 //! spurious wakeup.
 
 use std::sync::atomic::{AtomicUsize, Ordering, fence};
+use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
@@ -91,7 +92,11 @@ impl Idle {
     /// A searcher gives up: parks until woken, unless `has_work` finds work after the
     /// worker has counted itself as a sleeper. Returns with the worker searching again
     /// (unless shutting down).
-    pub(super) fn park(&self, has_work: impl Fn() -> bool) -> Unparked {
+    ///
+    /// With an `alarm`, it also wakes then, if nothing woke it before (as
+    /// [`Unparked::Search`], like a spurious wakeup: the protocol does not depend on why
+    /// a worker woke).
+    pub(super) fn park(&self, has_work: impl Fn() -> bool, alarm: Option<Instant>) -> Unparked {
         self.searching.fetch_sub(1, Ordering::SeqCst);
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         // Pairs with the fence in `notify_one`: see the module docs.
@@ -101,14 +106,20 @@ impl Idle {
         } else {
             let mut state = self.state.lock();
             state.waiting += 1;
-            while state.tokens == 0 && !state.shutdown {
-                self.condvar.wait(&mut state);
+            let mut rang = false;
+            while state.tokens == 0 && !state.shutdown && !rang {
+                match alarm {
+                    Some(alarm) => rang = self.condvar.wait_until(&mut state, alarm).timed_out(),
+                    None => self.condvar.wait(&mut state),
+                }
             }
             state.waiting -= 1;
             if state.shutdown {
                 Unparked::Shutdown
             } else {
-                state.tokens -= 1;
+                // A token left while the alarm rang is taken too: the worker searches
+                // either way, and a token nobody takes would only wake another for nothing.
+                state.tokens = state.tokens.saturating_sub(1);
                 Unparked::Search
             }
         };
@@ -161,7 +172,7 @@ mod tests {
                         idle.transition_from_searching();
                         return;
                     }
-                    assert_eq!(idle.park(|| work.load(Ordering::SeqCst)), Unparked::Search);
+                    assert_eq!(idle.park(|| work.load(Ordering::SeqCst), None), Unparked::Search);
                 }
             })
         };
@@ -179,7 +190,7 @@ mod tests {
                 let idle = idle.clone();
                 thread::spawn(move || {
                     idle.transition_to_searching();
-                    while idle.park(|| false) != Unparked::Shutdown {}
+                    while idle.park(|| false, None) != Unparked::Shutdown {}
                     idle.leave();
                 })
             })

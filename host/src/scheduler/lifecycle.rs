@@ -352,7 +352,7 @@ impl Shared {
     pub(super) fn list_for_hibernation(&self, pid: Pid) {
         let mut listed = self.hibernating.lock();
         if listed.len() >= HIBERNATION_LIST_FLOOR.max(2 * self.live.load(Ordering::Relaxed)) {
-            listed.retain(|&pid| self.registry.contains(pid));
+            listed.retain(|pid| self.registry.contains(pid));
         }
         listed.push(pid);
     }

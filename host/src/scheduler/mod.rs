@@ -50,6 +50,7 @@ pub(crate) mod completer;
 pub(crate) mod dispatch;
 mod durable;
 mod handle;
+mod hibernation;
 mod idle;
 mod inbox;
 mod lifecycle;

@@ -13,9 +13,9 @@ use super::caps::Capabilities;
 use super::cell::ProcessCell;
 use super::dispatch::{Factory, Handler};
 use super::durable::Durable;
+use super::hibernation::Hibernating;
 use super::idle::Idle;
 use super::limits::Limits;
-use super::process::Pid;
 use super::registry::Registry;
 use super::remote::Remote;
 use super::requests::Requests;
@@ -36,13 +36,13 @@ pub(super) struct Shared {
     /// Processes that gave their place in `live` back but are still retiring (their
     /// watchers not yet told): "no process left" waits for them too.
     pub(super) retiring: AtomicUsize,
-    /// Waiting processes that asked to hibernate (`Process::wants_hibernation`), for the
-    /// next worker that runs out of work (`worker::WorkerLoop::hibernate_waiting`). A
+    /// Waiting processes that asked to hibernate (`Process::wants_hibernation`), for a
+    /// worker that runs out of work once they are due (`hibernation.rs`). A
     /// process is listed at most once until it hibernates, so this holds at most one
     /// entry a live process, plus those of ended processes until they are pruned (see
     /// [`Shared::list_for_hibernation`]); the lock is taken once a listing, not once a
     /// step.
-    pub(super) hibernating: Mutex<Vec<Pid>>,
+    pub(super) hibernating: Mutex<Hibernating>,
     pub(super) peak_live: AtomicUsize,
     pub(super) settings: Settings,
     pub(super) handlers: FxHashMap<String, Arc<dyn Handler>>,

@@ -31,14 +31,16 @@
 //! 1. after the step, still `Running`, it is listed in `Shared::hibernating` (at most
 //!    once until it hibernates; the list is pruned of ended processes as it grows, see
 //!    `Shared::list_for_hibernation`), then parked as usual;
-//! 2. a worker about to park, with no work queued anywhere, takes the list and, newest
-//!    first, claims each listed process that still waits with no flag set
-//!    (`Blocked`/`Idle → Running`, one CAS), calls [`Process::hibernate`], and hands it
-//!    back to the same waiting state;
+//! 2. a worker about to park, with no work queued anywhere, takes the listed processes
+//!    that are due (seen waiting for `hibernation::HIBERNATE_AFTER`; see
+//!    `hibernation.rs` for why) and, the longest waiting first, claims each that still
+//!    waits with no flag set (`Blocked`/`Idle → Running`, one CAS), calls
+//!    [`Process::hibernate`], and hands it back to the same waiting state; it then parks
+//!    until work comes or the next listed process is due;
 //! 3. a producer that pushes an event in between sees `Running` and sets `WAKEUP`, as
 //!    during a step, so the hand-back fails to park it and makes it `Ready` instead: the
 //!    worker stops there and runs it. A process that is not waiting when looked at
-//!    (queued, running elsewhere) is left listed for next time.
+//!    (queued, running elsewhere) is listed afresh.
 //!
 //! So an event is never left in the inbox of a parked process (the same argument as for
 //! a step: the claim is the worker's step transition, the hand-back its park), and the
@@ -52,6 +54,7 @@ use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::thread;
+use std::time::Instant;
 
 use crossbeam_deque::{Steal, Worker};
 
@@ -70,6 +73,14 @@ const GLOBAL_BATCH: usize = 16;
 /// Ticks between looks at the global queue ahead of the local deque. 61 is Go's value:
 /// prime, so it does not fall into step with periodic work.
 const GLOBAL_CHECK_INTERVAL: u32 = 61;
+
+/// What [`WorkerLoop::hibernate_waiting`] left the worker with.
+enum Hibernated {
+    /// A process an event woke while it was being hibernated: `Ready`, in no queue.
+    Woken(Arc<ProcessCell>),
+    /// Nothing to run; when the next listed process is due, if any is listed.
+    Due(Option<Instant>),
+}
 
 thread_local! {
     /// The worker running on this thread, if any: a pointer to the [`Local`] in the
@@ -245,10 +256,11 @@ impl WorkerLoop<'_> {
                 thread::yield_now();
             } else {
                 rounds = 0;
-                if let Some(task) = self.hibernate_waiting() {
-                    return Some(task);
-                }
-                if self.shared.idle.park(|| self.shared.has_queued_work()) == Unparked::Shutdown {
+                let alarm = match self.hibernate_waiting() {
+                    Hibernated::Woken(task) => return Some(task),
+                    Hibernated::Due(next) => next,
+                };
+                if self.shared.idle.park(|| self.shared.has_queued_work(), alarm) == Unparked::Shutdown {
                     // Shutdown only starts once no process is left, so there is no work.
                     return None;
                 }
@@ -256,46 +268,49 @@ impl WorkerLoop<'_> {
         }
     }
 
-    /// Lets the listed waiting processes (`Shared::hibernating`) give memory back, before
-    /// this worker parks, newest first. Stops as soon as work is queued anywhere, and at
-    /// the first process that an event woke meanwhile, which it returns to be run (it is
-    /// `Ready` and in no queue). A process not waiting now (queued, or running on
-    /// another worker) stays listed for the next time; ended ones are dropped. Each
-    /// entry costs a registry lookup and, for a waiting process, two compare-and-swaps
-    /// and a system call, paid only by a worker that has nothing else to do.
-    fn hibernate_waiting(&mut self) -> Option<Arc<ProcessCell>> {
+    /// Lets the listed waiting processes that are due (`hibernation.rs`) give memory
+    /// back, before this worker parks, the longest waiting first. Stops as soon as work
+    /// is queued anywhere, and at the first process that an event woke meanwhile, which
+    /// it returns to be run (it is `Ready` and in no queue). A process not waiting now
+    /// (queued, or running on another worker) is listed afresh; ended ones are dropped.
+    /// Each entry costs a registry lookup and, for a waiting process, two
+    /// compare-and-swaps and a system call, paid only by a worker that has nothing else
+    /// to do.
+    fn hibernate_waiting(&mut self) -> Hibernated {
         let shared = self.shared;
-        let mut listed = std::mem::take(&mut *shared.hibernating.lock());
-        if listed.is_empty() {
-            return None;
-        }
+        let now = Instant::now();
+        let due = shared.hibernating.lock().take_due(now);
         let counters = &shared.counters[self.index];
-        let mut next = listed.len();
+        let mut waiting_again = Vec::new();
+        let mut looked = 0;
         let mut woken = None;
-        while next > 0 && woken.is_none() && !shared.has_queued_work() {
-            next -= 1;
-            let Some(cell) = shared.registry.get(listed[next]) else {
-                // Moves an entry already looked at (a later one) into `next`.
-                listed.swap_remove(next);
+        while looked < due.len() && woken.is_none() && !shared.has_queued_work() {
+            let (pid, _) = due[looked];
+            looked += 1;
+            let Some(cell) = shared.registry.get(pid) else {
                 continue;
             };
             let released = match cell.hibernate() {
-                Hibernation::NotWaiting => continue,
+                Hibernation::NotWaiting => {
+                    waiting_again.push(pid);
+                    continue;
+                }
                 Hibernation::Waiting { released } => released,
                 Hibernation::Woken { released } => {
                     woken = Some(cell);
                     released
                 }
             };
-            listed.swap_remove(next);
             if released {
                 counters.record_hibernation();
             }
         }
-        // What is left (not looked at, or not waiting) goes back, beside what others
-        // listed meanwhile.
-        shared.hibernating.lock().append(&mut listed);
-        woken
+        let mut listed = shared.hibernating.lock();
+        listed.put_back(&due[looked..], &waiting_again);
+        match woken {
+            Some(cell) => Hibernated::Woken(cell),
+            None => Hibernated::Due(listed.next_due(now)),
+        }
     }
 
     fn next_local(&mut self) -> Option<Arc<ProcessCell>> {
