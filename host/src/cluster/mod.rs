@@ -424,6 +424,16 @@ impl Cluster {
     }
 }
 
+impl crate::scheduler::Builder {
+    /// Makes this scheduler a node of `cluster`: its pids name the cluster's node id, and
+    /// what names a process of another node goes through the cluster. Call
+    /// [`Cluster::serve`] with the built scheduler's handle to take work from the other
+    /// nodes. Not with a journal.
+    pub fn cluster(self, cluster: &Cluster) -> Self {
+        self.remote(cluster.node(), cluster.remote())
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         if Arc::strong_count(&self.thread) == 1 {

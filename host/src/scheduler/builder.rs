@@ -210,14 +210,13 @@ impl Builder {
         self
     }
 
-    /// Makes this scheduler a node of `cluster`: its pids name the cluster's node id, and
-    /// what names a process of another node goes through the cluster. Call
-    /// [`Cluster::serve`](crate::cluster::Cluster::serve) with the built scheduler's
-    /// handle to take work from the other nodes. Not with a journal.
-    #[cfg(feature = "cluster")]
-    pub fn cluster(mut self, cluster: &crate::cluster::Cluster) -> Self {
-        self.node = cluster.node();
-        self.remote = Some(cluster.remote());
+    /// Makes this scheduler node `node`, handing what names a process of another node to
+    /// `remote` (see `remote.rs`); the public face is `Builder::cluster`, in the cluster
+    /// module, which the scheduler does not depend on.
+    #[cfg_attr(not(feature = "cluster"), expect(dead_code, reason = "only a cluster hands work to other nodes"))]
+    pub(crate) fn remote(mut self, node: u16, remote: Arc<dyn Remote>) -> Self {
+        self.node = node;
+        self.remote = Some(remote);
         self
     }
 

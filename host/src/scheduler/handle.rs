@@ -98,6 +98,7 @@ impl Handle {
 
     /// Tells schedulers in one OS process apart: a provider shared by several keys its
     /// callers by scheduler and pid.
+    #[cfg_attr(not(feature = "http"), expect(dead_code, reason = "only the `http` provider keys its callers so"))]
     pub(crate) fn id(&self) -> usize {
         self.shared.id
     }

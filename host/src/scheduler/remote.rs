@@ -114,6 +114,10 @@ impl Shared {
     }
 }
 
+#[cfg_attr(
+    not(feature = "cluster"),
+    expect(dead_code, reason = "only a cluster (feature `cluster`) reaches processes of other nodes")
+)]
 impl Handle {
     /// This scheduler's node (0 outside a cluster).
     pub fn node(&self) -> u16 {
