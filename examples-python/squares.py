@@ -5,7 +5,9 @@ results from their exit events.
 Entries:
 - `main`: input `n` (JSON); spawns `n` children running `square` with inputs 0..n-1,
   monitored, collects each child's result from its exit event, sleeps 1 ms, and
-  completes with the squares in input order, as JSON;
+  completes with the squares in input order, as JSON. Its first step yields all `n`
+  spawns and its sleep at once, so `n + 1` must not pass the host's limit of commands a step
+  (`--max-yields`, 1,024);
 - `square`: input `i` (JSON); completes at once with `i * i`;
 - `idle`: waits (status `idle`) for the first message, then completes with its body.
 
@@ -104,7 +106,6 @@ class Main:
         if self.pending == 0 and self.slept:
             return complete(self.results)
         return output(types.Status_Blocked())
-
 
     def finish(self, pid, result):
         self.results[self.pids[pid]] = decode(result)
