@@ -342,3 +342,63 @@ impl ResourceLimiter for MemoryLimiter {
         self.instance.memories
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use wasmtime::{Engine, Instance, Module, Store};
+
+    use super::*;
+
+    /// Instantiates the modules `wats` in one store limited by `config`'s counts, and
+    /// names the limit the first failure ran into.
+    fn instantiate(config: &Config, wats: &[&str]) -> Result<(), String> {
+        let engine = Engine::default();
+        let mut store = Store::new(&engine, MemoryLimiter::of(config));
+        store.limiter(|limiter| limiter);
+        for wat in wats {
+            let module = Module::new(&engine, wat::parse_str(wat).unwrap()).unwrap();
+            if let Err(error) = Instance::new(&mut store, &module, &[]) {
+                let limits = InstanceLimits::of(config);
+                return Err(limits
+                    .name_exceeded(&error)
+                    .map_or_else(|| format!("unnamed: {error:#}"), |e| e.to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    /// wasmtime's own count errors are recognised and named with the setting and flag;
+    /// the phrases are wasmtime's, so this fails first if an upgrade rewords them.
+    #[test]
+    fn each_count_wasmtime_refuses_is_named() {
+        let one = "(module)";
+        let error = instantiate(&Config::default().max_core_instances(2), &[one, one, one]).unwrap_err();
+        assert_eq!(
+            error,
+            "resource limit exceeded: the component needs more than the 2 core instances a process may have, its \
+             `max_core_instances` (instance count too high at 3); raise it with `--max-core-instances`"
+        );
+        instantiate(&Config::default().max_core_instances(3), &[one, one, one]).unwrap();
+
+        let tables = "(module (table 1 funcref) (table 1 funcref))";
+        let error = instantiate(&Config::default().max_tables(1), &[tables]).unwrap_err();
+        assert!(
+            error.contains("its `max_tables` (table count too high at 2); raise it with `--max-tables`"),
+            "{error}"
+        );
+        instantiate(&Config::default().max_tables(2), &[tables]).unwrap();
+
+        let memories = "(module (memory 1) (memory 1))";
+        let error = instantiate(&Config::default(), &[memories]).unwrap_err();
+        assert!(error.contains("its `max_memories` (memory count too high at 2)"), "{error}");
+        instantiate(&Config::default().max_memories(2), &[memories]).unwrap();
+    }
+
+    #[test]
+    fn other_errors_are_left_alone() {
+        let error = wasmtime::format_err!("resource limit exceeded: something else");
+        assert!(InstanceLimits::of(&Config::default()).name_exceeded(&error).is_none());
+        let error = wasmtime::format_err!("instance count too high at 9");
+        assert!(InstanceLimits::of(&Config::default()).name_exceeded(&error).is_none());
+    }
+}
