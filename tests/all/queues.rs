@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use wasmproc::{Capabilities, Command, Event, Payload, Scheduler, Status};
+use wasmproc::{Capabilities, Command, Event, Payload, Scheduler, SpawnRequest, Status};
 use wasmproc_tests::{HANG, Scripted, complete_now, custom, holder};
 
 /// Processes spawned from outside go through the global FIFO queue; a worker takes
@@ -67,5 +67,118 @@ fn busy_processes_do_not_starve_others_on_one_worker() {
         s.handle().spawn(stopper, "main").unwrap().join_timeout(HANG).unwrap().unwrap();
         busy.join_timeout(HANG).unwrap().unwrap();
         assert!(busy_probe.steps() >= 2);
+    }
+}
+
+/// A ping-pong pair on the only worker, each woken by the other's message, lets a third
+/// process run within a bounded number of its turns: whichever way the messages go (sent
+/// through the port during the step, or yielded), and whether the third comes from
+/// outside (the global queue) or is spawned by one of the pair (the worker's own queue,
+/// beneath the pair's wake-ups). A process woken by a message from the running step does
+/// not keep the worker from everyone else.
+#[test]
+fn a_ping_pong_pair_does_not_starve_a_third_process_on_one_worker() {
+    /// The pair's steps allowed before the third has run: the worker polls the global
+    /// queue every 61 picks; ten times that leaves room for the pair's own batches and
+    /// for the test thread's delay between reading the count and spawning.
+    const BOUND: usize = 610;
+    // The pair's steps so far, and that count when the third ran.
+    let rally = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ran_at = Arc::new(Mutex::new(None));
+    let s = Scheduler::builder()
+        .workers(1)
+        .kind("third", {
+            let (rally, ran_at) = (rally.clone(), ran_at.clone());
+            move || {
+                let (rally, ran_at) = (rally.clone(), ran_at.clone());
+                let (third, _) = Scripted::new(move |t| {
+                    *ran_at.lock() = Some(rally.load(std::sync::atomic::Ordering::SeqCst));
+                    t.out.complete(Ok(Payload::empty()));
+                    Ok(())
+                });
+                Ok(Box::new(third) as Box<dyn wasmproc::Process>)
+            }
+        })
+        .build()
+        .unwrap();
+    let spawned_at = Arc::new(Mutex::new(None));
+    for (through_port, from_the_pair) in [(true, false), (false, false), (true, true), (false, true)] {
+        rally.store(0, std::sync::atomic::Ordering::SeqCst);
+        *ran_at.lock() = None;
+        *spawned_at.lock() = None;
+        // Each answers every `ball` with one to its sender, serves to the pid a `serve`
+        // names, spawns the third at `spawn`, and ends at `stop`.
+        let player = {
+            let (rally, spawned_at) = (rally.clone(), spawned_at.clone());
+            move |t: &mut wasmproc_tests::Turn<'_>| {
+                let count = rally.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                for event in std::mem::take(&mut t.events) {
+                    let Event::Message { sender, topic, body } = event else { continue };
+                    let to = match topic.as_str() {
+                        "stop" => {
+                            t.out.complete(Ok(Payload::empty()));
+                            return Ok(());
+                        }
+                        "spawn" => {
+                            *spawned_at.lock() = Some(count);
+                            let third = SpawnRequest {
+                                kind: Some("third".into()),
+                                method: "main".into(),
+                                ..Default::default()
+                            };
+                            t.out.yield_command(1, Command::Spawn(third));
+                            continue;
+                        }
+                        "serve" => wasmproc::Pid::from_u64(body.to_u64().expect("a pid")),
+                        _ => sender,
+                    };
+                    // A send to a player that has stopped fails; the rally is over then.
+                    if through_port {
+                        let _ = t.port.send(to, "ball", Payload::empty());
+                    } else {
+                        t.out.yield_command(0, Command::Send { to, topic: "ball".into(), body: Payload::empty() });
+                    }
+                }
+                t.out.set_status(Status::Idle);
+                Ok(())
+            }
+        };
+        let (ping, _) = Scripted::new(player.clone());
+        let (pong, _) = Scripted::new(player);
+        let ping = s.handle().spawn(ping, "main").unwrap();
+        let pong = s.handle().spawn(pong, "main").unwrap();
+        s.handle().send(ping.pid(), "serve", Payload::u64(pong.pid().as_u64())).unwrap();
+        let case = format!("port sends: {through_port}, spawned by the pair: {from_the_pair}");
+        let deadline = std::time::Instant::now() + HANG;
+        let rallied = || rally.load(std::sync::atomic::Ordering::SeqCst);
+        // The rally is under way before the third process arrives.
+        while rallied() < 100 {
+            assert!(std::time::Instant::now() < deadline, "the rally never started ({case})");
+            std::thread::yield_now();
+        }
+        if from_the_pair {
+            s.handle().send(ping.pid(), "spawn", Payload::empty()).unwrap();
+        } else {
+            *spawned_at.lock() = Some(rallied());
+            s.handle().spawn(wasmproc::scheduler::Spawnable::kind("third"), "main").unwrap();
+        }
+        let ran = loop {
+            if let Some(ran) = *ran_at.lock() {
+                break ran;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the third never ran ({case}): the pair took {} steps",
+                rallied()
+            );
+            std::thread::yield_now();
+        };
+        let during = ran - spawned_at.lock().expect("spawned");
+        assert!(during <= BOUND, "the pair took {during} steps before the third ran ({case})");
+        for pid in [ping.pid(), pong.pid()] {
+            s.handle().send(pid, "stop", Payload::empty()).unwrap();
+        }
+        ping.join_timeout(HANG).unwrap().unwrap();
+        pong.join_timeout(HANG).unwrap().unwrap();
     }
 }

@@ -9,8 +9,10 @@
 //! 3. the other workers' deques: starting at a random victim and walking all of them,
 //!    steal half of a victim's oldest entries.
 //!
-//! Every [`GLOBAL_CHECK_INTERVAL`]th tick the global queue is looked at first, so a
-//! worker with an endless supply of local work still lets queued processes in.
+//! Every [`GLOBAL_CHECK_INTERVAL`]th tick the global queue, or (every other time first)
+//! the bottom of the worker's own deque, is looked at ahead of the deque's top: so a
+//! worker with an endless supply of local work (a ping-pong pair waking each other) still
+//! lets queued processes in, and runs what lies beneath that work.
 //!
 //! # Completions during dispatch
 //!
@@ -70,9 +72,21 @@ use super::state::Lifecycle;
 /// How many more processes to move from the global queue into the local deque when
 /// taking one. From the scheduler spec.
 const GLOBAL_BATCH: usize = 16;
-/// Ticks between looks at the global queue ahead of the local deque. 61 is Go's value:
-/// prime, so it does not fall into step with periodic work.
+/// Ticks between looks at the global queue, or the bottom of the local deque, ahead of
+/// the deque's top. 61 is Go's value: prime, so it does not fall into step with periodic
+/// work.
 const GLOBAL_CHECK_INTERVAL: u32 = 61;
+
+/// One task from `steal`, retrying while it asks to; `None` when there is none.
+fn steal_one(steal: impl Fn() -> Steal<Arc<ProcessCell>>) -> Option<Arc<ProcessCell>> {
+    loop {
+        match steal() {
+            Steal::Success(task) => return Some(task),
+            Steal::Empty => return None,
+            Steal::Retry => std::hint::spin_loop(),
+        }
+    }
+}
 
 /// What [`WorkerLoop::hibernate_waiting`] left the worker with.
 enum Hibernated {
@@ -316,14 +330,22 @@ impl WorkerLoop<'_> {
     fn next_local(&mut self) -> Option<Arc<ProcessCell>> {
         self.tick = self.tick.wrapping_add(1);
         if self.tick.is_multiple_of(GLOBAL_CHECK_INTERVAL) {
-            // Just one, as Go does: a batch would land on top of the local work and
-            // push all of it back.
-            loop {
-                match self.shared.injector.steal() {
-                    Steal::Success(task) => return Some(task),
-                    Steal::Empty => break,
-                    Steal::Retry => std::hint::spin_loop(),
-                }
+            // Just one from the global queue, as Go does: a batch would land on top of
+            // the local work and push all of it back. Or the oldest of this worker's own
+            // deque, through its own stealer: the deque pops the newest, so beneath a
+            // stream of wake-ups (a ping-pong pair, each woken by the other's message) a
+            // process would otherwise wait for ever. The two take turns at being asked
+            // first, so neither can keep the other's turn: the process at the bottom of
+            // the deque runs within two intervals, whatever is pushed on top of it.
+            let global = || steal_one(|| self.shared.injector.steal());
+            let oldest = || steal_one(|| self.shared.stealers[self.index].steal());
+            let task = if (self.tick / GLOBAL_CHECK_INTERVAL).is_multiple_of(2) {
+                global().or_else(oldest)
+            } else {
+                oldest().or_else(global)
+            };
+            if task.is_some() {
+                return task;
             }
         }
         self.local.queue.pop()
