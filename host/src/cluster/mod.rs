@@ -21,7 +21,8 @@
 //!   local path, see `scheduler/remote.rs`).
 //! - **Threads.** The NATS client runs on a tokio runtime on a thread of its own
 //!   (`wasmproc-cluster`); a worker hands it work through a channel and never waits on
-//!   the network.
+//!   the network. Spawns other nodes ask for run on one more thread
+//!   (`wasmproc-cluster-spawn`), so a process's `init` never holds up the links.
 //! - **Membership.** Every node announces itself (name, id, load = live processes, the
 //!   components it holds) on `PREFIX.announce` every [`HEARTBEAT`]; a node unheard of
 //!   for [`LOSS_AFTER`] is lost. A node disconnected from the server judges no one while
@@ -30,7 +31,9 @@
 //! - **Links.** Everything between two nodes (messages, monitors, exits, terminations,
 //!   spawns and their answers) travels on one ordered, reliable link per direction,
 //!   subject `PREFIX.node.ID`: items carry a sequence number, the receiver acknowledges
-//!   the highest it has applied in order and ignores repeats and anything past a gap,
+//!   the highest it has applied in order (inside its next data frame to the sender, or
+//!   alone if none goes within a few milliseconds: an answer carries the ack of its
+//!   request) and ignores repeats and anything past a gap,
 //!   and the sender keeps what is unacknowledged and sends it again after a reconnection
 //!   or [`RETRANSMIT_AFTER`] without progress. So items arrive once and in order while
 //!   both nodes live, across restarts of the server; messages still unacknowledged when

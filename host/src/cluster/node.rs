@@ -1,6 +1,7 @@
 //! The cluster's thread: one tokio task owns the links and the membership, fed by the
 //! scheduler's workers and the embedder through a channel, by NATS subscriptions, and
-//! by a heartbeat timer. No lock guards the links: only this task touches them.
+//! by a heartbeat timer. No lock guards the links: only this task touches them. Spawns
+//! for other nodes run on a thread of their own (`run_spawns`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -18,8 +19,9 @@ use super::wire::{self, Announce, Body, Item, Key, Peer};
 use super::{
     Cluster, ClusterConfig, Counters, HEARTBEAT, Inner, JOIN_WAIT, LOSS_AFTER, NodeInfo, RETRANSMIT_AFTER, RemoteSlot,
 };
-use crate::handler::Completer;
-use crate::scheduler::remote::RemoteSpawn;
+use crate::handler::{Completer, Factory};
+use crate::scheduler::Handle;
+use crate::scheduler::remote::{Notify, RemoteSpawn};
 use crate::{Payload, Pid};
 
 /// How many items one data frame carries at most, and how many bytes.
@@ -28,6 +30,16 @@ const BATCH_BYTES: usize = 256 << 10;
 /// Commands taken from the channel before the links are flushed: batching under load,
 /// one frame per item when idle. Picked out of thin air.
 const DRAIN: usize = 1024;
+/// How long an acknowledgement owed to a node waits for a data frame to that node to
+/// ride in before it goes alone (a delayed ack, as TCP's): an answer that comes back
+/// within it carries the ack, so a request and its answer are two NATS messages, not
+/// four. Far below [`RETRANSMIT_AFTER`] (an ack this late resends nothing), far above a
+/// round trip through a server on loopback (~0.1–0.3 ms); picked out of thin air.
+const ACK_DELAY: Duration = Duration::from_millis(5);
+/// Items applied since the last acknowledgement to a node past which the next one goes
+/// at once: a one-way stream frees its sender's resend queue every so many items rather
+/// than every [`ACK_DELAY`]. One full frame; picked out of thin air.
+const ACK_EVERY: u64 = BATCH_ITEMS as u64;
 
 /// What the rest of the node asks the cluster's thread to do.
 pub(super) enum Cmd {
@@ -58,6 +70,43 @@ pub(super) enum Cmd {
     Leave(std::sync::mpsc::Sender<()>),
 }
 
+/// A spawn for another node, resolved to a factory, for the spawning thread.
+struct SpawnJob {
+    handle: Handle,
+    factory: Arc<dyn Factory>,
+    kind: Arc<str>,
+    spawn: RemoteSpawn,
+    notify: Option<Notify>,
+    /// The node that asked, and its token for the answer.
+    node: u16,
+    token: u64,
+}
+
+/// The spawning thread: runs each spawn other nodes ask for (the process's `init`, which
+/// for a component is an instantiation: work that must not hold up the links) and
+/// queues the answer on the link before the child is scheduled, so the answer goes
+/// before anything the child sends. One thread for all, taking spawns in the order they
+/// came: a batch of spawns costs one wake-up, not one hand-off to a pool thread each.
+/// Ends when the cluster's thread drops the sender.
+fn run_spawns(jobs: std::sync::mpsc::Receiver<SpawnJob>, commands: mpsc::UnboundedSender<Cmd>) {
+    for job in jobs {
+        let SpawnJob { handle, factory, kind, mut spawn, notify, node, token } = job;
+        let answer = |result| {
+            let _ = commands.send(Cmd::Item { node, item: Item::SpawnDone { token, result } });
+        };
+        spawn.caps = spawn.caps.intersect(handle.default_capabilities());
+        let mut answered = false;
+        let result = handle.spawn_for_remote(&*factory, kind, spawn, notify, |pid| {
+            answered = true;
+            answer(Ok(pid));
+        });
+        if let Err(error) = result {
+            debug_assert!(!answered, "`spawn_for_remote` fails only before the child has a pid");
+            answer(Err(format!("spawn failed: {:#}", anyhow::Error::new(error))));
+        }
+    }
+}
+
 /// Connects, joins and starts the thread.
 pub(super) fn start(config: ClusterConfig) -> anyhow::Result<Cluster> {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -67,6 +116,7 @@ pub(super) fn start(config: ClusterConfig) -> anyhow::Result<Cluster> {
         .context("failed to start the cluster's runtime")?;
     let (commands, receiver) = mpsc::unbounded_channel();
     let events = commands.clone();
+    let answers = commands.clone();
     let (client, members) = runtime.block_on(async {
         let client = connect(&config, Some(events)).await?;
         let members = discover(&client, &config).await?;
@@ -103,7 +153,12 @@ pub(super) fn start(config: ClusterConfig) -> anyhow::Result<Cluster> {
         embedded: Mutex::default(),
         next_token: AtomicU64::new(1),
     });
-    let mut actor = Actor::new(inner.clone(), client);
+    let (jobs, jobs_rx) = std::sync::mpsc::channel();
+    let spawner = std::thread::Builder::new()
+        .name("wasmproc-cluster-spawn".to_owned())
+        .spawn(move || run_spawns(jobs_rx, answers))
+        .context("failed to start the cluster's spawning thread")?;
+    let mut actor = Actor::new(inner.clone(), client, jobs);
     let now = Instant::now();
     for (peer, announce) in members.into_values() {
         actor.heard(peer, announce, now);
@@ -112,7 +167,13 @@ pub(super) fn start(config: ClusterConfig) -> anyhow::Result<Cluster> {
     actor.publish_view();
     let thread = std::thread::Builder::new()
         .name("wasmproc-cluster".to_owned())
-        .spawn(move || runtime.block_on(actor.run(receiver)))
+        .spawn(move || {
+            runtime.block_on(actor.run(receiver));
+            // Tasks still fetching code hold senders of spawn jobs: dropping the runtime
+            // drops them, and the spawning thread ends once no sender is left.
+            drop(runtime);
+            let _ = spawner.join();
+        })
         .context("failed to start the cluster's thread")?;
     Ok(Cluster { inner, thread: Arc::new(Mutex::new(Some(thread))) })
 }
@@ -258,6 +319,21 @@ struct InLink {
     expected: u64,
 }
 
+/// An acknowledgement owed to a node: since when, and for how many items applied.
+struct Owed {
+    since: Instant,
+    items: u64,
+}
+
+/// Which owed acknowledgements [`Actor::flush`] sends alone.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Acks {
+    /// Those past [`ACK_DELAY`] or [`ACK_EVERY`].
+    Due,
+    /// All of them (the node is leaving).
+    All,
+}
+
 /// A spawn or termination waiting for another node's answer.
 struct Pending {
     node: u16,
@@ -280,14 +356,18 @@ struct Actor {
     pending: FxHashMap<u64, Pending>,
     /// The embedder's remote processes, by pid.
     embedded: FxHashMap<Pid, Arc<RemoteSlot>>,
-    /// Links with items to send, and nodes owed an acknowledgement.
+    /// Links with items to send.
     dirty: FxHashSet<u16>,
-    acks: FxHashSet<u16>,
+    /// Acknowledgements not sent yet, by node: the next data frame to the node carries
+    /// one, or it goes alone once due.
+    acks: FxHashMap<u16, Owed>,
+    /// Where spawns resolved for other nodes go (`run_spawns`).
+    spawner: std::sync::mpsc::Sender<SpawnJob>,
     connected: bool,
 }
 
 impl Actor {
-    fn new(inner: Arc<Inner>, client: async_nats::Client) -> Self {
+    fn new(inner: Arc<Inner>, client: async_nats::Client, spawner: std::sync::mpsc::Sender<SpawnJob>) -> Self {
         let me = Peer { node: inner.node, incarnation: inner.incarnation };
         Actor {
             inner,
@@ -300,7 +380,8 @@ impl Actor {
             pending: FxHashMap::default(),
             embedded: FxHashMap::default(),
             dirty: FxHashSet::default(),
-            acks: FxHashSet::default(),
+            acks: FxHashMap::default(),
+            spawner,
             connected: true,
         }
     }
@@ -327,13 +408,25 @@ impl Actor {
         self.announce(false).await;
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Wakes the loop when the oldest owed acknowledgement falls due. Armed only while
+        // disarmed, never moved later: it may fire early (the ack it was armed for rode a
+        // data frame) and is armed again then, so a stream of requests and answers
+        // registers a timer every `ACK_DELAY` rather than one a frame (a registration
+        // earlier than the runtime's next wake-up costs a write to its eventfd).
+        let ack_timer = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(ack_timer);
+        let mut ack_armed = false;
         loop {
+            if !ack_armed && let Some(since) = self.acks.values().map(|owed| owed.since).min() {
+                ack_timer.as_mut().reset((since + ACK_DELAY).into());
+                ack_armed = true;
+            }
             tokio::select! {
                 command = commands.recv() => {
                     let Some(command) = command else { break };
                     if let Some(done) = self.command(command).await {
                         self.announce(true).await;
-                        self.flush().await;
+                        self.flush(Acks::All).await;
                         let _ = self.client.flush().await;
                         let _ = done.send(());
                         break;
@@ -343,7 +436,7 @@ impl Actor {
                         let Ok(command) = commands.try_recv() else { break };
                         if let Some(done) = self.command(command).await {
                             self.announce(true).await;
-                            self.flush().await;
+                            self.flush(Acks::All).await;
                             let _ = self.client.flush().await;
                             let _ = done.send(());
                             return;
@@ -367,8 +460,10 @@ impl Actor {
                 }
                 Some(message) = code.next() => self.serve_code(message).await,
                 _ = heartbeat.tick() => self.tick().await,
+                // Owed acknowledgements no data frame took along go alone once due.
+                () = &mut ack_timer, if ack_armed => ack_armed = false,
             }
-            self.flush().await;
+            self.flush(Acks::Due).await;
         }
     }
 
@@ -475,10 +570,18 @@ impl Actor {
         }
     }
 
-    /// Sends what each dirty link has not sent yet, and the acknowledgements owed.
-    async fn flush(&mut self) {
+    /// Sends what each dirty link has not sent yet, with the acknowledgement owed to its
+    /// node riding in every frame, and alone the owed acknowledgements `acks` says.
+    async fn flush(&mut self, acks: Acks) {
         for node in std::mem::take(&mut self.dirty) {
             let Some(link) = self.out.get_mut(&node) else { continue };
+            // What this node has applied of the receiver's link to it, if that link is
+            // from the incarnation this one goes to (the receiver checks the frame's
+            // `to_incarnation`, so an ack from another incarnation must go alone).
+            let ack = match self.inl.get(&node) {
+                Some(inl) if inl.incarnation == link.incarnation => inl.expected - 1,
+                _ => 0,
+            };
             let mut frames = Vec::new();
             let start = link.unacked.partition_point(|(seq, _, _)| *seq <= link.sent);
             let mut batch: Vec<Vec<u8>> = Vec::new();
@@ -494,21 +597,38 @@ impl Actor {
                     frames.push(Body::Data {
                         to_incarnation: link.incarnation,
                         first,
+                        ack,
                         items: std::mem::take(&mut batch),
                     });
                     bytes = 0;
                 }
             }
             if !batch.is_empty() {
-                frames.push(Body::Data { to_incarnation: link.incarnation, first, items: batch });
+                frames.push(Body::Data { to_incarnation: link.incarnation, first, ack, items: batch });
             }
             link.sent = link.next_seq - 1;
+            if ack != 0 && !frames.is_empty() {
+                self.acks.remove(&node);
+            }
             let subject = self.subject(node);
             for body in frames {
                 self.publish(subject.clone(), &body).await;
             }
         }
-        for node in std::mem::take(&mut self.acks) {
+        if self.acks.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let due: Vec<u16> = self
+            .acks
+            .iter()
+            .filter(|(_, owed)| {
+                acks == Acks::All || owed.items >= ACK_EVERY || now.duration_since(owed.since) >= ACK_DELAY
+            })
+            .map(|(&node, _)| node)
+            .collect();
+        for node in due {
+            self.acks.remove(&node);
             let Some(link) = self.inl.get(&node) else { continue };
             let body = Body::Ack { to_incarnation: link.incarnation, upto: link.expected - 1 };
             self.publish(self.subject(node), &body).await;
@@ -576,8 +696,11 @@ impl Actor {
                     self.publish_view();
                 }
             }
-            Body::Data { to_incarnation, first, items } => {
+            Body::Data { to_incarnation, first, ack, items } => {
                 if to_incarnation == self.me.incarnation {
+                    if ack != 0 {
+                        self.ack(peer, to_incarnation, ack);
+                    }
                     self.data(peer, first, items);
                 }
             }
@@ -629,7 +752,7 @@ impl Actor {
             *link = InLink { incarnation: peer.incarnation, expected: 1 };
         }
         let mut expected = link.expected;
-        self.acks.insert(peer.node);
+        let before = expected;
         for (i, bytes) in items.into_iter().enumerate() {
             let seq = first.saturating_add(i as u64);
             if seq < expected {
@@ -657,6 +780,10 @@ impl Actor {
         if let Some(link) = self.inl.get_mut(&peer.node) {
             link.expected = expected;
         }
+        // Owed even when nothing was applied (a repeat, a gap): the sender learns where
+        // this side stands.
+        let owed = self.acks.entry(peer.node).or_insert_with(|| Owed { since: Instant::now(), items: 0 });
+        owed.items += expected - before;
     }
 
     fn ack(&mut self, peer: Peer, to_incarnation: u64, upto: u64) {
@@ -784,57 +911,56 @@ impl Actor {
         }
     }
 
-    /// Spawns what `peer` asked for: the kind resolved (and the component fetched if
-    /// need be) off this task, then the answer queued before the child can run.
+    /// Spawns what `peer` asked for on the spawning thread (`run_spawns`): a registered
+    /// kind at once, a component once fetched (off this task), or answers why not.
     fn spawn_here(&mut self, peer: Peer, token: u64, spawn: RemoteSpawn) {
         let Some(handle) = self.inner.handle.get().cloned() else {
             let error = format!("spawn failed: node {} runs no scheduler", self.me.node);
             return self.queue(peer.node, Item::SpawnDone { token, result: Err(error) });
         };
-        let (inner, client, me) = (self.inner.clone(), self.client.clone(), self.me);
         let notify = spawn.monitor.then(|| {
             let parent = spawn.parent;
             self.notifier(peer.node, move |pid, result| Item::Exit { watcher: parent, pid, result })
         });
-        tokio::spawn(async move {
-            let commands = inner.commands.clone();
-            let answer = move |result| {
-                let _ = commands.send(Cmd::Item { node: peer.node, item: Item::SpawnDone { token, result } });
-            };
-            let resolved = match (spawn.kind.as_deref().and_then(|k| handle.registered_kind(k)), &spawn.identity) {
-                (Some((name, factory)), identity) if identity.is_none() || factory.identity() == *identity => {
-                    Ok((name, factory))
-                }
-                (_, Some(hash)) => code::factory(&inner, &client, me, peer.node, hash)
-                    .await
-                    .map(|factory| (Arc::<str>::from(hash.as_str()), factory)),
-                (_, None) => Err(anyhow::anyhow!(
-                    "node {} has no process kind `{}`",
-                    me.node,
-                    spawn.kind.as_deref().unwrap_or("(none)")
-                )),
-            };
-            let (kind, factory) = match resolved {
-                Ok(resolved) => resolved,
-                Err(error) => return answer(Err(format!("spawn failed: {error:#}"))),
-            };
-            let mut spawn = spawn;
-            spawn.caps = spawn.caps.intersect(handle.default_capabilities());
-            // `init` runs here: instantiating a component is work for a blocking thread.
-            let spawned = tokio::task::spawn_blocking(move || {
-                let mut answered = None;
-                let result = handle.spawn_for_remote(&*factory, kind, spawn, notify, |pid| {
-                    answered = Some(pid);
-                });
-                (result, answered)
-            })
-            .await;
-            match spawned {
-                Ok((Ok(pid), _)) => answer(Ok(pid)),
-                Ok((Err(error), _)) => answer(Err(format!("spawn failed: {:#}", anyhow::Error::new(error)))),
-                Err(error) => answer(Err(format!("spawn failed: {error}"))),
+        let registered = spawn.kind.as_deref().and_then(|k| handle.registered_kind(k));
+        let (kind, factory) = match (registered, spawn.identity.clone()) {
+            (Some((name, factory)), identity) if identity.is_none() || factory.identity() == identity => {
+                (name, factory)
             }
-        });
+            (_, Some(hash)) => {
+                let (inner, client, me, jobs) =
+                    (self.inner.clone(), self.client.clone(), self.me, self.spawner.clone());
+                tokio::spawn(async move {
+                    let error = match code::factory(&inner, &client, me, peer.node, &hash).await {
+                        Ok(factory) => {
+                            let job =
+                                SpawnJob { handle, factory, kind: hash.into(), spawn, notify, node: peer.node, token };
+                            if jobs.send(job).is_ok() {
+                                return;
+                            }
+                            "the node's spawning thread has ended".to_owned()
+                        }
+                        Err(error) => format!("{error:#}"),
+                    };
+                    let item = Item::SpawnDone { token, result: Err(format!("spawn failed: {error}")) };
+                    let _ = inner.commands.send(Cmd::Item { node: peer.node, item });
+                });
+                return;
+            }
+            (_, None) => {
+                let error = format!(
+                    "spawn failed: node {} has no process kind `{}`",
+                    self.me.node,
+                    spawn.kind.as_deref().unwrap_or("(none)")
+                );
+                return self.queue(peer.node, Item::SpawnDone { token, result: Err(error) });
+            }
+        };
+        let job = SpawnJob { handle, factory, kind, spawn, notify, node: peer.node, token };
+        if self.spawner.send(job).is_err() {
+            let error = "spawn failed: the node's spawning thread has ended".to_owned();
+            self.queue(peer.node, Item::SpawnDone { token, result: Err(error) });
+        }
     }
 
     async fn serve_code(&self, message: async_nats::Message) {

@@ -20,7 +20,9 @@ use wasmproc_types::Format;
 
 type HmacSha256 = Hmac<Sha256>;
 
-const VERSION: u8 = 1;
+// Changes with the encoding: nodes that encode differently refuse each other's frames
+// ([`WireError::Version`]) rather than misread them.
+const VERSION: u8 = 2;
 const MAC_LEN: usize = 32;
 
 /// Why a frame was refused.
@@ -154,10 +156,13 @@ pub(crate) enum Body {
     /// Asks every node to announce itself now (a joining node, `cluster ls`).
     Hello,
     /// Items `first`, `first + 1`, … of the sender's link to the node `to` (of
-    /// incarnation `to_incarnation`).
+    /// incarnation `to_incarnation`), and an acknowledgement riding with them: the
+    /// sender has every item of the receiver's link (that same incarnation's) up to
+    /// `ack` (0: says nothing).
     Data {
         to_incarnation: u64,
         first: u64,
+        ack: u64,
         items: Vec<Vec<u8>>,
     },
     /// The sender has every item of the receiver's link up to `upto`.
@@ -201,10 +206,11 @@ pub(crate) fn encode(from: Peer, body: &Body) -> Vec<u8> {
             }
         }
         Body::Hello => w.u8(HELLO),
-        Body::Data { to_incarnation, first, items } => {
+        Body::Data { to_incarnation, first, ack, items } => {
             w.u8(DATA);
             w.u64(*to_incarnation);
             w.u64(*first);
+            w.u64(*ack);
             w.u64(items.len() as u64);
             for item in items {
                 w.bytes(item);
@@ -260,12 +266,13 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<(Peer, Body), WireError> {
         DATA => {
             let to_incarnation = r.u64()?;
             let first = r.u64()?;
+            let ack = r.u64()?;
             let count = r.count()?;
             let mut items = Vec::with_capacity(count);
             for _ in 0..count {
                 items.push(r.bytes()?.to_vec());
             }
-            Body::Data { to_incarnation, first, items }
+            Body::Data { to_incarnation, first, ack, items }
         }
         ACK => Body::Ack { to_incarnation: r.u64()?, upto: r.u64()? },
         CODE_REQUEST => Body::CodeRequest { hash: r.str()?.to_owned(), offset: r.u64()? },
@@ -521,7 +528,7 @@ mod tests {
                 leaving: false,
             }),
             Body::Hello,
-            Body::Data { to_incarnation: 1, first: 7, items: items().iter().map(encode_item).collect() },
+            Body::Data { to_incarnation: 1, first: 7, ack: 3, items: items().iter().map(encode_item).collect() },
             Body::Ack { to_incarnation: 1, upto: 6 },
             Body::CodeRequest { hash: "sha256:1".into(), offset: 10 },
             Body::CodeChunk { result: Ok((100, vec![1, 2, 3])) },
@@ -549,8 +556,10 @@ mod tests {
 
     #[test]
     fn damaged_bodies_are_errors_not_panics() {
-        let body =
-            encode(PEER, &Body::Data { to_incarnation: 1, first: 1, items: items().iter().map(encode_item).collect() });
+        let body = encode(
+            PEER,
+            &Body::Data { to_incarnation: 1, first: 1, ack: 0, items: items().iter().map(encode_item).collect() },
+        );
         for cut in 0..body.len() {
             assert!(decode(&body[..cut]).is_err(), "cut at {cut}");
         }
@@ -573,6 +582,7 @@ mod tests {
         w.u8(DATA);
         w.u64(1);
         w.u64(1);
+        w.u64(0);
         w.u64(u64::MAX);
         assert!(decode(&w.into_bytes()).is_err());
     }
