@@ -96,13 +96,19 @@ fn run_spawns(jobs: std::sync::mpsc::Receiver<SpawnJob>, commands: mpsc::Unbound
         };
         spawn.caps = spawn.caps.intersect(handle.default_capabilities());
         let mut answered = false;
-        let result = handle.spawn_for_remote(&*factory, kind, spawn, notify, |pid| {
-            answered = true;
-            answer(Ok(pid));
-        });
-        if let Err(error) = result {
-            debug_assert!(!answered, "`spawn_for_remote` fails only before the child has a pid");
-            answer(Err(format!("spawn failed: {:#}", anyhow::Error::new(error))));
+        // A factory that panics fails its spawn, not the thread every later spawn needs
+        // (`init` is caught by the scheduler already).
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            handle.spawn_for_remote(&*factory, kind, spawn, notify, |pid| {
+                answered = true;
+                answer(Ok(pid));
+            })
+        }));
+        match result {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => answer(Err(format!("spawn failed: {:#}", anyhow::Error::new(error)))),
+            Err(_) if !answered => answer(Err("spawn failed: the process's factory panicked".to_owned())),
+            Err(_) => {}
         }
     }
 }
