@@ -35,6 +35,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     // OUT_DIR is `<target>/<profile>/build/<crate>-<hash>/out`.
     let outer_target_dir = out_dir.ancestors().nth(4).ok_or("unexpected `OUT_DIR` layout")?;
     let target_dir = outer_target_dir.join("wasm-guests");
+    // Where the tests install the tools they run (`nats.rs`), beside what the build installs.
+    println!("cargo:rustc-env=WASMPROC_TARGET_DIR={}", outer_target_dir.display());
 
     // The Python and JavaScript guests build on threads of their own while cargo builds
     // the Rust ones: their tools use one core for much of the time.

@@ -302,3 +302,5 @@ pub fn with_stash(
 
 /// Measuring for the benchmarks: samples, medians, paired runs.
 pub mod bench;
+/// A real `nats-server` on loopback for the cluster's tests and benchmark.
+pub mod nats;

