@@ -486,3 +486,95 @@ fn run_with_cluster_runs_the_entry_on_a_node_and_prints_its_result() {
     let stderr = String::from_utf8_lossy(&missing.stderr);
     assert!(stderr.contains("no_such_entry"), "{stderr}");
 }
+
+/// Spawns a child of kind `kind` running `method`, monitoring it; completes with the
+/// child's pid and its exit's error (`ok` if it succeeded), or fails if the spawn did.
+struct Spawner {
+    kind: &'static str,
+    method: &'static str,
+    started: bool,
+}
+
+impl Process for Spawner {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        if !std::mem::replace(&mut self.started, true) {
+            let request = wasmproc::SpawnRequest {
+                kind: Some(self.kind.to_owned()),
+                method: self.method.to_owned(),
+                input: vec![],
+                monitor: true,
+            };
+            out.yield_command(1, Yielded::Spawn(request));
+        }
+        for event in events {
+            match event {
+                Event::Completion { result: Err(error), .. } => {
+                    out.complete(Err(format!("the spawn failed: {error}")));
+                    return Ok(());
+                }
+                Event::Exit { pid, result } => {
+                    let error = result.err().unwrap_or_else(|| "ok".to_owned());
+                    out.complete(Ok(Payload::json(&(pid.as_u64(), error)).unwrap()));
+                    return Ok(());
+                }
+                _ => {}
+            }
+        }
+        out.set_status(Status::Blocked);
+        Ok(())
+    }
+}
+
+/// A component's memory cap travels with a spawn: node `la` gives the hostile guest's
+/// kind an 8 MiB cap, node `lb` loads components under its default 64 MiB. The child
+/// `la` places on `lb` (fetched there by hash) runs out of memory at 8 MiB; the same
+/// guest spawned on `lb` itself reaches its own 64 MiB.
+#[test]
+fn a_spawn_carries_its_kinds_memory_cap_to_the_node_that_runs_it() {
+    const SMALL: usize = 8 << 20;
+    let server = Server::start().expect("a nats-server on loopback");
+    let runtime_a = wasmproc::wasm::Runtime::new(wasmproc::wasm::Config::default()).expect("a runtime");
+    let runtime_b = wasmproc::wasm::Runtime::new(wasmproc::wasm::Config::default()).expect("a runtime");
+    let bytes = std::fs::read(wasmproc_tests::guests::HOSTILE).expect("the hostile guest");
+    let hostile_b = runtime_b.load_bytes(&bytes).expect("loads");
+    let large = hostile_b.max_memory();
+    assert!(large > SMALL, "node `lb`'s default cap {large} is above `la`'s {SMALL}");
+
+    let join = |name: &str, placement: Placement| {
+        Cluster::join(ClusterConfig::new(server.url()).name(name).secret(SECRET).placement(placement)).expect("joins")
+    };
+    let a_cluster = join("la", Placement::LeastLoaded);
+    let hostile_a = runtime_a.load_bytes(&bytes).expect("loads").with_max_memory(SMALL).expect("a lower cap");
+    a_cluster.offer(hostile_a.hash(), bytes.clone());
+    let a = Scheduler::builder().workers(1).cluster(&a_cluster).kind("hostile", hostile_a).build().expect("builds");
+    a_cluster.serve(a.handle().clone());
+
+    let b_cluster = join("lb", Placement::Local);
+    let b = Scheduler::builder().workers(1).cluster(&b_cluster).build().expect("builds");
+    let loader = runtime_b.clone();
+    b_cluster.set_loader(Arc::new(move |bytes: &[u8]| {
+        loader.load_bytes(bytes).map(|component| Arc::new(component) as Arc<dyn Factory>)
+    }));
+    b_cluster.serve(b.handle().clone());
+    let a = Node { cluster: a_cluster, scheduler: a };
+    let b = Node { cluster: b_cluster, scheduler: b };
+    a.wait_for(2);
+    b.wait_for(2);
+
+    // `la` runs the spawner, `lb` nothing: least load places the child on `lb`.
+    let spawner = Spawner { kind: "hostile", method: "memory-bomb", started: false };
+    let spawner = a.scheduler.handle().spawn(spawner, "main").expect("spawns");
+    let result = spawner.join_timeout(PATIENCE).expect("the spawner ends").expect("the spawn succeeds");
+    let (child, error) = result.decode::<(u64, String)>().unwrap();
+    assert_eq!(Pid::from_u64(child).node(), b.cluster.node(), "the child ran on `lb`");
+    assert!(error.contains("memory limit exceeded"), "{error}");
+    assert!(error.contains(&format!("past its `max_memory` of {SMALL} bytes")), "{error}");
+
+    let local = b.scheduler.handle().spawn(hostile_b.process(), "memory-bomb").expect("spawns");
+    let error = local.join_timeout(PATIENCE).expect("the local child ends").expect_err("it runs out of memory");
+    assert!(error.contains(&format!("past its `max_memory` of {large} bytes")), "{error}");
+}

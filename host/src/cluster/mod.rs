@@ -47,6 +47,9 @@
 //!   the bytes once from the spawner (`PREFIX.code.ID`, in chunks, checked against the
 //!   hash), loads it with the [`Loader`] and keeps it. Grants and the mailbox bound
 //!   travel with the spawn, intersected with the receiving node's defaults: never wider.
+//!   So do the kind's per-process limits on the spawning node ([`Factory::limits`]: a
+//!   component's memory cap and time slice): the child runs under the tighter of those
+//!   and the receiving node's own ([`Factory::make_within`], no recompilation).
 //! - **Security.** Every frame carries an HMAC-SHA256 under the shared secret
 //!   ([`ClusterConfig::secret`]); a node drops frames that do not verify, so it takes
 //!   work only from holders of the secret. NATS credentials (a token, or a user and
@@ -67,7 +70,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
 use crate::error::SendError;
-use crate::handler::{Completer, Factory};
+use crate::handler::{Completer, Factory, KindLimits};
 use crate::scheduler::remote::{Remote, RemoteSpawn};
 use crate::scheduler::{Handle, ProcessHandle, SpawnOptions, Spawnable};
 use crate::{Capabilities, Outcome, Payload, Pid};
@@ -403,6 +406,7 @@ impl Cluster {
             input: options.input,
             caps: options.capabilities.unwrap_or_default(),
             mailbox_capacity: options.mailbox_capacity,
+            limits: options.limits,
             monitor: true,
         };
         self.inner.placed[usize::from(target)].fetch_add(1, Ordering::Relaxed);
@@ -452,13 +456,20 @@ pub struct RemoteSpawnOptions {
     input: Vec<Payload>,
     capabilities: Option<Capabilities>,
     mailbox_capacity: usize,
+    limits: Option<KindLimits>,
 }
 
 impl RemoteSpawnOptions {
-    /// Runs entry `method` with no input, the default capabilities and a mailbox of
-    /// 1024.
+    /// Runs entry `method` with no input, the default capabilities, a mailbox of 1024
+    /// and the target node's own limits for the kind.
     pub fn new(method: impl Into<String>) -> Self {
-        RemoteSpawnOptions { method: method.into(), input: Vec::new(), capabilities: None, mailbox_capacity: 1024 }
+        RemoteSpawnOptions {
+            method: method.into(),
+            input: Vec::new(),
+            capabilities: None,
+            mailbox_capacity: 1024,
+            limits: None,
+        }
     }
 
     /// The entry method's input.
@@ -476,6 +487,14 @@ impl RemoteSpawnOptions {
     /// The process's mailbox bound.
     pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
         self.mailbox_capacity = capacity;
+        self
+    }
+
+    /// Per-process limits for a process of another node: it runs under the tighter of
+    /// these and the target node's own for the kind ([`Factory::make_within`]). A spawn
+    /// on this node runs under the kind's limits here.
+    pub fn limits(mut self, limits: KindLimits) -> Self {
+        self.limits = Some(limits);
         self
     }
 }

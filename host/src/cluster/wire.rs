@@ -10,9 +10,12 @@
 //! The body starts with its sender (node id and incarnation: a random number a node
 //! draws at start, so a restarted node is a new peer) and a kind byte.
 
+use std::time::Duration;
+
 use hmac::{Hmac, Mac as _};
 use sha2::Sha256;
 
+use crate::handler::KindLimits;
 use crate::journal::{Malformed, Reader, Writer};
 use crate::scheduler::remote::RemoteSpawn;
 use crate::{Capabilities, Payload, Pid};
@@ -22,7 +25,8 @@ type HmacSha256 = Hmac<Sha256>;
 
 // Changes with the encoding: nodes that encode differently refuse each other's frames
 // ([`WireError::Version`]) rather than misread them.
-const VERSION: u8 = 2;
+// 3: a spawn carries its kind's limits.
+const VERSION: u8 = 3;
 const MAC_LEN: usize = 32;
 
 /// Why a frame was refused.
@@ -358,6 +362,7 @@ pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
             }
             spawn.caps.encode(&mut w);
             w.u64(spawn.mailbox_capacity as u64);
+            optional_limits(&mut w, spawn.limits);
             w.bool(spawn.monitor);
         }
         Item::SpawnDone { token, result } => {
@@ -414,10 +419,11 @@ pub(crate) fn decode_item(bytes: &[u8]) -> Result<Item, WireError> {
             }
             let caps = Capabilities::decode(&mut r)?;
             let mailbox_capacity = usize::try_from(r.u64()?).unwrap_or(usize::MAX);
+            let limits = read_optional_limits(&mut r)?;
             let monitor = r.bool()?;
             Item::Spawn {
                 token,
-                spawn: RemoteSpawn { parent, kind, identity, method, input, caps, mailbox_capacity, monitor },
+                spawn: RemoteSpawn { parent, kind, identity, method, input, caps, mailbox_capacity, limits, monitor },
             }
         }
         SPAWN_DONE => {
@@ -459,6 +465,30 @@ fn read_optional_str(r: &mut Reader<'_>) -> Result<Option<String>, WireError> {
         0 => Ok(None),
         1 => Ok(Some(r.str()?.to_owned())),
         other => Err(WireError::Malformed(format!("optional tag {other}"))),
+    }
+}
+
+fn optional_limits(w: &mut Writer, limits: Option<KindLimits>) {
+    match limits {
+        Some(limits) => {
+            w.u8(1);
+            w.u64(u64::try_from(limits.max_memory).unwrap_or(u64::MAX));
+            w.u64(u64::try_from(limits.time_slice.as_nanos()).unwrap_or(u64::MAX));
+        }
+        None => w.u8(0),
+    }
+}
+
+/// Values too large for this host saturate: the receiver takes the tighter of these and
+/// its own, so a limit beyond its own range is simply not the tighter one.
+fn read_optional_limits(r: &mut Reader<'_>) -> Result<Option<KindLimits>, WireError> {
+    match r.u8()? {
+        0 => Ok(None),
+        1 => Ok(Some(KindLimits {
+            max_memory: usize::try_from(r.u64()?).unwrap_or(usize::MAX),
+            time_slice: Duration::from_nanos(r.u64()?),
+        })),
+        other => Err(WireError::Malformed(format!("limits tag {other}"))),
     }
 }
 
@@ -506,7 +536,22 @@ mod tests {
                     input: vec![Payload::u64(3)],
                     caps: Capabilities::default().deny("terminate"),
                     mailbox_capacity: 16,
+                    limits: Some(KindLimits { max_memory: 4 << 20, time_slice: Duration::from_micros(250) }),
                     monitor: true,
+                },
+            },
+            Item::Spawn {
+                token: 10,
+                spawn: RemoteSpawn {
+                    parent: a,
+                    kind: None,
+                    identity: None,
+                    method: "main".into(),
+                    input: vec![],
+                    caps: Capabilities::default(),
+                    mailbox_capacity: 1,
+                    limits: None,
+                    monitor: false,
                 },
             },
             Item::SpawnDone { token: 8, result: Ok(b) },
@@ -569,6 +614,15 @@ mod tests {
                 assert!(decode_item(&bytes[..cut]).is_err(), "cut at {cut}");
             }
         }
+        // A spawn's limits are there or not: any other tag is refused.
+        let spawn =
+            items().into_iter().find(|item| matches!(item, Item::Spawn { spawn, .. } if spawn.limits.is_none()));
+        let mut bytes = encode_item(&spawn.unwrap());
+        // The limits tag is the byte before the last (the monitor flag).
+        let at = bytes.len() - 2;
+        assert_eq!(bytes[at], 0);
+        bytes[at] = 2;
+        assert_eq!(decode_item(&bytes), Err(WireError::Malformed("limits tag 2".into())));
         // A node id of 0 (a standalone host's) never names a peer.
         let mut w = Writer::new();
         w.u64(0);

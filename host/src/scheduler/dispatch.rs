@@ -73,6 +73,53 @@ pub trait Factory: Send + Sync + 'static {
     fn identity(&self) -> Option<String> {
         None
     }
+
+    /// The limits each process of the kind runs under, for a spawn on another node to
+    /// carry there (see [`Factory::make_within`]). `None` (the default): the kind's
+    /// processes have no such limits (a native process runs on the host's own terms).
+    fn limits(&self) -> Option<KindLimits> {
+        None
+    }
+
+    /// A new, uninitialised process under limits no looser than `bound` (nor than its
+    /// own, [`Factory::limits`]): how a node runs a process another node spawned, whose
+    /// kind's limits there were `bound`.
+    ///
+    /// A factory that reports limits must override this: the default refuses rather
+    /// than make a process whose limits it cannot tighten.
+    ///
+    /// # Errors
+    ///
+    /// The spawn fails with this error.
+    fn make_within(&self, bound: KindLimits) -> anyhow::Result<Box<dyn Process>> {
+        anyhow::ensure!(
+            self.limits().is_none(),
+            "the kind reports limits but cannot make a process under another node's `{bound:?}`"
+        );
+        self.make()
+    }
+}
+
+/// The per-process limits of a kind that sandboxes its processes (a Wasm component's):
+/// what travels with a spawn to another node, so the child runs there under limits no
+/// looser than its spawner's node gave the kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KindLimits {
+    /// Each process's memory cap, in bytes.
+    pub max_memory: usize,
+    /// How long a process runs before it is interrupted and the worker taken back.
+    pub time_slice: std::time::Duration,
+}
+
+impl KindLimits {
+    /// The tighter of `self` and `other`, limit by limit.
+    #[must_use]
+    pub fn min(self, other: KindLimits) -> KindLimits {
+        KindLimits {
+            max_memory: self.max_memory.min(other.max_memory),
+            time_slice: self.time_slice.min(other.time_slice),
+        }
+    }
 }
 
 impl<F: Fn() -> anyhow::Result<Box<dyn Process>> + Send + Sync + 'static> Factory for F {

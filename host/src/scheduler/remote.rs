@@ -17,7 +17,7 @@ use std::sync::Arc;
 use super::caps::Capabilities;
 use super::cell::{ProcessCell, Watcher};
 use super::completer::Completer;
-use super::dispatch::Factory;
+use super::dispatch::{Factory, KindLimits};
 use super::handle::Handle;
 use super::lifecycle::SpawnArgs;
 use super::limits::Lineage;
@@ -58,7 +58,7 @@ pub(crate) trait Remote: Send + Sync + 'static {
 }
 
 /// A spawn bound for another node, with everything that bounds the child there: its
-/// grants and mailbox travel with it, never widened.
+/// grants, mailbox and its kind's limits travel with it, never widened.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RemoteSpawn {
     /// The spawning process (or a node's host).
@@ -72,6 +72,9 @@ pub(crate) struct RemoteSpawn {
     pub(crate) input: Vec<Payload>,
     pub(crate) caps: Capabilities,
     pub(crate) mailbox_capacity: usize,
+    /// The kind's per-process limits on the spawning node ([`Factory::limits`]): the
+    /// child runs under the tighter of these and the receiving node's own.
+    pub(crate) limits: Option<KindLimits>,
     /// Whether the parent monitors the child.
     pub(crate) monitor: bool,
 }
@@ -95,10 +98,11 @@ impl Shared {
         let Some(remote) = &self.remote else { return Err(request) };
         let Some(node) = remote.place() else { return Err(request) };
         let kind = request.kind.clone().or_else(|| parent.spec.kind.as_deref().map(str::to_owned));
-        let identity = kind.as_deref().and_then(|kind| match self.kinds.get(kind) {
-            Some(factory) => factory.identity(),
-            None => remote.factory(kind).and_then(|factory| factory.identity()),
+        let factory = kind.as_deref().and_then(|kind| match self.kinds.get(kind) {
+            Some(factory) => Some(factory.clone()),
+            None => remote.factory(kind),
         });
+        let (identity, limits) = factory.map_or((None, None), |factory| (factory.identity(), factory.limits()));
         let spawn = RemoteSpawn {
             parent: parent.pid(),
             kind,
@@ -107,6 +111,7 @@ impl Shared {
             input: request.input,
             caps: (*parent.spec.caps).clone(),
             mailbox_capacity: parent.spec.mailbox_capacity,
+            limits,
             monitor: request.monitor,
         };
         remote.spawn(node, spawn, done());
@@ -166,9 +171,10 @@ impl Handle {
 
     /// Spawns a process for a parent on another node, with the grants and mailbox the
     /// request carried (never wider than this scheduler's defaults allow: the caller
-    /// intersects them), as the root of a process tree here. `notify` hears its result;
-    /// `spawned` is called with its pid before it is queued, so whatever it sends goes
-    /// before anything the process does.
+    /// intersects them) and under the tighter of the carried limits and `factory`'s own
+    /// ([`Factory::make_within`]), as the root of a process tree here. `notify` hears
+    /// its result; `spawned` is called with its pid before it is queued, so whatever it
+    /// sends goes before anything the process does.
     pub(crate) fn spawn_for_remote(
         &self,
         factory: &dyn Factory,
@@ -177,7 +183,11 @@ impl Handle {
         notify: Option<Notify>,
         spawned: impl FnOnce(Pid),
     ) -> Result<Pid, SpawnError> {
-        let process = factory.make().map_err(|source| SpawnError::Factory { kind: kind.to_string(), source })?;
+        let process = match spawn.limits {
+            Some(bound) => factory.make_within(bound),
+            None => factory.make(),
+        };
+        let process = process.map_err(|source| SpawnError::Factory { kind: kind.to_string(), source })?;
         let args = SpawnArgs {
             parent: spawn.parent,
             origin: None,

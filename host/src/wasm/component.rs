@@ -14,7 +14,7 @@ use super::config::Config;
 use super::engine::EpochClock;
 use super::process::{Loaded, WasmProcess, guest_error};
 use super::store::{ProcessLimits, ProcessState, new_store};
-use crate::handler::Factory;
+use crate::handler::{Factory, KindLimits};
 use crate::scheduler::process::{Pid, Process};
 
 /// A loaded component: compiled, checked against the `process` world, ready to
@@ -146,6 +146,10 @@ impl Component {
     pub fn time_slice(&self) -> Duration {
         self.limits.time_slice
     }
+
+    fn kind_limits(&self) -> KindLimits {
+        KindLimits { max_memory: self.limits.max_memory, time_slice: self.limits.time_slice }
+    }
 }
 
 impl std::fmt::Debug for Component {
@@ -161,5 +165,22 @@ impl Factory for Component {
 
     fn identity(&self) -> Option<String> {
         Some(self.hash())
+    }
+
+    fn limits(&self) -> Option<KindLimits> {
+        Some(self.kind_limits())
+    }
+
+    /// A process under the tighter of this component's limits and `bound`: the same
+    /// compiled code (nothing is recompiled), other limits.
+    fn make_within(&self, bound: KindLimits) -> anyhow::Result<Box<dyn Process>> {
+        let own = self.kind_limits();
+        let tight = own.min(bound);
+        let limits = if tight == own {
+            self.limits
+        } else {
+            ProcessLimits::new(&self.loaded.config, tight.max_memory, tight.time_slice)
+        };
+        Ok(Box::new(WasmProcess::new(self.loaded.clone(), limits)))
     }
 }
