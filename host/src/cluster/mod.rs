@@ -87,7 +87,7 @@ pub const LOSS_AFTER: Duration = Duration::from_secs(2);
 /// How long unacknowledged items wait before they are sent again.
 pub const RETRANSMIT_AFTER: Duration = Duration::from_secs(1);
 /// The most messages queued or unacknowledged towards other nodes at once; a send past
-/// it fails ([`SendError::Cluster`](crate::error::SendError::Cluster)) instead of
+/// it fails ([`SendError::Cluster`]) instead of
 /// growing memory. Picked out of thin air: ~100 MiB of 1 KiB messages.
 pub const MAX_BACKLOG: usize = 100_000;
 /// How long a joining node listens for the others before it picks its id.
