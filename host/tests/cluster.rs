@@ -544,16 +544,19 @@ fn a_spawn_carries_its_kinds_memory_cap_to_the_node_that_runs_it() {
     let large = hostile_b.max_memory();
     assert!(large > SMALL, "node `lb`'s default cap {large} is above `la`'s {SMALL}");
 
-    let join = |name: &str, placement: Placement| {
-        Cluster::join(ClusterConfig::new(server.url()).name(name).secret(SECRET).placement(placement)).expect("joins")
+    let join = |name: &str, placement: Placement, accepts: bool| {
+        let config = ClusterConfig::new(server.url()).name(name).secret(SECRET).placement(placement);
+        Cluster::join(config.accepts_spawns(accepts)).expect("joins")
     };
-    let a_cluster = join("la", Placement::LeastLoaded);
+    // `la` takes no spawns, so its placement has one node to choose, whatever the loads
+    // the two have announced so far.
+    let a_cluster = join("la", Placement::LeastLoaded, false);
     let hostile_a = runtime_a.load_bytes(&bytes).expect("loads").with_max_memory(SMALL).expect("a lower cap");
     a_cluster.offer(hostile_a.hash(), bytes.clone());
     let a = Scheduler::builder().workers(1).cluster(&a_cluster).kind("hostile", hostile_a).build().expect("builds");
     a_cluster.serve(a.handle().clone());
 
-    let b_cluster = join("lb", Placement::Local);
+    let b_cluster = join("lb", Placement::Local, true);
     let b = Scheduler::builder().workers(1).cluster(&b_cluster).build().expect("builds");
     let loader = runtime_b.clone();
     b_cluster.set_loader(Arc::new(move |bytes: &[u8]| {
@@ -565,7 +568,7 @@ fn a_spawn_carries_its_kinds_memory_cap_to_the_node_that_runs_it() {
     a.wait_for(2);
     b.wait_for(2);
 
-    // `la` runs the spawner, `lb` nothing: least load places the child on `lb`.
+    // `la` places the spawner's child on `lb`, the one node that takes spawns.
     let spawner = Spawner { kind: "hostile", method: "memory-bomb", started: false };
     let spawner = a.scheduler.handle().spawn(spawner, "main").expect("spawns");
     let result = spawner.join_timeout(PATIENCE).expect("the spawner ends").expect("the spawn succeeds");
