@@ -79,11 +79,7 @@ impl Hibernating {
     pub(super) fn next_due(&self, now: Instant) -> Option<Instant> {
         let seen = self.seen.front().map(|&(_, seen)| seen);
         let fresh = (!self.fresh.is_empty()).then_some(now);
-        let earliest = match (seen, fresh) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b)?,
-        };
-        Some(earliest + HIBERNATE_AFTER)
+        seen.into_iter().chain(fresh).min().map(|earliest| earliest + HIBERNATE_AFTER)
     }
 }
 
