@@ -149,6 +149,48 @@ pub use crate::providers::{
 /// ```
 pub use wasmproc_guest_macros::entry;
 
+/// Declares the commands the component yields, so that `wasmproc inspect` can list them
+/// with the grant each needs before anything runs.
+///
+/// Name each command the component's code can yield: a built-in (`"sleep"`, `"spawn"`,
+/// `"monitor"`, `"terminate"`), a provider's command (`"kv.get"`, `"http.request"`,
+/// `"inventory.reserve"`), or a whole family (`"kv.*"`). The wrappers' commands are
+/// those their docs name: [`Ctx::http`] yields `http.request`, [`Ctx::kv`] `kv.get`,
+/// `kv.put`, `kv.cas`, `kv.delete` and `kv.list`, [`Ctx::fs`] `fs.read`, `fs.write`,
+/// `fs.list` and `fs.remove`, [`Ctx::env`] `env.get`, [`Ctx::now`] `time.now`,
+/// [`Ctx::random_bytes`] `random.bytes`. Sends and answering requests as a provider are
+/// no commands. `uses!()` with no names declares that the component yields none.
+///
+/// The declaration is what the author states, not something the SDK infers: the SDK
+/// cannot record the wrappers a component calls, because whatever a wrapper carries in
+/// the binary is linked in whether or not it is called. It grants nothing either: the
+/// host still checks every command against the process's grants. Invoke it at module
+/// level, usually once per component; several invocations, also in libraries the
+/// component links, add up. A name that is not a command name, or one named twice, is a compile
+/// error at the offending literal.
+///
+/// ```
+/// use wasmproc_guest::prelude::*;
+///
+/// #[entry]
+/// async fn fetch(ctx: Ctx, url: String) -> Result<u64> {
+///     let response = ctx.http().get(&url).await?;
+///     ctx.kv().put("last-status", &response.status).await?;
+///     ctx.sleep(Duration::from_millis(10)).await?;
+///     Ok(response.body.len() as u64)
+/// }
+///
+/// wasmproc_guest::export!(fetch);
+/// wasmproc_guest::uses!("http.request", "kv.put", "sleep");
+/// # fn main() {}
+/// ```
+///
+/// ```compile_fail
+/// wasmproc_guest::uses!("kv get"); // error: `kv get` is not a command name: ...
+/// # fn main() {}
+/// ```
+pub use wasmproc_guest_macros::uses;
+
 /// What a process module usually needs: `use wasmproc_guest::prelude::*;`.
 pub mod prelude {
     pub use std::time::Duration;

@@ -57,3 +57,4 @@ async fn main(ctx: Ctx, job: Job) -> Result<Fetched> {
 }
 
 wasmproc_guest::export!(main);
+wasmproc_guest::uses!("http.request", "kv.get", "kv.cas");

@@ -46,3 +46,5 @@ async fn serve(ctx: Ctx, _input: ()) -> Result<()> {
 }
 
 wasmproc_guest::export!(serve);
+// Answering requests yields no command.
+wasmproc_guest::uses!();

@@ -42,3 +42,4 @@ async fn read(ctx: &Ctx) -> Result<Vec<String>> {
 }
 
 wasmproc_guest::export!(add, list);
+wasmproc_guest::uses!("fs.read", "fs.write", "env.get");

@@ -54,3 +54,4 @@ async fn main(ctx: Ctx, order: Order) -> Result<Summary> {
 }
 
 wasmproc_guest::export!(main);
+wasmproc_guest::uses!("inventory.reserve", "sleep");

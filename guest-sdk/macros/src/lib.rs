@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 
 mod entry;
+mod uses;
 
 use proc_macro::TokenStream;
 
@@ -14,4 +15,10 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn entry(attr: TokenStream, item: TokenStream) -> TokenStream {
     entry::entry(attr.into(), item.into()).into()
+}
+
+/// Declares the commands the component yields; see `wasmproc_guest::uses`.
+#[proc_macro]
+pub fn uses(input: TokenStream) -> TokenStream {
+    uses::uses(input.into()).into()
 }
