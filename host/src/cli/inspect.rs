@@ -1,13 +1,16 @@
 //! `wasmproc inspect`: what a program is and whether it can run, without running it.
 //! Exits 0 when it can run, 3 when it cannot (the output says why).
 
+mod declared;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
+use self::declared::{Declared, grant};
 use super::input::read_app;
 use super::output::print_now;
 use super::units::count;
@@ -53,6 +56,8 @@ impl Inspect {
         } else {
             found.kind.describe()
         };
+        // A precompiled file is the engine's code, without the component's custom sections.
+        let declared = (!found.precompiled).then(|| Declared::read(&bytes));
         let text = if self.json {
             let object = json!({
                 "file": self.app.display().to_string(),
@@ -66,6 +71,7 @@ impl Inspect {
                 "entries": found.entries,
                 "imports": found.imports,
                 "exports": found.exports,
+                "commands": commands_json(declared.as_ref()),
                 "precompiled": found.precompiled,
                 "cached": found.cached,
                 "cache_entry": found.cache_entry.as_ref().map(|p| p.display().to_string()),
@@ -95,6 +101,7 @@ impl Inspect {
                 Some(format!("entries:   {entries}")),
                 Some(format!("imports:   {}", list(&found.imports))),
                 Some(format!("exports:   {}", list(&found.exports))),
+                Some(format!("commands:  {}", commands_text(declared.as_ref()))),
                 Some(format!("compiled:  {compiled}\n")),
             ]
             .into_iter()
@@ -106,5 +113,58 @@ impl Inspect {
             return Ok(Exit::StdoutClosed.into());
         }
         Ok(if found.problem.is_none() { Exit::Success } else { Exit::BadModule }.into())
+    }
+}
+
+/// The `commands` line's value: what the component declares it yields (`None`: a
+/// precompiled file, which does not keep the declaration), one command a line with the
+/// grant it needs from `wasmproc run`.
+fn commands_text(declared: Option<&Declared>) -> String {
+    match declared {
+        None => "unknown: a precompiled file keeps no declaration (inspect the .wasm it was compiled from)".to_owned(),
+        Some(Declared::Undeclared) => {
+            "not declared (the component has no `wasmproc:commands` section: see `wasmproc_guest::uses!`)".to_owned()
+        }
+        Some(Declared::Unreadable(why)) => format!("unreadable: {why}"),
+        Some(Declared::Commands { commands, skipped }) => {
+            let width = commands.iter().map(String::len).max().unwrap_or(0);
+            let mut lines: Vec<String> =
+                commands.iter().map(|command| format!("{command:width$}  {}", grant(command))).collect();
+            if lines.is_empty() {
+                lines.push("none (the component declares that it yields no commands)".to_owned());
+            }
+            if *skipped > 0 {
+                lines.push(format!("(and {skipped} declaration(s) in a newer format this wasmproc does not read)"));
+            }
+            lines.join("\n           ")
+        }
+    }
+}
+
+/// The `commands` object of `--json`: `declared` says whether the component declares
+/// them, `commands` lists them with their grants (`null` when not declared: not the
+/// same as none), `note` says why they are not known.
+fn commands_json(declared: Option<&Declared>) -> Value {
+    match declared {
+        None => json!({
+            "declared": false,
+            "commands": null,
+            "note": "a precompiled file keeps no declaration",
+        }),
+        Some(Declared::Undeclared) => json!({
+            "declared": false,
+            "commands": null,
+            "note": "the component has no `wasmproc:commands` section",
+        }),
+        Some(Declared::Unreadable(why)) => json!({
+            "declared": true,
+            "commands": null,
+            "note": format!("unreadable: {why}"),
+        }),
+        Some(Declared::Commands { commands, skipped }) => json!({
+            "declared": true,
+            "commands": commands.iter().map(|c| json!({ "name": c, "grant": grant(c) })).collect::<Vec<_>>(),
+            "note": (*skipped > 0).then(|| format!("{skipped} declaration(s) in a newer format were skipped")),
+        }),
     }
 }

@@ -1,13 +1,13 @@
 //! Providers from the command line: the `workflow` example with its inventory service as
 //! a provider component, the `fetcher` example against a real HTTP server with its
 //! state in `--kv`, the `notes` example with `--dir-rw` and `--env`, and the denials a
-//! missing flag gets.
+//! missing flag gets; what `inspect` says the examples declare they use.
 
 use std::io::{BufRead as _, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use wasmproc_tests::guests::{FETCHER, INVENTORY, NOTES, WORKFLOW};
+use wasmproc_tests::guests::{FETCHER, HELLO, INVENTORY, NOTES, WORKFLOW};
 
 use super::{run, scratch};
 
@@ -143,4 +143,55 @@ fn inspect_tells_a_provider_component_from_a_process_component() {
     let ran = run(&["inspect", FETCHER, "--json"]).expect(0);
     assert_eq!(ran.json()["provider"], serde_json::json!(false));
     assert_eq!(ran.json()["kind"], serde_json::json!("process component (wasmproc:process world)"));
+}
+
+#[test]
+fn inspect_lists_the_commands_a_component_declares_with_their_grants() {
+    let ran = run(&["inspect", FETCHER]).expect(0);
+    let expected = "commands:  http.request  --allow-host HOST[:PORT]\n           kv.cas        --kv DIR\n           \
+                    kv.get        --kv DIR\n";
+    assert!(ran.stdout.contains(expected), "{}", ran.stdout);
+    let ran = run(&["inspect", WORKFLOW, "--json"]).expect(0);
+    assert_eq!(
+        ran.json()["commands"],
+        serde_json::json!({
+            "declared": true,
+            "commands": [
+                {"name": "inventory.reserve", "grant": "--provider inventory=FILE"},
+                {"name": "sleep", "grant": "granted by default"},
+            ],
+            "note": null,
+        })
+    );
+    let notes = run(&["inspect", NOTES, "--json"]).expect(0).json();
+    let names: Vec<&str> =
+        notes["commands"]["commands"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["env.get", "fs.read", "fs.write"]);
+    // The provider declares, with an empty declaration, that it yields nothing.
+    let ran = run(&["inspect", INVENTORY]).expect(0);
+    assert!(
+        ran.stdout.contains("commands:  none (the component declares that it yields no commands)"),
+        "{}",
+        ran.stdout
+    );
+}
+
+#[test]
+fn inspect_says_when_a_component_declares_nothing() {
+    let ran = run(&["inspect", HELLO]).expect(0);
+    assert!(
+        ran.stdout.contains("commands:  not declared (the component has no `wasmproc:commands` section"),
+        "{}",
+        ran.stdout
+    );
+    let ran = run(&["inspect", HELLO, "--json"]).expect(0);
+    let commands = &ran.json()["commands"];
+    assert_eq!(commands["declared"], serde_json::json!(false));
+    assert!(commands["commands"].is_null(), "not declared is not \"uses nothing\": {commands}");
+    // A precompiled file is the engine's code: the declaration is not in it.
+    let compiled = scratch("inspect-precompiled").join("fetcher.cwasm");
+    let compiled = compiled.to_str().unwrap();
+    run(&["compile", FETCHER, "-o", compiled]).expect(0);
+    let ran = run(&["inspect", compiled]).expect(0);
+    assert!(ran.stdout.contains("commands:  unknown: a precompiled file keeps no declaration"), "{}", ran.stdout);
 }

@@ -1,0 +1,318 @@
+//! The commands a component declares it yields (`wasmproc_guest::uses!`), read from the
+//! `wasmproc:commands` custom sections of its core modules, and the grant each needs from
+//! `wasmproc run`.
+//!
+//! The section is a sequence of records, one per declaration, since the linker
+//! concatenates the sections of every object it links:
+//!
+//! 1. the format's version, one byte ([`VERSION`] is the one read here);
+//! 2. the length in bytes of the rest of the record, an unsigned LEB128;
+//! 3. for version 1: the number of commands, then each command as a Wasm name (an
+//!    unsigned LEB128 length, then UTF-8).
+//!
+//! A record of another version is skipped by its length and counted, so a newer SDK's
+//! declaration does not make an older host's `inspect` fail. The section comes from the
+//! file being inspected, which may be hostile: the reader borrows names from the file's
+//! bytes, reads at most [`MAX_SECTION_BYTES`] of sections, [`MAX_COMMANDS`] distinct
+//! commands of at most [`MAX_NAME`] bytes each, and beyond any bound, or on a record that
+//! does not decode, reports the section unreadable rather than listing part of it.
+
+use std::collections::BTreeSet;
+
+use wasmparser::{BinaryReader, Parser, Payload};
+
+/// The custom section's name.
+const SECTION: &str = "wasmproc:commands";
+
+/// The record format read here.
+const VERSION: u8 = 1;
+
+/// The most bytes of `wasmproc:commands` sections read, over all core modules: 256
+/// commands of 128 bytes with their lengths come to about 33 KiB; picked with room for
+/// repeats across several modules.
+const MAX_SECTION_BYTES: usize = 64 * 1024;
+
+/// The most distinct commands listed (the SDK's `uses!` names at most as many).
+const MAX_COMMANDS: usize = 256;
+
+/// The longest command name read, in bytes (the SDK's `uses!` accepts none longer).
+const MAX_NAME: usize = 128;
+
+/// What a component's sections say about the commands it yields.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Declared {
+    /// No `wasmproc:commands` section: the component does not say (which is not that it
+    /// yields none).
+    Undeclared,
+    /// The commands declared, sorted, each once; none if the component declares that it
+    /// yields none.
+    Commands {
+        /// The command names (`kv.get`, `kv.*`, `sleep`).
+        commands: Vec<String>,
+        /// Records of a version this host does not read, skipped.
+        skipped: usize,
+    },
+    /// A section that does not decode or exceeds a bound: why.
+    Unreadable(String),
+}
+
+impl Declared {
+    /// Reads the declarations in `wasm`, a component or a core module (nested modules
+    /// included).
+    pub(super) fn read(wasm: &[u8]) -> Declared {
+        let mut found = false;
+        let mut total = 0usize;
+        let mut commands = BTreeSet::new();
+        let mut skipped = 0;
+        for payload in Parser::new(0).parse_all(wasm) {
+            match payload {
+                Ok(Payload::CustomSection(section)) if section.name() == SECTION => {
+                    found = true;
+                    total = total.saturating_add(section.data().len());
+                    if total > MAX_SECTION_BYTES {
+                        return Declared::Unreadable(format!(
+                            "the `{SECTION}` sections hold more than {MAX_SECTION_BYTES} bytes"
+                        ));
+                    }
+                    match read_section(section.data(), &mut commands) {
+                        Ok(n) => skipped += n,
+                        Err(why) => return Declared::Unreadable(format!("a `{SECTION}` section is damaged: {why}")),
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => return Declared::Unreadable(format!("the program does not parse: {error}")),
+            }
+        }
+        if !found {
+            return Declared::Undeclared;
+        }
+        Declared::Commands { commands: commands.into_iter().map(str::to_owned).collect(), skipped }
+    }
+}
+
+/// Adds the commands of one section's records to `commands`; the number of records
+/// skipped for their version.
+fn read_section<'a>(data: &'a [u8], commands: &mut BTreeSet<&'a str>) -> Result<usize, String> {
+    let mut reader = BinaryReader::new(data, 0);
+    let mut skipped = 0;
+    while !reader.eof() {
+        let at = reader.original_position();
+        let version = reader.read_u8().map_err(|e| format!("at byte {at}: {}", e.message()))?;
+        let length = reader.read_var_u32().map_err(|e| format!("at byte {at}: {}", e.message()))? as usize;
+        let body_at = reader.original_position();
+        let body = reader
+            .read_bytes(length)
+            .map_err(|_| format!("the record at byte {at} claims {length} bytes; {} are left", data.len() - body_at))?;
+        if version != VERSION {
+            skipped += 1;
+            continue;
+        }
+        read_record(body, body_at, commands).map_err(|why| format!("in the record at byte {at}: {why}"))?;
+    }
+    Ok(skipped)
+}
+
+/// Adds the commands of one version-1 record's body, found at byte `at` of its section.
+fn read_record<'a>(body: &'a [u8], at: usize, commands: &mut BTreeSet<&'a str>) -> Result<(), String> {
+    let mut reader = BinaryReader::new(body, at);
+    let count = reader.read_var_u32().map_err(|e| e.message().to_owned())? as usize;
+    if count > MAX_COMMANDS {
+        return Err(format!("{count} commands, more than the {MAX_COMMANDS} read"));
+    }
+    for _ in 0..count {
+        let length = reader.read_var_u32().map_err(|e| e.message().to_owned())? as usize;
+        if length > MAX_NAME {
+            return Err(format!("a name of {length} bytes, longer than the {MAX_NAME} read"));
+        }
+        let position = reader.original_position();
+        let bytes =
+            reader.read_bytes(length).map_err(|_| format!("a name runs past the record's end at byte {position}"))?;
+        let name = std::str::from_utf8(bytes).map_err(|_| format!("the name at byte {position} is not UTF-8"))?;
+        if !is_command_name(name) {
+            return Err(format!("{name:?} at byte {position} is not a command name"));
+        }
+        commands.insert(name);
+        if commands.len() > MAX_COMMANDS {
+            return Err(format!("more than {MAX_COMMANDS} commands in all"));
+        }
+    }
+    if !reader.eof() {
+        return Err(format!("{} bytes past its last command", reader.bytes_remaining()));
+    }
+    Ok(())
+}
+
+/// The names `uses!` accepts: dot-separated words of letters, digits, `_` and `-`, the
+/// last after a dot possibly `*`. Checked here too so that what a terminal shows is never
+/// a control sequence from the file.
+fn is_command_name(name: &str) -> bool {
+    let segments: Vec<&str> = name.split('.').collect();
+    let last = segments.len() - 1;
+    segments.iter().enumerate().all(|(i, segment)| {
+        (!segment.is_empty() && segment.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+            || (i == last && i > 0 && *segment == "*")
+    })
+}
+
+/// What grants `command` to a process of `wasmproc run`: its flag, as the run's denial
+/// of it names (`providers.rs`), or that it is granted by default.
+pub(super) fn grant(command: &str) -> String {
+    let Some((family, rest)) = command.split_once('.') else {
+        return match command {
+            "terminate" => "--allow terminate".to_owned(),
+            builtin if wasmproc::Capabilities::BUILTIN.contains(&builtin) => "granted by default".to_owned(),
+            _ => "not a command of `wasmproc run` (an embedder's)".to_owned(),
+        };
+    };
+    match family {
+        "http" => "--allow-host HOST[:PORT]".to_owned(),
+        "kv" => "--kv DIR".to_owned(),
+        "fs" => match rest {
+            "read" | "list" | "stat" => "--dir HOST::GUEST".to_owned(),
+            "write" | "mkdir" | "remove" => "--dir-rw HOST::GUEST".to_owned(),
+            _ => "--dir HOST::GUEST (reads), --dir-rw HOST::GUEST (writes)".to_owned(),
+        },
+        "env" => "--env NAME[=VALUE]".to_owned(),
+        "time" | "random" => "granted by default".to_owned(),
+        _ => format!("--provider {family}=FILE"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::providers::FAMILIES;
+
+    /// A core module with one custom section per item of `sections`.
+    fn module(sections: &[&[u8]]) -> Vec<u8> {
+        let mut wasm = b"\0asm\x01\0\0\0".to_vec();
+        for data in sections {
+            let mut payload = Vec::new();
+            leb(&mut payload, SECTION.len());
+            payload.extend_from_slice(SECTION.as_bytes());
+            payload.extend_from_slice(data);
+            wasm.push(0);
+            leb(&mut wasm, payload.len());
+            wasm.extend_from_slice(&payload);
+        }
+        wasm
+    }
+
+    fn leb(out: &mut Vec<u8>, mut value: usize) {
+        loop {
+            let byte = (value & 0x7f) as u8;
+            value >>= 7;
+            if value == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+
+    /// A version-1 record of `names`, as `uses!` writes it.
+    fn record(names: &[&str]) -> Vec<u8> {
+        let mut body = Vec::new();
+        leb(&mut body, names.len());
+        for name in names {
+            leb(&mut body, name.len());
+            body.extend_from_slice(name.as_bytes());
+        }
+        let mut record = vec![VERSION];
+        leb(&mut record, body.len());
+        record.extend_from_slice(&body);
+        record
+    }
+
+    fn commands(names: &[&str], skipped: usize) -> Declared {
+        Declared::Commands { commands: names.iter().map(|s| s.to_string()).collect(), skipped }
+    }
+
+    fn unreadable(declared: Declared) -> String {
+        match declared {
+            Declared::Unreadable(why) => why,
+            other => panic!("expected an unreadable section, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn reads_concatenated_records_and_sections() {
+        let first = [record(&["sleep", "kv.get"]), record(&["kv.get", "http.request"])].concat();
+        let wasm = module(&[&first, &record(&["inventory.*"])]);
+        assert_eq!(Declared::read(&wasm), commands(&["http.request", "inventory.*", "kv.get", "sleep"], 0));
+        assert_eq!(Declared::read(&module(&[&record(&[])])), commands(&[], 0));
+        assert_eq!(Declared::read(&module(&[])), Declared::Undeclared);
+    }
+
+    #[test]
+    fn reads_the_section_of_a_nested_module() {
+        let inner = module(&[&record(&["sleep"])]);
+        // A component (version 0x0d, layer 1) whose only section is a core module.
+        let mut component = b"\0asm\x0d\0\x01\0".to_vec();
+        component.push(1);
+        leb(&mut component, inner.len());
+        component.extend_from_slice(&inner);
+        assert_eq!(Declared::read(&component), commands(&["sleep"], 0));
+    }
+
+    #[test]
+    fn skips_records_of_another_version() {
+        let newer = [2, 3, 0xff, 0xff, 0xff];
+        let wasm = module(&[&[&newer[..], &record(&["kv.put"])].concat()]);
+        assert_eq!(Declared::read(&wasm), commands(&["kv.put"], 1));
+    }
+
+    #[test]
+    fn damaged_sections_are_unreadable() {
+        let truncated = &record(&["kv.get"])[..5];
+        assert!(unreadable(Declared::read(&module(&[truncated]))).contains("claims 8 bytes; 3 are left"));
+        // The record's length covers the name's length byte but not the name.
+        assert!(unreadable(Declared::read(&module(&[&[1, 2, 1, 6]]))).contains("runs past the record's end"));
+        let extra = [1, 2, 0, 0];
+        assert!(unreadable(Declared::read(&module(&[&extra]))).contains("1 bytes past its last command"));
+        let escape = record(&["\x1b[2J"]);
+        assert!(unreadable(Declared::read(&module(&[&escape]))).contains("is not a command name"));
+        let bad_utf8 = [1, 3, 1, 1, 0xff];
+        assert!(unreadable(Declared::read(&module(&[&bad_utf8]))).contains("not UTF-8"));
+        let endless_leb = [1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff];
+        assert!(unreadable(Declared::read(&module(&[&endless_leb]))).starts_with("a `wasmproc:commands` section"));
+        assert!(unreadable(Declared::read(b"\0asm\x01\0\0\0\0\x05")).contains("does not parse"));
+    }
+
+    #[test]
+    fn oversized_sections_are_unreadable() {
+        let long = "a".repeat(MAX_NAME + 1);
+        assert!(unreadable(Declared::read(&module(&[&record(&[&long])]))).contains("longer than the 128 read"));
+        // A count far beyond the bytes there are is refused before reading on.
+        let claims = [1, 5, 0xff, 0xff, 0xff, 0xff, 0x0f];
+        assert!(unreadable(Declared::read(&module(&[&claims]))).contains("more than the 256 read"));
+        let names: Vec<String> = (0..=MAX_COMMANDS).map(|i| format!("p.c{i}")).collect();
+        let (first, second) = names.split_at(MAX_COMMANDS / 2);
+        let first: Vec<&str> = first.iter().map(String::as_str).collect();
+        let second: Vec<&str> = second.iter().map(String::as_str).collect();
+        let wasm = module(&[&record(&first), &record(&second)]);
+        assert!(unreadable(Declared::read(&wasm)).contains("more than 256 commands in all"));
+        // Two sections, each within the bound, that exceed it together.
+        let big = [&[9, 0x80, 0x80, 0x02][..], &[0; 0x8000]].concat();
+        let wasm = module(&[&big, &big]);
+        assert!(unreadable(Declared::read(&wasm)).contains("more than 65536 bytes"));
+    }
+
+    #[test]
+    fn grants_name_the_run_flags() {
+        assert_eq!(grant("kv.get"), "--kv DIR");
+        assert_eq!(grant("kv.*"), "--kv DIR");
+        assert_eq!(grant("http.request"), "--allow-host HOST[:PORT]");
+        assert_eq!(grant("fs.write"), "--dir-rw HOST::GUEST");
+        assert_eq!(grant("fs.read"), "--dir HOST::GUEST");
+        assert_eq!(grant("env.get"), "--env NAME[=VALUE]");
+        assert_eq!(grant("time.now"), "granted by default");
+        assert_eq!(grant("sleep"), "granted by default");
+        assert_eq!(grant("terminate"), "--allow terminate");
+        assert_eq!(grant("inventory.reserve"), "--provider inventory=FILE");
+        assert!(grant("reticulate").contains("an embedder's"));
+        for family in FAMILIES {
+            assert!(!grant(&format!("{family}.x")).starts_with("--provider"), "`{family}` needs its own grant");
+        }
+    }
+}
