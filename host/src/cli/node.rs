@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
+use wasmproc::Capabilities;
 use wasmproc::Scheduler;
 use wasmproc::cluster::{Cluster, ClusterConfig, Placement, RemoteSpawnOptions};
-use wasmproc::handler::Factory;
-use wasmproc::{Capabilities, Payload};
+use wasmproc::handler::{Factory, KindLimits};
+use wasmproc::scheduler::SpawnOptions;
 
 use super::{EngineArgs, Exit, Failure, runtime};
 
@@ -158,12 +159,16 @@ impl ClusterCommand {
             ClusterAction::Ls { cluster, json } => (cluster, json),
             ClusterAction::Run { cluster, app, method, inputs, engine } => {
                 let inputs = super::input::payloads(&inputs, None, 16 << 20)?;
+                // No time slice of its own: the node's bounds it.
+                let mut limits = KindLimits::new(engine.memory, Duration::MAX);
+                if let Some(fuel) = engine.fuel {
+                    limits = limits.fuel(fuel);
+                }
+                let options = SpawnOptions::new(method).input(inputs).capabilities(Capabilities::default());
                 return run_on_cluster(
                     &cluster,
                     &app,
-                    &method,
-                    inputs,
-                    Capabilities::default(),
+                    RemoteSpawnOptions::new(options).limits(limits),
                     engine.max_module_size,
                 );
             }
@@ -198,14 +203,12 @@ impl ClusterCommand {
 }
 
 /// `run APP --cluster URL`: joins as a client that takes no spawns, offers the program
-/// to the cluster by its hash, spawns the entry on the least loaded node, and prints
-/// its result.
+/// to the cluster by its hash, spawns the entry on the least loaded node with `options`
+/// (the run's entry, grants and sandbox limits), and prints its result.
 pub(super) fn run_on_cluster(
     cluster: &ClusterArgs,
     app: &Path,
-    method: &str,
-    inputs: Vec<Payload>,
-    capabilities: Capabilities,
+    options: RemoteSpawnOptions,
     max_module_size: usize,
 ) -> Result<ExitCode, Failure> {
     let bytes = super::input::read_app(app, max_module_size as u64)?;
@@ -213,7 +216,6 @@ pub(super) fn run_on_cluster(
     let config = cluster.config()?.accepts_spawns(false).name(format!("run-{}", std::process::id()));
     let cluster = Cluster::join(config).map_err(|e| Failure::from_error(Exit::Host, &e))?;
     cluster.offer(hash.clone(), bytes);
-    let options = RemoteSpawnOptions::new(method).input(inputs).capabilities(capabilities);
     let process = cluster.spawn(None, None, Some(hash), options).map_err(|e| Failure::from_error(Exit::Host, &e))?;
     let result = process.join();
     cluster.leave();

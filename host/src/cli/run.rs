@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use wasmproc::cluster::RemoteSpawnOptions;
+use wasmproc::handler::KindLimits;
 use wasmproc::journal::{Journal, JournalSettings};
 use wasmproc::provider::fs::Grant;
 use wasmproc::scheduler::{ProcessHandle, SpawnOptions};
@@ -234,15 +236,9 @@ impl Run {
         let inputs = payloads(&self.inputs, self.input_file.as_deref(), self.max_payload)?;
         if self.cluster.url.is_some() {
             let method = self.method.as_deref().unwrap_or("main");
-            let caps = capabilities(&self, &[])?;
-            return super::node::run_on_cluster(
-                &self.cluster,
-                &self.app,
-                method,
-                inputs,
-                caps,
-                self.engine.max_module_size,
-            );
+            let options = SpawnOptions::new(method).input(inputs).capabilities(capabilities(&self, &[])?);
+            let options = RemoteSpawnOptions::new(options).limits(self.sandbox());
+            return super::node::run_on_cluster(&self.cluster, &self.app, options, self.engine.max_module_size);
         }
         let interrupt = Arc::new(AtomicBool::new(false));
         let Prepared { scheduler, root, services, journal } = self.prepare(inputs, &out, &interrupt)?;
@@ -444,6 +440,20 @@ impl Run {
             ),
         );
         Some(run.result)
+    }
+
+    /// The sandbox limits this run gives each process (--memory, --time-slice, --fuel,
+    /// --cpu-budget): what its entry process runs under on another node with --cluster,
+    /// and, through it, everything that process spawns.
+    fn sandbox(&self) -> KindLimits {
+        let mut limits = KindLimits::new(self.engine.memory, self.time_slice);
+        if let Some(fuel) = self.engine.fuel {
+            limits = limits.fuel(fuel);
+        }
+        if let Some(budget) = self.cpu_budget {
+            limits = limits.cpu_budget(budget);
+        }
+        limits
     }
 
     /// Whether `--progress` draws its live lines: they redraw themselves in place, so

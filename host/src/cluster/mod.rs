@@ -47,9 +47,13 @@
 //!   the bytes once from the spawner (`PREFIX.code.ID`, in chunks, checked against the
 //!   hash), loads it with the [`Loader`] and keeps it. Grants and the mailbox bound
 //!   travel with the spawn, intersected with the receiving node's defaults: never wider.
-//!   So do the kind's per-process limits on the spawning node ([`Factory::limits`]: a
-//!   component's memory cap and time slice): the child runs under the tighter of those
-//!   and the receiving node's own ([`Factory::make_within`], no recompilation).
+//!   So do the sandbox limits the parent runs under, tightened by the kind's on the
+//!   spawning node ([`KindLimits`]: a component's memory cap, time slice, fuel and CPU
+//!   budgets): the child runs under the tighter of those and the receiving node's own
+//!   ([`Factory::make_within`], no recompilation; a fuel budget on a node whose runtime
+//!   meters no fuel fails the spawn), and its own spawns, local or remote, are bounded
+//!   by what it runs under in turn. So no process of a tree runs under looser limits
+//!   than its root, on whichever node.
 //! - **Security.** Every frame carries an HMAC-SHA256 under the shared secret
 //!   ([`ClusterConfig::secret`]); a node drops frames that do not verify, so it takes
 //!   work only from holders of the secret. NATS credentials (a token, or a user and
@@ -71,8 +75,8 @@ use rustc_hash::FxHashMap;
 
 use crate::error::SendError;
 use crate::handler::{Completer, Factory, KindLimits};
-use crate::scheduler::remote::{Remote, RemoteSpawn};
-use crate::scheduler::{Handle, ProcessHandle, SpawnOptions, Spawnable};
+use crate::scheduler::remote::{Notify, Remote, RemoteSpawn};
+use crate::scheduler::{Handle, SpawnOptions};
 use crate::{Capabilities, Outcome, Payload, Pid};
 
 use self::node::Cmd;
@@ -361,20 +365,24 @@ impl Cluster {
     /// Spawns a process of `kind` (a kind registered on the target node, or a component
     /// offered here with its hash as `identity`) on the node named `node`, or by
     /// least load among the nodes that accept spawns, and returns a handle to wait for
-    /// its result. The process gets `capabilities`, intersected with the target's
-    /// defaults.
+    /// its result. The process gets the capabilities of `options`, intersected with the
+    /// target's defaults when the target is another node, and runs under the tighter of
+    /// its limits ([`RemoteSpawnOptions::limits`]) and the kind's on the target.
     ///
     /// # Errors
     ///
-    /// No such node, or no node accepts spawns. The spawn itself failing (an unknown
-    /// method, say) is the result of [`RemoteProcess::join`].
+    /// No such node, or no node accepts spawns; for this node, no such kind, or the
+    /// spawn itself failing (see [`SpawnError`](crate::error::SpawnError)). The spawn
+    /// failing on another node (an unknown method, say) is the result of
+    /// [`RemoteProcess::join`].
     pub fn spawn(
         &self,
         node: Option<&str>,
         kind: Option<String>,
         identity: Option<String>,
-        options: RemoteSpawnOptions,
+        options: impl Into<RemoteSpawnOptions>,
     ) -> anyhow::Result<RemoteProcess> {
+        let RemoteSpawnOptions { options, limits } = options.into();
         let target = match node {
             Some(name) => self
                 .inner
@@ -386,35 +394,46 @@ impl Cluster {
                 .with_context(|| format!("no node named `{name}` in the cluster"))?,
             None => self.inner.least_loaded().context("no node in the cluster accepts spawns")?,
         };
-        if target == self.inner.node {
-            let handle = self.inner.handle.get().context("this node serves no scheduler: call `Cluster::serve`")?;
-            let kind = kind.context("a spawn on this node needs a registered kind")?;
-            let mut spawn = SpawnOptions::new(options.method).input(options.input);
-            if let Some(caps) = options.capabilities {
-                spawn = spawn.capabilities(caps);
-            }
-            return Ok(RemoteProcess(Waiting::Local(handle.spawn(Spawnable::kind(kind), spawn)?)));
-        }
         let slot = Arc::new(RemoteSlot::default());
-        let token = self.inner.next_token.fetch_add(1, Ordering::Relaxed);
-        self.inner.embedded.lock().insert(token, slot.clone());
+        let here = target == self.inner.node;
+        let handle = self.inner.handle.get();
+        let caps = match (options.capabilities, handle) {
+            (Some(caps), _) => caps,
+            // A spawn here gets what the embedder's own spawns get; another node
+            // intersects with its defaults anyway.
+            (None, Some(handle)) if here => handle.default_capabilities().clone(),
+            (None, _) => Capabilities::default(),
+        };
         let spawn = RemoteSpawn {
             parent: Pid::node_host(self.inner.node),
             kind,
             identity,
             method: options.method,
             input: options.input,
-            caps: options.capabilities.unwrap_or_default(),
-            mailbox_capacity: options.mailbox_capacity,
-            limits: options.limits,
+            caps,
+            // 0: the target's default.
+            mailbox_capacity: options.mailbox_capacity.unwrap_or(0),
+            limits,
             monitor: true,
         };
+        if here {
+            let handle = handle.context("this node serves no scheduler: call `Cluster::serve`")?;
+            let name = spawn.kind.as_deref().context("a spawn on this node needs a registered kind")?;
+            let (kind, factory) =
+                handle.registered_kind(name).with_context(|| format!("no process kind `{name}` on this node"))?;
+            let done = slot.clone();
+            let notify: Notify = Box::new(move |_, result| done.set(result.clone()));
+            handle.spawn_for_remote(&*factory, kind, spawn, Some(notify), |pid| *slot.pid.lock() = Some(pid))?;
+            return Ok(RemoteProcess(slot));
+        }
+        let token = self.inner.next_token.fetch_add(1, Ordering::Relaxed);
+        self.inner.embedded.lock().insert(token, slot.clone());
         self.inner.placed[usize::from(target)].fetch_add(1, Ordering::Relaxed);
         self.inner
             .commands
             .send(Cmd::Spawn { node: target, spawn, token, done: None })
             .map_err(|_| anyhow::anyhow!("this node has left the cluster"))?;
-        Ok(RemoteProcess(Waiting::Remote(slot)))
+        Ok(RemoteProcess(slot))
     }
 
     /// Leaves the cluster: tells the others (so they need not wait for missed
@@ -449,108 +468,81 @@ impl Drop for Cluster {
     }
 }
 
-/// How [`Cluster::spawn`] starts its process.
+/// How [`Cluster::spawn`] starts its process: the [`SpawnOptions`] of a local spawn (its
+/// method, input, capabilities and mailbox bound), and the sandbox limits it runs under
+/// at most.
 #[derive(Debug, Clone)]
 pub struct RemoteSpawnOptions {
-    method: String,
-    input: Vec<Payload>,
-    capabilities: Option<Capabilities>,
-    mailbox_capacity: usize,
+    options: SpawnOptions,
     limits: Option<KindLimits>,
 }
 
 impl RemoteSpawnOptions {
-    /// Runs entry `method` with no input, the default capabilities, a mailbox of 1024
-    /// and the target node's own limits for the kind.
-    pub fn new(method: impl Into<String>) -> Self {
-        RemoteSpawnOptions {
-            method: method.into(),
-            input: Vec::new(),
-            capabilities: None,
-            mailbox_capacity: 1024,
-            limits: None,
-        }
+    /// `options`, under the target node's own limits for the kind.
+    pub fn new(options: impl Into<SpawnOptions>) -> Self {
+        RemoteSpawnOptions { options: options.into(), limits: None }
     }
 
-    /// The entry method's input.
-    pub fn input(mut self, input: Vec<Payload>) -> Self {
-        self.input = input;
-        self
-    }
-
-    /// What the process may yield (at most the target node's defaults).
-    pub fn capabilities(mut self, capabilities: Capabilities) -> Self {
-        self.capabilities = Some(capabilities);
-        self
-    }
-
-    /// The process's mailbox bound.
-    pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
-        self.mailbox_capacity = capacity;
-        self
-    }
-
-    /// Per-process limits for a process of another node: it runs under the tighter of
-    /// these and the target node's own for the kind ([`Factory::make_within`]). A spawn
-    /// on this node runs under the kind's limits here.
+    /// Per-process limits: the process runs under the tighter of these and the target
+    /// node's own for the kind ([`Factory::make_within`]), and so does everything it
+    /// spawns, on any node. By default none: the target's own.
     pub fn limits(mut self, limits: KindLimits) -> Self {
         self.limits = Some(limits);
         self
     }
 }
 
+impl From<SpawnOptions> for RemoteSpawnOptions {
+    fn from(options: SpawnOptions) -> Self {
+        RemoteSpawnOptions::new(options)
+    }
+}
+
+impl From<&str> for RemoteSpawnOptions {
+    fn from(method: &str) -> Self {
+        RemoteSpawnOptions::new(method)
+    }
+}
+
+impl From<String> for RemoteSpawnOptions {
+    fn from(method: String) -> Self {
+        RemoteSpawnOptions::new(method)
+    }
+}
+
 /// A process [`Cluster::spawn`] started, on this node or another.
 #[derive(Debug, Clone)]
-pub struct RemoteProcess(Waiting);
-
-#[derive(Debug, Clone)]
-enum Waiting {
-    Local(ProcessHandle),
-    Remote(Arc<RemoteSlot>),
-}
+pub struct RemoteProcess(Arc<RemoteSlot>);
 
 impl RemoteProcess {
     /// Its pid, once the target node has answered (at once for a local one); `None`
     /// before, or if the spawn failed.
     pub fn pid(&self) -> Option<Pid> {
-        match &self.0 {
-            Waiting::Local(handle) => Some(handle.pid()),
-            Waiting::Remote(slot) => *slot.pid.lock(),
-        }
+        *self.0.pid.lock()
     }
 
     /// Blocks until the process ends (or its spawn fails, or its node is lost:
     /// `Err("noconnection…")`) and returns its result.
     pub fn join(&self) -> Outcome {
-        match &self.0 {
-            Waiting::Local(handle) => handle.join(),
-            Waiting::Remote(slot) => {
-                let mut result = slot.result.lock();
-                loop {
-                    if let Some(r) = result.as_ref() {
-                        return r.clone();
-                    }
-                    slot.done.wait(&mut result);
-                }
+        let mut result = self.0.result.lock();
+        loop {
+            if let Some(r) = result.as_ref() {
+                return r.clone();
             }
+            self.0.done.wait(&mut result);
         }
     }
 
     /// As [`RemoteProcess::join`], giving up after `timeout` (`None`).
     pub fn join_timeout(&self, timeout: Duration) -> Option<Outcome> {
-        match &self.0 {
-            Waiting::Local(handle) => handle.join_timeout(timeout),
-            Waiting::Remote(slot) => {
-                let deadline = std::time::Instant::now() + timeout;
-                let mut result = slot.result.lock();
-                while result.is_none() {
-                    if slot.done.wait_until(&mut result, deadline).timed_out() {
-                        break;
-                    }
-                }
-                result.clone()
+        let deadline = std::time::Instant::now() + timeout;
+        let mut result = self.0.result.lock();
+        while result.is_none() {
+            if self.0.done.wait_until(&mut result, deadline).timed_out() {
+                break;
             }
         }
+        result.clone()
     }
 }
 

@@ -26,7 +26,8 @@ type HmacSha256 = Hmac<Sha256>;
 // Changes with the encoding: nodes that encode differently refuse each other's frames
 // ([`WireError::Version`]) rather than misread them.
 // 3: a spawn carries its kind's limits.
-const VERSION: u8 = 3;
+// 4: those limits carry a fuel and a CPU time budget.
+const VERSION: u8 = 4;
 const MAC_LEN: usize = 32;
 
 /// Why a frame was refused.
@@ -474,8 +475,28 @@ fn optional_limits(w: &mut Writer, limits: Option<KindLimits>) {
             w.u8(1);
             w.u64(u64::try_from(limits.max_memory).unwrap_or(u64::MAX));
             w.u64(u64::try_from(limits.time_slice.as_nanos()).unwrap_or(u64::MAX));
+            optional_u64(w, limits.fuel);
+            optional_u64(w, limits.cpu_budget.map(|budget| u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX)));
         }
         None => w.u8(0),
+    }
+}
+
+fn optional_u64(w: &mut Writer, n: Option<u64>) {
+    match n {
+        Some(n) => {
+            w.u8(1);
+            w.u64(n);
+        }
+        None => w.u8(0),
+    }
+}
+
+fn read_optional_u64(r: &mut Reader<'_>) -> Result<Option<u64>, WireError> {
+    match r.u8()? {
+        0 => Ok(None),
+        1 => Ok(Some(r.u64()?)),
+        other => Err(WireError::Malformed(format!("optional tag {other}"))),
     }
 }
 
@@ -484,10 +505,13 @@ fn optional_limits(w: &mut Writer, limits: Option<KindLimits>) {
 fn read_optional_limits(r: &mut Reader<'_>) -> Result<Option<KindLimits>, WireError> {
     match r.u8()? {
         0 => Ok(None),
-        1 => Ok(Some(KindLimits {
-            max_memory: usize::try_from(r.u64()?).unwrap_or(usize::MAX),
-            time_slice: Duration::from_nanos(r.u64()?),
-        })),
+        1 => {
+            let max_memory = usize::try_from(r.u64()?).unwrap_or(usize::MAX);
+            let limits = KindLimits::new(max_memory, Duration::from_nanos(r.u64()?));
+            let fuel = read_optional_u64(r)?;
+            let cpu_budget = read_optional_u64(r)?.map(Duration::from_nanos);
+            Ok(Some(KindLimits { fuel, cpu_budget, ..limits }))
+        }
         other => Err(WireError::Malformed(format!("limits tag {other}"))),
     }
 }
@@ -536,7 +560,25 @@ mod tests {
                     input: vec![Payload::u64(3)],
                     caps: Capabilities::default().deny("terminate"),
                     mailbox_capacity: 16,
-                    limits: Some(KindLimits { max_memory: 4 << 20, time_slice: Duration::from_micros(250) }),
+                    limits: Some(KindLimits::new(4 << 20, Duration::from_micros(250))),
+                    monitor: true,
+                },
+            },
+            Item::Spawn {
+                token: 11,
+                spawn: RemoteSpawn {
+                    parent: a,
+                    kind: Some("app".into()),
+                    identity: None,
+                    method: "spin".into(),
+                    input: vec![],
+                    caps: Capabilities::default(),
+                    mailbox_capacity: 2,
+                    limits: Some(
+                        KindLimits::new(usize::MAX, Duration::from_millis(3))
+                            .fuel(u64::MAX)
+                            .cpu_budget(Duration::from_secs(7)),
+                    ),
                     monitor: true,
                 },
             },

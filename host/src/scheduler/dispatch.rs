@@ -74,16 +74,16 @@ pub trait Factory: Send + Sync + 'static {
         None
     }
 
-    /// The limits each process of the kind runs under, for a spawn on another node to
-    /// carry there (see [`Factory::make_within`]). `None` (the default): the kind's
-    /// processes have no such limits (a native process runs on the host's own terms).
+    /// The limits each process of the kind runs under when nothing tighter bounds it
+    /// (see [`Factory::make_within`]). `None` (the default): the kind's processes have
+    /// no such limits (a native process runs on the host's own terms).
     fn limits(&self) -> Option<KindLimits> {
         None
     }
 
     /// A new, uninitialised process under limits no looser than `bound` (nor than its
-    /// own, [`Factory::limits`]): how a node runs a process another node spawned, whose
-    /// kind's limits there were `bound`.
+    /// own, [`Factory::limits`]): how a process is made for a spawner that ran under
+    /// `bound`, on this node or another.
     ///
     /// A factory that reports limits must override this: the default refuses rather
     /// than make a process whose limits it cannot tighten.
@@ -94,32 +94,89 @@ pub trait Factory: Send + Sync + 'static {
     fn make_within(&self, bound: KindLimits) -> anyhow::Result<Box<dyn Process>> {
         anyhow::ensure!(
             self.limits().is_none(),
-            "the kind reports limits but cannot make a process under another node's `{bound:?}`"
+            "the kind reports limits but cannot make a process under its spawner's `{bound:?}`"
         );
         self.make()
     }
 }
 
 /// The per-process limits of a kind that sandboxes its processes (a Wasm component's):
-/// what travels with a spawn to another node, so the child runs there under limits no
-/// looser than its spawner's node gave the kind.
+/// what a process runs under, and so what bounds every process it spawns, on this node
+/// or another, to any depth: a child runs under the tighter of these and its own kind's
+/// limits, limit by limit ([`KindLimits::min`]), never looser than its parent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct KindLimits {
     /// Each process's memory cap, in bytes.
     pub max_memory: usize,
     /// How long a process runs before it is interrupted and the worker taken back.
     pub time_slice: std::time::Duration,
+    /// Each process's whole-life fuel budget; `None`: no budget.
+    pub fuel: Option<u64>,
+    /// Each process's whole-life CPU time budget; `None`: no budget.
+    pub cpu_budget: Option<std::time::Duration>,
 }
 
 impl KindLimits {
-    /// The tighter of `self` and `other`, limit by limit.
+    /// A memory cap and a time slice, with no fuel or CPU budget.
+    pub fn new(max_memory: usize, time_slice: std::time::Duration) -> Self {
+        KindLimits { max_memory, time_slice, fuel: None, cpu_budget: None }
+    }
+
+    /// With a whole-life fuel budget of `units`. By default none.
+    #[must_use]
+    pub fn fuel(mut self, units: u64) -> Self {
+        self.fuel = Some(units);
+        self
+    }
+
+    /// With a whole-life CPU time budget. By default none.
+    #[must_use]
+    pub fn cpu_budget(mut self, budget: std::time::Duration) -> Self {
+        self.cpu_budget = Some(budget);
+        self
+    }
+
+    /// The tighter of `self` and `other`, limit by limit; a budget that one side lacks
+    /// is the other's.
     #[must_use]
     pub fn min(self, other: KindLimits) -> KindLimits {
+        fn budget<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        }
         KindLimits {
             max_memory: self.max_memory.min(other.max_memory),
             time_slice: self.time_slice.min(other.time_slice),
+            fuel: budget(self.fuel, other.fuel),
+            cpu_budget: budget(self.cpu_budget, other.cpu_budget),
         }
     }
+
+    /// The tighter of two optional limits: `None` bounds nothing.
+    pub(crate) fn tighter(a: Option<KindLimits>, b: Option<KindLimits>) -> Option<KindLimits> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// A new process of `factory` under `bound` (the limits its spawner ran under, if any),
+/// with the limits it runs under: the tighter of `bound` and the kind's own. A kind
+/// without limits of its own (a native process) runs on the host's terms but carries
+/// `bound` on to what it spawns, so no process down the tree runs looser.
+pub(crate) fn make_under(
+    factory: &dyn Factory,
+    bound: Option<KindLimits>,
+) -> anyhow::Result<(Box<dyn Process>, Option<KindLimits>)> {
+    let process = match bound {
+        Some(bound) => factory.make_within(bound)?,
+        None => factory.make()?,
+    };
+    Ok((process, KindLimits::tighter(factory.limits(), bound)))
 }
 
 impl<F: Fn() -> anyhow::Result<Box<dyn Process>> + Send + Sync + 'static> Factory for F {
@@ -340,7 +397,8 @@ impl Shared {
                 }
             });
         };
-        let process = factory.make().map_err(|e| format!("spawn failed: {e:#}"))?;
+        let (process, sandbox) =
+            make_under(&**factory, self.sandbox_of(parent)).map_err(|e| format!("spawn failed: {e:#}"))?;
         let args = SpawnArgs {
             parent: parent.pid(),
             origin,
@@ -350,8 +408,20 @@ impl Shared {
             caps: parent.spec.caps.clone(),
             mailbox_capacity: self.settings.mailbox_capacity,
             watcher: request.monitor.then(|| Watcher::Process(parent.clone())),
-            lineage: Lineage::child_of(&parent.lineage),
+            lineage: Lineage::child_of(&parent.lineage).within(sandbox),
         };
         self.spawn_unqueued(process, args).map_err(|e| e.to_string())
+    }
+
+    /// The sandbox limits `cell` runs under, which bound whatever it spawns: those it was
+    /// spawned under, or, for a root, its kind's own.
+    pub(super) fn sandbox_of(&self, cell: &ProcessCell) -> Option<KindLimits> {
+        cell.lineage.sandbox().or_else(|| {
+            let kind = cell.spec.kind.as_deref()?;
+            match self.kinds.get(kind) {
+                Some(factory) => factory.limits(),
+                None => self.remote.as_ref()?.factory(kind)?.limits(),
+            }
+        })
     }
 }

@@ -242,10 +242,10 @@ impl std::fmt::Debug for Spawnable {
 /// How to spawn a process from the embedder.
 #[derive(Debug, Clone, Default)]
 pub struct SpawnOptions {
-    method: String,
-    input: Vec<Payload>,
-    capabilities: Option<Capabilities>,
-    mailbox_capacity: Option<usize>,
+    pub(crate) method: String,
+    pub(crate) input: Vec<Payload>,
+    pub(crate) capabilities: Option<Capabilities>,
+    pub(crate) mailbox_capacity: Option<usize>,
 }
 
 impl SpawnOptions {

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use super::dispatch::KindLimits;
 use super::process::{CommandKind, Yield};
 
 /// Limits on what one process may do, checked by the scheduler for every process
@@ -82,6 +83,10 @@ pub(super) struct Lineage {
     /// `max_descendants`: shared by the whole tree. A root makes it when it first
     /// spawns; a child gets its parent's at creation.
     tree: OnceLock<Arc<AtomicUsize>>,
+    /// The sandbox limits the process runs under, inherited down its tree: each spawn it
+    /// makes, here or on another node, is bounded by them. `None` for a root: its kind's
+    /// own limits (see `Shared::sandbox_of`).
+    sandbox: Option<KindLimits>,
 }
 
 impl Lineage {
@@ -91,7 +96,19 @@ impl Lineage {
             parent_children: Some(parent.children.get_or_init(Arc::default).clone()),
             children: OnceLock::new(),
             tree: OnceLock::from(parent.tree.get_or_init(Arc::default).clone()),
+            sandbox: None,
         }
+    }
+
+    /// This lineage, for a process that runs under `sandbox`.
+    pub(super) fn within(mut self, sandbox: Option<KindLimits>) -> Self {
+        self.sandbox = sandbox;
+        self
+    }
+
+    /// The sandbox limits the process runs under, if it was spawned under any.
+    pub(super) fn sandbox(&self) -> Option<KindLimits> {
+        self.sandbox
     }
 
     /// Counts the process in its parent's children and its tree, from its registration

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use super::caps::Capabilities;
 use super::cell::{ProcessCell, Watcher};
 use super::completer::Completer;
-use super::dispatch::{Factory, KindLimits};
+use super::dispatch::{Factory, KindLimits, make_under};
 use super::handle::Handle;
 use super::lifecycle::SpawnArgs;
 use super::limits::Lineage;
@@ -58,7 +58,7 @@ pub(crate) trait Remote: Send + Sync + 'static {
 }
 
 /// A spawn bound for another node, with everything that bounds the child there: its
-/// grants, mailbox and its kind's limits travel with it, never widened.
+/// grants, mailbox and sandbox limits travel with it, never widened.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RemoteSpawn {
     /// The spawning process (or a node's host).
@@ -71,9 +71,12 @@ pub(crate) struct RemoteSpawn {
     pub(crate) method: String,
     pub(crate) input: Vec<Payload>,
     pub(crate) caps: Capabilities,
+    /// The child's mailbox bound; 0: the receiving scheduler's default.
     pub(crate) mailbox_capacity: usize,
-    /// The kind's per-process limits on the spawning node ([`Factory::limits`]): the
-    /// child runs under the tighter of these and the receiving node's own.
+    /// The sandbox limits the child may run under at most: the tighter of those its
+    /// parent runs under and its kind's on the spawning node ([`Factory::limits`]). It
+    /// runs under the tighter of these and the receiving node's own for the kind, and
+    /// what it spawns in turn is bounded by those.
     pub(crate) limits: Option<KindLimits>,
     /// Whether the parent monitors the child.
     pub(crate) monitor: bool,
@@ -102,7 +105,8 @@ impl Shared {
             Some(factory) => Some(factory.clone()),
             None => remote.factory(kind),
         });
-        let (identity, limits) = factory.map_or((None, None), |factory| (factory.identity(), factory.limits()));
+        let (identity, own) = factory.map_or((None, None), |factory| (factory.identity(), factory.limits()));
+        let limits = KindLimits::tighter(self.sandbox_of(parent), own);
         let spawn = RemoteSpawn {
             parent: parent.pid(),
             kind,
@@ -172,9 +176,10 @@ impl Handle {
     /// Spawns a process for a parent on another node, with the grants and mailbox the
     /// request carried (never wider than this scheduler's defaults allow: the caller
     /// intersects them) and under the tighter of the carried limits and `factory`'s own
-    /// ([`Factory::make_within`]), as the root of a process tree here. `notify` hears
-    /// its result; `spawned` is called with its pid before it is queued, so whatever it
-    /// sends goes before anything the process does.
+    /// ([`Factory::make_within`]), as the root of a process tree here whose spawns are
+    /// bounded by those limits in turn. `notify` hears its result; `spawned` is called
+    /// with its pid before it is queued, so whatever it sends goes before anything the
+    /// process does.
     pub(crate) fn spawn_for_remote(
         &self,
         factory: &dyn Factory,
@@ -183,11 +188,8 @@ impl Handle {
         notify: Option<Notify>,
         spawned: impl FnOnce(Pid),
     ) -> Result<Pid, SpawnError> {
-        let process = match spawn.limits {
-            Some(bound) => factory.make_within(bound),
-            None => factory.make(),
-        };
-        let process = process.map_err(|source| SpawnError::Factory { kind: kind.to_string(), source })?;
+        let (process, sandbox) = make_under(factory, spawn.limits)
+            .map_err(|source| SpawnError::Factory { kind: kind.to_string(), source })?;
         let args = SpawnArgs {
             parent: spawn.parent,
             origin: None,
@@ -195,9 +197,12 @@ impl Handle {
             method: spawn.method,
             input: spawn.input,
             caps: Arc::new(spawn.caps),
-            mailbox_capacity: spawn.mailbox_capacity.max(1),
+            mailbox_capacity: match spawn.mailbox_capacity {
+                0 => self.shared.settings.mailbox_capacity,
+                capacity => capacity,
+            },
             watcher: notify.map(Watcher::Notify),
-            lineage: Lineage::default(),
+            lineage: Lineage::default().within(sandbox),
         };
         let cell = self.shared.spawn_unqueued(process, args)?;
         let pid = cell.pid();

@@ -148,7 +148,8 @@ impl Component {
     }
 
     fn kind_limits(&self) -> KindLimits {
-        KindLimits { max_memory: self.limits.max_memory, time_slice: self.limits.time_slice }
+        let limits = KindLimits::new(self.limits.max_memory, self.limits.time_slice);
+        KindLimits { fuel: self.limits.fuel, cpu_budget: self.limits.cpu_budget, ..limits }
     }
 }
 
@@ -173,14 +174,29 @@ impl Factory for Component {
 
     /// A process under the tighter of this component's limits and `bound`: the same
     /// compiled code (nothing is recompiled), other limits.
+    ///
+    /// # Errors
+    ///
+    /// `bound` has a fuel budget and this runtime meters no fuel: metering is compiled
+    /// into the code, so the budget could not hold.
     fn make_within(&self, bound: KindLimits) -> anyhow::Result<Box<dyn Process>> {
         let own = self.kind_limits();
         let tight = own.min(bound);
-        let limits = if tight == own {
-            self.limits
-        } else {
-            ProcessLimits::new(&self.loaded.config, tight.max_memory, tight.time_slice)
-        };
+        if tight == own {
+            return Ok(Box::new(self.process()));
+        }
+        let config = &self.loaded.config;
+        if let Some(fuel) = tight.fuel {
+            ensure!(
+                config.fuel.is_some(),
+                "the spawner runs under a `fuel` budget of {fuel} units, and this runtime meters no fuel \
+                 (give it a fuel budget)"
+            );
+        }
+        let mut limits = ProcessLimits::new(config, tight.max_memory, tight.time_slice);
+        limits.fuel = tight.fuel;
+        limits.cpu_budget = tight.cpu_budget;
+        limits.cpu_budget_ticks = tight.cpu_budget.map_or(u64::MAX, |budget| config.ticks(budget));
         Ok(Box::new(WasmProcess::new(self.loaded.clone(), limits)))
     }
 }

@@ -23,13 +23,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use futures_util::StreamExt as _;
-use wasmproc::cluster::{Cluster, ClusterConfig, Placement, RemoteSpawnOptions};
-use wasmproc::handler::Factory;
+use wasmproc::cluster::{ClusterConfig, Placement};
 use wasmproc::{
     Command as Yielded, Event, Events, Payload, Pid, Port, Process, Scheduler, SpawnRequest, Status, StepOutput,
 };
 use wasmproc_tests::bench::{Condition, Options, Record, Report, Sample};
-use wasmproc_tests::nats::Server;
+use wasmproc_tests::nats::{Node, Server, kind};
 
 use crate::{WARMUP, short};
 
@@ -38,7 +37,7 @@ use crate::{WARMUP, short};
 const WINDOW: u64 = 100;
 /// Spawns (and raw requests) outstanding at once.
 const IN_FLIGHT: u64 = 64;
-/// How long the nodes may take to see each other, and the server to listen.
+/// How long the raw-NATS responder may take to be ready.
 const PATIENCE: Duration = Duration::from_secs(30);
 
 pub(crate) fn run(options: &Options, report: &mut Report) {
@@ -59,8 +58,8 @@ pub(crate) fn run(options: &Options, report: &mut Report) {
             return;
         }
     };
-    let a = Node::join(&server, "bench-a", Placement::LeastLoaded, false);
-    let b = Node::join(&server, "bench-b", Placement::Local, true);
+    let a = join(&server, "bench-a", Placement::LeastLoaded, false);
+    let b = join(&server, "bench-b", Placement::Local, true);
     a.wait_for(2);
     b.wait_for(2);
     let raw = Raw::connect(&server);
@@ -196,61 +195,21 @@ fn micros(name: &str, ours: &Sample, theirs: &Sample) -> Record {
     }
 }
 
-/// A node in this process: a cluster member serving a scheduler of one worker with the
-/// kinds the benchmarks spawn.
-struct Node {
-    cluster: Cluster,
-    scheduler: Scheduler,
-}
-
-impl Node {
-    fn join(server: &Server, name: &str, placement: Placement, accepts: bool) -> Node {
-        let config = ClusterConfig::new(server.url())
-            .name(name)
-            .secret("bench")
-            .prefix(format!("bench{}", std::process::id()))
-            .placement(placement)
-            .accepts_spawns(accepts);
-        let cluster = Cluster::join(config).unwrap_or_else(|e| panic!("node `{name}` joins: {e:#}"));
-        let scheduler = Scheduler::builder()
-            .workers(1)
-            .cluster(&cluster)
-            .kind("ponger", kind(|| Ponger(None)))
-            .kind("sink", kind(|| Sink { port: None, count: 0 }))
-            .kind("brief", kind(|| Brief))
-            .build()
-            .expect("the scheduler starts");
-        cluster.serve(scheduler.handle().clone());
-        Node { cluster, scheduler }
-    }
-
-    fn wait_for(&self, count: usize) {
-        let deadline = Instant::now() + PATIENCE;
-        while self.cluster.nodes().len() < count {
-            assert!(Instant::now() < deadline, "{} sees only {:?}", self.cluster.name(), self.cluster.nodes());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Starts a process of `kind` on `on`, from here, and returns its pid.
-    fn spawn_on(&self, on: &Node, kind: &str) -> Pid {
-        let process = self
-            .cluster
-            .spawn(Some(on.cluster.name()), Some(kind.to_owned()), None, RemoteSpawnOptions::new("main"))
-            .expect("the spawn is sent");
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Some(pid) = process.pid() {
-                return pid;
-            }
-            assert!(Instant::now() < deadline, "no `{kind}` started: {:?}", process.join_timeout(Duration::ZERO));
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-}
-
-fn kind<P: Process>(make: impl Fn() -> P + Send + Sync + 'static) -> impl Factory {
-    move || -> anyhow::Result<Box<dyn Process>> { Ok(Box::new(make())) }
+/// Node `name` in this process: a scheduler of one worker with the kinds the benchmarks
+/// spawn, in a cluster of its own on `server`.
+fn join(server: &Server, name: &str, placement: Placement, accepts: bool) -> Node {
+    let config = ClusterConfig::new(server.url())
+        .name(name)
+        .secret("bench")
+        .prefix(format!("bench{}", std::process::id()))
+        .placement(placement)
+        .accepts_spawns(accepts);
+    let scheduler = Scheduler::builder()
+        .workers(1)
+        .kind("ponger", kind(|| Ponger(None)))
+        .kind("sink", kind(|| Sink { port: None, count: 0 }))
+        .kind("brief", kind(|| Brief));
+    Node::join(config, scheduler)
 }
 
 /// Answers each `ping` with a `pong` of the same body, until `stop`.
