@@ -16,6 +16,8 @@
 //!             the journal's group window for `durable/` (default: the library's, 0)
 //! RAW_KEEP_RESIDENT=bytes, RAW_COW=0
 //!             what-if engine settings for the raw wasmtime side only
+//! TAIL_ONLY=a,b
+//!             `sandbox/tail-…`: only these of the hostile guests that misbehave once
 //! ```
 //!
 //! A paired benchmark runs each side once to warm up, then alternates the sides so that
@@ -26,6 +28,7 @@
 //!
 //! - [`scheduler`]: the scheduler alone, with native processes, against tokio;
 //! - [`wasm`]: Wasm processes against raw wasmtime, and the sandbox against itself;
+//! - [`tail`]: well-behaved processes' latency beside hostile guests, against quiet;
 //! - [`durable`]: Wasm processes with a journal against the same without;
 //! - [`kv`]: the `kv` provider's round trip against the store's own read rate;
 //! - [`http`]: an `http` provider call against a direct request with the same client;
@@ -44,6 +47,7 @@ mod kv;
 mod languages;
 mod plot;
 mod scheduler;
+mod tail;
 mod wasm;
 
 use std::path::PathBuf;
@@ -76,6 +80,7 @@ fn main() {
     let mut plots = plot::Plots::default();
     scheduler::run(&options, &mut report);
     wasm::run(&options, &mut report, &mut plots);
+    tail::run(&options, &mut report);
     durable::run(&options, &mut report);
     kv::run(&options, &mut report);
     http::run(&options, &mut report);

@@ -75,9 +75,7 @@ pub fn run(options: &Options, report: &mut Report) {
         ),
         (
             names[1].as_str(),
-            // Not a goal of the issue's: the bound the scheduler's history held it to
-            // (BENCHMARKS.md), so that a regression shows.
-            Condition::ratio_at_most(1.5),
+            Condition::ratio_at_most(1.0),
             Box::new(|| ping_pong_wasmproc(&scheduler, sizes.ping_pong_messages)),
             Box::new(|| ping_pong_tokio(&tokio, sizes.ping_pong_messages)),
         ),

@@ -182,7 +182,7 @@ pub fn run(options: &Options, report: &mut Report, plots: &mut Plots) {
             let (ours, theirs) = pair(&|| cycles_wasmproc(&s, sizes), &|| cycles_raw(&raw, w, sizes));
             let mut record = Record::rate(&cycles, "steps/s", steps, &ours, Some(&theirs));
             if w == 2 {
-                record = record.goal(Condition::median_at_least(2e6));
+                record = record.goal(Condition::median_at_least(2e6)).goal(Condition::ratio_at_most(1.3));
             }
             plots.steps.push((w, record.median, theirs_rate(steps, &theirs)));
             report.push(record);
@@ -196,7 +196,7 @@ pub fn run(options: &Options, report: &mut Report, plots: &mut Plots) {
             let messages = sizes.ping_pong_messages;
             let (ours, theirs) = pair(&|| ping_pong_wasmproc(&s, messages), &|| ping_pong_raw(&raw, messages));
             let record = Record::rate(&ping_pong, "messages/s", messages, &ours, Some(&theirs));
-            report.push(record.goal(Condition::median_at_least(1e6)));
+            report.push(record.goal(Condition::median_at_least(1e6)).goal(Condition::ratio_at_most(1.3)));
         }
         if options.selected(&tree) {
             let (ours, theirs) = pair(&|| tree_wasmproc(&s, sizes), &|| tree_raw(&raw, workers, sizes));
@@ -232,12 +232,15 @@ pub fn run(options: &Options, report: &mut Report, plots: &mut Plots) {
             let (ours, theirs) = pair(&|| lifecycles_wasmproc(&sandboxed, workers, sizes), &|| {
                 lifecycles_wasmproc(&bare, workers, sizes)
             });
-            report.push(Record::rate(&lifecycle, "lifecycles/s", sizes.lifecycles, &ours, Some(&theirs)));
+            let record = Record::rate(&lifecycle, "lifecycles/s", sizes.lifecycles, &ours, Some(&theirs));
+            report.push(record.goal(Condition::ratio_at_most(1.1)));
         }
         if options.selected(&cycles) {
             let steps = sizes.cycle_processes * sizes.cycles_each;
             let (ours, theirs) = pair(&|| cycles_wasmproc(&sandboxed, sizes), &|| cycles_wasmproc(&bare, sizes));
-            report.push(Record::rate(&cycles, "steps/s", steps, &ours, Some(&theirs)));
+            report.push(
+                Record::rate(&cycles, "steps/s", steps, &ours, Some(&theirs)).goal(Condition::ratio_at_most(1.1)),
+            );
         }
         sandboxed.stop(Duration::from_secs(1));
         bare.stop(Duration::from_secs(1));
