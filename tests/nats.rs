@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use wasmproc::cluster::{Cluster, ClusterConfig};
+use wasmproc::cluster::{Cluster, ClusterConfig, NodeInfo};
 use wasmproc::handler::Factory;
 use wasmproc::scheduler::Builder;
 use wasmproc::{Pid, Process, Scheduler};
@@ -170,8 +170,23 @@ impl Node {
     ///
     /// It does not within a minute.
     pub fn wait_for(&self, count: usize) {
+        self.wait_until(|nodes| nodes.len() >= count);
+    }
+
+    /// Waits until it sees `count` nodes that take spawns, itself included: a node
+    /// announces itself when it joins and again, taking spawns, once it serves, so a
+    /// placement that runs between the two passes it over.
+    ///
+    /// # Panics
+    ///
+    /// It does not within a minute.
+    pub fn wait_for_accepting(&self, count: usize) {
+        self.wait_until(|nodes| nodes.iter().filter(|node| node.accepts).count() >= count);
+    }
+
+    fn wait_until(&self, ready: impl Fn(&[NodeInfo]) -> bool) {
         let deadline = Instant::now() + PATIENCE;
-        while self.cluster.nodes().len() < count {
+        while !ready(&self.cluster.nodes()) {
             assert!(Instant::now() < deadline, "{} sees only {:?}", self.cluster.name(), self.cluster.nodes());
             std::thread::sleep(Duration::from_millis(10));
         }

@@ -526,7 +526,7 @@ fn a_spawn_carries_its_kinds_memory_cap_to_the_node_that_runs_it() {
     );
     a.cluster.offer(hash, bytes.clone());
     let b = Node::join_loading(config("lb", Placement::Local, true), Scheduler::builder().workers(1), &runtime_b);
-    a.wait_for(2);
+    a.wait_for_accepting(1);
     b.wait_for(2);
 
     // `la` places the spawner's child on `lb`, the one node that takes spawns.
@@ -613,7 +613,7 @@ fn a_grandchild_on_a_third_node_is_held_to_the_first_parents_memory_cap() {
         config("gb", Placement::LeastLoaded, true),
         Scheduler::builder().workers(1).kind("relay", kind(move || Relay { pid: relays.clone(), spawned: false })),
     );
-    a.wait_for(2);
+    a.wait_for_accepting(1);
     b.wait_for(2);
 
     // The first parent; `gb` is the one node that takes its child.
@@ -632,7 +632,7 @@ fn a_grandchild_on_a_third_node_is_held_to_the_first_parents_memory_cap() {
 
     // `gc` runs nothing, `gb` the relay: `gb` places the grandchild on `gc`.
     let c = Node::join(config("gc", Placement::Local, true), Scheduler::builder().workers(1).kind("hostile", hostile));
-    b.wait_for(3);
+    b.wait_for_accepting(2);
     b.scheduler.handle().send(relay, "go", Payload::empty()).expect("the relay takes `go`");
 
     let result = parent.join_timeout(PATIENCE).expect("the first parent ends").expect("the relay's report");
@@ -663,7 +663,7 @@ fn a_spawn_carries_its_spawners_fuel_budget_to_the_node_that_runs_it() {
         Scheduler::builder().workers(1).kind("fan_out", fan_out),
     );
     let b = Node::join(config("fb", Placement::Local, true), Scheduler::builder().workers(1).kind("hostile", hostile));
-    a.wait_for(2);
+    a.wait_for_accepting(1);
     b.wait_for(2);
 
     let input = Payload::json(&("hostile", "spin", ())).unwrap();
@@ -671,4 +671,33 @@ fn a_spawn_carries_its_spawners_fuel_budget_to_the_node_that_runs_it() {
     let parent = a.scheduler.handle().spawn(Spawnable::kind("fan_out"), options).expect("spawns");
     let error = parent.join_timeout(PATIENCE).expect("the spawner ends").expect_err("its child runs out of fuel");
     assert!(error.contains(&format!("used all of its {SMALL} units of `fuel`")), "{error}");
+}
+
+/// `wasmproc run APP --cluster URL` sends the run's own sandbox settings with its entry:
+/// with `--memory 8MiB`, a memory bomb on a node whose default cap is 64 MiB stops at
+/// 8 MiB; with `--fuel` on a node that meters no fuel, the spawn is refused rather than
+/// run without the budget.
+#[test]
+fn run_with_cluster_sends_the_runs_limits_with_its_entry() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let _node = node_process(&server, "limited");
+    wait_for_nodes(&server, 1);
+    let run = |args: &[&str]| {
+        let out = wasmproc()
+            .arg("run")
+            .arg(wasmproc_tests::guests::HOSTILE)
+            .args(args)
+            .args(["--cluster", &server.url(), "--cluster-secret", SECRET])
+            .output()
+            .expect("wasmproc run runs");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+
+    let (code, stderr) = run(&["--method", "memory-bomb", "--memory", "8MiB"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("past its `max_memory` of {} bytes", 8 << 20)), "{stderr}");
+
+    let (code, stderr) = run(&["--method", "spin", "--fuel", "1000000"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("meters no fuel"), "{stderr}");
 }

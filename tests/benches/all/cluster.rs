@@ -60,7 +60,7 @@ pub(crate) fn run(options: &Options, report: &mut Report) {
     };
     let a = join(&server, "bench-a", Placement::LeastLoaded, false);
     let b = join(&server, "bench-b", Placement::Local, true);
-    a.wait_for(2);
+    a.wait_for_accepting(1);
     b.wait_for(2);
     let raw = Raw::connect(&server);
     println!(
