@@ -414,7 +414,7 @@ impl Shared {
     }
 
     /// The sandbox limits `cell` runs under, which bound whatever it spawns: those it was
-    /// spawned under, or, for a root, its kind's own.
+    /// spawned with, or, for a process restored from a journal, its kind's own.
     pub(super) fn sandbox_of(&self, cell: &ProcessCell) -> Option<KindLimits> {
         cell.lineage.sandbox().or_else(|| {
             let kind = cell.spec.kind.as_deref()?;

@@ -79,6 +79,7 @@ impl Handle {
     ) -> Result<ProcessHandle, SpawnError> {
         let shared = &self.shared;
         let slot = Arc::new(ExitSlot::default());
+        let sandbox = process.limits();
         let args = SpawnArgs {
             parent: Pid::HOST,
             origin: None,
@@ -88,7 +89,7 @@ impl Handle {
             caps: options.capabilities.map_or_else(|| shared.settings.capabilities.clone(), Arc::new),
             mailbox_capacity: options.mailbox_capacity.unwrap_or(shared.settings.mailbox_capacity).max(1),
             watcher: Some(Watcher::Handle(slot.clone())),
-            lineage: Lineage::default(),
+            lineage: Lineage::default().within(sandbox),
         };
         let cell = shared.spawn_unqueued(process, args)?;
         let handle = ProcessHandle::new(cell.pid(), slot);

@@ -102,6 +102,13 @@ pub trait Process: Send + 'static {
         false
     }
 
+    /// The sandbox limits the process runs under, which bound every process it spawns
+    /// (see [`KindLimits`](super::dispatch::KindLimits)); asked once, when the embedder
+    /// spawns it. `None` (the default): none, as for a native process.
+    fn limits(&self) -> Option<super::dispatch::KindLimits> {
+        None
+    }
+
     /// Releases the process's resources. Called exactly once.
     fn close(&mut self) {}
 }
