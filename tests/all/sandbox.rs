@@ -178,6 +178,17 @@ fn a_yield_flood_passes_max_yields_per_step() {
     says(&misbehave(Config::default(), "yield-flood"), "yield limit exceeded: one step yielded 100000 commands");
 }
 
+/// The yields of a completing step are discarded, however many (DESIGN 2): the limit is
+/// on what the host would carry out.
+#[test]
+fn a_completing_step_may_leave_any_number_of_yields_behind() {
+    let runtime = runtime(Config::default());
+    let s = Scheduler::builder().workers(1).kind("hostile", load(&runtime, HOSTILE)).build().expect("starts");
+    let process = s.handle().spawn(Spawnable::kind("hostile"), "flood-and-complete").unwrap();
+    let result = process.join_timeout(HANG).expect("it ends").expect("and succeeds");
+    assert_eq!(result.as_str(), Some("100000"));
+}
+
 #[test]
 fn a_giant_result_passes_max_payload_size() {
     // The 32 MiB copy out of the guest takes longer than a time slice in a debug build.

@@ -14,6 +14,7 @@
 //! | `trap-in-init` | traps in `init` (unreachable) |
 //! | `send-in-init` | calls the host's `send` in `init`, and refuses to start with the error it got |
 //! | `yield-flood` | yields 100,000 sleeps in one step |
+//! | `flood-and-complete` | yields 100,000 sleeps in the step that completes (with `100000`): not hostile, the yields are discarded |
 //! | `message-flood` | sends its first input's pid 10,000 messages, one step after another |
 //! | `giant-payload` | completes with a 32 MiB result |
 //! | `spawn-bomb` | spawns two more of itself, forever |
@@ -31,7 +32,7 @@ wit_bindgen::generate!({
     path: "../../wit",
 });
 
-const ENTRIES: [&str; 14] = [
+const ENTRIES: [&str; 15] = [
     "spin",
     "memory-bomb",
     "stack-overflow",
@@ -40,6 +41,7 @@ const ENTRIES: [&str; 14] = [
     "trap-in-init",
     "send-in-init",
     "yield-flood",
+    "flood-and-complete",
     "message-flood",
     "giant-payload",
     "spawn-bomb",
@@ -99,6 +101,10 @@ impl Guest for Hostile {
             "yield-flood" => {
                 let yields = (0..100_000).map(|tag| YieldCommand { tag, command: Command::Sleep(1) }).collect();
                 StepOutput { status: Status::Blocked, yields }
+            }
+            "flood-and-complete" => {
+                let yields = (0..100_000).map(|tag| YieldCommand { tag, command: Command::Sleep(1) }).collect();
+                StepOutput { yields, ..complete(100_000) }
             }
             "message-flood" => {
                 let to = input.first().and_then(|p| std::str::from_utf8(&p.data).ok()?.parse().ok()).unwrap_or(0);

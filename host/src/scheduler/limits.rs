@@ -23,11 +23,7 @@ impl Limits {
     /// `lineage`: the error ends the process, and none of the yields is carried out.
     pub(super) fn check(&self, yields: &[Yield], lineage: &Lineage) -> Result<(), String> {
         if yields.len() > self.max_yields_per_step {
-            return Err(format!(
-                "yield limit exceeded: one step yielded {} commands, more than `max_yields_per_step` ({})",
-                yields.len(),
-                self.max_yields_per_step
-            ));
+            return Err(yield_limit_exceeded(yields.len(), self.max_yields_per_step));
         }
         let mut spawns = 0;
         for y in yields {
@@ -58,13 +54,20 @@ impl Limits {
     /// Checks a payload of `size` bytes that a process hands to `what`.
     pub(super) fn check_payload(&self, size: usize, what: &str) -> Result<(), String> {
         if size > self.max_payload_size {
-            return Err(format!(
-                "payload limit exceeded: a {size}-byte payload for `{what}` is over `max_payload_size` ({} bytes)",
-                self.max_payload_size
-            ));
+            return Err(payload_limit_exceeded(size, what, self.max_payload_size));
         }
         Ok(())
     }
+}
+
+/// The error that ends a process whose step yielded `yielded` commands, over `max`.
+pub(crate) fn yield_limit_exceeded(yielded: usize, max: usize) -> String {
+    format!("yield limit exceeded: one step yielded {yielded} commands, more than `max_yields_per_step` ({max})")
+}
+
+/// The error that ends a process that handed `what` a payload of `size` bytes, over `max`.
+pub(crate) fn payload_limit_exceeded(size: usize, what: &str, max: usize) -> String {
+    format!("payload limit exceeded: a {size}-byte payload for `{what}` is over `max_payload_size` ({max} bytes)")
 }
 
 /// A process's place in its process tree: the live counts that [`Limits::check`] bounds.
@@ -84,8 +87,8 @@ pub(super) struct Lineage {
     /// spawns; a child gets its parent's at creation.
     tree: OnceLock<Arc<AtomicUsize>>,
     /// The sandbox limits the process runs under, inherited down its tree: each spawn it
-    /// makes, here or on another node, is bounded by them. `None` for a root: its kind's
-    /// own limits (see `Shared::sandbox_of`).
+    /// makes, here or on another node, is bounded by them. `None` when it runs under
+    /// none, or was restored from a journal: its kind's own then (`Shared::sandbox_of`).
     sandbox: Option<KindLimits>,
 }
 

@@ -78,6 +78,8 @@ pub use self::builder::Builder;
 pub use self::caps::Capabilities;
 use self::durable::SUSPENDED;
 pub use self::handle::{Handle, ProcessHandle, SpawnOptions, Spawnable};
+#[cfg(feature = "wasm")]
+pub(crate) use self::limits::{payload_limit_exceeded, yield_limit_exceeded};
 pub use self::port::Port;
 use self::process::Pid;
 pub use self::process::{Command, Event, Events, Outcome, Process, SpawnRequest, Status, StepOutput, Yield};

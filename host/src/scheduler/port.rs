@@ -75,6 +75,13 @@ impl Port {
         self.cell.upgrade().map_or(0, |cell| scheduler(&cell).settings.limits.max_yields_per_step)
     }
 
+    /// The largest payload this process may hand the host: larger ends it
+    /// ([`Builder::max_payload_size`](super::Builder::max_payload_size)). 0 once the process
+    /// has ended.
+    pub fn max_payload_size(&self) -> usize {
+        self.cell.upgrade().map_or(0, |cell| scheduler(&cell).settings.limits.max_payload_size)
+    }
+
     /// Whether a long step should give its worker back now: other processes are queued
     /// on this scheduler, or this process has been asked to terminate. A snapshot of racy
     /// checks: a wrong answer only moves a yield by one look (an epoch tick for Wasm).

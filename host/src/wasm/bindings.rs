@@ -1,8 +1,8 @@
 //! Host bindings of the `wasmproc:process/process` world, generated from `wit/`.
 //!
-//! Twice: [`Process`] calls every export synchronously; [`preemptible::Process`] calls
-//! them on a fiber, which lets a step past its time slice be suspended and resumed
-//! (`process.rs`). The second shares the first's types and host traits.
+//! [`Process`] calls `entries` and `init` synchronously; `step` is called through
+//! [`Process::step`], synchronously or on a fiber (which lets a step past its time slice be
+//! suspended and resumed, `process.rs`), with its output lifted by `output.rs`.
 
 /// The world every process component must target; named in load errors.
 pub(crate) const WORLD: &str = "wasmproc:process/process@0.1.0";
@@ -54,23 +54,21 @@ impl ProcessIndices {
     }
 }
 
-pub(crate) mod preemptible {
-    wasmtime::component::bindgen!({
-        world: "process",
-        path: "../wit",
-        exports: { default: async },
-        with: {
-            "wasmproc:process/types": super::wasmproc::process::types,
-            "wasmproc:process/host": super::wasmproc::process::host,
-        },
-    });
+/// `step`'s signature with the output lifted through `output.rs`'s capped types.
+pub(crate) type Step<'a> =
+    wasmtime::component::TypedFunc<(&'a [wasmproc::process::types::Event],), (super::output::StepOutput,)>;
 
-    impl Process {
-        /// The exports of `guest`'s instance, called on a fiber. The functions are the
-        /// same, only the way of calling them differs, so there is nothing to look up
-        /// or check again.
-        pub(crate) fn of(guest: &super::Process) -> Process {
-            Process { entries: guest.entries, init: guest.init, step: guest.step }
-        }
+impl Process {
+    /// Checks once that the component's `step` has the signature [`Process::step`]
+    /// assumes (the generated `load` checked the world's own types, not `output.rs`'s).
+    pub(crate) fn check_step(&self, store: impl wasmtime::AsContext) -> wasmtime::Result<()> {
+        self.step.typed::<(&[wasmproc::process::types::Event],), (super::output::StepOutput,)>(store).map(drop)
+    }
+
+    /// `step`, lifting its output with the per-step caps (see `output.rs`).
+    pub(crate) fn step<'a>(&self) -> Step<'a> {
+        // SAFETY: `check_step` passed on an instance of the same component when it was
+        // loaded (`Component::prepare`), and every instance of a component has its types.
+        unsafe { Step::new_unchecked(self.step) }
     }
 }

@@ -12,7 +12,7 @@ use super::bindings::handler::wasmproc::process::provider;
 use super::bindings::{Process as Guest, ProcessIndices, ProcessPre, WORLD};
 use super::config::Config;
 use super::engine::EpochClock;
-use super::process::{Loaded, WasmProcess, guest_error};
+use super::process::{Loaded, WasmProcess, guest_error, kind_limits};
 use super::store::{ProcessLimits, ProcessState, new_store};
 use crate::handler::{Factory, KindLimits};
 use crate::scheduler::process::{Pid, Process};
@@ -79,6 +79,7 @@ impl Component {
         // The init time limit, the store's deadline, bounds it instead.
         let entries = guest.call_entries(&mut store).map_err(|e| guest_error(e, "entries", &limits, store.data()))?;
         ensure!(!entries.is_empty(), "the component exports no entry methods (`entries` returned none)");
+        guest.check_step(&store).map_err(anyhow::Error::from).with_context(not_a_process)?;
 
         let indices =
             ProcessIndices::new(pre.instance_pre()).map_err(anyhow::Error::from).with_context(not_a_process)?;
@@ -148,8 +149,7 @@ impl Component {
     }
 
     fn kind_limits(&self) -> KindLimits {
-        let limits = KindLimits::new(self.limits.max_memory, self.limits.time_slice);
-        KindLimits { fuel: self.limits.fuel, cpu_budget: self.limits.cpu_budget, ..limits }
+        kind_limits(&self.limits)
     }
 }
 

@@ -10,7 +10,9 @@ use wasmproc_types::{Format, Level, Payload, Pid};
 
 use super::bindings::wasmproc::process::host;
 use super::bindings::wasmproc::process::types as wit;
+use super::output::{self, Caps};
 use crate::scheduler::process::{Command, Event, Outcome, SpawnRequest, Status};
+use crate::scheduler::{payload_limit_exceeded, yield_limit_exceeded};
 
 pub(crate) fn payload_to_wit(payload: Payload) -> wit::Payload {
     wit::Payload { format: payload.format.as_str().to_owned(), data: payload.data }
@@ -39,33 +41,81 @@ pub(crate) fn event_to_wit(event: Event) -> wit::Event {
     }
 }
 
-pub(crate) fn status_from_wit(status: wit::Status) -> Status {
-    match status {
-        wit::Status::Complete(result) => Status::Complete(result.map(payload_from_wit)),
-        wit::Status::Idle => Status::Idle,
-        wit::Status::Blocked => Status::Blocked,
-        wit::Status::Continue => Status::Continue,
+/// The scheduler's status of a step's `status`, or the error of the limit its result
+/// passed (see `output.rs`).
+pub(crate) fn status_from_output(status: output::StatusKind, caps: Caps) -> Result<Status, String> {
+    Ok(match status {
+        output::StatusKind::Complete(Ok(payload)) => {
+            let size = payload.data.value.as_ref().map_or_else(|&len| len, Vec::len);
+            Status::Complete(Ok(payload_from_output(payload, size, "the result", caps)?))
+        }
+        output::StatusKind::Complete(Err(error)) => Status::Complete(Err(error)),
+        output::StatusKind::Idle => Status::Idle,
+        output::StatusKind::Blocked => Status::Blocked,
+        output::StatusKind::Continue => Status::Continue,
+    })
+}
+
+/// The yields of a step that did not complete, or the error of the limit they passed: the
+/// scheduler's own errors, in the order it checks (the count, then each yield's payloads).
+pub(crate) fn yields_from_output(
+    yields: output::Capped<Vec<output::YieldCommand>, output::YieldCount>,
+    caps: Caps,
+) -> Result<impl Iterator<Item = Result<(u64, Command), String>>, String> {
+    let yields = yields.value.map_err(|count| yield_limit_exceeded(count, caps.yields))?;
+    Ok(yields.into_iter().map(move |y| Ok((y.tag, command_from_output(y.command, caps)?))))
+}
+
+/// `payload` as the host's, or the error for a payload that made `size` bytes handed to
+/// `what` when its bytes were over the cap.
+fn payload_from_output(payload: output::Payload, size: usize, what: &str, caps: Caps) -> Result<Payload, String> {
+    match payload.data.value {
+        Ok(data) => Ok(Payload { format: Format::from_name(&payload.format), data }),
+        Err(_) => Err(payload_limit_exceeded(size, what, caps.bytes)),
     }
 }
 
-pub(crate) fn command_from_wit(command: wit::Command) -> Command {
-    match command {
-        wit::Command::Sleep(nanos) => Command::Sleep(Duration::from_nanos(nanos)),
-        wit::Command::Spawn(request) => Command::Spawn(SpawnRequest {
-            kind: request.kind,
-            method: request.method,
-            input: request.input.into_iter().map(payload_from_wit).collect(),
-            monitor: request.monitor,
-        }),
-        wit::Command::Send(request) => {
-            Command::Send { to: Pid::from_u64(request.to), topic: request.topic, body: payload_from_wit(request.body) }
+fn len_of<T, K>(capped: &output::Capped<T, K>, len: impl Fn(&T) -> usize) -> usize {
+    capped.value.as_ref().map_or_else(|&over| over, len)
+}
+
+pub(crate) fn command_from_output(command: output::Command, caps: Caps) -> Result<Command, String> {
+    Ok(match command {
+        output::Command::Sleep(nanos) => Command::Sleep(Duration::from_nanos(nanos)),
+        output::Command::Spawn(request) => {
+            let input = request.input.value.map_err(|count| {
+                format!(
+                    "payload limit exceeded: {count} inputs for `spawn` are more than `max_payload_size` ({})",
+                    caps.bytes
+                )
+            })?;
+            // The scheduler counts a spawn's inputs together.
+            let size = input.iter().map(|p| len_of(&p.data, Vec::len)).sum();
+            let input =
+                input.into_iter().map(|p| payload_from_output(p, size, "spawn", caps)).collect::<Result<_, _>>();
+            Command::Spawn(SpawnRequest {
+                kind: request.kind,
+                method: request.method,
+                input: input?,
+                monitor: request.monitor,
+            })
         }
-        wit::Command::Monitor(pid) => Command::Monitor(Pid::from_u64(pid)),
-        wit::Command::Terminate(pid) => Command::Terminate(Pid::from_u64(pid)),
-        wit::Command::Custom(custom) => {
-            Command::Custom { name: custom.name.into(), payload: payload_from_wit(custom.payload) }
+        output::Command::Send(request) => {
+            // A message's topic travels with its body, and counts with it (`message_size`).
+            let size = len_of(&request.topic, String::len) + len_of(&request.body.data, Vec::len);
+            let too_big = || payload_limit_exceeded(size, "send", caps.bytes);
+            let topic = request.topic.value.map_err(|_| too_big())?;
+            let body = payload_from_output(request.body, size, "send", caps)?;
+            Command::Send { to: Pid::from_u64(request.to), topic, body }
         }
-    }
+        output::Command::Monitor(pid) => Command::Monitor(Pid::from_u64(pid)),
+        output::Command::Terminate(pid) => Command::Terminate(Pid::from_u64(pid)),
+        output::Command::Custom(custom) => {
+            let size = len_of(&custom.payload.data, Vec::len);
+            let payload = payload_from_output(custom.payload, size, &custom.name, caps)?;
+            Command::Custom { name: custom.name.into(), payload }
+        }
+    })
 }
 
 pub(crate) fn level_from_wit(level: host::Level) -> Level {
@@ -90,22 +140,52 @@ mod tests {
         }
     }
 
+    const CAPS: Caps = Caps { yields: 4, bytes: 8 };
+
     #[test]
     fn commands_keep_their_fields() {
-        assert_eq!(command_from_wit(wit::Command::Sleep(1_500)), Command::Sleep(Duration::from_nanos(1_500)));
-        let custom = wit::CustomCommand {
-            name: "db.get".to_owned(),
-            payload: wit::Payload { format: "text".to_owned(), data: b"k".to_vec() },
-        };
+        let command = |c| command_from_output(c, CAPS);
+        assert_eq!(command(output::Command::Sleep(1_500)), Ok(Command::Sleep(Duration::from_nanos(1_500))));
+        let custom =
+            output::CustomCommand { name: "db.get".to_owned(), payload: output::Payload::new("text", b"k".to_vec()) };
         assert_eq!(
-            command_from_wit(wit::Command::Custom(custom)),
-            Command::Custom { name: "db.get".into(), payload: Payload::text("k") }
+            command(output::Command::Custom(custom)),
+            Ok(Command::Custom { name: "db.get".into(), payload: Payload::text("k") })
         );
-        let spawn = wit::SpawnRequest { kind: None, method: "main".to_owned(), input: vec![], monitor: true };
+        let spawn = output::SpawnRequest::new(None, "main", vec![], true);
         assert_eq!(
-            command_from_wit(wit::Command::Spawn(spawn)),
-            Command::Spawn(SpawnRequest { kind: None, method: "main".into(), input: vec![], monitor: true })
+            command(output::Command::Spawn(spawn)),
+            Ok(Command::Spawn(SpawnRequest { kind: None, method: "main".into(), input: vec![], monitor: true }))
         );
+        let send = output::SendRequest::new(7, "t", output::Payload::new("bytes", vec![1]));
+        assert_eq!(
+            command(output::Command::Send(send)),
+            Ok(Command::Send { to: Pid::from_u64(7), topic: "t".into(), body: Payload::bytes([1]) })
+        );
+    }
+
+    /// A list the lift left behind for its length fails with the scheduler's error for that
+    /// limit, counting what the scheduler counts.
+    #[test]
+    fn what_was_over_a_cap_fails_with_the_schedulers_error() {
+        let over = |len| output::Payload::over("bytes", len);
+        let send = output::SendRequest::new(7, "topic", over(9));
+        assert_eq!(command_from_output(output::Command::Send(send), CAPS), Err(payload_limit_exceeded(14, "send", 8)));
+        let custom = output::CustomCommand { name: "db.put".to_owned(), payload: over(100) };
+        assert_eq!(
+            command_from_output(output::Command::Custom(custom), CAPS),
+            Err(payload_limit_exceeded(100, "db.put", 8))
+        );
+        let spawn =
+            output::SpawnRequest::new(None, "main", vec![output::Payload::new("bytes", vec![0; 3]), over(9)], false);
+        assert_eq!(
+            command_from_output(output::Command::Spawn(spawn), CAPS),
+            Err(payload_limit_exceeded(12, "spawn", 8))
+        );
+        let result = status_from_output(output::StatusKind::Complete(Ok(over(33))), CAPS);
+        assert_eq!(result, Err(payload_limit_exceeded(33, "the result", 8)));
+        let flood = yields_from_output(output::Capped::over_by(100_000), CAPS).err();
+        assert_eq!(flood, Some(yield_limit_exceeded(100_000, 4)));
     }
 
     #[test]

@@ -61,6 +61,7 @@ mod key;
 mod limits;
 mod log;
 mod memory;
+mod output;
 mod owned;
 mod precompiled;
 mod process;

@@ -22,16 +22,17 @@ use std::task::{Context, Poll, Waker};
 use anyhow::{anyhow, bail};
 use wasmtime::{Store, Trap, WasmBacktrace};
 
-use super::bindings::preemptible::Process as PreemptibleGuest;
 use super::bindings::wasmproc::process::types as wit;
 use super::bindings::{Process as Guest, ProcessIndices, ProcessPre};
 use super::config::Config;
 use super::convert;
 use super::engine::EpochClock;
 use super::log::{Level, LogSink};
+use super::output::{self, Caps};
 use super::stacks;
 use super::store::{ProcessLimits, ProcessState, new_store, refuel};
 use super::watch::{Stopped, Watch, watch};
+use crate::handler::KindLimits;
 use crate::scheduler::Port;
 use crate::scheduler::process::{Events, Payload, Process, Status, StepOutput};
 
@@ -74,6 +75,8 @@ pub struct WasmProcess {
     stack_warm: bool,
     /// `wants_hibernation` said yes, and `hibernate` has not come since.
     hibernation_asked: bool,
+    /// What one step's output may hold: the scheduler's limits, read at `init`.
+    caps: Caps,
 }
 
 enum State {
@@ -89,13 +92,13 @@ type StepFuture = dyn Future<Output = Stepped> + Send;
 
 /// A step's end: the store back, the events buffer back (its events handed over), and
 /// the guest's answer.
-type Stepped = (Running, Vec<wit::Event>, wasmtime::Result<wit::StepOutput>);
+type Stepped = (Running, Vec<wit::Event>, wasmtime::Result<output::StepOutput>);
 
 struct Running {
     store: Store<ProcessState>,
     guest: Guest,
-    /// The same instance's exports called on a fiber; `None` without preemption.
-    preemptible: Option<PreemptibleGuest>,
+    /// Steps run on a fiber (wasmtime's async call), to be preempted.
+    preemptible: bool,
 }
 
 impl WasmProcess {
@@ -109,6 +112,7 @@ impl WasmProcess {
             stack: None,
             stack_warm: false,
             hibernation_asked: false,
+            caps: Caps { yields: 0, bytes: 0 },
         }
     }
 
@@ -116,25 +120,27 @@ impl WasmProcess {
     /// preempted (and is kept to resume).
     fn run(&mut self, running: Running) -> anyhow::Result<Option<Stepped>> {
         match running {
-            mut running @ Running { preemptible: None, .. } => {
+            mut running @ Running { preemptible: false, .. } => {
                 running.store.data_mut().ticks.slice = 0;
                 running.store.set_epoch_deadline(1);
                 let clock = &self.loaded.clock;
                 let started = clock.now();
-                let result = running.guest.call_step(&mut running.store, &self.events);
+                let step = running.guest.step();
+                let result = output::with_caps(self.caps, || step.call(&mut running.store, (&self.events,)));
+                let result = result.map(|(output,)| output);
                 self.cpu_ticks += clock.now() - started;
                 let batch = std::mem::take(&mut self.events);
                 Ok(Some((running, batch, result)))
             }
-            Running { mut store, guest, preemptible: Some(stepper) } => {
+            Running { mut store, guest, preemptible: true } => {
                 store.data_mut().ticks.slice = 0;
                 store.set_epoch_deadline(1);
                 // The future owns what it borrows (store, events) so that it can outlive
                 // this turn when preempted.
                 let batch = std::mem::take(&mut self.events);
                 let future = Box::pin(async move {
-                    let result = stepper.call_step(&mut store, &batch).await;
-                    (Running { store, guest, preemptible: Some(stepper) }, batch, result)
+                    let result = guest.step().call_async(&mut store, (&batch,)).await.map(|(output,)| output);
+                    (Running { store, guest, preemptible: true }, batch, result)
                 });
                 self.resume(future)
             }
@@ -147,7 +153,8 @@ impl WasmProcess {
         let started = clock.now();
         // What another store's call left behind is not this store's stack.
         let _ = stacks::take_made();
-        let polled = future.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+        // The output is lifted in the poll that ends the step.
+        let polled = output::with_caps(self.caps, || future.as_mut().poll(&mut Context::from_waker(Waker::noop())));
         self.cpu_ticks += clock.now() - started;
         if let Some(made) = stacks::take_made() {
             self.stack = Some(made);
@@ -173,12 +180,12 @@ impl Process for WasmProcess {
             bail!("unknown entry method `{method}`; this component has: {}", loaded.entries.join(", "));
         }
         let limits = self.limits;
+        self.caps = Caps { yields: port.max_yields_per_step(), bytes: port.max_payload_size() };
         let mut store = new_store(loaded.pre.engine(), pid, loaded.log.clone(), &limits);
         store.data_mut().port = Some(port.clone());
         let instantiated = loaded.pre.instance_pre().instantiate(&mut store).and_then(|instance| {
             let guest = loaded.indices.load_prechecked(&mut store, &instance)?;
-            let preemptible = loaded.config.preemption.then(|| PreemptibleGuest::of(&guest));
-            Ok((guest, preemptible))
+            Ok((guest, loaded.config.preemption))
         });
         // Instantiation runs the core modules' start functions, under `init`'s limit.
         let (guest, preemptible) = instantiated.map_err(|e| match e.downcast_ref::<Trap>() {
@@ -200,7 +207,7 @@ impl Process for WasmProcess {
         let watching = Watch {
             slice: limits.time_slice_ticks,
             slice_limit: limits.time_slice,
-            preemptible: preemptible.is_some(),
+            preemptible,
             cpu_budget: limits.cpu_budget.map(|budget| (limits.cpu_budget_ticks, budget)),
         };
         watch(&mut store, watching, |state| &mut state.ticks, port, || None);
@@ -231,12 +238,18 @@ impl Process for WasmProcess {
             return Err(cpu_budget_exceeded(limits));
         }
         self.state = State::Ready(running);
-        for y in output.yields {
-            out.yield_command(y.tag, convert::command_from_wit(y.command));
+        // An output past a limit ends the process with the scheduler's own error for it.
+        let status = convert::status_from_output(output.status.0, self.caps).map_err(anyhow::Error::msg)?;
+        // A completing step's yields are discarded (DESIGN 2); they were not even lifted.
+        if !matches!(status, Status::Complete(_)) {
+            for y in convert::yields_from_output(output.yields, self.caps).map_err(anyhow::Error::msg)? {
+                let (tag, command) = y.map_err(anyhow::Error::msg)?;
+                out.yield_command(tag, command);
+            }
         }
         // Unread events must reach the guest even if it means to wait: waiting would not
         // bring them again.
-        let status = match convert::status_from_wit(output.status) {
+        let status = match status {
             Status::Blocked | Status::Idle if !self.events.is_empty() => Status::Continue,
             status => status,
         };
@@ -263,6 +276,10 @@ impl Process for WasmProcess {
         true
     }
 
+    fn limits(&self) -> Option<KindLimits> {
+        Some(kind_limits(&self.limits))
+    }
+
     fn close(&mut self) {
         // A suspended step's future, dropped here, unwinds the guest's fiber first.
         self.state = State::Empty;
@@ -283,6 +300,12 @@ impl std::fmt::Debug for WasmProcess {
             .field("state", &state)
             .finish()
     }
+}
+
+/// What of `limits` bounds the processes a process under them spawns.
+pub(crate) fn kind_limits(limits: &ProcessLimits) -> KindLimits {
+    let bound = KindLimits::new(limits.max_memory, limits.time_slice);
+    KindLimits { fuel: limits.fuel, cpu_budget: limits.cpu_budget, ..bound }
 }
 
 fn cpu_budget_exceeded(limits: &ProcessLimits) -> anyhow::Error {

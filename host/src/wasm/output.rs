@@ -1,0 +1,316 @@
+//! A step's output, lifted out of the guest with the per-step limits looked at first.
+//!
+//! Lifting copies a step's whole output into the host: every yield, payload and topic.
+//! The scheduler's limits (`max_yields_per_step`, `max_payload_size`) only see the output
+//! after that copy, so a step that yields 100,000 commands or returns a 32 MiB payload
+//! would hold its worker for the whole copy, which cannot be preempted, only to be
+//! refused. These types mirror the generated ones of `step-output`, with each list and
+//! topic behind [`Capped`]: its lift reads the length the guest wrote and, when that alone
+//! is over the step's [`Caps`], records the length instead of copying anything. The
+//! conversion to the scheduler's types then fails the step with the scheduler's own error
+//! for that limit (see `convert::output_from_wit`). So a flood or a giant payload costs
+//! one bounded read, and an output within the limits is lifted exactly as before.
+//!
+//! The yields of a step that completes are discarded (DESIGN 2): the lift of [`Status`]
+//! notes a `complete`, and the yields, lifted after it, are then not copied at all.
+//!
+//! The caps are the thread's ([`with_caps`]): the lift runs inside the call to the guest,
+//! on the thread (or the fiber on it) that makes the call, where the process's caps were
+//! set just before.
+//!
+//! [`Capped`] implements wasmtime's hidden `ComponentType`/`Lift` methods by forwarding
+//! to the type it wraps (`Vec<T>` or `String`), whose canonical-ABI form is a pointer and
+//! a length. wasmtime is pinned (48.0.8); every step of every Wasm test lifts its output
+//! through these types, and `tests/all/limits.rs` and `sandbox.rs` check the caps.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+
+use wasmtime::ValRaw;
+use wasmtime::component::__internal::{CanonicalAbiInfo, InstanceType, InterfaceType, LiftContext};
+use wasmtime::component::{ComponentType, Lift};
+
+/// The most a step's output may hold, from the scheduler's limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Caps {
+    /// `max_yields_per_step`.
+    pub(crate) yields: usize,
+    /// `max_payload_size`: no one payload, topic or input list may be longer.
+    pub(crate) bytes: usize,
+}
+
+impl Caps {
+    /// No limit: what a lift outside [`with_caps`] gets.
+    const NONE: Caps = Caps { yields: usize::MAX, bytes: usize::MAX };
+}
+
+/// The caps of the output being lifted on this thread.
+#[derive(Clone, Copy)]
+pub(crate) struct Lifting {
+    caps: Caps,
+    /// The step's status, lifted first, was `complete`: its yields are discarded.
+    completed: bool,
+}
+
+thread_local! {
+    static LIFTING: Cell<Lifting> = const { Cell::new(Lifting { caps: Caps::NONE, completed: false }) };
+}
+
+/// Runs `call` (a call into the guest, or a poll of one) with `caps` for the output it
+/// lifts; the thread's earlier caps are back afterwards, however `call` ends.
+pub(crate) fn with_caps<R>(caps: Caps, call: impl FnOnce() -> R) -> R {
+    struct Restore(Lifting);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            LIFTING.set(self.0);
+        }
+    }
+    let _restore = Restore(LIFTING.replace(Lifting { caps, completed: false }));
+    call()
+}
+
+/// Which cap bounds a [`Capped`] value's length.
+pub(crate) trait Cap: Send + Sync + 'static {
+    fn limit(lifting: Lifting) -> usize;
+}
+
+/// The step's yields: at most `max_yields_per_step`, none when the step completed.
+pub(crate) struct YieldCount;
+
+impl Cap for YieldCount {
+    fn limit(lifting: Lifting) -> usize {
+        if lifting.completed { 0 } else { lifting.caps.yields }
+    }
+}
+
+/// A payload's bytes, a topic, a list of inputs: at most `max_payload_size` each.
+pub(crate) struct Bytes;
+
+impl Cap for Bytes {
+    fn limit(lifting: Lifting) -> usize {
+        lifting.caps.bytes
+    }
+}
+
+/// A list or string lifted only if its length is within cap `K`; otherwise its length.
+pub(crate) struct Capped<T, K> {
+    pub(crate) value: Result<T, usize>,
+    kind: PhantomData<K>,
+}
+
+#[cfg(test)]
+impl<T, K> Capped<T, K> {
+    fn lifted(value: T) -> Self {
+        Capped { value: Ok(value), kind: PhantomData }
+    }
+
+    pub(crate) fn over_by(len: usize) -> Self {
+        Capped { value: Err(len), kind: PhantomData }
+    }
+}
+
+impl<T: std::fmt::Debug, K> std::fmt::Debug for Capped<T, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.value {
+            Ok(value) => value.fmt(f),
+            Err(len) => write!(f, "<{len} elements, over the cap>"),
+        }
+    }
+}
+
+/// A list or a string: lowered as a pointer and a length (`[ValRaw; 2]` flat).
+pub(crate) trait PointerPair: Lift<Lower = [ValRaw; 2]> {
+    /// The length field as it counts elements: a string's may carry the UTF-16 tag bit.
+    fn count(len: u64) -> usize;
+}
+
+impl<T: Lift> PointerPair for Vec<T> {
+    fn count(len: u64) -> usize {
+        usize::try_from(len).unwrap_or(usize::MAX)
+    }
+}
+
+impl PointerPair for String {
+    fn count(len: u64) -> usize {
+        // The canonical ABI's latin1+utf16 encoding tags UTF-16 strings with the high bit;
+        // the rest counts code units.
+        usize::try_from(len & !(1 << 31)).unwrap_or(usize::MAX)
+    }
+}
+
+impl<T: PointerPair, K: Cap> Capped<T, K> {
+    fn over(len: u64) -> Option<Self> {
+        let count = T::count(len);
+        (count > K::limit(LIFTING.get())).then_some(Capped { value: Err(count), kind: PhantomData })
+    }
+}
+
+// SAFETY: every item forwards to `T`'s, so the ABI, flattening and type check are `T`'s.
+unsafe impl<T: PointerPair, K: Cap> ComponentType for Capped<T, K> {
+    type Lower = [ValRaw; 2];
+    const ABI: CanonicalAbiInfo = T::ABI;
+    const MAY_REQUIRE_REALLOC: bool = T::MAY_REQUIRE_REALLOC;
+
+    fn typecheck(ty: &InterfaceType, types: &InstanceType<'_>) -> wasmtime::Result<()> {
+        T::typecheck(ty, types)
+    }
+}
+
+// SAFETY: a lift either reads only the length word of the pointer pair, which `T`'s lift
+// would read first too, or is `T`'s lift.
+unsafe impl<T: PointerPair, K: Cap> Lift for Capped<T, K> {
+    fn linear_lift_from_flat(cx: &mut LiftContext<'_>, ty: InterfaceType, src: &Self::Lower) -> wasmtime::Result<Self> {
+        if let Some(over) = Self::over(u64::from(src[1].get_u32())) {
+            return Ok(over);
+        }
+        Ok(Capped { value: Ok(T::linear_lift_from_flat(cx, ty, src)?), kind: PhantomData })
+    }
+
+    fn linear_lift_from_memory(cx: &mut LiftContext<'_>, ty: InterfaceType, bytes: &[u8]) -> wasmtime::Result<Self> {
+        // A pointer and a length of 4 bytes each (8 each for a 64-bit memory), little-endian.
+        let half = bytes.len() / 2;
+        let mut len = [0u8; 8];
+        len[..half.min(8)].copy_from_slice(&bytes[half..][..half.min(8)]);
+        if let Some(over) = Self::over(u64::from_le_bytes(len)) {
+            return Ok(over);
+        }
+        Ok(Capped { value: Ok(T::linear_lift_from_memory(cx, ty, bytes)?), kind: PhantomData })
+    }
+}
+
+/// `payload`, with its bytes capped.
+#[derive(ComponentType, Lift, Debug)]
+#[component(record)]
+pub(crate) struct Payload {
+    pub(crate) format: String,
+    pub(crate) data: Capped<Vec<u8>, Bytes>,
+}
+
+#[derive(ComponentType, Lift, Debug)]
+#[component(record)]
+pub(crate) struct SpawnRequest {
+    pub(crate) kind: Option<String>,
+    pub(crate) method: String,
+    pub(crate) input: Capped<Vec<Payload>, Bytes>,
+    pub(crate) monitor: bool,
+}
+
+#[derive(ComponentType, Lift, Debug)]
+#[component(record)]
+pub(crate) struct SendRequest {
+    pub(crate) to: u64,
+    pub(crate) topic: Capped<String, Bytes>,
+    pub(crate) body: Payload,
+}
+
+#[derive(ComponentType, Lift, Debug)]
+#[component(record)]
+pub(crate) struct CustomCommand {
+    pub(crate) name: String,
+    pub(crate) payload: Payload,
+}
+
+#[derive(ComponentType, Lift, Debug)]
+#[component(variant)]
+pub(crate) enum Command {
+    #[component(name = "sleep")]
+    Sleep(u64),
+    #[component(name = "spawn")]
+    Spawn(SpawnRequest),
+    #[component(name = "send")]
+    Send(SendRequest),
+    #[component(name = "monitor")]
+    Monitor(u64),
+    #[component(name = "terminate")]
+    Terminate(u64),
+    #[component(name = "custom")]
+    Custom(CustomCommand),
+}
+
+#[derive(ComponentType, Lift, Debug)]
+#[component(record)]
+pub(crate) struct YieldCommand {
+    pub(crate) tag: u64,
+    pub(crate) command: Command,
+}
+
+#[derive(ComponentType, Lift, Debug)]
+#[component(variant)]
+pub(crate) enum StatusKind {
+    #[component(name = "complete")]
+    Complete(Result<Payload, String>),
+    #[component(name = "idle")]
+    Idle,
+    #[component(name = "blocked")]
+    Blocked,
+    #[component(name = "continue")]
+    Continue,
+}
+
+/// `status`: its lift notes a `complete` for the yields lifted after it.
+#[derive(Debug)]
+pub(crate) struct Status(pub(crate) StatusKind);
+
+// SAFETY: every item forwards to `StatusKind`'s.
+unsafe impl ComponentType for Status {
+    type Lower = <StatusKind as ComponentType>::Lower;
+    const ABI: CanonicalAbiInfo = StatusKind::ABI;
+    const MAY_REQUIRE_REALLOC: bool = StatusKind::MAY_REQUIRE_REALLOC;
+
+    fn typecheck(ty: &InterfaceType, types: &InstanceType<'_>) -> wasmtime::Result<()> {
+        StatusKind::typecheck(ty, types)
+    }
+}
+
+// SAFETY: `StatusKind`'s lift; noting the case touches nothing of the guest's.
+unsafe impl Lift for Status {
+    fn linear_lift_from_flat(cx: &mut LiftContext<'_>, ty: InterfaceType, src: &Self::Lower) -> wasmtime::Result<Self> {
+        StatusKind::linear_lift_from_flat(cx, ty, src).map(Status::noted)
+    }
+
+    fn linear_lift_from_memory(cx: &mut LiftContext<'_>, ty: InterfaceType, bytes: &[u8]) -> wasmtime::Result<Self> {
+        StatusKind::linear_lift_from_memory(cx, ty, bytes).map(Status::noted)
+    }
+}
+
+impl Status {
+    fn noted(status: StatusKind) -> Status {
+        if let StatusKind::Complete(_) = status {
+            LIFTING.set(Lifting { completed: true, ..LIFTING.get() });
+        }
+        Status(status)
+    }
+}
+
+/// `step-output`: the status first (the record's field order), then the yields.
+#[derive(ComponentType, Lift, Debug)]
+#[component(record)]
+pub(crate) struct StepOutput {
+    pub(crate) status: Status,
+    pub(crate) yields: Capped<Vec<YieldCommand>, YieldCount>,
+}
+
+#[cfg(test)]
+impl Payload {
+    pub(crate) fn new(format: &str, data: Vec<u8>) -> Payload {
+        Payload { format: format.to_owned(), data: Capped::lifted(data) }
+    }
+
+    pub(crate) fn over(format: &str, len: usize) -> Payload {
+        Payload { format: format.to_owned(), data: Capped::over_by(len) }
+    }
+}
+
+#[cfg(test)]
+impl SendRequest {
+    pub(crate) fn new(to: u64, topic: &str, body: Payload) -> SendRequest {
+        SendRequest { to, topic: Capped::lifted(topic.to_owned()), body }
+    }
+}
+
+#[cfg(test)]
+impl SpawnRequest {
+    pub(crate) fn new(kind: Option<String>, method: &str, input: Vec<Payload>, monitor: bool) -> SpawnRequest {
+        SpawnRequest { kind, method: method.to_owned(), input: Capped::lifted(input), monitor }
+    }
+}
