@@ -701,3 +701,31 @@ fn run_with_cluster_sends_the_runs_limits_with_its_entry() {
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("meters no fuel"), "{stderr}");
 }
+
+/// The limits of a process the embedder spawns as it is (not by kind) bound its spawns
+/// too: a fan-out `delegate` made with an 8 MiB cap on node `pa` spawns a `hostile`
+/// memory bomb, placed on `pb`, whose own cap for the kind is 64 MiB; the child stops at
+/// 8 MiB.
+#[test]
+fn a_bare_processes_memory_cap_travels_with_its_spawn() {
+    const SMALL: usize = 8 << 20;
+    let server = Server::start().expect("a nats-server on loopback");
+    let runtime = wasmproc::wasm::Runtime::new(wasmproc::wasm::Config::default()).expect("a runtime");
+    let load = |path: &str| runtime.load_bytes(&std::fs::read(path).expect("the guest")).expect("loads");
+    let delegate = load(wasmproc_tests::guests::FAN_OUT).with_max_memory(SMALL).expect("a lower cap");
+    let hostile = load(wasmproc_tests::guests::HOSTILE);
+    assert!(hostile.max_memory() > SMALL);
+    let config = |name: &str, placement: Placement, accepts: bool| {
+        ClusterConfig::new(server.url()).name(name).secret(SECRET).placement(placement).accepts_spawns(accepts)
+    };
+    let a = Node::join(config("pa", Placement::LeastLoaded, false), Scheduler::builder().workers(1));
+    let b = Node::join(config("pb", Placement::Local, true), Scheduler::builder().workers(1).kind("hostile", hostile));
+    a.wait_for_accepting(1);
+    b.wait_for(2);
+
+    let input = Payload::json(&("hostile", "memory-bomb", ())).unwrap();
+    let options = SpawnOptions::new("delegate").input(vec![input]);
+    let parent = a.scheduler.handle().spawn(delegate.process(), options).expect("spawns");
+    let error = parent.join_timeout(PATIENCE).expect("the spawner ends").expect_err("its child runs out of memory");
+    assert!(error.contains(&format!("past its `max_memory` of {SMALL} bytes")), "{error}");
+}
