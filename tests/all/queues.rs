@@ -182,3 +182,41 @@ fn a_ping_pong_pair_does_not_starve_a_third_process_on_one_worker() {
         pong.join_timeout(HANG).unwrap().unwrap();
     }
 }
+
+/// A process woken by a step goes into its worker's LIFO slot, to run next on the same
+/// core; but when that step goes on for long, another worker takes it: the woken process
+/// runs, and answers, while the step that woke it is still running.
+#[test]
+fn a_process_woken_by_a_long_step_runs_on_another_worker_meanwhile() {
+    let s = Scheduler::builder().workers(2).build().unwrap();
+    let (answered_tx, answered_rx) = std::sync::mpsc::channel::<()>();
+    let answered_tx = Mutex::new(answered_tx);
+    let (woken, woken_probe) = Scripted::new(move |t| {
+        if t.events.iter().any(|e| matches!(e, Event::Message { .. })) {
+            answered_tx.lock().send(()).expect("the long step is listening");
+            t.out.complete(Ok(Payload::empty()));
+        } else {
+            t.out.set_status(Status::Idle);
+        }
+        Ok(())
+    });
+    let woken = s.handle().spawn(woken, "main").unwrap();
+    let to = woken.pid();
+    // Until the woken process waits, a message would find it queued or running, not
+    // waking it; a moment after its first step it waits.
+    while woken_probe.steps() < 1 {
+        std::thread::yield_now();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    let (long, _) = Scripted::new(move |t| {
+        t.port.send(to, "wake", Payload::empty()).expect("the woken process is alive");
+        // The step goes on until the process it woke has run: the woken one is in this
+        // worker's slot, which only another worker can take meanwhile.
+        let ran = answered_rx.recv_timeout(HANG).is_ok();
+        t.out.complete(if ran { Ok(Payload::empty()) } else { Err("the woken process waited".into()) });
+        Ok(())
+    });
+    let long = s.handle().spawn(long, "main").unwrap();
+    assert_eq!(long.join_timeout(HANG), Some(Ok(Payload::empty())));
+    assert_eq!(woken.join_timeout(HANG), Some(Ok(Payload::empty())));
+}

@@ -284,6 +284,7 @@ impl Builder {
             id: NEXT_SCHEDULER_ID.fetch_add(1, Ordering::Relaxed),
             injector: Injector::new(),
             stealers: queues.iter().map(Worker::stealer).collect(),
+            slots: queues.iter().map(|_| CachePadded::default()).collect(),
             idle: Idle::new(),
             registry: Registry::new(shards, self.node),
             counters: (0..=workers).map(|_| CachePadded::default()).collect(),

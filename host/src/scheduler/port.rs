@@ -88,7 +88,7 @@ impl Port {
     pub fn should_yield(&self) -> bool {
         self.cell
             .upgrade()
-            .is_some_and(|cell| cell.state.load().is_terminate_requested() || scheduler(&cell).has_queued_work())
+            .is_some_and(|cell| cell.state.load().is_terminate_requested() || scheduler(&cell).has_waiting_work())
     }
 
     /// For a durable process, the time of the step it is in (of its `init` before its

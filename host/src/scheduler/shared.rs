@@ -29,6 +29,8 @@ pub(super) struct Shared {
     pub(super) id: usize,
     pub(super) injector: Injector<Arc<ProcessCell>>,
     pub(super) stealers: Box<[Stealer<Arc<ProcessCell>>]>,
+    /// Each worker's LIFO slot (see `worker.rs`, "The LIFO slot").
+    pub(super) slots: Box<[CachePadded<worker::Slot>]>,
     pub(super) idle: Idle,
     pub(super) registry: Registry,
     pub(super) counters: Box<[CachePadded<Counters>]>,
@@ -83,17 +85,16 @@ pub(super) struct Settings {
 pub(super) type DenialHint = Box<dyn Fn(&str) -> String + Send + Sync>;
 
 impl Shared {
-    /// Queues a `Ready` process: on this worker's own deque when called from one of our
-    /// workers (the process it just woke or spawned is likely to share its cache),
-    /// otherwise on the global queue.
+    /// Queues a `Ready` process: in this worker's LIFO slot when called from one of our
+    /// workers (the process it just woke or spawned is likely to share its cache; the
+    /// slot's previous occupant moves to the local deque), otherwise on the global queue.
     ///
-    /// A process pushed onto an empty local deque wakes no other worker: this worker
-    /// takes it as soon as its current turn ends, and waking a sleeper to steal it would
-    /// cost a futex call and move the process (and, in a request-reply pair, both
-    /// processes) to another core. This is tokio's "LIFO slot" policy; like it, the
-    /// process waits at most one turn.
+    /// A process put in an empty slot wakes no other worker: this worker takes it as soon
+    /// as its current turn ends, and waking a sleeper to steal it would cost a futex call
+    /// and move the process (and, in a request-reply pair, both processes) to another
+    /// core. Only a process moved to the deque is new work for others, worth a wake.
     pub(super) fn schedule(&self, cell: Arc<ProcessCell>) {
-        match worker::push_local(self.id, cell) {
+        match worker::push_local(self, cell) {
             Ok(worker::Pushed::Alone) => {}
             Ok(worker::Pushed::Behind) => self.idle.notify_one(),
             Err(cell) => {
@@ -113,7 +114,16 @@ impl Shared {
         self.shut_down.load(Ordering::Acquire)
     }
 
+    /// Whether any process waits in the global queue or a worker's deque: work a worker
+    /// about to park could take. The LIFO slots are not looked at: their owners take them
+    /// after the step they are in (see `worker.rs`).
     pub(super) fn has_queued_work(&self) -> bool {
         !self.injector.is_empty() || self.stealers.iter().any(|s| !s.is_empty())
+    }
+
+    /// Whether any process waits to run at all, in a queue or a LIFO slot: a long step
+    /// should give its worker back ([`Port::should_yield`](super::Port::should_yield)).
+    pub(super) fn has_waiting_work(&self) -> bool {
+        self.has_queued_work() || self.slots.iter().any(|slot| !slot.is_empty())
     }
 }

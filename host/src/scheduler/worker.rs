@@ -2,17 +2,32 @@
 //! nothing to run.
 //!
 //! Work is looked for in this order (the scheduler spec's):
-//! 1. the worker's own deque, LIFO: the process it woke or spawned last is the one whose
-//!    data is still in cache;
-//! 2. the global injector, FIFO: take one and move up to [`GLOBAL_BATCH`] more into the
+//! 1. the worker's LIFO slot: the process it woke or spawned last, whose data is still in
+//!    cache (see "The LIFO slot" below);
+//! 2. the worker's own deque, LIFO, for the same reason;
+//! 3. the global injector, FIFO: take one and move up to [`GLOBAL_BATCH`] more into the
 //!    local deque, so the next few pops need no shared queue;
-//! 3. the other workers' deques: starting at a random victim and walking all of them,
-//!    steal half of a victim's oldest entries.
+//! 4. the other workers' deques: starting at a random victim and walking all of them,
+//!    steal half of a victim's oldest entries;
+//! 5. before parking, a slot whose owner has not taken it for a whole round (below).
 //!
 //! Every [`GLOBAL_CHECK_INTERVAL`]th tick the global queue, or (every other time first)
-//! the bottom of the worker's own deque, is looked at ahead of the deque's top: so a
-//! worker with an endless supply of local work (a ping-pong pair waking each other) still
-//! lets queued processes in, and runs what lies beneath that work.
+//! the bottom of the worker's own deque, is looked at ahead of the slot and the deque's
+//! top: so a worker with an endless supply of local work (a ping-pong pair waking each
+//! other) still lets queued processes in, and runs what lies beneath that work.
+//!
+//! # The LIFO slot
+//!
+//! A process woken or spawned by a worker goes into that worker's slot, and the slot's
+//! previous occupant, if any, onto its deque. The slot is what keeps a request-reply pair
+//! on one core: the deque's top is stealable at any time, so a worker spinning for work
+//! took the process just woken by the other worker's step, and from then on every message
+//! of the pair crossed between the cores (every inbox, state word and cell moving with
+//! it). Another worker takes a slot only when it is about to park and the slot has held
+//! the same process, with no put in between, for [`SLOT_PATIENCE`]: the owner is then in
+//! a long step, and the process would otherwise wait for it to end. A worker parks with
+//! an alarm for that moment while it watches a full slot. A long Wasm step also yields
+//! at its next epoch tick when a slot is full ([`Shared::has_waiting_work`]).
 //!
 //! # Completions during dispatch
 //!
@@ -55,8 +70,9 @@
 use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_deque::{Steal, Worker};
 
@@ -76,6 +92,12 @@ const GLOBAL_BATCH: usize = 16;
 /// the deque's top. 61 is Go's value: prime, so it does not fall into step with periodic
 /// work.
 const GLOBAL_CHECK_INTERVAL: u32 = 61;
+/// How long another worker's slot must hold the same process, with no put in between,
+/// before a worker about to park takes it: far longer than a step (microseconds), so a
+/// request-reply pair stays on its core, and short enough that a process woken by a
+/// native step that runs for long waits about this much (a Wasm step yields at its next
+/// epoch tick instead, as a full slot counts as waiting work).
+const SLOT_PATIENCE: Duration = Duration::from_millis(1);
 
 /// One task from `steal`, retrying while it asks to; `None` when there is none.
 fn steal_one(steal: impl Fn() -> Steal<Arc<ProcessCell>>) -> Option<Arc<ProcessCell>> {
@@ -167,22 +189,65 @@ pub(super) fn deliver_during_dispatch(cell: &Arc<ProcessCell>, event: Event) -> 
 
 /// What [`push_local`] did.
 pub(super) enum Pushed {
-    /// Onto a deque that was empty: this worker runs the task next, no one else need wake.
+    /// Into an empty LIFO slot: this worker runs the task next, no one else need wake.
     Alone,
-    /// Onto other local work: there is something to steal.
+    /// The slot's previous occupant went onto the deque: there is something to steal.
     Behind,
 }
 
-/// Pushes `task` onto this thread's local deque if this thread is one of `scheduler`'s
-/// workers; otherwise hands it back.
-pub(super) fn push_local(scheduler: usize, task: Arc<ProcessCell>) -> Result<Pushed, Arc<ProcessCell>> {
+/// Puts `task` into this thread's LIFO slot if this thread is one of `shared`'s workers,
+/// the slot's occupant onto the local deque; otherwise hands `task` back.
+pub(super) fn push_local(shared: &Shared, task: Arc<ProcessCell>) -> Result<Pushed, Arc<ProcessCell>> {
     let mut task = Some(task);
-    let pushed = with_local(scheduler, |local| {
-        let alone = local.queue.is_empty();
-        local.queue.push(task.take().expect("taken once"));
-        if alone { Pushed::Alone } else { Pushed::Behind }
+    let pushed = with_local(shared.id, |local| match shared.slots[local.index].put(task.take().expect("taken once")) {
+        None => Pushed::Alone,
+        Some(previous) => {
+            local.queue.push(previous);
+            Pushed::Behind
+        }
     });
     pushed.ok_or_else(|| task.take().expect("not pushed"))
+}
+
+/// A worker's LIFO slot: at most one `Ready` process, owned by the slot (an `Arc` turned
+/// into a pointer), and a count of the processes its owner ever put in it. The pointer
+/// only ever changes by a swap, so the owner and a thief can never both take one
+/// process: whoever swaps it out owns it.
+#[derive(Default)]
+pub(super) struct Slot {
+    task: AtomicPtr<ProcessCell>,
+    puts: AtomicU64,
+}
+
+impl Slot {
+    /// Puts `task` in; the occupant it displaces, if any. Only the owner puts.
+    fn put(&self, task: Arc<ProcessCell>) -> Option<Arc<ProcessCell>> {
+        // Only the owner writes the count, so a load and a store keep it exact without a
+        // read-modify-write; a thief only compares two of its values.
+        self.puts.store(self.puts.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        // Release: the process's state reaches whoever swaps it out (Acquire).
+        let previous = self.task.swap(Arc::into_raw(task).cast_mut(), Ordering::AcqRel);
+        // SAFETY: every non-null pointer in the slot came from `Arc::into_raw` in `put`,
+        // and the swap made this thread its only holder.
+        (!previous.is_null()).then(|| unsafe { Arc::from_raw(previous) })
+    }
+
+    /// Takes the occupant out, if any.
+    fn take(&self) -> Option<Arc<ProcessCell>> {
+        let task = self.task.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        // SAFETY: as in `put`.
+        (!task.is_null()).then(|| unsafe { Arc::from_raw(task) })
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.task.load(Ordering::Relaxed).is_null()
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        drop(self.take());
+    }
 }
 
 /// This thread's worker index if it is one of `scheduler`'s workers.
@@ -212,6 +277,7 @@ pub(super) fn run(shared: Arc<Shared>, index: usize, queue: Worker<Arc<ProcessCe
         tick: 0,
         events: Vec::new(),
         out: StepOutput::new(),
+        watching: None,
     };
     worker.run();
 }
@@ -227,6 +293,9 @@ struct WorkerLoop<'a> {
     events: Vec<Event>,
     /// Reused for every step: the status and yields.
     out: StepOutput,
+    /// Other workers' full slots as this worker last saw them before parking (index, puts),
+    /// and when (see [`WorkerLoop::steal_stuck_slot`]).
+    watching: Option<(Instant, Vec<(usize, u64)>)>,
 }
 
 impl WorkerLoop<'_> {
@@ -270,10 +339,17 @@ impl WorkerLoop<'_> {
                 thread::yield_now();
             } else {
                 rounds = 0;
+                let now = Instant::now();
+                if let Some(task) = self.steal_stuck_slot(now) {
+                    return Some(task);
+                }
                 let alarm = match self.hibernate_waiting() {
                     Hibernated::Woken(task) => return Some(task),
                     Hibernated::Due(next) => next,
                 };
+                // Back in time to look at the watched slots again.
+                let watch = self.watching.as_ref().map(|(since, _)| *since + SLOT_PATIENCE);
+                let alarm = alarm.into_iter().chain(watch).min();
                 if self.shared.idle.park(|| self.shared.has_queued_work(), alarm) == Unparked::Shutdown {
                     // Shutdown only starts once no process is left, so there is no work.
                     return None;
@@ -348,7 +424,30 @@ impl WorkerLoop<'_> {
                 return task;
             }
         }
-        self.local.queue.pop()
+        self.shared.slots[self.index].take().or_else(|| self.local.queue.pop())
+    }
+
+    /// The occupant of another worker's slot that has been there, untaken and with no
+    /// put since, for [`SLOT_PATIENCE`]: its owner is in a long step. Otherwise starts
+    /// watching the slots that are full now, unless a watch is still maturing.
+    fn steal_stuck_slot(&mut self, now: Instant) -> Option<Arc<ProcessCell>> {
+        let slots = &self.shared.slots;
+        if let Some((since, seen)) = &self.watching {
+            if now.duration_since(*since) < SLOT_PATIENCE {
+                return None;
+            }
+            let stuck = seen.iter().find(|&&(i, puts)| slots[i].puts.load(Ordering::Relaxed) == puts);
+            if let Some(task) = stuck.and_then(|&(i, _)| slots[i].take()) {
+                self.watching = None;
+                self.shared.counters[self.index].record_steal(1);
+                return Some(task);
+            }
+        }
+        let full = |i: &usize| *i != self.index && !slots[*i].is_empty();
+        let seen: Vec<(usize, u64)> =
+            (0..slots.len()).filter(full).map(|i| (i, slots[i].puts.load(Ordering::Relaxed))).collect();
+        self.watching = (!seen.is_empty()).then_some((now, seen));
+        None
     }
 
     fn steal_global(&self) -> Option<Arc<ProcessCell>> {
