@@ -46,6 +46,7 @@ const HOSTILE_ENTRIES: &[&str] = &[
     "trap-in-init",
     "send-in-init",
     "yield-flood",
+    "flood-and-complete",
     "message-flood",
     "giant-payload",
     "spawn-bomb",
