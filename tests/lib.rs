@@ -167,6 +167,32 @@ pub mod guests {
     pub const JS_SQUARES: &str = env!("GUEST_JS_SQUARES");
 }
 
+/// Spawn-to-result times of a thousand well-behaved processes: `add` of the kind `hello`
+/// (`examples-wasm/hello`, which `s` must have), ten spawned at a time, each result
+/// checked; `phase` gives each thousand inputs of its own. What the sandbox test and the
+/// tail benchmark time beside hostile guests.
+pub fn good_thousand(s: &wasmproc::Scheduler, phase: u32) -> Vec<Duration> {
+    use wasmproc::scheduler::{SpawnOptions, Spawnable};
+    let mut latencies = Vec::with_capacity(1000);
+    for batch in 0..100u32 {
+        let started = std::time::Instant::now();
+        let good: Vec<_> = (0..10u32)
+            .map(|i| {
+                let n = phase * 1000 + batch * 10 + i;
+                let input = vec![Payload::json(&[n, 1]).expect("two numbers")];
+                let options = SpawnOptions::new("add").input(input);
+                (n, s.handle().spawn(Spawnable::kind("hello"), options).expect("a good one starts"))
+            })
+            .collect();
+        for (n, process) in good {
+            let result = process.join_timeout(HANG).expect("a good process ends").expect("and succeeds");
+            assert_eq!(result.as_str(), Some((n + 1).to_string().as_str()));
+            latencies.push(started.elapsed());
+        }
+    }
+    latencies
+}
+
 /// How long a test waits for something that should happen at once before it calls it a
 /// hang. Generous: it bounds a failure, it does not measure anything.
 pub const HANG: Duration = Duration::from_secs(20);

@@ -247,31 +247,7 @@ fn a_thousand_good_processes_beside_every_hostile_guest_at_once() {
     let flood = spawn("message-flood", vec![Payload::text(victim.pid().as_u64().to_string())]).unwrap();
     let trap_in_init = spawn("trap-in-init", vec![]).expect_err("init traps");
 
-    // Spawn-to-result times of `hello add`, 10 at a time, 100 times.
-    let good = |phase: u32| {
-        let mut latencies = Vec::new();
-        for batch in 0..100u32 {
-            let started = std::time::Instant::now();
-            let good: Vec<_> = (0..10u32)
-                .map(|i| {
-                    let n = phase * 1000 + batch * 10 + i;
-                    let input = vec![Payload::json(&[n, 1]).unwrap()];
-                    (
-                        n,
-                        s.handle()
-                            .spawn(Spawnable::kind("hello"), SpawnOptions::new("add").input(input))
-                            .expect("a good one starts"),
-                    )
-                })
-                .collect();
-            for (n, process) in good {
-                let result = process.join_timeout(HANG).expect("a good process ends").expect("and succeeds");
-                assert_eq!(result.as_str(), Some((n + 1).to_string().as_str()));
-                latencies.push(started.elapsed());
-            }
-        }
-        latencies
-    };
+    let good = |phase| wasmproc_tests::good_thousand(&s, phase);
     let beside_all = good(0);
     for ((entry, says_what), process) in expected.iter().zip(&hostile) {
         let error = process.join_timeout(HANG).unwrap_or_else(|| panic!("`{entry}` was not stopped")).unwrap_err();

@@ -111,13 +111,14 @@ fn a_typed_child_knows_its_parent() {
 }
 
 /// Sends fail with typed errors the guest matches on: the fourth message to a mailbox of
-/// three, and a message to a pid that never was. One worker: a mailbox holds the messages its
-/// process has not yet been given in a step, so a second worker stepping the deaf child
-/// between two sends would empty it and let the fifth message in.
+/// three, and a message to a pid that never was. A mailbox holds the messages its process
+/// has not yet been given in a step, so the deaf child must not step between two sends:
+/// one worker, and no preemption (which would suspend the sender at a tick, with the child
+/// queued, and let the child take its messages).
 #[test]
 fn refused_sends_are_typed_mailbox_full_and_noproc() {
     let s = Scheduler::builder()
-        .kind(TOUR, load(env!("GUEST_SDK_TOUR"), Config::default()))
+        .kind(TOUR, load(env!("GUEST_SDK_TOUR"), Config::default().preemption(false)))
         .workers(1)
         .mailbox_capacity(3)
         .build()

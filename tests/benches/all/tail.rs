@@ -11,14 +11,14 @@
 //! figure is the p99 of the thousand, the goal is the issue's: at most 10 ms beside every
 //! hostile guest.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::wasm::{Config, Runtime};
 use wasmproc::{Payload, Scheduler};
-use wasmproc_tests::HANG;
 use wasmproc_tests::bench::{Condition, Options, Record, Report};
 use wasmproc_tests::guests::{HELLO, HOSTILE};
+use wasmproc_tests::{HANG, good_thousand as good};
 
 /// The guests that misbehave once each, by entry, as `tests/all/sandbox.rs` runs them.
 const HOSTILE_ENTRIES: [&str; 7] =
@@ -87,31 +87,6 @@ fn spawn(s: &Scheduler, entry: &str, input: Vec<Payload>) -> wasmproc::scheduler
     s.handle()
         .spawn(Spawnable::kind(kind), SpawnOptions::new(entry).input(input))
         .unwrap_or_else(|e| panic!("`{entry}` starts: {e}"))
-}
-
-/// Spawn-to-result times of a thousand `hello add`, ten at a time.
-fn good(s: &Scheduler, phase: u32) -> Vec<Duration> {
-    let mut latencies = Vec::with_capacity(1000);
-    for batch in 0..100u32 {
-        let started = Instant::now();
-        let good: Vec<_> = (0..10u32)
-            .map(|i| {
-                let n = phase * 1000 + batch * 10 + i;
-                let input = vec![Payload::json(&[n, 1]).unwrap()];
-                let process = s
-                    .handle()
-                    .spawn(Spawnable::kind("hello"), SpawnOptions::new("add").input(input))
-                    .expect("a good one starts");
-                (n, process)
-            })
-            .collect();
-        for (n, process) in good {
-            let result = process.join_timeout(HANG).expect("a good process ends").expect("and succeeds");
-            assert_eq!(result.as_str(), Some((n + 1).to_string().as_str()));
-            latencies.push(started.elapsed());
-        }
-    }
-    latencies
 }
 
 fn p99(mut latencies: Vec<Duration>) -> Duration {
