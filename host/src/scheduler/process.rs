@@ -349,16 +349,21 @@ impl StepOutput {
     }
 
     /// Queues `command` for dispatch; its completion will carry `tag`.
+    // Inline across crates: an embedder's process writes straight into the buffer, where
+    // a call would copy the ~100-byte command once more (11% of a yield cycle in `perf`).
+    #[inline]
     pub fn yield_command(&mut self, tag: u64, command: Command) {
         self.yields.push(Yield { tag, command });
     }
 
     /// Sets what happens after this step.
+    #[inline]
     pub fn set_status(&mut self, status: Status) {
         self.status = status;
     }
 
     /// Ends the process with `result`.
+    #[inline]
     pub fn complete(&mut self, result: Outcome) {
         self.status = Status::Complete(result);
     }
