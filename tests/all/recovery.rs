@@ -80,3 +80,105 @@ fn a_process_whose_exit_was_lost_ends_with_its_result_on_resume() {
     assert_eq!(finished.len(), 1);
     assert_eq!(finished[0].result, Ok(Payload::text("done")), "its exit is recorded now");
 }
+
+/// A kind of native processes that reports an 8 MiB memory cap: what a process of it
+/// spawns runs under that cap at most.
+struct Capped(fn() -> Scripted);
+
+const CAP: usize = 8 << 20;
+
+impl wasmproc::handler::Factory for Capped {
+    fn make(&self) -> anyhow::Result<Box<dyn wasmproc::Process>> {
+        Ok(Box::new((self.0)()))
+    }
+
+    fn limits(&self) -> Option<wasmproc::handler::KindLimits> {
+        Some(wasmproc::handler::KindLimits::new(CAP, std::time::Duration::from_millis(10)))
+    }
+
+    fn make_within(&self, _: wasmproc::handler::KindLimits) -> anyhow::Result<Box<dyn wasmproc::Process>> {
+        self.make()
+    }
+}
+
+/// A tree resumes no looser than it ran: a native `relay`, spawned by a root whose kind
+/// caps memory at 8 MiB, is restored from the journal under that cap, so the memory bomb
+/// it spawns after the resume (of a kind whose own cap is 64 MiB) is stopped at 8 MiB.
+#[test]
+fn a_restored_child_runs_under_its_restored_parents_limits() {
+    use std::sync::Mutex;
+    static RELAY: Mutex<Option<u64>> = Mutex::new(None);
+    static BOMB: Mutex<Option<String>> = Mutex::new(None);
+    fn root() -> Scripted {
+        Scripted::new(|t| {
+            if t.step == 0 {
+                let relay =
+                    wasmproc::SpawnRequest { kind: Some("relay".into()), method: "main".into(), ..Default::default() };
+                t.out.yield_command(0, wasmproc::Command::Spawn(relay));
+            } else if let Some(Ok(pid)) = t.events.iter().find_map(|e| wasmproc_tests::completion(e, 0)) {
+                *RELAY.lock().unwrap() = pid.to_u64();
+            }
+            t.out.set_status(Status::Idle);
+            Ok(())
+        })
+        .0
+    }
+    fn relay() -> Scripted {
+        Scripted::new(|t| {
+            for event in &t.events {
+                match event {
+                    wasmproc::Event::Message { .. } => {
+                        let bomb = wasmproc::SpawnRequest {
+                            kind: Some("hostile".into()),
+                            method: "memory-bomb".into(),
+                            monitor: true,
+                            ..Default::default()
+                        };
+                        t.out.yield_command(1, wasmproc::Command::Spawn(bomb));
+                    }
+                    wasmproc::Event::Exit { result: Err(error), .. } => *BOMB.lock().unwrap() = Some(error.clone()),
+                    _ => {}
+                }
+            }
+            t.out.set_status(Status::Idle);
+            Ok(())
+        })
+        .0
+    }
+    let store = Arc::new(MemoryStore::default());
+    let runtime = wasmproc::wasm::Runtime::new(wasmproc::wasm::Config::default()).unwrap();
+    let hostile = runtime.load(wasmproc_tests::guests::HOSTILE).unwrap();
+    let start = || {
+        Scheduler::builder()
+            .workers(1)
+            .journal(Journal::with_store(store.clone()))
+            .kind("root", Capped(root))
+            .kind("relay", || Ok(Box::new(relay()) as Box<dyn wasmproc::Process>))
+            .kind("hostile", hostile.clone())
+            .build()
+            .unwrap()
+    };
+    let first = start();
+    first.handle().spawn(Spawnable::kind("root"), "main").unwrap();
+    let deadline = std::time::Instant::now() + HANG;
+    let relay = loop {
+        if let Some(pid) = *RELAY.lock().unwrap() {
+            break wasmproc::Pid::from_u64(pid);
+        }
+        assert!(std::time::Instant::now() < deadline, "the root spawned no relay");
+        std::thread::yield_now();
+    };
+    // A durable scheduler's stop suspends its processes, to resume on the next start.
+    first.stop(std::time::Duration::from_secs(1));
+
+    let second = start();
+    second.handle().send(relay, "go", Payload::empty()).expect("the relay was restored");
+    let error = loop {
+        if let Some(error) = BOMB.lock().unwrap().clone() {
+            break error;
+        }
+        assert!(std::time::Instant::now() < deadline, "the bomb's exit never reached the relay");
+        std::thread::yield_now();
+    };
+    assert!(error.contains(&format!("past its `max_memory` of {CAP} bytes")), "{error}");
+}

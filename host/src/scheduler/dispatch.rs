@@ -414,7 +414,8 @@ impl Shared {
     }
 
     /// The sandbox limits `cell` runs under, which bound whatever it spawns: those it was
-    /// spawned with, or, for a process restored from a journal, its kind's own.
+    /// spawned (or restored from a journal) under, or, for a process that records none,
+    /// its kind's own.
     pub(super) fn sandbox_of(&self, cell: &ProcessCell) -> Option<KindLimits> {
         cell.lineage.sandbox().or_else(|| {
             let kind = cell.spec.kind.as_deref()?;

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use super::cell::{ProcessCell, Spec, Watcher};
 use super::completer::complete;
-use super::dispatch::Origin;
+use super::dispatch::{Origin, make_under};
 use super::durable::{StepInProgress, port_send_id, replaying};
 use super::handle::{ExitSlot, ProcessHandle};
 use super::limits::Lineage;
@@ -447,22 +447,27 @@ impl Plan {
         }
         for pid in order {
             let saved = &self.saved[&pid];
+            // Parents come first in `order`: a child is made again under the limits its
+            // restored parent runs under, as it was spawned (`make_under`), so a tree
+            // resumes no looser than it ran.
+            let parent = cells.get(&saved.spawn.parent);
+            let bound = parent.and_then(|parent| shared.sandbox_of(parent));
             let made = match &saved.spawn.kind {
                 Some(kind) => match shared.kinds.get_key_value(kind.as_str()) {
-                    Some((name, factory)) => {
-                        factory.make().map(|p| (p, Some(name.clone()))).map_err(|e| format!("{e:#}"))
-                    }
+                    Some((name, factory)) => make_under(&**factory, bound)
+                        .map(|(process, sandbox)| (process, Some(name.clone()), sandbox))
+                        .map_err(|e| format!("{e:#}")),
                     None => Err(format!("its kind `{kind}` is not registered")),
                 },
                 None => {
                     Err("it was spawned as a value, not by a registered kind, so it cannot be made again".to_owned())
                 }
             };
-            let lineage = match cells.get(&saved.spawn.parent) {
+            let lineage = match parent {
                 Some(parent) => Lineage::child_of(&parent.lineage),
                 None => Lineage::default(),
             };
-            let (process, kind) = match made {
+            let (process, kind, sandbox) = match made {
                 Ok(made) => made,
                 Err(reason) => {
                     tracing::error!(%pid, %reason, "a durable process cannot be resumed");
@@ -480,7 +485,7 @@ impl Plan {
                 caps: Arc::new(saved.spawn.caps.clone()),
                 mailbox_capacity: (saved.spawn.mailbox_capacity as usize).max(1),
             };
-            let cell = Arc::new(ProcessCell::new(pid, process, spec, lineage));
+            let cell = Arc::new(ProcessCell::new(pid, process, spec, lineage.within(sandbox)));
             cell.journal_seq.store(saved.next_seq, std::sync::atomic::Ordering::Relaxed);
             cells.insert(pid, cell);
         }
