@@ -1,7 +1,7 @@
 //! `wasmproc inspect`: what a program is and whether it can run, without running it.
 //! Exits 0 when it can run, 3 when it cannot (the output says why).
 
-mod declared;
+pub(super) mod declared;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -28,6 +28,7 @@ use wasmproc::wasm::{COMMAND_ENTRY, LogRecord, Program, WasiOptions};
 use wasmproc::{Capabilities, Outcome, Payload, Scheduler};
 
 use super::input::{payloads, read_app};
+use super::inspect::declared::{self, Declared};
 use super::output::{Output, Say, style};
 use super::providers::{FAMILIES, ProviderArgs, Providers, Services};
 use super::report::{CompileNotice, Progress, Report, Summary};
@@ -314,6 +315,7 @@ impl Run {
             .collect();
         let caps = capabilities(self, &served)?;
         let bytes = read_app(&self.app, self.engine.max_module_size as u64)?;
+        self.warn_ungranted(&bytes, &caps, &served, out);
         let guest_out = out.clone();
         let mut config = self
             .engine
@@ -445,6 +447,44 @@ impl Run {
     /// The sandbox limits this run gives each process (--memory, --time-slice, --fuel,
     /// --cpu-budget): what its entry process runs under on another node with --cluster,
     /// and, through it, everything that process spawns.
+    /// Warns, before the run starts, of each command the component declares it yields
+    /// (the SDK's `uses!`) that this run does not grant, with the flag that would: such a
+    /// run fails at its first use of one, and this says why up front.
+    fn warn_ungranted(&self, bytes: &[u8], caps: &Capabilities, served: &[String], out: &Output) {
+        let Declared::Commands { commands, .. } = Declared::read(bytes) else {
+            return;
+        };
+        let missing: Vec<String> = commands
+            .iter()
+            .filter(|command| !self.grants(command, caps, served))
+            .map(|command| format!("`{command}` ({})", declared::grant(command)))
+            .collect();
+        if !missing.is_empty() {
+            let app = self.app.display();
+            out.say(Say::Warning, format!("`{app}` declares commands this run does not grant: {}", missing.join(", ")));
+        }
+    }
+
+    /// Whether this run lets a process yield `command` (a name, or a family as `kv.*`):
+    /// granted, and served (a provider family's flag given, or a `--provider`).
+    fn grants(&self, command: &str, caps: &Capabilities, served: &[String]) -> bool {
+        if !caps.allows(command) {
+            return false;
+        }
+        let Some((family, rest)) = command.split_once('.') else {
+            return true;
+        };
+        match family {
+            "http" => !self.providers.allow_host.is_empty(),
+            "kv" => self.providers.kv.is_some(),
+            "fs" if matches!(rest, "write" | "mkdir" | "remove") => !self.dir_rw.is_empty(),
+            "fs" => !self.dir.is_empty() || !self.dir_rw.is_empty(),
+            "env" => !self.env.is_empty(),
+            "time" | "random" => true,
+            served_family => served.iter().any(|name| name == served_family),
+        }
+    }
+
     fn sandbox(&self) -> KindLimits {
         let mut limits = KindLimits::new(self.engine.memory, self.time_slice);
         if let Some(fuel) = self.engine.fuel {

@@ -94,6 +94,7 @@ fn the_fetcher_fetches_from_a_local_server_and_keeps_counts_in_kv_across_runs() 
     for fetches in 1..=2 {
         let ran = run(&["run", FETCHER, "--allow-host", &host, "--kv", state_arg, "--input", &input]).expect(0);
         assert_eq!(ran.json(), serde_json::json!({"status": 200, "bytes": 21, "fetches": fetches}));
+        assert!(!ran.stderr.contains("does not grant"), "everything it declares is granted: {}", ran.stderr);
     }
 
     // Every denial names the flag that grants it.
@@ -105,6 +106,12 @@ fn the_fetcher_fetches_from_a_local_server_and_keeps_counts_in_kv_across_runs() 
     );
     let ran = run(&["run", FETCHER, "--allow-host", &host, "--input", &input]).expect(1);
     assert!(ran.stderr.contains("denied: `kv.get` needs the key-value store: run with --kv DIR"), "{}", ran.stderr);
+    // What the component declares (`uses!`) and the run does not grant is named before it runs.
+    assert!(
+        ran.stderr.contains("declares commands this run does not grant: `kv.cas` (--kv DIR), `kv.get` (--kv DIR)"),
+        "{}",
+        ran.stderr
+    );
     let other = format!("127.0.0.1:{}", server.port.wrapping_add(1).max(1));
     let ran = run(&["run", FETCHER, "--allow-host", &other, "--kv", state_arg, "--input", &input]).expect(1);
     assert!(ran.stderr.contains("denied: ") && ran.stderr.contains("--allow-host"), "{}", ran.stderr);

@@ -40,7 +40,7 @@ const MAX_NAME: usize = 128;
 
 /// What a component's sections say about the commands it yields.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Declared {
+pub(in crate::cli) enum Declared {
     /// No `wasmproc:commands` section: the component does not say (which is not that it
     /// yields none).
     Undeclared,
@@ -59,7 +59,7 @@ pub(super) enum Declared {
 impl Declared {
     /// Reads the declarations in `wasm`, a component or a core module (nested modules
     /// included).
-    pub(super) fn read(wasm: &[u8]) -> Declared {
+    pub(in crate::cli) fn read(wasm: &[u8]) -> Declared {
         let mut found = false;
         let mut total = 0usize;
         let mut commands = BTreeSet::new();
@@ -156,7 +156,7 @@ fn is_command_name(name: &str) -> bool {
 
 /// What grants `command` to a process of `wasmproc run`: its flag, as the run's denial
 /// of it names (`providers.rs`), or that it is granted by default.
-pub(super) fn grant(command: &str) -> String {
+pub(in crate::cli) fn grant(command: &str) -> String {
     let Some((family, rest)) = command.split_once('.') else {
         return match command {
             "terminate" => "--allow terminate".to_owned(),
