@@ -184,16 +184,20 @@ fn a_ping_pong_pair_does_not_starve_a_third_process_on_one_worker() {
 }
 
 /// A process woken by a step goes into its worker's LIFO slot, to run next on the same
-/// core; but when that step goes on for long, another worker takes it: the woken process
-/// runs, and answers, while the step that woke it is still running.
+/// core; but when that step goes on for long, a worker that runs out of work takes it
+/// before it parks: the woken process runs, and answers, while the step that woke it is
+/// still running. (A worker already parked is not woken for a slot: the test gives the
+/// other worker a process to run once the slot is full, so it looks.)
 #[test]
 fn a_process_woken_by_a_long_step_runs_on_another_worker_meanwhile() {
     let s = Scheduler::builder().workers(2).build().unwrap();
     let (answered_tx, answered_rx) = std::sync::mpsc::channel::<()>();
+    let (sent_tx, sent_rx) = std::sync::mpsc::channel::<()>();
     let answered_tx = Mutex::new(answered_tx);
     let (woken, woken_probe) = Scripted::new(move |t| {
         if t.events.iter().any(|e| matches!(e, Event::Message { .. })) {
-            answered_tx.lock().send(()).expect("the long step is listening");
+            // The long step may have given up waiting (the test then fails on its result).
+            let _ = answered_tx.lock().send(());
             t.out.complete(Ok(Payload::empty()));
         } else {
             t.out.set_status(Status::Idle);
@@ -208,8 +212,10 @@ fn a_process_woken_by_a_long_step_runs_on_another_worker_meanwhile() {
         std::thread::yield_now();
     }
     std::thread::sleep(std::time::Duration::from_millis(10));
+    let sent_tx = Mutex::new(sent_tx);
     let (long, _) = Scripted::new(move |t| {
         t.port.send(to, "wake", Payload::empty()).expect("the woken process is alive");
+        sent_tx.lock().send(()).expect("the test is listening");
         // The step goes on until the process it woke has run: the woken one is in this
         // worker's slot, which only another worker can take meanwhile.
         let ran = answered_rx.recv_timeout(HANG).is_ok();
@@ -217,6 +223,17 @@ fn a_process_woken_by_a_long_step_runs_on_another_worker_meanwhile() {
         Ok(())
     });
     let long = s.handle().spawn(long, "main").unwrap();
+    sent_rx.recv_timeout(HANG).expect("the long step sent");
+    let nudge = s.handle().spawn(complete_at_once(), "main").unwrap();
+    assert_eq!(nudge.join_timeout(HANG), Some(Ok(Payload::empty())));
     assert_eq!(long.join_timeout(HANG), Some(Ok(Payload::empty())));
     assert_eq!(woken.join_timeout(HANG), Some(Ok(Payload::empty())));
+}
+
+fn complete_at_once() -> Scripted {
+    Scripted::new(|t| {
+        t.out.complete(Ok(Payload::empty()));
+        Ok(())
+    })
+    .0
 }
