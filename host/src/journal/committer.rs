@@ -14,6 +14,7 @@
 
 use std::io;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -47,6 +48,8 @@ pub(crate) struct Committer<T> {
 
 struct Shared<T> {
     pending: Mutex<Pending<T>>,
+    /// Submissions not yet handed back (queued, being committed, or on their way back).
+    in_flight: AtomicUsize,
     wake: Condvar,
     store: Arc<dyn Store>,
     sync: bool,
@@ -73,6 +76,7 @@ impl<T: Send + 'static> Committer<T> {
         on_commit: OnCommit<T>,
     ) -> io::Result<Committer<T>> {
         let shared = Arc::new(Shared {
+            in_flight: AtomicUsize::new(0),
             pending: Mutex::new(Pending {
                 batch: Batch::default(),
                 items: Vec::new(),
@@ -86,11 +90,14 @@ impl<T: Send + 'static> Committer<T> {
             window,
         });
         let (groups, committed) = std::sync::mpsc::channel::<Group<T>>();
+        let handed = shared.clone();
         let handing = std::thread::Builder::new().name(format!("{name}-committed")).spawn(move || {
             let mut on_commit = on_commit;
             // Ends when the committing thread has ended and every group is handed back.
             for (items, result) in committed {
+                let count = items.len();
                 call(&mut on_commit, items, result);
+                handed.in_flight.fetch_sub(count, Ordering::Release);
             }
         })?;
         let committing = {
@@ -127,6 +134,7 @@ impl<T: Send + 'static> Committer<T> {
             return Err(Arc::new(io::Error::new(io::ErrorKind::BrokenPipe, "the journal has shut down")));
         }
         let was_empty = pending.items.is_empty();
+        self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
         pending.batch.puts.extend(records);
         pending.batch.removals.extend(removals);
         pending.items.push(item);
@@ -139,6 +147,12 @@ impl<T: Send + 'static> Committer<T> {
 
     pub(crate) fn stats(&self) -> CommitStats {
         self.shared.pending.lock().stats
+    }
+
+    /// Whether a submission has not been handed back yet: its effects, which may wake
+    /// processes, are still to come.
+    pub(crate) fn in_flight(&self) -> bool {
+        self.shared.in_flight.load(Ordering::Acquire) > 0
     }
 
     /// Commits what is pending, stops the thread and waits for it.

@@ -196,6 +196,11 @@ impl Durable {
         self.committer.stats()
     }
 
+    /// Whether committed steps' effects are still to come (see `Committer::in_flight`).
+    pub(super) fn in_flight(&self) -> bool {
+        self.committer.in_flight()
+    }
+
     pub(super) fn shut_down(&self) {
         self.committer.shut_down();
     }
