@@ -1,15 +1,15 @@
 //! Swaps the synchronisation primitives of the wakeup protocol for loom's under
 //! `--cfg loom`, so the model checker explores every interleaving of the real code.
 //!
-//! Only the per-process protocol (state word, inbox, process slot) goes through this
-//! shim; worker queues and parking use crossbeam and parking_lot directly and are not
-//! part of the models.
+//! The per-process protocol (state word, inbox, process slot) and the workers' LIFO
+//! slots go through this shim; the workers' deques and parking use crossbeam and
+//! parking_lot directly and are not part of the models.
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU32, Ordering};
+pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU32, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// A mutex with parking_lot's interface (no poisoning) over either implementation.
 pub(crate) struct Mutex<T>(#[cfg(not(loom))] parking_lot::Mutex<T>, #[cfg(loom)] loom::sync::Mutex<T>);

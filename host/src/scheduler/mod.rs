@@ -63,6 +63,7 @@ mod registry;
 pub(crate) mod remote;
 mod requests;
 mod shared;
+mod slot;
 mod state;
 mod stats;
 mod timer;

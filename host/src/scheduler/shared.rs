@@ -19,6 +19,7 @@ use super::limits::Limits;
 use super::registry::Registry;
 use super::remote::Remote;
 use super::requests::Requests;
+use super::slot::Slot;
 use super::stats::Counters;
 use super::timer::Timer;
 use super::worker;
@@ -30,7 +31,7 @@ pub(super) struct Shared {
     pub(super) injector: Injector<Arc<ProcessCell>>,
     pub(super) stealers: Box<[Stealer<Arc<ProcessCell>>]>,
     /// Each worker's LIFO slot (see `worker.rs`, "The LIFO slot").
-    pub(super) slots: Box<[CachePadded<worker::Slot>]>,
+    pub(super) slots: Box<[CachePadded<Slot<ProcessCell>>]>,
     pub(super) idle: Idle,
     pub(super) registry: Registry,
     pub(super) counters: Box<[CachePadded<Counters>]>,

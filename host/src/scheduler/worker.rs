@@ -27,7 +27,9 @@
 //! the same process, with no put in between, for [`SLOT_PATIENCE`]: the owner is then in
 //! a long step, and the process would otherwise wait for it to end. A worker parks with
 //! an alarm for that moment while it watches a full slot. A long Wasm step also yields
-//! at its next epoch tick when a slot is full ([`Shared::has_waiting_work`]).
+//! at its next epoch tick when a slot is full ([`Shared::has_waiting_work`]). The slot
+//! itself is `slot.rs`; its loom model checks that the owner and a thief never both take
+//! one process, and that none is lost.
 //!
 //! # Completions during dispatch
 //!
@@ -70,7 +72,6 @@
 use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -210,47 +211,6 @@ pub(super) fn push_local(shared: &Shared, task: Arc<ProcessCell>) -> Result<Push
         }
     });
     pushed.ok_or_else(|| task.take().expect("not pushed"))
-}
-
-/// A worker's LIFO slot: at most one `Ready` process, owned by the slot (an `Arc` turned
-/// into a pointer), and a count of the processes its owner ever put in it. The pointer
-/// only ever changes by a swap, so the owner and a thief can never both take one
-/// process: whoever swaps it out owns it.
-#[derive(Default)]
-pub(super) struct Slot {
-    task: AtomicPtr<ProcessCell>,
-    puts: AtomicU64,
-}
-
-impl Slot {
-    /// Puts `task` in; the occupant it displaces, if any. Only the owner puts.
-    fn put(&self, task: Arc<ProcessCell>) -> Option<Arc<ProcessCell>> {
-        // Only the owner writes the count, so a load and a store keep it exact without a
-        // read-modify-write; a thief only compares two of its values.
-        self.puts.store(self.puts.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
-        // Release: the process's state reaches whoever swaps it out (Acquire).
-        let previous = self.task.swap(Arc::into_raw(task).cast_mut(), Ordering::AcqRel);
-        // SAFETY: every non-null pointer in the slot came from `Arc::into_raw` in `put`,
-        // and the swap made this thread its only holder.
-        (!previous.is_null()).then(|| unsafe { Arc::from_raw(previous) })
-    }
-
-    /// Takes the occupant out, if any.
-    fn take(&self) -> Option<Arc<ProcessCell>> {
-        let task = self.task.swap(std::ptr::null_mut(), Ordering::AcqRel);
-        // SAFETY: as in `put`.
-        (!task.is_null()).then(|| unsafe { Arc::from_raw(task) })
-    }
-
-    pub(super) fn is_empty(&self) -> bool {
-        self.task.load(Ordering::Relaxed).is_null()
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        drop(self.take());
-    }
 }
 
 /// This thread's worker index if it is one of `scheduler`'s workers.
@@ -456,7 +416,7 @@ impl WorkerLoop<'_> {
             if now.duration_since(*since) < SLOT_PATIENCE {
                 return None;
             }
-            let stuck = seen.iter().find(|&&(i, puts)| slots[i].puts.load(Ordering::Relaxed) == puts);
+            let stuck = seen.iter().find(|&&(i, puts)| slots[i].puts() == puts);
             if let Some(task) = stuck.and_then(|&(i, _)| slots[i].take()) {
                 self.watching = None;
                 self.shared.counters[self.index].record_steal(1);
@@ -464,8 +424,7 @@ impl WorkerLoop<'_> {
             }
         }
         let full = |i: &usize| *i != self.index && !slots[*i].is_empty();
-        let seen: Vec<(usize, u64)> =
-            (0..slots.len()).filter(full).map(|i| (i, slots[i].puts.load(Ordering::Relaxed))).collect();
+        let seen: Vec<(usize, u64)> = (0..slots.len()).filter(full).map(|i| (i, slots[i].puts())).collect();
         self.watching = (!seen.is_empty()).then_some((now, seen));
         None
     }
