@@ -456,31 +456,36 @@ fn run_with_cluster_runs_the_entry_on_a_node_and_prints_its_result() {
     assert!(stderr.contains("no_such_entry"), "{stderr}");
 }
 
-/// Spawns a child of kind `kind` running `method`, monitoring it; completes with the
-/// child's pid and its exit's error (`ok` if it succeeded), or fails if the spawn did.
+/// Spawns a child of kind `kind` running `method`, monitoring it, at its first step or,
+/// with `on_message`, at its first message; completes with the child's pid and its exit's
+/// error (`ok` if it succeeded), or fails if the spawn did. `pid` learns its own pid.
 struct Spawner {
     kind: &'static str,
     method: &'static str,
-    started: bool,
+    on_message: bool,
+    pid: Option<Arc<Mutex<Option<Pid>>>>,
+    spawned: bool,
+}
+
+impl Spawner {
+    fn at_once(kind: &'static str, method: &'static str) -> Self {
+        Spawner { kind, method, on_message: false, pid: None, spawned: false }
+    }
 }
 
 impl Process for Spawner {
-    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+    fn init(&mut self, port: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        if let Some(pid) = &self.pid {
+            *pid.lock().unwrap() = Some(port.pid());
+        }
         Ok(())
     }
 
     fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
-        if !std::mem::replace(&mut self.started, true) {
-            let request = wasmproc::SpawnRequest {
-                kind: Some(self.kind.to_owned()),
-                method: self.method.to_owned(),
-                input: vec![],
-                monitor: true,
-            };
-            out.yield_command(1, Yielded::Spawn(request));
-        }
+        let mut spawn = !self.on_message;
         for event in events {
             match event {
+                Event::Message { .. } => spawn = true,
                 Event::Completion { result: Err(error), .. } => {
                     out.complete(Err(format!("the spawn failed: {error}")));
                     return Ok(());
@@ -493,7 +498,16 @@ impl Process for Spawner {
                 _ => {}
             }
         }
-        out.set_status(Status::Blocked);
+        if spawn && !std::mem::replace(&mut self.spawned, true) {
+            let request = wasmproc::SpawnRequest {
+                kind: Some(self.kind.to_owned()),
+                method: self.method.to_owned(),
+                input: vec![],
+                monitor: true,
+            };
+            out.yield_command(1, Yielded::Spawn(request));
+        }
+        out.set_status(if self.spawned { Status::Blocked } else { Status::Idle });
         Ok(())
     }
 }
@@ -530,7 +544,7 @@ fn a_spawn_carries_its_kinds_memory_cap_to_the_node_that_runs_it() {
     b.wait_for(2);
 
     // `la` places the spawner's child on `lb`, the one node that takes spawns.
-    let spawner = Spawner { kind: "hostile", method: "memory-bomb", started: false };
+    let spawner = Spawner::at_once("hostile", "memory-bomb");
     let spawner = a.scheduler.handle().spawn(spawner, "main").expect("spawns");
     let result = spawner.join_timeout(PATIENCE).expect("the spawner ends").expect("the spawn succeeds");
     let (child, error) = result.decode::<(u64, String)>().unwrap();
@@ -541,48 +555,6 @@ fn a_spawn_carries_its_kinds_memory_cap_to_the_node_that_runs_it() {
     let local = b.scheduler.handle().spawn(hostile_b.process(), "memory-bomb").expect("spawns");
     let error = local.join_timeout(PATIENCE).expect("the local child ends").expect_err("it runs out of memory");
     assert!(error.contains(&format!("past its `max_memory` of {large} bytes")), "{error}");
-}
-
-/// Records its pid, waits for a message, then spawns a `hostile` child running
-/// `memory-bomb` and monitors it; completes with the child's pid and its exit's error.
-struct Relay {
-    pid: Arc<Mutex<Option<Pid>>>,
-    spawned: bool,
-}
-
-impl Process for Relay {
-    fn init(&mut self, port: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
-        *self.pid.lock().unwrap() = Some(port.pid());
-        Ok(())
-    }
-
-    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
-        for event in events {
-            match event {
-                Event::Message { .. } if !std::mem::replace(&mut self.spawned, true) => {
-                    let request = wasmproc::SpawnRequest {
-                        kind: Some("hostile".to_owned()),
-                        method: "memory-bomb".to_owned(),
-                        input: vec![],
-                        monitor: true,
-                    };
-                    out.yield_command(1, Yielded::Spawn(request));
-                }
-                Event::Completion { result: Err(error), .. } => {
-                    out.complete(Err(format!("the spawn failed: {error}")));
-                    return Ok(());
-                }
-                Event::Exit { pid, result } => {
-                    let error = result.err().unwrap_or_else(|| "ok".to_owned());
-                    out.complete(Ok(Payload::json(&(pid.as_u64(), error)).unwrap()));
-                    return Ok(());
-                }
-                _ => {}
-            }
-        }
-        out.set_status(if self.spawned { Status::Blocked } else { Status::Idle });
-        Ok(())
-    }
 }
 
 /// A process's limits hold down its whole tree, across nodes: a fan-out `delegate`
@@ -611,7 +583,16 @@ fn a_grandchild_on_a_third_node_is_held_to_the_first_parents_memory_cap() {
     let relays = relay.clone();
     let b = Node::join(
         config("gb", Placement::LeastLoaded, true),
-        Scheduler::builder().workers(1).kind("relay", kind(move || Relay { pid: relays.clone(), spawned: false })),
+        Scheduler::builder().workers(1).kind(
+            "relay",
+            kind(move || Spawner {
+                kind: "hostile",
+                method: "memory-bomb",
+                on_message: true,
+                pid: Some(relays.clone()),
+                spawned: false,
+            }),
+        ),
     );
     a.wait_for_accepting(1);
     b.wait_for(2);
