@@ -9,7 +9,7 @@
 //!    local deque, so the next few pops need no shared queue;
 //! 4. the other workers' deques: starting at a random victim and walking all of them,
 //!    steal half of a victim's oldest entries;
-//! 5. before parking, a slot whose owner has not taken it for a whole round (below).
+//! 5. before parking, a slot that has held the same process for [`SLOT_PATIENCE`] (below).
 //!
 //! Every [`GLOBAL_CHECK_INTERVAL`]th tick the global queue, or (every other time first)
 //! the bottom of the worker's own deque, is looked at ahead of the slot and the deque's

@@ -46,7 +46,7 @@ pub(crate) fn event_to_wit(event: Event) -> wit::Event {
 pub(crate) fn status_from_output(status: output::StatusKind, caps: Caps) -> Result<Status, String> {
     Ok(match status {
         output::StatusKind::Complete(Ok(payload)) => {
-            let size = payload.data.value.as_ref().map_or_else(|&len| len, Vec::len);
+            let size = len_of(&payload.data, Vec::len);
             Status::Complete(Ok(payload_from_output(payload, size, "the result", caps)?))
         }
         output::StatusKind::Complete(Err(error)) => Status::Complete(Err(error)),
@@ -75,6 +75,7 @@ fn payload_from_output(payload: output::Payload, size: usize, what: &str, caps: 
     }
 }
 
+/// The length of a capped list or string: lifted, or as the guest wrote it when over.
 fn len_of<T, K>(capped: &output::Capped<T, K>, len: impl Fn(&T) -> usize) -> usize {
     capped.value.as_ref().map_or_else(|&over| over, len)
 }
