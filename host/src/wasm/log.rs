@@ -3,7 +3,7 @@
 //!
 //! Output streams are line-buffered per process and stream: a line reaches the sink when
 //! its newline arrives, when it grows past [`MAX_LINE`], or when the process ends with a
-//! partial line pending. So one `println!` in the guest is one log record, whatever
+//! partial line pending. So one line the guest prints is one log record, whatever
 //! chunks WASI delivered it in.
 
 use std::fmt;
