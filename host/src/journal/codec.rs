@@ -23,8 +23,11 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
+    /// A writer with room for 64 bytes: a step's record (about 40 bytes when its events
+    /// and commands carry no payload) and most messages then take one allocation, not
+    /// the four of a buffer doubling from eight.
     pub(crate) fn new() -> Self {
-        Writer::default()
+        Writer { buf: Vec::with_capacity(64) }
     }
 
     pub(crate) fn into_bytes(self) -> Vec<u8> {

@@ -1,10 +1,16 @@
 //! Group commit: one thread writes what every worker submitted since its last commit in
-//! one batch and one sync, then hands the submissions back, committed or failed, to a
-//! second thread that carries them out: so the next group's sync overlaps the last
-//! group's effects.
+//! one batch and one sync, then carries out the submissions, committed or failed, before
+//! it takes the next group. What is submitted meanwhile joins that next group, which only
+//! grows for the wait.
+//!
+//! The items are carried out on the committing thread because it is awake at that moment
+//! anyway: handing them to a thread of their own, so that the next sync overlapped them,
+//! cost a wake-up and two context switches a commit, on cores the workers need, to
+//! overlap a few microseconds of effects with a sync of a hundred (BENCHMARKS.md,
+//! "Durable processes").
 //!
 //! A submission is its records and an item (what to do once they are durable). Items are
-//! handed back in submission order, and a submission is never handed back before every
+//! carried out in submission order, and a submission is never carried out before every
 //! earlier one: so what one process submits commits in order, and a record submitted
 //! after another is never durable without it.
 //!
@@ -26,7 +32,7 @@ use super::store::{Batch, Key, Store};
 /// submission of the failed batch and refused after it.
 pub type CommitError = Arc<io::Error>;
 
-/// What the committer does with each committed (or failed) group, on its own thread.
+/// What the committer does with each committed (or failed) group, on its thread.
 pub(crate) type OnCommit<T> = Box<dyn FnMut(Vec<T>, Result<(), CommitError>) + Send>;
 
 /// Counts of the committer's work since it started.
@@ -42,13 +48,12 @@ pub struct CommitStats {
 
 pub(crate) struct Committer<T> {
     shared: Arc<Shared<T>>,
-    /// The committing thread, then the one that hands groups back.
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 struct Shared<T> {
     pending: Mutex<Pending<T>>,
-    /// Submissions not yet handed back (queued, being committed, or on their way back).
+    /// Submissions not yet carried out (queued, being committed, or being carried out).
     in_flight: AtomicUsize,
     wake: Condvar,
     store: Arc<dyn Store>,
@@ -89,25 +94,13 @@ impl<T: Send + 'static> Committer<T> {
             sync,
             window,
         });
-        let (groups, committed) = std::sync::mpsc::channel::<Group<T>>();
-        let handed = shared.clone();
-        let handing = std::thread::Builder::new().name(format!("{name}-committed")).spawn(move || {
-            let mut on_commit = on_commit;
-            // Ends when the committing thread has ended and every group is handed back.
-            for (items, result) in committed {
-                let count = items.len();
-                call(&mut on_commit, items, result);
-                handed.in_flight.fetch_sub(count, Ordering::Release);
-            }
-        })?;
-        let committing = {
-            let shared = shared.clone();
-            std::thread::Builder::new().name(format!("{name}-journal")).spawn(move || shared.run(&groups))?
-        };
-        Ok(Committer { shared, threads: Mutex::new(vec![committing, handing]) })
+        let committing = shared.clone();
+        let thread =
+            std::thread::Builder::new().name(format!("{name}-journal")).spawn(move || committing.run(on_commit))?;
+        Ok(Committer { shared, thread: Mutex::new(Some(thread)) })
     }
 
-    /// Queues `records` for the next group, and `item` to hand back once they are
+    /// Queues `records` for the next group, and `item` to carry out once they are
     /// durable.
     ///
     /// # Errors
@@ -149,7 +142,7 @@ impl<T: Send + 'static> Committer<T> {
         self.shared.pending.lock().stats
     }
 
-    /// Whether a submission has not been handed back yet: its effects, which may wake
+    /// Whether a submission has not been carried out yet: its effects, which may wake
     /// processes, are still to come.
     pub(crate) fn in_flight(&self) -> bool {
         self.shared.in_flight.load(Ordering::Acquire) > 0
@@ -159,7 +152,7 @@ impl<T: Send + 'static> Committer<T> {
     pub(crate) fn shut_down(&self) {
         self.shared.pending.lock().shut_down = true;
         self.shared.wake.notify_one();
-        for thread in std::mem::take(&mut *self.threads.lock()) {
+        if let Some(thread) = self.thread.lock().take() {
             join(thread);
         }
     }
@@ -169,14 +162,14 @@ impl<T> Drop for Committer<T> {
     fn drop(&mut self) {
         self.shared.pending.lock().shut_down = true;
         self.shared.wake.notify_one();
-        for thread in std::mem::take(self.threads.get_mut()) {
+        if let Some(thread) = self.thread.get_mut().take() {
             join(thread);
         }
     }
 }
 
-/// Waits for one of the committer's threads, unless this is it: the last reference to what owns
-/// the committer may be dropped by an item it hands back, and a thread cannot wait for
+/// Waits for the committing thread, unless this is it: the last reference to what owns
+/// the committer may be dropped by an item it carries out, and a thread cannot wait for
 /// itself (it exits on its own once it sees the shutdown).
 fn join(thread: JoinHandle<()>) {
     if thread.thread().id() != std::thread::current().id() {
@@ -187,7 +180,7 @@ fn join(thread: JoinHandle<()>) {
 }
 
 impl<T> Shared<T> {
-    fn run(&self, groups: &std::sync::mpsc::Sender<Group<T>>) {
+    fn run(&self, mut on_commit: OnCommit<T>) {
         let mut pending = self.pending.lock();
         loop {
             while pending.items.is_empty() && !pending.shut_down {
@@ -201,7 +194,7 @@ impl<T> Shared<T> {
                 while !pending.shut_down && !self.wake.wait_until(&mut pending, deadline).timed_out() {}
             }
             let batch = std::mem::take(&mut pending.batch);
-            let items = std::mem::take(&mut pending.items);
+            let mut items = std::mem::take(&mut pending.items);
             drop(pending);
 
             let result = if batch.is_empty() { Ok(()) } else { self.store.commit(&batch, self.sync) };
@@ -217,29 +210,17 @@ impl<T> Shared<T> {
                     tracing::error!(%error, "the journal's store failed a commit: no more durable work is accepted");
                     pending.failed = Some(error.clone());
                     // What was submitted after the failed batch is refused with it too.
-                    let mut refused = std::mem::take(&mut pending.items);
+                    items.append(&mut pending.items);
                     pending.batch = Batch::default();
-                    drop(pending);
-                    let mut all = items;
-                    all.append(&mut refused);
-                    hand_back(groups, all, result);
-                    pending = self.pending.lock();
-                    continue;
                 }
             }
             drop(pending);
-            hand_back(groups, items, result);
+            let count = items.len();
+            call(&mut on_commit, items, result);
+            self.in_flight.fetch_sub(count, Ordering::Release);
             pending = self.pending.lock();
         }
     }
-}
-
-/// A committed (or failed) group on its way back.
-type Group<T> = (Vec<T>, Result<(), CommitError>);
-
-fn hand_back<T>(groups: &std::sync::mpsc::Sender<Group<T>>, items: Vec<T>, result: Result<(), CommitError>) {
-    // The receiving thread lives until this sender is dropped: the send cannot fail.
-    let _ = groups.send((items, result));
 }
 
 fn call<T>(on_commit: &mut OnCommit<T>, items: Vec<T>, result: Result<(), CommitError>) {

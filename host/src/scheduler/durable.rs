@@ -359,6 +359,16 @@ impl StepInProgress {
     }
 }
 
+/// `carried` followed by `fresh`, without a new allocation when nothing was carried (a
+/// step that was not preempted: nearly every one).
+fn prepend<T>(mut carried: Vec<T>, fresh: Vec<T>) -> Vec<T> {
+    if carried.is_empty() {
+        return fresh;
+    }
+    carried.extend(fresh);
+    carried
+}
+
 /// A fresh seed for a durable process's random numbers.
 pub(super) fn draw_seed() -> [u8; 32] {
     let mut seed = [0; 32];
@@ -389,10 +399,8 @@ impl ProcessCell {
         let step = slot.get_or_insert_with(|| StepInProgress::new(draw_seed(), turn.at));
         match &mut step.started {
             None => {
-                let mut events = std::mem::take(&mut step.carried);
-                events.extend(turn.events);
-                let mut ids = std::mem::take(&mut step.carried_ids);
-                ids.extend(turn.ids);
+                let events = prepend(std::mem::take(&mut step.carried), turn.events);
+                let ids = prepend(std::mem::take(&mut step.carried_ids), turn.ids);
                 step.started = Some((turn.at, events, ids));
             }
             Some(_) => {
