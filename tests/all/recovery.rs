@@ -2,9 +2,10 @@
 
 use std::io;
 use std::ops::ControlFlow;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
+use wasmproc::handler::{Factory, KindLimits};
 use wasmproc::journal::{Batch, Journal, JournalSettings, Key, MemoryStore, Store};
 use wasmproc::scheduler::Spawnable;
 use wasmproc::{Payload, Scheduler, Status};
@@ -106,7 +107,6 @@ impl wasmproc::handler::Factory for Capped {
 /// it spawns after the resume (of a kind whose own cap is 64 MiB) is stopped at 8 MiB.
 #[test]
 fn a_restored_child_runs_under_its_restored_parents_limits() {
-    use std::sync::Mutex;
     static RELAY: Mutex<Option<u64>> = Mutex::new(None);
     static BOMB: Mutex<Option<String>> = Mutex::new(None);
     fn root() -> Scripted {
@@ -181,4 +181,117 @@ fn a_restored_child_runs_under_its_restored_parents_limits() {
         std::thread::yield_now();
     };
     assert!(error.contains(&format!("past its `max_memory` of {CAP} bytes")), "{error}");
+}
+
+/// A kind without limits of its own that notes the memory cap each of its processes is
+/// made within (`None`: made without a bound); its processes note that they stepped,
+/// then wait.
+struct Noting {
+    made_within: &'static Mutex<Vec<Option<usize>>>,
+    stepped: &'static AtomicBool,
+}
+
+impl Noting {
+    fn made(&self, cap: Option<usize>) -> anyhow::Result<Box<dyn wasmproc::Process>> {
+        self.made_within.lock().unwrap().push(cap);
+        let stepped = self.stepped;
+        let (process, _) = Scripted::new(move |t| {
+            stepped.store(true, Ordering::SeqCst);
+            t.out.set_status(Status::Idle);
+            Ok(())
+        });
+        Ok(Box::new(process))
+    }
+
+    /// Waits until a process of the kind has stepped: its spawn was recorded before that.
+    fn wait_for_a_step(&self) {
+        let deadline = std::time::Instant::now() + HANG;
+        while !self.stepped.load(Ordering::SeqCst) {
+            assert!(std::time::Instant::now() < deadline, "no process of the kind stepped");
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Factory for Noting {
+    fn make(&self) -> anyhow::Result<Box<dyn wasmproc::Process>> {
+        self.made(None)
+    }
+
+    fn make_within(&self, bound: KindLimits) -> anyhow::Result<Box<dyn wasmproc::Process>> {
+        self.made(Some(bound.max_memory))
+    }
+}
+
+/// A root of the 8 MiB kind that spawns a `child`; with `ends`, it ends once the spawn
+/// completes, otherwise it waits.
+fn spawns_a_child(ends: bool) -> Scripted {
+    Scripted::new(move |t| {
+        if t.step == 0 {
+            let child =
+                wasmproc::SpawnRequest { kind: Some("child".into()), method: "main".into(), ..Default::default() };
+            t.out.yield_command(0, wasmproc::Command::Spawn(child));
+            t.out.set_status(Status::Blocked);
+        } else if ends {
+            t.out.complete(Ok(Payload::empty()));
+        } else {
+            t.out.set_status(Status::Idle);
+        }
+        Ok(())
+    })
+    .0
+}
+
+/// A durable scheduler on `store` with a `root` kind capped at 8 MiB and a `child` kind.
+fn capped_tree(store: &Arc<MemoryStore>, root: fn() -> Scripted, child: Noting) -> wasmproc::scheduler::Builder {
+    Scheduler::builder()
+        .workers(1)
+        .journal(Journal::with_store(store.clone()))
+        .kind("root", Capped(root))
+        .kind("child", child)
+}
+
+/// `journal verify` replays a process under the limits a resume makes it under: a child
+/// of a kind without limits, spawned by a root whose kind caps memory at 8 MiB, is made
+/// within that cap by the verification too.
+#[test]
+fn verification_makes_a_child_under_its_parents_limits() {
+    static MADE_WITHIN: Mutex<Vec<Option<usize>>> = Mutex::new(Vec::new());
+    static STEPPED: AtomicBool = AtomicBool::new(false);
+    let child = || Noting { made_within: &MADE_WITHIN, stepped: &STEPPED };
+    let store = Arc::new(MemoryStore::default());
+    let first = capped_tree(&store, || spawns_a_child(false), child()).build().unwrap();
+    first.handle().spawn(Spawnable::kind("root"), "main").unwrap();
+    child().wait_for_a_step();
+    first.stop(std::time::Duration::from_secs(1));
+    drop(first);
+    assert_eq!(*MADE_WITHIN.lock().unwrap(), [Some(CAP)], "spawned within the root's cap");
+
+    MADE_WITHIN.lock().unwrap().clear();
+    let verdicts = capped_tree(&store, || spawns_a_child(false), child()).verify_journal().unwrap();
+    assert_eq!(verdicts.len(), 2, "{verdicts:?}");
+    assert!(verdicts.iter().all(|(_, verdict)| verdict.is_ok()), "{verdicts:?}");
+    assert_eq!(*MADE_WITHIN.lock().unwrap(), [Some(CAP)], "verified within the root's cap too");
+}
+
+/// A child outlives its parent and still resumes under the parent's limits: they come
+/// from the recorded spawns, not from a parent restored beside it.
+#[test]
+fn a_child_resumes_under_the_limits_of_a_parent_that_has_ended() {
+    static MADE_WITHIN: Mutex<Vec<Option<usize>>> = Mutex::new(Vec::new());
+    static STEPPED: AtomicBool = AtomicBool::new(false);
+    let child = || Noting { made_within: &MADE_WITHIN, stepped: &STEPPED };
+    let store = Arc::new(MemoryStore::default());
+    let first = capped_tree(&store, || spawns_a_child(true), child()).build().unwrap();
+    let root = first.handle().spawn(Spawnable::kind("root"), "main").unwrap();
+    assert_eq!(root.join_timeout(HANG).unwrap(), Ok(Payload::empty()));
+    child().wait_for_a_step();
+    first.stop(std::time::Duration::from_secs(1));
+    drop(first);
+    assert_eq!(*MADE_WITHIN.lock().unwrap(), [Some(CAP)], "spawned within the root's cap");
+
+    MADE_WITHIN.lock().unwrap().clear();
+    let second = capped_tree(&store, || spawns_a_child(true), child()).build().unwrap();
+    assert_eq!(*MADE_WITHIN.lock().unwrap(), [Some(CAP)], "resumed within the ended root's cap");
+    second.stop(std::time::Duration::from_secs(1));
 }

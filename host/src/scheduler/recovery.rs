@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use super::cell::{ProcessCell, Spec, Watcher};
 use super::completer::complete;
-use super::dispatch::{Origin, make_under};
+use super::dispatch::{KindLimits, Origin, make_under};
 use super::durable::{StepInProgress, port_send_id, replaying};
 use super::handle::{ExitSlot, ProcessHandle};
 use super::limits::Lineage;
@@ -36,6 +36,46 @@ use super::record::{Record, SpawnRecord, StepRecord, now_micros};
 use super::shared::Shared;
 use super::state::{Lifecycle, Waiting};
 use crate::journal::{Journal, Key};
+
+/// The limits each recorded process ran under: its kind's own, tightened by those its
+/// spawner ran under, up to the embedder (every spawn went through `make_under`).
+struct Sandboxes<'a> {
+    plan: &'a Plan,
+    shared: &'a Shared,
+    known: HashMap<Pid, Option<KindLimits>>,
+}
+
+impl<'a> Sandboxes<'a> {
+    fn new(plan: &'a Plan, shared: &'a Shared) -> Self {
+        Sandboxes { plan, shared, known: HashMap::new() }
+    }
+
+    /// The limits `pid` ran under; `None` for the embedder, a process the journal does
+    /// not hold, or a chain of kinds that report none.
+    fn of(&mut self, pid: Pid) -> Option<KindLimits> {
+        let mut chain = Vec::new();
+        let mut at = pid;
+        let mut bound = None;
+        // Only a journal written by something else makes parents a cycle: its chain
+        // stops once it is longer than the journal's processes.
+        while at != Pid::HOST && chain.len() <= self.plan.saved.len() {
+            if let Some(known) = self.known.get(&at) {
+                bound = *known;
+                break;
+            }
+            let Some(saved) = self.plan.saved.get(&at) else { break };
+            chain.push(at);
+            at = saved.spawn.parent;
+        }
+        for pid in chain.into_iter().rev() {
+            let kind = self.plan.saved[&pid].spawn.kind.as_deref();
+            let own = kind.and_then(|kind| self.shared.kinds.get(kind)).and_then(|factory| factory.limits());
+            bound = KindLimits::tighter(own, bound);
+            self.known.insert(pid, bound);
+        }
+        bound
+    }
+}
 
 /// One process's history as read back.
 struct Saved {
@@ -159,15 +199,18 @@ impl Plan {
     /// nowhere: nothing is resumed, nothing runs, nothing is written.
     pub(super) fn verify(self, shared: &Arc<Shared>) -> Vec<(Pid, Result<usize, String>)> {
         let mut verdicts = Vec::new();
+        let mut sandboxes = Sandboxes::new(&self, shared);
         for (pid, saved) in self.saved.iter().filter(|(_, s)| s.exit.is_none()) {
+            // Made as a resume would make it, so the replay runs under the same limits.
+            let bound = sandboxes.of(saved.spawn.parent);
             let made = match &saved.spawn.kind {
                 Some(kind) => match shared.kinds.get(kind.as_str()) {
-                    Some(factory) => factory.make().map_err(|e| format!("cannot be made: {e:#}")),
+                    Some(factory) => make_under(&**factory, bound).map_err(|e| format!("cannot be made: {e:#}")),
                     None => Err(format!("its kind `{kind}` is not registered")),
                 },
                 None => Err("it was spawned as a value, not by a registered kind".to_owned()),
             };
-            let verdict = made.and_then(|process| {
+            let verdict = made.and_then(|(process, sandbox)| {
                 let spec = Spec {
                     scheduler: Some(shared.clone()),
                     parent: saved.spawn.parent,
@@ -175,7 +218,7 @@ impl Plan {
                     caps: Arc::new(saved.spawn.caps.clone()),
                     mailbox_capacity: (saved.spawn.mailbox_capacity as usize).max(1),
                 };
-                let cell = Arc::new(ProcessCell::new(*pid, process, spec, Lineage::default()));
+                let cell = Arc::new(ProcessCell::new(*pid, process, spec, Lineage::default().within(sandbox)));
                 let replayed = replay(&cell, saved).map(|_| saved.steps.len());
                 // SAFETY: `replay` left the process `Running`, owned by this thread; it is
                 // in no registry and no queue, and is dropped here.
@@ -453,13 +496,14 @@ impl Plan {
                 break;
             }
         }
+        let mut sandboxes = Sandboxes::new(self, shared);
         for pid in order {
             let saved = &self.saved[&pid];
-            // Parents come first in `order`: a child is made again under the limits its
-            // restored parent runs under, as it was spawned (`make_under`), so a tree
-            // resumes no looser than it ran.
+            // A child is made again under the limits its parent ran under, as it was
+            // spawned (`make_under`), so a tree resumes no looser than it ran, whether or
+            // not its parent has ended. Parents come first in `order`, for the lineage.
             let parent = cells.get(&saved.spawn.parent);
-            let bound = parent.and_then(|parent| shared.sandbox_of(parent));
+            let bound = sandboxes.of(saved.spawn.parent);
             let made = match &saved.spawn.kind {
                 Some(kind) => match shared.kinds.get_key_value(kind.as_str()) {
                     Some((name, factory)) => make_under(&**factory, bound)
