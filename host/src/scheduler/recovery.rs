@@ -30,7 +30,7 @@ use super::durable::{StepInProgress, port_send_id, replaying};
 use super::handle::{ExitSlot, ProcessHandle};
 use super::limits::Lineage;
 use super::port::Port;
-use super::process::{Command, Event, Outcome, Payload, Pid, Status, StepOutput, Yield};
+use super::process::{Command, Event, Outcome, Payload, Pid, Process, Status, StepOutput, Yield};
 use super::record::FinishedRun;
 use super::record::{Record, SpawnRecord, StepRecord, now_micros};
 use super::shared::Shared;
@@ -75,6 +75,31 @@ impl<'a> Sandboxes<'a> {
         }
         bound
     }
+}
+
+/// A process made again: it, its spec, and the limits it runs under.
+type MadeAgain = (Box<dyn Process>, Spec, Option<KindLimits>);
+
+/// Makes `saved`'s process again as it was spawned: by its recorded kind, within the
+/// limits its spawner ran under. With its spec and the limits it runs under; otherwise
+/// why it cannot be made.
+fn make_again(shared: &Arc<Shared>, saved: &Saved, sandboxes: &mut Sandboxes<'_>) -> Result<MadeAgain, String> {
+    let Some(kind) = &saved.spawn.kind else {
+        return Err("it was spawned as a value, not by a registered kind, so it cannot be made again".to_owned());
+    };
+    let Some((name, factory)) = shared.kinds.get_key_value(kind.as_str()) else {
+        return Err(format!("its kind `{kind}` is not registered"));
+    };
+    let bound = sandboxes.of(saved.spawn.parent);
+    let (process, sandbox) = make_under(&**factory, bound).map_err(|e| format!("cannot be made: {e:#}"))?;
+    let spec = Spec {
+        scheduler: Some(shared.clone()),
+        parent: saved.spawn.parent,
+        kind: Some(name.clone()),
+        caps: Arc::new(saved.spawn.caps.clone()),
+        mailbox_capacity: (saved.spawn.mailbox_capacity as usize).max(1),
+    };
+    Ok((process, spec, sandbox))
 }
 
 /// One process's history as read back.
@@ -201,23 +226,8 @@ impl Plan {
         let mut verdicts = Vec::new();
         let mut sandboxes = Sandboxes::new(&self, shared);
         for (pid, saved) in self.saved.iter().filter(|(_, s)| s.exit.is_none()) {
-            // Made as a resume would make it, so the replay runs under the same limits.
-            let bound = sandboxes.of(saved.spawn.parent);
-            let made = match &saved.spawn.kind {
-                Some(kind) => match shared.kinds.get(kind.as_str()) {
-                    Some(factory) => make_under(&**factory, bound).map_err(|e| format!("cannot be made: {e:#}")),
-                    None => Err(format!("its kind `{kind}` is not registered")),
-                },
-                None => Err("it was spawned as a value, not by a registered kind".to_owned()),
-            };
-            let verdict = made.and_then(|(process, sandbox)| {
-                let spec = Spec {
-                    scheduler: Some(shared.clone()),
-                    parent: saved.spawn.parent,
-                    kind: saved.spawn.kind.as_deref().map(Arc::from),
-                    caps: Arc::new(saved.spawn.caps.clone()),
-                    mailbox_capacity: (saved.spawn.mailbox_capacity as usize).max(1),
-                };
+            // Made as a resume makes it, so the replay runs under the same limits.
+            let verdict = make_again(shared, saved, &mut sandboxes).and_then(|(process, spec, sandbox)| {
                 let cell = Arc::new(ProcessCell::new(*pid, process, spec, Lineage::default().within(sandbox)));
                 let replayed = replay(&cell, saved).map(|_| saved.steps.len());
                 // SAFETY: `replay` left the process `Running`, owned by this thread; it is
@@ -425,6 +435,10 @@ impl Plan {
         }
         // Freeing the histories, every replayed record's allocations, took about a fifth
         // of a second for a million records: the resumed processes need not wait for it.
+        // An empty journal, every fresh start's, has nothing worth a thread.
+        if self.saved.is_empty() {
+            return handles;
+        }
         let histories = self;
         let freeing = std::thread::Builder::new().name("journal-replayed".to_owned()).spawn(move || drop(histories));
         if let Err(error) = freeing {
@@ -502,24 +516,11 @@ impl Plan {
             // A child is made again under the limits its parent ran under, as it was
             // spawned (`make_under`), so a tree resumes no looser than it ran, whether or
             // not its parent has ended. Parents come first in `order`, for the lineage.
-            let parent = cells.get(&saved.spawn.parent);
-            let bound = sandboxes.of(saved.spawn.parent);
-            let made = match &saved.spawn.kind {
-                Some(kind) => match shared.kinds.get_key_value(kind.as_str()) {
-                    Some((name, factory)) => make_under(&**factory, bound)
-                        .map(|(process, sandbox)| (process, Some(name.clone()), sandbox))
-                        .map_err(|e| format!("{e:#}")),
-                    None => Err(format!("its kind `{kind}` is not registered")),
-                },
-                None => {
-                    Err("it was spawned as a value, not by a registered kind, so it cannot be made again".to_owned())
-                }
-            };
-            let lineage = match parent {
+            let lineage = match cells.get(&saved.spawn.parent) {
                 Some(parent) => Lineage::child_of(&parent.lineage),
                 None => Lineage::default(),
             };
-            let (process, kind, sandbox) = match made {
+            let (process, spec, sandbox) = match make_again(shared, saved, &mut sandboxes) {
                 Ok(made) => made,
                 Err(reason) => {
                     tracing::error!(%pid, %reason, "a durable process cannot be resumed");
@@ -529,13 +530,6 @@ impl Plan {
                     }
                     continue;
                 }
-            };
-            let spec = Spec {
-                scheduler: Some(shared.clone()),
-                parent: saved.spawn.parent,
-                kind,
-                caps: Arc::new(saved.spawn.caps.clone()),
-                mailbox_capacity: (saved.spawn.mailbox_capacity as usize).max(1),
             };
             let cell = Arc::new(ProcessCell::new(pid, process, spec, lineage.within(sandbox)));
             cell.journal_seq.store(saved.next_seq, std::sync::atomic::Ordering::Relaxed);
