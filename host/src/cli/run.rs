@@ -28,7 +28,7 @@ use wasmproc::wasm::{COMMAND_ENTRY, LogRecord, Program, WasiOptions};
 use wasmproc::{Capabilities, Outcome, Payload, Scheduler};
 
 use super::input::{payloads, read_app};
-use super::inspect::declared::{self, Declared};
+use super::inspect::declared::{self, Declared, GrantedBy};
 use super::output::{Output, Say, style};
 use super::providers::{FAMILIES, ProviderArgs, Providers, Services};
 use super::report::{CompileNotice, Progress, Report, Summary};
@@ -468,21 +468,17 @@ impl Run {
     /// Whether this run lets a process yield `command` (a name, or a family as `kv.*`):
     /// granted, and served (a provider family's flag given, or a `--provider`).
     fn grants(&self, command: &str, caps: &Capabilities, served: &[String]) -> bool {
-        if !caps.allows(command) {
-            return false;
-        }
-        let Some((family, rest)) = command.split_once('.') else {
-            return true;
-        };
-        match family {
-            "http" => !self.providers.allow_host.is_empty(),
-            "kv" => self.providers.kv.is_some(),
-            "fs" if matches!(rest, "write" | "mkdir" | "remove") => !self.dir_rw.is_empty(),
-            "fs" => !self.dir.is_empty() || !self.dir_rw.is_empty(),
-            "env" => !self.env.is_empty(),
-            "time" | "random" => true,
-            served_family => served.iter().any(|name| name == served_family),
-        }
+        let dirs = !self.dir.is_empty() || !self.dir_rw.is_empty();
+        caps.allows(command)
+            && match GrantedBy::of(command) {
+                GrantedBy::Default | GrantedBy::AllowTerminate | GrantedBy::Embedders => true,
+                GrantedBy::AllowHost => !self.providers.allow_host.is_empty(),
+                GrantedBy::Kv => self.providers.kv.is_some(),
+                GrantedBy::Dir | GrantedBy::DirEither => dirs,
+                GrantedBy::DirRw => !self.dir_rw.is_empty(),
+                GrantedBy::Env => !self.env.is_empty(),
+                GrantedBy::Provider(family) => served.iter().any(|name| name == family),
+            }
     }
 
     fn sandbox(&self) -> KindLimits {

@@ -154,28 +154,79 @@ fn is_command_name(name: &str) -> bool {
     })
 }
 
-/// What grants `command` to a process of `wasmproc run`: its flag, as the run's denial
-/// of it names (`providers.rs`), or that it is granted by default.
-pub(in crate::cli) fn grant(command: &str) -> String {
-    let Some((family, rest)) = command.split_once('.') else {
-        return match command {
-            "terminate" => "--allow terminate".to_owned(),
-            builtin if wasmproc::Capabilities::BUILTIN.contains(&builtin) => "granted by default".to_owned(),
-            _ => "not a command of `wasmproc run` (an embedder's)".to_owned(),
+/// What grants a command to a process of `wasmproc run`: its flag, as the run's denial of
+/// it names (`providers.rs`). The one table of commands to flags, which `inspect` shows
+/// and `run` checks its flags against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::cli) enum GrantedBy<'a> {
+    /// Nothing: granted by default.
+    Default,
+    /// `--allow terminate`.
+    AllowTerminate,
+    /// Not a command `wasmproc run` carries out: an embedder's.
+    Embedders,
+    /// `--allow-host`.
+    AllowHost,
+    /// `--kv`.
+    Kv,
+    /// `--dir`, or `--dir-rw`: the reads of `fs`.
+    Dir,
+    /// `--dir-rw`: the writes of `fs`.
+    DirRw,
+    /// The whole `fs` family, or an `fs` command of neither kind: reads with `--dir`,
+    /// writes with `--dir-rw`.
+    DirEither,
+    /// `--env`.
+    Env,
+    /// `--provider FAMILY=FILE`.
+    Provider(&'a str),
+}
+
+impl GrantedBy<'_> {
+    /// What grants `command` (a name, or a family as `kv.*`).
+    pub(in crate::cli) fn of(command: &str) -> GrantedBy<'_> {
+        let Some((family, rest)) = command.split_once('.') else {
+            return match command {
+                "terminate" => GrantedBy::AllowTerminate,
+                builtin if wasmproc::Capabilities::BUILTIN.contains(&builtin) => GrantedBy::Default,
+                _ => GrantedBy::Embedders,
+            };
         };
-    };
-    match family {
-        "http" => "--allow-host HOST[:PORT]".to_owned(),
-        "kv" => "--kv DIR".to_owned(),
-        "fs" => match rest {
-            "read" | "list" | "stat" => "--dir HOST::GUEST".to_owned(),
-            "write" | "mkdir" | "remove" => "--dir-rw HOST::GUEST".to_owned(),
-            _ => "--dir HOST::GUEST (reads), --dir-rw HOST::GUEST (writes)".to_owned(),
-        },
-        "env" => "--env NAME[=VALUE]".to_owned(),
-        "time" | "random" => "granted by default".to_owned(),
-        _ => format!("--provider {family}=FILE"),
+        match family {
+            "http" => GrantedBy::AllowHost,
+            "kv" => GrantedBy::Kv,
+            "fs" => match rest {
+                "read" | "list" | "stat" => GrantedBy::Dir,
+                "write" | "mkdir" | "remove" => GrantedBy::DirRw,
+                _ => GrantedBy::DirEither,
+            },
+            "env" => GrantedBy::Env,
+            "time" | "random" => GrantedBy::Default,
+            family => GrantedBy::Provider(family),
+        }
     }
+
+    /// The flag, as `inspect` shows it.
+    pub(in crate::cli) fn flag(self) -> String {
+        match self {
+            GrantedBy::Default => "granted by default".to_owned(),
+            GrantedBy::AllowTerminate => "--allow terminate".to_owned(),
+            GrantedBy::Embedders => "not a command of `wasmproc run` (an embedder's)".to_owned(),
+            GrantedBy::AllowHost => "--allow-host HOST[:PORT]".to_owned(),
+            GrantedBy::Kv => "--kv DIR".to_owned(),
+            GrantedBy::Dir => "--dir HOST::GUEST".to_owned(),
+            GrantedBy::DirRw => "--dir-rw HOST::GUEST".to_owned(),
+            GrantedBy::DirEither => "--dir HOST::GUEST (reads), --dir-rw HOST::GUEST (writes)".to_owned(),
+            GrantedBy::Env => "--env NAME[=VALUE]".to_owned(),
+            GrantedBy::Provider(family) => format!("--provider {family}=FILE"),
+        }
+    }
+}
+
+/// The flag that grants `command` to a process of `wasmproc run`, or that it is granted
+/// by default ([`GrantedBy`]).
+pub(in crate::cli) fn grant(command: &str) -> String {
+    GrantedBy::of(command).flag()
 }
 
 #[cfg(test)]
