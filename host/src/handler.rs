@@ -8,4 +8,4 @@
 //! [`Spawnable::kind`](crate::scheduler::Spawnable::kind).
 
 pub use crate::scheduler::completer::Completer;
-pub use crate::scheduler::dispatch::{Factory, Handler, KindLimits, Request};
+pub use crate::scheduler::dispatch::{Factory, Handler, KindLimits, ReadOnly, Request};

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
+use wasmproc::handler::ReadOnly;
 use wasmproc::journal::{Batch, Durability, FjallStore, Journal, JournalSettings, Key, LogStore, MemoryStore, Store};
 use wasmproc::scheduler::SpawnOptions;
 use wasmproc::{Capabilities, Command, Event, Payload, Scheduler, Status};
@@ -153,6 +154,107 @@ fn nothing_of_a_step_happens_before_its_record_is_committed() {
     scheduler.stop(Duration::from_secs(1));
 }
 
+/// Yields `command` (tag 1) `times` times, one after another, then completes with how
+/// many completions it got.
+fn repeating(command: &'static str, times: usize) -> Scripted {
+    let mut completions = 0;
+    Scripted::new(move |t| {
+        completions += t.events.iter().filter(|e| wasmproc_tests::completion(e, 1).is_some()).count();
+        if completions >= times {
+            t.out.set_status(Status::Complete(Ok(Payload::u64(times as u64))));
+        } else {
+            t.out.yield_command(1, Command::Custom { name: command.into(), payload: Payload::empty() });
+        }
+        Ok(())
+    })
+    .0
+}
+
+#[test]
+fn a_step_that_only_reads_goes_on_before_its_commit_and_one_with_an_effect_does_not() {
+    let store = Arc::new(TestStore::default());
+    let reads = Arc::new(AtomicUsize::new(0));
+    let counted = reads.clone();
+    let effects = Arc::new(AtomicUsize::new(0));
+    let effected = effects.clone();
+    let scheduler = Scheduler::builder()
+        .workers(2)
+        .journal(Journal::with_store(store.clone()).settings(keep_finished()))
+        .capabilities(Capabilities::default().allow("peek").allow("effect"))
+        .handler(
+            "peek",
+            ReadOnly(move |request: wasmproc::handler::Request| {
+                assert!(request.idempotency_key().is_some(), "a durable read has a key too");
+                counted.fetch_add(1, Ordering::SeqCst);
+                request.complete(Ok(Payload::empty()));
+            }),
+        )
+        .handler("effect", move |request: wasmproc::handler::Request| {
+            effected.fetch_add(1, Ordering::SeqCst);
+            request.complete(Ok(Payload::empty()));
+        })
+        .build()
+        .unwrap();
+    store.hold();
+    // A step that reads and has an effect waits for its commit: neither runs meanwhile.
+    let mut completions = 0;
+    let (mixed, mixed_probe) = Scripted::new(move |t| {
+        completions += t.events.len();
+        if t.step == 0 {
+            t.out.yield_command(1, Command::Custom { name: "peek".into(), payload: Payload::empty() });
+            t.out.yield_command(2, Command::Custom { name: "effect".into(), payload: Payload::empty() });
+        } else if completions >= 2 {
+            t.out.set_status(Status::Complete(Ok(Payload::empty())));
+        }
+        Ok(())
+    });
+    let mixed = scheduler.handle().spawn(mixed, "main").unwrap();
+    let reader = scheduler.handle().spawn(repeating("peek", 20), "main").unwrap();
+    let deadline = std::time::Instant::now() + HANG;
+    while (reads.load(Ordering::SeqCst) < 20 || mixed_probe.steps() == 0) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let before_commit = (reads.load(Ordering::SeqCst), effects.load(Ordering::SeqCst), reader.try_result());
+    // Let go before asserting: a scheduler whose store holds its commits cannot stop.
+    store.release();
+    assert_eq!(before_commit, (20, 0, None), "the reads (only) go on before the commit; no effect, no result");
+    assert_eq!(reader.join_timeout(HANG).unwrap(), Ok(Payload::u64(20)));
+    assert_eq!(mixed.join_timeout(HANG).unwrap(), Ok(Payload::empty()));
+    assert_eq!((reads.load(Ordering::SeqCst), effects.load(Ordering::SeqCst)), (21, 1));
+    let history = Journal::with_store(store.clone()).history().unwrap();
+    let read = history.iter().find(|h| h.pid == reader.pid()).unwrap();
+    assert_eq!((read.steps, read.result.clone()), (21, Some(Ok(Payload::u64(20)))));
+    scheduler.stop(Duration::from_secs(1));
+}
+
+#[test]
+fn a_failed_commit_ends_a_process_whose_reads_went_on() {
+    let store = Arc::new(TestStore::default());
+    let scheduler = Scheduler::builder()
+        .workers(1)
+        .journal(Journal::with_store(store.clone()).settings(keep_finished()))
+        .capabilities(Capabilities::default().allow("peek"))
+        .handler("peek", ReadOnly(|request: wasmproc::handler::Request| request.complete(Ok(Payload::empty()))))
+        .build()
+        .unwrap();
+    store.fail.store(true, Ordering::SeqCst);
+    // It reads once and then waits for a message that never comes: only the failed
+    // commit of its steps can end it.
+    let (waiting, _) = Scripted::new(|t| {
+        if t.step == 0 {
+            t.out.yield_command(1, Command::Custom { name: "peek".into(), payload: Payload::empty() });
+        } else {
+            t.out.set_status(Status::Idle);
+        }
+        Ok(())
+    });
+    let waiting = scheduler.handle().spawn(waiting, "main").unwrap();
+    let error = waiting.join_timeout(HANG).unwrap().unwrap_err();
+    assert!(error.contains("journal failed: injected sync failure"), "{error}");
+    scheduler.stop(Duration::from_secs(1));
+}
+
 #[test]
 fn a_port_send_is_delivered_after_the_commit_and_recorded() {
     let store = Arc::new(TestStore::default());
@@ -286,8 +388,8 @@ fn crashing_store(commits: usize) -> Arc<TestStore> {
 }
 
 /// The workflow: `main` spawns a monitored `sink`, then a `source` that sends it five
-/// numbers (three through its port, two as yields), sleeps, runs `effect`, and ends
-/// with the sink's result and the effect's.
+/// numbers (three through its port, two as yields), sleeps, runs `effect`, reads `clock`
+/// three times, and ends with the sink's result, the effect's and the count of reads.
 fn workflow(store: Arc<TestStore>, world: Arc<World>) -> Scheduler {
     let sink = || -> anyhow::Result<Box<dyn wasmproc::Process>> {
         let mut got = Vec::new();
@@ -330,6 +432,7 @@ fn workflow(store: Arc<TestStore>, world: Arc<World>) -> Scheduler {
     let main = || -> anyhow::Result<Box<dyn wasmproc::Process>> {
         let mut effect = None;
         let mut exit = None;
+        let mut reads = 0;
         Ok(Box::new(
             Scripted::new(move |t| {
                 for event in &t.events {
@@ -349,7 +452,20 @@ fn workflow(store: Arc<TestStore>, world: Arc<World>) -> Scheduler {
                             t.out
                                 .yield_command(4, Command::Custom { name: "effect".into(), payload: Payload::empty() });
                         }
-                        Event::Completion { tag: 4, result } => effect = Some(result.clone().unwrap()),
+                        Event::Completion { tag: 4, result } => {
+                            effect = Some(result.clone().unwrap());
+                            t.out.yield_command(5, Command::Custom { name: "clock".into(), payload: Payload::empty() });
+                        }
+                        // Reads, which go on before their steps' commits.
+                        Event::Completion { tag: 5, .. } => {
+                            reads += 1;
+                            if reads < 3 {
+                                t.out.yield_command(
+                                    5,
+                                    Command::Custom { name: "clock".into(), payload: Payload::empty() },
+                                );
+                            }
+                        }
                         Event::Exit { result, .. } => exit = Some(result.clone().unwrap()),
                         _ => {}
                     }
@@ -363,8 +479,8 @@ fn workflow(store: Arc<TestStore>, world: Arc<World>) -> Scheduler {
                     };
                     t.out.yield_command(1, Command::Spawn(spawn));
                 }
-                if let (Some(effect), Some(exit)) = (&effect, &exit) {
-                    let result = format!("{} {}", exit.as_str().unwrap(), effect.as_str().unwrap());
+                if let (Some(effect), Some(exit), 3) = (&effect, &exit, reads) {
+                    let result = format!("{} {} {reads}", exit.as_str().unwrap(), effect.as_str().unwrap());
                     t.out.set_status(Status::Complete(Ok(Payload::text(result))));
                 }
                 Ok(())
@@ -375,7 +491,7 @@ fn workflow(store: Arc<TestStore>, world: Arc<World>) -> Scheduler {
     Scheduler::builder()
         .workers(2)
         .journal(Journal::with_store(store))
-        .capabilities(Capabilities::default().allow("effect"))
+        .capabilities(Capabilities::default().allow("effect").allow("clock"))
         .kind("sink", sink)
         .kind("source", source)
         .kind("main", main)
@@ -384,13 +500,14 @@ fn workflow(store: Arc<TestStore>, world: Arc<World>) -> Scheduler {
             world.effects.lock().push(key);
             request.complete(Ok(Payload::text("effect")));
         })
+        .handler("clock", ReadOnly(|request: wasmproc::handler::Request| request.complete(Ok(Payload::u64(1)))))
         .build()
         .unwrap()
 }
 
 #[test]
 fn a_workflow_resumed_after_a_crash_at_every_commit_ends_as_an_uncrashed_one() {
-    let expected = "[1,2,3,4,5] effect";
+    let expected = "[1,2,3,4,5] effect 3";
     // The uncrashed run, and how many commits it takes.
     let store = Arc::new(TestStore::default());
     let world = Arc::new(World::default());
@@ -495,7 +612,7 @@ fn a_finished_tree_leaves_no_records_by_default() {
     let world = Arc::new(World::default());
     let scheduler = workflow(store.clone(), world);
     let root = scheduler.handle().spawn(wasmproc::scheduler::Spawnable::kind("main"), "main").unwrap();
-    assert_eq!(root.join_timeout(HANG).unwrap(), Ok(Payload::text("[1,2,3,4,5] effect")));
+    assert_eq!(root.join_timeout(HANG).unwrap(), Ok(Payload::text("[1,2,3,4,5] effect 3")));
     // The removal is committed right after the root's exit.
     let deadline = std::time::Instant::now() + HANG;
     while !store.records.is_empty() {

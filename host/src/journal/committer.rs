@@ -148,6 +148,11 @@ impl<T: Send + 'static> Committer<T> {
         self.shared.in_flight.load(Ordering::Acquire) > 0
     }
 
+    /// How many submissions have not been carried out yet.
+    pub(crate) fn backlog(&self) -> usize {
+        self.shared.in_flight.load(Ordering::Relaxed)
+    }
+
     /// Commits what is pending, stops the thread and waits for it.
     pub(crate) fn shut_down(&self) {
         self.shared.pending.lock().shut_down = true;

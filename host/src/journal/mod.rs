@@ -16,6 +16,19 @@
 //! record belongs to has been written (with [`Durability::Sync`], synced). So whatever
 //! another process, a handler or the embedder has seen of a process is in the journal.
 //!
+//! **Reads go on.** A step that sent nothing and yielded only commands that read
+//! (`sleep`, and custom commands whose handler says [`Handler::reads_only`]: `time.now`,
+//! `random.bytes`, `env.*`, `fs.read`, `kv.get`, …) has them carried out at once, without
+//! waiting for its commit: their answers reach no one but the process, in its next steps,
+//! whose records follow this one's; a crash that loses this record loses those steps too,
+//! and the read runs again. A process that reads the time or sleeps between steps so
+//! does not wait for the disk at each step. Its records still commit in order, and what
+//! it then does that leaves it waits for them all. This holds while the committer has
+//! fewer than a few thousand submissions in hand; past that, reads wait for their commit
+//! like any command, so processes cannot outrun the store.
+//!
+//! [`Handler::reads_only`]: crate::handler::Handler::reads_only
+//!
 //! **Group commit.** Steps on every worker submit their records to one committer thread,
 //! which writes all that is pending in one batch and one sync. A step does not hold its
 //! worker while it waits: the worker runs other processes, and the step's effects happen

@@ -40,6 +40,10 @@ impl Provider for Time {
         };
         request.complete(outcome);
     }
+
+    fn reads_only(&self, _: &str) -> bool {
+        true
+    }
 }
 
 /// The `random` provider.
@@ -62,6 +66,10 @@ impl Provider for Random {
             name => answer::<()>(Err(unknown(name, "random", &["bytes"]))),
         };
         request.complete(outcome);
+    }
+
+    fn reads_only(&self, _: &str) -> bool {
+        true
     }
 }
 

@@ -44,4 +44,8 @@ impl Provider for Env {
         };
         request.complete(outcome);
     }
+
+    fn reads_only(&self, _: &str) -> bool {
+        true
+    }
 }

@@ -144,6 +144,10 @@ impl Provider for Files {
             let _ = jobs.send(Job { name, payload, done });
         }
     }
+
+    fn reads_only(&self, name: &str) -> bool {
+        matches!(name, "fs.read" | "fs.list" | "fs.stat")
+    }
 }
 
 #[derive(Deserialize)]

@@ -59,6 +59,10 @@ impl<P: Provider> Handler for ProviderHandler<P> {
     fn handle(&self, request: Request<'_>) {
         self.0.handle(request);
     }
+
+    fn reads_only(&self, name: &str) -> bool {
+        self.0.reads_only(name)
+    }
 }
 
 impl Default for Builder {

@@ -37,6 +37,33 @@ use super::worker::panic_message;
 pub trait Handler: Send + Sync + 'static {
     /// Carries out `request`, completing it now or later.
     fn handle(&self, request: Request<'_>);
+
+    /// Whether the command `name` only reads: it changes nothing outside the process
+    /// that yields it, so that carrying it out again, or for a step that is then lost,
+    /// is harmless (a clock, random numbers). A durable process's step whose yields all
+    /// only read, or sleep, has them carried out at once instead of after its record's
+    /// commit (see [`crate::journal`], "Reads go on"). `false` unless a handler says so;
+    /// [`ReadOnly`] says so for a closure.
+    fn reads_only(&self, name: &str) -> bool {
+        let _ = name;
+        false
+    }
+}
+
+/// A handler whose commands only read (see [`Handler::reads_only`]):
+/// `.handler("clock", ReadOnly(|request: Request<'_>| …))`. Wrapping a handler whose
+/// command has an effect outside the process breaks a durable process's write-ahead
+/// guarantee for it.
+pub struct ReadOnly<H>(pub H);
+
+impl<H: Handler> Handler for ReadOnly<H> {
+    fn handle(&self, request: Request<'_>) {
+        self.0.handle(request);
+    }
+
+    fn reads_only(&self, _: &str) -> bool {
+        true
+    }
 }
 
 impl<F: Fn(Request<'_>) + Send + Sync + 'static> Handler for F {
@@ -56,6 +83,13 @@ pub trait Provider: Send + Sync + 'static {
 
     /// Carries out one command of the family; [`Request::name`] is the whole name.
     fn handle(&self, request: Request<'_>);
+
+    /// Whether the command `name` of the family only reads; see
+    /// [`Handler::reads_only`]. `false` unless a provider says so.
+    fn reads_only(&self, name: &str) -> bool {
+        let _ = name;
+        false
+    }
 }
 
 /// Makes processes of one registered kind, for `spawn`.
@@ -276,11 +310,6 @@ impl Origin {
 }
 
 impl Shared {
-    /// Carries out one yield of `cell`'s last step.
-    pub(super) fn dispatch(self: &Arc<Self>, cell: &Arc<ProcessCell>, y: Yield) {
-        self.dispatch_from(cell, y, None);
-    }
-
     /// Carries out one yield; `origin` is where it is in a durable process's journal.
     pub(super) fn dispatch_from(self: &Arc<Self>, cell: &Arc<ProcessCell>, y: Yield, origin: Option<Origin>) {
         let tag = y.tag;
@@ -359,6 +388,16 @@ impl Shared {
         match &self.settings.denial_hint {
             Some(hint) => format!("permission denied: {name} ({})", hint(name)),
             None => format!("permission denied: {name}"),
+        }
+    }
+
+    /// Whether `command` may be carried out before the record of the durable step that
+    /// yielded it is committed: a sleep, or a custom command whose handler only reads.
+    pub(super) fn reads_only(&self, command: &Command) -> bool {
+        match command {
+            Command::Sleep(_) => true,
+            Command::Custom { name, .. } => self.handler_for(name).is_some_and(|(_, handler)| handler.reads_only(name)),
+            _ => false,
         }
     }
 

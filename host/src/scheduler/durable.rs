@@ -7,7 +7,8 @@
 //! committer thread carries that out once the record's group is durable. The process
 //! itself goes on as it would without a journal (it parks, or is queued again): its
 //! yields complete later than they would, which a process cannot tell from a slow
-//! command.
+//! command. A step whose yields only read keeps them and has them carried out at once
+//! (`Durable::record_step`).
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
@@ -26,6 +27,12 @@ use crate::journal::{CommitError, CommitStats, Committer, Journal, Key, OnCommit
 
 /// A message sent through a port during a step: (to, topic, body).
 pub(super) type PortSend = (Pid, String, Payload);
+
+/// The most submissions the committer may have in hand for a step that only reads to go
+/// on before its commit (see `Durable::record_step`): beyond it such a step waits for its
+/// commit like any other, so processes that only read cannot pile records up faster than
+/// the store takes them.
+const READING_BACKLOG: usize = 4096;
 
 /// The identities of a durable process's messages: `step record << 20 | index`, the
 /// index among the step's port sends, or among its yields with this bit set (a step's
@@ -172,6 +179,9 @@ impl Trees {
 pub(super) enum AfterCommit {
     /// A spawn, or a step with no effect.
     Nothing,
+    /// A step whose yields were carried out before its commit, since they only read: its
+    /// process ends if the commit fails.
+    Read { cell: Arc<ProcessCell> },
     /// A step's yields and port sends, in order; `seq` is its record's.
     Effects { cell: Arc<ProcessCell>, seq: u64, yields: Vec<Yield>, sends: Vec<PortSend> },
     /// A message from the embedder, recorded in its receiver's history as record `seq`.
@@ -271,19 +281,39 @@ impl Durable {
 
     /// Records a step and hands its effects to the committer. On error nothing of the
     /// step has happened, and the process must end with the error.
-    pub(super) fn record_step(&self, cell: &Arc<ProcessCell>, step: StepRecord) -> Result<(), String> {
+    ///
+    /// A step whose yields all only read (`Shared::reads_only`) and that sent nothing
+    /// has nothing that leaves its process: its record's sequence number and its yields
+    /// are handed back, to be carried out now. Their answers reach only the process's
+    /// next steps, whose records follow this one's, so a crash that loses this record
+    /// loses every step that saw them, and the step runs again from the record before.
+    pub(super) fn record_step(
+        &self,
+        cell: &Arc<ProcessCell>,
+        step: StepRecord,
+    ) -> Result<Option<(u64, Vec<Yield>)>, String> {
         if step.sends.len() >= YIELD_SEND_BIT as usize || step.yields.len() >= YIELD_SEND_BIT as usize {
             return Err(format!(
                 "a durable step may yield, and send through its port, fewer than {YIELD_SEND_BIT} of each"
             ));
         }
+        let reads_only = step.sends.is_empty()
+            && !step.yields.is_empty()
+            && self.committer.backlog() < READING_BACKLOG
+            && step.yields.iter().all(|y| cell.scheduler().reads_only(&y.command));
+        let mut now = None;
         self.submit(cell, Record::Step(step), |seq, record| {
             let Record::Step(step) = record else { unreachable!("built above") };
+            if reads_only {
+                now = Some((seq, step.yields));
+                return AfterCommit::Read { cell: cell.clone() };
+            }
             if step.yields.is_empty() && step.sends.is_empty() {
                 return AfterCommit::Nothing;
             }
             AfterCommit::Effects { cell: cell.clone(), seq, yields: step.yields, sends: step.sends }
-        })
+        })?;
+        Ok(now)
     }
 
     /// Records the end of a process that could not be restored (it has no cell), so the
@@ -421,7 +451,7 @@ impl ProcessCell {
 impl AfterCommit {
     fn carry_out(self) {
         match self {
-            AfterCommit::Nothing => {}
+            AfterCommit::Nothing | AfterCommit::Read { .. } => {}
             AfterCommit::Effects { cell, seq, yields, sends } => {
                 let shared = cell.scheduler().clone();
                 if let Some(trees) = shared.durable.as_ref().and_then(Durable::trees) {
@@ -470,7 +500,7 @@ impl AfterCommit {
         let reason = journal_failed(error);
         match self {
             AfterCommit::Nothing | AfterCommit::Deliver { .. } => {}
-            AfterCommit::Effects { cell, .. } => {
+            AfterCommit::Effects { cell, .. } | AfterCommit::Read { cell } => {
                 let _ = cell.scheduler().clone().terminate_cell_because(&cell, Cow::Owned(reason));
             }
             AfterCommit::Exit { cell, .. } => {

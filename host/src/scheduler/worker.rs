@@ -78,6 +78,7 @@ use std::time::{Duration, Instant};
 use crossbeam_deque::{Steal, Worker};
 
 use super::cell::{Decision, Hibernation, ProcessCell, TurnEnd};
+use super::dispatch::Origin;
 use super::durable::PortSend;
 use super::durable::Turn;
 use super::idle::{PARK_AFTER_ROUNDS, Unparked, YIELD_AFTER_ROUNDS};
@@ -532,15 +533,24 @@ impl WorkerLoop<'_> {
                 yields.clear();
                 return Decision::Complete(Err(error));
             }
+            // A durable step's yields are the committer's to carry out, unless they only
+            // read: then they come back, with the step's record, to be carried out now.
+            let mut record = None;
             if let (Some(durable), Some(step)) = (durable, recorded) {
                 let step = step.into_record(std::mem::take(yields), status.clone());
-                if let Err(error) = durable.record_step(&cell, step) {
-                    return Decision::Complete(Err(error));
+                match durable.record_step(&cell, step) {
+                    Ok(Some((seq, reads))) => {
+                        *yields = reads;
+                        record = Some(seq);
+                    }
+                    Ok(None) => {}
+                    Err(error) => return Decision::Complete(Err(error)),
                 }
             }
             dispatch.cell.set(Arc::as_ptr(&cell) as usize);
-            for y in yields.drain(..) {
-                shared.dispatch(&cell, y);
+            for (index, y) in yields.drain(..).enumerate() {
+                let origin = record.map(|seq| Origin { seq, index: index as u32 });
+                shared.dispatch_from(&cell, y, origin);
             }
             dispatch.cell.set(0);
             let target = match status {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use wasmproc::handler::{Completer, Request};
+use wasmproc::handler::{Completer, ReadOnly, Request};
 use wasmproc::journal::{Batch, FjallStore, Journal, JournalSettings, Key, LogStore, Store};
 use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::wasm::{Component, Config, Runtime};
@@ -40,18 +40,36 @@ fn component(bytes: &[u8]) -> Component {
     runtime.load_bytes(bytes).expect("the bench guest loads")
 }
 
+/// How a scheduler's `now` is registered: as a command with an effect, which a durable
+/// step carries out after its commit, or as one that only reads, carried out at once.
+#[derive(Clone, Copy, PartialEq)]
+enum Now {
+    Effect,
+    Read,
+}
+
 /// Bench-guest schedulers: `now` completes at once, unless `held` keeps the `now` of
 /// processes past their allowance (see `recovery`).
-fn scheduler(component: &Component, workers: usize, journal: Option<Journal>, held: Option<Arc<Held>>) -> Scheduler {
+fn scheduler(
+    component: &Component,
+    workers: usize,
+    journal: Option<Journal>,
+    held: Option<Arc<Held>>,
+    registered: Now,
+) -> Scheduler {
     let component = component.clone();
+    let now = move |r: Request<'_>| match &held {
+        Some(held) => held.now(r),
+        None => r.complete(Ok(Payload::empty())),
+    };
     let mut builder = Scheduler::builder()
         .workers(workers)
         .capabilities(Capabilities::default().allow("now"))
-        .kind("bench", component)
-        .handler("now", move |r: Request<'_>| match &held {
-            Some(held) => held.now(r),
-            None => r.complete(Ok(Payload::empty())),
-        });
+        .kind("bench", component);
+    builder = match registered {
+        Now::Effect => builder.handler("now", now),
+        Now::Read => builder.handler("now", ReadOnly(now)),
+    };
     if let Some(journal) = journal {
         builder = builder.journal(journal);
     }
@@ -168,6 +186,37 @@ fn stores() -> Vec<&'static str> {
     }
 }
 
+/// Durable against in-memory step cycles of `processes` × `each`, with what the journal
+/// wrote meanwhile.
+fn measure_cycles(
+    options: &Options,
+    report: &mut Report,
+    name: &str,
+    store: &str,
+    durable: &Scheduler,
+    memory: &Scheduler,
+    (processes, each): (u64, u64),
+) {
+    let before = durable.handle().journal_stats().expect("durable");
+    let (ours, theirs) = measure_pair(options.runs, WARMUP, &mut || cycles(durable, processes, each), &mut || {
+        cycles(memory, processes, each)
+    });
+    let after = durable.handle().journal_stats().expect("durable");
+    let steps = processes * each;
+    let record = Record::rate(name, "steps/s", steps, &ours, Some(&theirs));
+    report.push(record.goal(Condition::ratio_at_most(2.0)));
+    let runs = (options.runs + WARMUP) as u64;
+    let (records, bytes, commits) =
+        (after.records - before.records, after.bytes - before.bytes, after.commits - before.commits);
+    println!(
+        "  {name} on {store}: {} bytes a record, {:.0} records a commit, {} synced commits/s, {} records/s",
+        bytes / records.max(1),
+        records as f64 / commits.max(1) as f64,
+        short((commits as f64 / (ours.median.as_secs_f64() * runs as f64)) as u64),
+        short((records as f64 / (ours.median.as_secs_f64() * runs as f64)) as u64),
+    );
+}
+
 /// A journal on the store of kind `store` in `dir`.
 fn open_journal(store: &str, dir: &Path) -> Journal {
     match store {
@@ -183,18 +232,20 @@ pub fn run(options: &Options, report: &mut Report) {
     let stores = stores();
     let cycles_name =
         |store: &str| format!("durable/cycles-{}x{}-w{}-{store}", short(processes), short(each), options.workers);
+    let read_cycles_name =
+        |store: &str| format!("durable/read-cycles-{}x{}-w{}-{store}", short(processes), short(each), options.workers);
     let store_name = |store: &str| format!("durable/store-synced-records-{store}");
     let lifecycle_name = format!("durable/lifecycle-{}-w{}", short(lifecycle_count), options.workers);
     let latency_name = "durable/commit-wait-p50".to_owned();
     let recovery_name = format!("durable/recovery-{}x{}", short(RECOVERY_PROCESSES), RECOVERY_STEPS);
     let mut names = vec![lifecycle_name.clone(), latency_name.clone(), recovery_name.clone()];
-    names.extend(stores.iter().flat_map(|store| [cycles_name(store), store_name(store)]));
+    names.extend(stores.iter().flat_map(|store| [cycles_name(store), read_cycles_name(store), store_name(store)]));
     if !names.iter().any(|name| options.selected(name)) {
         return;
     }
     let bytes = std::fs::read(GUEST).unwrap_or_else(|e| panic!("failed to read `{GUEST}`: {e}"));
     let bytes = component(&bytes);
-    let memory = scheduler(&bytes, options.workers, None, None);
+    let memory = scheduler(&bytes, options.workers, None, None, Now::Effect);
     let mut settings = JournalSettings::default();
     if let Some(us) = std::env::var("DURABLE_WINDOW_US").ok().and_then(|v| v.parse().ok()) {
         settings.group_window = Duration::from_micros(us);
@@ -204,33 +255,22 @@ pub fn run(options: &Options, report: &mut Report) {
         let first = i == 0;
         let cycles_name = cycles_name(store);
         let wanted = options.selected(&cycles_name)
+            || options.selected(&read_cycles_name(store))
             || first && (options.selected(&lifecycle_name) || options.selected(&latency_name));
         if !wanted {
             continue;
         }
         let journal = open_journal(store, &journal_dir(&format!("runs-{store}"))).settings(settings.clone());
-        let durable = scheduler(&bytes, options.workers, Some(journal), None);
+        let durable = scheduler(&bytes, options.workers, Some(journal), None, Now::Effect);
         if options.selected(&cycles_name) {
-            let before = durable.handle().journal_stats().expect("durable");
-            let (ours, theirs) =
-                measure_pair(options.runs, WARMUP, &mut || cycles(&durable, processes, each), &mut || {
-                    cycles(&memory, processes, each)
-                });
-            let after = durable.handle().journal_stats().expect("durable");
-            let steps = processes * each;
-            let record = Record::rate(&cycles_name, "steps/s", steps, &ours, Some(&theirs));
-            report.push(record.goal(Condition::ratio_at_most(2.0)));
-            let runs = (options.runs + WARMUP) as u64;
-            let (records, bytes, commits) =
-                (after.records - before.records, after.bytes - before.bytes, after.commits - before.commits);
-            println!(
-                "  durable cycles on {store}: {} bytes a record, {:.0} records a commit, {} synced commits/s, {} \
-                 records/s",
-                bytes / records.max(1),
-                records as f64 / commits.max(1) as f64,
-                short((commits as f64 / (ours.median.as_secs_f64() * runs as f64)) as u64),
-                short((records as f64 / (ours.median.as_secs_f64() * runs as f64)) as u64),
-            );
+            measure_cycles(options, report, &cycles_name, store, &durable, &memory, (processes, each));
+        }
+        let read_cycles_name = read_cycles_name(store);
+        if options.selected(&read_cycles_name) {
+            let journal = open_journal(store, &journal_dir(&format!("reads-{store}"))).settings(settings.clone());
+            let reading = scheduler(&bytes, options.workers, Some(journal), None, Now::Read);
+            measure_cycles(options, report, &read_cycles_name, store, &reading, &memory, (processes, each));
+            reading.stop(Duration::from_secs(1));
         }
         if first && options.selected(&lifecycle_name) {
             let (ours, theirs) =
@@ -278,7 +318,7 @@ pub fn run(options: &Options, report: &mut Report) {
         let store = stores[0];
         let dir = journal_dir("recovery");
         let held = Arc::new(Held::default());
-        let s = scheduler(&bytes, options.workers, Some(open_journal(store, &dir)), Some(held.clone()));
+        let s = scheduler(&bytes, options.workers, Some(open_journal(store, &dir)), Some(held.clone()), Now::Effect);
         for _ in 0..RECOVERY_PROCESSES / scale {
             let options = SpawnOptions::new("cycles").input(vec![Payload::u64(RECOVERY_STEPS + 1)]);
             s.handle().spawn(Spawnable::kind("bench"), options).expect("starts");
@@ -296,7 +336,7 @@ pub fn run(options: &Options, report: &mut Report) {
         let start = Instant::now();
         let journal = open_journal(store, &dir);
         let opened = start.elapsed();
-        let resumed = scheduler(&bytes, options.workers, Some(journal), None);
+        let resumed = scheduler(&bytes, options.workers, Some(journal), None, Now::Effect);
         let elapsed = start.elapsed();
         println!(
             "  resume on {store}: the journal opened in {} ms, every process resumed {} ms later",

@@ -340,6 +340,10 @@ impl Provider for Kv {
             }
         }
     }
+
+    fn reads_only(&self, name: &str) -> bool {
+        matches!(name, "kv.get" | "kv.list")
+    }
 }
 
 impl std::fmt::Debug for Kv {
