@@ -33,7 +33,7 @@ use super::store::{Batch, Key, Store};
 pub type CommitError = Arc<io::Error>;
 
 /// What the committer does with each committed (or failed) group, on its thread.
-pub(crate) type OnCommit<T> = Box<dyn FnMut(Vec<T>, Result<(), CommitError>) + Send>;
+pub(crate) type OnCommit<T> = Box<dyn FnMut(std::vec::Drain<'_, T>, Result<(), CommitError>) + Send>;
 
 /// Counts of the committer's work since it started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -186,6 +186,10 @@ fn join(thread: JoinHandle<()>) {
 
 impl<T> Shared<T> {
     fn run(&self, mut on_commit: OnCommit<T>) {
+        // The previous group's emptied vectors take the place of the pending ones, so a
+        // group grows into room the last one made instead of from nothing.
+        let mut spare_batch = Batch::default();
+        let mut spare_items = Vec::new();
         let mut pending = self.pending.lock();
         loop {
             while pending.items.is_empty() && !pending.shut_down {
@@ -198,8 +202,8 @@ impl<T> Shared<T> {
                 let deadline = Instant::now() + self.window;
                 while !pending.shut_down && !self.wake.wait_until(&mut pending, deadline).timed_out() {}
             }
-            let batch = std::mem::take(&mut pending.batch);
-            let mut items = std::mem::take(&mut pending.items);
+            let mut batch = std::mem::replace(&mut pending.batch, spare_batch);
+            let mut items = std::mem::replace(&mut pending.items, spare_items);
             drop(pending);
 
             let result = if batch.is_empty() { Ok(()) } else { self.store.commit(&batch, self.sync) };
@@ -221,15 +225,18 @@ impl<T> Shared<T> {
             }
             drop(pending);
             let count = items.len();
-            call(&mut on_commit, items, result);
+            call(&mut on_commit, &mut items, result);
             self.in_flight.fetch_sub(count, Ordering::Release);
+            batch.puts.clear();
+            batch.removals.clear();
+            (spare_batch, spare_items) = (batch, items);
             pending = self.pending.lock();
         }
     }
 }
 
-fn call<T>(on_commit: &mut OnCommit<T>, items: Vec<T>, result: Result<(), CommitError>) {
-    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| on_commit(items, result))) {
+fn call<T>(on_commit: &mut OnCommit<T>, items: &mut Vec<T>, result: Result<(), CommitError>) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| on_commit(items.drain(..), result))) {
         let message = panic
             .downcast_ref::<&str>()
             .copied()
@@ -318,7 +325,7 @@ mod tests {
         store.fail.store(true, Ordering::SeqCst);
         let (tx, rx) = mpsc::channel();
         let on_commit: OnCommit<u64> = Box::new(move |items, result| {
-            tx.send((items, result.map_err(|e| e.to_string()))).unwrap();
+            tx.send((items.collect::<Vec<_>>(), result.map_err(|e| e.to_string()))).unwrap();
         });
         let committer = Committer::start("test", store.clone(), true, Duration::ZERO, on_commit).unwrap();
         committer.submit([(key(1, 0), vec![1])], 7).unwrap();

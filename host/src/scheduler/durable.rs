@@ -194,8 +194,8 @@ impl Durable {
     pub(super) fn start(name: &str, journal: &Journal) -> std::io::Result<Durable> {
         let sync = journal.settings.durability == crate::journal::Durability::Sync;
         let on_commit: OnCommit<AfterCommit> = Box::new(|items, result| match result {
-            Ok(()) => items.into_iter().for_each(AfterCommit::carry_out),
-            Err(error) => items.into_iter().for_each(|item| item.fail(&error)),
+            Ok(()) => items.for_each(AfterCommit::carry_out),
+            Err(error) => items.for_each(|item| item.fail(&error)),
         });
         let committer = Committer::start(name, journal.store.clone(), sync, journal.settings.group_window, on_commit)?;
         let trees = (!journal.settings.keep_finished).then(|| Mutex::new(Trees::default()));
