@@ -128,9 +128,9 @@ fn lifecycles(s: &Scheduler, total: u64) -> Duration {
     start.elapsed()
 }
 
-/// A native process that yields `sleep(0)` `n` times, one after another, and returns
-/// how long each took to complete, in nanoseconds: in a durable scheduler, the wait for
-/// the step's group commit.
+/// A native process that yields `now` (registered as a command with an effect) `n` times,
+/// one after another, and returns how long each took to complete, in nanoseconds: in a
+/// durable scheduler, the wait for the step's group commit.
 struct Waits {
     left: u64,
     last: Option<Instant>,
@@ -154,7 +154,7 @@ impl Process for Waits {
         }
         self.left -= 1;
         self.last = Some(Instant::now());
-        out.yield_command(self.left, Command::Sleep(Duration::ZERO));
+        out.yield_command(self.left, Command::Custom { name: "now".into(), payload: Payload::empty() });
         Ok(())
     }
 }
