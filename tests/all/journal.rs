@@ -229,6 +229,45 @@ fn a_step_that_only_reads_goes_on_before_its_commit_and_one_with_an_effect_does_
 }
 
 #[test]
+fn reads_stop_going_on_before_their_commits_once_the_committer_has_thousands_in_hand() {
+    let store = Arc::new(TestStore::default());
+    let reads = Arc::new(AtomicUsize::new(0));
+    let counted = reads.clone();
+    let scheduler = Scheduler::builder()
+        .workers(2)
+        .journal(Journal::with_store(store.clone()).settings(keep_finished()))
+        .capabilities(Capabilities::default().allow("peek"))
+        .handler(
+            "peek",
+            ReadOnly(move |request: wasmproc::handler::Request| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                request.complete(Ok(Payload::empty()));
+            }),
+        )
+        .build()
+        .unwrap();
+    store.hold();
+    let reader = scheduler.handle().spawn(repeating("peek", 20_000), "main").unwrap();
+    // While the store holds every commit, the reads go on until the committer's backlog
+    // is full, and then wait: the count settles far below the 20,000 asked for.
+    let deadline = std::time::Instant::now() + HANG;
+    let mut last = usize::MAX;
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = reads.load(Ordering::SeqCst);
+        if now == last || std::time::Instant::now() > deadline {
+            break;
+        }
+        last = now;
+    }
+    let settled = reads.load(Ordering::SeqCst);
+    store.release();
+    assert!((1_000..10_000).contains(&settled), "reads went on, then waited: {settled}");
+    assert_eq!(reader.join_timeout(HANG).unwrap(), Ok(Payload::u64(20_000)));
+    scheduler.stop(Duration::from_secs(1));
+}
+
+#[test]
 fn a_failed_commit_ends_a_process_whose_reads_went_on() {
     let store = Arc::new(TestStore::default());
     let scheduler = Scheduler::builder()
