@@ -99,19 +99,34 @@ fn keep_finished() -> JournalSettings {
 
 /// A scheduler on `store` with a custom command `effect` that counts its calls.
 fn durable(store: &Arc<TestStore>) -> (Scheduler, Arc<AtomicUsize>) {
-    let effects = Arc::new(AtomicUsize::new(0));
-    let counted = effects.clone();
+    let (scheduler, effects, _) = counting(store);
+    (scheduler, effects)
+}
+
+/// A scheduler on `store` with two custom commands that count their calls, `effect` and
+/// `peek`, which only reads: the scheduler and the counts of each.
+fn counting(store: &Arc<TestStore>) -> (Scheduler, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let (effects, reads) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (effected, counted) = (effects.clone(), reads.clone());
     let scheduler = Scheduler::builder()
         .workers(2)
         .journal(Journal::with_store(store.clone()).settings(keep_finished()))
-        .capabilities(Capabilities::default().allow("effect"))
+        .capabilities(Capabilities::default().allow("effect").allow("peek"))
         .handler("effect", move |request: wasmproc::handler::Request| {
-            counted.fetch_add(1, Ordering::SeqCst);
+            effected.fetch_add(1, Ordering::SeqCst);
             request.complete(Ok(Payload::text("done")));
         })
+        .handler(
+            "peek",
+            ReadOnly(move |request: wasmproc::handler::Request| {
+                assert!(request.idempotency_key().is_some(), "a durable read has a key too");
+                counted.fetch_add(1, Ordering::SeqCst);
+                request.complete(Ok(Payload::empty()));
+            }),
+        )
         .build()
         .unwrap();
-    (scheduler, effects)
+    (scheduler, effects, reads)
 }
 
 /// Yields `effect` once, then completes with its result.
@@ -173,28 +188,7 @@ fn repeating(command: &'static str, times: usize) -> Scripted {
 #[test]
 fn a_step_that_only_reads_goes_on_before_its_commit_and_one_with_an_effect_does_not() {
     let store = Arc::new(TestStore::default());
-    let reads = Arc::new(AtomicUsize::new(0));
-    let counted = reads.clone();
-    let effects = Arc::new(AtomicUsize::new(0));
-    let effected = effects.clone();
-    let scheduler = Scheduler::builder()
-        .workers(2)
-        .journal(Journal::with_store(store.clone()).settings(keep_finished()))
-        .capabilities(Capabilities::default().allow("peek").allow("effect"))
-        .handler(
-            "peek",
-            ReadOnly(move |request: wasmproc::handler::Request| {
-                assert!(request.idempotency_key().is_some(), "a durable read has a key too");
-                counted.fetch_add(1, Ordering::SeqCst);
-                request.complete(Ok(Payload::empty()));
-            }),
-        )
-        .handler("effect", move |request: wasmproc::handler::Request| {
-            effected.fetch_add(1, Ordering::SeqCst);
-            request.complete(Ok(Payload::empty()));
-        })
-        .build()
-        .unwrap();
+    let (scheduler, effects, reads) = counting(&store);
     store.hold();
     // A step that reads and has an effect waits for its commit: neither runs meanwhile.
     let mut completions = 0;
@@ -231,21 +225,7 @@ fn a_step_that_only_reads_goes_on_before_its_commit_and_one_with_an_effect_does_
 #[test]
 fn reads_stop_going_on_before_their_commits_once_the_committer_has_thousands_in_hand() {
     let store = Arc::new(TestStore::default());
-    let reads = Arc::new(AtomicUsize::new(0));
-    let counted = reads.clone();
-    let scheduler = Scheduler::builder()
-        .workers(2)
-        .journal(Journal::with_store(store.clone()).settings(keep_finished()))
-        .capabilities(Capabilities::default().allow("peek"))
-        .handler(
-            "peek",
-            ReadOnly(move |request: wasmproc::handler::Request| {
-                counted.fetch_add(1, Ordering::SeqCst);
-                request.complete(Ok(Payload::empty()));
-            }),
-        )
-        .build()
-        .unwrap();
+    let (scheduler, _, reads) = counting(&store);
     store.hold();
     let reader = scheduler.handle().spawn(repeating("peek", 20_000), "main").unwrap();
     // While the store holds every commit, the reads go on until the committer's backlog
@@ -270,13 +250,7 @@ fn reads_stop_going_on_before_their_commits_once_the_committer_has_thousands_in_
 #[test]
 fn a_failed_commit_ends_a_process_whose_reads_went_on() {
     let store = Arc::new(TestStore::default());
-    let scheduler = Scheduler::builder()
-        .workers(1)
-        .journal(Journal::with_store(store.clone()).settings(keep_finished()))
-        .capabilities(Capabilities::default().allow("peek"))
-        .handler("peek", ReadOnly(|request: wasmproc::handler::Request| request.complete(Ok(Payload::empty()))))
-        .build()
-        .unwrap();
+    let (scheduler, _, _) = counting(&store);
     store.fail.store(true, Ordering::SeqCst);
     // It reads once and then waits for a message that never comes: only the failed
     // commit of its steps can end it.
