@@ -208,7 +208,8 @@ impl Builder {
     }
 
     /// Makes every process durable: its history goes to `journal`, and nothing of a step
-    /// takes effect before the step's record is committed. See [`crate::journal`].
+    /// takes effect outside its process before the step's record is committed (what only
+    /// reads goes on at once). See [`crate::journal`].
     pub fn journal(mut self, journal: Journal) -> Self {
         self.journal = Some(journal);
         self
