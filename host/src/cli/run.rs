@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use wasmproc::cluster::RemoteSpawnOptions;
 use wasmproc::handler::KindLimits;
-use wasmproc::journal::{Journal, JournalSettings};
+use wasmproc::journal::{self, Journal, JournalSettings};
 use wasmproc::provider::fs::Grant;
 use wasmproc::scheduler::{ProcessHandle, SpawnOptions};
 use wasmproc::wasm::{COMMAND_ENTRY, LogRecord, Program, WasiOptions};
@@ -185,6 +185,12 @@ pub(super) struct Run {
     /// ended).
     #[arg(long, requires = "journal")]
     keep_finished: bool,
+    /// With --journal: when a group of steps counts as recorded, and may take effect.
+    /// `sync` (the default): once synced to disk, so the run survives the machine going
+    /// down. `buffered`: once handed to the operating system, so the run survives
+    /// wasmproc being killed but not the machine going down, and commits wait for no disk.
+    #[arg(long, value_enum, value_name = "WHEN", requires = "journal")]
+    durability: Option<Durability>,
     /// Print a summary at exit (stderr, or in the --json object): processes, steps,
     /// yields by command, messages, steals, per-worker steps, peak live, wall time.
     #[arg(long)]
@@ -225,6 +231,17 @@ struct Prepared {
     root: Root,
     services: Option<Services>,
     journal: Option<Journal>,
+}
+
+/// When a durable run's steps count as recorded (`--durability`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+enum Durability {
+    /// Synced to disk: survives the machine going down.
+    #[default]
+    Sync,
+    /// Handed to the operating system: survives wasmproc being killed, not the machine
+    /// going down.
+    Buffered,
 }
 
 impl Run {
@@ -377,6 +394,10 @@ impl Run {
                     // reported their results (`forget_finished`).
                     let mut settings = JournalSettings::default();
                     settings.keep_finished = true;
+                    settings.durability = match self.durability.unwrap_or_default() {
+                        Durability::Sync => journal::Durability::Sync,
+                        Durability::Buffered => journal::Durability::Buffered,
+                    };
                     let opened = Journal::open(dir).map_err(|e| Failure::new(Exit::Host, format!("{e}")))?;
                     let opened = opened.settings(settings);
                     builder = builder.journal(opened.clone());

@@ -20,7 +20,12 @@ const EXPECTED: &str = "240";
 const CRASHES: u64 = 8;
 
 fn start(journal: &str) -> Child {
-    wasmproc(&["run", DURABLE, "--journal", journal])
+    start_with(journal, &[])
+}
+
+/// A durable run of the example with `more` flags, its output piped.
+fn start_with(journal: &str, more: &[&str]) -> Child {
+    wasmproc(&[&["run", DURABLE, "--journal", journal], more].concat())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -206,6 +211,26 @@ fn a_signal_suspends_a_durable_run_and_the_same_command_resumes_it() {
     let shown = run(&["journal", "show", journal, &root]).expect(0);
     assert!(shown.stdout.starts_with("0: Spawn("), "{}", shown.stdout);
     assert!(shown.stdout.contains("Exit(Ok("), "{}", shown.stdout);
+}
+
+#[test]
+fn a_buffered_journal_survives_a_kill_of_the_host() {
+    let dir = scratch("durable-buffered");
+    let alone = run(&["run", DURABLE, "--durability", "buffered"]).expect(2);
+    assert!(alone.stderr.contains("required arguments were not provided:\n  --journal <DIR>"), "{}", alone.stderr);
+    let journal = dir.join("journal");
+    let journal = journal.to_str().unwrap();
+    let buffered = ["--durability", "buffered"];
+    let mut child = start_with(journal, &buffered);
+    std::thread::sleep(Duration::from_millis(150));
+    let killed = child.try_wait().unwrap().is_none();
+    if killed {
+        child.kill().unwrap();
+    }
+    child.wait().unwrap();
+    // What the killed host handed to the operating system is in the files.
+    let ran = run(&[&["run", DURABLE, "--journal", journal], &buffered[..]].concat()).expect(0);
+    assert_eq!(ran.stdout.trim(), EXPECTED, "killed: {killed}");
 }
 
 #[test]
