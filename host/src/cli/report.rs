@@ -9,6 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use wasmproc::journal::CommitStats;
 use wasmproc::scheduler::Stats;
 use wasmproc::wasm::exit_code;
 use wasmproc::{Format, Outcome, Payload, Pid, Scheduler};
@@ -16,7 +17,7 @@ use wasmproc::{Format, Outcome, Payload, Pid, Scheduler};
 use super::Exit;
 use super::output::{Output, Say, style};
 use super::stop::Stop;
-use super::units::count;
+use super::units::{bytes, count};
 
 /// The `--stats` summary.
 pub(super) struct Summary {
@@ -24,11 +25,18 @@ pub(super) struct Summary {
     wall: Duration,
     /// Guest output lines dropped because stderr was not read fast enough.
     dropped: u64,
+    /// What a durable run's journal wrote.
+    journal: Option<CommitStats>,
 }
 
 impl Summary {
     pub(super) fn new(stats: Stats, wall: Duration, dropped: u64) -> Summary {
-        Summary { stats, wall, dropped }
+        Summary { stats, wall, dropped, journal: None }
+    }
+
+    /// The same, with what the run's journal wrote.
+    pub(super) fn with_journal(self, journal: Option<CommitStats>) -> Summary {
+        Summary { journal, ..self }
     }
 
     fn json(&self) -> Value {
@@ -46,6 +54,7 @@ impl Summary {
             "workers": s.workers.iter().map(|w| json!({"steps": w.executed, "steals": w.steals, "stolen": w.stolen})).collect::<Vec<_>>(),
             "log_lines_dropped": self.dropped,
             "unobserved_failures": s.unobserved_failures,
+            "journal": self.journal.map(|j| json!({"commits": j.commits, "records": j.records, "bytes": j.bytes})),
             "wall_ms": self.wall.as_secs_f64() * 1e3,
         })
     }
@@ -79,6 +88,14 @@ impl Summary {
                 count(w.executed),
                 count(w.steals),
                 count(w.stolen)
+            ));
+        }
+        if let Some(j) = &self.journal {
+            lines.push(format!(
+                "journal     {} records, {} in {} commits",
+                count(j.records),
+                bytes(j.bytes),
+                count(j.commits)
             ));
         }
         lines.push(format!("wall time   {:.1?}", self.wall));

@@ -192,7 +192,8 @@ pub(super) struct Run {
     #[arg(long, value_enum, value_name = "WHEN", requires = "journal")]
     durability: Option<Durability>,
     /// Print a summary at exit (stderr, or in the --json object): processes, steps,
-    /// yields by command, messages, steals, per-worker steps, peak live, wall time.
+    /// yields by command, messages, steals, per-worker steps, peak live, what the journal
+    /// wrote (with --journal), wall time.
     #[arg(long)]
     stats: bool,
     /// Show a live status line on stderr while compiling and running (only when stderr is
@@ -288,6 +289,7 @@ impl Run {
             None => root,
         };
         let stats = scheduler.handle().stats();
+        let journal_stats = scheduler.handle().journal_stats();
         super::stop::shut_down(scheduler, stop.is_some(), &out);
         if let Some(services) = services {
             services.stop(self.grace);
@@ -297,7 +299,8 @@ impl Run {
         }
         // A stopped run's processes failed because it was stopped: no news.
         let report = if stop.is_none() { report.with_unobserved(&stats) } else { report };
-        let summary = self.stats.then(|| Summary::new(stats, start.elapsed(), out.dropped()));
+        let summary =
+            self.stats.then(|| Summary::new(stats, start.elapsed(), out.dropped()).with_journal(journal_stats));
         let flush_by = stop.map(|_| Instant::now() + super::stop::FLUSH_AFTER_STOP).or(deadline);
         let code = report.with_summary(summary).finish(root, stop, flush_by);
         self.forget_finished(journal.as_ref(), &out);

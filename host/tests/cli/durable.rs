@@ -234,6 +234,26 @@ fn a_buffered_journal_survives_a_kill_of_the_host() {
 }
 
 #[test]
+fn the_stats_of_a_durable_run_say_what_its_journal_wrote() {
+    let dir = scratch("durable-stats");
+    let journal = dir.join("journal");
+    let ran = run(&["run", DURABLE, "--journal", journal.to_str().unwrap(), "--stats", "--json"]).expect(0);
+    let out = ran.json();
+    let (stats, written) = (&out["stats"], &out["stats"]["journal"]);
+    let number = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("not a number: {out}"));
+    let (processes, records, commits) =
+        (number(&stats["processes"]), number(&written["records"]), number(&written["commits"]));
+    // Each process's spawn, at least one step, and its exit.
+    assert!(records >= 3 * processes, "{out}");
+    assert!((1..=records).contains(&commits), "{out}");
+    assert!(number(&written["bytes"]) > records, "{out}");
+    let text = run(&["run", DURABLE, "--journal", journal.to_str().unwrap(), "--stats"]).expect(0);
+    assert!(text.stderr.lines().any(|l| l.starts_with("journal ") && l.contains(" commits")), "{}", text.stderr);
+    let memory = run(&["run", DURABLE, "--stats", "--json"]).expect(0).json();
+    assert!(memory["stats"]["journal"].is_null(), "{memory}");
+}
+
+#[test]
 fn journal_refuses_what_it_cannot_do() {
     let dir = scratch("durable-refusals");
     let journal = dir.join("journal");
