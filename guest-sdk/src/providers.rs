@@ -45,7 +45,8 @@ impl Ctx {
     }
 
     /// The host's wall clock, as a command: a durable process reads the same time when
-    /// it is replayed.
+    /// it is replayed. It only reads, so a durable host answers it without waiting for
+    /// the step's record to be synced.
     pub fn now(&self) -> Completion<SystemTime> {
         self.call_with("time.now", json!({}), |payload| {
             #[derive(Deserialize)]
@@ -58,7 +59,8 @@ impl Ctx {
     }
 
     /// `count` random bytes from the host's generator (at most 64 KiB), as a command: a
-    /// durable process reads the same bytes when it is replayed.
+    /// durable process reads the same bytes when it is replayed, and, as with
+    /// [`Ctx::now`], does not wait for its step's record to be synced.
     pub fn random_bytes(&self, count: usize) -> Completion<Vec<u8>> {
         self.call_with("random.bytes", json!({ "count": count }), |payload| Ok(payload.data))
     }
