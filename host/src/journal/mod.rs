@@ -33,7 +33,11 @@
 //! which writes all that is pending in one batch and one sync. A step does not hold its
 //! worker while it waits: the worker runs other processes, and the step's effects happen
 //! when its group is durable. [`JournalSettings::group_window`] makes the committer wait
-//! a little for more to join a group.
+//! a little for more to join a group. A group that nothing waits for (steps whose reads
+//! went on, spawns, steps with no effect, removals) waits up to a millisecond for company
+//! anyway: until something waited for joins it, or it holds a thousand submissions. That
+//! makes fewer, larger syncs for processes that read; a crash meanwhile loses only steps
+//! whose effects had not happened, which run again.
 //!
 //! **Recovery.** A scheduler built on a journal that holds unfinished processes resumes
 //! them: each is made again by its kind under its recorded pid, replayed step by step

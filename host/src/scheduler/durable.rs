@@ -197,7 +197,9 @@ impl Durable {
             Ok(()) => items.for_each(AfterCommit::carry_out),
             Err(error) => items.for_each(|item| item.fail(&error)),
         });
-        let committer = Committer::start(name, journal.store.clone(), sync, journal.settings.group_window, on_commit)?;
+        let window = journal.settings.group_window;
+        let committer =
+            Committer::start(name, journal.store.clone(), sync, window, AfterCommit::waited_for, on_commit)?;
         let trees = (!journal.settings.keep_finished).then(|| Mutex::new(Trees::default()));
         Ok(Durable { committer, max_records: journal.settings.max_records_per_process.max(2), trees })
     }
@@ -449,6 +451,14 @@ impl ProcessCell {
 }
 
 impl AfterCommit {
+    /// Whether anything waits for this item's commit: a process for its effects or its
+    /// messages, the embedder for a result. A spawn's record, a step with no effect, a
+    /// step whose reads have gone on and a removal let nothing happen (a process waits
+    /// for its steps' effects, which come with its next records).
+    fn waited_for(&self) -> bool {
+        !matches!(self, AfterCommit::Nothing | AfterCommit::Read { .. })
+    }
+
     fn carry_out(self) {
         match self {
             AfterCommit::Nothing | AfterCommit::Read { .. } => {}
