@@ -55,8 +55,6 @@ struct Shared<T> {
     pending: Mutex<Pending<T>>,
     /// Submissions not yet carried out (queued, being committed, or being carried out).
     in_flight: AtomicUsize,
-    /// Those of them something waits for.
-    awaited: AtomicUsize,
     wake: Condvar,
     store: Arc<dyn Store>,
     sync: bool,
@@ -101,7 +99,6 @@ impl<T: Send + 'static> Committer<T> {
     ) -> io::Result<Committer<T>> {
         let shared = Arc::new(Shared {
             in_flight: AtomicUsize::new(0),
-            awaited: AtomicUsize::new(0),
             pending: Mutex::new(Pending {
                 batch: Batch::default(),
                 items: Vec::new(),
@@ -157,9 +154,6 @@ impl<T: Send + 'static> Committer<T> {
             || !pending.waited_for && pending.items.len() + 1 == UNHURRIED_ITEMS;
         pending.waited_for |= waited_for;
         self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
-        if waited_for {
-            self.shared.awaited.fetch_add(1, Ordering::Relaxed);
-        }
         pending.batch.puts.extend(records);
         pending.batch.removals.extend(removals);
         pending.items.push(item);
@@ -174,10 +168,10 @@ impl<T: Send + 'static> Committer<T> {
         self.shared.pending.lock().stats
     }
 
-    /// Whether a submission something waits for has not been carried out yet: its
-    /// effects, which may wake processes, are still to come.
+    /// Whether a submission has not been carried out yet: its effects, which may wake
+    /// processes, are still to come.
     pub(crate) fn in_flight(&self) -> bool {
-        self.shared.awaited.load(Ordering::Acquire) > 0
+        self.shared.in_flight.load(Ordering::Acquire) > 0
     }
 
     /// How many submissions have not been carried out yet.
@@ -266,10 +260,8 @@ impl<T> Shared<T> {
             }
             drop(pending);
             let count = items.len();
-            let awaited = items.iter().filter(|item| (self.waited_for)(item)).count();
             call(&mut on_commit, &mut items, result);
             self.in_flight.fetch_sub(count, Ordering::Release);
-            self.awaited.fetch_sub(awaited, Ordering::Release);
             batch.puts.clear();
             batch.removals.clear();
             (spare_batch, spare_items) = (batch, items);
