@@ -35,6 +35,7 @@ use wasmproc::wasm::{Program, Runtime};
 use wasmproc::{Capabilities, Scheduler};
 
 use super::input::read_app;
+use super::inspect::declared::GrantedBy;
 use super::{Exit, Failure};
 
 /// The families every run grants, served by a flag's provider or by its stand-in.
@@ -153,31 +154,30 @@ impl Providers {
     pub(super) fn register(&self, builder: Builder) -> Builder {
         let builder = match &self.http {
             Some(http) => builder.provider(http.clone()),
-            None => builder
-                .provider(Missing { family: "http", grant: "an allowed host: run with --allow-host HOST[:PORT]" }),
+            None => builder.provider(Missing { family: "http", needs: "an allowed host" }),
         };
         let builder = match &self.kv {
             Some(kv) => builder.provider(kv.clone()),
-            None => builder.provider(Missing { family: "kv", grant: "the key-value store: run with --kv DIR" }),
+            None => builder.provider(Missing { family: "kv", needs: "the key-value store" }),
         };
         let builder = match &self.files {
             Some(files) => builder.provider(files.clone()),
-            None => builder.provider(Missing { family: "fs", grant: "a directory: run with --dir HOST::GUEST" }),
+            None => builder.provider(Missing { family: "fs", needs: "a directory" }),
         };
         let builder = match &self.env {
             Some(env) => builder.provider(env.clone()),
-            None => {
-                builder.provider(Missing { family: "env", grant: "environment variables: run with --env NAME[=VALUE]" })
-            }
+            None => builder.provider(Missing { family: "env", needs: "environment variables" }),
         };
         builder.provider(Time).provider(Random)
     }
 }
 
-/// Answers every command of its family with a denial naming the flag that grants it.
+/// Answers every command of its family with a denial saying what it `needs` and the flag
+/// that grants the command ([`GrantedBy`]: `--dir` for `fs.read`, `--dir-rw` for
+/// `fs.write`).
 struct Missing {
     family: &'static str,
-    grant: &'static str,
+    needs: &'static str,
 }
 
 impl Provider for Missing {
@@ -186,9 +186,14 @@ impl Provider for Missing {
     }
 
     fn handle(&self, request: Request<'_>) {
-        let error = format!("denied: `{}` needs {}", request.name(), self.grant);
+        let error = denial(request.name(), self.needs);
         request.complete(Err(error));
     }
+}
+
+/// What a run without the flag that grants `command` answers it.
+fn denial(command: &str, needs: &str) -> String {
+    format!("denied: `{command}` needs {needs}: run with {}", GrantedBy::of(command).flag())
 }
 
 /// Provider components, running on their scheduler.
@@ -282,4 +287,22 @@ fn parse_spec(spec: &str) -> Result<(String, PathBuf), Failure> {
         return Err(usage("FILE is empty"));
     }
     Ok((name.to_owned(), PathBuf::from(file)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::denial;
+
+    #[test]
+    fn a_denial_names_the_flag_that_grants_the_very_command() {
+        assert_eq!(denial("fs.read", "a directory"), "denied: `fs.read` needs a directory: run with --dir HOST::GUEST");
+        assert_eq!(
+            denial("fs.write", "a directory"),
+            "denied: `fs.write` needs a directory: run with --dir-rw HOST::GUEST"
+        );
+        assert_eq!(
+            denial("kv.get", "the key-value store"),
+            "denied: `kv.get` needs the key-value store: run with --kv DIR"
+        );
+    }
 }
