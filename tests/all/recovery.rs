@@ -251,6 +251,24 @@ fn capped_tree(store: &Arc<MemoryStore>, root: fn() -> Scripted, child: Noting) 
         .kind("child", child)
 }
 
+/// Runs the tree on `store` until its child has stepped, with `ends` until its root has
+/// ended too, and stops it; checks that the child was spawned within the root's cap, and
+/// forgets the caps noted so far.
+fn run_until_the_child_stepped(store: &Arc<MemoryStore>, ends: bool, child: impl Fn() -> Noting) {
+    let root: fn() -> Scripted = if ends { || spawns_a_child(true) } else { || spawns_a_child(false) };
+    let first = capped_tree(store, root, child()).build().unwrap();
+    let root = first.handle().spawn(Spawnable::kind("root"), "main").unwrap();
+    if ends {
+        assert_eq!(root.join_timeout(HANG).unwrap(), Ok(Payload::empty()));
+    }
+    child().wait_for_a_step();
+    first.stop(std::time::Duration::from_secs(1));
+    drop(first);
+    let made_within = child().made_within;
+    assert_eq!(*made_within.lock().unwrap(), [Some(CAP)], "spawned within the root's cap");
+    made_within.lock().unwrap().clear();
+}
+
 /// `journal verify` replays a process under the limits a resume makes it under: a child
 /// of a kind without limits, spawned by a root whose kind caps memory at 8 MiB, is made
 /// within that cap by the verification too.
@@ -260,14 +278,7 @@ fn verification_makes_a_child_under_its_parents_limits() {
     static STEPPED: AtomicBool = AtomicBool::new(false);
     let child = || Noting { made_within: &MADE_WITHIN, stepped: &STEPPED };
     let store = Arc::new(MemoryStore::default());
-    let first = capped_tree(&store, || spawns_a_child(false), child()).build().unwrap();
-    first.handle().spawn(Spawnable::kind("root"), "main").unwrap();
-    child().wait_for_a_step();
-    first.stop(std::time::Duration::from_secs(1));
-    drop(first);
-    assert_eq!(*MADE_WITHIN.lock().unwrap(), [Some(CAP)], "spawned within the root's cap");
-
-    MADE_WITHIN.lock().unwrap().clear();
+    run_until_the_child_stepped(&store, false, child);
     let verdicts = capped_tree(&store, || spawns_a_child(false), child()).verify_journal().unwrap();
     assert_eq!(verdicts.len(), 2, "{verdicts:?}");
     assert!(verdicts.iter().all(|(_, verdict)| verdict.is_ok()), "{verdicts:?}");
@@ -282,15 +293,7 @@ fn a_child_resumes_under_the_limits_of_a_parent_that_has_ended() {
     static STEPPED: AtomicBool = AtomicBool::new(false);
     let child = || Noting { made_within: &MADE_WITHIN, stepped: &STEPPED };
     let store = Arc::new(MemoryStore::default());
-    let first = capped_tree(&store, || spawns_a_child(true), child()).build().unwrap();
-    let root = first.handle().spawn(Spawnable::kind("root"), "main").unwrap();
-    assert_eq!(root.join_timeout(HANG).unwrap(), Ok(Payload::empty()));
-    child().wait_for_a_step();
-    first.stop(std::time::Duration::from_secs(1));
-    drop(first);
-    assert_eq!(*MADE_WITHIN.lock().unwrap(), [Some(CAP)], "spawned within the root's cap");
-
-    MADE_WITHIN.lock().unwrap().clear();
+    run_until_the_child_stepped(&store, true, child);
     let second = capped_tree(&store, || spawns_a_child(true), child()).build().unwrap();
     assert_eq!(*MADE_WITHIN.lock().unwrap(), [Some(CAP)], "resumed within the ended root's cap");
     second.stop(std::time::Duration::from_secs(1));
