@@ -269,6 +269,42 @@ fn a_failed_commit_ends_a_process_whose_reads_went_on() {
 }
 
 #[test]
+fn a_process_past_its_journal_limit_ends_naming_it_and_the_others_go_on() {
+    let store = Arc::new(TestStore::default());
+    let effects = Arc::new(AtomicUsize::new(0));
+    let counted = effects.clone();
+    let mut settings = keep_finished();
+    settings.max_records_per_process = 10;
+    let scheduler = Scheduler::builder()
+        .workers(2)
+        .journal(Journal::with_store(store.clone()).settings(settings))
+        .capabilities(Capabilities::default().allow("effect"))
+        .handler("effect", move |request: wasmproc::handler::Request| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            request.complete(Ok(Payload::empty()));
+        })
+        .build()
+        .unwrap();
+    let endless = scheduler.handle().spawn(repeating("effect", usize::MAX), "main").unwrap();
+    let short = scheduler.handle().spawn(repeating("effect", 3), "main").unwrap();
+    let error = endless.join_timeout(HANG).unwrap().unwrap_err();
+    assert!(
+        error.starts_with(&format!("journal limit reached: process {} has 10 records", endless.pid()))
+            && error.contains("`max_records_per_process`"),
+        "{error}"
+    );
+    assert_eq!(short.join_timeout(HANG).unwrap(), Ok(Payload::u64(3)));
+    // Its spawn and nine steps, each of whose effects was carried out after its commit;
+    // the tenth step was refused with its effect, and the exit is always recorded.
+    assert_eq!(effects.load(Ordering::SeqCst), 9 + 3);
+    let history = Journal::with_store(store.clone()).history().unwrap();
+    let endless = history.iter().find(|h| h.pid == endless.pid()).unwrap();
+    assert_eq!(endless.records.len(), 11, "{:#?}", endless.records);
+    assert_eq!(endless.result.as_ref().and_then(|r| r.as_ref().err()), Some(&error));
+    scheduler.stop(Duration::from_secs(1));
+}
+
+#[test]
 fn a_port_send_is_delivered_after_the_commit_and_recorded() {
     let store = Arc::new(TestStore::default());
     let (scheduler, _) = durable(&store);

@@ -191,6 +191,17 @@ pub(super) struct Run {
     /// wasmproc being killed but not the machine going down, and commits wait for no disk.
     #[arg(long, value_enum, value_name = "WHEN", requires = "journal")]
     durability: Option<Durability>,
+    /// With --journal: the most records one process may have in the journal (its spawn,
+    /// one a step, its exit); a step past it ends the process with `journal limit
+    /// reached`. Bounds the journal of a workflow that never ends. At least 2.
+    #[arg(
+        long,
+        value_name = "RECORDS",
+        default_value_t = JournalSettings::default().max_records_per_process,
+        requires = "journal",
+        value_parser = clap::value_parser!(u64).range(2..)
+    )]
+    journal_limit: u64,
     /// Print a summary at exit (stderr, or in the --json object): processes, steps,
     /// yields by command, messages, steals, per-worker steps, peak live, what the journal
     /// wrote (with --journal), wall time.
@@ -401,6 +412,7 @@ impl Run {
                         Durability::Sync => journal::Durability::Sync,
                         Durability::Buffered => journal::Durability::Buffered,
                     };
+                    settings.max_records_per_process = self.journal_limit;
                     let opened = Journal::open(dir).map_err(|e| Failure::new(Exit::Host, format!("{e}")))?;
                     let opened = opened.settings(settings);
                     builder = builder.journal(opened.clone());

@@ -232,7 +232,8 @@ impl Durable {
         // The exit is always allowed: a process at its limit must still be able to end.
         if seq >= self.max_records && !matches!(record, Record::Exit(_)) {
             return Err(format!(
-                "journal limit reached: process {} has {seq} records (raise `max_records_per_process`)",
+                "journal limit reached: process {} has {seq} records, its journal's `max_records_per_process` \
+                 (raise it with `--journal-limit`)",
                 cell.pid()
             ));
         }

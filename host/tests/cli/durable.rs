@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use std::collections::HashMap;
 
-use wasmproc_tests::guests::{DURABLE, LEDGER, WASI_CLI};
+use wasmproc_tests::guests::{DURABLE, LEDGER, TIMERS, WASI_CLI};
 
 use super::{run, scratch, wasmproc};
 
@@ -251,6 +251,25 @@ fn the_stats_of_a_durable_run_say_what_its_journal_wrote() {
     assert!(text.stderr.lines().any(|l| l.starts_with("journal ") && l.contains(" commits")), "{}", text.stderr);
     let memory = run(&["run", DURABLE, "--stats", "--json"]).expect(0).json();
     assert!(memory["stats"]["journal"].is_null(), "{memory}");
+}
+
+#[test]
+fn a_process_past_the_journal_limit_fails_naming_the_flag_that_raises_it() {
+    let dir = scratch("durable-limit");
+    let journal = dir.join("journal");
+    let journal = journal.to_str().unwrap();
+    let alone = run(&["run", TIMERS, "--journal-limit", "2"]).expect(2);
+    assert!(alone.stderr.contains("required arguments were not provided:\n  --journal <DIR>"), "{}", alone.stderr);
+    run(&["run", TIMERS, "--journal", journal, "--journal-limit", "1"]).expect(2).error_says("not in 2..");
+    // Its spawn and the step that starts the sleeps; the next, after a sleep, is refused.
+    run(&["run", TIMERS, "--journal", journal, "--journal-limit", "2"])
+        .expect(1)
+        .error_says("has 2 records, its journal's `max_records_per_process` (raise it with `--journal-limit`)");
+    // The failed run was reported and its records removed: the next starts afresh.
+    let listed = run(&["journal", "ls", journal]).expect(0);
+    assert_eq!(listed.stdout.lines().count(), 1, "only the header: {}", listed.stdout);
+    let ran = run(&["run", TIMERS, "--journal", journal, "--journal-limit", "5"]).expect(0);
+    assert_eq!(ran.stdout.trim(), "[10,20,30]");
 }
 
 #[test]
