@@ -54,15 +54,16 @@ impl ProcessIndices {
     }
 }
 
-/// `step`'s signature with the output lifted through `output.rs`'s capped types.
-pub(crate) type Step<'a> =
-    wasmtime::component::TypedFunc<(&'a [wasmproc::process::types::Event],), (super::output::StepOutput,)>;
+/// `step`'s signature with the events lowered from `input.rs`'s types and the output
+/// lifted through `output.rs`'s capped ones.
+pub(crate) type Step<'a> = wasmtime::component::TypedFunc<(&'a [super::input::Event],), (super::output::StepOutput,)>;
 
 impl Process {
     /// Checks once that the component's `step` has the signature [`Process::step`]
-    /// assumes (the generated `load` checked the world's own types, not `output.rs`'s).
+    /// assumes (the generated `load` checked the world's own types, not `input.rs`'s and
+    /// `output.rs`'s).
     pub(crate) fn check_step(&self, store: impl wasmtime::AsContext) -> wasmtime::Result<()> {
-        self.step.typed::<(&[wasmproc::process::types::Event],), (super::output::StepOutput,)>(store).map(drop)
+        self.step.typed::<(&[super::input::Event],), (super::output::StepOutput,)>(store).map(drop)
     }
 
     /// `step`, lifting its output with the per-step caps (see `output.rs`).

@@ -1,8 +1,8 @@
 //! Conversions between the scheduler's values and the WIT types of the `process` world.
 //!
-//! Payload bytes move, never copy: an event's body becomes the guest-bound value and a
-//! yield's payload becomes the host's, so a step copies each payload only where the
-//! canonical ABI must (into and out of guest memory).
+//! Payload bytes move, never copy: a yield's payload becomes the host's (and an event's
+//! body the guest-bound value, in `input.rs`), so a step copies each payload only where
+//! the canonical ABI must (into and out of guest memory).
 
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use wasmproc_types::{Format, Level, Payload, Pid};
 use super::bindings::wasmproc::process::host;
 use super::bindings::wasmproc::process::types as wit;
 use super::output::{self, Caps};
-use crate::scheduler::process::{Command, Event, Outcome, SpawnRequest, Status};
+use crate::scheduler::process::{Command, SpawnRequest, Status};
 use crate::scheduler::{payload_limit_exceeded, yield_limit_exceeded};
 
 pub(crate) fn payload_to_wit(payload: Payload) -> wit::Payload {
@@ -20,25 +20,6 @@ pub(crate) fn payload_to_wit(payload: Payload) -> wit::Payload {
 
 pub(crate) fn payload_from_wit(payload: wit::Payload) -> Payload {
     Payload { format: Format::from_name(&payload.format), data: payload.data }
-}
-
-fn outcome_to_wit(outcome: Outcome) -> Result<wit::Payload, String> {
-    outcome.map(payload_to_wit)
-}
-
-pub(crate) fn event_to_wit(event: Event) -> wit::Event {
-    match event {
-        Event::Completion { tag, result } => {
-            wit::Event::Completion(wit::Completion { tag, result: outcome_to_wit(result) })
-        }
-        Event::Message { sender, topic, body } => {
-            wit::Event::Message(wit::Message { sender: sender.as_u64(), topic, body: payload_to_wit(body) })
-        }
-        Event::Exit { pid, result } => {
-            wit::Event::Exit(wit::Exit { pid: pid.as_u64(), result: outcome_to_wit(result) })
-        }
-        Event::Cancel { reason } => wit::Event::Cancel(reason),
-    }
 }
 
 /// The scheduler's status of a step's `status`, or the error of the limit its result
@@ -187,13 +168,5 @@ mod tests {
         assert_eq!(result, Err(payload_limit_exceeded(33, "the result", 8)));
         let flood = yields_from_output(output::Capped::over_by(100_000), CAPS).err();
         assert_eq!(flood, Some(yield_limit_exceeded(100_000, 4)));
-    }
-
-    #[test]
-    fn events_keep_their_fields() {
-        let event = event_to_wit(Event::Exit { pid: Pid::from_u64(9), result: Err("noproc".into()) });
-        assert!(matches!(event, wit::Event::Exit(wit::Exit { pid: 9, result: Err(ref e) }) if e == "noproc"));
-        let event = event_to_wit(Event::Message { sender: Pid::HOST, topic: "t".into(), body: Payload::u64(3) });
-        assert!(matches!(event, wit::Event::Message(ref m) if m.sender == 0 && m.body.format == "bytes"));
     }
 }

@@ -56,6 +56,7 @@ mod component;
 mod config;
 mod convert;
 mod engine;
+mod input;
 mod inspect;
 mod key;
 mod limits;

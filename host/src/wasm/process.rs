@@ -27,6 +27,7 @@ use super::bindings::{Process as Guest, ProcessIndices, ProcessPre};
 use super::config::Config;
 use super::convert;
 use super::engine::EpochClock;
+use super::input;
 use super::log::{Level, LogSink};
 use super::output::{self, Caps};
 use super::stacks;
@@ -63,7 +64,7 @@ pub struct WasmProcess {
     state: State,
     /// Events not yet handed to the guest: those of this step, or those that arrived
     /// while a step was suspended. Kept so that steps reuse its allocation.
-    events: Vec<wit::Event>,
+    events: Vec<input::Event>,
     /// Epoch ticks the process's steps have run for (see [`Config::cpu_budget`]).
     ///
     /// [`Config::cpu_budget`]: super::Config::cpu_budget
@@ -92,7 +93,7 @@ type StepFuture = dyn Future<Output = Stepped> + Send;
 
 /// A step's end: the store back, the events buffer back (its events handed over), and
 /// the guest's answer.
-type Stepped = (Running, Vec<wit::Event>, wasmtime::Result<output::StepOutput>);
+type Stepped = (Running, Vec<input::Event>, wasmtime::Result<output::StepOutput>);
 
 struct Running {
     store: Store<ProcessState>,
@@ -216,7 +217,7 @@ impl Process for WasmProcess {
     }
 
     fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
-        self.events.extend(events.map(convert::event_to_wit));
+        self.events.extend(events.map(input::Event::from));
         let stepped = match std::mem::replace(&mut self.state, State::Empty) {
             State::Ready(running) => self.run(running)?,
             State::Suspended(future) => self.resume(future)?,

@@ -1,0 +1,153 @@
+//! A step's events as they are lowered into the guest, made from the scheduler's events
+//! without a copy or an allocation.
+//!
+//! The generated `event` type holds a payload's format as a `String`, so handing it the
+//! scheduler's events allocated the format's name for every event with a payload (most
+//! of them: a completion, a message, an exit). These types mirror the generated ones of
+//! `event`, with the format kept as the scheduler's [`Format`] and lowered as its name;
+//! the bytes, the topic and the errors move in as they are. The typed `step` is checked
+//! against the component's own types when it is loaded (`Process::check_step`), so a
+//! field or case these types got wrong fails the load, not a step.
+//!
+//! [`FormatName`] implements wasmtime's hidden `ComponentType`/`Lower` methods by
+//! forwarding to `str`'s; wasmtime is pinned (48.0.8), and every step of every Wasm test
+//! lowers its events through these types.
+
+use std::mem::MaybeUninit;
+
+use wasmproc_types::Format;
+use wasmtime::ValRaw;
+use wasmtime::component::__internal::{CanonicalAbiInfo, InstanceType, InterfaceType, LowerContext};
+use wasmtime::component::{ComponentType, Lower};
+
+use crate::scheduler::process::{self as host, Outcome};
+
+/// A payload's format, lowered as its name (a `string`).
+#[derive(Debug)]
+pub(crate) struct FormatName(pub(crate) Format);
+
+// SAFETY: every item forwards to `str`'s, so the ABI, flattening and type check are a
+// string's.
+unsafe impl ComponentType for FormatName {
+    type Lower = [ValRaw; 2];
+    const ABI: CanonicalAbiInfo = <str as ComponentType>::ABI;
+    const MAY_REQUIRE_REALLOC: bool = <str as ComponentType>::MAY_REQUIRE_REALLOC;
+
+    fn typecheck(ty: &InterfaceType, types: &InstanceType<'_>) -> wasmtime::Result<()> {
+        <str as ComponentType>::typecheck(ty, types)
+    }
+}
+
+// SAFETY: `str`'s lowering of the name.
+unsafe impl Lower for FormatName {
+    fn linear_lower_to_flat<T>(
+        &self,
+        cx: &mut LowerContext<'_, T>,
+        ty: InterfaceType,
+        dst: &mut MaybeUninit<Self::Lower>,
+    ) -> wasmtime::Result<()> {
+        self.0.as_str().linear_lower_to_flat(cx, ty, dst)
+    }
+
+    fn linear_lower_to_memory<T>(
+        &self,
+        cx: &mut LowerContext<'_, T>,
+        ty: InterfaceType,
+        offset: usize,
+    ) -> wasmtime::Result<()> {
+        self.0.as_str().linear_lower_to_memory(cx, ty, offset)
+    }
+}
+
+/// `payload`.
+#[derive(ComponentType, Lower, Debug)]
+#[component(record)]
+pub(crate) struct Payload {
+    pub(crate) format: FormatName,
+    pub(crate) data: Vec<u8>,
+}
+
+#[derive(ComponentType, Lower, Debug)]
+#[component(record)]
+pub(crate) struct Completion {
+    pub(crate) tag: u64,
+    pub(crate) result: Result<Payload, String>,
+}
+
+#[derive(ComponentType, Lower, Debug)]
+#[component(record)]
+pub(crate) struct Message {
+    pub(crate) sender: u64,
+    pub(crate) topic: String,
+    pub(crate) body: Payload,
+}
+
+#[derive(ComponentType, Lower, Debug)]
+#[component(record)]
+pub(crate) struct Exit {
+    pub(crate) pid: u64,
+    pub(crate) result: Result<Payload, String>,
+}
+
+/// `event`.
+#[derive(ComponentType, Lower, Debug)]
+#[component(variant)]
+pub(crate) enum Event {
+    #[component(name = "completion")]
+    Completion(Completion),
+    #[component(name = "message")]
+    Message(Message),
+    #[component(name = "exit")]
+    Exit(Exit),
+    #[component(name = "cancel")]
+    Cancel(String),
+}
+
+impl From<wasmproc_types::Payload> for Payload {
+    fn from(payload: wasmproc_types::Payload) -> Payload {
+        Payload { format: FormatName(payload.format), data: payload.data }
+    }
+}
+
+fn outcome(outcome: Outcome) -> Result<Payload, String> {
+    outcome.map(Payload::from)
+}
+
+impl From<host::Event> for Event {
+    fn from(event: host::Event) -> Event {
+        match event {
+            host::Event::Completion { tag, result } => Event::Completion(Completion { tag, result: outcome(result) }),
+            host::Event::Message { sender, topic, body } => {
+                Event::Message(Message { sender: sender.as_u64(), topic, body: body.into() })
+            }
+            host::Event::Exit { pid, result } => Event::Exit(Exit { pid: pid.as_u64(), result: outcome(result) }),
+            host::Event::Cancel { reason } => Event::Cancel(reason),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use wasmproc_types::Pid;
+
+    use super::*;
+
+    #[test]
+    fn events_keep_their_fields_and_their_bytes() {
+        let event = Event::from(host::Event::Exit { pid: Pid::from_u64(9), result: Err("noproc".into()) });
+        assert!(matches!(event, Event::Exit(Exit { pid: 9, result: Err(ref e) }) if e == "noproc"));
+        let body = wasmproc_types::Payload::u64(3);
+        let bytes = body.data.as_ptr();
+        let event = Event::from(host::Event::Message { sender: Pid::HOST, topic: "t".into(), body });
+        let Event::Message(message) = event else { panic!("a message stays a message") };
+        assert_eq!((message.sender, message.topic.as_str(), message.body.format.0.as_str()), (0, "t", "bytes"));
+        assert_eq!(message.body.data.as_ptr(), bytes, "the body moved, not copied");
+        let event = Event::from(host::Event::Completion { tag: 4, result: Ok(wasmproc_types::Payload::text("x")) });
+        assert!(
+            matches!(event, Event::Completion(Completion { tag: 4, result: Ok(ref p) }) if p.format.0.as_str() == "text")
+        );
+        assert!(
+            matches!(Event::from(host::Event::Cancel { reason: "stop".into() }), Event::Cancel(ref r) if r == "stop")
+        );
+    }
+}
