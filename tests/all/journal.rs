@@ -223,6 +223,41 @@ fn a_step_that_only_reads_goes_on_before_its_commit_and_one_with_an_effect_does_
 }
 
 #[test]
+fn the_commands_of_a_served_family_declared_reads_go_on_before_their_commits() {
+    let services = Scheduler::builder().workers(1).build().unwrap();
+    let (serve, seen) = crate::providers::server(1);
+    let server = services.handle().spawn(serve, "main").unwrap().pid();
+    let store = Arc::new(TestStore::default());
+    let served = wasmproc::provider::Served::new("svc", services.handle().clone(), server).reads(["svc.look"]);
+    let scheduler = Scheduler::builder()
+        .workers(2)
+        .journal(Journal::with_store(store.clone()).settings(keep_finished()))
+        .provider(served)
+        .capabilities(Capabilities::default().allow("svc.*"))
+        .build()
+        .unwrap();
+    let count = |command: &str| seen.lock().iter().filter(|(c, _)| c == command).count();
+    store.hold();
+    let looking = scheduler.handle().spawn(repeating("svc.look", 5), "main").unwrap();
+    let changing = scheduler.handle().spawn(repeating("svc.change", 1), "main").unwrap();
+    let deadline = std::time::Instant::now() + HANG;
+    while count("svc.look") < 5 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    // With every commit held: the declared reads all reached the server, the command of
+    // the same family not declared did not, and nothing was reported.
+    let held = (count("svc.look"), count("svc.change"), looking.try_result(), changing.try_result());
+    store.release();
+    assert_eq!(held, (5, 0, None, None));
+    assert_eq!(looking.join_timeout(HANG).unwrap(), Ok(Payload::u64(5)));
+    assert_eq!(changing.join_timeout(HANG).unwrap(), Ok(Payload::u64(1)));
+    assert_eq!((count("svc.look"), count("svc.change")), (5, 1));
+    scheduler.stop(Duration::from_secs(1));
+    services.stop(Duration::from_secs(1));
+}
+
+#[test]
 fn reads_stop_going_on_before_their_commits_once_the_committer_has_thousands_in_hand() {
     let store = Arc::new(TestStore::default());
     let (scheduler, _, reads) = counting(&store);

@@ -164,11 +164,12 @@ fn a_family_name_must_be_one_word() {
 }
 
 /// The requests a test server was sent: each command's name and caller.
-type Seen = Arc<Mutex<Vec<(String, u64)>>>;
+pub(crate) type Seen = Arc<Mutex<Vec<(String, u64)>>>;
 
 /// A serving process that keeps the requests it is sent and answers them in reverse
-/// order once it holds `batch` of them, each with its input and its caller.
-fn server(batch: usize) -> (Scripted, Seen) {
+/// order once it holds `batch` of them, each with its input and its caller. Serves
+/// durable callers too.
+pub(crate) fn server(batch: usize) -> (Scripted, Seen) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     let mut held: Vec<(u64, wasmproc::Pid, Payload)> = Vec::new();
@@ -176,7 +177,9 @@ fn server(batch: usize) -> (Scripted, Seen) {
         for event in t.events.drain(..) {
             match event {
                 Event::Message { sender, topic, body } => {
-                    let (command, id) = topic.split_once('#').expect("a request topic");
+                    // `COMMAND#ID`, and `#KEY` after it from a durable caller.
+                    let mut parts = topic.split('#');
+                    let (command, id) = (parts.next().unwrap(), parts.next().expect("a request topic"));
                     let id: u64 = id.parse().expect("a request id");
                     log.lock().push((command.to_owned(), sender.as_u64()));
                     held.push((id, sender, body));

@@ -77,6 +77,13 @@ pub(super) struct ProviderArgs {
     /// (see the `handler` world in wit/). Repeatable.
     #[arg(long = "provider", value_name = "NAME=FILE")]
     pub(super) providers: Vec<String>,
+    /// Declare that the command NAME.COMMAND of a --provider component only reads: it
+    /// changes nothing outside the process that yields it (a lookup), so carrying it out
+    /// again is harmless. With --journal, a step whose commands all only read goes on
+    /// before its record is synced instead of waiting for the disk; declaring a command
+    /// that has an effect gives up the write-ahead guarantee for it. Repeatable.
+    #[arg(long = "reads", value_name = "NAME.COMMAND", requires = "providers")]
+    pub(super) reads: Vec<String>,
 }
 
 impl ProviderArgs {
@@ -207,6 +214,7 @@ impl Services {
     /// scheduler of their own with the run's providers.
     pub(super) fn start(
         specs: &[String],
+        reads: &[String],
         runtime: &Runtime,
         providers: &Providers,
         caps: &Capabilities,
@@ -240,6 +248,15 @@ impl Services {
             }
             components.push((name, component));
         }
+        for read in reads {
+            let usage = |why: String| Failure::new(Exit::Usage, format!("--reads `{read}`: {why}"));
+            let Some((family, _)) = read.split_once('.').filter(|(_, command)| !command.is_empty()) else {
+                return Err(usage("write NAME.COMMAND, a command of a --provider NAME=FILE".to_owned()));
+            };
+            if !components.iter().any(|(name, _)| name == family) {
+                return Err(usage(format!("no --provider serves `{family}.*`")));
+            }
+        }
         let mut builder = Scheduler::builder().workers(1).thread_name("wasmproc-provider").capabilities(caps.clone());
         builder = providers.register(builder);
         for (name, component) in &components {
@@ -254,7 +271,12 @@ impl Services {
                 .handle()
                 .spawn(Spawnable::kind(name.clone()), SpawnOptions::new(SERVE_ENTRY))
                 .map_err(|e| Failure::new(Exit::ProcessFailed, format!("--provider {name} could not start: {e}")))?;
-            served.push(Served::new(name, scheduler.handle().clone(), process.pid()));
+            let declared: Vec<String> = reads
+                .iter()
+                .filter(|read| read.split_once('.').is_some_and(|(family, _)| family == name))
+                .cloned()
+                .collect();
+            served.push(Served::new(name, scheduler.handle().clone(), process.pid()).reads(declared));
         }
         Ok(Some(Services { scheduler, served }))
     }

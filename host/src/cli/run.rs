@@ -391,6 +391,7 @@ impl Run {
                 let providers = Providers::start(&self.providers, dir_grants(self)?, env_vars(self)?)?;
                 services = Services::start(
                     &self.providers.providers,
+                    &self.providers.reads,
                     &runtime,
                     &providers,
                     &caps,

@@ -128,13 +128,25 @@ pub struct Served {
     family: String,
     handle: crate::Handle,
     server: crate::Pid,
+    reads: std::sync::Arc<[String]>,
 }
 
 impl Served {
     /// The family `family`, served by the process `server` of the scheduler `handle`
     /// (one without a journal: see [`Handle::forward`](crate::Handle::forward)).
     pub fn new(family: impl Into<String>, handle: crate::Handle, server: crate::Pid) -> Self {
-        Served { family: family.into(), handle, server }
+        Served { family: family.into(), handle, server, reads: std::sync::Arc::new([]) }
+    }
+
+    /// Declares that the commands `names` (whole names, `family.command`) only read (see
+    /// [`Provider::reads_only`]): a durable step that yields only reads has them carried
+    /// out before its record is committed. The server's code cannot say so itself, so
+    /// whoever registers it vouches for it; a command with an effect declared here
+    /// loses the write-ahead guarantee. By default none.
+    #[must_use]
+    pub fn reads(mut self, names: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.reads = names.into_iter().map(Into::into).collect();
+        self
     }
 }
 
@@ -148,5 +160,9 @@ impl Provider for Served {
         if let Err(error) = self.handle.forward(self.server, request) {
             tracing::debug!(family = self.family.as_str(), %error, "a provider process refused a request");
         }
+    }
+
+    fn reads_only(&self, name: &str) -> bool {
+        self.reads.iter().any(|read| read == name)
     }
 }

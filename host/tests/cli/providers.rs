@@ -41,6 +41,27 @@ fn a_provider_flag_that_names_no_server_is_refused_clearly() {
     // Without the provider, nothing serves the family.
     let ran = run(&["run", WORKFLOW, "--input", ORDER]).expect(1);
     assert!(ran.stderr.contains("unknown command `inventory.reserve`"), "{}", ran.stderr);
+    // Reads are declared of a provider's commands only.
+    let ran = run(&["run", WORKFLOW, "--reads", "inventory.reserve", "--input", ORDER]).expect(2);
+    assert!(ran.stderr.contains("required arguments were not provided:\n  --provider <NAME=FILE>"), "{}", ran.stderr);
+    let provider = format!("inventory={INVENTORY}");
+    let with = |read: &str| run(&["run", WORKFLOW, "--provider", &provider, "--reads", read, "--input", ORDER]);
+    with("stock.count").expect(2).error_says("--reads `stock.count`: no --provider serves `stock.*`");
+    with("inventory").expect(2).error_says("--reads `inventory`: write NAME.COMMAND");
+    with("inventory.").expect(2).error_says("--reads `inventory.`: write NAME.COMMAND");
+}
+
+#[test]
+fn a_durable_run_with_a_provider_command_declared_a_read_ends_as_one_without() {
+    let dir = scratch("provider-reads");
+    let provider = format!("inventory={INVENTORY}");
+    let journal = dir.join("journal");
+    let journal = journal.to_str().unwrap();
+    let flags = ["run", WORKFLOW, "--provider", &provider, "--input", ORDER, "--journal", journal];
+    let plain = run(&flags).expect(0);
+    let read = run(&[&flags[..], &["--reads", "inventory.reserve"]].concat()).expect(0);
+    assert_eq!(read.json(), plain.json());
+    assert_eq!(read.json()["reservation"], "R-1001");
 }
 
 /// `python3 -m http.server` serving `dir` on a free loopback port: a real HTTP server,
