@@ -521,7 +521,9 @@ impl WorkerLoop<'_> {
                 {
                     return Decision::Complete(Err(error));
                 }
-                if let (Some(durable), Some(step)) = (durable, recorded) {
+                if let Some(durable) = durable
+                    && let Some(step) = recorded
+                {
                     let step = step.into_record(Vec::new(), Status::Complete(Ok(Payload::empty())));
                     if let Err(error) = durable.record_step(&cell, step) {
                         return Decision::Complete(Err(error));
@@ -536,7 +538,9 @@ impl WorkerLoop<'_> {
             // A durable step's yields are the committer's to carry out, unless they only
             // read: then they come back, with the step's record, to be carried out now.
             let mut record = None;
-            if let (Some(durable), Some(step)) = (durable, recorded) {
+            if let Some(durable) = durable
+                && let Some(step) = recorded
+            {
                 let step = step.into_record(std::mem::take(yields), status.clone());
                 match durable.record_step(&cell, step) {
                     Ok(Some((seq, reads))) => {
