@@ -106,11 +106,16 @@ fn durable(store: &Arc<TestStore>) -> (Scheduler, Arc<AtomicUsize>) {
 /// A scheduler on `store` with two custom commands that count their calls, `effect` and
 /// `peek`, which only reads: the scheduler and the counts of each.
 fn counting(store: &Arc<TestStore>) -> (Scheduler, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    counting_with(store, keep_finished())
+}
+
+/// As [`counting`], with the journal's `settings`.
+fn counting_with(store: &Arc<TestStore>, settings: JournalSettings) -> (Scheduler, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let (effects, reads) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let (effected, counted) = (effects.clone(), reads.clone());
     let scheduler = Scheduler::builder()
         .workers(2)
-        .journal(Journal::with_store(store.clone()).settings(keep_finished()))
+        .journal(Journal::with_store(store.clone()).settings(settings))
         .capabilities(Capabilities::default().allow("effect").allow("peek"))
         .handler("effect", move |request: wasmproc::handler::Request| {
             effected.fetch_add(1, Ordering::SeqCst);
@@ -306,20 +311,9 @@ fn a_failed_commit_ends_a_process_whose_reads_went_on() {
 #[test]
 fn a_process_past_its_journal_limit_ends_naming_it_and_the_others_go_on() {
     let store = Arc::new(TestStore::default());
-    let effects = Arc::new(AtomicUsize::new(0));
-    let counted = effects.clone();
     let mut settings = keep_finished();
     settings.max_records_per_process = 10;
-    let scheduler = Scheduler::builder()
-        .workers(2)
-        .journal(Journal::with_store(store.clone()).settings(settings))
-        .capabilities(Capabilities::default().allow("effect"))
-        .handler("effect", move |request: wasmproc::handler::Request| {
-            counted.fetch_add(1, Ordering::SeqCst);
-            request.complete(Ok(Payload::empty()));
-        })
-        .build()
-        .unwrap();
+    let (scheduler, effects, _) = counting_with(&store, settings);
     let endless = scheduler.handle().spawn(repeating("effect", usize::MAX), "main").unwrap();
     let short = scheduler.handle().spawn(repeating("effect", 3), "main").unwrap();
     let error = endless.join_timeout(HANG).unwrap().unwrap_err();

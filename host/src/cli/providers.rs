@@ -248,6 +248,8 @@ impl Services {
             }
             components.push((name, component));
         }
+        // Each declared read with the family it belongs to.
+        let mut declared = Vec::with_capacity(reads.len());
         for read in reads {
             let usage = |why: String| Failure::new(Exit::Usage, format!("--reads `{read}`: {why}"));
             let Some((family, _)) = read.split_once('.').filter(|(_, command)| !command.is_empty()) else {
@@ -256,6 +258,7 @@ impl Services {
             if !components.iter().any(|(name, _)| name == family) {
                 return Err(usage(format!("no --provider serves `{family}.*`")));
             }
+            declared.push((family, read));
         }
         let mut builder = Scheduler::builder().workers(1).thread_name("wasmproc-provider").capabilities(caps.clone());
         builder = providers.register(builder);
@@ -271,12 +274,9 @@ impl Services {
                 .handle()
                 .spawn(Spawnable::kind(name.clone()), SpawnOptions::new(SERVE_ENTRY))
                 .map_err(|e| Failure::new(Exit::ProcessFailed, format!("--provider {name} could not start: {e}")))?;
-            let declared: Vec<String> = reads
-                .iter()
-                .filter(|read| read.split_once('.').is_some_and(|(family, _)| family == name))
-                .cloned()
-                .collect();
-            served.push(Served::new(name, scheduler.handle().clone(), process.pid()).reads(declared));
+            let reads: Vec<String> =
+                declared.iter().filter(|(family, _)| *family == name).map(|(_, read)| (*read).clone()).collect();
+            served.push(Served::new(name, scheduler.handle().clone(), process.pid()).reads(reads));
         }
         Ok(Some(Services { scheduler, served }))
     }
