@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap;
 
 use super::caps::Capabilities;
 use super::cell::ProcessCell;
-use super::dispatch::{Factory, Handler, Provider, Request};
+use super::dispatch::{Factory, Handler, Provider, Registered, Request};
 use super::durable::Durable;
 use super::handle::Handle;
 use super::hibernation::Hibernating;
@@ -248,6 +248,7 @@ impl Builder {
         );
         let mut handlers = FxHashMap::default();
         let mut families = FxHashMap::default();
+        let mut commands = Vec::with_capacity(self.handlers.len());
         for (name, handler) in self.handlers {
             if name.is_empty() || Capabilities::BUILTIN.contains(&name.as_str()) {
                 bail!("cannot register a handler named `{name}`: the name is empty or a built-in command");
@@ -258,14 +259,16 @@ impl Builder {
                         !family.is_empty() && !family.contains(['.', '*']),
                         "cannot register a handler named `{name}`: a family is one word before `.*`"
                     );
-                    families.insert(family.to_owned(), handler);
+                    families.insert(family.to_owned(), commands.len());
+                    commands.push(Registered { name, handler });
                 }
                 None => {
                     ensure!(
                         !name.contains('*'),
                         "cannot register a handler named `{name}`: `*` only ends a family name"
                     );
-                    handlers.insert(name, handler);
+                    handlers.insert(name.clone(), commands.len());
+                    commands.push(Registered { name, handler });
                 }
             }
         }
@@ -308,6 +311,7 @@ impl Builder {
             },
             handlers,
             families,
+            commands,
             kinds: self.kinds,
             requests: Requests::default(),
             timer,

@@ -18,7 +18,7 @@ use std::borrow::Cow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use super::caps::family;
+use super::caps::{Capabilities, family};
 use super::cell::{ProcessCell, Watcher};
 use super::completer::{Completer, DROPPED, complete};
 use super::handle::Handle;
@@ -26,7 +26,7 @@ use super::lifecycle::SpawnArgs;
 use super::limits::Lineage;
 use super::process::{Command, CommandKind, Outcome, Payload, Pid, Process, SpawnRequest, Yield};
 use super::shared::Shared;
-use super::worker::panic_message;
+use super::worker::{self, panic_message};
 
 /// Code that carries out a custom command.
 ///
@@ -294,6 +294,74 @@ impl Drop for Request<'_> {
     }
 }
 
+/// A registered handler and the name it was registered under (`kv.*` for a family's).
+pub(super) struct Registered {
+    pub(super) name: String,
+    pub(super) handler: Arc<dyn Handler>,
+}
+
+/// What dispatch needs to know of a custom command before carrying it out: its handler
+/// and whether the yielding process may use it. Both depend only on the command's name
+/// and the process's capabilities, which are fixed once a scheduler is built and a
+/// process spawned, so a resolution never goes stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Resolution {
+    /// The handler's place in `Shared::commands`; `None`: no handler, an unknown command.
+    pub(super) handler: Option<usize>,
+    pub(super) allowed: bool,
+}
+
+/// The custom commands one worker resolved last, so that a process yielding the same
+/// command step after step (every process that polls a provider or a clock) pays a
+/// comparison of its name instead of a hash look-up of the handler and a search of its
+/// capabilities for it. Processes spawned alike share one capabilities value, so an entry
+/// serves all of them.
+pub(super) struct Resolved {
+    entries: Vec<Entry>,
+    /// The entry the next miss replaces once all [`RESOLVED`] are taken.
+    next: usize,
+}
+
+/// How many commands a worker keeps resolved: enough for a workflow's handful of
+/// commands, few enough that a miss (a hostile guest yielding a new name every step)
+/// costs a short scan.
+const RESOLVED: usize = 8;
+
+struct Entry {
+    /// Held so that the value cannot be freed and another take its address, which is what
+    /// `caps` is matched by.
+    caps: Arc<Capabilities>,
+    /// A command named by a `&'static str` (a native process's) is kept borrowed, so that
+    /// its next yield matches by address without comparing bytes.
+    name: Cow<'static, str>,
+    resolution: Resolution,
+}
+
+impl Resolved {
+    pub(super) fn new() -> Self {
+        Resolved { entries: Vec::with_capacity(RESOLVED), next: 0 }
+    }
+
+    /// `name`, yielded by a process granted `caps`, resolved by `shared`: from the cache,
+    /// or looked up and kept.
+    #[expect(clippy::ptr_arg, reason = "the `Cow` is kept: a borrowed name stays borrowed")]
+    pub(super) fn get(&mut self, shared: &Shared, caps: &Arc<Capabilities>, name: &Cow<'static, str>) -> Resolution {
+        let same = |kept: &str| (kept.as_ptr() == name.as_ptr() && kept.len() == name.len()) || kept == &**name;
+        if let Some(entry) = self.entries.iter().find(|e| Arc::ptr_eq(&e.caps, caps) && same(&e.name)) {
+            return entry.resolution;
+        }
+        let resolution = shared.resolve(caps, name);
+        let entry = Entry { caps: caps.clone(), name: name.clone(), resolution };
+        if self.entries.len() < RESOLVED {
+            self.entries.push(entry);
+        } else {
+            self.entries[self.next] = entry;
+            self.next = (self.next + 1) % RESOLVED;
+        }
+        resolution
+    }
+}
+
 /// Where a yield of a durable process is in its journal: the record of its step, and its
 /// place among that step's yields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -314,19 +382,22 @@ impl Shared {
     pub(super) fn dispatch_from(self: &Arc<Self>, cell: &Arc<ProcessCell>, y: Yield, origin: Option<Origin>) {
         let tag = y.tag;
         if let Command::Custom { name, payload } = y.command {
-            let Some((registered, handler)) = self.handler_for(&name) else {
+            let resolution =
+                worker::resolve(self, &cell.spec.caps, &name).unwrap_or_else(|| self.resolve(&cell.spec.caps, &name));
+            let Some(index) = resolution.handler else {
                 return complete(cell, tag, Err(format!("unknown command `{name}`")));
             };
-            if !cell.spec.caps.allows_custom(&name) {
+            if !resolution.allowed {
                 return complete(cell, tag, Err(self.denied(&name)));
             }
+            let registered = &self.commands[index];
             self.count_yield(CommandKind::Custom);
             let request = Request { caller: cell, tag, origin, name, payload, answered: false };
             // A panicking handler drops the request while unwinding, and its drop
             // answers the yield with an error.
-            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| handler.handle(request))) {
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| registered.handler.handle(request))) {
                 tracing::error!(
-                    command = registered.as_str(),
+                    command = registered.name.as_str(),
                     panic = panic_message(&*panic),
                     "a command handler panicked"
                 );
@@ -396,15 +467,22 @@ impl Shared {
     pub(super) fn reads_only(&self, command: &Command) -> bool {
         match command {
             Command::Sleep(_) => true,
-            Command::Custom { name, .. } => self.handler_for(name).is_some_and(|(_, handler)| handler.reads_only(name)),
+            Command::Custom { name, .. } => {
+                self.handler_for(name).is_some_and(|index| self.commands[index].handler.reads_only(name))
+            }
             _ => false,
         }
     }
 
-    /// The handler registered for the command `name`, under its own name or as its
-    /// family's (`kv.*` for `kv.get`).
-    fn handler_for(&self, name: &str) -> Option<(&String, &Arc<dyn Handler>)> {
-        self.handlers.get_key_value(name).or_else(|| self.families.get_key_value(family(name)?))
+    /// The place in `commands` of the handler registered for the command `name`, under
+    /// its own name or as its family's (`kv.*` for `kv.get`).
+    fn handler_for(&self, name: &str) -> Option<usize> {
+        self.handlers.get(name).or_else(|| self.families.get(family(name)?)).copied()
+    }
+
+    /// The custom command `name`, yielded by a process granted `caps`, looked up.
+    pub(super) fn resolve(&self, caps: &Capabilities, name: &str) -> Resolution {
+        Resolution { handler: self.handler_for(name), allowed: caps.allows_custom(name) }
     }
 
     /// Starts the child `request` asks for, not yet queued.

@@ -11,7 +11,7 @@ use rustc_hash::FxHashMap;
 
 use super::caps::Capabilities;
 use super::cell::ProcessCell;
-use super::dispatch::{Factory, Handler};
+use super::dispatch::{Factory, Registered};
 use super::durable::Durable;
 use super::hibernation::Hibernating;
 use super::idle::Idle;
@@ -48,9 +48,13 @@ pub(super) struct Shared {
     pub(super) hibernating: Mutex<Hibernating>,
     pub(super) peak_live: AtomicUsize,
     pub(super) settings: Settings,
-    pub(super) handlers: FxHashMap<String, Arc<dyn Handler>>,
-    /// Handlers registered as `family.*`, by family.
-    pub(super) families: FxHashMap<String, Arc<dyn Handler>>,
+    /// Handlers registered under a command's own name: their places in `commands`.
+    pub(super) handlers: FxHashMap<String, usize>,
+    /// Handlers registered as `family.*`, by family: their places in `commands`.
+    pub(super) families: FxHashMap<String, usize>,
+    /// Every registered handler, fixed once built: a worker keeps places in it for the
+    /// commands it has resolved (see `dispatch::Resolved`).
+    pub(super) commands: Vec<Registered>,
     pub(super) kinds: FxHashMap<Arc<str>, Arc<dyn Factory>>,
     /// Commands handed to processes to answer ([`Handle::forward`](super::Handle::forward)).
     pub(super) requests: Requests,

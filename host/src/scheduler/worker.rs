@@ -69,6 +69,7 @@
 //! [`Process::wants_hibernation`]: super::Process::wants_hibernation
 //! [`Process::hibernate`]: super::Process::hibernate
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -77,8 +78,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_deque::{Steal, Worker};
 
+use super::caps::Capabilities;
 use super::cell::{Decision, Hibernation, ProcessCell, TurnEnd};
-use super::dispatch::Origin;
+use super::dispatch::{Origin, Resolution, Resolved};
 use super::durable::PortSend;
 use super::durable::Turn;
 use super::idle::{PARK_AFTER_ROUNDS, Unparked, YIELD_AFTER_ROUNDS};
@@ -137,6 +139,7 @@ struct Local {
     index: usize,
     queue: Worker<Arc<ProcessCell>>,
     dispatch: Dispatching,
+    resolved: RefCell<Resolved>,
 }
 
 /// The process whose yields this worker is dispatching, and the completions it got
@@ -192,6 +195,14 @@ pub(super) fn deliver_during_dispatch(cell: &Arc<ProcessCell>, event: Event) -> 
     event.map_or(Ok(()), Err)
 }
 
+/// The custom command `name` yielded by a process granted `caps`, resolved through this
+/// worker's cache; `None` off `shared`'s workers, or while the cache is in use further up
+/// this thread's stack.
+#[expect(clippy::ptr_arg, reason = "the `Cow` is kept: a borrowed name stays borrowed")]
+pub(super) fn resolve(shared: &Shared, caps: &Arc<Capabilities>, name: &Cow<'static, str>) -> Option<Resolution> {
+    with_local(shared.id, |local| Some(local.resolved.try_borrow_mut().ok()?.get(shared, caps, name))).flatten()
+}
+
 /// What [`push_local`] did.
 pub(super) enum Pushed {
     /// Into an empty LIFO slot: this worker runs the task next, no one else need wake.
@@ -230,7 +241,13 @@ impl Drop for Installed {
 
 /// The body of worker thread `index`.
 pub(super) fn run(shared: Arc<Shared>, index: usize, queue: Worker<Arc<ProcessCell>>) {
-    let local = Local { scheduler: shared.id, index, queue, dispatch: Dispatching::default() };
+    let local = Local {
+        scheduler: shared.id,
+        index,
+        queue,
+        dispatch: Dispatching::default(),
+        resolved: RefCell::new(Resolved::new()),
+    };
     CURRENT.set(&local);
     let _installed = Installed;
     let mut worker = WorkerLoop {
