@@ -196,6 +196,14 @@ fn a_giant_result_passes_max_payload_size() {
     says(&error, "payload limit exceeded: a 33554432-byte payload for `the result`");
 }
 
+/// The `send` host function's message is checked against the limit as it is lifted: the
+/// process ends naming the size the guest wrote, and its 32 MiB are never copied out.
+#[test]
+fn a_giant_send_passes_max_payload_size() {
+    let error = misbehave(Config::default(), "giant-send");
+    says(&error, "payload limit exceeded: a 33554433-byte payload for `send`");
+}
+
 #[test]
 fn a_fuel_budget_stops_a_long_computation() {
     says(&misbehave(Config::default().fuel(1_000_000), "fuel-burn"), "fuel budget exhausted");

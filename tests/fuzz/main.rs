@@ -49,6 +49,7 @@ const HOSTILE_ENTRIES: &[&str] = &[
     "flood-and-complete",
     "message-flood",
     "giant-payload",
+    "giant-send",
     "spawn-bomb",
     "fuel-burn",
     "orphan",

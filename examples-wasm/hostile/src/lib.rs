@@ -17,6 +17,7 @@
 //! | `flood-and-complete` | yields 100,000 sleeps in the step that completes (with `100000`): not hostile, the yields are discarded |
 //! | `message-flood` | sends its first input's pid 10,000 messages, one step after another |
 //! | `giant-payload` | completes with a 32 MiB result |
+//! | `giant-send` | hands the host's `send` a 32 MiB message for its parent |
 //! | `spawn-bomb` | spawns two more of itself, forever |
 //! | `fuel-burn` | loops for about 10^9 instructions, then completes (for fuel budgets) |
 //! | `orphan` | spawns a `spin` child and completes at once, leaving the child running |
@@ -32,7 +33,7 @@ wit_bindgen::generate!({
     path: "../../wit",
 });
 
-const ENTRIES: [&str; 15] = [
+const ENTRIES: [&str; 16] = [
     "spin",
     "memory-bomb",
     "stack-overflow",
@@ -44,6 +45,7 @@ const ENTRIES: [&str; 15] = [
     "flood-and-complete",
     "message-flood",
     "giant-payload",
+    "giant-send",
     "spawn-bomb",
     "fuel-burn",
     "orphan",
@@ -118,6 +120,14 @@ impl Guest for Hostile {
             "giant-payload" => {
                 let data = vec![7u8; 32 << 20];
                 StepOutput { status: Status::Complete(Ok(Payload { format: "bytes".into(), data })), yields: vec![] }
+            }
+            "giant-send" => {
+                let body = Payload { format: "bytes".into(), data: vec![7u8; 32 << 20] };
+                let parent = wasmproc::process::host::parent().unwrap_or(0);
+                match wasmproc::process::host::send(parent, "t", &body) {
+                    Ok(()) => complete(1),
+                    Err(_) => complete(0),
+                }
             }
             "spawn-bomb" => {
                 let spawn = |tag| YieldCommand {

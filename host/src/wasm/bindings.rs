@@ -7,6 +7,9 @@
 /// The world every process component must target; named in load errors.
 pub(crate) const WORLD: &str = "wasmproc:process/process@0.1.0";
 
+/// The interface of the host functions (`send`, `log`…), as the linker names it.
+pub(crate) const HOST_INTERFACE: &str = "wasmproc:process/host@0.1.0";
+
 // The generated items mirror the documented WIT; they are crate-private.
 wasmtime::component::bindgen!({
     world: "process",

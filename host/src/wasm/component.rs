@@ -9,9 +9,10 @@ use wasmtime::Engine;
 use wasmtime::component::{HasSelf, Linker};
 
 use super::bindings::handler::wasmproc::process::provider;
-use super::bindings::{Process as Guest, ProcessIndices, ProcessPre, WORLD};
+use super::bindings::{HOST_INTERFACE, Process as Guest, ProcessIndices, ProcessPre, WORLD};
 use super::config::Config;
 use super::engine::EpochClock;
+use super::output::{self, Bytes, Capped};
 use super::process::{Loaded, WasmProcess, guest_error, kind_limits};
 use super::store::{ProcessLimits, ProcessState, new_store};
 use crate::handler::{Factory, KindLimits};
@@ -34,7 +35,7 @@ pub struct Component {
 /// The linker of processes: WASI p2 (what each process is granted is its store's, see
 /// `store.rs`) and the world's host imports.
 pub(crate) fn linker(engine: &Engine) -> anyhow::Result<Linker<ProcessState>> {
-    let mut linker = Linker::new(engine);
+    let mut linker = Linker::<ProcessState>::new(engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(anyhow::Error::from).context("failed to link WASI")?;
     Guest::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
         .map_err(anyhow::Error::from)
@@ -42,6 +43,19 @@ pub(crate) fn linker(engine: &Engine) -> anyhow::Result<Linker<ProcessState>> {
     provider::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
         .map_err(anyhow::Error::from)
         .context("failed to link the provider imports")?;
+    // `send` again, over the generated one: lifted within the step's limits, it refuses
+    // a message over them before copying it (see `output.rs`).
+    linker.allow_shadowing(true);
+    linker
+        .instance(HOST_INTERFACE)
+        .and_then(|mut host| {
+            host.func_wrap("send", |mut store, (to, topic, body): (u64, Capped<String, Bytes>, output::Payload)| {
+                store.data_mut().send_capped(to, topic, body).map(|sent| (sent,))
+            })
+        })
+        .map_err(anyhow::Error::from)
+        .context("failed to link the capped `send`")?;
+    linker.allow_shadowing(false);
     Ok(linker)
 }
 

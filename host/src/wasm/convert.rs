@@ -51,7 +51,7 @@ pub(crate) fn yields_from_output(
 /// `what` when its bytes were over the cap.
 fn payload_from_output(payload: output::Payload, size: usize, what: &str, caps: Caps) -> Result<Payload, String> {
     match payload.data.value {
-        Ok(data) => Ok(Payload { format: Format::from_name(&payload.format), data }),
+        Ok(data) => Ok(Payload { format: payload.format.0, data }),
         Err(_) => Err(payload_limit_exceeded(size, what, caps.bytes)),
     }
 }
@@ -59,6 +59,19 @@ fn payload_from_output(payload: output::Payload, size: usize, what: &str, caps: 
 /// The length of a capped list or string: lifted, or as the guest wrote it when over.
 fn len_of<T, K>(capped: &output::Capped<T, K>, len: impl Fn(&T) -> usize) -> usize {
     capped.value.as_ref().map_or_else(|&over| over, len)
+}
+
+/// A message's topic and body, yielded or given to the `send` host function, or the
+/// error of the payload limit they passed: a topic travels with its body, and counts with
+/// it (`message_size`).
+pub(crate) fn message_from_output(
+    topic: output::Capped<String, output::Bytes>,
+    body: output::Payload,
+    caps: Caps,
+) -> Result<(String, Payload), String> {
+    let size = len_of(&topic, String::len) + len_of(&body.data, Vec::len);
+    let topic = topic.value.map_err(|_| payload_limit_exceeded(size, "send", caps.bytes))?;
+    Ok((topic, payload_from_output(body, size, "send", caps)?))
 }
 
 pub(crate) fn command_from_output(command: output::Command, caps: Caps) -> Result<Command, String> {
@@ -83,11 +96,7 @@ pub(crate) fn command_from_output(command: output::Command, caps: Caps) -> Resul
             })
         }
         output::Command::Send(request) => {
-            // A message's topic travels with its body, and counts with it (`message_size`).
-            let size = len_of(&request.topic, String::len) + len_of(&request.body.data, Vec::len);
-            let too_big = || payload_limit_exceeded(size, "send", caps.bytes);
-            let topic = request.topic.value.map_err(|_| too_big())?;
-            let body = payload_from_output(request.body, size, "send", caps)?;
+            let (topic, body) = message_from_output(request.topic, request.body, caps)?;
             Command::Send { to: Pid::from_u64(request.to), topic, body }
         }
         output::Command::Monitor(pid) => Command::Monitor(Pid::from_u64(pid)),

@@ -26,7 +26,9 @@
 use std::cell::Cell;
 use std::marker::PhantomData;
 
+use wasmproc_types::Format;
 use wasmtime::ValRaw;
+use wasmtime::component::__internal::wasmtime_environ::component::StringEncoding;
 use wasmtime::component::__internal::{CanonicalAbiInfo, InstanceType, InterfaceType, LiftContext};
 use wasmtime::component::{ComponentType, Lift};
 
@@ -67,6 +69,11 @@ pub(crate) fn with_caps<R>(caps: Caps, call: impl FnOnce() -> R) -> R {
     }
     let _restore = Restore(LIFTING.replace(Lifting { caps, completed: false }));
     call()
+}
+
+/// The caps of what this thread lifts now: the step's, inside [`with_caps`].
+pub(crate) fn lifting_caps() -> Caps {
+    LIFTING.get().caps
 }
 
 /// Which cap bounds a [`Capped`] value's length.
@@ -167,22 +174,88 @@ unsafe impl<T: PointerPair, K: Cap> Lift for Capped<T, K> {
     }
 
     fn linear_lift_from_memory(cx: &mut LiftContext<'_>, ty: InterfaceType, bytes: &[u8]) -> wasmtime::Result<Self> {
-        // A pointer and a length of 4 bytes each (8 each for a 64-bit memory), little-endian.
-        let half = bytes.len() / 2;
-        let mut len = [0u8; 8];
-        len[..half.min(8)].copy_from_slice(&bytes[half..][..half.min(8)]);
-        if let Some(over) = Self::over(u64::from_le_bytes(len)) {
+        if let Some(over) = Self::over(pointer_pair(bytes).1) {
             return Ok(over);
         }
         Ok(Capped { value: Ok(T::linear_lift_from_memory(cx, ty, bytes)?), kind: PhantomData })
     }
 }
 
-/// `payload`, with its bytes capped.
+/// The pointer and the length of a pointer pair in memory (`bytes`, its canonical-ABI
+/// form: 4 bytes each, 8 each for a 64-bit memory, little-endian).
+fn pointer_pair(bytes: &[u8]) -> (u64, u64) {
+    let half = bytes.len() / 2;
+    let word = |at: &[u8]| {
+        let mut word = [0u8; 8];
+        word[..half.min(8)].copy_from_slice(&at[..half.min(8)]);
+        u64::from_le_bytes(word)
+    };
+    (word(bytes), word(&bytes[half..]))
+}
+
+/// A payload's format, lifted as the host's [`Format`]. The names the host knows
+/// (`json`, `bytes`, `text`: what nearly every payload carries) are matched where the
+/// guest wrote them, so their lift allocates nothing; any other name is lifted as the
+/// string it is.
+#[derive(Debug)]
+pub(crate) struct FormatName(pub(crate) Format);
+
+impl FormatName {
+    /// The known format at `ptr`, `len` in the guest's memory, if it is one; `None` for
+    /// anything else (another name, another encoding, or out of bounds: the string's own
+    /// lift then reports it).
+    fn known(cx: &LiftContext<'_>, ptr: u64, len: u64) -> Option<FormatName> {
+        if !matches!(cx.options().string_encoding, StringEncoding::Utf8) {
+            return None;
+        }
+        let start = usize::try_from(ptr).ok()?;
+        let bytes = cx.memory().get(start..start.checked_add(usize::try_from(len).ok()?)?)?;
+        let format = match bytes {
+            b"json" => Format::Json,
+            b"bytes" => Format::Bytes,
+            b"text" => Format::Text,
+            _ => return None,
+        };
+        Some(FormatName(format))
+    }
+}
+
+// SAFETY: every item forwards to `String`'s, so the ABI, flattening and type check are a
+// string's.
+unsafe impl ComponentType for FormatName {
+    type Lower = [ValRaw; 2];
+    const ABI: CanonicalAbiInfo = String::ABI;
+    const MAY_REQUIRE_REALLOC: bool = String::MAY_REQUIRE_REALLOC;
+
+    fn typecheck(ty: &InterfaceType, types: &InstanceType<'_>) -> wasmtime::Result<()> {
+        String::typecheck(ty, types)
+    }
+}
+
+// SAFETY: a lift either reads the bytes the pointer pair names, within the memory's
+// bounds, or is `String`'s.
+unsafe impl Lift for FormatName {
+    fn linear_lift_from_flat(cx: &mut LiftContext<'_>, ty: InterfaceType, src: &Self::Lower) -> wasmtime::Result<Self> {
+        if let Some(known) = Self::known(cx, u64::from(src[0].get_u32()), u64::from(src[1].get_u32())) {
+            return Ok(known);
+        }
+        Ok(FormatName(Format::from_name(&String::linear_lift_from_flat(cx, ty, src)?)))
+    }
+
+    fn linear_lift_from_memory(cx: &mut LiftContext<'_>, ty: InterfaceType, bytes: &[u8]) -> wasmtime::Result<Self> {
+        let (ptr, len) = pointer_pair(bytes);
+        if let Some(known) = Self::known(cx, ptr, len) {
+            return Ok(known);
+        }
+        Ok(FormatName(Format::from_name(&String::linear_lift_from_memory(cx, ty, bytes)?)))
+    }
+}
+
+/// `payload`, with its bytes capped and its format lifted by name.
 #[derive(ComponentType, Lift, Debug)]
 #[component(record)]
 pub(crate) struct Payload {
-    pub(crate) format: String,
+    pub(crate) format: FormatName,
     pub(crate) data: Capped<Vec<u8>, Bytes>,
 }
 
@@ -293,11 +366,11 @@ pub(crate) struct StepOutput {
 #[cfg(test)]
 impl Payload {
     pub(crate) fn new(format: &str, data: Vec<u8>) -> Payload {
-        Payload { format: format.to_owned(), data: Capped::lifted(data) }
+        Payload { format: FormatName(Format::from_name(format)), data: Capped::lifted(data) }
     }
 
     pub(crate) fn over(format: &str, len: usize) -> Payload {
-        Payload { format: format.to_owned(), data: Capped::over_by(len) }
+        Payload { format: FormatName(Format::from_name(format)), data: Capped::over_by(len) }
     }
 }
 

@@ -13,10 +13,11 @@ use super::bindings::wasmproc::process::{host, types};
 use super::config::Config;
 use super::convert;
 use super::log::{GuestOutput, Level, LogRecord, LogSink, LogSource};
+use super::output::{self, Bytes, Capped};
 use super::watch::Ticks;
 use crate::error::PortError;
 use crate::scheduler::Port;
-use crate::scheduler::process::Pid;
+use crate::scheduler::process::{Payload, Pid};
 
 /// Per-process limits; see [`Config::max_memory`], [`Config::time_slice`],
 /// [`Config::fuel`], [`Config::cpu_budget`] and [`InstanceLimits`].
@@ -201,18 +202,10 @@ impl host::Host for ProcessState {
         self.log_host(convert::level_from_wit(level), &message);
     }
 
-    /// Sends through the process's port. A payload past the limit ends the process (the
-    /// trap), as for a yield; any other refusal is the guest's to handle.
+    /// The generated `send`, which lifts the whole message first; processes are linked
+    /// to [`ProcessState::send_capped`] instead (`component::linker`), which shadows it.
     fn send(&mut self, to: types::Pid, topic: String, body: types::Payload) -> wasmtime::Result<Result<(), String>> {
-        let Some(port) = &self.port else {
-            // Only the runtime's own call to `entries`, at load, runs without a port.
-            return Ok(Err(PortError::NotInStep.to_string()));
-        };
-        match port.send(Pid::from_u64(to), topic, convert::payload_from_wit(body)) {
-            Ok(()) => Ok(Ok(())),
-            Err(PortError::TooLarge(limit)) => Err(wasmtime::Error::msg(limit)),
-            Err(refused) => Ok(Err(refused.to_string())),
-        }
+        self.send_message(to, topic, convert::payload_from_wit(body))
     }
 
     fn parent(&mut self) -> Option<types::Pid> {
@@ -224,6 +217,36 @@ impl host::Host for ProcessState {
     fn max_yields(&mut self) -> u32 {
         let limit = self.port.as_ref().map_or(0, Port::max_yields_per_step);
         u32::try_from(limit).unwrap_or(u32::MAX)
+    }
+}
+
+impl ProcessState {
+    /// The `send` host function, its topic and body lifted within the step's payload
+    /// limit (`output::Capped`): a message over it ends the process without being copied
+    /// out of the guest, and a known format is lifted without allocating.
+    pub(crate) fn send_capped(
+        &mut self,
+        to: types::Pid,
+        topic: Capped<String, Bytes>,
+        body: output::Payload,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let (topic, body) =
+            convert::message_from_output(topic, body, output::lifting_caps()).map_err(wasmtime::Error::msg)?;
+        self.send_message(to, topic, body)
+    }
+
+    /// Sends through the process's port. A payload past the limit ends the process (the
+    /// trap), as for a yield; any other refusal is the guest's to handle.
+    fn send_message(&mut self, to: types::Pid, topic: String, body: Payload) -> wasmtime::Result<Result<(), String>> {
+        let Some(port) = &self.port else {
+            // Only the runtime's own call to `entries`, at load, runs without a port.
+            return Ok(Err(PortError::NotInStep.to_string()));
+        };
+        match port.send(Pid::from_u64(to), topic, body) {
+            Ok(()) => Ok(Ok(())),
+            Err(PortError::TooLarge(limit)) => Err(wasmtime::Error::msg(limit)),
+            Err(refused) => Ok(Err(refused.to_string())),
+        }
     }
 }
 

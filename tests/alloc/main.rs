@@ -1,0 +1,233 @@
+//! Allocations on the host's hot paths, counted by a global allocator that counts every
+//! allocation on every thread: this binary runs one test at a time (`main` below calls
+//! them in turn), so while a workload runs only the scheduler's threads allocate.
+//!
+//! Each workload runs at two sizes on one warm scheduler, and the difference is divided
+//! by the difference in size: what the workload costs a unit (a yield cycle, a message,
+//! a step), with everything paid once (spawning, growing a buffer to its working size)
+//! cancelled out.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use wasmproc::handler::Request;
+use wasmproc::scheduler::{SpawnOptions, Spawnable};
+use wasmproc::wasm::{Config, Runtime};
+use wasmproc::{Capabilities, Command, Event, Events, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
+use wasmproc_tests::{HANG, guests};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is `System`'s; the counter has no effect on the memory handed out.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: the caller's contract is `System`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+/// Allocations a unit of `run`: `run(n)` at two sizes, the difference over the sizes'.
+fn per_unit(small: u64, large: u64, run: impl Fn(u64)) -> f64 {
+    run(small); // warms everything up: the scheduler's buffers reach their working sizes
+    let count = |n| {
+        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        run(n);
+        ALLOCATIONS.load(Ordering::Relaxed) - before
+    };
+    let (a, b) = (count(small), count(large));
+    (b as f64 - a as f64) / (large - small) as f64
+}
+
+/// Yields the custom command `now` until it has had `left` completions.
+struct Yielder {
+    left: u64,
+}
+
+impl Process for Yielder {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        if self.left == 0 {
+            out.complete(Ok(Payload::empty()));
+        } else {
+            self.left -= 1;
+            out.yield_command(self.left, Command::Custom { name: "now".into(), payload: Payload::empty() });
+        }
+        Ok(())
+    }
+}
+
+/// Passes an empty message back and forth with its peer through its port until it has
+/// had `limit`, answering each; the client (whose input names the server) sends first.
+struct PingPong {
+    port: Option<Port>,
+    peer: Option<Pid>,
+    got: u64,
+    limit: u64,
+}
+
+impl Process for PingPong {
+    fn init(&mut self, port: Port, _: &str, input: Vec<Payload>) -> anyhow::Result<()> {
+        self.peer = input.first().and_then(Payload::to_u64).map(Pid::from_u64);
+        self.port = Some(port);
+        Ok(())
+    }
+
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        let port = self.port.as_ref().expect("init ran");
+        let mut reply = self.peer.is_some() && self.got == 0;
+        for event in events {
+            if let Event::Message { sender, .. } = event {
+                self.peer = Some(sender);
+                self.got += 1;
+                reply = true;
+            }
+        }
+        if reply && let Some(peer) = self.peer {
+            // The client's last message is answered after it has ended.
+            let _ = port.send(peer, String::new(), Payload::empty());
+        }
+        if self.got >= self.limit {
+            out.complete(Ok(Payload::empty()));
+            return Ok(());
+        }
+        out.set_status(Status::Idle);
+        Ok(())
+    }
+}
+
+fn native_scheduler() -> Scheduler {
+    Scheduler::builder()
+        .workers(1)
+        .capabilities(Capabilities::default().allow("now"))
+        .handler("now", |r: Request<'_>| r.complete(Ok(Payload::empty())))
+        .build()
+        .expect("the scheduler starts")
+}
+
+/// A yield cycle (step, custom command, its completion, the next step) allocates nothing.
+fn a_yield_cycle_allocates_nothing() {
+    let s = native_scheduler();
+    let per_cycle = per_unit(1_000, 21_000, |n| {
+        let process = s.handle().spawn(Yielder { left: n }, "main").unwrap();
+        assert_eq!(process.join_timeout(HANG), Some(Ok(Payload::empty())));
+    });
+    assert!(per_cycle < 0.01, "{per_cycle} allocations a yield cycle");
+}
+
+/// A message sent through a port, delivered and stepped on, allocates nothing but what
+/// its payload holds (here nothing: an empty body and topic).
+fn a_message_allocates_nothing_beyond_its_payload() {
+    let s = native_scheduler();
+    let per_message = per_unit(1_000, 21_000, |n| {
+        let pair = |peer: Option<Pid>| PingPong { port: None, peer, got: 0, limit: n };
+        let server = s.handle().spawn(pair(None), "serve").unwrap();
+        let input = vec![Payload::u64(server.pid().as_u64())];
+        let client = s.handle().spawn(pair(Some(server.pid())), SpawnOptions::new("client").input(input)).unwrap();
+        assert_eq!(client.join_timeout(HANG), Some(Ok(Payload::empty())));
+        assert_eq!(server.join_timeout(HANG), Some(Ok(Payload::empty())));
+    });
+    assert!(per_message < 0.01, "{per_message} allocations a message");
+}
+
+fn wasm_scheduler() -> Scheduler {
+    let runtime = Runtime::new(Config::default().no_disk_cache()).expect("the runtime starts");
+    let guest = runtime.load(guests::BENCH).expect("the bench guest loads");
+    Scheduler::builder()
+        .workers(1)
+        .capabilities(Capabilities::default().allow("now"))
+        .handler("now", |r: Request<'_>| r.complete(Ok(Payload::empty())))
+        .kind("bench", guest)
+        .build()
+        .expect("the scheduler starts")
+}
+
+/// A Wasm step that yields a custom command and is woken by its completion allocates
+/// only what lifting its output must: wasmtime's list of yields and the command's name,
+/// and on wasmtime's side what a call on a fiber needs. Pinned to the count measured, so
+/// that an allocation added to the path fails here.
+fn a_wasm_step_allocates_only_what_its_output_needs() {
+    let s = wasm_scheduler();
+    let per_step = per_unit(1_000, 11_000, |n| {
+        let options = SpawnOptions::new("cycles").input(vec![Payload::u64(n)]);
+        let process = s.handle().spawn(Spawnable::kind("bench"), options).unwrap();
+        assert_eq!(process.join_timeout(HANG), Some(Ok(Payload::u64(n))));
+    });
+    assert!(per_step < 4.05, "{per_step} allocations a step");
+}
+
+/// A Wasm message: the `send` host function and the step it wakes.
+fn a_wasm_message_allocates_only_its_payload() {
+    let s = wasm_scheduler();
+    let per_message = per_unit(1_000, 11_000, |n| {
+        let spawn = |input| s.handle().spawn(Spawnable::kind("bench"), SpawnOptions::new("ping-pong").input(input));
+        let server = spawn(vec![Payload::u64(n)]).unwrap();
+        let client = spawn(vec![Payload::u64(n), Payload::u64(server.pid().as_u64())]).unwrap();
+        assert_eq!(server.join_timeout(HANG), Some(Ok(Payload::u64(n))));
+        assert_eq!(client.join_timeout(HANG), Some(Ok(Payload::u64(n))));
+    });
+    assert!(per_message < 3.05, "{per_message} allocations a message");
+}
+
+/// A message over the payload limit given to `send` ends its process without being
+/// copied into the host: the 32 MiB the hostile guest hands over never reach its heap
+/// (its own linear memory is mapped by wasmtime, not allocated here).
+fn a_giant_send_is_refused_before_it_is_copied() {
+    let runtime = Runtime::new(Config::default().no_disk_cache()).expect("the runtime starts");
+    let guest = runtime.load(guests::HOSTILE).expect("the hostile guest loads");
+    let s = Scheduler::builder().workers(1).kind("hostile", guest).build().expect("the scheduler starts");
+    let before = BYTES.load(Ordering::Relaxed);
+    let process = s.handle().spawn(Spawnable::kind("hostile"), "giant-send").unwrap();
+    let error = process.join_timeout(HANG).expect("it ends").expect_err("it fails");
+    let allocated = BYTES.load(Ordering::Relaxed) - before;
+    assert!(error.contains("payload limit exceeded: a 33554433-byte payload for `send`"), "{error}");
+    assert!(allocated < 4 << 20, "{allocated} bytes allocated for a refused 32 MiB message");
+}
+
+fn main() {
+    let tests: [(&str, fn()); 5] = [
+        ("a_yield_cycle_allocates_nothing", a_yield_cycle_allocates_nothing),
+        ("a_message_allocates_nothing_beyond_its_payload", a_message_allocates_nothing_beyond_its_payload),
+        ("a_wasm_step_allocates_only_what_its_output_needs", a_wasm_step_allocates_only_what_its_output_needs),
+        ("a_wasm_message_allocates_only_its_payload", a_wasm_message_allocates_only_its_payload),
+        ("a_giant_send_is_refused_before_it_is_copied", a_giant_send_is_refused_before_it_is_copied),
+    ];
+    // `cargo test --test alloc -- NAME…` runs the tests whose names contain a NAME.
+    let filters: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();
+    for (name, test) in tests {
+        if !filters.is_empty() && !filters.iter().any(|filter| name.contains(filter.as_str())) {
+            continue;
+        }
+        test();
+        println!("test {name} ... ok");
+    }
+}
