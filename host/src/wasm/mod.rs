@@ -67,6 +67,7 @@ mod owned;
 mod precompiled;
 mod process;
 mod runtime;
+mod spare;
 mod stacks;
 mod store;
 mod wasi;

@@ -30,6 +30,7 @@ use super::engine::EpochClock;
 use super::input;
 use super::log::{Level, LogSink};
 use super::output::{self, Caps};
+use super::spare;
 use super::stacks;
 use super::store::{ProcessLimits, ProcessState, new_store, refuel};
 use super::watch::{Stopped, Watch, watch};
@@ -139,7 +140,7 @@ impl WasmProcess {
                 // The future owns what it borrows (store, events) so that it can outlive
                 // this turn when preempted.
                 let batch = std::mem::take(&mut self.events);
-                let future = Box::pin(async move {
+                let future = spare::boxed(async move {
                     let result = guest.step().call_async(&mut store, (&batch,)).await.map(|(output,)| output);
                     (Running { store, guest, preemptible: true }, batch, result)
                 });
@@ -162,7 +163,10 @@ impl WasmProcess {
         }
         self.stack_warm = true;
         match polled {
-            Poll::Ready(stepped) => Ok(Some(stepped)),
+            Poll::Ready(stepped) => {
+                spare::recycle(future);
+                Ok(Some(stepped))
+            }
             // Dropping the future unwinds the suspended guest and frees its fiber.
             Poll::Pending if self.cpu_ticks >= self.limits.cpu_budget_ticks => Err(cpu_budget_exceeded(&self.limits)),
             Poll::Pending => {
