@@ -256,6 +256,28 @@ pub fn stash() -> (impl wasmproc::handler::Handler, std::sync::mpsc::Receiver<wa
     (handler, rx)
 }
 
+/// Yields the custom command `now` (tagged with what is left) until it has had `left`
+/// completions, then completes: the yield cycle of the benchmarks and `tests/alloc`.
+pub struct Yielder {
+    pub left: u64,
+}
+
+impl Process for Yielder {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        if self.left == 0 {
+            out.complete(Ok(Payload::empty()));
+        } else {
+            self.left -= 1;
+            out.yield_command(self.left, custom("now"));
+        }
+        Ok(())
+    }
+}
+
 /// A custom command with an empty payload.
 pub fn custom(name: &'static str) -> wasmproc::Command {
     wasmproc::Command::Custom { name: name.into(), payload: Payload::empty() }

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use wasmproc::handler::Request;
 use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::wasm::{Config, Runtime};
-use wasmproc::{Capabilities, Command, Event, Events, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
-use wasmproc_tests::{HANG, guests};
+use wasmproc::{Capabilities, Event, Events, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
+use wasmproc_tests::{HANG, Yielder, guests};
 
 struct Counting;
 
@@ -63,27 +63,6 @@ fn per_unit(small: u64, large: u64, run: impl Fn(u64)) -> f64 {
     };
     let (a, b) = (count(small), count(large));
     (b as f64 - a as f64) / (large - small) as f64
-}
-
-/// Yields the custom command `now` until it has had `left` completions.
-struct Yielder {
-    left: u64,
-}
-
-impl Process for Yielder {
-    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
-        Ok(())
-    }
-
-    fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
-        if self.left == 0 {
-            out.complete(Ok(Payload::empty()));
-        } else {
-            self.left -= 1;
-            out.yield_command(self.left, Command::Custom { name: "now".into(), payload: Payload::empty() });
-        }
-        Ok(())
-    }
 }
 
 /// Passes an empty message back and forth with its peer through its port until it has

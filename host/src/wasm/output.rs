@@ -76,6 +76,24 @@ pub(crate) fn lifting_caps() -> Caps {
     LIFTING.get().caps
 }
 
+/// `ComponentType` for `$outer`, a type lifted as `$inner` is: the same canonical ABI,
+/// flattening and type check, each forwarded to `$inner`'s.
+macro_rules! component_type_as {
+    ($outer:ty, $inner:ty) => {
+        // SAFETY: every item forwards to `$inner`'s, so the ABI, flattening and type check
+        // are its.
+        unsafe impl ComponentType for $outer {
+            type Lower = <$inner as ComponentType>::Lower;
+            const ABI: CanonicalAbiInfo = <$inner as ComponentType>::ABI;
+            const MAY_REQUIRE_REALLOC: bool = <$inner as ComponentType>::MAY_REQUIRE_REALLOC;
+
+            fn typecheck(ty: &InterfaceType, types: &InstanceType<'_>) -> wasmtime::Result<()> {
+                <$inner as ComponentType>::typecheck(ty, types)
+            }
+        }
+    };
+}
+
 /// Which cap bounds a [`Capped`] value's length.
 pub(crate) trait Cap: Send + Sync + 'static {
     fn limit(lifting: Lifting) -> usize;
@@ -220,17 +238,7 @@ impl FormatName {
     }
 }
 
-// SAFETY: every item forwards to `String`'s, so the ABI, flattening and type check are a
-// string's.
-unsafe impl ComponentType for FormatName {
-    type Lower = [ValRaw; 2];
-    const ABI: CanonicalAbiInfo = String::ABI;
-    const MAY_REQUIRE_REALLOC: bool = String::MAY_REQUIRE_REALLOC;
-
-    fn typecheck(ty: &InterfaceType, types: &InstanceType<'_>) -> wasmtime::Result<()> {
-        String::typecheck(ty, types)
-    }
-}
+component_type_as!(FormatName, String);
 
 // SAFETY: a lift either reads the bytes the pointer pair names, within the memory's
 // bounds, or is `String`'s.
@@ -324,16 +332,7 @@ pub(crate) enum StatusKind {
 #[derive(Debug)]
 pub(crate) struct Status(pub(crate) StatusKind);
 
-// SAFETY: every item forwards to `StatusKind`'s.
-unsafe impl ComponentType for Status {
-    type Lower = <StatusKind as ComponentType>::Lower;
-    const ABI: CanonicalAbiInfo = StatusKind::ABI;
-    const MAY_REQUIRE_REALLOC: bool = StatusKind::MAY_REQUIRE_REALLOC;
-
-    fn typecheck(ty: &InterfaceType, types: &InstanceType<'_>) -> wasmtime::Result<()> {
-        StatusKind::typecheck(ty, types)
-    }
-}
+component_type_as!(Status, StatusKind);
 
 // SAFETY: `StatusKind`'s lift; noting the case touches nothing of the guest's.
 unsafe impl Lift for Status {

@@ -18,6 +18,7 @@ use wasmproc::handler::Request;
 use wasmproc::{
     Capabilities, Command, Event, Events, Payload, Pid, Port, Process, Scheduler, SpawnRequest, Status, StepOutput,
 };
+use wasmproc_tests::Yielder;
 use wasmproc_tests::bench::{Condition, Options, Record, Report, measure_pair};
 
 use crate::{WARMUP, short};
@@ -287,26 +288,6 @@ fn ping_pong_tokio(rt: &tokio::runtime::Runtime, limit: u64) -> Duration {
 }
 
 // --- yield cycles --------------------------------------------------------------------
-
-struct Yielder {
-    left: u64,
-}
-
-impl Process for Yielder {
-    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
-        Ok(())
-    }
-
-    fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
-        if self.left == 0 {
-            out.complete(Ok(Payload::empty()));
-        } else {
-            self.left -= 1;
-            out.yield_command(self.left, Command::Custom { name: "now".into(), payload: Payload::empty() });
-        }
-        Ok(())
-    }
-}
 
 fn yields_wasmproc(s: &Scheduler, sizes: &Sizes) -> Duration {
     let start = Instant::now();
