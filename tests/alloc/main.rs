@@ -1,6 +1,7 @@
 //! Allocations on the host's hot paths, counted by a global allocator that counts every
-//! allocation on every thread: this binary runs one test at a time (`main` below calls
-//! them in turn), so while a workload runs only the scheduler's threads allocate.
+//! allocation on every thread, and the bytes asked for: this binary runs one test at a
+//! time (`main` below calls them in turn), so while a workload runs only the scheduler's
+//! threads allocate.
 //!
 //! Each workload runs at two sizes on one warm scheduler, and the difference is divided
 //! by the difference in size: what the workload costs a unit (a yield cycle, a message,
