@@ -204,6 +204,14 @@ fn a_giant_send_passes_max_payload_size() {
     says(&error, "payload limit exceeded: a 33554433-byte payload for `send`");
 }
 
+/// A provider's answer to `respond` is checked against the limit as it is lifted: refused
+/// (the provider's to handle, here by failing with it), its 32 MiB never copied out.
+#[test]
+fn a_giant_answer_passes_max_payload_size() {
+    let error = misbehave(Config::default(), "giant-respond");
+    says(&error, "payload limit exceeded: a 33554437-byte payload for `respond`");
+}
+
 #[test]
 fn a_fuel_budget_stops_a_long_computation() {
     says(&misbehave(Config::default().fuel(1_000_000), "fuel-burn"), "fuel budget exhausted");

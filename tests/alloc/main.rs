@@ -183,24 +183,36 @@ fn a_wasm_message_allocates_only_its_payload() {
 /// copied into the host: the 32 MiB the hostile guest hands over never reach its heap
 /// (its own linear memory is mapped by wasmtime, not allocated here).
 fn a_giant_send_is_refused_before_it_is_copied() {
+    refused_before_it_is_copied("giant-send", "payload limit exceeded: a 33554433-byte payload for `send`");
+}
+
+/// So is an answer over the limit that a provider gives `respond`.
+fn a_giant_answer_is_refused_before_it_is_copied() {
+    refused_before_it_is_copied("giant-respond", "payload limit exceeded: a 33554437-byte payload for `respond`");
+}
+
+/// Runs the hostile guest's `entry`, which hands the host 32 MiB over the payload limit:
+/// it must fail saying `error`, and the host's heap must not have grown by the 32 MiB.
+fn refused_before_it_is_copied(entry: &str, error: &str) {
     let runtime = Runtime::new(Config::default().no_disk_cache()).expect("the runtime starts");
     let guest = runtime.load(guests::HOSTILE).expect("the hostile guest loads");
     let s = Scheduler::builder().workers(1).kind("hostile", guest).build().expect("the scheduler starts");
     let before = BYTES.load(Ordering::Relaxed);
-    let process = s.handle().spawn(Spawnable::kind("hostile"), "giant-send").unwrap();
-    let error = process.join_timeout(HANG).expect("it ends").expect_err("it fails");
+    let process = s.handle().spawn(Spawnable::kind("hostile"), entry).unwrap();
+    let failed = process.join_timeout(HANG).expect("it ends").expect_err("it fails");
     let allocated = BYTES.load(Ordering::Relaxed) - before;
-    assert!(error.contains("payload limit exceeded: a 33554433-byte payload for `send`"), "{error}");
-    assert!(allocated < 4 << 20, "{allocated} bytes allocated for a refused 32 MiB message");
+    assert!(failed.contains(error), "{failed}");
+    assert!(allocated < 4 << 20, "{allocated} bytes allocated for a refused 32 MiB `{entry}`");
 }
 
 fn main() {
-    let tests: [(&str, fn()); 5] = [
+    let tests: [(&str, fn()); 6] = [
         ("a_yield_cycle_allocates_nothing", a_yield_cycle_allocates_nothing),
         ("a_message_allocates_nothing_beyond_its_payload", a_message_allocates_nothing_beyond_its_payload),
         ("a_wasm_step_allocates_only_what_its_output_needs", a_wasm_step_allocates_only_what_its_output_needs),
         ("a_wasm_message_allocates_only_its_payload", a_wasm_message_allocates_only_its_payload),
         ("a_giant_send_is_refused_before_it_is_copied", a_giant_send_is_refused_before_it_is_copied),
+        ("a_giant_answer_is_refused_before_it_is_copied", a_giant_answer_is_refused_before_it_is_copied),
     ];
     // `cargo test --test alloc -- NAME…` runs the tests whose names contain a NAME.
     let filters: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();

@@ -50,6 +50,7 @@ const HOSTILE_ENTRIES: &[&str] = &[
     "message-flood",
     "giant-payload",
     "giant-send",
+    "giant-respond",
     "spawn-bomb",
     "fuel-burn",
     "orphan",

@@ -2,7 +2,8 @@
 //! must end only that process, with an error naming what it did. Not a demo: nothing
 //! here is how to write a guest.
 //!
-//! Written against `wit/` directly (no SDK), so `init` can misbehave too.
+//! Written against `wit/` directly (no SDK), so `init` can misbehave too; the `handler`
+//! world, so that it can misbehave as a provider too.
 //!
 //! | entry | what it does |
 //! |---|---|
@@ -18,6 +19,7 @@
 //! | `message-flood` | sends its first input's pid 10,000 messages, one step after another |
 //! | `giant-payload` | completes with a 32 MiB result |
 //! | `giant-send` | hands the host's `send` a 32 MiB message for its parent |
+//! | `giant-respond` | answers a request with a 32 MiB payload, and fails with what `respond` said |
 //! | `spawn-bomb` | spawns two more of itself, forever |
 //! | `fuel-burn` | loops for about 10^9 instructions, then completes (for fuel budgets) |
 //! | `orphan` | spawns a `spin` child and completes at once, leaving the child running |
@@ -29,11 +31,11 @@ use std::hint::black_box;
 use wasmproc::process::types::{Command, SendRequest, SpawnRequest, Status, YieldCommand};
 
 wit_bindgen::generate!({
-    world: "process",
+    world: "handler",
     path: "../../wit",
 });
 
-const ENTRIES: [&str; 16] = [
+const ENTRIES: [&str; 17] = [
     "spin",
     "memory-bomb",
     "stack-overflow",
@@ -46,6 +48,7 @@ const ENTRIES: [&str; 16] = [
     "message-flood",
     "giant-payload",
     "giant-send",
+    "giant-respond",
     "spawn-bomb",
     "fuel-burn",
     "orphan",
@@ -127,6 +130,13 @@ impl Guest for Hostile {
                 match wasmproc::process::host::send(parent, "t", &body) {
                     Ok(()) => complete(1),
                     Err(_) => complete(0),
+                }
+            }
+            "giant-respond" => {
+                let answer = Payload { format: "bytes".into(), data: vec![7u8; 32 << 20] };
+                match wasmproc::process::provider::respond(1, Ok(&answer)) {
+                    Ok(()) => complete(1),
+                    Err(refused) => StepOutput { status: Status::Complete(Err(refused)), yields: vec![] },
                 }
             }
             "spawn-bomb" => {

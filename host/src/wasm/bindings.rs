@@ -10,6 +10,9 @@ pub(crate) const WORLD: &str = "wasmproc:process/process@0.1.0";
 /// The interface of the host functions (`send`, `log`…), as the linker names it.
 pub(crate) const HOST_INTERFACE: &str = "wasmproc:process/host@0.1.0";
 
+/// The interface of provider components' `respond`, as the linker names it.
+pub(crate) const PROVIDER_INTERFACE: &str = "wasmproc:process/provider@0.1.0";
+
 // The generated items mirror the documented WIT; they are crate-private.
 wasmtime::component::bindgen!({
     world: "process",

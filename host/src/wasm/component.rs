@@ -9,7 +9,7 @@ use wasmtime::Engine;
 use wasmtime::component::{HasSelf, Linker};
 
 use super::bindings::handler::wasmproc::process::provider;
-use super::bindings::{HOST_INTERFACE, Process as Guest, ProcessIndices, ProcessPre, WORLD};
+use super::bindings::{HOST_INTERFACE, PROVIDER_INTERFACE, Process as Guest, ProcessIndices, ProcessPre, WORLD};
 use super::config::Config;
 use super::engine::EpochClock;
 use super::output::{self, Bytes, Capped};
@@ -43,8 +43,9 @@ pub(crate) fn linker(engine: &Engine) -> anyhow::Result<Linker<ProcessState>> {
     provider::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
         .map_err(anyhow::Error::from)
         .context("failed to link the provider imports")?;
-    // `send` again, over the generated one: lifted within the step's limits, it refuses
-    // a message over them before copying it (see `output.rs`).
+    // `send` and `respond` again, over the generated ones: lifted within the step's
+    // limits, they refuse a message or an answer over them before copying it (see
+    // `output.rs`).
     linker.allow_shadowing(true);
     linker
         .instance(HOST_INTERFACE)
@@ -55,6 +56,16 @@ pub(crate) fn linker(engine: &Engine) -> anyhow::Result<Linker<ProcessState>> {
         })
         .map_err(anyhow::Error::from)
         .context("failed to link the capped `send`")?;
+    linker
+        .instance(PROVIDER_INTERFACE)
+        .and_then(|mut provider| {
+            type Answer = Result<output::Payload, Capped<String, Bytes>>;
+            provider.func_wrap("respond", |mut store, (id, result): (u64, Answer)| {
+                Ok((store.data_mut().respond_capped(id, result),))
+            })
+        })
+        .map_err(anyhow::Error::from)
+        .context("failed to link the capped `respond`")?;
     linker.allow_shadowing(false);
     Ok(linker)
 }

@@ -11,7 +11,7 @@ use wasmproc_types::{Format, Level, Payload, Pid};
 use super::bindings::wasmproc::process::host;
 use super::bindings::wasmproc::process::types as wit;
 use super::output::{self, Caps};
-use crate::scheduler::process::{Command, SpawnRequest, Status};
+use crate::scheduler::process::{Command, Outcome, SpawnRequest, Status};
 use crate::scheduler::{payload_limit_exceeded, yield_limit_exceeded};
 
 pub(crate) fn payload_to_wit(payload: Payload) -> wit::Payload {
@@ -72,6 +72,25 @@ pub(crate) fn message_from_output(
     let size = len_of(&topic, String::len) + len_of(&body.data, Vec::len);
     let topic = topic.value.map_err(|_| payload_limit_exceeded(size, "send", caps.bytes))?;
     Ok((topic, payload_from_output(body, size, "send", caps)?))
+}
+
+/// A provider's answer given to `respond`, or the error of the payload limit it passed
+/// (the payload's bytes and format's name together, or the error's text, as
+/// `Requests::respond` counts them).
+pub(crate) fn response_from_output(
+    result: Result<output::Payload, output::Capped<String, output::Bytes>>,
+    caps: Caps,
+) -> Result<Outcome, String> {
+    Ok(match result {
+        Ok(payload) => {
+            let size = len_of(&payload.data, Vec::len) + payload.format.0.as_str().len();
+            Ok(payload_from_output(payload, size, "respond", caps)?)
+        }
+        Err(error) => {
+            let size = len_of(&error, String::len);
+            Err(error.value.map_err(|_| payload_limit_exceeded(size, "respond", caps.bytes))?)
+        }
+    })
 }
 
 pub(crate) fn command_from_output(command: output::Command, caps: Caps) -> Result<Command, String> {

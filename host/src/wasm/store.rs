@@ -17,7 +17,7 @@ use super::output::{self, Bytes, Capped};
 use super::watch::Ticks;
 use crate::error::PortError;
 use crate::scheduler::Port;
-use crate::scheduler::process::{Payload, Pid};
+use crate::scheduler::process::{Outcome, Payload, Pid};
 
 /// Per-process limits; see [`Config::max_memory`], [`Config::time_slice`],
 /// [`Config::fuel`], [`Config::cpu_budget`] and [`InstanceLimits`].
@@ -253,11 +253,33 @@ impl ProcessState {
 impl types::Host for ProcessState {}
 
 impl provider::Host for ProcessState {
+    /// The generated `respond`, which lifts the whole answer first; provider components
+    /// are linked to [`ProcessState::respond_capped`] instead (`component::linker`).
     fn respond(&mut self, id: u64, result: Result<types::Payload, String>) -> Result<(), String> {
+        self.respond_with(id, result.map(convert::payload_from_wit))
+    }
+}
+
+impl ProcessState {
+    /// The `respond` host function, its answer lifted within the step's payload limit
+    /// (`output::Capped`): an answer over it is refused, as it always was, but without
+    /// being copied out of the provider first.
+    pub(crate) fn respond_capped(
+        &mut self,
+        id: u64,
+        result: Result<output::Payload, Capped<String, Bytes>>,
+    ) -> Result<(), String> {
+        let result = convert::response_from_output(result, output::lifting_caps())?;
+        self.respond_with(id, result)
+    }
+
+    /// Answers request `id` through the process's port; any refusal is the provider's to
+    /// handle.
+    fn respond_with(&mut self, id: u64, result: Outcome) -> Result<(), String> {
         let Some(port) = &self.port else {
             return Err(PortError::NotInStep.to_string());
         };
-        port.respond(id, result.map(convert::payload_from_wit)).map_err(|refused| refused.to_string())
+        port.respond(id, result).map_err(|refused| refused.to_string())
     }
 }
 
