@@ -196,20 +196,18 @@ fn a_giant_result_passes_max_payload_size() {
     says(&error, "payload limit exceeded: a 33554432-byte payload for `the result`");
 }
 
-/// The `send` host function's message is checked against the limit as it is lifted: the
-/// process ends naming the size the guest wrote, and its 32 MiB are never copied out.
+/// What a guest hands the host functions is checked against the limit as it is lifted,
+/// naming the size the guest wrote: a `send` ends the process, a provider's `respond` is
+/// refused (the provider's to handle, here by failing with it). Their 32 MiB are never
+/// copied out (`tests/alloc`).
 #[test]
-fn a_giant_send_passes_max_payload_size() {
-    let error = misbehave(Config::default(), "giant-send");
-    says(&error, "payload limit exceeded: a 33554433-byte payload for `send`");
-}
-
-/// A provider's answer to `respond` is checked against the limit as it is lifted: refused
-/// (the provider's to handle, here by failing with it), its 32 MiB never copied out.
-#[test]
-fn a_giant_answer_passes_max_payload_size() {
-    let error = misbehave(Config::default(), "giant-respond");
-    says(&error, "payload limit exceeded: a 33554437-byte payload for `respond`");
+fn giant_messages_and_answers_pass_max_payload_size() {
+    for (entry, error) in [
+        ("giant-send", "payload limit exceeded: a 33554433-byte payload for `send`"),
+        ("giant-respond", "payload limit exceeded: a 33554437-byte payload for `respond`"),
+    ] {
+        says(&misbehave(Config::default(), entry), error);
+    }
 }
 
 #[test]
