@@ -9,34 +9,24 @@
 //! against the component's own types when it is loaded (`Process::check_step`), so a
 //! field or case these types got wrong fails the load, not a step.
 //!
-//! [`FormatName`] implements wasmtime's hidden `ComponentType`/`Lower` methods by
-//! forwarding to `str`'s; wasmtime is pinned (48.0.8), and every step of every Wasm test
-//! lowers its events through these types.
+//! [`FormatName`] implements wasmtime's hidden `Lower` methods by forwarding to `str`'s
+//! (its `ComponentType`, a string's, and its `Lift` are in `output.rs`); wasmtime is
+//! pinned (48.0.8), and every step of every Wasm test lowers its events through these
+//! types.
 
 use std::mem::MaybeUninit;
 
 use wasmproc_types::Format;
-use wasmtime::ValRaw;
-use wasmtime::component::__internal::{CanonicalAbiInfo, InstanceType, InterfaceType, LowerContext};
+use wasmtime::component::__internal::{InterfaceType, LowerContext};
 use wasmtime::component::{ComponentType, Lower};
 
 use crate::scheduler::process::{self as host, Outcome};
 
-/// A payload's format, lowered as its name (a `string`).
+/// A payload's format, as the canonical ABI carries it: a `string`, its name. Lowered
+/// here from the name; lifted in `output.rs`, where its `ComponentType` (a string's) is
+/// written too.
 #[derive(Debug)]
 pub(crate) struct FormatName(pub(crate) Format);
-
-// SAFETY: every item forwards to `str`'s, so the ABI, flattening and type check are a
-// string's.
-unsafe impl ComponentType for FormatName {
-    type Lower = [ValRaw; 2];
-    const ABI: CanonicalAbiInfo = <str as ComponentType>::ABI;
-    const MAY_REQUIRE_REALLOC: bool = <str as ComponentType>::MAY_REQUIRE_REALLOC;
-
-    fn typecheck(ty: &InterfaceType, types: &InstanceType<'_>) -> wasmtime::Result<()> {
-        <str as ComponentType>::typecheck(ty, types)
-    }
-}
 
 // SAFETY: `str`'s lowering of the name.
 unsafe impl Lower for FormatName {

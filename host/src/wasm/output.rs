@@ -32,6 +32,8 @@ use wasmtime::component::__internal::wasmtime_environ::component::StringEncoding
 use wasmtime::component::__internal::{CanonicalAbiInfo, InstanceType, InterfaceType, LiftContext};
 use wasmtime::component::{ComponentType, Lift};
 
+pub(crate) use super::input::FormatName;
+
 /// The most a step's output may hold, from the scheduler's limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Caps {
@@ -211,13 +213,10 @@ fn pointer_pair(bytes: &[u8]) -> (u64, u64) {
     (word(bytes), word(&bytes[half..]))
 }
 
-/// A payload's format, lifted as the host's [`Format`]. The names the host knows
-/// (`json`, `bytes`, `text`: what nearly every payload carries) are matched where the
-/// guest wrote them, so their lift allocates nothing; any other name is lifted as the
-/// string it is.
-#[derive(Debug)]
-pub(crate) struct FormatName(pub(crate) Format);
-
+/// A payload's format ([`FormatName`], lowered in `input.rs`) is lifted as the host's
+/// [`Format`]. The names the host knows (`json`, `bytes`, `text`: what nearly every
+/// payload carries) are matched where the guest wrote them, so their lift allocates
+/// nothing; any other name is lifted as the string it is.
 impl FormatName {
     /// The known format at `ptr`, `len` in the guest's memory, if it is one; `None` for
     /// anything else (another name, another encoding, or out of bounds: the string's own
@@ -238,6 +237,8 @@ impl FormatName {
     }
 }
 
+// One `ComponentType` for both directions: `input.rs` lowers the name, the `Lift` below
+// lifts it.
 component_type_as!(FormatName, String);
 
 // SAFETY: a lift either reads the bytes the pointer pair names, within the memory's
