@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
 use super::cell::ProcessCell;
 use super::dispatch::Origin;
@@ -182,8 +183,11 @@ pub(super) enum AfterCommit {
     /// A step whose yields were carried out before its commit, since they only read: its
     /// process ends if the commit fails.
     Read { cell: Arc<ProcessCell> },
-    /// A step's yields and port sends, in order; `seq` is its record's.
-    Effects { cell: Arc<ProcessCell>, seq: u64, yields: Vec<Yield>, sends: Vec<PortSend> },
+    /// A step's yields and port sends, in order; `seq` is its record's. Held inline when
+    /// there is one of each, as there nearly always is: a vector allocated by a worker and
+    /// freed by the committing thread makes each of them take the other's `malloc` lock
+    /// (BENCHMARKS.md, "A step's yields stay with its worker").
+    Effects { cell: Arc<ProcessCell>, seq: u64, yields: SmallVec<[Yield; 1]>, sends: SmallVec<[PortSend; 1]> },
     /// A message from the embedder, recorded in its receiver's history as record `seq`.
     Deliver { cell: Arc<ProcessCell>, seq: u64, topic: String, body: Payload },
     /// A process's end: `None` is a termination.
@@ -283,18 +287,20 @@ impl Durable {
     }
 
     /// Records a step and hands its effects to the committer. On error nothing of the
-    /// step has happened, and the process must end with the error.
+    /// step has happened, and the process must end with the error. The step's vector of
+    /// yields comes back, emptied, for the worker's next step.
     ///
     /// A step whose yields all only read (`Shared::reads_only`) and that sent nothing
-    /// has nothing that leaves its process: its record's sequence number and its yields
-    /// are handed back, to be carried out now. Their answers reach only the process's
-    /// next steps, whose records follow this one's, so a crash that loses this record
-    /// loses every step that saw them, and the step runs again from the record before.
+    /// has nothing that leaves its process: its record's sequence number comes back, and
+    /// its yields stay in the vector, to be carried out now. Their answers reach only the
+    /// process's next steps, whose records follow this one's, so a crash that loses this
+    /// record loses every step that saw them, and the step runs again from the record
+    /// before.
     pub(super) fn record_step(
         &self,
         cell: &Arc<ProcessCell>,
         step: StepRecord,
-    ) -> Result<Option<(u64, Vec<Yield>)>, String> {
+    ) -> Result<(Option<u64>, Vec<Yield>), String> {
         if step.sends.len() >= YIELD_SEND_BIT as usize || step.yields.len() >= YIELD_SEND_BIT as usize {
             return Err(format!(
                 "a durable step may yield, and send through its port, fewer than {YIELD_SEND_BIT} of each"
@@ -304,19 +310,23 @@ impl Durable {
             && !step.yields.is_empty()
             && self.committer.backlog() < READING_BACKLOG
             && step.yields.iter().all(|y| cell.scheduler().reads_only(&y.command));
-        let mut now = None;
+        let mut back = (None, Vec::new());
         self.submit(cell, Record::Step(step), |seq, record| {
-            let Record::Step(step) = record else { unreachable!("built above") };
+            let Record::Step(mut step) = record else { unreachable!("built above") };
             if reads_only {
-                now = Some((seq, step.yields));
+                back = (Some(seq), step.yields);
                 return AfterCommit::Read { cell: cell.clone() };
             }
-            if step.yields.is_empty() && step.sends.is_empty() {
-                return AfterCommit::Nothing;
-            }
-            AfterCommit::Effects { cell: cell.clone(), seq, yields: step.yields, sends: step.sends }
+            let item = if step.yields.is_empty() && step.sends.is_empty() {
+                AfterCommit::Nothing
+            } else {
+                let yields = step.yields.drain(..).collect();
+                AfterCommit::Effects { cell: cell.clone(), seq, yields, sends: step.sends.drain(..).collect() }
+            };
+            back.1 = step.yields;
+            item
         })?;
-        Ok(now)
+        Ok(back)
     }
 
     /// Records the end of a process that could not be restored (it has no cell), so the

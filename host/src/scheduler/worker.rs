@@ -560,11 +560,10 @@ impl WorkerLoop<'_> {
             {
                 let step = step.into_record(std::mem::take(yields), status.clone());
                 match durable.record_step(&cell, step) {
-                    Ok(Some((seq, reads))) => {
-                        *yields = reads;
-                        record = Some(seq);
+                    Ok((seq, back)) => {
+                        *yields = back;
+                        record = seq;
                     }
-                    Ok(None) => {}
                     Err(error) => return Decision::Complete(Err(error)),
                 }
             }
