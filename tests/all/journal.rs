@@ -361,7 +361,8 @@ fn a_port_send_is_delivered_after_the_commit_and_recorded() {
     assert_eq!(sender.join_timeout(HANG).unwrap(), Ok(Payload::empty()));
     let history = Journal::with_store(store.clone()).history().unwrap();
     let sent = history.iter().find(|h| h.pid == sender.pid()).unwrap();
-    assert!(sent.records.iter().any(|r| r.contains("sends: [(") && r.contains("\"hello\"")), "{:#?}", sent.records);
+    let sends = format!("→ sends \"hello\" (8 bytes: 07 00 00 00 00 00 00 00, u64 7) to {}", receiver.pid());
+    assert!(sent.records.iter().any(|r| r.contains(&sends)), "{:#?}", sent.records);
     scheduler.stop(Duration::from_secs(1));
 }
 
@@ -427,8 +428,15 @@ fn each_store_on_disk_keeps_the_history_across_a_reopen() {
             assert_eq!(history[0].pid, pid);
             assert_eq!(history[0].result, Some(Ok(Payload::u64(1))));
             let records = &history[0].records;
-            assert!(records[0].contains("Text") || records[0].contains("in"), "{name}: {records:?}");
-            assert!(records[1].contains("Sleep(5ms)"), "{name}: {records:?}");
+            assert!(
+                records[0].contains("spawn") && records[0].contains("main(\"in\") by the host"),
+                "{name}: {records:?}"
+            );
+            assert!(records[1].contains("1: sleep 5ms → blocked"), "{name}: {records:?}");
+            assert!(
+                records.last().unwrap().ends_with("exit   ok (8 bytes: 01 00 00 00 00 00 00 00, u64 1)"),
+                "{name}: {records:?}"
+            );
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -722,6 +730,7 @@ fn a_message_from_the_embedder_is_recorded_before_it_is_delivered() {
     assert_eq!(process.join_timeout(HANG).unwrap(), Ok(Payload::u64(9)));
     let history = Journal::with_store(store.clone()).history().unwrap();
     let records = &history.iter().find(|h| h.pid == process.pid()).unwrap().records;
-    assert!(records.iter().any(|r| r.contains("HostMessage")), "{records:#?}");
+    let message = "host   message \"in\" (8 bytes: 09 00 00 00 00 00 00 00, u64 9) from the host";
+    assert!(records.iter().any(|r| r.ends_with(message)), "{records:#?}");
     scheduler.stop(Duration::from_secs(1));
 }

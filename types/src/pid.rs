@@ -88,9 +88,11 @@ impl Pid {
     }
 }
 
+/// As its number, honouring width and alignment (`{:<20}` pads it), so pids line up in
+/// tables.
 impl fmt::Display for Pid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
+        fmt::Display::fmt(&self.0, f)
     }
 }
 
@@ -121,6 +123,7 @@ mod tests {
     #[test]
     fn formats_as_its_number() {
         assert_eq!(alloc::format!("{} {:?}", Pid::from_u64(7), Pid::HOST), "7 Pid(0)");
+        assert_eq!(alloc::format!("{:<4}|{:>4}|", Pid::from_u64(7), Pid::from_u64(42)), "7   |  42|");
     }
 
     #[test]

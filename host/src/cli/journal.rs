@@ -41,7 +41,10 @@ enum Verb {
         #[command(flatten)]
         engine: EngineArgs,
     },
-    /// Show one process's history: its spawn, every step, its exit.
+    /// Show one process's history, a line a record: its spawn (when, by whom, with what
+    /// input), every step (its time after the one before, the events it was given, what
+    /// it sent and yielded, how it ended) and its exit. Payloads are shown as their text
+    /// (JSON as written, text quoted), or as their size and first bytes.
     Show {
         /// The journal's directory.
         #[arg(value_name = "DIR")]

@@ -51,6 +51,7 @@ pub(crate) mod dispatch;
 mod durable;
 mod handle;
 mod hibernation;
+mod history;
 mod idle;
 mod inbox;
 mod lifecycle;

@@ -87,7 +87,8 @@ pub struct History {
     pub steps: u64,
     /// Its result, once its exit is recorded; `None` while it is unfinished.
     pub result: Option<Outcome>,
-    /// Each record, one line of text apiece, in order.
+    /// Each record, one line of text apiece, in order: its number, its kind, its time
+    /// (a step's after the record before), what went in and what came out.
     pub records: Vec<String>,
 }
 
@@ -143,6 +144,8 @@ impl Journal {
     pub fn history(&self) -> std::io::Result<Vec<History>> {
         let mut all: Vec<History> = Vec::new();
         let mut failure = None;
+        // The time of the last spawn or step read, which the next step's is shown after.
+        let mut last_at = None;
         self.store.scan(Key { process: 1, seq: 0 }, &mut |key, value| {
             let record = match Record::decode(value) {
                 Ok(record) => record,
@@ -156,6 +159,7 @@ impl Journal {
             };
             let pid = Pid::from_u64(key.process);
             if all.last().is_none_or(|h| h.pid != pid) {
+                last_at = None;
                 all.push(History {
                     pid,
                     parent: None,
@@ -177,7 +181,7 @@ impl Journal {
                 Record::Exit(result) => history.result = Some(result.clone()),
                 Record::HostMessage { .. } => {}
             }
-            history.records.push(format!("{}: {record:?}", key.seq));
+            history.records.push(super::history::line(key.seq, &record, &mut last_at));
             ControlFlow::Continue(())
         })?;
         match failure {

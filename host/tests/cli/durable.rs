@@ -209,8 +209,10 @@ fn a_signal_suspends_a_durable_run_and_the_same_command_resumes_it() {
     assert_eq!(listed.stdout.lines().filter(|l| l.contains("finished: ok")).count(), 3, "{}", listed.stdout);
     let root = listed.stdout.lines().nth(1).unwrap().split_whitespace().next().unwrap().to_owned();
     let shown = run(&["journal", "show", journal, &root]).expect(0);
-    assert!(shown.stdout.starts_with("0: Spawn("), "{}", shown.stdout);
-    assert!(shown.stdout.contains("Exit(Ok("), "{}", shown.stdout);
+    assert!(shown.stdout.starts_with("   0  spawn  "), "{}", shown.stdout);
+    assert!(shown.stdout.contains("main([2,30]) by the host"), "{}", shown.stdout);
+    assert!(shown.stdout.contains("spawn worker(null), monitored → blocked"), "{}", shown.stdout);
+    assert!(shown.stdout.contains("exit   ok 18970"), "{}", shown.stdout);
 }
 
 #[test]

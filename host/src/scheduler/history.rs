@@ -1,0 +1,380 @@
+//! A journal's records as lines a person reads (`wasmproc journal show`,
+//! [`History::records`](super::History::records)): each record's number, kind and time,
+//! then what went in and what came out, payloads shown as their text where they have one.
+//!
+//! ```text
+//!    0  spawn  2026-11-24 14:22:15.848228 UTC  worker(null) by 4328521728 (its record 1, yield 1), kind app
+//!    2  step   +13.9 ms  message "n" 1 from 4328521728 (sent in its record 7) → 1: sleep 5ms → blocked
+//!    3  step   +5.2 ms   completion 1: ok (empty) → sends "answer" 1 to 4328521728 → idle
+//!   13  exit   ok 5
+//! ```
+
+use std::fmt::Write as _;
+
+use wasmproc_types::Format;
+
+use super::process::{Command, Event, Outcome, Payload, Pid, Status};
+use super::record::{Record, SpawnRecord, StepRecord};
+
+/// The most characters of a payload's text a line shows; the rest is counted.
+const SHOWN: usize = 60;
+
+/// The line of record `seq`. `last_at` is the time of the record before that had one
+/// (a spawn's or a step's), which a step's time is shown after; it becomes this one's.
+pub(super) fn line(seq: u64, record: &Record, last_at: &mut Option<u64>) -> String {
+    let mut line = format!("{seq:>4}  ");
+    match record {
+        Record::Spawn(spawn) => {
+            let _ = write!(line, "spawn  {}  ", utc(spawn.at));
+            spawned(&mut line, spawn);
+            *last_at = Some(spawn.at);
+        }
+        Record::Step(step) => {
+            let _ = write!(line, "step   {:<9} ", after(*last_at, step.at));
+            stepped(&mut line, step);
+            *last_at = Some(step.at);
+        }
+        Record::Exit(result) => {
+            line.push_str("exit   ");
+            outcome(&mut line, result);
+        }
+        Record::HostMessage { topic, body } => {
+            let _ = write!(line, "host   message {topic:?} {} from the host", payload(body));
+        }
+    }
+    line
+}
+
+fn spawned(line: &mut String, spawn: &SpawnRecord) {
+    let inputs: Vec<String> = spawn.input.iter().map(payload).collect();
+    let _ = write!(line, "{}({}) by {}", spawn.method, inputs.join(", "), who(spawn.parent));
+    if let Some((seq, tag)) = spawn.origin {
+        let _ = write!(line, " (its record {seq}, yield {tag})");
+    }
+    if let Some(kind) = &spawn.kind {
+        let _ = write!(line, ", kind {kind}");
+    }
+    if let Some(identity) = &spawn.identity {
+        let _ = write!(line, ", program {identity}");
+    }
+}
+
+fn stepped(line: &mut String, step: &StepRecord) {
+    let mut ids = step.message_ids.iter();
+    let events: Vec<String> = step
+        .events
+        .iter()
+        .map(|event| {
+            let mut shown = String::new();
+            event_into(&mut shown, event);
+            // A process's message is known by the record of the step that sent it (see
+            // `durable::port_send_id`); the embedder's by the receiver's record of it.
+            if let Event::Message { sender, .. } = event
+                && let Some((_, id)) = ids.next()
+                && *sender != Pid::HOST
+            {
+                let _ = write!(shown, " (sent in its record {})", id >> 20);
+            }
+            shown
+        })
+        .collect();
+    line.push_str(&if events.is_empty() { "no events".to_owned() } else { events.join("; ") });
+    if !step.sends.is_empty() {
+        let sends: Vec<String> =
+            step.sends.iter().map(|(to, topic, body)| format!("{topic:?} {} to {}", payload(body), who(*to))).collect();
+        let _ = write!(line, " → sends {}", sends.join("; "));
+    }
+    if !step.yields.is_empty() {
+        let yields: Vec<String> = step.yields.iter().map(|y| format!("{}: {}", y.tag, command(&y.command))).collect();
+        let _ = write!(line, " → {}", yields.join("; "));
+    }
+    line.push_str(match &step.status {
+        Status::Blocked => " → blocked",
+        Status::Idle => " → idle",
+        Status::Continue => " → continue",
+        Status::Complete(_) => " → complete",
+    });
+}
+
+fn event_into(line: &mut String, event: &Event) {
+    match event {
+        Event::Completion { tag, result } => {
+            let _ = write!(line, "completion {tag}: ");
+            outcome(line, result);
+        }
+        Event::Message { sender, topic, body } => {
+            let _ = write!(line, "message {topic:?} {} from {}", payload(body), who(*sender));
+        }
+        Event::Exit { pid, result } => {
+            let _ = write!(line, "exit of {pid}: ");
+            outcome(line, result);
+        }
+        Event::Cancel { reason } => {
+            let _ = write!(line, "cancel: {}", excerpt(reason));
+        }
+    }
+}
+
+fn command(command: &Command) -> String {
+    match command {
+        Command::Sleep(duration) => format!("sleep {duration:?}"),
+        Command::Spawn(spawn) => {
+            let inputs: Vec<String> = spawn.input.iter().map(payload).collect();
+            let mut shown = format!("spawn {}({})", spawn.method, inputs.join(", "));
+            if let Some(kind) = &spawn.kind {
+                let _ = write!(shown, " of kind {kind}");
+            }
+            if spawn.monitor {
+                shown.push_str(", monitored");
+            }
+            shown
+        }
+        Command::Send { to, topic, body } => format!("send {topic:?} {} to {}", payload(body), who(*to)),
+        Command::Monitor(pid) => format!("monitor {pid}"),
+        Command::Terminate(pid) => format!("terminate {pid}"),
+        Command::Custom { name, payload: input } => format!("{name} {}", payload(input)),
+    }
+}
+
+fn outcome(line: &mut String, result: &Outcome) {
+    let _ = match result {
+        Ok(value) => write!(line, "ok {}", payload(value)),
+        Err(error) => write!(line, "error {}", excerpt(error)),
+    };
+}
+
+fn who(pid: Pid) -> String {
+    if pid == Pid::HOST { "the host".to_owned() } else { pid.to_string() }
+}
+
+/// A payload as its text (JSON as written, text quoted), or its size and first bytes.
+fn payload(payload: &Payload) -> String {
+    let data = &payload.data;
+    match (&payload.format, std::str::from_utf8(data)) {
+        (Format::Json, Ok(text)) => excerpt_raw(text),
+        (Format::Text, Ok(text)) => excerpt(text),
+        _ if data.is_empty() => "(empty)".to_owned(),
+        (format, _) => {
+            let mut shown = format!("({} bytes", data.len());
+            if *format != Format::Bytes {
+                let _ = write!(shown, " of {format}");
+            }
+            shown.push(':');
+            for byte in data.iter().take(8) {
+                let _ = write!(shown, " {byte:02x}");
+            }
+            if data.len() > 8 {
+                shown.push_str(" …");
+            } else if let Some(number) = payload.to_u64() {
+                // How a pid, a count or a time travels (`Payload::u64`).
+                let _ = write!(shown, ", u64 {number}");
+            }
+            shown.push(')');
+            shown
+        }
+    }
+}
+
+/// `text` quoted and escaped, cut at [`SHOWN`] characters.
+fn excerpt(text: &str) -> String {
+    let (shown, rest) = cut(text);
+    let mut quoted = format!("{shown:?}");
+    if rest > 0 {
+        let _ = write!(quoted, "…(+{rest} bytes)");
+    }
+    quoted
+}
+
+/// `text` as it is but for control characters, cut at [`SHOWN`] characters.
+fn excerpt_raw(text: &str) -> String {
+    let (shown, rest) = cut(text);
+    let mut raw = String::with_capacity(shown.len());
+    for c in shown.chars() {
+        if c.is_control() {
+            raw.extend(c.escape_default());
+        } else {
+            raw.push(c);
+        }
+    }
+    if rest > 0 {
+        let _ = write!(raw, "…(+{rest} bytes)");
+    }
+    raw
+}
+
+/// `text`'s first [`SHOWN`] characters, and how many bytes are left.
+fn cut(text: &str) -> (&str, usize) {
+    let end = text.char_indices().nth(SHOWN).map_or(text.len(), |(at, _)| at);
+    (&text[..end], text.len() - end)
+}
+
+/// The time `micros` after `last` (the record before), or its absolute time if none.
+fn after(last: Option<u64>, micros: u64) -> String {
+    let Some(last) = last else { return utc(micros) };
+    let delta = micros.saturating_sub(last);
+    match delta {
+        0..1_000 => format!("+{delta} µs"),
+        1_000..1_000_000 => format!("+{:.1} ms", delta as f64 / 1e3),
+        _ => format!("+{:.2} s", delta as f64 / 1e6),
+    }
+}
+
+/// `micros` since the Unix epoch as a UTC date and time, to the microsecond.
+fn utc(micros: u64) -> String {
+    let seconds = micros / 1_000_000;
+    let (days, of_day) = (seconds / 86_400, seconds % 86_400);
+    let (year, month, day) = civil(days as i64);
+    let (hour, minute, second) = (of_day / 3600, of_day / 60 % 60, of_day % 60);
+    format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02}.{:06} UTC", micros % 1_000_000)
+}
+
+/// The proleptic Gregorian date `days` after 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`).
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::scheduler::caps::Capabilities;
+    use crate::scheduler::process::{SpawnRequest, Yield};
+
+    const AT: u64 = 1_795_605_135_848_228;
+
+    fn json(text: &str) -> Payload {
+        Payload { format: Format::Json, data: text.as_bytes().to_vec() }
+    }
+
+    fn step(at: u64, events: Vec<Event>, ids: Vec<(Pid, u64)>, yields: Vec<Yield>, status: Status) -> Record {
+        Record::Step(StepRecord { at, events, message_ids: ids, yields, sends: Vec::new(), status })
+    }
+
+    fn lines(records: &[Record]) -> Vec<String> {
+        let mut last_at = None;
+        records.iter().zip(0..).map(|(record, seq)| line(seq, record, &mut last_at)).collect()
+    }
+
+    #[test]
+    fn a_history_reads_as_one_line_a_record_each_step_timed_after_the_one_before() {
+        let parent = Pid::from_u64(4_328_521_728);
+        let spawn = Record::Spawn(SpawnRecord {
+            parent,
+            origin: Some((1, 1)),
+            kind: Some("app".to_owned()),
+            identity: Some("sha256:37d3".to_owned()),
+            method: "worker".to_owned(),
+            input: vec![json("null")],
+            caps: Capabilities::default(),
+            mailbox_capacity: 1024,
+            at: AT,
+            seed: [7; 32],
+        });
+        let message = Event::Message { sender: parent, topic: "n".to_owned(), body: json("1") };
+        let sleep = Yield { tag: 1, command: Command::Sleep(Duration::from_millis(5)) };
+        let mut answered = StepRecord {
+            at: AT + 19_767,
+            events: vec![Event::Completion { tag: 1, result: Ok(Payload::empty()) }],
+            message_ids: Vec::new(),
+            yields: Vec::new(),
+            sends: vec![(parent, "answer".to_owned(), json("1"))],
+            status: Status::Idle,
+        };
+        let records = [
+            spawn,
+            step(AT + 667, Vec::new(), Vec::new(), Vec::new(), Status::Idle),
+            step(AT + 14_567, vec![message], vec![(parent, 7 << 20)], vec![sleep], Status::Blocked),
+            Record::Step(answered.clone()),
+            Record::HostMessage { topic: "stop".to_owned(), body: Payload::text("now") },
+            Record::Exit(Ok(json("5"))),
+        ];
+        assert_eq!(
+            lines(&records),
+            [
+                "   0  spawn  2026-11-25 11:12:15.848228 UTC  worker(null) by 4328521728 (its record 1, yield 1), \
+                 kind app, program sha256:37d3",
+                "   1  step   +667 µs   no events → idle",
+                "   2  step   +13.9 ms  message \"n\" 1 from 4328521728 (sent in its record 7) → 1: sleep 5ms → blocked",
+                "   3  step   +5.2 ms   completion 1: ok (empty) → sends \"answer\" 1 to 4328521728 → idle",
+                "   4  host   message \"stop\" \"now\" from the host",
+                "   5  exit   ok 5",
+            ]
+        );
+        // A history read from its middle shows its first step's time in full.
+        answered.at = AT + 2_000_000;
+        let mut last_at = None;
+        assert_eq!(
+            line(9, &Record::Step(answered.clone()), &mut last_at),
+            "   9  step   2026-11-25 11:12:17.848228 UTC completion 1: ok (empty) → sends \"answer\" 1 to 4328521728 → idle"
+        );
+        answered.at += 2_500_000;
+        assert!(line(10, &Record::Step(answered), &mut last_at).starts_with("  10  step   +2.50 s   completion"));
+    }
+
+    #[test]
+    fn commands_events_and_payloads_read_as_what_they_are() {
+        let pid = Pid::from_u64(42);
+        let spawn = SpawnRequest {
+            kind: Some("worker".to_owned()),
+            method: "main".to_owned(),
+            input: vec![Payload::u64(3), json("[1, 2]")],
+            monitor: true,
+        };
+        let commands = [
+            (
+                Command::Spawn(spawn),
+                "spawn main((8 bytes: 03 00 00 00 00 00 00 00, u64 3), [1, 2]) of kind worker, monitored",
+            ),
+            (
+                Command::Send { to: pid, topic: "t".to_owned(), body: Payload::text("a\nb") },
+                "send \"t\" \"a\\nb\" to 42",
+            ),
+            (Command::Monitor(pid), "monitor 42"),
+            (Command::Terminate(Pid::HOST), "terminate 0"),
+            (Command::Custom { name: "kv.get".into(), payload: json("{\n\"k\": 1}") }, "kv.get {\\n\"k\": 1}"),
+        ];
+        for (command, shown) in commands {
+            assert_eq!(super::command(&command), shown);
+        }
+        let events = [
+            (
+                Event::Completion { tag: 3, result: Err("no such key".to_owned()) },
+                "completion 3: error \"no such key\"",
+            ),
+            (
+                Event::Exit { pid, result: Ok(Payload::bytes(vec![0xff; 20])) },
+                "exit of 42: ok (20 bytes: ff ff ff ff ff ff ff ff …)",
+            ),
+            (Event::Cancel { reason: "shutdown".to_owned() }, "cancel: \"shutdown\""),
+        ];
+        for (event, shown) in events {
+            let mut line = String::new();
+            event_into(&mut line, &event);
+            assert_eq!(line, shown);
+        }
+        let other = Payload { format: Format::Other("cbor".into()), data: vec![0xa1, 0x01] };
+        assert_eq!(payload(&other), "(2 bytes of cbor: a1 01)");
+        let long = "é".repeat(100);
+        assert_eq!(excerpt(&long), format!("{:?}…(+80 bytes)", "é".repeat(60)));
+        assert_eq!(payload(&Payload { format: Format::Text, data: vec![0xff] }), "(1 bytes of text: ff)");
+    }
+
+    #[test]
+    fn times_are_utc_dates_to_the_microsecond() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00.000000 UTC");
+        assert_eq!(utc(951_782_400_000_001), "2000-02-29 00:00:00.000001 UTC");
+        assert_eq!(utc(4_107_542_399_999_999), "2100-02-28 23:59:59.999999 UTC");
+        assert_eq!(utc(AT), "2026-11-25 11:12:15.848228 UTC");
+    }
+}
