@@ -174,6 +174,39 @@ fn nothing_of_a_step_happens_before_its_record_is_committed() {
     scheduler.stop(Duration::from_secs(1));
 }
 
+#[test]
+fn a_history_says_what_an_unfinished_process_waits_for() {
+    let store = Arc::new(TestStore::default());
+    let (scheduler, _) = durable(&store);
+    // Two commands, one answered at once: it then waits for the other, for an hour.
+    let (waiter, probe) = Scripted::new(|t| {
+        if t.step == 0 {
+            t.out.yield_command(1, Command::Custom { name: "effect".into(), payload: Payload::empty() });
+            t.out.yield_command(2, Command::Sleep(Duration::from_secs(3600)));
+        }
+        Ok(())
+    });
+    let process = scheduler.handle().spawn(waiter, "main").unwrap();
+    let deadline = std::time::Instant::now() + HANG;
+    let history = loop {
+        let history = Journal::with_store(store.clone()).history().unwrap();
+        if history.first().is_some_and(|h| h.steps == 2) {
+            break history;
+        }
+        assert!(std::time::Instant::now() < deadline, "the completion's step was not recorded: {history:#?}");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let waiting = &history[0];
+    assert_eq!(waiting.pid, process.pid());
+    assert_eq!(waiting.last_status, Some(Status::Blocked));
+    assert_eq!(waiting.waiting_for, ["2: sleep 3600s"]);
+    assert_eq!(waiting.result, None);
+    assert!(waiting.records[1].ends_with("→ 1: effect (empty); 2: sleep 3600s → blocked"), "{:#?}", waiting.records);
+    assert!(waiting.records[2].contains("completion 1: ok \"done\""), "{:#?}", waiting.records);
+    assert_eq!(probe.steps(), 2);
+    scheduler.stop(Duration::from_secs(1));
+}
+
 /// Yields `command` (tag 1) `times` times, one after another, then completes with how
 /// many completions it got.
 fn repeating(command: &'static str, times: usize) -> Scripted {

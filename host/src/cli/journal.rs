@@ -7,7 +7,7 @@ use clap::{Args, Subcommand};
 use wasmproc::journal::Journal;
 use wasmproc::scheduler::History;
 use wasmproc::wasm::Program;
-use wasmproc::{Pid, Scheduler};
+use wasmproc::{Pid, Scheduler, Status};
 
 use super::input::read_app;
 use super::output::print_now;
@@ -22,7 +22,10 @@ pub(super) struct JournalCommand {
 
 #[derive(Subcommand, Debug)]
 enum Verb {
-    /// List the processes of a journal: pid, parent, entry method, steps, state.
+    /// List the processes of a journal: pid, parent, entry method, steps, state. A
+    /// finished process's state is its result; an unfinished one's is what its history
+    /// leaves it waiting for (a message, or the commands whose completions are not
+    /// recorded), which it goes on waiting for when the run resumes.
     Ls {
         /// The journal's directory (what `run --journal` was given).
         #[arg(value_name = "DIR")]
@@ -133,7 +136,7 @@ fn list(history: &[History]) -> String {
             None => "?".to_owned(),
         };
         let state = match &process.result {
-            None => "unfinished (resumes on the next run with this journal)".to_owned(),
+            None => format!("unfinished: {}", waiting(process)),
             Some(Ok(_)) => "finished: ok".to_owned(),
             Some(Err(error)) => format!("failed: {error}"),
         };
@@ -142,5 +145,25 @@ fn list(history: &[History]) -> String {
             process.pid, parent, process.method, process.steps
         ));
     }
+    if history.iter().any(|process| process.result.is_none()) {
+        text.push_str("\nThe unfinished processes resume on the next run with this journal.\n");
+    }
     text
+}
+
+/// What an unfinished process waits for, as its history leaves it.
+fn waiting(process: &History) -> String {
+    let commands = match process.waiting_for.as_slice() {
+        [] => None,
+        [one] => Some(one.clone()),
+        [first, rest @ ..] => Some(format!("{first} and {} more", rest.len())),
+    };
+    match (&process.last_status, commands) {
+        (None, _) => "not stepped yet".to_owned(),
+        (Some(Status::Continue), _) => "runnable".to_owned(),
+        (Some(Status::Idle), None) => "idle, waits for a message".to_owned(),
+        (Some(Status::Idle), Some(commands)) => format!("idle, waits for a message or for {commands}"),
+        (Some(_), Some(commands)) => format!("waits for {commands}"),
+        (Some(_), None) => "blocked".to_owned(),
+    }
 }

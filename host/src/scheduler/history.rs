@@ -115,7 +115,8 @@ fn event_into(line: &mut String, event: &Event) {
     }
 }
 
-fn command(command: &Command) -> String {
+/// A command as a step's line shows what it yielded.
+pub(super) fn command(command: &Command) -> String {
     match command {
         Command::Sleep(duration) => format!("sleep {duration:?}"),
         Command::Spawn(spawn) => {

@@ -90,6 +90,12 @@ pub struct History {
     /// Each record, one line of text apiece, in order: its number, its kind, its time
     /// (a step's after the record before), what went in and what came out.
     pub records: Vec<String>,
+    /// How its last step ended; `None` before its first step and once it has ended.
+    pub last_status: Option<Status>,
+    /// What it waits for as its history leaves it: each command it yielded whose
+    /// completion is not recorded, one line apiece (`1: sleep 5ms`). Empty once it has
+    /// ended.
+    pub waiting_for: Vec<String>,
 }
 
 /// A run the journal holds whose every process has ended: a process the embedder spawned
@@ -146,6 +152,8 @@ impl Journal {
         let mut failure = None;
         // The time of the last spawn or step read, which the next step's is shown after.
         let mut last_at = None;
+        // The process's yields not completed yet, by tag.
+        let mut pending = std::collections::BTreeMap::new();
         self.store.scan(Key { process: 1, seq: 0 }, &mut |key, value| {
             let record = match Record::decode(value) {
                 Ok(record) => record,
@@ -160,6 +168,7 @@ impl Journal {
             let pid = Pid::from_u64(key.process);
             if all.last().is_none_or(|h| h.pid != pid) {
                 last_at = None;
+                pending.clear();
                 all.push(History {
                     pid,
                     parent: None,
@@ -168,6 +177,8 @@ impl Journal {
                     steps: 0,
                     result: None,
                     records: Vec::new(),
+                    last_status: None,
+                    waiting_for: Vec::new(),
                 });
             }
             let history = all.last_mut().expect("pushed above");
@@ -177,8 +188,24 @@ impl Journal {
                     history.kind.clone_from(&spawn.kind);
                     history.method.clone_from(&spawn.method);
                 }
-                Record::Step(_) => history.steps += 1,
-                Record::Exit(result) => history.result = Some(result.clone()),
+                Record::Step(step) => {
+                    history.steps += 1;
+                    for event in &step.events {
+                        if let Event::Completion { tag, .. } = event {
+                            pending.remove(tag);
+                        }
+                    }
+                    for y in &step.yields {
+                        pending.insert(y.tag, super::history::command(&y.command));
+                    }
+                    history.waiting_for = pending.iter().map(|(tag, command)| format!("{tag}: {command}")).collect();
+                    history.last_status = Some(step.status.clone());
+                }
+                Record::Exit(result) => {
+                    history.result = Some(result.clone());
+                    history.last_status = None;
+                    history.waiting_for.clear();
+                }
                 Record::HostMessage { .. } => {}
             }
             history.records.push(super::history::line(key.seq, &record, &mut last_at));

@@ -200,6 +200,13 @@ fn a_signal_suspends_a_durable_run_and_the_same_command_resumes_it() {
     let listed = run(&["journal", "ls", journal]).expect(0);
     assert!(listed.stdout.contains("unfinished"), "{}", listed.stdout);
     assert!(!listed.stdout.contains("failed"), "suspended, not ended: {}", listed.stdout);
+    // Each says what it waits for: the workers a message or their sleep, the root its
+    // answers or its sleep between rounds.
+    let waits = ["unfinished: idle, waits for a message", "unfinished: waits for ", "unfinished: blocked"];
+    for line in listed.stdout.lines().filter(|line| line.contains("unfinished:")) {
+        assert!(waits.iter().any(|w| line.contains(w)), "{}", listed.stdout);
+    }
+    assert!(listed.stdout.ends_with("\nThe unfinished processes resume on the next run with this journal.\n"));
 
     let ran = run(&["run", DURABLE, "--journal", journal, "--keep-finished", "--input", "[2, 30]"]).expect(0);
     assert!(ran.stderr.contains("resuming process"), "{}", ran.stderr);
