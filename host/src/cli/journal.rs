@@ -4,13 +4,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use wasmproc::journal::Journal;
+use wasmproc::journal::{Journal, LogStore};
 use wasmproc::scheduler::History;
 use wasmproc::wasm::Program;
 use wasmproc::{Pid, Scheduler, Status};
 
 use super::input::read_app;
-use super::output::print_now;
+use super::output::{Say, print_now, say_now};
 use super::{EngineArgs, Exit, Failure, runtime};
 
 /// `wasmproc journal`'s subcommands.
@@ -20,12 +20,15 @@ pub(super) struct JournalCommand {
     command: Verb,
 }
 
+/// `ls` and `show` read a journal a host is running as it is now (a log, read without
+/// its lock: `LogStore::read_now`); `verify` needs it to itself.
 #[derive(Subcommand, Debug)]
 enum Verb {
     /// List the processes of a journal: pid, parent, entry method, steps, state. A
     /// finished process's state is its result; an unfinished one's is what its history
     /// leaves it waiting for (a message, or the commands whose completions are not
-    /// recorded), which it goes on waiting for when the run resumes.
+    /// recorded), which it goes on waiting for when the run resumes. A journal a host is
+    /// running is read as it is now.
     Ls {
         /// The journal's directory (what `run --journal` was given).
         #[arg(value_name = "DIR")]
@@ -68,8 +71,20 @@ impl JournalCommand {
         if !dir.is_dir() {
             return Err(Failure::new(Exit::Usage, format!("no journal in `{}`: not a directory", dir.display())));
         }
-        let history = Journal::open(dir)
-            .and_then(|journal| journal.history())
+        let history = match Journal::open(dir) {
+            Ok(journal) => journal.history(),
+            // A host is running it: a log is read as it is now, without its lock (a
+            // journal in fjall cannot be, and the refusal stands).
+            Err(busy) if busy.kind() == std::io::ErrorKind::ResourceBusy => match LogStore::read_now(dir) {
+                Ok(store) => {
+                    say_now(Say::Notice, "a host is running this journal: what follows is as of now");
+                    Journal::with_store(store).history()
+                }
+                Err(_) => Err(busy),
+            },
+            Err(error) => Err(error),
+        };
+        let history = history
             .map_err(|e| Failure::new(Exit::Host, format!("cannot read the journal in `{}`: {e}", dir.display())))?;
         let text = match pid {
             None => list(&history),

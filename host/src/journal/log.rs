@@ -50,6 +50,10 @@
 //! Nothing of a file's contents can make opening panic, and no length read from a file
 //! is trusted before it is checked against the file's size.
 //!
+//! [`LogStore::read_now`] reads a log a host is using, for tools: steps 2 to 4 without the
+//! lock, and without deleting or cutting anything; a commit half-written at the end is
+//! read as a torn one is.
+//!
 //! # Segments and compaction
 //!
 //! Past [`SEGMENT_SIZE`], the segment being written is sealed (synced and cut to its last
@@ -89,7 +93,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::store::{Batch, Key, Store};
+use super::store::{Batch, Key, MemoryStore, Store};
 
 /// The version of the log's format, in every segment's header: a log written by a later
 /// format is refused rather than misread.
@@ -254,30 +258,7 @@ impl LogStore {
             ));
         }
         let lock = lock(dir)?;
-        let mut segments = Vec::new();
-        let mut leftovers = Vec::new();
-        for entry in std::fs::read_dir(dir)? {
-            let entry = entry?;
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if let Some(number) = name.strip_suffix(".log").and_then(parse_number) {
-                segments.push(number);
-            } else if let Some(number) = name.strip_suffix(".tmp").and_then(parse_number) {
-                leftovers.push(number);
-            }
-        }
-        segments.sort_unstable();
-        // The newest snapshot supersedes every segment below it: those are not read.
-        let mut kinds = Vec::with_capacity(segments.len());
-        for &number in segments.iter().rev() {
-            let kind = read_header(&segment_path(dir, number), number)?;
-            kinds.push(kind);
-            if kind == Kind::Snapshot {
-                break;
-            }
-        }
-        kinds.reverse();
-        let superseded: Vec<u64> = segments.drain(..segments.len() - kinds.len()).collect();
+        let Listing { segments, kinds, superseded, leftovers } = list(dir)?;
         let mut index = Index::default();
         let mut sizes = BTreeMap::new();
         let mut last = None;
@@ -381,6 +362,104 @@ impl Drop for LogStore {
             let _ = thread.join();
         }
     }
+}
+
+impl LogStore {
+    /// The records of the log in `dir` as they are now, read without taking its lock and
+    /// without changing anything: for tools that look at a journal a host is using. A
+    /// commit being written as it is read is left out, as a torn one would be. A segment
+    /// that a compaction removes meanwhile, or a frame read half-written with the next
+    /// already whole (the file is read page after page while the host appends), makes the
+    /// read start again, three times at most: damage stays, and is reported as
+    /// [`LogStore::open`] reports it.
+    ///
+    /// # Errors
+    ///
+    /// As [`LogStore::open`], but for the lock; `NotFound` if the directory holds no log.
+    pub fn read_now(dir: impl AsRef<Path>) -> io::Result<MemoryStore> {
+        let dir = dir.as_ref();
+        if super::written_by_fjall(dir) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} holds a journal written by fjall, not a log", dir.display()),
+            ));
+        }
+        let mut attempts = 0;
+        loop {
+            match read_records(dir) {
+                Err(error)
+                    if matches!(error.kind(), io::ErrorKind::NotFound | io::ErrorKind::InvalidData) && attempts < 3 =>
+                {
+                    attempts += 1;
+                }
+                Err(error) => return Err(error),
+                Ok(index) => {
+                    let puts = index.snapshot().into_iter().map(|(key, value)| (key, value.to_vec())).collect();
+                    let store = MemoryStore::new();
+                    store.commit(&Batch { puts, removals: Vec::new() }, false)?;
+                    return Ok(store);
+                }
+            }
+        }
+    }
+}
+
+/// Every record of the log in `dir` as its segments hold them now (see
+/// [`LogStore::read_now`]).
+fn read_records(dir: &Path) -> io::Result<Index> {
+    let Listing { segments, kinds, .. } = list(dir)?;
+    if segments.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::NotFound, format!("{} holds no journal", dir.display())));
+    }
+    let mut index = Index::default();
+    for (i, (&number, &kind)) in segments.iter().zip(&kinds).enumerate() {
+        let path = segment_path(dir, number);
+        let data = std::fs::read(&path)?;
+        // The segment being written may end in a commit not yet whole.
+        replay(&path, &data, i + 1 == segments.len() && kind == Kind::Log, &mut index)?;
+    }
+    Ok(index)
+}
+
+/// The segments of a log to read, in order, and what a crash or a compaction left.
+struct Listing {
+    /// From the newest snapshot (if any) on.
+    segments: Vec<u64>,
+    /// Each of `segments`' kind.
+    kinds: Vec<Kind>,
+    /// The segments below the newest snapshot, which it supersedes.
+    superseded: Vec<u64>,
+    /// `.tmp` files: what a crash left of a new segment or a snapshot.
+    leftovers: Vec<u64>,
+}
+
+/// Lists the log in `dir`, reading its segments' headers.
+fn list(dir: &Path) -> io::Result<Listing> {
+    let mut segments = Vec::new();
+    let mut leftovers = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(number) = name.strip_suffix(".log").and_then(parse_number) {
+            segments.push(number);
+        } else if let Some(number) = name.strip_suffix(".tmp").and_then(parse_number) {
+            leftovers.push(number);
+        }
+    }
+    segments.sort_unstable();
+    // The newest snapshot supersedes every segment below it: those are not read.
+    let mut kinds = Vec::with_capacity(segments.len());
+    for &number in segments.iter().rev() {
+        let kind = read_header(&segment_path(dir, number), number)?;
+        kinds.push(kind);
+        if kind == Kind::Snapshot {
+            break;
+        }
+    }
+    kinds.reverse();
+    let superseded: Vec<u64> = segments.drain(..segments.len() - kinds.len()).collect();
+    Ok(Listing { segments, kinds, superseded, leftovers })
 }
 
 impl Store for LogStore {
@@ -1083,6 +1162,45 @@ mod tests {
         let path = segment_path(dir, store.inner.writer.lock().active.number);
         drop(store);
         ThreeCommits { bytes: std::fs::read(&path).unwrap(), path, start, stop, after_a }
+    }
+
+    /// Every file of `dir` and its bytes.
+    fn snapshot_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        files(dir).into_iter().map(|name| (name.clone(), std::fs::read(dir.join(&name)).unwrap())).collect()
+    }
+
+    #[test]
+    fn a_log_in_use_is_read_as_it_is_now_without_its_lock_or_a_change() {
+        let dir = scratch("read-now");
+        assert_eq!(LogStore::read_now(&dir).unwrap_err().kind(), io::ErrorKind::NotFound, "no log yet");
+        let store = LogStore::open_with(&dir, small()).unwrap();
+        store.commit(&puts(&[(1, 0, "spawn"), (1, 1, "step")]), true).unwrap();
+        // Enough commits to roll segments and compact, as a running host does.
+        for seq in 2..400 {
+            let batch = Batch { puts: vec![(key(2, seq), vec![b'x'; 64])], removals: vec![(2, seq - 1)] };
+            store.commit(&batch, true).unwrap();
+        }
+        store.wait_for_compaction();
+        let before = snapshot_files(&dir);
+        let read = LogStore::read_now(&dir).unwrap();
+        assert_eq!(contents(&read), contents(&store));
+        assert_eq!(snapshot_files(&dir), before, "reading changed the log");
+
+        // A commit half-written as it is read is left out, and left alone.
+        let path = segment_path(&dir, store.inner.writer.lock().active.number);
+        let end = end(&store);
+        let mut frame = Vec::new();
+        encode(&mut frame, &[], [(key(1, 2), b"half".as_slice())].into_iter()).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .write_all_at(&frame[..frame.len() / 2], end as u64)
+            .unwrap();
+        let half = std::fs::read(&path).unwrap();
+        assert_eq!(contents(&LogStore::read_now(&dir).unwrap()), contents(&store));
+        assert_eq!(std::fs::read(&path).unwrap(), half);
+        drop(store);
     }
 
     #[test]

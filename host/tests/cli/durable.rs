@@ -191,6 +191,10 @@ fn a_signal_suspends_a_durable_run_and_the_same_command_resumes_it() {
         .expect("wasmproc runs");
     super::hardening::wait_until_running(&child);
     std::thread::sleep(Duration::from_millis(300));
+    // The journal in use is read as it is now, without its lock.
+    let live = run(&["journal", "ls", journal]).expect(0);
+    assert!(live.stderr.contains("a host is running this journal: what follows is as of now"), "{}", live.stderr);
+    assert!(live.stdout.contains("unfinished: "), "{}", live.stdout);
     assert!(std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
