@@ -58,14 +58,18 @@ enum Verb {
         /// The process, as `journal ls` lists it.
         #[arg(value_name = "PID")]
         pid: u64,
+        /// Only its last N records (numbered as in the whole history): what a long-running
+        /// process has been doing lately.
+        #[arg(long, value_name = "N")]
+        last: Option<usize>,
     },
 }
 
 impl JournalCommand {
     pub(super) fn execute(self) -> Result<ExitCode, Failure> {
-        let (dir, pid) = match &self.command {
-            Verb::Ls { dir } => (dir, None),
-            Verb::Show { dir, pid } => (dir, Some(Pid::from_u64(*pid))),
+        let (dir, pid, last) = match &self.command {
+            Verb::Ls { dir } => (dir, None, None),
+            Verb::Show { dir, pid, last } => (dir, Some(Pid::from_u64(*pid)), *last),
             Verb::Verify { dir, app, engine } => return verify(dir, app, engine),
         };
         if !dir.is_dir() {
@@ -95,7 +99,8 @@ impl JournalCommand {
                         format!("the journal in `{}` holds no process {pid}: `journal ls` lists them", dir.display()),
                     ));
                 };
-                process.records.iter().map(|record| format!("{record}\n")).collect()
+                let skip = last.map_or(0, |last| process.records.len().saturating_sub(last));
+                process.records[skip..].iter().map(|record| format!("{record}\n")).collect()
             }
         };
         print_now(&text).map_err(|_| Failure::new(Exit::StdoutClosed, "stdout was closed"))?;

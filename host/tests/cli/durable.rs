@@ -224,6 +224,10 @@ fn a_signal_suspends_a_durable_run_and_the_same_command_resumes_it() {
     assert!(shown.stdout.contains("main([2,30]) by the host"), "{}", shown.stdout);
     assert!(shown.stdout.contains("spawn worker(null), monitored → blocked"), "{}", shown.stdout);
     assert!(shown.stdout.contains("exit   ok 18970"), "{}", shown.stdout);
+    let records = shown.stdout.lines().count();
+    let last = run(&["journal", "show", journal, &root, "--last", "2"]).expect(0);
+    let expected: Vec<&str> = shown.stdout.lines().skip(records - 2).collect();
+    assert_eq!(last.stdout.lines().collect::<Vec<_>>(), expected);
 }
 
 #[test]
