@@ -3,8 +3,8 @@
 //! then what went in and what came out, payloads shown as their text where they have one.
 //!
 //! ```text
-//!    0  spawn  2026-11-24 14:22:15.848228 UTC  worker(null) by 4328521728 (its record 1, yield 1), kind app
-//!    2  step   +13.9 ms  message "n" 1 from 4328521728 (sent in its record 7) → 1: sleep 5ms → blocked
+//!    0  spawn  2026-11-24 14:22:15.848228 UTC  worker(null) by 4328521728 (parent's record 1, yield 1), kind app
+//!    2  step   +13.9 ms  message "n" 1 from 4328521728 (sender's record 7) → 1: sleep 5ms → blocked
 //!    3  step   +5.2 ms   completion 1: ok (empty) → sends "answer" 1 to 4328521728 → idle
 //!   13  exit   ok 5
 //! ```
@@ -49,7 +49,7 @@ fn spawned(line: &mut String, spawn: &SpawnRecord) {
     let inputs: Vec<String> = spawn.input.iter().map(payload).collect();
     let _ = write!(line, "{}({}) by {}", spawn.method, inputs.join(", "), who(spawn.parent));
     if let Some((seq, tag)) = spawn.origin {
-        let _ = write!(line, " (its record {seq}, yield {tag})");
+        let _ = write!(line, " (parent's record {seq}, yield {tag})");
     }
     if let Some(kind) = &spawn.kind {
         let _ = write!(line, ", kind {kind}");
@@ -73,7 +73,7 @@ fn stepped(line: &mut String, step: &StepRecord) {
                 && let Some((_, id)) = ids.next()
                 && *sender != Pid::HOST
             {
-                let _ = write!(shown, " (sent in its record {})", id >> 20);
+                let _ = write!(shown, " (sender's record {})", id >> 20);
             }
             shown
         })
@@ -303,10 +303,10 @@ mod tests {
         assert_eq!(
             lines(&records),
             [
-                "   0  spawn  2026-11-25 11:12:15.848228 UTC  worker(null) by 4328521728 (its record 1, yield 1), \
+                "   0  spawn  2026-11-25 11:12:15.848228 UTC  worker(null) by 4328521728 (parent's record 1, yield 1), \
                  kind app, program sha256:37d3",
                 "   1  step   +667 µs   no events → idle",
-                "   2  step   +13.9 ms  message \"n\" 1 from 4328521728 (sent in its record 7) → 1: sleep 5ms → blocked",
+                "   2  step   +13.9 ms  message \"n\" 1 from 4328521728 (sender's record 7) → 1: sleep 5ms → blocked",
                 "   3  step   +5.2 ms   completion 1: ok (empty) → sends \"answer\" 1 to 4328521728 → idle",
                 "   4  host   message \"stop\" \"now\" from the host",
                 "   5  exit   ok 5",
