@@ -165,13 +165,18 @@ fn wasm_scheduler_with(journal: Option<Journal>) -> Scheduler {
 /// lift; `Command::Custom` owns its name) and wasmtime's fiber for the call. Pinned to
 /// that count, so that an allocation added to the path fails here.
 fn a_wasm_step_allocates_only_what_its_output_needs() {
-    let s = wasm_scheduler();
-    let per_step = per_unit(1_000, 11_000, |n| {
+    let per_step = allocations_a_cycle_step(&wasm_scheduler());
+    assert!(per_step < 3.05, "{per_step} allocations a step");
+}
+
+/// Allocations a step of the bench guest's `cycles` on `s`: each step yields `now` and
+/// is woken by its completion.
+fn allocations_a_cycle_step(s: &Scheduler) -> f64 {
+    per_unit(1_000, 11_000, |n| {
         let options = SpawnOptions::new("cycles").input(vec![Payload::u64(n)]);
         let process = s.handle().spawn(Spawnable::kind("bench"), options).unwrap();
         assert_eq!(process.join_timeout(HANG), Some(Ok(Payload::u64(n))));
-    });
-    assert!(per_step < 3.05, "{per_step} allocations a step");
+    })
 }
 
 /// A durable step allocates three times more than a step in memory: its record's
@@ -182,12 +187,7 @@ fn a_wasm_step_allocates_only_what_its_output_needs() {
 /// thread and freed on another takes both threads through glibc's arena lock
 /// (BENCHMARKS.md, "A step's yields stay with its worker").
 fn a_durable_step_allocates_its_record_not_its_worker_s_vectors() {
-    let s = wasm_scheduler_with(Some(Journal::with_store(MemoryStore::new())));
-    let per_step = per_unit(1_000, 11_000, |n| {
-        let options = SpawnOptions::new("cycles").input(vec![Payload::u64(n)]);
-        let process = s.handle().spawn(Spawnable::kind("bench"), options).unwrap();
-        assert_eq!(process.join_timeout(HANG), Some(Ok(Payload::u64(n))));
-    });
+    let per_step = allocations_a_cycle_step(&wasm_scheduler_with(Some(Journal::with_store(MemoryStore::new()))));
     assert!(per_step < 6.5, "{per_step} allocations a durable step");
 }
 
