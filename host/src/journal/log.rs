@@ -258,22 +258,9 @@ impl LogStore {
             ));
         }
         let lock = lock(dir)?;
-        let Listing { segments, kinds, superseded, leftovers } = list(dir)?;
-        let mut index = Index::default();
-        let mut sizes = BTreeMap::new();
-        let mut last = None;
-        for (i, (&number, &kind)) in segments.iter().zip(&kinds).enumerate() {
-            let path = segment_path(dir, number);
-            let data = std::fs::read(&path)?;
-            // Only the segment being written when the host stopped may end in a torn
-            // commit: every other one was synced whole before the next was started.
-            let writable = i + 1 == segments.len() && kind == Kind::Log;
-            let end = replay(&path, &data, writable, &mut index)?;
-            sizes.insert(number, end.frames as u64);
-            if writable {
-                last = Some((number, end, data.len() as u64));
-            }
-        }
+        let listing = list(dir)?;
+        let Replayed { index, mut sizes, last } = replay_all(dir, &listing)?;
+        let Listing { segments, superseded, leftovers, .. } = listing;
 
         // The log is whole: what a crash left over can go.
         let mut removed = false;
@@ -407,18 +394,40 @@ impl LogStore {
 /// Every record of the log in `dir` as its segments hold them now (see
 /// [`LogStore::read_now`]).
 fn read_records(dir: &Path) -> io::Result<Index> {
-    let Listing { segments, kinds, .. } = list(dir)?;
-    if segments.is_empty() {
+    let listing = list(dir)?;
+    if listing.segments.is_empty() {
         return Err(io::Error::new(io::ErrorKind::NotFound, format!("{} holds no journal", dir.display())));
     }
-    let mut index = Index::default();
-    for (i, (&number, &kind)) in segments.iter().zip(&kinds).enumerate() {
+    Ok(replay_all(dir, &listing)?.index)
+}
+
+/// What reading a log's segments in order gives.
+struct Replayed {
+    index: Index,
+    /// Where each segment's frames end, by number.
+    sizes: BTreeMap<u64, u64>,
+    /// The segment being written, if the last is a log: its number, where its frames end
+    /// (and whether a torn commit follows them), and its length.
+    last: Option<(u64, End, u64)>,
+}
+
+/// Reads `listing`'s segments in order into an index.
+fn replay_all(dir: &Path, listing: &Listing) -> io::Result<Replayed> {
+    let mut replayed = Replayed { index: Index::default(), sizes: BTreeMap::new(), last: None };
+    for (i, (&number, &kind)) in listing.segments.iter().zip(&listing.kinds).enumerate() {
         let path = segment_path(dir, number);
         let data = std::fs::read(&path)?;
-        // The segment being written may end in a commit not yet whole.
-        replay(&path, &data, i + 1 == segments.len() && kind == Kind::Log, &mut index)?;
+        // Only the segment being written (when the host stopped, or now, by a host
+        // running it) may end in a torn commit: every other one was synced whole before
+        // the next was started.
+        let writable = i + 1 == listing.segments.len() && kind == Kind::Log;
+        let end = replay(&path, &data, writable, &mut replayed.index)?;
+        replayed.sizes.insert(number, end.frames as u64);
+        if writable {
+            replayed.last = Some((number, end, data.len() as u64));
+        }
     }
-    Ok(index)
+    Ok(replayed)
 }
 
 /// The segments of a log to read, in order, and what a crash or a compaction left.

@@ -46,8 +46,7 @@ pub(super) fn line(seq: u64, record: &Record, last_at: &mut Option<u64>) -> Stri
 }
 
 fn spawned(line: &mut String, spawn: &SpawnRecord) {
-    let inputs: Vec<String> = spawn.input.iter().map(payload).collect();
-    let _ = write!(line, "{}({}) by {}", spawn.method, inputs.join(", "), who(spawn.parent));
+    let _ = write!(line, "{} by {}", entry(&spawn.method, &spawn.input), who(spawn.parent));
     if let Some((seq, tag)) = spawn.origin {
         let _ = write!(line, " (parent's record {seq}, yield {tag})");
     }
@@ -120,8 +119,7 @@ pub(super) fn command(command: &Command) -> String {
     match command {
         Command::Sleep(duration) => format!("sleep {duration:?}"),
         Command::Spawn(spawn) => {
-            let inputs: Vec<String> = spawn.input.iter().map(payload).collect();
-            let mut shown = format!("spawn {}({})", spawn.method, inputs.join(", "));
+            let mut shown = format!("spawn {}", entry(&spawn.method, &spawn.input));
             if let Some(kind) = &spawn.kind {
                 let _ = write!(shown, " of kind {kind}");
             }
@@ -135,6 +133,12 @@ pub(super) fn command(command: &Command) -> String {
         Command::Terminate(pid) => format!("terminate {pid}"),
         Command::Custom { name, payload: input } => format!("{name} {}", payload(input)),
     }
+}
+
+/// An entry method called with its input: `main(1, "a")`.
+fn entry(method: &str, input: &[Payload]) -> String {
+    let inputs: Vec<String> = input.iter().map(payload).collect();
+    format!("{method}({})", inputs.join(", "))
 }
 
 fn outcome(line: &mut String, result: &Outcome) {
