@@ -152,7 +152,8 @@ impl Journal {
         let mut failure = None;
         // The time of the last spawn or step read, which the next step's is shown after.
         let mut last_at = None;
-        // The process's yields not completed yet, by tag.
+        // The process's yields not completed yet, by tag: its `waiting_for` once its
+        // records have all been read.
         let mut pending = std::collections::BTreeMap::new();
         self.store.scan(Key { process: 1, seq: 0 }, &mut |key, value| {
             let record = match Record::decode(value) {
@@ -168,7 +169,9 @@ impl Journal {
             let pid = Pid::from_u64(key.process);
             if all.last().is_none_or(|h| h.pid != pid) {
                 last_at = None;
-                pending.clear();
+                if let Some(previous) = all.last_mut() {
+                    settle(previous, &mut pending);
+                }
                 all.push(History {
                     pid,
                     parent: None,
@@ -196,26 +199,34 @@ impl Journal {
                         }
                     }
                     for y in &step.yields {
-                        pending.insert(y.tag, super::history::command(&y.command));
+                        pending.insert(y.tag, format!("{}: {}", y.tag, super::history::command(&y.command)));
                     }
-                    history.waiting_for = pending.iter().map(|(tag, command)| format!("{tag}: {command}")).collect();
                     history.last_status = Some(step.status.clone());
                 }
                 Record::Exit(result) => {
                     history.result = Some(result.clone());
                     history.last_status = None;
-                    history.waiting_for.clear();
+                    pending.clear();
                 }
                 Record::HostMessage { .. } => {}
             }
             history.records.push(super::history::line(key.seq, &record, &mut last_at));
             ControlFlow::Continue(())
         })?;
+        if let Some(last) = all.last_mut() {
+            settle(last, &mut pending);
+        }
         match failure {
             Some(error) => Err(error),
             None => Ok(all),
         }
     }
+}
+
+/// Gives `history` what its process waits for: the `pending` yields left once its
+/// records have all been read.
+fn settle(history: &mut History, pending: &mut std::collections::BTreeMap<u64, String>) {
+    history.waiting_for = std::mem::take(pending).into_values().collect();
 }
 
 /// Microseconds since the Unix epoch, now.
