@@ -710,3 +710,261 @@ fn a_bare_processes_memory_cap_travels_with_its_spawn() {
     let error = parent.join_timeout(PATIENCE).expect("the spawner ends").expect_err("its child runs out of memory");
     assert!(error.contains(&format!("past its `max_memory` of {SMALL} bytes")), "{error}");
 }
+
+/// Node `name`'s load (its live processes) as `cluster ls` lists it; `None` while it is
+/// not listed.
+fn load_of(server: &Server, name: &str) -> Option<u64> {
+    let out = wasmproc()
+        .args(["cluster", "ls", "--json", "--cluster", &server.url(), "--cluster-secret", SECRET])
+        .output()
+        .expect("cluster ls runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|node| node["name"] == name)
+        .and_then(|node| node["load"].as_u64())
+}
+
+/// Waits until node `name` lists `load` live processes.
+fn wait_for_load(server: &Server, name: &str, load: u64, why: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let now = load_of(server, name);
+        if now == Some(load) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "node `{name}` still runs {now:?} processes, not {load}: {why}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `wasmproc run APP ARGS --cluster URL`, started.
+fn client(server: &Server, app: &Path, args: &[&str]) -> Child {
+    wasmproc()
+        .arg("run")
+        .arg(app)
+        .args(args)
+        .args(["--cluster", &server.url(), "--cluster-secret", SECRET])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("wasmproc run starts")
+}
+
+/// Waits for `child` to exit, killing it and failing if it has not within the patience.
+fn finished(mut child: Child) -> std::process::Output {
+    let deadline = Instant::now() + PATIENCE;
+    while child.try_wait().expect("wait works").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!("the client did not end: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// `run --cluster --timeout`: past it the client stops the run, as a local run stops:
+/// exit 4 saying so, and the entry (a `spin` that never ends by itself) is ended on its
+/// node, within the grace.
+#[test]
+fn run_with_cluster_stops_its_processes_at_its_timeout() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let _node = node_process(&server, "timed");
+    wait_for_nodes(&server, 1);
+    let out = finished(client(
+        &server,
+        Path::new(wasmproc_tests::guests::HOSTILE),
+        &["--method", "spin", "--timeout", "1s", "--grace", "100ms"],
+    ));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("timed out after 1s: stopping the run on the cluster"), "{stderr}");
+    wait_for_load(&server, "timed", 0, "the timed-out run's `spin`");
+}
+
+/// A client killed with SIGKILL mid-run: its node hears no more of it, and ends its
+/// processes (cancel, grace, terminate) instead of running them for ever.
+#[test]
+fn a_client_killed_mid_run_leaves_no_process_running() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let _node = node_process(&server, "host");
+    wait_for_nodes(&server, 1);
+    let mut client = client(&server, Path::new(wasmproc_tests::guests::HOSTILE), &["--method", "spin"]);
+    wait_for_load(&server, "host", 1, "the client's `spin` starts");
+    client.kill().expect("SIGKILL");
+    let _ = client.wait();
+    wait_for_load(&server, "host", 0, "the killed client's `spin`");
+}
+
+/// Ctrl-C of a client: the run stops as a local one does (exit 130), its processes on
+/// the node ended.
+#[test]
+fn ctrl_c_of_a_cluster_run_ends_its_processes() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let _node = node_process(&server, "interrupted");
+    wait_for_nodes(&server, 1);
+    let client = client(&server, Path::new(wasmproc_tests::guests::HOSTILE), &["--method", "spin", "--grace", "100ms"]);
+    wait_for_load(&server, "interrupted", 1, "the client's `spin` starts");
+    let status = Command::new("kill").args(["-INT", &client.id().to_string()]).status().expect("kill runs");
+    assert!(status.success());
+    let out = finished(client);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted (again to force): stopping the run on the cluster"), "{stderr}");
+    wait_for_load(&server, "interrupted", 0, "the interrupted run's `spin`");
+}
+
+/// What a run's entry leaves behind (the `orphan` entry spawns a `spin` and completes)
+/// ends once its client has its result and leaves.
+#[test]
+fn what_a_cluster_run_leaves_behind_ends_when_its_client_leaves() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let _node = node_process(&server, "left");
+    wait_for_nodes(&server, 1);
+    let out = finished(client(&server, Path::new(wasmproc_tests::guests::HOSTILE), &["--method", "orphan"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "\"orphaned\"");
+    wait_for_load(&server, "left", 0, "the orphaned `spin`");
+}
+
+/// The lines a cluster run's processes log reach the client's stderr, tagged with the
+/// pid and level as a local run's are.
+#[test]
+fn a_cluster_runs_log_lines_reach_its_client() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let _node = node_process(&server, "chatty");
+    wait_for_nodes(&server, 1);
+    let out = finished(client(&server, &guest("sdk_tour"), &["--method", "chatty", "--input", "\"ada\""]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let line = |text: &str| {
+        stderr.lines().find(|line| line.ends_with(text)).unwrap_or_else(|| panic!("no {text:?} in {stderr}"))
+    };
+    let hello = line("info: hello, ada");
+    assert!(hello.starts_with("[pid ") && hello.contains("] info: "), "{hello}");
+    line("warn: a line without arguments");
+}
+
+/// `cluster run` is `run --cluster`: the same flags, here --input-file, --json and
+/// --stats, which report as a local run does, with the node that ran the entry.
+#[test]
+fn cluster_run_reports_with_json_and_stats_from_an_input_file() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let _node = node_process(&server, "reporter");
+    wait_for_nodes(&server, 1);
+    let input = std::env::temp_dir().join(format!("wasmproc-cluster-input-{}.json", std::process::id()));
+    std::fs::write(&input, "4").unwrap();
+    let out = wasmproc()
+        .args(["cluster", "run"])
+        .arg(guest("fan_out"))
+        .arg("--input-file")
+        .arg(&input)
+        .args(["--json", "--stats", "--cluster", &server.url(), "--cluster-secret", SECRET])
+        .output()
+        .expect("cluster run runs");
+    let _ = std::fs::remove_file(&input);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let object: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(object["ok"], serde_json::json!([0, 1, 4, 9]), "{object}");
+    assert_eq!(object["stats"]["node"], "reporter", "{object}");
+}
+
+/// `python3 -m http.server` serving `dir` on a free loopback port, killed on drop.
+struct Site {
+    child: Child,
+    port: u16,
+}
+
+impl Site {
+    fn start(dir: &Path) -> Site {
+        use std::io::BufRead as _;
+        let mut child = Command::new("python3")
+            .args(["-u", "-m", "http.server", "--bind", "127.0.0.1", "0"])
+            .current_dir(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 runs");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).expect("a port");
+        // "Serving HTTP on 127.0.0.1 port 40013 (http://127.0.0.1:40013/) ..."
+        let port = line
+            .split_whitespace()
+            .skip_while(|w| *w != "port")
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        Site { child, port }
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A cluster run's providers are its node's: the fetcher, run on a node started with
+/// `--allow-host` and `--kv`, fetches and counts there; on a node started without them
+/// it is denied, naming the node and its flag; the run's own --deny withdraws what the
+/// node serves.
+#[test]
+fn a_cluster_run_gets_the_providers_its_node_serves() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let dir = std::env::temp_dir().join(format!("wasmproc-cluster-providers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("site")).unwrap();
+    std::fs::write(dir.join("site/index.html"), "hello from the server").unwrap();
+    let site = Site::start(&dir.join("site"));
+    let host = format!("127.0.0.1:{}", site.port);
+    let input = serde_json::json!({ "url": format!("http://{host}/index.html") }).to_string();
+    let state = dir.join("state");
+    let fetch = |deny: &[&str]| {
+        let mut args = vec!["--input", &input];
+        args.extend_from_slice(deny);
+        finished(client(&server, &guest("fetcher"), &args))
+    };
+
+    let bare = node_process(&server, "bare");
+    wait_for_nodes(&server, 1);
+    let out = fetch(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "denied: `http.request` needs an allowed host, which node `bare` does not serve: start it with \
+             `wasmproc node --allow-host"
+        ),
+        "{stderr}"
+    );
+    drop(bare);
+
+    let child = wasmproc()
+        .args(["node", "--cluster", &server.url(), "--name", "served", "--cluster-secret", SECRET, "--workers", "1"])
+        .args(["--allow-host", &host, "--kv"])
+        .arg(&state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("wasmproc node starts");
+    let _served = Killed(child);
+    let deadline = Instant::now() + PATIENCE;
+    while load_of(&server, "served").is_none() || load_of(&server, "bare").is_some() {
+        assert!(Instant::now() < deadline, "node `served` did not replace `bare`");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = fetch(&[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let fetched: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(fetched, serde_json::json!({"status": 200, "bytes": 21, "fetches": 1}));
+
+    let out = fetch(&["--deny", "kv.*"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("permission denied: kv.get"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -27,7 +27,8 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::process::ExitCode;
 
-use clap::{Args, CommandFactory as _, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use wasmproc::wasm::Config;
 
 /// Exit codes, as `--help` lists them.
@@ -229,8 +230,11 @@ impl EngineArgs {
 
 /// Parses the command line, runs the subcommand, and turns its outcome into an exit code.
 pub(crate) fn main() -> ExitCode {
-    let cli = match Cli::try_parse_from(expand_shorthand(std::env::args_os().collect())) {
-        Ok(cli) => cli,
+    let parsed = Cli::command()
+        .try_get_matches_from(expand_shorthand(std::env::args_os().collect()))
+        .and_then(|matches| Cli::from_arg_matches(&matches).map(|cli| (cli, matches)));
+    let (cli, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(error) => {
             // `--help` and `--version` go to stdout; `print` reports a closed one.
             return match (error.print(), error.use_stderr()) {
@@ -242,13 +246,13 @@ pub(crate) fn main() -> ExitCode {
     };
     cli.logging.install();
     let outcome = match cli.command {
-        Command::Run(run) => run.execute(),
+        Command::Run(run) => run.execute(Given::of(&matches, &["run"])),
         Command::Inspect(inspect) => inspect.execute(),
         Command::Compile(compile) => compile.execute(),
         Command::Journal(journal) => journal.execute(),
         Command::Cache(cache) => cache.execute(),
         Command::Node(node) => node.execute(),
-        Command::Cluster(cluster) => cluster.execute(),
+        Command::Cluster(cluster) => cluster.execute(Given::of(&matches, &["cluster", "run"])),
     };
     match outcome {
         Ok(code) => code,
@@ -293,6 +297,27 @@ fn expand_shorthand(mut args: Vec<OsString>) -> Vec<OsString> {
         args.insert(at, "run".into());
     }
     args
+}
+
+/// Which flags of a subcommand the user gave (on the command line or through an
+/// environment variable), as opposed to those left at their defaults: what `run
+/// --cluster` refuses by name must be told from a default it never applies.
+#[derive(Clone, Copy)]
+pub(super) struct Given<'a>(Option<&'a ArgMatches>);
+
+impl<'a> Given<'a> {
+    /// The flags of the subcommand at `path` (e.g. `["cluster", "run"]`), if it ran.
+    fn of(matches: &'a ArgMatches, path: &[&str]) -> Given<'a> {
+        let found = path.iter().try_fold(matches, |matches, name| matches.subcommand_matches(name));
+        Given(found)
+    }
+
+    /// Whether the flag whose clap id is `id` (its field's name) was given.
+    pub(super) fn has(self, id: &str) -> bool {
+        let Some(matches) = self.0 else { return false };
+        matches.try_get_raw(id).is_ok_and(|raw| raw.is_some())
+            && matches!(matches.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable))
+    }
 }
 
 /// The runtime for `engine`; failing to create it is the host's failure.

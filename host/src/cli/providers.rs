@@ -19,7 +19,8 @@
 //! are trusted services, not part of the durable history, and they get the same
 //! providers as the run's processes.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -108,6 +109,9 @@ pub(super) struct Providers {
     kv: Option<Kv>,
     files: Option<Files>,
     env: Option<Env>,
+    /// The node (`wasmproc node --name`) they serve, if not a run: its denials say to
+    /// start the node with the flag.
+    node: Option<Arc<str>>,
 }
 
 impl Providers {
@@ -153,27 +157,33 @@ impl Providers {
             Some(Files::new(dirs, FilesSettings::default()).map_err(|e| Failure::new(Exit::Usage, format!("{e:#}")))?)
         };
         let env = (!env.is_empty()).then(|| Env::new(env));
-        Ok(Providers { http, kv, files, env })
+        Ok(Providers { http, kv, files, env, node: None })
+    }
+
+    /// The same, serving the runs of other hosts on node `name` of a cluster.
+    pub(super) fn on_node(self, name: &str) -> Providers {
+        Providers { node: Some(name.into()), ..self }
     }
 
     /// Registers every family on `builder`: a flag's provider, or the stand-in that
     /// names the flag.
     pub(super) fn register(&self, builder: Builder) -> Builder {
+        let missing = |family, needs| Missing { family, needs, node: self.node.clone() };
         let builder = match &self.http {
             Some(http) => builder.provider(http.clone()),
-            None => builder.provider(Missing { family: "http", needs: "an allowed host" }),
+            None => builder.provider(missing("http", "an allowed host")),
         };
         let builder = match &self.kv {
             Some(kv) => builder.provider(kv.clone()),
-            None => builder.provider(Missing { family: "kv", needs: "the key-value store" }),
+            None => builder.provider(missing("kv", "the key-value store")),
         };
         let builder = match &self.files {
             Some(files) => builder.provider(files.clone()),
-            None => builder.provider(Missing { family: "fs", needs: "a directory" }),
+            None => builder.provider(missing("fs", "a directory")),
         };
         let builder = match &self.env {
             Some(env) => builder.provider(env.clone()),
-            None => builder.provider(Missing { family: "env", needs: "environment variables" }),
+            None => builder.provider(missing("env", "environment variables")),
         };
         builder.provider(Time).provider(Random)
     }
@@ -185,6 +195,8 @@ impl Providers {
 struct Missing {
     family: &'static str,
     needs: &'static str,
+    /// The node it stands in on, if not a run.
+    node: Option<Arc<str>>,
 }
 
 impl Provider for Missing {
@@ -193,7 +205,10 @@ impl Provider for Missing {
     }
 
     fn handle(&self, request: Request<'_>) {
-        let error = denial(request.name(), self.needs);
+        let error = match &self.node {
+            Some(node) => node_denial(request.name(), self.needs, node),
+            None => denial(request.name(), self.needs),
+        };
         request.complete(Err(error));
     }
 }
@@ -201,6 +216,51 @@ impl Provider for Missing {
 /// What a run without the flag that grants `command` answers it.
 fn denial(command: &str, needs: &str) -> String {
     format!("denied: `{command}` needs {needs}: run with {}", GrantedBy::of(command).flag())
+}
+
+/// The --dir and --dir-rw grants, each an existing directory.
+pub(super) fn dir_grants(dir: &[String], dir_rw: &[String]) -> Result<Vec<Grant>, Failure> {
+    let mut grants = Vec::new();
+    for (specs, writable) in [(dir, false), (dir_rw, true)] {
+        for spec in specs {
+            let (host, guest) = spec.split_once("::").unwrap_or((spec, spec));
+            if !Path::new(host).is_dir() {
+                let flag = if writable { "--dir-rw" } else { "--dir" };
+                return Err(Failure::new(Exit::Usage, format!("{flag} `{host}`: no such directory")));
+            }
+            grants.push(Grant { host: PathBuf::from(host), guest: guest.to_owned(), writable });
+        }
+    }
+    Ok(grants)
+}
+
+/// The --env variables, NAME=VALUE or NAME passed through from the host's environment.
+pub(super) fn env_vars(env: &[String]) -> Result<Vec<(String, String)>, Failure> {
+    let mut vars = Vec::new();
+    for spec in env {
+        match spec.split_once('=') {
+            Some((key, value)) if !key.is_empty() => vars.push((key.to_owned(), value.to_owned())),
+            Some(_) => return Err(Failure::new(Exit::Usage, format!("--env `{spec}`: the name is empty"))),
+            None => match std::env::var(spec) {
+                Ok(value) => vars.push((spec.clone(), value)),
+                Err(_) => {
+                    return Err(Failure::new(
+                        Exit::Usage,
+                        format!("--env `{spec}`: the host has no such variable (write NAME=VALUE to set one)"),
+                    ));
+                }
+            },
+        }
+    }
+    Ok(vars)
+}
+
+/// What node `node`, started without the flag that grants `command`, answers it.
+fn node_denial(command: &str, needs: &str, node: &str) -> String {
+    format!(
+        "denied: `{command}` needs {needs}, which node `{node}` does not serve: start it with `wasmproc node {}`",
+        GrantedBy::of(command).flag()
+    )
 }
 
 /// Provider components, running on their scheduler.

@@ -9,6 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use wasmproc::cluster::ClusterStats;
 use wasmproc::journal::CommitStats;
 use wasmproc::scheduler::Stats;
 use wasmproc::wasm::exit_code;
@@ -21,26 +22,57 @@ use super::units::{bytes, count};
 
 /// The `--stats` summary.
 pub(super) struct Summary {
-    stats: Stats,
+    of: Of,
     wall: Duration,
     /// Guest output lines dropped because stderr was not read fast enough.
     dropped: u64,
-    /// What a durable run's journal wrote.
-    journal: Option<CommitStats>,
+}
+
+/// What a summary is of.
+enum Of {
+    /// A run on this host: its scheduler's counts, and what a durable run's journal
+    /// wrote.
+    Here { stats: Box<Stats>, journal: Option<CommitStats> },
+    /// A run on a cluster: the node its entry ran on (name and id), and what this
+    /// client's links did. The nodes' schedulers count for all their runs, not this one.
+    Cluster { node: String, id: u16, links: ClusterStats },
 }
 
 impl Summary {
     pub(super) fn new(stats: Stats, wall: Duration, dropped: u64) -> Summary {
-        Summary { stats, wall, dropped, journal: None }
+        Summary { of: Of::Here { stats: Box::new(stats), journal: None }, wall, dropped }
+    }
+
+    /// The summary of a run whose entry ran on node `node` (`id`) of a cluster.
+    pub(super) fn cluster(node: String, id: u16, links: ClusterStats, wall: Duration, dropped: u64) -> Summary {
+        Summary { of: Of::Cluster { node, id, links }, wall, dropped }
     }
 
     /// The same, with what the run's journal wrote.
-    pub(super) fn with_journal(self, journal: Option<CommitStats>) -> Summary {
-        Summary { journal, ..self }
+    pub(super) fn with_journal(mut self, written: Option<CommitStats>) -> Summary {
+        if let Of::Here { journal, .. } = &mut self.of {
+            *journal = written;
+        }
+        self
     }
 
     fn json(&self) -> Value {
-        let s = &self.stats;
+        let (s, journal) = match &self.of {
+            Of::Here { stats, journal } => (stats, journal),
+            Of::Cluster { node, id, links } => {
+                return json!({
+                    "node": node,
+                    "node_id": id,
+                    "messages_sent": links.messages_sent,
+                    "messages_delivered": links.messages_delivered,
+                    "messages_lost": links.messages_lost,
+                    "retransmitted": links.retransmitted,
+                    "frames_refused": links.frames_refused,
+                    "log_lines_dropped": self.dropped,
+                    "wall_ms": self.wall.as_secs_f64() * 1e3,
+                });
+            }
+        };
         json!({
             "processes": s.spawned,
             "peak_live": s.peak_live,
@@ -54,13 +86,29 @@ impl Summary {
             "workers": s.workers.iter().map(|w| json!({"steps": w.executed, "steals": w.steals, "stolen": w.stolen})).collect::<Vec<_>>(),
             "log_lines_dropped": self.dropped,
             "unobserved_failures": s.unobserved_failures,
-            "journal": self.journal.map(|j| json!({"commits": j.commits, "records": j.records, "bytes": j.bytes})),
+            "journal": journal.map(|j| json!({"commits": j.commits, "records": j.records, "bytes": j.bytes})),
             "wall_ms": self.wall.as_secs_f64() * 1e3,
         })
     }
 
     fn lines(&self) -> Vec<String> {
-        let s = &self.stats;
+        let (s, journal) = match &self.of {
+            Of::Here { stats, journal } => (stats, journal),
+            Of::Cluster { node, id, links } => {
+                return vec![
+                    "── wasmproc stats ──".to_owned(),
+                    format!("node        `{node}` (node {id}) ran the entry process"),
+                    format!(
+                        "links       {} messages sent, {} delivered here, {} lost, {} items retransmitted",
+                        count(links.messages_sent),
+                        count(links.messages_delivered),
+                        count(links.messages_lost),
+                        count(links.retransmitted)
+                    ),
+                    format!("wall time   {:.1?}", self.wall),
+                ];
+            }
+        };
         let steps: u64 = s.workers.iter().map(|w| w.executed).sum();
         let by: Vec<String> = s
             .yields_by_command
@@ -90,7 +138,7 @@ impl Summary {
                 count(w.stolen)
             ));
         }
-        if let Some(j) = &self.journal {
+        if let Some(j) = journal {
             lines.push(format!(
                 "journal     {} records, {} in {} commits",
                 count(j.records),

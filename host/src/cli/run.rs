@@ -12,7 +12,7 @@
 //! reads) is left behind when the host exits.
 
 use std::io::IsTerminal as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,7 +22,6 @@ use clap::{Args, ValueEnum};
 use wasmproc::cluster::RemoteSpawnOptions;
 use wasmproc::handler::KindLimits;
 use wasmproc::journal::{self, Journal, JournalSettings};
-use wasmproc::provider::fs::Grant;
 use wasmproc::scheduler::{ProcessHandle, SpawnOptions};
 use wasmproc::wasm::{COMMAND_ENTRY, LogRecord, Program, WasiOptions};
 use wasmproc::{Capabilities, Outcome, Payload, Scheduler};
@@ -30,10 +29,10 @@ use wasmproc::{Capabilities, Outcome, Payload, Scheduler};
 use super::input::{payloads, read_app};
 use super::inspect::declared::{self, Declared, GrantedBy};
 use super::output::{Output, Say, style};
-use super::providers::{FAMILIES, ProviderArgs, Providers, Services};
+use super::providers::{FAMILIES, ProviderArgs, Providers, Services, dir_grants, env_vars};
 use super::report::{CompileNotice, Progress, Report, Summary};
 use super::stop::Signals;
-use super::{EngineArgs, Exit, Failure, runtime, units};
+use super::{EngineArgs, Exit, Failure, Given, runtime, units};
 use wasmproc::scheduler::Spawnable;
 
 pub(super) const AFTER_HELP: &str = "\
@@ -88,7 +87,7 @@ pub(super) struct Run {
     /// Run the entry process on a cluster (`--cluster URL`: its NATS server) instead of
     /// here: on its least loaded node, and print its result as a local run does.
     #[command(flatten)]
-    cluster: super::node::ClusterArgs,
+    pub(super) cluster: super::node::ClusterArgs,
     /// How long a step runs before it is preempted: suspended and queued behind the
     /// processes waiting, so a busy or looping process never holds a worker (a bare
     /// number is milliseconds). While others wait, a step yields sooner, at the next
@@ -259,16 +258,28 @@ enum Durability {
 impl Run {
     /// Loads the program, spawns its entry process, waits for it and everything it
     /// spawned (or for what stops the run first), and reports.
-    pub(super) fn execute(self) -> Result<ExitCode, Failure> {
+    pub(super) fn execute(self, given: Given<'_>) -> Result<ExitCode, Failure> {
         let start = Instant::now();
         let out = Output::start();
+        if self.cluster.url.is_some() {
+            super::node::refuse_here_only(given, &Run::augment_args(clap::Command::new("run")))?;
+        }
         let signals = Signals::listen()?;
         let inputs = payloads(&self.inputs, self.input_file.as_deref(), self.max_payload)?;
         if self.cluster.url.is_some() {
             let method = self.method.as_deref().unwrap_or("main");
             let options = SpawnOptions::new(method).input(inputs).capabilities(capabilities(&self, &[])?);
-            let options = RemoteSpawnOptions::new(options).limits(self.sandbox());
-            return super::node::run_on_cluster(&self.cluster, &self.app, options, self.engine.max_module_size);
+            let run = super::node::ClusterRun {
+                cluster: &self.cluster,
+                app: &self.app,
+                options: RemoteSpawnOptions::new(options).limits(self.sandbox()),
+                max_module_size: self.engine.max_module_size,
+                timeout: self.timeout,
+                grace: self.grace,
+                json: self.json,
+                stats: self.stats,
+            };
+            return super::node::run_on_cluster(run, &out, &signals, start);
         }
         let interrupt = Arc::new(AtomicBool::new(false));
         let Prepared { scheduler, root, services, journal } = self.prepare(inputs, &out, &interrupt)?;
@@ -388,7 +399,8 @@ impl Run {
         let root = match program {
             Program::Process(component) => {
                 let method = self.entry_method(component.entries())?;
-                let providers = Providers::start(&self.providers, dir_grants(self)?, env_vars(self)?)?;
+                let providers =
+                    Providers::start(&self.providers, dir_grants(&self.dir, &self.dir_rw)?, env_vars(&self.env)?)?;
                 services = Services::start(
                     &self.providers.providers,
                     &self.providers.reads,
@@ -639,43 +651,6 @@ fn capabilities(args: &Run, served: &[String]) -> Result<Capabilities, Failure> 
     Ok(caps)
 }
 
-/// The --dir and --dir-rw grants, each an existing directory.
-fn dir_grants(args: &Run) -> Result<Vec<Grant>, Failure> {
-    let mut grants = Vec::new();
-    for (specs, writable) in [(&args.dir, false), (&args.dir_rw, true)] {
-        for spec in specs {
-            let (host, guest) = spec.split_once("::").unwrap_or((spec, spec));
-            if !Path::new(host).is_dir() {
-                let flag = if writable { "--dir-rw" } else { "--dir" };
-                return Err(Failure::new(Exit::Usage, format!("{flag} `{host}`: no such directory")));
-            }
-            grants.push(Grant { host: PathBuf::from(host), guest: guest.to_owned(), writable });
-        }
-    }
-    Ok(grants)
-}
-
-/// The --env variables, NAME=VALUE or NAME passed through from the host's environment.
-fn env_vars(args: &Run) -> Result<Vec<(String, String)>, Failure> {
-    let mut vars = Vec::new();
-    for spec in &args.env {
-        match spec.split_once('=') {
-            Some((key, value)) if !key.is_empty() => vars.push((key.to_owned(), value.to_owned())),
-            Some(_) => return Err(Failure::new(Exit::Usage, format!("--env `{spec}`: the name is empty"))),
-            None => match std::env::var(spec) {
-                Ok(value) => vars.push((spec.clone(), value)),
-                Err(_) => {
-                    return Err(Failure::new(
-                        Exit::Usage,
-                        format!("--env `{spec}`: the host has no such variable (write NAME=VALUE to set one)"),
-                    ));
-                }
-            },
-        }
-    }
-    Ok(vars)
-}
-
 /// Refuses the flags that only WASI commands take.
 fn refuse_command_flags(args: &Run) -> Result<(), Failure> {
     match (!args.args.is_empty()).then_some("arguments after `--`") {
@@ -699,10 +674,10 @@ fn command_options(args: &Run, interrupt: Arc<AtomicBool>) -> Result<WasiOptions
     if let Some(timeout) = args.timeout {
         options = options.time_limit(timeout);
     }
-    for grant in dir_grants(args)? {
+    for grant in dir_grants(&args.dir, &args.dir_rw)? {
         options = options.dir(grant.host, &grant.guest, grant.writable);
     }
-    for (name, value) in env_vars(args)? {
+    for (name, value) in env_vars(&args.env)? {
         options = options.env(name, value);
     }
     Ok(options)

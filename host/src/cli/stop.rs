@@ -124,10 +124,34 @@ impl Signals {
     /// process's end (at shutdown at the latest) releases it, and the send to a dropped
     /// channel is ignored.
     pub(super) fn forward_end_of(&self, process: ProcessHandle) {
+        self.forward_result(move || process.join());
+    }
+
+    /// Sends what `join` returns (the entry process's result, however it is waited for)
+    /// to the channel, from a thread that waits for it, as [`Signals::forward_end_of`].
+    pub(super) fn forward_result(&self, join: impl FnOnce() -> Outcome + Send + 'static) {
         let tx = self.tx.clone();
         thread::spawn(move || {
-            let _ = tx.send(Signal::Done(process.join()));
+            let _ = tx.send(Signal::Done(join()));
         });
+    }
+
+    /// Waits for the entry process's result, or for what stops the run first (a signal,
+    /// or `deadline`, which `timeout` set).
+    pub(super) fn wait_for_entry(&self, deadline: Option<Instant>, timeout: Option<Duration>) -> Result<Outcome, Stop> {
+        self.wait_for_root(deadline, timeout)
+    }
+
+    /// The entry process's result if it arrives by `until`; signals meanwhile are
+    /// ignored (the run is stopping already, and a second one ends the host at once).
+    pub(super) fn entry_result_by(&self, until: Instant) -> Option<Outcome> {
+        loop {
+            match self.recv(Some(until)) {
+                Ok(Signal::Done(outcome)) => return Some(outcome),
+                Ok(Signal::Stop(_)) => {}
+                Err(_) => return None,
+            }
+        }
     }
 
     /// Waits for the entry process and then for everything it spawned, or for what stops

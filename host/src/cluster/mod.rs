@@ -54,6 +54,14 @@
 //!   meters no fuel fails the spawn), and its own spawns, local or remote, are bounded
 //!   by what it runs under in turn. So no process of a tree runs under looser limits
 //!   than its root, on whichever node.
+//! - **Runs.** A process belongs to the run of the node whose host started its tree (a
+//!   `run --cluster` client, or a node's embedder): the owner, inherited down the tree
+//!   and carried with every spawn to another node. When that node stops its run
+//!   ([`Cluster::stop_run`]), leaves or is lost, each node cancels the run's processes
+//!   there (and those a process of the gone node spawned), and terminates what is left
+//!   after a grace ([`ClusterConfig::grace`]): nothing runs on for a run nobody waits
+//!   for. The lines a run's processes write go to the owner
+//!   ([`Cluster::forward_line`], bounded by [`MAX_LOG_BACKLOG`]).
 //! - **Security.** Every frame carries an HMAC-SHA256 under the shared secret
 //!   ([`ClusterConfig::secret`]); a node drops frames that do not verify, so it takes
 //!   work only from holders of the secret. NATS credentials (a token, or a user and
@@ -94,6 +102,14 @@ pub const RETRANSMIT_AFTER: Duration = Duration::from_secs(1);
 /// it fails ([`SendError::Cluster`]) instead of
 /// growing memory. Picked out of thin air: ~100 MiB of 1 KiB messages.
 pub const MAX_BACKLOG: usize = 100_000;
+/// The most guest lines queued or unacknowledged towards other nodes at once; a line
+/// past it is dropped and counted ([`ClusterStats::log_lines_dropped`]), so a process
+/// that logs without end cannot grow a node's memory. Picked out of thin air: up to
+/// 160 MiB of the longest lines, a few MiB of usual ones.
+pub const MAX_LOG_BACKLOG: usize = 10_000;
+/// How long the processes of a run whose node left or was lost have to end once
+/// cancelled, before they are terminated ([`ClusterConfig::grace`]).
+pub const GRACE: Duration = Duration::from_millis(500);
 /// How long a joining node listens for the others before it picks its id.
 const JOIN_WAIT: Duration = Duration::from_millis(300);
 
@@ -108,6 +124,10 @@ pub enum Placement {
     LeastLoaded,
 }
 
+/// Takes a line a process of this node's run wrote on another node: its pid, its source
+/// (`stdout`, `stderr`, or the level of a `log` call) and the line.
+pub type LineSink = Arc<dyn Fn(Pid, &str, &str) + Send + Sync>;
+
 /// Turns a component's bytes, fetched from another node, into a factory of processes.
 pub type Loader = Arc<dyn Fn(&[u8]) -> anyhow::Result<Arc<dyn Factory>> + Send + Sync>;
 
@@ -121,6 +141,7 @@ pub struct ClusterConfig {
     prefix: String,
     placement: Placement,
     accepts: bool,
+    grace: Duration,
 }
 
 impl std::fmt::Debug for ClusterConfig {
@@ -131,6 +152,7 @@ impl std::fmt::Debug for ClusterConfig {
             .field("prefix", &self.prefix)
             .field("placement", &self.placement)
             .field("accepts", &self.accepts)
+            .field("grace", &self.grace)
             .finish_non_exhaustive()
     }
 }
@@ -147,6 +169,7 @@ impl ClusterConfig {
             prefix: "wasmproc".to_owned(),
             placement: Placement::Local,
             accepts: true,
+            grace: GRACE,
         }
     }
 
@@ -188,6 +211,14 @@ impl ClusterConfig {
         self.accepts = accepts;
         self
     }
+
+    /// How long the processes here of another node's run have to end, once cancelled
+    /// because that node left or was lost, before they are terminated. By default
+    /// [`GRACE`].
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
 }
 
 /// A node as the cluster last heard of it.
@@ -226,6 +257,9 @@ pub struct ClusterStats {
     pub nodes_lost: u64,
     /// Frames dropped: failed authentication or malformed.
     pub frames_refused: u64,
+    /// Lines of processes of other nodes' runs not forwarded to those nodes: more than
+    /// [`MAX_LOG_BACKLOG`] were already on their way.
+    pub log_lines_dropped: u64,
 }
 
 #[derive(Default)]
@@ -237,6 +271,7 @@ struct Counters {
     retransmitted: AtomicU64,
     nodes_lost: AtomicU64,
     frames_refused: AtomicU64,
+    log_lines_dropped: AtomicU64,
 }
 
 /// What a node's threads share: the scheduler's workers (through [`Remote`]), the
@@ -260,6 +295,12 @@ pub(crate) struct Inner {
     placed: Box<[AtomicU64]>,
     /// Messages queued or unacknowledged (bounded by [`MAX_BACKLOG`]).
     backlog: AtomicUsize,
+    /// Guest lines queued or unacknowledged (bounded by [`MAX_LOG_BACKLOG`]).
+    log_backlog: AtomicUsize,
+    /// [`ClusterConfig::grace`].
+    grace: Duration,
+    /// Where lines of this node's run that other nodes forward go.
+    lines: OnceLock<LineSink>,
     /// The largest frame the server takes, less room for the header.
     max_item: usize,
     counters: Counters,
@@ -359,6 +400,7 @@ impl Cluster {
             retransmitted: read(&c.retransmitted),
             nodes_lost: read(&c.nodes_lost),
             frames_refused: read(&c.frames_refused),
+            log_lines_dropped: read(&c.log_lines_dropped),
         }
     }
 
@@ -415,6 +457,8 @@ impl Cluster {
             mailbox_capacity: options.mailbox_capacity.unwrap_or(0),
             limits,
             monitor: true,
+            // The spawning node's run: this node owns the process.
+            owner: 0,
         };
         if here {
             let handle = handle.context("this node serves no scheduler: call `Cluster::serve`")?;
@@ -434,6 +478,42 @@ impl Cluster {
             .send(Cmd::Spawn { node: target, spawn, token, done: None })
             .map_err(|_| anyhow::anyhow!("this node has left the cluster"))?;
         Ok(RemoteProcess(slot))
+    }
+
+    /// Stops this node's run on the other nodes: each cancels the processes there that
+    /// belong to it (those this node spawned, and everything they spawned) with
+    /// `reason`, and terminates those left after `grace`. The same happens by itself
+    /// when this node leaves or is lost, with the other nodes' own grace.
+    pub fn stop_run(&self, reason: &str, grace: Duration) {
+        let _ = self.inner.commands.send(Cmd::StopRun { reason: reason.to_owned(), grace });
+    }
+
+    /// Where the lines that processes of this node's run write on other nodes go (the
+    /// client of `run --cluster` prints them). Without one they are `tracing` events
+    /// with target `wasmproc::guest`. Only the first call counts.
+    pub fn set_line_sink(&self, sink: LineSink) {
+        let _ = self.inner.lines.set(sink);
+    }
+
+    /// Sends a line that process `pid` of this node wrote to the node whose run the
+    /// process belongs to, if that is another node (true); false if it belongs to
+    /// none, and the line is this node's to show. A line past [`MAX_LOG_BACKLOG`] is
+    /// dropped and counted. For a node's log sink (`wasm::Config::log_sink`).
+    pub fn forward_line(&self, pid: Pid, source: &str, message: &str) -> bool {
+        let Some(owner) = self.inner.handle.get().and_then(|handle| handle.owner_of(pid)) else { return false };
+        if owner == self.inner.node {
+            return false;
+        }
+        if self.inner.log_backlog.fetch_add(1, Ordering::AcqRel) >= MAX_LOG_BACKLOG {
+            self.inner.log_backlog.fetch_sub(1, Ordering::AcqRel);
+            self.inner.counters.log_lines_dropped.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        let item = Item::Log { pid, source: source.to_owned(), message: message.to_owned() };
+        if self.inner.queue(Cmd::Item { node: owner, item }).is_err() {
+            self.inner.log_backlog.fetch_sub(1, Ordering::AcqRel);
+        }
+        true
     }
 
     /// Leaves the cluster: tells the others (so they need not wait for missed

@@ -67,6 +67,11 @@ pub(super) enum Cmd {
     /// A scheduler now serves: announce it.
     Serve,
     Connection(bool),
+    /// Stop this node's run on every other node (`Cluster::stop_run`).
+    StopRun {
+        reason: String,
+        grace: Duration,
+    },
     Leave(std::sync::mpsc::Sender<()>),
 }
 
@@ -148,6 +153,9 @@ pub(super) fn start(config: ClusterConfig) -> anyhow::Result<Cluster> {
         view: RwLock::new(Vec::new()),
         placed: (0..=usize::from(Pid::MAX_NODE)).map(|_| AtomicU64::new(0)).collect(),
         backlog: AtomicUsize::new(0),
+        log_backlog: AtomicUsize::new(0),
+        grace: config.grace,
+        lines: Default::default(),
         // Room for the frame's header and one item's own fields.
         max_item: max_payload.saturating_sub(1024),
         counters: Counters::default(),
@@ -310,12 +318,32 @@ struct OutLink {
     /// The incarnation of the receiver it was opened to.
     incarnation: u64,
     next_seq: u64,
-    /// Unacknowledged items from the oldest: (sequence, encoded item, is a message).
-    unacked: VecDeque<(u64, Vec<u8>, bool)>,
+    /// Unacknowledged items from the oldest: (sequence, encoded item, what it counts in).
+    unacked: VecDeque<(u64, Vec<u8>, Counted)>,
     /// The highest sequence sent (or resent) so far.
     sent: u64,
     /// When an acknowledgement last made progress, or items were last resent.
     progress: Instant,
+}
+
+/// Which bound of [`Inner`] an unacknowledged item counts in, until acknowledged.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Counted {
+    /// `Inner::backlog`.
+    Message,
+    /// `Inner::log_backlog`.
+    Log,
+    Nothing,
+}
+
+impl Counted {
+    fn of(item: &Item) -> Counted {
+        match item {
+            Item::Message { .. } => Counted::Message,
+            Item::Log { .. } => Counted::Log,
+            _ => Counted::Nothing,
+        }
+    }
 }
 
 /// The receiving half of a link from one node.
@@ -534,6 +562,12 @@ impl Actor {
                     self.announce(false).await;
                 }
             }
+            Cmd::StopRun { reason, grace } => {
+                let nodes: Vec<u16> = self.members.keys().copied().collect();
+                for node in nodes {
+                    self.queue(node, Item::StopRun { reason: reason.clone(), grace });
+                }
+            }
             Cmd::Leave(done) => return Some(done),
         }
         None
@@ -554,11 +588,11 @@ impl Actor {
         });
         let seq = link.next_seq;
         link.next_seq += 1;
-        let message = matches!(item, Item::Message { .. });
+        let counted = Counted::of(&item);
         if link.unacked.is_empty() {
             link.progress = Instant::now();
         }
-        link.unacked.push_back((seq, wire::encode_item(&item), message));
+        link.unacked.push_back((seq, wire::encode_item(&item), counted));
         self.dirty.insert(node);
     }
 
@@ -572,7 +606,10 @@ impl Actor {
             Item::Monitor { watcher, target } => self.exit_to(watcher, target, Err(noconnection(node))),
             // The other side is gone: nobody waits for these.
             Item::Exit { .. } | Item::TerminateDone { .. } | Item::SpawnDone { .. } => {}
-            Item::Terminate { .. } | Item::Spawn { .. } => {}
+            Item::Terminate { .. } | Item::Spawn { .. } | Item::StopRun { .. } => {}
+            Item::Log { .. } => {
+                self.inner.log_backlog.fetch_sub(1, Ordering::AcqRel);
+            }
         }
     }
 
@@ -797,14 +834,17 @@ impl Actor {
         if to_incarnation != self.me.incarnation || link.incarnation != peer.incarnation {
             return;
         }
-        let mut messages = 0;
+        let (mut messages, mut lines) = (0, 0);
         let mut acked = false;
         while link.unacked.front().is_some_and(|(seq, _, _)| *seq <= upto) {
             acked = true;
-            if let Some((_, _, true)) = link.unacked.pop_front() {
-                messages += 1;
+            match link.unacked.pop_front() {
+                Some((_, _, Counted::Message)) => messages += 1,
+                Some((_, _, Counted::Log)) => lines += 1,
+                _ => {}
             }
         }
+        self.inner.log_backlog.fetch_sub(lines, Ordering::AcqRel);
         link.sent = link.sent.max(upto);
         // Only progress delays a resend: a receiver that keeps acknowledging the same
         // item is waiting for something it lost.
@@ -872,6 +912,15 @@ impl Actor {
                 }
             }
             Item::Spawn { token, spawn } => self.spawn_here(peer, token, spawn),
+            Item::StopRun { reason, grace } => self.end_run_of(peer.node, &reason, grace),
+            // A node speaks only for its own processes.
+            Item::Log { pid, .. } if pid.node() != peer.node => {
+                self.inner.counters.frames_refused.fetch_add(1, Ordering::Relaxed);
+            }
+            Item::Log { pid, source, message } => match self.inner.lines.get() {
+                Some(sink) => sink(pid, &source, &message),
+                None => tracing::info!(target: "wasmproc::guest", %pid, source = %source, message = %message),
+            },
             Item::SpawnDone { token, result } => {
                 let Some(pending) = self.pending.remove(&token) else { return true };
                 if let (Ok(child), Some(watcher)) = (&result, pending.monitor) {
@@ -1019,9 +1068,7 @@ impl Actor {
     /// Forgets node `node`: its monitors get `noconnection`, what waits on it fails,
     /// and its unacknowledged messages are counted lost.
     fn lose(&mut self, node: u16, why: &str) {
-        if self.members.remove(&node).is_none() {
-            return;
-        }
+        let Some(member) = self.members.remove(&node) else { return };
         if why == LEFT {
             tracing::info!(node, "a node left the cluster");
         } else {
@@ -1033,8 +1080,10 @@ impl Actor {
         self.acks.remove(&node);
         self.inl.remove(&node);
         if let Some(link) = self.out.remove(&node) {
-            let messages = link.unacked.iter().filter(|(_, _, message)| *message).count();
+            let messages = link.unacked.iter().filter(|(_, _, counted)| *counted == Counted::Message).count();
+            let lines = link.unacked.iter().filter(|(_, _, counted)| *counted == Counted::Log).count();
             self.inner.backlog.fetch_sub(messages, Ordering::AcqRel);
+            self.inner.log_backlog.fetch_sub(lines, Ordering::AcqRel);
             self.inner.counters.messages_lost.fetch_add(messages as u64, Ordering::Relaxed);
         }
         for ((watcher, target), count) in self.monitors.remove(&node).unwrap_or_default() {
@@ -1052,7 +1101,25 @@ impl Actor {
                 slot.set(Err(noconnection(node)));
             }
         }
+        let reason = format!("the run's node `{}` {why}", member.announce.name);
+        self.end_run_of(node, &reason, self.inner.grace);
         self.publish_view();
+    }
+
+    /// Ends the processes here that belong to node `node`'s run (or that a process of
+    /// it spawned): a cancel with `reason` now, and termination of those left after
+    /// `grace`.
+    fn end_run_of(&self, node: u16, reason: &str, grace: Duration) {
+        let Some(handle) = self.inner.handle.get().cloned() else { return };
+        let cancelled = handle.cancel_owned_by(node, reason);
+        if cancelled == 0 {
+            return;
+        }
+        tracing::info!(node, processes = cancelled, reason, ?grace, "ending the processes of a run");
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            handle.terminate_owned_by(node, "terminated: the run it belongs to was stopped, or its node left");
+        });
     }
 }
 

@@ -27,7 +27,8 @@ type HmacSha256 = Hmac<Sha256>;
 // ([`WireError::Version`]) rather than misread them.
 // 3: a spawn carries its kind's limits.
 // 4: those limits carry a fuel and a CPU time budget.
-const VERSION: u8 = 4;
+// 5: a spawn carries its run's owner; items that stop a run and carry a guest's line.
+const VERSION: u8 = 5;
 const MAC_LEN: usize = 32;
 
 /// Why a frame was refused.
@@ -151,6 +152,19 @@ pub(crate) enum Item {
     SpawnDone {
         token: u64,
         result: Result<Pid, String>,
+    },
+    /// The sender's run is stopping: cancel its processes here with `reason`, and
+    /// terminate those left after `grace`.
+    StopRun {
+        reason: String,
+        grace: Duration,
+    },
+    /// A line a process of the receiver's run wrote (`source`: `stdout`, `stderr`, or
+    /// the level of a `log` call).
+    Log {
+        pid: Pid,
+        source: String,
+        message: String,
     },
 }
 
@@ -308,6 +322,8 @@ const TERMINATE: u8 = 4;
 const TERMINATE_DONE: u8 = 5;
 const SPAWN: u8 = 6;
 const SPAWN_DONE: u8 = 7;
+const STOP_RUN: u8 = 8;
+const LOG: u8 = 9;
 
 /// Encodes one link item.
 pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
@@ -363,6 +379,7 @@ pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
             }
             spawn.caps.encode(&mut w);
             w.u64(spawn.mailbox_capacity as u64);
+            w.u64(u64::from(spawn.owner));
             optional_limits(&mut w, spawn.limits);
             w.bool(spawn.monitor);
         }
@@ -379,6 +396,17 @@ pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
                     w.str(e);
                 }
             }
+        }
+        Item::StopRun { reason, grace } => {
+            w.u8(STOP_RUN);
+            w.str(reason);
+            w.u64(u64::try_from(grace.as_nanos()).unwrap_or(u64::MAX));
+        }
+        Item::Log { pid, source, message } => {
+            w.u8(LOG);
+            w.u64(pid.as_u64());
+            w.str(source);
+            w.str(message);
         }
     }
     w.into_bytes()
@@ -420,13 +448,30 @@ pub(crate) fn decode_item(bytes: &[u8]) -> Result<Item, WireError> {
             }
             let caps = Capabilities::decode(&mut r)?;
             let mailbox_capacity = usize::try_from(r.u64()?).unwrap_or(usize::MAX);
+            let owner = match r.u64()? {
+                0 => 0,
+                owner => node_id(owner)?,
+            };
             let limits = read_optional_limits(&mut r)?;
             let monitor = r.bool()?;
             Item::Spawn {
                 token,
-                spawn: RemoteSpawn { parent, kind, identity, method, input, caps, mailbox_capacity, limits, monitor },
+                spawn: RemoteSpawn {
+                    parent,
+                    kind,
+                    identity,
+                    method,
+                    input,
+                    caps,
+                    mailbox_capacity,
+                    limits,
+                    monitor,
+                    owner,
+                },
             }
         }
+        STOP_RUN => Item::StopRun { reason: r.str()?.to_owned(), grace: Duration::from_nanos(r.u64()?) },
+        LOG => Item::Log { pid: pid(&mut r)?, source: r.str()?.to_owned(), message: r.str()?.to_owned() },
         SPAWN_DONE => {
             let token = r.u64()?;
             let result = match r.u8()? {
@@ -562,6 +607,7 @@ mod tests {
                     mailbox_capacity: 16,
                     limits: Some(KindLimits::new(4 << 20, Duration::from_micros(250))),
                     monitor: true,
+                    owner: 0,
                 },
             },
             Item::Spawn {
@@ -580,6 +626,7 @@ mod tests {
                             .cpu_budget(Duration::from_secs(7)),
                     ),
                     monitor: true,
+                    owner: 7,
                 },
             },
             Item::Spawn {
@@ -594,10 +641,13 @@ mod tests {
                     mailbox_capacity: 1,
                     limits: None,
                     monitor: false,
+                    owner: Pid::MAX_NODE,
                 },
             },
             Item::SpawnDone { token: 8, result: Ok(b) },
             Item::SpawnDone { token: 9, result: Err("no".into()) },
+            Item::StopRun { reason: "interrupted".into(), grace: Duration::from_millis(500) },
+            Item::Log { pid: a, source: "stdout".into(), message: "hello".into() },
         ]
     }
 

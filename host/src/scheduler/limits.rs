@@ -95,6 +95,11 @@ pub(super) struct Lineage {
     /// makes, here or on another node, is bounded by them. `None` when it runs under
     /// none, or was restored from a journal: its kind's own then (`Shared::sandbox_of`).
     sandbox: Option<KindLimits>,
+    /// The node of the cluster whose run the process belongs to (0: none, a tree this
+    /// node's embedder started), inherited down its tree, here and on other nodes: when
+    /// that node leaves or is lost, the process is ended (see `cluster/node.rs`), so
+    /// nothing keeps running for a run whose client is gone.
+    owner: u16,
 }
 
 impl Lineage {
@@ -105,7 +110,19 @@ impl Lineage {
             children: OnceLock::new(),
             tree: OnceLock::from(parent.tree.get_or_init(Arc::default).clone()),
             sandbox: None,
+            owner: parent.owner,
         }
+    }
+
+    /// This lineage, for a process whose run belongs to node `owner` of a cluster.
+    pub(super) fn owned_by(mut self, owner: u16) -> Self {
+        self.owner = owner;
+        self
+    }
+
+    /// The node whose run the process belongs to; 0 for none.
+    pub(super) fn owner(&self) -> u16 {
+        self.owner
     }
 
     /// This lineage, for a process that runs under `sandbox`.

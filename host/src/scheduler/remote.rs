@@ -80,6 +80,10 @@ pub(crate) struct RemoteSpawn {
     pub(crate) limits: Option<KindLimits>,
     /// Whether the parent monitors the child.
     pub(crate) monitor: bool,
+    /// The node whose run the child belongs to (the parent's owner); 0: the spawning
+    /// node's own run, so the spawning node owns it. Its processes end when that node
+    /// leaves or is lost.
+    pub(crate) owner: u16,
 }
 
 impl Shared {
@@ -117,6 +121,7 @@ impl Shared {
             mailbox_capacity: parent.spec.mailbox_capacity,
             limits,
             monitor: request.monitor,
+            owner: parent.lineage.owner(),
         };
         remote.spawn(node, spawn, done());
         Ok(())
@@ -202,13 +207,52 @@ impl Handle {
                 capacity => capacity,
             },
             watcher: notify.map(Watcher::Notify),
-            lineage: Lineage::default().within(sandbox),
+            lineage: Lineage::default().within(sandbox).owned_by(match spawn.owner {
+                0 => spawn.parent.node(),
+                owner => owner,
+            }),
         };
         let cell = self.shared.spawn_unqueued(process, args)?;
         let pid = cell.pid();
         spawned(pid);
         self.shared.schedule(cell);
         Ok(pid)
+    }
+
+    /// Delivers a cancel with `reason` to every process of a run node `node` owns, or
+    /// spawned by a process of that node: what a node does when `node` leaves, is lost,
+    /// or asks its run to stop. Returns how many it reached.
+    pub(crate) fn cancel_owned_by(&self, node: u16, reason: &str) -> usize {
+        let mut reached = 0;
+        for cell in self.owned_by(node) {
+            if let Ok(wake) = cell.deliver(Event::Cancel { reason: reason.to_owned() }) {
+                reached += 1;
+                if wake == Wake::Schedule {
+                    self.shared.schedule(cell);
+                }
+            }
+        }
+        reached
+    }
+
+    /// Ends at once, with the error `reason`, every process [`Handle::cancel_owned_by`]
+    /// reaches for `node`; returns how many.
+    pub(crate) fn terminate_owned_by(&self, node: u16, reason: &'static str) -> usize {
+        self.owned_by(node).iter().filter(|cell| self.shared.terminate_cell(cell, reason).is_ok()).count()
+    }
+
+    /// The live processes that belong to node `node`'s run or whose parent runs there.
+    fn owned_by(&self, node: u16) -> Vec<Arc<ProcessCell>> {
+        let mut cells = self.shared.registry.snapshot();
+        cells.retain(|cell| {
+            cell.lineage.owner() == node || (cell.spec.parent.node() == node && node != self.shared.node)
+        });
+        cells
+    }
+
+    /// The node whose run process `pid` belongs to, if it is alive and belongs to one.
+    pub(crate) fn owner_of(&self, pid: Pid) -> Option<u16> {
+        self.shared.registry.get(pid).map(|cell| cell.lineage.owner()).filter(|&owner| owner != 0)
     }
 
     /// The factory of the registered kind `kind`, with its name as the registry holds it.

@@ -17,6 +17,7 @@ use wasmproc_tests::HANG;
 use wasmproc_tests::guests::{FAN_OUT, HELLO, HOSTILE, TIMERS, WASI_CLI};
 
 mod cache;
+mod cluster;
 mod durable;
 mod hardening;
 mod languages;
