@@ -968,3 +968,29 @@ fn a_cluster_run_gets_the_providers_its_node_serves() {
     assert!(stderr.contains("permission denied: kv.get"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `cluster ls` shows beside a component's hash the file name a run loaded it from: on
+/// the node that fetched it from the client, after the client has gone.
+#[test]
+fn cluster_ls_names_the_file_a_component_was_loaded_from() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let _node = node_process(&server, "named");
+    wait_for_nodes(&server, 1);
+    let out = finished(client(&server, &guest("fan_out"), &["--input", "2"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let hash = sha256(&std::fs::read(guest("fan_out")).expect("the guest"));
+
+    let ls = |json: bool| {
+        let mut command = wasmproc();
+        command.args(["cluster", "ls", "--cluster", &server.url(), "--cluster-secret", SECRET]);
+        if json {
+            command.arg("--json");
+        }
+        String::from_utf8_lossy(&command.output().expect("cluster ls runs").stdout).into_owned()
+    };
+    let text = ls(false);
+    let row = text.lines().find(|line| line.contains(" named ")).unwrap_or_else(|| panic!("no node `named`: {text}"));
+    assert!(row.contains(&format!("fan_out.wasm ({hash})")), "{text}");
+    let node: serde_json::Value = serde_json::from_str(ls(true).lines().next().expect("a node")).expect("JSON");
+    assert_eq!(node["component_names"][&hash], "fan_out.wasm", "{node}");
+}

@@ -175,7 +175,8 @@ pub(super) struct ClusterCommand {
 
 #[derive(Subcommand, Debug)]
 enum ClusterAction {
-    /// List the nodes: id, name, live processes, whether they take spawns, components.
+    /// List the nodes: id, name, live processes, whether they take spawns, and the
+    /// components each holds, by the file name a run loaded it from and its hash.
     Ls {
         #[command(flatten)]
         cluster: ClusterArgs,
@@ -220,13 +221,23 @@ impl ClusterCommand {
         }
         for node in &nodes {
             if json {
+                let names: serde_json::Map<String, serde_json::Value> =
+                    node.component_names.iter().map(|(hash, name)| (hash.clone(), name.clone().into())).collect();
                 let line = serde_json::json!({
                     "id": node.id, "name": node.name, "load": node.load,
-                    "accepts": node.accepts, "components": node.components,
+                    "accepts": node.accepts, "components": node.components, "component_names": names,
                 });
                 out.push_str(&format!("{line}\n"));
             } else {
-                let components = if node.components.is_empty() { "-".to_owned() } else { node.components.join(",") };
+                let components = if node.components.is_empty() {
+                    "-".to_owned()
+                } else {
+                    let named = |hash: &String| match node.component_name(hash) {
+                        Some(name) => format!("{name} ({hash})"),
+                        None => hash.clone(),
+                    };
+                    node.components.iter().map(named).collect::<Vec<_>>().join(", ")
+                };
                 let accepts = if node.accepts { "yes" } else { "no" };
                 out.push_str(&format!(
                     "{:<5} {:<21} {:<5} {:<7} {components}\n",
@@ -394,7 +405,8 @@ pub(super) fn run_on_cluster(
     cluster.set_line_sink(Arc::new(move |pid, source, message| {
         lines.guest_line(&LogRecord { pid, source: log_source(source), message });
     }));
-    cluster.offer(hash.clone(), bytes);
+    let name = run.app.file_name().map_or_else(|| run.app.display().to_string(), |n| n.to_string_lossy().into_owned());
+    cluster.offer_named(hash.clone(), name, bytes);
     let process =
         cluster.spawn(None, None, Some(hash), run.options).map_err(|e| Failure::from_error(Exit::Host, &e))?;
     signals.started();

@@ -103,6 +103,12 @@ pub(super) async fn factory(
                 .with_context(|| format!("failed to load component `{hash}` fetched from node {from}"))?;
             inner.fetched.write().insert(hash.to_owned(), factory.clone());
             inner.code.write().insert(hash.to_owned(), bytes);
+            // The name the node it came from knows it by, as that node last announced.
+            let name =
+                inner.view.read().iter().find(|n| n.id == from).and_then(|n| n.component_name(hash)).map(str::to_owned);
+            if let Some(name) = name {
+                inner.names.write().insert(hash.to_owned(), name);
+            }
             Ok::<_, anyhow::Error>(factory)
         })
         .await;

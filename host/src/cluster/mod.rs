@@ -235,6 +235,17 @@ pub struct NodeInfo {
     pub accepts: bool,
     /// The components it holds, by hash.
     pub components: Vec<String>,
+    /// The file names some of its components were loaded from, by hash: given by the
+    /// client that offered one ([`Cluster::offer_named`]), or learnt from the node it
+    /// was fetched from; a registered kind's name for its component.
+    pub component_names: Vec<(String, String)>,
+}
+
+impl NodeInfo {
+    /// The file name component `hash` was loaded from, if this node knows it.
+    pub fn component_name(&self, hash: &str) -> Option<&str> {
+        self.component_names.iter().find(|(h, _)| h == hash).map(|(_, name)| name.as_str())
+    }
 }
 
 /// What a node's links have done since it joined.
@@ -308,6 +319,8 @@ pub(crate) struct Inner {
     loader: OnceLock<Loader>,
     /// Components others may fetch from here, by hash.
     code: RwLock<FxHashMap<String, Arc<[u8]>>>,
+    /// The file names components were loaded from, by hash, for `cluster ls`.
+    names: RwLock<FxHashMap<String, String>>,
     /// Factories of components fetched from other nodes, by hash.
     fetched: RwLock<FxHashMap<String, Arc<dyn Factory>>>,
     /// Fetches under way, by hash: concurrent spawns of one component share one.
@@ -372,6 +385,18 @@ impl Cluster {
     /// [`Factory::identity`] gives it), to run processes of it there.
     pub fn offer(&self, hash: impl Into<String>, bytes: impl Into<Arc<[u8]>>) {
         self.inner.code.write().insert(hash.into(), bytes.into());
+    }
+
+    /// As [`Cluster::offer`], saying the file name the bytes were loaded from: the
+    /// cluster lists it beside the hash (`cluster ls`), here and on the nodes that fetch
+    /// the component.
+    pub fn offer_named(&self, hash: impl Into<String>, name: impl Into<String>, bytes: impl Into<Arc<[u8]>>) {
+        let hash = hash.into();
+        self.inner.names.write().insert(hash.clone(), name.into());
+        self.offer(hash, bytes);
+        // Announced now, not at the next heartbeat: a node fetching it soon after
+        // learns its name from this announcement.
+        let _ = self.inner.commands.send(Cmd::Serve);
     }
 
     /// Starts taking work from other nodes for the scheduler of `handle`: messages,

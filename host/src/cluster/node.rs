@@ -64,7 +64,7 @@ pub(super) enum Cmd {
         token: u64,
         done: Option<Completer>,
     },
-    /// A scheduler now serves: announce it.
+    /// A scheduler now serves, or a component was offered: announce it.
     Serve,
     Connection(bool),
     /// Stop this node's run on every other node (`Cluster::stop_run`).
@@ -162,6 +162,7 @@ pub(super) fn start(config: ClusterConfig) -> anyhow::Result<Cluster> {
         handle: Default::default(),
         loader: Default::default(),
         code: Default::default(),
+        names: Default::default(),
         fetched: Default::default(),
         fetching: Mutex::default(),
         embedded: Mutex::default(),
@@ -210,6 +211,7 @@ pub(super) fn list(config: ClusterConfig) -> anyhow::Result<Vec<NodeInfo>> {
                 load: a.load,
                 accepts: a.accepts,
                 components: a.components,
+                component_names: a.names,
             })
             .collect();
         nodes.sort_by_key(|n| n.id);
@@ -693,6 +695,7 @@ impl Actor {
             load: handle.map_or(0, |h| h.live() as u64),
             accepts: self.inner.accepts && handle.is_some(),
             components: self.components(),
+            names: self.component_names(),
             leaving,
         };
         self.publish(format!("{}.announce", self.inner.prefix), &Body::Announce(announce)).await;
@@ -706,6 +709,32 @@ impl Actor {
         components.sort();
         components.dedup();
         components
+    }
+
+    /// The names of the components of [`Actor::components`] this node knows: a
+    /// registered kind's name, or the file name it was offered or fetched with.
+    fn component_names(&self) -> Vec<(String, String)> {
+        let code = self.inner.code.read();
+        let mut names: Vec<(String, String)> = self
+            .inner
+            .names
+            .read()
+            .iter()
+            .filter(|(hash, _)| code.contains_key(*hash))
+            .map(|(hash, name)| (hash.clone(), name.clone()))
+            .collect();
+        drop(code);
+        if let Some(handle) = self.inner.handle.get() {
+            for (kind, identity) in handle.kinds() {
+                if let Some(hash) = identity
+                    && !names.iter().any(|(known, _)| *known == hash)
+                {
+                    names.push((hash, kind));
+                }
+            }
+        }
+        names.sort();
+        names
     }
 
     /// Handles one frame from NATS.
@@ -776,6 +805,7 @@ impl Actor {
                 load: m.announce.load,
                 accepts: m.announce.accepts,
                 components: m.announce.components.clone(),
+                component_names: m.announce.names.clone(),
             })
             .collect();
         view.push(NodeInfo {
@@ -784,6 +814,7 @@ impl Actor {
             load: handle.map_or(0, |h| h.live() as u64),
             accepts: self.inner.accepts && handle.is_some(),
             components: self.components(),
+            component_names: self.component_names(),
         });
         *self.inner.view.write() = view;
     }

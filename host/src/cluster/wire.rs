@@ -27,7 +27,8 @@ type HmacSha256 = Hmac<Sha256>;
 // ([`WireError::Version`]) rather than misread them.
 // 3: a spawn carries its kind's limits.
 // 4: those limits carry a fuel and a CPU time budget.
-// 5: a spawn carries its run's owner; items that stop a run and carry a guest's line.
+// 5: a spawn carries its run's owner; items that stop a run and carry a guest's line;
+//    an announcement names the files its components were loaded from.
 const VERSION: u8 = 5;
 const MAC_LEN: usize = 32;
 
@@ -114,6 +115,9 @@ pub(crate) struct Announce {
     pub(crate) accepts: bool,
     /// The components it holds, by hash.
     pub(crate) components: Vec<String>,
+    /// The file names some of them were loaded from (by a client, or as a node learnt
+    /// from the node it fetched one from), by hash.
+    pub(crate) names: Vec<(String, String)>,
     /// It is leaving: forget it now rather than after missed heartbeats.
     pub(crate) leaving: bool,
 }
@@ -223,6 +227,11 @@ pub(crate) fn encode(from: Peer, body: &Body) -> Vec<u8> {
             for c in &a.components {
                 w.str(c);
             }
+            w.u64(a.names.len() as u64);
+            for (hash, name) in &a.names {
+                w.str(hash);
+                w.str(name);
+            }
         }
         Body::Hello => w.u8(HELLO),
         Body::Data { to_incarnation, first, ack, items } => {
@@ -279,7 +288,12 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<(Peer, Body), WireError> {
             for _ in 0..count {
                 components.push(r.str()?.to_owned());
             }
-            Body::Announce(Announce { name, load, accepts, components, leaving })
+            let count = r.count()?;
+            let mut names = Vec::with_capacity(count);
+            for _ in 0..count {
+                names.push((r.str()?.to_owned(), r.str()?.to_owned()));
+            }
+            Body::Announce(Announce { name, load, accepts, components, names, leaving })
         }
         HELLO => Body::Hello,
         DATA => {
@@ -662,6 +676,7 @@ mod tests {
                 load: 3,
                 accepts: true,
                 components: vec!["sha256:1".into()],
+                names: vec![("sha256:1".into(), "app.wasm".into())],
                 leaving: false,
             }),
             Body::Hello,
