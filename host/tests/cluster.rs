@@ -994,3 +994,40 @@ fn cluster_ls_names_the_file_a_component_was_loaded_from() {
     let node: serde_json::Value = serde_json::from_str(ls(true).lines().next().expect("a node")).expect("JSON");
     assert_eq!(node["component_names"][&hash], "fan_out.wasm", "{node}");
 }
+
+/// The lines a node forwards to the nodes whose runs they belong to are bounded: with
+/// the server down, node `lb` takes `MAX_LOG_BACKLOG` lines of a process of `la`'s run
+/// and drops (and counts) the one past it; once the server is back, `la` gets every
+/// line taken, once.
+#[test]
+fn forwarded_lines_are_bounded_and_arrive_once_the_server_is_back() {
+    use wasmproc::cluster::MAX_LOG_BACKLOG;
+    let mut server = Server::start().expect("a nats-server on loopback");
+    let a = Node::join(ClusterConfig::new(server.url()).name("la").secret(SECRET), Scheduler::builder().workers(1));
+    let b = join(&server, "lb", Placement::Local);
+    a.wait_for(2);
+    b.wait_for(2);
+    let received = Arc::new(Mutex::new(0u64));
+    let counter = received.clone();
+    a.cluster.set_line_sink(Arc::new(move |_, source, message| {
+        assert_eq!((source, message), ("info", "a line"));
+        *counter.lock().unwrap() += 1;
+    }));
+    let pid = a.spawn_on(&b, "receiver");
+
+    server.stop();
+    for _ in 0..=MAX_LOG_BACKLOG {
+        assert!(b.cluster.forward_line(pid, "info", "a line"), "the line belongs to `la`'s run");
+    }
+    assert_eq!(b.cluster.stats().log_lines_dropped, 1);
+    server.restart().expect("the nats-server starts again");
+    let deadline = Instant::now() + PATIENCE;
+    while *received.lock().unwrap() < MAX_LOG_BACKLOG as u64 {
+        assert!(Instant::now() < deadline, "`la` got {} lines", received.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A line of a process of `lb`'s own is `lb`'s to show.
+    let own = b.scheduler.handle().spawn(Receiver(0), "main").expect("spawns");
+    assert!(!b.cluster.forward_line(own.pid(), "info", "a line"));
+    assert_eq!(*received.lock().unwrap(), MAX_LOG_BACKLOG as u64, "each line once");
+}

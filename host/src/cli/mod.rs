@@ -136,7 +136,8 @@ enum Command {
     Cache(cache::CacheCommand),
     /// Join a cluster through its NATS server and run what it is given until stopped.
     Node(Box<node::Node>),
-    /// Look at a cluster: `ls` its nodes, their load and their components.
+    /// Use a cluster: `ls` its nodes, their load and their components; `run` a program
+    /// on it (as `run APP --cluster URL`).
     Cluster(node::ClusterCommand),
 }
 
