@@ -965,7 +965,12 @@ fn a_cluster_run_gets_the_providers_its_node_serves() {
     let out = fetch(&["--deny", "kv.*"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("permission denied: kv.get"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "permission denied: kv.get (grant it with `run --allow kv.get`, where node `served` grants it too)"
+        ),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

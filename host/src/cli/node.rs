@@ -139,7 +139,10 @@ impl Node {
         // The CLI's grants: every provider family, served or standing in with a denial
         // that names this node's flag. A run's own grants narrow these, never widen them.
         let caps = FAMILIES.iter().fold(Capabilities::default(), |caps, family| caps.allow(&format!("{family}.*")));
-        let mut builder = providers.register(Scheduler::builder().cluster(&cluster).capabilities(caps));
+        let node = cluster.name().to_owned();
+        let mut builder = providers
+            .register(Scheduler::builder().cluster(&cluster).capabilities(caps))
+            .denial_hint(move |name| format!("grant it with `run --allow {name}`, where node `{node}` grants it too"));
         if let Some(workers) = self.workers {
             builder = builder.workers(workers);
         }
