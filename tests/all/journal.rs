@@ -767,3 +767,113 @@ fn a_message_from_the_embedder_is_recorded_before_it_is_delivered() {
     assert!(records.iter().any(|r| r.ends_with(message)), "{records:#?}");
     scheduler.stop(Duration::from_secs(1));
 }
+
+#[test]
+fn a_resumed_process_keeps_its_recorded_grants_narrowed_never_widened() {
+    // After its first sleep, it yields `effect` (granted when it was spawned) and `extra`
+    // (not), and completes with both answers.
+    let kind = || -> anyhow::Result<Box<dyn wasmproc::Process>> {
+        let mut answers: Vec<String> = Vec::new();
+        Ok(Box::new(
+            Scripted::new(move |t| {
+                match t.step {
+                    0 => t.out.yield_command(1, Command::Sleep(Duration::from_millis(1))),
+                    1 => {
+                        for (tag, name) in [(2, "effect"), (3, "extra")] {
+                            t.out.yield_command(tag, Command::Custom { name: name.into(), payload: Payload::empty() });
+                        }
+                    }
+                    _ => {}
+                }
+                for tag in [2, 3] {
+                    if let Some(result) = t.events.iter().find_map(|e| wasmproc_tests::completion(e, tag)) {
+                        let answer = match result {
+                            Ok(payload) => String::from_utf8_lossy(&payload.data).into_owned(),
+                            Err(error) => error.clone(),
+                        };
+                        answers.push(format!("{tag}: {answer}"));
+                    }
+                }
+                if answers.len() == 2 {
+                    answers.sort();
+                    t.out.set_status(Status::Complete(Ok(Payload::text(answers.join("; ")))));
+                }
+                Ok(())
+            })
+            .0,
+        ))
+    };
+    let build = |store: Arc<TestStore>, grants: Capabilities, resume_within: Option<Capabilities>| {
+        let mut builder = Scheduler::builder()
+            .workers(1)
+            .journal(Journal::with_store(store))
+            .capabilities(grants)
+            .handler("effect", |request: wasmproc::handler::Request| request.complete(Ok(Payload::text("done"))))
+            .handler("extra", |request: wasmproc::handler::Request| request.complete(Ok(Payload::text("done"))))
+            .kind("asks", kind);
+        if let Some(bound) = resume_within {
+            builder = builder.resume_within(bound);
+        }
+        builder.build().unwrap()
+    };
+    // The spawn is committed, then the crash: the process is spawned with `effect` only.
+    let store = Arc::new(TestStore::default());
+    store.crash_after.store(1, Ordering::SeqCst);
+    let first = build(store.clone(), Capabilities::default().allow("effect"), None);
+    first.handle().spawn(wasmproc::scheduler::Spawnable::kind("asks"), "main").unwrap();
+    assert!(store.wait_for_crash(|| false));
+    let crashed = store.copy();
+    store.disarm();
+    first.stop(Duration::from_secs(1));
+    let resume = |bound: Option<Capabilities>| {
+        // A host that grants both to what it spawns now.
+        let scheduler = build(Arc::new(crashed.copy()), Capabilities::default().allow("effect").allow("extra"), bound);
+        let roots = scheduler.resumed();
+        let result = roots[0].join_timeout(HANG).unwrap();
+        scheduler.stop(Duration::from_secs(1));
+        result
+    };
+    // As recorded: `effect` granted, `extra` not, whatever the host grants now.
+    let recorded = resume(None).unwrap();
+    assert_eq!(recorded, Payload::text("2: done; 3: permission denied: extra"));
+    // Narrowed to a bound without `effect`; `extra` in the bound is not added.
+    let narrowed = resume(Some(Capabilities::default().allow("extra"))).unwrap();
+    assert_eq!(narrowed, Payload::text("2: permission denied: effect; 3: permission denied: extra"));
+}
+
+#[test]
+fn runs_lists_each_run_a_journal_holds_and_forget_run_drops_one_finished_or_not() {
+    let store = Arc::new(TestStore::default());
+    let (scheduler, _) = durable(&store);
+    let options = SpawnOptions::new("main").input(vec![Payload::u64(1)]);
+    let finished = scheduler.handle().spawn(effect_once(), options).unwrap();
+    assert_eq!(finished.join_timeout(HANG).unwrap(), Ok(Payload::text("done")));
+    let (waits, probe) = Scripted::new(|t| {
+        t.out.yield_command(1, Command::Sleep(Duration::from_secs(3600)));
+        Ok(())
+    });
+    let waiting = scheduler.handle().spawn(waits, SpawnOptions::new("main").input(vec![Payload::u64(2)])).unwrap();
+    let deadline = std::time::Instant::now() + HANG;
+    let journal = Journal::with_store(store.clone());
+    while probe.steps() == 0 || journal.history().unwrap().iter().all(|h| h.pid != waiting.pid() || h.steps == 0) {
+        assert!(std::time::Instant::now() < deadline, "the waiting process's step was not recorded");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let runs = journal.runs().unwrap();
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    let (done, unfinished) = (&runs[0], &runs[1]);
+    assert_eq!((done.root, done.method.as_str(), &done.input[..]), (finished.pid(), "main", &[Payload::u64(1)][..]));
+    assert_eq!(done.result, Some(Ok(Payload::text("done"))));
+    assert_eq!((done.processes(), done.records()), (1, 4), "spawn, two steps, exit");
+    assert_eq!(
+        (unfinished.root, &unfinished.input[..], unfinished.result.clone()),
+        (waiting.pid(), &[Payload::u64(2)][..], None)
+    );
+    assert_eq!(unfinished.caps, Capabilities::default().allow("effect").allow("peek"));
+    scheduler.stop(Duration::from_secs(1));
+    journal.forget_run(unfinished).unwrap();
+    let left: Vec<_> = journal.runs().unwrap().iter().map(|run| run.root).collect();
+    assert_eq!(left, [finished.pid()]);
+    journal.forget_run(done).unwrap();
+    assert!(store.records.is_empty(), "{} records left", store.records.len());
+}

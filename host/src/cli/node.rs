@@ -406,7 +406,7 @@ pub(super) fn run_on_cluster(
     let cluster = Cluster::join(config).map_err(|e| Failure::from_error(Exit::Host, &e))?;
     let lines = out.clone();
     cluster.set_line_sink(Arc::new(move |pid, source, message| {
-        lines.guest_line(&LogRecord { pid, source: log_source(source), message });
+        lines.guest_line(&LogRecord { pid, source: log_source(source), message, replayed: false });
     }));
     let name = run.app.file_name().map_or_else(|| run.app.display().to_string(), |n| n.to_string_lossy().into_owned());
     cluster.offer_named(hash.clone(), name, bytes);

@@ -44,6 +44,8 @@ pub struct Builder {
     handlers: FxHashMap<String, Arc<dyn Handler>>,
     kinds: FxHashMap<Arc<str>, Arc<dyn Factory>>,
     journal: Option<Journal>,
+    /// What resumed processes' recorded grants are narrowed to (`Builder::resume_within`).
+    resume_within: Option<Capabilities>,
     denial_hint: Option<DenialHint>,
     /// Build only to replay the journal's unfinished processes (see `verify_journal`).
     verifying: bool,
@@ -83,6 +85,7 @@ impl Default for Builder {
             handlers: FxHashMap::default(),
             kinds: FxHashMap::default(),
             journal: None,
+            resume_within: None,
             denial_hint: None,
             verifying: false,
             node: 0,
@@ -170,6 +173,16 @@ impl Builder {
     /// granted, custom commands denied.
     pub fn capabilities(mut self, capabilities: Capabilities) -> Self {
         self.capabilities = capabilities;
+        self
+    }
+
+    /// Narrows the grants of the processes resumed from the journal to what `bound`
+    /// grants: each resumes with its recorded grants intersected with `bound`
+    /// ([`Capabilities::intersect`]), so a resume can take grants away (a command denied
+    /// since) but never add one the process was not spawned with. By default a resumed
+    /// process keeps its recorded grants, whatever [`Builder::capabilities`] says now.
+    pub fn resume_within(mut self, bound: Capabilities) -> Self {
+        self.resume_within = Some(bound);
         self
     }
 
@@ -342,9 +355,9 @@ impl Builder {
         }
         if let Some(plan) = plan {
             if self.verifying {
-                *scheduler.verdicts.lock() = plan.verify(&shared);
+                *scheduler.verdicts.lock() = plan.verify(&shared, self.resume_within.as_ref());
             } else {
-                *scheduler.resumed.lock() = plan.restore(&shared);
+                *scheduler.resumed.lock() = plan.restore(&shared, self.resume_within.as_ref());
             }
         }
         Ok(scheduler)

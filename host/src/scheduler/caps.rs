@@ -184,6 +184,29 @@ impl Capabilities {
         };
         Capabilities { builtins: self.builtins & other.builtins, custom }
     }
+
+    /// Each grant of `self` that `other` does not grant whole, as
+    /// [`Capabilities::allow`] names it: what `self.intersect(other)` takes away. The
+    /// built-ins first, then custom commands by name, then families (`kv.*`), or `*` for
+    /// every custom command.
+    pub fn not_granted_by(&self, other: &Capabilities) -> Vec<String> {
+        let mut lost: Vec<String> = Capabilities::BUILTIN
+            .iter()
+            .filter(|name| self.allows(name) && !other.allows(name))
+            .map(|name| (*name).to_owned())
+            .collect();
+        match (&self.custom, &other.custom) {
+            (_, Custom::All) => {}
+            (Custom::All, Custom::Only(_)) => lost.push("*".to_owned()),
+            (Custom::Only(mine), Custom::Only(theirs)) => {
+                lost.extend(mine.names.iter().filter(|name| !theirs.covers(name)).cloned());
+                lost.extend(
+                    mine.families.iter().filter(|f| !theirs.families.contains(*f)).map(|family| format!("{family}.*")),
+                );
+            }
+        }
+        lost
+    }
 }
 
 impl Capabilities {
@@ -236,6 +259,17 @@ fn builtin_bit(name: &str) -> Option<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn not_granted_by_names_what_an_intersection_takes_away() {
+        let recorded = Capabilities::default().allow("kv.*").allow("http.get").allow("ledger.record");
+        let now = Capabilities::default().deny("terminate").allow("kv.*").allow("ledger.*");
+        assert_eq!(recorded.not_granted_by(&now), ["terminate", "http.get"]);
+        assert_eq!(now.not_granted_by(&recorded), ["ledger.*"]);
+        assert!(recorded.not_granted_by(&recorded).is_empty());
+        assert_eq!(Capabilities::all().not_granted_by(&Capabilities::none()).last().map(String::as_str), Some("*"));
+        assert!(recorded.not_granted_by(&Capabilities::all()).is_empty());
+    }
 
     #[test]
     fn defaults_grant_builtins_and_deny_custom() {

@@ -53,6 +53,34 @@ thread_local! {
     static REPLAY: (Cell<usize>, RefCell<Vec<PortSend>>) = const { (Cell::new(0), RefCell::new(Vec::new())) };
 }
 
+thread_local! {
+    /// Whether this thread is replaying a process's recorded history (its `init` or a
+    /// step): what the process logs meanwhile was logged when that history first ran.
+    static REPLAYING_HISTORY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is replaying a durable process's recorded history now: a
+/// line the process logs was logged before, when the replayed step first ran.
+pub(crate) fn replaying_now() -> bool {
+    REPLAYING_HISTORY.with(Cell::get)
+}
+
+/// Marks this thread as replaying a process's history while it lives.
+pub(super) struct ReplayingHistory(());
+
+impl ReplayingHistory {
+    pub(super) fn begin() -> ReplayingHistory {
+        REPLAYING_HISTORY.with(|replaying| replaying.set(true));
+        ReplayingHistory(())
+    }
+}
+
+impl Drop for ReplayingHistory {
+    fn drop(&mut self) {
+        REPLAYING_HISTORY.with(|replaying| replaying.set(false));
+    }
+}
+
 /// Runs `step` as a replay of one of `cell`'s steps: its port sends are collected, not
 /// sent, and returned.
 pub(super) fn replaying<R>(cell: &ProcessCell, step: impl FnOnce() -> R) -> (R, Vec<PortSend>) {

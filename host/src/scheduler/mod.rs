@@ -79,13 +79,14 @@ use parking_lot::Mutex;
 pub use self::builder::Builder;
 pub use self::caps::Capabilities;
 use self::durable::SUSPENDED;
+pub(crate) use self::durable::replaying_now;
 pub use self::handle::{Handle, ProcessHandle, SpawnOptions, Spawnable};
 #[cfg(feature = "wasm")]
 pub(crate) use self::limits::{payload_limit_exceeded, yield_limit_exceeded};
 pub use self::port::Port;
 use self::process::Pid;
 pub use self::process::{Command, Event, Events, Outcome, Process, SpawnRequest, Status, StepOutput, Yield};
-pub use self::record::{FinishedRun, History};
+pub use self::record::{FinishedRun, HeldRun, History};
 pub use self::stats::{Stats, WorkerStats, YieldCounts};
 
 /// The scheduler: owns the worker threads. Dropping it stops it with no grace period

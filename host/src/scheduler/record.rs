@@ -110,13 +110,137 @@ pub struct FinishedRun {
     members: Vec<(Pid, u64)>,
 }
 
-impl FinishedRun {
-    pub(super) fn new(root: Pid, result: Outcome, members: Vec<(Pid, u64)>) -> FinishedRun {
-        FinishedRun { root, result, members }
+/// A run the journal holds, finished or not: a process the embedder spawned (its root),
+/// how it was spawned, and everything spawned under it. See [`Journal::runs`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct HeldRun {
+    /// The process the embedder spawned.
+    pub root: Pid,
+    /// The registered kind the root was made from.
+    pub kind: Option<String>,
+    /// What the root's kind made it from (a Wasm component's `sha256:` hash).
+    pub identity: Option<String>,
+    /// The root's entry method.
+    pub method: String,
+    /// The root's input.
+    pub input: Vec<Payload>,
+    /// The root's grants, as it was spawned with them.
+    pub caps: Capabilities,
+    /// The root's result once every process of the run has ended; `None` while one is
+    /// unfinished (it resumes when a scheduler is built on the journal).
+    pub result: Option<Outcome>,
+    /// Every process of the run, with how many records it has.
+    members: Vec<(Pid, u64)>,
+}
+
+impl HeldRun {
+    /// How many processes of the run the journal holds.
+    pub fn processes(&self) -> usize {
+        self.members.len()
+    }
+
+    /// How many records the run has in the journal.
+    pub fn records(&self) -> u64 {
+        self.members.iter().map(|(_, records)| records).sum()
     }
 }
 
+/// One process as [`Journal::runs`] reads it: its spawn and exit records only.
+struct Glimpse {
+    spawn: SpawnRecord,
+    exit: Option<Outcome>,
+    records: u64,
+}
+
 impl Journal {
+    /// Every run the journal holds, finished or not, by root pid: each process the
+    /// embedder spawned, with its tree. A tree whose chain of parents leaves the journal
+    /// (its root's records are gone) is no run. Reads every key but decodes only the
+    /// spawn and exit records.
+    ///
+    /// # Errors
+    ///
+    /// The store's read error, or a damaged record (named by its key).
+    pub fn runs(&self) -> std::io::Result<Vec<HeldRun>> {
+        let damaged = |message: String| std::io::Error::new(std::io::ErrorKind::InvalidData, message);
+        let mut seen: std::collections::BTreeMap<Pid, Glimpse> = std::collections::BTreeMap::new();
+        let mut failure = None;
+        self.store.scan(Key { process: 1, seq: 0 }, &mut |key, value| {
+            let pid = Pid::from_u64(key.process);
+            let decoded = match value.get(1) {
+                Some(&SPAWN | &EXIT) => match Record::decode(value) {
+                    Ok(record) => Some(record),
+                    Err(error) => {
+                        failure = Some(damaged(format!("record {} of process {pid}: {error}", key.seq)));
+                        return ControlFlow::Break(());
+                    }
+                },
+                _ => None,
+            };
+            match (seen.get_mut(&pid), decoded) {
+                (None, Some(Record::Spawn(spawn))) => {
+                    seen.insert(pid, Glimpse { spawn, exit: None, records: key.seq + 1 });
+                }
+                (None, _) => {
+                    failure = Some(damaged(format!("process {pid} has records but no spawn record")));
+                    return ControlFlow::Break(());
+                }
+                (Some(_), Some(Record::Spawn(_))) => {
+                    failure = Some(damaged(format!("process {pid} has a second spawn record at {}", key.seq)));
+                    return ControlFlow::Break(());
+                }
+                (Some(glimpse), record) => {
+                    glimpse.records = key.seq + 1;
+                    if let Some(Record::Exit(result)) = record {
+                        glimpse.exit = Some(result);
+                    }
+                }
+            }
+            ControlFlow::Continue(())
+        })?;
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        // The root of each process: up its chain of parents to one the embedder spawned.
+        // Only a journal written by something else makes parents a cycle: a chain stops
+        // once it is longer than the journal's processes.
+        let root_of = |mut pid: Pid| {
+            for _ in 0..seen.len() {
+                match seen.get(&pid).map(|g| g.spawn.parent) {
+                    Some(parent) if parent != Pid::HOST && seen.contains_key(&parent) => pid = parent,
+                    _ => break,
+                }
+            }
+            pid
+        };
+        let mut trees: std::collections::BTreeMap<Pid, (bool, Vec<(Pid, u64)>)> = std::collections::BTreeMap::new();
+        for (pid, glimpse) in &seen {
+            let root = root_of(*pid);
+            if seen[&root].spawn.parent == Pid::HOST {
+                let tree = trees.entry(root).or_insert((true, Vec::new()));
+                tree.0 &= glimpse.exit.is_some();
+                tree.1.push((*pid, glimpse.records));
+            }
+        }
+        Ok(trees
+            .into_iter()
+            .map(|(root, (ended, members))| {
+                let Glimpse { spawn, exit, .. } = &seen[&root];
+                HeldRun {
+                    root,
+                    kind: spawn.kind.clone(),
+                    identity: spawn.identity.clone(),
+                    method: spawn.method.clone(),
+                    input: spawn.input.clone(),
+                    caps: spawn.caps.clone(),
+                    result: if ended { exit.clone() } else { None },
+                    members,
+                }
+            })
+            .collect())
+    }
+
     /// The runs whose every process has ended and whose records are still held (a host
     /// with [`JournalSettings::keep_finished`](crate::journal::JournalSettings), or one
     /// that stopped before it removed them). A host that reports results reads a run
@@ -126,9 +250,11 @@ impl Journal {
     ///
     /// The store's read error, or a damaged record (named by its key).
     pub fn finished_runs(&self) -> std::io::Result<Vec<FinishedRun>> {
-        let plan = super::recovery::Plan::read(self)
-            .map_err(|error| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{error:#}")))?;
-        Ok(plan.finished_runs())
+        Ok(self
+            .runs()?
+            .into_iter()
+            .filter_map(|run| Some(FinishedRun { root: run.root, result: run.result?, members: run.members }))
+            .collect())
     }
 
     /// Removes the records of `run`, synced: once this returns, a start with this
@@ -138,7 +264,22 @@ impl Journal {
     ///
     /// The store's write error; the run's records are then still there.
     pub fn forget(&self, run: &FinishedRun) -> std::io::Result<()> {
-        let removals = run.members.iter().map(|(pid, records)| (pid.as_u64(), *records)).collect();
+        self.remove(&run.members)
+    }
+
+    /// Removes the records of `run`, finished or not, synced: once this returns, a start
+    /// with this journal neither resumes nor reports it. Only while no scheduler runs on
+    /// the journal: one would go on writing the run's records.
+    ///
+    /// # Errors
+    ///
+    /// The store's write error; the run's records are then still there.
+    pub fn forget_run(&self, run: &HeldRun) -> std::io::Result<()> {
+        self.remove(&run.members)
+    }
+
+    fn remove(&self, members: &[(Pid, u64)]) -> std::io::Result<()> {
+        let removals = members.iter().map(|(pid, records)| (pid.as_u64(), *records)).collect();
         self.store.commit(&Batch { puts: Vec::new(), removals }, true)
     }
 

@@ -23,15 +23,15 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::caps::Capabilities;
 use super::cell::{ProcessCell, Spec, Watcher};
 use super::completer::complete;
 use super::dispatch::{KindLimits, Origin, make_under};
-use super::durable::{StepInProgress, port_send_id, replaying};
+use super::durable::{ReplayingHistory, StepInProgress, port_send_id, replaying};
 use super::handle::{ExitSlot, ProcessHandle};
 use super::limits::Lineage;
 use super::port::Port;
 use super::process::{Command, Event, Outcome, Payload, Pid, Process, Status, StepOutput, Yield};
-use super::record::FinishedRun;
 use super::record::{Record, SpawnRecord, StepRecord, now_micros};
 use super::shared::Shared;
 use super::state::{Lifecycle, Waiting};
@@ -81,9 +81,14 @@ impl<'a> Sandboxes<'a> {
 type MadeAgain = (Box<dyn Process>, Spec, Option<KindLimits>);
 
 /// Makes `saved`'s process again as it was spawned: by its recorded kind, within the
-/// limits its spawner ran under. With its spec and the limits it runs under; otherwise
-/// why it cannot be made.
-fn make_again(shared: &Arc<Shared>, saved: &Saved, sandboxes: &mut Sandboxes<'_>) -> Result<MadeAgain, String> {
+/// limits its spawner ran under, with its recorded grants narrowed to `grants` (never
+/// widened). With its spec and the limits it runs under; otherwise why it cannot be made.
+fn make_again(
+    shared: &Arc<Shared>,
+    saved: &Saved,
+    sandboxes: &mut Sandboxes<'_>,
+    grants: Option<&Capabilities>,
+) -> Result<MadeAgain, String> {
     let Some(kind) = &saved.spawn.kind else {
         return Err("it was spawned as a value, not by a registered kind, so it cannot be made again".to_owned());
     };
@@ -96,7 +101,10 @@ fn make_again(shared: &Arc<Shared>, saved: &Saved, sandboxes: &mut Sandboxes<'_>
         scheduler: Some(shared.clone()),
         parent: saved.spawn.parent,
         kind: Some(name.clone()),
-        caps: Arc::new(saved.spawn.caps.clone()),
+        caps: Arc::new(match grants {
+            Some(bound) => saved.spawn.caps.intersect(bound),
+            None => saved.spawn.caps.clone(),
+        }),
         mailbox_capacity: (saved.spawn.mailbox_capacity as usize).max(1),
     };
     Ok((process, spec, sandbox))
@@ -222,12 +230,16 @@ impl Plan {
 
     /// Replays every unfinished process against its records, on processes registered
     /// nowhere: nothing is resumed, nothing runs, nothing is written.
-    pub(super) fn verify(self, shared: &Arc<Shared>) -> Vec<(Pid, Result<usize, String>)> {
+    pub(super) fn verify(
+        self,
+        shared: &Arc<Shared>,
+        grants: Option<&Capabilities>,
+    ) -> Vec<(Pid, Result<usize, String>)> {
         let mut verdicts = Vec::new();
         let mut sandboxes = Sandboxes::new(&self, shared);
         for (pid, saved) in self.saved.iter().filter(|(_, s)| s.exit.is_none()) {
             // Made as a resume makes it, so the replay runs under the same limits.
-            let verdict = make_again(shared, saved, &mut sandboxes).and_then(|(process, spec, sandbox)| {
+            let verdict = make_again(shared, saved, &mut sandboxes, grants).and_then(|(process, spec, sandbox)| {
                 let cell = Arc::new(ProcessCell::new(*pid, process, spec, Lineage::default().within(sandbox)));
                 let replayed = replay(&cell, saved).map(|_| saved.steps.len());
                 // SAFETY: `replay` left the process `Running`, owned by this thread; it is
@@ -274,11 +286,11 @@ impl Plan {
         self.saved.keys().map(|pid| super::registry::shard_of(*pid) + 1).max().unwrap_or(0)
     }
 
-    /// Restores every unfinished process and sets it going; returns the handles of those
-    /// the embedder had spawned.
-    pub(super) fn restore(self, shared: &Arc<Shared>) -> Vec<ProcessHandle> {
+    /// Restores every unfinished process and sets it going, its grants narrowed to
+    /// `grants`; returns the handles of those the embedder had spawned.
+    pub(super) fn restore(self, shared: &Arc<Shared>, grants: Option<&Capabilities>) -> Vec<ProcessHandle> {
         shared.registry.reserve_generations(self.saved.keys().copied());
-        let cells = self.register(shared);
+        let cells = self.register(shared, grants);
         let mut handles = Vec::new();
         for (pid, cell) in &cells {
             if self.saved[pid].spawn.parent == Pid::HOST {
@@ -448,28 +460,6 @@ impl Plan {
         handles
     }
 
-    /// The runs whose every process has ended: each root the embedder spawned, with its
-    /// tree. A tree whose chain of parents leaves the journal has no such root and counts
-    /// as unfinished.
-    pub(super) fn finished_runs(&self) -> Vec<FinishedRun> {
-        let mut runs: BTreeMap<Pid, (bool, Vec<(Pid, u64)>)> = BTreeMap::new();
-        for (pid, saved) in &self.saved {
-            let root = self.root_of(*pid);
-            if self.saved[&root].spawn.parent == Pid::HOST {
-                let run = runs.entry(root).or_insert((true, Vec::new()));
-                run.0 &= saved.exit.is_some();
-                run.1.push((*pid, saved.next_seq));
-            }
-        }
-        runs.into_iter()
-            .filter(|(_, (ended, _))| *ended)
-            .filter_map(|(root, (_, members))| {
-                let result = self.saved[&root].exit.clone()?;
-                Some(FinishedRun::new(root, result, members))
-            })
-            .collect()
-    }
-
     /// The first process up `pid`'s chain of parents that the embedder spawned (or whose
     /// parent's records are gone).
     fn root_of(&self, mut pid: Pid) -> Pid {
@@ -483,7 +473,7 @@ impl Plan {
     }
 
     /// Makes and registers every unfinished process, parents before children.
-    fn register(&self, shared: &Arc<Shared>) -> BTreeMap<Pid, Arc<ProcessCell>> {
+    fn register(&self, shared: &Arc<Shared>, grants: Option<&Capabilities>) -> BTreeMap<Pid, Arc<ProcessCell>> {
         let mut cells: BTreeMap<Pid, Arc<ProcessCell>> = BTreeMap::new();
         let unfinished: Vec<Pid> = self.saved.iter().filter(|(_, s)| s.exit.is_none()).map(|(pid, _)| *pid).collect();
         let waiting: HashSet<Pid> = unfinished.iter().copied().collect();
@@ -520,7 +510,7 @@ impl Plan {
                 Some(parent) => Lineage::child_of(&parent.lineage),
                 None => Lineage::default(),
             };
-            let (process, spec, sandbox) = match make_again(shared, saved, &mut sandboxes) {
+            let (process, spec, sandbox) = match make_again(shared, saved, &mut sandboxes, grants) {
                 Ok(made) => made,
                 Err(reason) => {
                     tracing::error!(%pid, %reason, "a durable process cannot be resumed");
@@ -649,6 +639,7 @@ impl Plan {
 fn replay(cell: &Arc<ProcessCell>, saved: &Saved) -> Result<Option<Status>, String> {
     let pid = cell.pid();
     let spawn = &saved.spawn;
+    let _replaying = ReplayingHistory::begin();
     *cell.durable_step.lock() = Some(StepInProgress::new(spawn.seed, spawn.at));
     // SAFETY: the process was registered moments ago and is in `Init`, in no queue:
     // this thread is its only owner until it is queued or parked below.

@@ -55,12 +55,25 @@ pub struct LogRecord<'a> {
     pub source: LogSource,
     /// The line, without its newline; invalid UTF-8 replaced.
     pub message: &'a str,
+    /// Written while the process's recorded history was replayed, when a durable process
+    /// resumed: the line was logged once already, when that step first ran.
+    pub replayed: bool,
 }
 
-/// `[pid 7] stdout: hello`, the format of the default sink.
+impl<'a> LogRecord<'a> {
+    /// A line `pid` wrote now, marked [`LogRecord::replayed`] if this thread is replaying
+    /// its history.
+    pub(crate) fn now(pid: Pid, source: LogSource, message: &'a str) -> Self {
+        LogRecord { pid, source, message, replayed: crate::scheduler::replaying_now() }
+    }
+}
+
+/// `[pid 7] stdout: hello`, the format of the default sink; `[pid 7] stdout (replayed):
+/// hello` for a replayed line.
 impl fmt::Display for LogRecord<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "[pid {}] {}: {}", self.pid, self.source, self.message)
+        let replayed = if self.replayed { " (replayed)" } else { "" };
+        write!(f, "[pid {}] {}{replayed}: {}", self.pid, self.source, self.message)
     }
 }
 
@@ -69,12 +82,14 @@ impl fmt::Display for LogRecord<'_> {
 pub type LogSink = Arc<dyn Fn(&LogRecord<'_>) + Send + Sync>;
 
 /// The default sink: a `tracing` event per record, with target `wasmproc::guest` and the
-/// pid and source as fields; a `host.log` call at its own level, a line of stdout at
-/// `info` and one of stderr at `warn`. The library never writes to the host's streams
+/// pid and source as fields (a replayed line's source says so: `info (replayed)`); a
+/// `host.log` call at its own level, a line of stdout at `info` and one of stderr at
+/// `warn`. The library never writes to the host's streams
 /// itself: whether and where the lines appear is the subscriber's choice.
 pub(crate) fn tracing_sink() -> LogSink {
     Arc::new(|record: &LogRecord<'_>| {
-        let (pid, source, message) = (record.pid.as_u64(), record.source.to_string(), record.message);
+        let (pid, message) = (record.pid.as_u64(), record.message);
+        let source = if record.replayed { format!("{} (replayed)", record.source) } else { record.source.to_string() };
         let level = match record.source {
             LogSource::Log(level) => level,
             LogSource::Stdout => Level::Info,
@@ -144,7 +159,7 @@ impl LineBuffer {
     fn emit(&mut self) {
         let line = String::from_utf8_lossy(&self.pending);
         let line = line.strip_suffix('\r').unwrap_or(&line);
-        (self.sink)(&LogRecord { pid: self.pid, source: self.source, message: line });
+        (self.sink)(&LogRecord::now(self.pid, self.source, line));
         self.pending.clear();
     }
 }
@@ -211,6 +226,16 @@ mod tests {
         let seen = lines.clone();
         let sink: LogSink = Arc::new(move |r: &LogRecord<'_>| seen.lock().push(r.to_string()));
         (sink, lines)
+    }
+
+    #[test]
+    fn a_replayed_line_says_so() {
+        let pid = Pid::from_u64(7);
+        let record = LogRecord { pid, source: LogSource::Log(Level::Info), message: "round 1", replayed: true };
+        assert_eq!(record.to_string(), "[pid 7] info (replayed): round 1");
+        let record = LogRecord { replayed: false, ..record };
+        assert_eq!(record.to_string(), "[pid 7] info: round 1");
+        assert!(!LogRecord::now(pid, LogSource::Stdout, "").replayed, "no replay on this thread");
     }
 
     #[test]

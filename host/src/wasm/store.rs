@@ -186,7 +186,7 @@ impl ProcessState {
 
     /// Logs a line about this process on the host's behalf.
     pub(crate) fn log_host(&self, level: Level, message: &str) {
-        (self.log)(&LogRecord { pid: self.pid, source: LogSource::Log(level), message });
+        (self.log)(&LogRecord::now(self.pid, LogSource::Log(level), message));
     }
 }
 
