@@ -12,8 +12,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use wasmproc_guest::prelude::*;
 
 /// Spawns `workers` (default 4) `worker`s, sends each the numbers 1 to `rounds` (default
-/// 5) one message at a time, waiting for each answer and sleeping 20 ms between rounds,
-/// then stops them. Returns the sum of every answer and of every worker's result.
+/// 5) one message at a time, waiting for each answer and sleeping 20 ms between rounds
+/// (logging `round R of N` as each begins), then stops them. Returns the sum of every answer and of every worker's result.
 #[entry]
 async fn main(ctx: Ctx, input: Option<(u32, u32)>) -> Result<u64> {
     run(ctx, input, "worker").await
@@ -37,6 +37,7 @@ async fn run(ctx: Ctx, input: Option<(u32, u32)>, worker: &str) -> Result<u64> {
     let children: Vec<Pid> = children.iter().map(|&pid| (pid, ())).collect::<HashMap<_, _>>().into_keys().collect();
     let mut total = 0u64;
     for round in 1..=rounds {
+        ctx.log(Level::Info, &format!("round {round} of {rounds}"));
         for &child in &children {
             ctx.send(child, "n", round)?;
             let answer: u64 = ctx.recv_topic("answer").await?.decode()?;

@@ -2,16 +2,17 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use wasmproc::journal::{Journal, LogStore};
-use wasmproc::scheduler::History;
+use wasmproc::journal::{Journal, JournalSettings, LogStore};
+use wasmproc::scheduler::{HeldRun, History};
 use wasmproc::wasm::Program;
-use wasmproc::{Pid, Scheduler, Status};
+use wasmproc::{Capabilities, Pid, Scheduler, Status};
 
 use super::input::read_app;
 use super::output::{Say, print_now, say_now};
-use super::{EngineArgs, Exit, Failure, runtime};
+use super::{EngineArgs, Exit, Failure, runtime, units};
 
 /// `wasmproc journal`'s subcommands.
 #[derive(Args, Debug)]
@@ -21,7 +22,7 @@ pub(super) struct JournalCommand {
 }
 
 /// `ls` and `show` read a journal a host is running as it is now (a log, read without
-/// its lock: `LogStore::read_now`); `verify` needs it to itself.
+/// its lock: `LogStore::read_now`); `verify`, `cancel` and `forget` need it to themselves.
 #[derive(Subcommand, Debug)]
 enum Verb {
     /// List the processes of a journal: pid, parent, entry method, steps, state. A
@@ -63,7 +64,49 @@ enum Verb {
         #[arg(long, value_name = "N")]
         last: Option<usize>,
     },
+    /// End the unfinished run of a journal for good: resume its processes with the program
+    /// that wrote it, send each a cancel event (so each ends in its own code, as Ctrl-C of
+    /// a run without a journal would), give them --grace to end, then terminate the rest.
+    /// Everything is recorded: the run is then finished, with the result its entry process
+    /// gave (an SDK guest's: "cancelled: by `wasmproc journal cancel`"), which the next
+    /// `run` with this journal reports instead of resuming it. The resumed processes get
+    /// no provider (no --kv, --dir, --allow-host…), and `terminate` is not granted to them.
+    /// Refused while a host is running the journal.
+    #[command(after_help = "Example:
+  wasmproc journal cancel ./flow.journal flow.wasm --grace 2s")]
+    Cancel {
+        /// The journal's directory.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+        /// The program the journal's run was started with: its processes handle their
+        /// cancel in their own code.
+        #[arg(value_name = "APP.wasm")]
+        app: PathBuf,
+        /// How long the cancelled processes have to end before the rest are terminated.
+        #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = units::duration)]
+        grace: Duration,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// Drop every run a journal holds, unfinished or finished, with all its records:
+    /// the next `run` with this journal starts afresh. Nothing is run, and an unfinished
+    /// run's processes get no cancel (`journal cancel` lets them end in their own code).
+    /// Refused while a host is running the journal.
+    Forget {
+        /// The journal's directory.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
 }
+
+/// The reason a run's processes are given by `journal cancel`: an SDK guest's entry ends
+/// with `cancelled: {CANCEL_REASON}`.
+const CANCEL_REASON: &str = "by `wasmproc journal cancel`";
+/// The result of a process `journal cancel` terminated once --grace had passed.
+const TERMINATED: &str = "terminated: by `wasmproc journal cancel` after its grace";
+/// How long the terminated processes have to be gone, and the entry's result to arrive,
+/// once they are terminated: a step is ended at its next epoch tick, so this is slack.
+const AFTER_TERMINATE: Duration = Duration::from_secs(5);
 
 impl JournalCommand {
     pub(super) fn execute(self) -> Result<ExitCode, Failure> {
@@ -71,6 +114,8 @@ impl JournalCommand {
             Verb::Ls { dir } => (dir, None, None),
             Verb::Show { dir, pid, last } => (dir, Some(Pid::from_u64(*pid)), *last),
             Verb::Verify { dir, app, engine } => return verify(dir, app, engine),
+            Verb::Cancel { dir, app, grace, engine } => return cancel(dir, app, *grace, engine),
+            Verb::Forget { dir } => return forget(dir),
         };
         if !dir.is_dir() {
             return Err(Failure::new(Exit::Usage, format!("no journal in `{}`: not a directory", dir.display())));
@@ -147,6 +192,157 @@ fn verify(dir: &Path, app: &Path, engine: &EngineArgs) -> Result<ExitCode, Failu
     Ok(if differs { Exit::ProcessFailed } else { Exit::Success }.into())
 }
 
+/// Opens the journal in `dir` for `verb` (`cancel`, `forget`), which changes it: refused
+/// while a host is running it.
+fn open_alone(dir: &Path, verb: &str) -> Result<Journal, Failure> {
+    if !dir.is_dir() {
+        return Err(Failure::new(Exit::Usage, format!("no journal in `{}`: not a directory", dir.display())));
+    }
+    Journal::open(dir).map_err(|error| {
+        if error.kind() == std::io::ErrorKind::ResourceBusy {
+            Failure::new(
+                Exit::Usage,
+                format!(
+                    "a host is running the journal in `{}`: stop it first (Ctrl-C or SIGTERM suspends its run), then \
+                     `journal {verb}` it",
+                    dir.display()
+                ),
+            )
+        } else {
+            Failure::new(Exit::Host, format!("{error}"))
+        }
+    })
+}
+
+/// The runs a journal holds.
+fn runs(journal: &Journal, dir: &Path) -> Result<Vec<HeldRun>, Failure> {
+    journal.runs().map_err(|e| Failure::new(Exit::Host, format!("cannot read the journal in `{}`: {e}", dir.display())))
+}
+
+/// `journal cancel`: resumes the unfinished run, cancels its processes, waits --grace,
+/// terminates the rest; every exit recorded.
+fn cancel(dir: &Path, app: &Path, grace: Duration, engine: &EngineArgs) -> Result<ExitCode, Failure> {
+    let journal = open_alone(dir, "cancel")?;
+    let held = runs(&journal, dir)?;
+    let unfinished: Vec<&HeldRun> = held.iter().filter(|run| run.result.is_none()).collect();
+    let Some(first) = unfinished.first() else {
+        let finished = if held.is_empty() {
+            String::new()
+        } else {
+            " (its finished run is reported by the next `run`, or dropped by `journal forget`)".to_owned()
+        };
+        return Err(Failure::new(
+            Exit::Usage,
+            format!("the journal in `{}` holds no unfinished run: nothing to cancel{finished}", dir.display()),
+        ));
+    };
+    let bytes = read_app(app, engine.max_module_size as u64)?;
+    let program = runtime(engine.config()?)?
+        .load_program_bytes(&bytes)
+        .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{}`: {e:#}", app.display())))?;
+    let Program::Process(component) = program else {
+        return Err(Failure::new(Exit::Usage, format!("`{}` is a WASI command: it has no journal", app.display())));
+    };
+    if let Some(ran) = first.identity.as_deref().filter(|ran| *ran != component.hash()) {
+        return Err(Failure::new(
+            Exit::Usage,
+            format!(
+                "the journal's run (process {}) ran the program {ran}, and `{}` is {}: give the program it was \
+                 started with (or drop the run with `wasmproc journal forget {}`)",
+                first.root,
+                app.display(),
+                component.hash(),
+                dir.display()
+            ),
+        ));
+    }
+    // Kept once ended: the next `run` reports the cancelled run's result, then drops it.
+    let mut settings = JournalSettings::default();
+    settings.keep_finished = true;
+    let grants = Capabilities::default().deny("terminate");
+    let scheduler = Scheduler::builder()
+        .kind("app", component)
+        .journal(journal.settings(settings))
+        .capabilities(grants.clone())
+        .resume_within(grants)
+        .build()
+        .map_err(|e| Failure::new(Exit::Host, format!("cannot resume the journal's run to cancel it: {e:#}")))?;
+    let roots = scheduler.resumed();
+    let handle = scheduler.handle();
+    let cancelled = handle.cancel_all(CANCEL_REASON);
+    let ended = handle.wait_idle(Some(grace));
+    let terminated = if ended { 0 } else { handle.terminate_all(TERMINATED) };
+    let gone = ended || handle.wait_idle(Some(AFTER_TERMINATE));
+    let mut text = format!("cancelled {}; {terminated} terminated after --grace {grace:?}\n", processes(cancelled));
+    for root in &roots {
+        match root.join_timeout(AFTER_TERMINATE) {
+            Some(result) => {
+                let shown = match &result {
+                    Ok(payload) => format!("ok {}", String::from_utf8_lossy(&payload.data)),
+                    Err(error) => format!("error {error}"),
+                };
+                text.push_str(&format!("process {}: {shown}\n", root.pid()));
+            }
+            None => text.push_str(&format!("process {}: still running\n", root.pid())),
+        }
+    }
+    // A durable scheduler's stop suspends what is left: none, unless a step would not end.
+    let left = handle.live();
+    scheduler.stop(Duration::ZERO);
+    if !gone && left > 0 {
+        return Err(Failure::new(
+            Exit::Host,
+            format!(
+                "{} did not end even when terminated (a step blocked outside Wasm): they stay unfinished in the \
+                 journal in `{}`",
+                processes(left),
+                dir.display()
+            ),
+        ));
+    }
+    text.push_str(&format!(
+        "The run is recorded as ended: the next `run` with this journal reports its result; `wasmproc journal \
+         forget {}` drops it.\n",
+        dir.display()
+    ));
+    print_now(&text).map_err(|_| Failure::new(Exit::StdoutClosed, "stdout was closed"))?;
+    Ok(Exit::Success.into())
+}
+
+/// `journal forget`: drops every run the journal holds.
+fn forget(dir: &Path) -> Result<ExitCode, Failure> {
+    let journal = open_alone(dir, "forget")?;
+    let held = runs(&journal, dir)?;
+    let mut text = String::new();
+    for run in &held {
+        journal.forget_run(run).map_err(|e| {
+            Failure::new(Exit::Host, format!("cannot drop process {}'s run from `{}`: {e}", run.root, dir.display()))
+        })?;
+        let state = match &run.result {
+            None => "unfinished".to_owned(),
+            Some(Ok(_)) => "finished: ok".to_owned(),
+            Some(Err(error)) => format!("failed: {error}"),
+        };
+        text.push_str(&format!(
+            "forgot the run of process {} ({}), {state}: {}, {} records\n",
+            run.root,
+            super::resume::entry(&run.method, &run.input),
+            processes(run.processes()),
+            run.records()
+        ));
+    }
+    if held.is_empty() {
+        text.push_str(&format!("the journal in `{}` holds no run: nothing to forget\n", dir.display()));
+    }
+    print_now(&text).map_err(|_| Failure::new(Exit::StdoutClosed, "stdout was closed"))?;
+    Ok(Exit::Success.into())
+}
+
+/// "1 process", "3 processes".
+fn processes(n: usize) -> String {
+    if n == 1 { "1 process".to_owned() } else { format!("{n} processes") }
+}
+
 fn list(history: &[History]) -> String {
     let mut text = format!("{:<20} {:<20} {:<12} {:>6}  {}\n", "PID", "PARENT", "METHOD", "STEPS", "STATE");
     for process in history {
@@ -166,7 +362,10 @@ fn list(history: &[History]) -> String {
         ));
     }
     if history.iter().any(|process| process.result.is_none()) {
-        text.push_str("\nThe unfinished processes resume on the next run with this journal.\n");
+        text.push_str(
+            "\nThe unfinished processes resume on the next run with this journal (`journal cancel` ends them, \
+             `journal forget` drops them).\n",
+        );
     }
     text
 }

@@ -19,6 +19,7 @@ mod node;
 mod output;
 mod providers;
 mod report;
+mod resume;
 mod run;
 mod stop;
 mod units;
@@ -128,8 +129,8 @@ enum Command {
     Inspect(inspect::Inspect),
     /// Precompile a program, so that `run` loads it without compiling.
     Compile(compile::Compile),
-    /// Read the journal of a durable run (`run --journal DIR`): `ls` its processes,
-    /// `show` one's history, `verify` its replay offline.
+    /// The journal of a durable run (`run --journal DIR`): `ls` its processes, `show` one's
+    /// history, `verify` its replay offline, `cancel` its unfinished run, `forget` its runs.
     Journal(journal::JournalCommand),
     /// The compiled-code cache: `ls` its entries (size, age, last use, total), `clean`
     /// them (all, or the least recently used past --max-size).

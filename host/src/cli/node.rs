@@ -314,6 +314,7 @@ const HERE_ONLY: &[(&str, HereOnly)] = &[
     ("keep_finished", HereOnly::Journal),
     ("durability", HereOnly::Journal),
     ("journal_limit", HereOnly::Journal),
+    ("replayed_logs", HereOnly::Journal),
     ("progress", HereOnly::Progress),
     ("args", HereOnly::Command),
 ];

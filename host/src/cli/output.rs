@@ -191,7 +191,7 @@ impl Output {
                 LogSource::Stdout => "info",
                 LogSource::Stderr => "warn",
             };
-            let object = json!({
+            let mut object = json!({
                 "time": unix_time(),
                 "level": level,
                 "target": "wasmproc::guest",
@@ -199,6 +199,9 @@ impl Output {
                 "source": record.source.to_string(),
                 "message": record.message,
             });
+            if record.replayed {
+                object["replayed"] = Value::Bool(true);
+            }
             writeln!(bytes, "{object}")
         } else {
             writeln!(bytes, "{record}")

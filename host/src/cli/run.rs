@@ -31,6 +31,7 @@ use super::inspect::declared::{self, Declared, GrantedBy};
 use super::output::{Output, Say, style};
 use super::providers::{FAMILIES, ProviderArgs, Providers, Services, dir_grants, env_vars};
 use super::report::{CompileNotice, Progress, Report, Summary};
+use super::resume;
 use super::stop::Signals;
 use super::{EngineArgs, Exit, Failure, Given, runtime, units};
 use wasmproc::scheduler::Spawnable;
@@ -201,6 +202,11 @@ pub(super) struct Run {
         value_parser = clap::value_parser!(u64).range(2..)
     )]
     journal_limit: u64,
+    /// With --journal: when the run resumes, print the guest log lines of the steps
+    /// replayed from the journal too, marked `(replayed)`. By default only the lines of
+    /// steps that run anew are printed: the replayed ones were printed when they first ran.
+    #[arg(long, requires = "journal")]
+    replayed_logs: bool,
     /// Print a summary at exit (stderr, or in the --json object): processes, steps,
     /// yields by command, messages, steals, per-worker steps, peak live, what the journal
     /// wrote (with --journal), wall time.
@@ -359,6 +365,7 @@ impl Run {
         let bytes = read_app(&self.app, self.engine.max_module_size as u64)?;
         self.warn_ungranted(&bytes, &caps, &served, out);
         let guest_out = out.clone();
+        let replayed_logs = self.replayed_logs;
         let mut config = self
             .engine
             .config()?
@@ -370,7 +377,11 @@ impl Run {
             .max_tables(self.max_tables)
             .max_table_elements(self.max_table_elements)
             .max_memories(self.max_memories)
-            .log_sink(move |record: &LogRecord<'_>| guest_out.guest_line(record));
+            .log_sink(move |record: &LogRecord<'_>| {
+                if replayed_logs || !record.replayed {
+                    guest_out.guest_line(record);
+                }
+            });
         if let Some(budget) = self.cpu_budget {
             config = config.cpu_budget(budget);
         }
@@ -396,6 +407,9 @@ impl Run {
         }
         let mut services = None;
         let mut journal = None;
+        // What a resumed run's command line withdraws from its recorded grants, or asks
+        // for beyond them: said once it resumes.
+        let mut narrowed = None;
         let root = match program {
             Program::Process(component) => {
                 let method = self.entry_method(component.entries())?;
@@ -410,11 +424,12 @@ impl Run {
                     self.engine.max_module_size as u64,
                 )?;
                 builder = providers
-                    .register(builder.capabilities(caps))
+                    .register(builder.capabilities(caps.clone()))
                     .denial_hint(|name| format!("grant it with --allow {name}"));
                 if let Some(services) = &services {
                     builder = services.register(builder);
                 }
+                let identity = component.hash();
                 builder = builder.kind("app", component);
                 if let Some(dir) = &self.journal {
                     // The host keeps finished runs; the run removes them once it has
@@ -428,7 +443,17 @@ impl Run {
                     settings.max_records_per_process = self.journal_limit;
                     let opened = Journal::open(dir).map_err(|e| Failure::new(Exit::Host, format!("{e}")))?;
                     let opened = opened.settings(settings);
-                    builder = builder.journal(opened.clone());
+                    let held = opened.runs().map_err(|e| {
+                        Failure::new(Exit::Host, format!("cannot read the journal in `{}`: {e}", dir.display()))
+                    })?;
+                    let asked = resume::Asked { app: &self.app, identity: &identity, method: &method, input: &inputs };
+                    resume::check(dir, &held, &asked)?;
+                    if let Some(run) = held.iter().find(|run| run.result.is_none()) {
+                        narrowed = resume::narrowing(&run.caps, &caps);
+                        let recorded = run.caps.clone();
+                        builder = builder.denial_hint(move |name| resume::denial_hint(&recorded, name));
+                    }
+                    builder = builder.journal(opened.clone()).resume_within(caps.clone());
                     journal = Some(opened);
                 }
                 Root::Process { method, inputs }
@@ -463,6 +488,9 @@ impl Run {
                         Say::Notice,
                         format!("resuming process {} from the journal in {}", process.pid(), dir.display()),
                     );
+                }
+                if let Some(narrowed) = narrowed {
+                    out.say(Say::Notice, narrowed);
                 }
                 Root::Resumed(process)
             }

@@ -2,11 +2,13 @@
 //! resumed by the same command line, stopped by a signal and resumed, read back with
 //! `journal ls` and `show`.
 
+use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use std::collections::HashMap;
 
+use wasmproc_tests::HANG;
 use wasmproc_tests::guests::{DURABLE, LEDGER, TIMERS, WASI_CLI};
 
 use super::{run, scratch, wasmproc};
@@ -210,7 +212,7 @@ fn a_signal_suspends_a_durable_run_and_the_same_command_resumes_it() {
     for line in listed.stdout.lines().filter(|line| line.contains("unfinished:")) {
         assert!(waits.iter().any(|w| line.contains(w)), "{}", listed.stdout);
     }
-    assert!(listed.stdout.ends_with("\nThe unfinished processes resume on the next run with this journal.\n"));
+    assert!(listed.stdout.contains("\nThe unfinished processes resume on the next run with this journal"));
 
     let ran = run(&["run", DURABLE, "--journal", journal, "--keep-finished", "--input", "[2, 30]"]).expect(0);
     assert!(ran.stderr.contains("resuming process"), "{}", ran.stderr);
@@ -431,11 +433,195 @@ fn a_journal_is_not_resumed_with_another_program() {
     assert!(verified.stdout.contains("replay as recorded") && !verified.stdout.contains("non-determinism"));
     let refused = run(&["journal", "verify", journal, wasmproc_tests::guests::FAN_OUT]).expect(5);
     assert!(refused.stderr.contains("sha256:"), "{}", refused.stderr);
-    let ran = run(&["run", wasmproc_tests::guests::FAN_OUT, "--journal", journal]).expect(5);
+    let ran = run(&["run", wasmproc_tests::guests::FAN_OUT, "--journal", journal]).expect(2);
     let error = ran.stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_default().to_owned();
     assert_eq!(error.matches("sha256:").count(), 2, "both hashes named: {error}");
-    assert!(error.contains("move the journal aside"), "{error}");
+    assert!(error.contains(&format!("`wasmproc journal forget {journal}`")), "{error}");
     // The journal is left as it was: the right program still resumes it.
     let ran = run(&["run", DURABLE, "--journal", journal]).expect(0);
     assert_eq!(ran.stdout.trim(), EXPECTED);
+}
+
+/// Starts a durable run of the example with `flags`, waits until its root logs its third
+/// round, and suspends it with SIGTERM: its journal then holds the unfinished run. The
+/// run's stderr.
+fn suspended(journal: &str, flags: &[&str]) -> String {
+    let mut child = start_with(journal, flags);
+    let stderr = child.stderr.take().expect("piped");
+    let (third, reached) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("round 3 of") {
+                let _ = third.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    if reached.recv_timeout(HANG).is_err() {
+        child.kill().unwrap();
+        panic!("the run did not reach its third round: {}", reader.join().unwrap());
+    }
+    assert!(std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let status = child.wait().unwrap();
+    let stderr = reader.join().unwrap();
+    assert_eq!(status.code(), Some(143), "{stderr}");
+    stderr
+}
+
+/// The first `error:` line of `stderr`.
+fn error_line(stderr: &str) -> String {
+    stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_default().to_owned()
+}
+
+#[test]
+fn a_journal_refuses_a_run_that_asks_for_another_input_or_method_naming_both() {
+    let dir = scratch("durable-another-run");
+    let journal = dir.join("journal");
+    let journal = journal.to_str().unwrap();
+    suspended(journal, &["--input", "[2, 30]"]);
+    // The new user's order B, from a file, after order A was stopped midway: refused,
+    // not answered with order A's result.
+    let order_b = dir.join("order-b.json");
+    std::fs::write(&order_b, "[3, 2]\n").unwrap();
+    let refused = run(&["run", DURABLE, "--journal", journal, "--input-file", order_b.to_str().unwrap()]).expect(2);
+    assert!(refused.stdout.is_empty(), "no result: {}", refused.stdout);
+    let error = error_line(&refused.stderr);
+    assert!(error.contains("holds an unfinished run (process "), "{error}");
+    assert!(error.contains("of `main([2,30])`, and this command asks for `main([3,2])`"), "{error}");
+    assert!(error.contains(&format!("start afresh: `wasmproc journal forget {journal}`")), "{error}");
+    // Another method, and no input where the run had one: refused too.
+    let error = error_line(&run(&["run", DURABLE, "--journal", journal, "--method", "ledgered"]).expect(2).stderr);
+    assert!(error.contains("asks for `ledgered()`"), "{error}");
+    let error = error_line(&run(&["run", DURABLE, "--journal", journal]).expect(2).stderr);
+    assert!(error.contains("asks for `main()`"), "{error}");
+    // The same input, however spaced, is the same run: it resumes.
+    let ran = run(&["run", DURABLE, "--journal", journal, "--keep-finished", "--input", "[2,30]"]).expect(0);
+    assert_eq!(ran.stdout.trim(), "18970");
+    // Kept: the same command reports it again; another input is refused, not answered
+    // with the kept result.
+    let again = run(&["run", DURABLE, "--journal", journal, "--keep-finished", "--input", "[2, 30]"]).expect(0);
+    assert_eq!(again.stdout.trim(), "18970");
+    assert!(again.stderr.contains("had finished"), "{}", again.stderr);
+    let error = error_line(
+        &run(&["run", DURABLE, "--journal", journal, "--keep-finished", "--input", "[3, 2]"]).expect(2).stderr,
+    );
+    assert!(error.contains("holds a finished run"), "{error}");
+}
+
+#[test]
+fn journal_forget_drops_a_run_so_the_next_starts_afresh() {
+    let dir = scratch("durable-forget");
+    let journal = dir.join("journal");
+    let journal = journal.to_str().unwrap();
+    let empty = run(&["journal", "forget", journal]).expect(2);
+    assert!(empty.stderr.contains("not a directory"), "{}", empty.stderr);
+    suspended(journal, &["--input", "[2, 30]"]);
+    let forgot = run(&["journal", "forget", journal]).expect(0);
+    let line = forgot.stdout.lines().next().unwrap_or_default();
+    assert!(
+        line.starts_with("forgot the run of process ") && line.contains("(`main([2,30])`), unfinished: 3 processes")
+    );
+    let listed = run(&["journal", "ls", journal]).expect(0);
+    assert_eq!(listed.stdout.lines().count(), 1, "only the header: {}", listed.stdout);
+    let again = run(&["journal", "forget", journal]).expect(0);
+    assert!(again.stdout.contains("holds no run: nothing to forget"), "{}", again.stdout);
+    // Three workers, two rounds: 3 × (1 + 4) answers and 2 answered each.
+    let ran = run(&["run", DURABLE, "--journal", journal, "--input", "[3, 2]"]).expect(0);
+    assert_eq!(ran.stdout.trim(), "21");
+    assert!(!ran.stderr.contains("resuming"), "{}", ran.stderr);
+}
+
+#[test]
+fn journal_cancel_ends_a_run_in_its_own_code_and_the_next_run_says_so() {
+    let dir = scratch("durable-cancel");
+    let journal = dir.join("journal");
+    let journal = journal.to_str().unwrap();
+    let nothing = run(&["journal", "cancel", dir.to_str().unwrap(), DURABLE]).expect(2);
+    assert!(nothing.stderr.contains("holds no unfinished run: nothing to cancel"), "{}", nothing.stderr);
+    suspended(journal, &["--input", "[2, 30]"]);
+    let refused = run(&["journal", "cancel", journal, wasmproc_tests::guests::FAN_OUT]).expect(2);
+    assert_eq!(error_line(&refused.stderr).matches("sha256:").count(), 2, "{}", refused.stderr);
+    let cancelled = run(&["journal", "cancel", journal, DURABLE, "--grace", "5s"]).expect(0);
+    // The root and its two workers each ended in their own code, on the cancel.
+    assert!(
+        cancelled.stdout.starts_with("cancelled 3 processes; 0 terminated after --grace 5s\n"),
+        "{}",
+        cancelled.stdout
+    );
+    assert!(cancelled.stdout.contains(": error cancelled: by `wasmproc journal cancel`\n"), "{}", cancelled.stdout);
+    let listed = run(&["journal", "ls", journal]).expect(0);
+    assert!(!listed.stdout.contains("unfinished"), "{}", listed.stdout);
+    assert!(listed.stdout.contains("failed: cancelled: by `wasmproc journal cancel`"), "{}", listed.stdout);
+    // The same command reports the cancelled run instead of resuming it, once.
+    let reported = run(&["run", DURABLE, "--journal", journal, "--input", "[2, 30]"]).expect(1);
+    assert!(reported.stderr.contains("had finished"), "{}", reported.stderr);
+    assert!(error_line(&reported.stderr).contains("cancelled: by `wasmproc journal cancel`"), "{}", reported.stderr);
+    let ran = run(&["run", DURABLE, "--journal", journal, "--input", "[3, 2]"]).expect(0);
+    assert_eq!(ran.stdout.trim(), "21");
+}
+
+#[test]
+fn journal_cancel_and_forget_refuse_a_journal_a_host_is_running() {
+    let dir = scratch("durable-busy");
+    let journal = dir.join("journal");
+    let journal = journal.to_str().unwrap();
+    let child = start_with(journal, &["--input", "[2, 200]"]);
+    super::hardening::wait_until_running(&child);
+    let cancel = run(&["journal", "cancel", journal, DURABLE]);
+    let forget = run(&["journal", "forget", journal]);
+    assert!(std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(143), "{}", String::from_utf8_lossy(&output.stderr));
+    for (verb, ran) in [("cancel", cancel), ("forget", forget)] {
+        let ran = ran.expect(2);
+        let expected = format!("a host is running the journal in `{journal}`: stop it first");
+        assert!(ran.error_says(&expected).stderr.contains(&format!("then `journal {verb}` it")));
+    }
+    // The run is still there to resume.
+    assert!(run(&["journal", "ls", journal]).expect(0).stdout.contains("unfinished"));
+}
+
+#[test]
+fn a_resumed_run_keeps_its_grants_narrowed_by_the_command_line_never_widened_and_says_so() {
+    let dir = scratch("durable-grants");
+    let journal = dir.join("journal");
+    let journal = journal.to_str().unwrap();
+    suspended(journal, &["--input", "[2, 30]", "--keep-finished"]);
+    // `sleep` withdrawn: whichever process sleeps next is refused it, and the run cannot
+    // finish; `terminate`, which the run was started without, is not granted.
+    let flags = ["--input", "[2, 30]", "--keep-finished", "--deny", "sleep", "--allow", "terminate", "--timeout", "3s"];
+    let resumed = run(&[&["run", DURABLE, "--journal", journal], &flags[..]].concat());
+    let notices: Vec<&str> = resumed.stderr.lines().filter(|l| l.contains("resumes with the grants")).collect();
+    assert_eq!(notices.len(), 1, "one line: {}", resumed.stderr);
+    assert!(notices[0].contains("narrowed by this command line: `sleep` withdrawn; `terminate` not added"));
+    assert_ne!(resumed.code, 0, "{}", resumed.stderr);
+    let listed = run(&["journal", "ls", journal]).expect(0);
+    assert!(listed.stdout.contains("failed: permission denied: sleep"), "{}\n{}", listed.stdout, resumed.stderr);
+}
+
+#[test]
+fn replayed_steps_log_nothing_again_unless_asked_and_then_marked() {
+    let dir = scratch("durable-replayed-logs");
+    let (first, second) = (dir.join("first"), dir.join("second"));
+    let (first, second) = (first.to_str().unwrap(), second.to_str().unwrap());
+    let before = suspended(first, &["--input", "[2, 30]"]);
+    assert!(before.contains("] info: round 1 of 30"), "{before}");
+    let resumed = run(&["run", DURABLE, "--journal", first, "--input", "[2, 30]"]).expect(0);
+    assert!(!resumed.stderr.contains("round 1 of 30"), "a replayed line printed again: {}", resumed.stderr);
+    assert!(resumed.stderr.contains("] info: round 30 of 30"), "the new steps' lines: {}", resumed.stderr);
+
+    suspended(second, &["--input", "[2, 30]"]);
+    let alone = run(&["run", DURABLE, "--replayed-logs"]).expect(2);
+    assert!(alone.stderr.contains("--journal <DIR>"), "{}", alone.stderr);
+    let flags = ["--input", "[2, 30]", "--replayed-logs", "--log-format", "json"];
+    let shown = run(&[&["run", DURABLE, "--journal", second], &flags[..]].concat()).expect(0);
+    let lines: Vec<serde_json::Value> = shown.stderr.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let round = |n: &str| lines.iter().find(|l| l["message"] == format!("round {n} of 30")).cloned();
+    let replayed = round("1").unwrap_or_else(|| panic!("{}", shown.stderr));
+    assert_eq!(replayed["replayed"], true, "{replayed}");
+    let new = round("30").unwrap_or_else(|| panic!("{}", shown.stderr));
+    assert!(new.get("replayed").is_none(), "{new}");
 }
