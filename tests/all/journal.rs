@@ -877,3 +877,53 @@ fn runs_lists_each_run_a_journal_holds_and_forget_run_drops_one_finished_or_not(
     journal.forget_run(done).unwrap();
     assert!(store.records.is_empty(), "{} records left", store.records.len());
 }
+
+/// A durable Wasm process's log lines: those of the steps replayed on resume reach the
+/// sink marked `replayed` (they were logged when the steps first ran), those of the steps
+/// that run anew do not.
+#[test]
+fn the_log_lines_of_replayed_steps_reach_the_sink_marked_replayed() {
+    use wasmproc::wasm::{Config, LogRecord, LogSource, Runtime};
+    let lines: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+    let kept = lines.clone();
+    let config = Config::default().cache_dir(env!("CARGO_TARGET_TMPDIR")).log_sink(move |r: &LogRecord<'_>| {
+        if let LogSource::Log(_) = r.source {
+            kept.lock().push((r.message.to_owned(), r.replayed));
+        }
+    });
+    let component = Runtime::new(config).unwrap().load(env!("GUEST_DURABLE")).unwrap();
+    let build = |store: Arc<TestStore>| {
+        Scheduler::builder()
+            .workers(2)
+            .journal(Journal::with_store(store).settings(keep_finished()))
+            .kind("durable", component.clone())
+            .build()
+            .unwrap()
+    };
+    let logged = |line: &str| lines.lock().iter().any(|(message, _)| message == line);
+    // One worker, three rounds. Round 2 begins once round 1's message was delivered,
+    // which its step's commit came before: round 1 is in the journal then.
+    let options = SpawnOptions::new("main").input(vec![Payload::json(&(1, 3)).unwrap()]);
+    let store = Arc::new(TestStore::default());
+    let first = build(store.clone());
+    first.handle().spawn(wasmproc::scheduler::Spawnable::kind("durable"), options).unwrap();
+    let deadline = std::time::Instant::now() + HANG;
+    while !logged("round 2 of 3") {
+        assert!(std::time::Instant::now() < deadline, "round 2 was not logged: {:?}", lines.lock());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    store.hold();
+    let crashed = Arc::new(store.copy());
+    store.release();
+    first.stop(Duration::from_secs(1));
+    lines.lock().clear();
+    let resumed = build(crashed);
+    let roots = resumed.resumed();
+    // One worker: 1 + 4 + 9 answered, and 3 answers.
+    assert_eq!(roots[0].join_timeout(HANG).unwrap(), Ok(Payload::json(&17).unwrap()));
+    resumed.stop(Duration::from_secs(1));
+    let lines = lines.lock().clone();
+    assert!(lines.contains(&("round 1 of 3".to_owned(), true)), "{lines:?}");
+    assert!(lines.contains(&("round 3 of 3".to_owned(), false)), "{lines:?}");
+    assert!(!lines.contains(&("round 1 of 3".to_owned(), false)), "{lines:?}");
+}
