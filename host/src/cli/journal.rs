@@ -64,14 +64,16 @@ enum Verb {
         #[arg(long, value_name = "N")]
         last: Option<usize>,
     },
-    /// End the unfinished run of a journal for good: resume its processes with the program
-    /// that wrote it, send each a cancel event (so each ends in its own code, as Ctrl-C of
-    /// a run without a journal would), give them --grace to end, then terminate the rest.
-    /// Everything is recorded: the run is then finished, with the result its entry process
-    /// gave (an SDK guest's: "cancelled: by `wasmproc journal cancel`"), which the next
-    /// `run` with this journal reports instead of resuming it. The resumed processes get
-    /// no provider (no --kv, --dir, --allow-host…), and `terminate` is not granted to them.
-    /// Refused while a host is running the journal.
+    /// End the unfinished run of a journal for good: cancel, --grace, terminate, recorded.
+    ///
+    /// Resumes the run's processes with the program that wrote it, sends each a cancel
+    /// event (so each ends in its own code, as Ctrl-C of a run without a journal would),
+    /// gives them --grace to end, then terminates the rest. Everything is recorded: the run
+    /// is then finished, with the result its entry process gave (an SDK guest's:
+    /// "cancelled: by `wasmproc journal cancel`"), which the next `run` with this journal
+    /// reports instead of resuming it. The resumed processes get no provider (no --kv,
+    /// --dir, --allow-host…), and `terminate` is not granted to them. Refused while a host
+    /// is running the journal.
     #[command(after_help = "Example:
   wasmproc journal cancel ./flow.journal flow.wasm --grace 2s")]
     Cancel {
@@ -88,10 +90,13 @@ enum Verb {
         #[command(flatten)]
         engine: EngineArgs,
     },
-    /// Drop every run a journal holds, unfinished or finished, with all its records:
-    /// the next `run` with this journal starts afresh. Nothing is run, and an unfinished
-    /// run's processes get no cancel (`journal cancel` lets them end in their own code).
-    /// Refused while a host is running the journal.
+    /// Drop every run a journal holds, finished or not: the next `run` starts afresh.
+    ///
+    /// Removes each run's records, unfinished or finished (kept by --keep-finished, or not
+    /// reported yet), so that `run` with this journal starts a new run, whatever its
+    /// input. Nothing is run: an unfinished run's processes get no cancel (`journal cancel`
+    /// lets them end in their own code first). Refused while a host is running the
+    /// journal.
     Forget {
         /// The journal's directory.
         #[arg(value_name = "DIR")]
