@@ -155,6 +155,8 @@ pub mod guests {
     pub const LEDGER: &str = env!("GUEST_LEDGER");
     /// `examples-wasm/notes`.
     pub const NOTES: &str = env!("GUEST_NOTES");
+    /// `examples-wasm/sdk-tour`.
+    pub const SDK_TOUR: &str = env!("GUEST_SDK_TOUR");
     /// `examples-wasm/timers`.
     pub const TIMERS: &str = env!("GUEST_TIMERS");
     /// `examples-wasm/wasi-cli`.

@@ -145,7 +145,7 @@ fn stack_overflows_trap_without_harming_the_host() {
 
 #[test]
 fn a_panic_and_a_trap_in_init_end_only_their_process() {
-    says(&misbehave(Config::default(), "panic"), "unreachable");
+    says(&misbehave(Config::default(), "panic"), "guest `step` panicked at hostile/src/lib.rs:");
     let error = misbehave(Config::default(), "trap-in-init");
     says(&error, "guest `init` failed");
     says(&error, "unreachable");
@@ -253,7 +253,7 @@ fn a_thousand_good_processes_beside_every_hostile_guest_at_once() {
         ("memory-bomb", "memory limit exceeded"),
         ("stack-overflow", "out of bounds memory access"),
         ("deep-recursion", ""),
-        ("panic", "unreachable"),
+        ("panic", "the hostile guest panics on purpose"),
         ("yield-flood", "yield limit exceeded"),
         ("giant-payload", "payload limit exceeded"),
     ];

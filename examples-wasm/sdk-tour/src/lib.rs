@@ -1,6 +1,7 @@
 //! The guest SDK's features, one entry each, with results the tests check: typed errors,
 //! cancellation of every wait, `ctx.timeout`, `ctx.parent`, `select_any`, typed spawning
-//! and the `log` backend. (`fan-out` shows many spawns past the per-step limit.)
+//! and the `log` backend; and what the host shows of a guest's output and panics. (`fan-out`
+//! shows many spawns past the per-step limit.)
 
 use wasmproc_guest::prelude::*;
 
@@ -90,4 +91,29 @@ async fn chatty(_ctx: Ctx, name: String) -> Result<()> {
     Ok(())
 }
 
-wasmproc_guest::export!(patient, deadline, race, family, whose_child, flood, deaf, chatty);
+/// Spawns a `deaf` child and waits for its exit, which comes only once it is cancelled.
+#[entry]
+async fn parent_of_deaf(ctx: Ctx, _: ()) -> Result<()> {
+    let child = deaf::spawn(&ctx, ()).await?;
+    child.join().await?;
+    Ok(())
+}
+
+/// Writes `text` as it is to stdout and stderr, logs it, and fails with it as its error:
+/// what the host shows of a guest's words, whatever they hold.
+#[entry]
+async fn echo(_ctx: Ctx, text: String) -> Result<()> {
+    println!("{text}");
+    eprintln!("{text}");
+    log::info!("{text}");
+    bail!("{text}")
+}
+
+/// Element `i` of a vector of three: past its end, a panic (`index out of bounds`).
+#[entry]
+async fn element(_ctx: Ctx, i: usize) -> Result<u32> {
+    let three = std::hint::black_box(vec![1, 2, 3]);
+    Ok(three[i])
+}
+
+wasmproc_guest::export!(patient, deadline, race, family, whose_child, flood, deaf, chatty, parent_of_deaf, echo, element);

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use clap::{Args, Subcommand};
 use serde_json::json;
-use wasmproc::wasm::{CacheEntry, CompiledCache, Config, DEFAULT_MAX_CACHE_SIZE};
+use wasmproc::wasm::{CacheEntry, CompiledCache, Config, DEFAULT_MAX_CACHE_SIZE, Escaped};
 
 use super::output::print_now;
 use super::units::{ago, bytes, count};
@@ -21,7 +21,9 @@ pub(super) struct CacheCommand {
 #[derive(Subcommand, Debug)]
 enum Verb {
     /// List the entries, least recently used first (the first to go when the cache is
-    /// past its cap): size, when written, when last used; then the total and the cap.
+    /// past its cap): size, when written, when last used, the file each was compiled
+    /// from (as the command that compiled it was given it), the entry's file (named by
+    /// the module's hash); then the total and the cap.
     Ls {
         /// Print one JSON object instead of text.
         #[arg(long)]
@@ -77,19 +79,31 @@ fn list(cache: &CompiledCache, json: bool) -> Result<String, Failure> {
         let unix = |at: SystemTime| at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let listed: Vec<_> = found
             .iter()
-            .map(|e| json!({"file": name(e), "size": e.size, "written": unix(e.written), "used": unix(e.used)}))
+            .map(|e| {
+                json!({
+                    "file": name(e),
+                    "source": e.source,
+                    "size": e.size,
+                    "written": unix(e.written),
+                    "used": unix(e.used),
+                })
+            })
             .collect();
         let object =
             json!({"dir": cache.dir().display().to_string(), "entries": listed, "total": total, "max_size": cap});
         return Ok(format!("{object:#}\n"));
     }
+    // The source as the compiling run was given it, escaped: a path may hold anything.
+    let sources: Vec<String> =
+        found.iter().map(|e| e.source.as_deref().map_or_else(|| "-".to_owned(), |s| Escaped(s).to_string())).collect();
+    let width = sources.iter().map(|s| s.chars().count()).max().unwrap_or(0).max("SOURCE".len());
     let mut text = String::new();
     if !found.is_empty() {
-        text.push_str(&format!("{:>10}  {:>7}  {:>8}  FILE\n", "SIZE", "WRITTEN", "USED"));
+        text.push_str(&format!("{:>10}  {:>7}  {:>8}  {:<width$}  FILE\n", "SIZE", "WRITTEN", "USED", "SOURCE"));
     }
-    for entry in &found {
+    for (entry, source) in found.iter().zip(&sources) {
         text.push_str(&format!(
-            "{:>10}  {:>7}  {:>8}  {}\n",
+            "{:>10}  {:>7}  {:>8}  {source:<width$}  {}\n",
             bytes(entry.size),
             format!("{} ago", ago(since(entry.written))),
             format!("{} ago", ago(since(entry.used))),

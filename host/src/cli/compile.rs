@@ -31,6 +31,7 @@ impl Compile {
         // Compiling instantiates nothing: one arena slot, not `max_instances`' address space
         // (which an address-space limit, `ulimit -v`, would refuse).
         let runtime = runtime(self.engine.config()?.max_instances(1))?;
+        runtime.name_source(&bytes, &self.app);
         let compiled = runtime.precompile(&bytes).map_err(|e| Failure::from_error(Exit::BadModule, &e))?;
         let output = self.output.unwrap_or_else(|| self.app.with_extension("cwasm"));
         if output == self.app {

@@ -37,6 +37,7 @@ impl Inspect {
         // Inspecting instantiates a process component once (to ask for its `entries`): one
         // arena slot, not `max_instances`' address space (which `ulimit -v` would refuse).
         let runtime = runtime(self.engine.config()?.max_instances(1))?;
+        runtime.name_source(&bytes, &self.app);
         let found = runtime.inspect(&bytes).map_err(|e| Failure::from_error(Exit::BadModule, &e))?;
         let compiled = if found.precompiled {
             "precompiled (loads without compiling)".to_owned()

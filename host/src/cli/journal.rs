@@ -357,7 +357,7 @@ fn list(history: &[History]) -> String {
             None => "?".to_owned(),
         };
         let state = match &process.result {
-            None => format!("unfinished: {}", waiting(process)),
+            None => format!("unfinished: {}", waiting(process, history)),
             Some(Ok(_)) => "finished: ok".to_owned(),
             Some(Err(error)) => format!("failed: {error}"),
         };
@@ -375,19 +375,39 @@ fn list(history: &[History]) -> String {
     text
 }
 
-/// What an unfinished process waits for, as its history leaves it.
-fn waiting(process: &History) -> String {
+/// What an unfinished process waits for, as its history leaves it: the commands whose
+/// completions are not recorded, and the exits of its children that have not ended (an
+/// exit reaches a waiting parent as an event, so it waits for them even with no command
+/// pending).
+fn waiting(process: &History, all: &[History]) -> String {
     let commands = match process.waiting_for.as_slice() {
         [] => None,
         [one] => Some(one.clone()),
         [first, rest @ ..] => Some(format!("{first} and {} more", rest.len())),
     };
-    match (&process.last_status, commands) {
-        (None, _) => "not stepped yet".to_owned(),
-        (Some(Status::Continue), _) => "runnable".to_owned(),
-        (Some(Status::Idle), None) => "idle, waits for a message".to_owned(),
-        (Some(Status::Idle), Some(commands)) => format!("idle, waits for a message or for {commands}"),
-        (Some(_), Some(commands)) => format!("waits for {commands}"),
-        (Some(_), None) => "blocked".to_owned(),
+    let children: Vec<String> = all
+        .iter()
+        .filter(|child| child.parent == Some(process.pid) && child.result.is_none())
+        .map(|child| child.pid.to_string())
+        .collect();
+    let exits = match children.as_slice() {
+        [] => None,
+        [one] => Some(format!("the exit of its child {one}")),
+        [a, b] => Some(format!("the exits of its children {a} and {b}")),
+        [a, b, rest @ ..] => Some(format!("the exits of its children {a}, {b} and {} more", rest.len())),
+    };
+    match (&process.last_status, commands, exits) {
+        (None, _, _) => "not stepped yet".to_owned(),
+        (Some(Status::Continue), _, _) => "runnable".to_owned(),
+        (Some(Status::Idle), None, None) => "idle, waits for a message".to_owned(),
+        (Some(Status::Idle), None, Some(exits)) => format!("idle, waits for {exits} or a message"),
+        (Some(Status::Idle), Some(commands), None) => format!("idle, waits for a message or for {commands}"),
+        (Some(Status::Idle), Some(commands), Some(exits)) => {
+            format!("idle, waits for {exits}, for {commands} or a message")
+        }
+        (Some(_), Some(commands), None) => format!("waits for {commands}"),
+        (Some(_), Some(commands), Some(exits)) => format!("waits for {commands} or {exits}"),
+        (Some(_), None, Some(exits)) => format!("blocked, waits for {exits}"),
+        (Some(_), None, None) => "blocked".to_owned(),
     }
 }

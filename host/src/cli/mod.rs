@@ -266,8 +266,9 @@ pub(crate) fn main() -> ExitCode {
 }
 
 /// The command line with the shorthand `wasmproc [GLOBAL FLAGS] APP.wasm [ARGS...]`
-/// written out as `wasmproc [GLOBAL FLAGS] run APP.wasm -- ARGS...`; any other command
-/// line as it is.
+/// written out as `wasmproc [GLOBAL FLAGS] run --shorthand APP.wasm -- ARGS...`; any
+/// other command line as it is. `--shorthand` (hidden) lets `run` tell a user who typed
+/// no `--` what the shorthand did with their words.
 ///
 /// The shorthand applies when the first word past the global flags is no subcommand and
 /// no flag, and looks like a file: it exists, or its name has a `.` or a `/`. So a
@@ -296,6 +297,7 @@ fn expand_shorthand(mut args: Vec<OsString>) -> Vec<OsString> {
     };
     if looks_like_a_file {
         args.insert(at + 1, "--".into());
+        args.insert(at, run::SHORTHAND_FLAG.into());
         args.insert(at, "run".into());
     }
     args
@@ -339,10 +341,10 @@ mod tests {
 
     #[test]
     fn the_shorthand_is_run_with_the_rest_as_program_arguments() {
-        assert_eq!(expanded(&["app.wasm", "-x", "--y"]), ["run", "app.wasm", "--", "-x", "--y"]);
+        assert_eq!(expanded(&["app.wasm", "-x", "--y"]), ["run", "--shorthand", "app.wasm", "--", "-x", "--y"]);
         assert_eq!(
             expanded(&["-v", "--log-format", "json", "./app"]),
-            ["-v", "--log-format", "json", "run", "./app", "--"]
+            ["-v", "--log-format", "json", "run", "--shorthand", "./app", "--"]
         );
         assert_eq!(expanded(&["-qq", "a.wat"]), ["-qq", "a.wat"], "-qq is no global flag");
         for unchanged in [&["run", "app.wasm"][..], &["inspect", "a.wasm"], &["help"], &["lanch"], &["--help"], &[]] {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand, ValueEnum};
 use wasmproc::cluster::{Cluster, ClusterConfig, Placement, RemoteSpawnOptions};
 use wasmproc::handler::Factory;
-use wasmproc::wasm::{Level, LogRecord, LogSource};
+use wasmproc::wasm::{Escaped, Level, LogRecord, LogSource};
 use wasmproc::{Capabilities, Scheduler};
 
 use super::output::{Output, Say};
@@ -129,7 +129,7 @@ impl Node {
         let config_engine = self.engine.config()?.log_sink(move |record: &LogRecord<'_>| {
             let source = record.source.to_string();
             if !forward.get().is_some_and(|cluster| cluster.forward_line(record.pid, &source, record.message)) {
-                tracing::info!(target: "wasmproc::guest", pid = %record.pid, source, "{}", record.message);
+                tracing::info!(target: "wasmproc::guest", pid = %record.pid, source, "{}", Escaped(record.message));
             }
         });
         let runtime = runtime(config_engine)?;

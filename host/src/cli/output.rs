@@ -39,7 +39,7 @@ use tracing_subscriber::filter::{EnvFilter, LevelFilter};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
-use wasmproc::wasm::{LogRecord, LogSource};
+use wasmproc::wasm::{Escaped, LogRecord, LogSource};
 
 /// Bytes of guest output that may wait for a slow stderr before lines are dropped. Enough
 /// for a burst of thousands of lines; not a tuning knob.
@@ -54,6 +54,9 @@ pub(crate) struct Output {
 
 enum Message {
     Bytes(Vec<u8>),
+    /// The live line (`--progress`), drawn over itself: its bytes start with [`ERASE`],
+    /// and are only that to take it away.
+    Live(Vec<u8>),
     /// Guest output: counted against [`GUEST_BACKLOG`] until written.
     Guest(Vec<u8>),
     /// Answered once everything queued before it is written (or discarded).
@@ -115,14 +118,32 @@ impl Stream {
     }
 }
 
-/// The writer thread's loop: see the module docs.
+/// What takes a line on a terminal away: back to its start, and clear it.
+pub(crate) const ERASE: &[u8] = b"\r\x1b[K";
+
+/// The writer thread's loop: see the module docs. A live line on the stream is erased
+/// before anything else is written, so that no line starts after it.
 fn write_all(rx: &Receiver<Message>, sink: &mut dyn Write, backlog: &AtomicUsize, closed: &AtomicBool) {
+    let mut live = false;
     for message in rx {
         let bytes = match message {
+            Message::Bytes(bytes) if live => {
+                live = false;
+                [ERASE, &bytes].concat()
+            }
             Message::Bytes(bytes) => bytes,
+            Message::Live(bytes) => {
+                live = bytes != ERASE;
+                bytes
+            }
             Message::Guest(bytes) => {
                 backlog.fetch_sub(bytes.len(), Ordering::Relaxed);
-                bytes
+                if live {
+                    live = false;
+                    [ERASE, &bytes].concat()
+                } else {
+                    bytes
+                }
             }
             Message::Flush(done) => {
                 if !closed.load(Ordering::Relaxed) && sink.flush().is_err() {
@@ -174,9 +195,11 @@ impl Output {
         self.stderr.send(Message::Bytes(bytes));
     }
 
-    /// Queues raw bytes for stderr (the progress line, which redraws itself).
-    pub(crate) fn stderr_raw(&self, bytes: Vec<u8>) {
-        self.stderr.send(Message::Bytes(bytes));
+    /// Queues a redraw of the live line on stderr (`--progress`): `bytes` start with
+    /// [`ERASE`], and are only that to take the line away. Whatever stderr gets next is
+    /// written after the line is erased.
+    pub(crate) fn live_line(&self, bytes: Vec<u8>) {
+        self.stderr.send(Message::Live(bytes));
     }
 
     /// Queues a line of guest output for stderr (`[pid 7] stdout: …`, or a JSON object
@@ -202,7 +225,7 @@ impl Output {
             if record.replayed {
                 object["replayed"] = Value::Bool(true);
             }
-            writeln!(bytes, "{object}")
+            writeln!(bytes, "{}", json_line(&object))
         } else {
             writeln!(bytes, "{record}")
         };
@@ -327,7 +350,7 @@ impl Style {
             object.insert("target".to_owned(), json!(target));
             object.insert("message".to_owned(), json!(text));
             object.extend(fields);
-            format!("{}\n", Value::Object(object))
+            format!("{}\n", json_line(&Value::Object(object)))
         } else {
             match level {
                 Say::Error => format!("error: {text}\n"),
@@ -335,6 +358,27 @@ impl Style {
             }
         })
     }
+}
+
+/// `value` as one line of JSON that a terminal shows as it is: JSON escapes the C0
+/// controls already, and this the rest of what [`Escaped`] escapes (DEL, the C1 controls
+/// such as the one-byte CSI, and the bidirectional overrides), as `\u` escapes that
+/// decode to the same text.
+pub(crate) fn json_line(value: &Value) -> String {
+    let line = value.to_string();
+    if !line.contains(Escaped::needs_escape) {
+        return line;
+    }
+    let mut safe = String::with_capacity(line.len() + 16);
+    for c in line.chars() {
+        if Escaped::needs_escape(c) {
+            // Each is in the Basic Multilingual Plane: four hex digits.
+            safe.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            safe.push(c);
+        }
+    }
+    safe
 }
 
 /// Seconds since the Unix epoch, to the microsecond, for the JSON lines' `time`.
@@ -401,7 +445,7 @@ where
             let spans: Vec<&str> = scope.from_root().map(|span| span.name()).collect();
             object.insert("spans".to_owned(), json!(spans));
         }
-        writeln!(writer, "{}", Value::Object(object))
+        writeln!(writer, "{}", json_line(&Value::Object(object)))
     }
 }
 
@@ -457,6 +501,25 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    /// Issue 29, item 24: a line written while the live line is shown starts on a line
+    /// of its own, the live line erased first.
+    #[test]
+    fn the_live_line_is_erased_before_the_next_line() {
+        let written = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let stream = Stream::start("test", Closing { ok: usize::MAX, written: written.clone() });
+        stream.send(Message::Live(b"\r\x1b[K3 alive".to_vec()));
+        stream.guest(b"[pid 1] stdout: hi\n".to_vec());
+        stream.send(Message::Bytes(b"wasmproc: note\n".to_vec()));
+        stream.send(Message::Live(b"\r\x1b[K2 alive".to_vec()));
+        stream.send(Message::Live(ERASE.to_vec()));
+        stream.send(Message::Bytes(b"error: done\n".to_vec()));
+        assert!(stream.flush(None));
+        assert_eq!(
+            String::from_utf8_lossy(&written.lock()),
+            "\r\x1b[K3 alive\r\x1b[K[pid 1] stdout: hi\nwasmproc: note\n\r\x1b[K2 alive\r\x1b[Kerror: done\n"
+        );
     }
 
     #[test]

@@ -12,11 +12,11 @@ use serde_json::{Value, json};
 use wasmproc::cluster::ClusterStats;
 use wasmproc::journal::CommitStats;
 use wasmproc::scheduler::Stats;
-use wasmproc::wasm::exit_code;
+use wasmproc::wasm::{Escaped, exit_code};
 use wasmproc::{Format, Outcome, Payload, Pid, Scheduler};
 
 use super::Exit;
-use super::output::{Output, Say, style};
+use super::output::{ERASE, Output, Say, style};
 use super::stop::Stop;
 use super::units::{bytes, count};
 
@@ -191,6 +191,7 @@ impl<'a> Report<'a> {
     pub(super) fn finish(self, root: Option<Outcome>, stop: Option<Stop>, flush_by: Option<Instant>) -> ExitCode {
         let Report { json, out, is_command, summary, unobserved } = self;
         let exit_of_command = |payload: &Payload| exit_code(payload).unwrap_or(1);
+        let root = root.map(|outcome| outcome.map_err(|error| flags_named(&error)));
         let outcome = root.clone().unwrap_or_else(|| Err(stop.map_or_else(String::new, Stop::reason)));
         // `run` refuses --json for a WASI command, whose stdout is the program's.
         if json && !is_command {
@@ -219,7 +220,7 @@ impl<'a> Report<'a> {
             }
             match &root {
                 Some(Ok(payload)) if !is_command => out.stdout(payload_bytes(payload)),
-                Some(Err(error)) => out.say(Say::Error, format!("the process failed: {error}")),
+                Some(Err(error)) => out.say(Say::Error, format!("the process failed: {}", for_stderr(error))),
                 Some(Ok(_)) | None => {}
             }
         }
@@ -256,14 +257,15 @@ fn say_unobserved(out: &Output, failed: u64, first: &[(Pid, String)]) {
     if style().json {
         let mut fields = serde_json::Map::new();
         fields.insert("failed".to_owned(), json!(failed));
-        let first: Vec<Value> = shown.iter().map(|(pid, error)| json!({"pid": pid.as_u64(), "error": error})).collect();
+        let first: Vec<Value> =
+            shown.iter().map(|(pid, error)| json!({"pid": pid.as_u64(), "error": flags_named(error)})).collect();
         fields.insert("first".to_owned(), json!(first));
         out.say_with(Say::Warning, &headline, fields);
         return;
     }
     let mut text = format!("{headline}:");
     for (pid, error) in shown {
-        text.push_str(&format!("\n  process {pid}: {error}"));
+        text.push_str(&format!("\n  process {pid}: {}", for_stderr(&flags_named(error))));
     }
     if failed > shown.len() as u64 {
         text.push_str(&format!(
@@ -272,6 +274,47 @@ fn say_unobserved(out: &Output, failed: u64, first: &[(Pid, String)]) {
         ));
     }
     out.say(Say::Warning, text);
+}
+
+/// The library's settings that `run` sets with a flag of another name, each with the flag:
+/// a limit's error names the setting, and a user of the command line knows the flag.
+const SETTING_FLAGS: &[(&str, &str)] = &[
+    ("max_children", "--max-children"),
+    ("max_memory", "--memory"),
+    ("max_memories", "--max-memories"),
+    ("max_yields_per_step", "--max-yields"),
+    ("max_payload_size", "--max-payload"),
+    ("max_processes", "--max-processes"),
+    ("max_instances", "--max-processes"),
+    ("mailbox_capacity", "--mailbox"),
+    ("time_slice", "--time-slice"),
+    ("cpu_budget", "--cpu-budget"),
+    ("init_time_limit", "--init-time-limit"),
+    ("fuel", "--fuel"),
+    ("max_core_instances", "--max-core-instances"),
+    ("max_tables", "--max-tables"),
+    ("max_table_elements", "--max-table-elements"),
+    ("max_records_per_process", "--journal-limit"),
+];
+
+/// `error` with each library setting it names (`` `max_children` ``) named by its flag
+/// instead (`` `--max-children` ``), unless it names the flag already (as "raise it with
+/// `--max-tables`" does).
+pub(super) fn flags_named(error: &str) -> String {
+    let mut text = error.to_owned();
+    for (setting, flag) in SETTING_FLAGS {
+        let (setting, flag) = (format!("`{setting}`"), format!("`{flag}`"));
+        if text.contains(&setting) && !text.contains(&flag) {
+            text = text.replace(&setting, &flag);
+        }
+    }
+    text
+}
+
+/// A process's error as stderr shows it: in a line of text, what the guest put in it
+/// [`Escaped`], so that it stays on its line (a JSON line escapes it as JSON).
+pub(super) fn for_stderr(error: &str) -> String {
+    if style().json { error.to_owned() } else { Escaped(error).to_string() }
 }
 
 /// A result as JSON: JSON as itself, text as a string, bytes as `{"bytes": "<hex>"}`.
@@ -323,10 +366,10 @@ impl Progress {
                     count(s.messages),
                     start.elapsed().as_secs_f64()
                 );
-                out.stderr_raw(line.into_bytes());
+                out.live_line(line.into_bytes());
                 thread::sleep(Duration::from_millis(200));
             }
-            out.stderr_raw(b"\r\x1b[K".to_vec());
+            out.live_line(ERASE.to_vec());
         });
         Progress { stop, thread: thread.ok() }
     }
@@ -377,12 +420,12 @@ impl CompileNotice {
                 }
                 loop {
                     let line = format!("\r\x1b[Kwasmproc: {text}: {:.1}s", started.elapsed().as_secs_f64());
-                    out.stderr_raw(line.into_bytes());
+                    out.live_line(line.into_bytes());
                     if let Err(mpsc::RecvTimeoutError::Disconnected) = wait.recv_timeout(COMPILE_PROGRESS_EVERY) {
                         break;
                     }
                 }
-                out.stderr_raw(b"\r\x1b[K".to_vec());
+                out.live_line(ERASE.to_vec());
                 if started.elapsed() >= COMPILE_NOTICE_AFTER {
                     out.say(Say::Notice, format!("compiled {name} in {:.1}s", started.elapsed().as_secs_f64()));
                 }

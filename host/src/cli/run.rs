@@ -20,17 +20,18 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use wasmproc::cluster::RemoteSpawnOptions;
+use wasmproc::error::SpawnError;
 use wasmproc::handler::KindLimits;
 use wasmproc::journal::{self, Journal, JournalSettings};
 use wasmproc::scheduler::{ProcessHandle, SpawnOptions};
-use wasmproc::wasm::{COMMAND_ENTRY, LogRecord, Program, WasiOptions};
+use wasmproc::wasm::{COMMAND_ENTRY, InitRefused, LogRecord, Program, WasiOptions};
 use wasmproc::{Capabilities, Outcome, Payload, Scheduler};
 
 use super::input::{payloads, read_app};
 use super::inspect::declared::{self, Declared, GrantedBy};
 use super::output::{Output, Say, style};
 use super::providers::{FAMILIES, ProviderArgs, Providers, Services, dir_grants, env_vars};
-use super::report::{CompileNotice, Progress, Report, Summary};
+use super::report::{CompileNotice, Progress, Report, Summary, for_stderr};
 use super::resume;
 use super::stop::Signals;
 use super::{EngineArgs, Exit, Failure, Given, runtime, units};
@@ -213,7 +214,8 @@ pub(super) struct Run {
     #[arg(long)]
     stats: bool,
     /// Show a live status line on stderr while compiling and running (only when stderr is
-    /// a terminal, and not with --log-format json).
+    /// a terminal, and not with --log-format json), erased before any other line; for a
+    /// WASI command, which writes to the terminal itself, only while compiling.
     #[arg(long)]
     progress: bool,
     /// Print one JSON object on stdout: {"ok": RESULT} or {"error": MESSAGE}, with "stats"
@@ -226,7 +228,14 @@ pub(super) struct Run {
     /// file name.
     #[arg(last = true, value_name = "ARGS")]
     args: Vec<String>,
+    /// The command line was the shorthand `wasmproc APP.wasm [ARGS...]`, whose words
+    /// after the program became `args` without the user typing `--`.
+    #[arg(long = "shorthand", hide = true)]
+    shorthand: bool,
 }
+
+/// The hidden flag the shorthand `wasmproc APP.wasm [ARGS...]` expands with.
+pub(super) const SHORTHAND_FLAG: &str = "--shorthand";
 
 /// The entry process, ready to spawn.
 enum Root {
@@ -290,7 +299,8 @@ impl Run {
         let interrupt = Arc::new(AtomicBool::new(false));
         let Prepared { scheduler, root, services, journal } = self.prepare(inputs, &out, &interrupt)?;
         signals.started();
-        let report = Report::new(self.json, &out, matches!(root, Root::Command(_)));
+        let is_command = matches!(root, Root::Command(_));
+        let report = Report::new(self.json, &out, is_command);
         if let Root::Finished(result) = root {
             scheduler.stop(Duration::ZERO);
             let code = report.finish(Some(result), None, None);
@@ -301,11 +311,16 @@ impl Run {
             Ok(process) => process,
             Err(e) => {
                 scheduler.stop(Duration::ZERO);
+                if let Some(refused) = input_refused(&e) {
+                    return Err(refused);
+                }
                 return Ok(report.finish(Some(Err(format!("the process could not start: {e}"))), None, None));
             }
         };
         signals.forward_end_of(process);
-        let progress = self.live_progress().then(|| Progress::start(&scheduler, &out, start));
+        // A WASI command writes to the terminal itself, where no line of ours can be
+        // erased before its output.
+        let progress = (self.live_progress() && !is_command).then(|| Progress::start(&scheduler, &out, start));
         // A deadline past what `Instant` holds is no deadline.
         let deadline = self.timeout.and_then(|timeout| start.checked_add(timeout));
         let (root, stop) = signals.wait(&scheduler, deadline, self.timeout, &out);
@@ -363,7 +378,7 @@ impl Run {
             .collect();
         let caps = capabilities(self, &served)?;
         let bytes = read_app(&self.app, self.engine.max_module_size as u64)?;
-        self.warn_ungranted(&bytes, &caps, &served, out);
+        let mut ungranted = None;
         let guest_out = out.clone();
         let replayed_logs = self.replayed_logs;
         let mut config = self
@@ -386,6 +401,7 @@ impl Run {
             config = config.cpu_budget(budget);
         }
         let runtime = runtime(config)?;
+        runtime.name_source(&bytes, &self.app);
         let loading = Instant::now();
         let notice = (!style().quiet && runtime.would_compile(&bytes))
             .then(|| CompileNotice::start(&self.app, !self.engine.no_cache, self.live_progress(), out));
@@ -413,6 +429,7 @@ impl Run {
         let root = match program {
             Program::Process(component) => {
                 let method = self.entry_method(component.entries())?;
+                ungranted = self.ungranted(&bytes, &caps, &served);
                 let providers =
                     Providers::start(&self.providers, dir_grants(&self.dir, &self.dir_rw)?, env_vars(&self.env)?)?;
                 services = Services::start(
@@ -502,6 +519,11 @@ impl Run {
                 ));
             }
         };
+        // Said once the command line has passed every check, so that a usage error is
+        // the one thing a wrong command line shows.
+        if let Some(warning) = ungranted {
+            out.say(Say::Warning, warning);
+        }
         Ok(Prepared { scheduler, root, services, journal })
     }
 
@@ -524,22 +546,27 @@ impl Run {
     /// The sandbox limits this run gives each process (--memory, --time-slice, --fuel,
     /// --cpu-budget): what its entry process runs under on another node with --cluster,
     /// and, through it, everything that process spawns.
-    /// Warns, before the run starts, of each command the component declares it yields
-    /// (the SDK's `uses!`) that this run does not grant, with the flag that would: such a
-    /// run fails at its first use of one, and this says why up front.
-    fn warn_ungranted(&self, bytes: &[u8], caps: &Capabilities, served: &[String], out: &Output) {
+    /// The warning, given before the run starts, of the commands the component declares
+    /// it yields (the SDK's `uses!`) that this run does not grant, grouped by the flag
+    /// that would: such a run fails at its first use of one, and this says why up front.
+    fn ungranted(&self, bytes: &[u8], caps: &Capabilities, served: &[String]) -> Option<String> {
         let Declared::Commands { commands, .. } = Declared::read(bytes) else {
-            return;
+            return None;
         };
-        let missing: Vec<String> = commands
-            .iter()
-            .filter(|command| !self.grants(command, caps, served))
-            .map(|command| format!("`{command}` ({})", declared::grant(command)))
-            .collect();
-        if !missing.is_empty() {
-            let app = self.app.display();
-            out.say(Say::Warning, format!("`{app}` declares commands this run does not grant: {}", missing.join(", ")));
+        let mut by_grant: Vec<(String, Vec<String>)> = Vec::new();
+        for command in commands.iter().filter(|command| !self.grants(command, caps, served)) {
+            let grant = declared::grant(command);
+            match by_grant.iter_mut().find(|(g, _)| *g == grant) {
+                Some((_, names)) => names.push(format!("`{command}`")),
+                None => by_grant.push((grant, vec![format!("`{command}`")])),
+            }
         }
+        if by_grant.is_empty() {
+            return None;
+        }
+        let missing: Vec<String> =
+            by_grant.into_iter().map(|(grant, names)| format!("{} ({grant})", names.join(", "))).collect();
+        Some(format!("`{}` declares commands this run does not grant: {}", self.app.display(), missing.join("; ")))
     }
 
     /// Whether this run lets a process yield `command` (a name, or a family as `kv.*`):
@@ -679,18 +706,52 @@ fn capabilities(args: &Run, served: &[String]) -> Result<Capabilities, Failure> 
     Ok(caps)
 }
 
+/// The usage error of an entry process whose `init` refused its input (the SDK's when
+/// the JSON does not decode into the entry's argument): the command line gave input of
+/// the wrong shape.
+fn input_refused(error: &SpawnError) -> Option<Failure> {
+    let SpawnError::Init { method, source } = error else { return None };
+    let refused = source.downcast_ref::<InitRefused>()?;
+    Some(Failure::new(
+        Exit::Usage,
+        format!(
+            "the entry method `{method}` refused its input ({}): pass input of the shape it takes",
+            for_stderr(&refused.0)
+        ),
+    ))
+}
+
 /// Refuses the flags that only WASI commands take.
 fn refuse_command_flags(args: &Run) -> Result<(), Failure> {
-    match (!args.args.is_empty()).then_some("arguments after `--`") {
-        Some(flag) => Err(Failure::new(
+    if args.args.is_empty() {
+        return Ok(());
+    }
+    let app = args.app.display();
+    if args.shorthand {
+        return Err(Failure::new(
             Exit::Usage,
             format!(
-                "{flag} applies to WASI commands only; `{}` is a process component: give it input with --input",
-                args.app.display()
+                "`{app}` is a process component, so it takes no program arguments: `wasmproc APP.wasm ARGS...` \
+                 passes ARGS to a WASI command; for a process component write `wasmproc run {} {}`",
+                shell_word(&app.to_string()),
+                args.args.iter().map(|arg| shell_word(arg)).collect::<Vec<_>>().join(" ")
             ),
-        )),
-        None => Ok(()),
+        ));
     }
+    Err(Failure::new(
+        Exit::Usage,
+        format!(
+            "arguments after `--` applies to WASI commands only; `{app}` is a process component: give it input \
+             with --input"
+        ),
+    ))
+}
+
+/// `word` as a shell reads it back: as it is if it holds nothing a shell treats
+/// specially, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty() && word.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./:=@%+,".contains(&b));
+    if plain { word.to_owned() } else { format!("'{}'", word.replace('\'', r"'\''")) }
 }
 
 fn command_options(args: &Run, interrupt: Arc<AtomicBool>) -> Result<WasiOptions, Failure> {

@@ -4,7 +4,9 @@
 //! about the engine that compiled code depends on (wasmtime's version, its settings, the
 //! CPU features), so a module is found again whatever its path, and an upgrade or a new
 //! setting simply misses. Each file is `MAGIC`, the kind of artefact (component or core
-//! module), a tag, then wasmtime's serialization of it.
+//! module), the file it was compiled from as its loader named it (a little-endian `u16`
+//! length, then UTF-8; shown by `wasmproc cache ls`, trusted for nothing), a tag, then
+//! wasmtime's serialization of it.
 //!
 //! # Trust
 //!
@@ -61,7 +63,10 @@ use super::owned::{self, Access, Refused};
 
 /// The first bytes of a cache file; bump the digit when the layout changes (entries of
 /// another digit are replaced quietly).
-const MAGIC: &[u8; 8] = b"wasmpc3\n";
+const MAGIC: &[u8; 8] = b"wasmpc4\n";
+
+/// The most bytes of an entry's source name kept: a path of any sensible length.
+const MAX_SOURCE: usize = 1024;
 
 /// What the first part of an entry's tag says it is: no tag of a precompiled file (which
 /// names itself otherwise) can pass for an entry's.
@@ -254,8 +259,8 @@ impl DiskCache {
 
     fn check(&self, engine: &Engine, key: &Key, digest: &Digest, bytes: &[u8]) -> anyhow::Result<Compiled> {
         let rest = bytes.strip_prefix(MAGIC.as_slice()).context("not a wasmproc cache file")?;
-        anyhow::ensure!(rest.len() > 1 + TAG_LEN, "truncated: {} bytes", bytes.len());
-        let (kind, rest) = (rest[0], &rest[1..]);
+        let (kind, _, rest) = split_header(rest).with_context(|| format!("truncated: {} bytes", bytes.len()))?;
+        anyhow::ensure!(rest.len() > TAG_LEN, "truncated: {} bytes", bytes.len());
         let (tag, serialized) = rest.split_at(TAG_LEN);
         anyhow::ensure!(
             key.verify(&self.tag_parts(digest, kind, serialized), tag),
@@ -289,11 +294,12 @@ impl DiskCache {
         [TAG_LABEL, digest, self.engine_key.as_bytes(), kind, serialized]
     }
 
-    /// Stores `compiled` for `digest`, logging (and otherwise ignoring) a failure. Nothing
-    /// is written into a directory that failed its checks.
-    pub(crate) fn write(&self, digest: &Digest, compiled: &Compiled) {
+    /// Stores `compiled` for `digest`, compiled from the file its loader calls `source`,
+    /// logging (and otherwise ignoring) a failure. Nothing is written into a directory
+    /// that failed its checks.
+    pub(crate) fn write(&self, digest: &Digest, compiled: &Compiled, source: Option<&str>) {
         let Some(key) = self.key() else { return };
-        match self.try_write(key, digest, compiled) {
+        match self.try_write(key, digest, compiled, source.unwrap_or_default()) {
             Ok(()) => {
                 let entry = self.entry(digest);
                 tracing::debug!(entry = %entry.display(), "cached the compiled code");
@@ -314,7 +320,8 @@ impl DiskCache {
         }
     }
 
-    fn try_write(&self, key: &Key, digest: &Digest, compiled: &Compiled) -> anyhow::Result<()> {
+    fn try_write(&self, key: &Key, digest: &Digest, compiled: &Compiled, source: &str) -> anyhow::Result<()> {
+        let source = &source.as_bytes()[..floor_char_boundary(source, MAX_SOURCE)];
         let serialized = compiled.serialize()?;
         let kind = compiled.kind_byte();
         let tag = key.tag(&self.tag_parts(digest, kind, &serialized));
@@ -324,6 +331,9 @@ impl DiskCache {
             let mut file = owned::create_new(&temp)?;
             file.write_all(MAGIC)?;
             file.write_all(&[kind])?;
+            // At most `MAX_SOURCE` bytes: fits a u16.
+            file.write_all(&(source.len() as u16).to_le_bytes())?;
+            file.write_all(source)?;
             file.write_all(&tag)?;
             file.write_all(&serialized)?;
             file.sync_all()?;
@@ -365,6 +375,10 @@ pub struct CacheEntry {
     pub written: SystemTime,
     /// When it was last loaded (its access time), or written if later.
     pub used: SystemTime,
+    /// The file its module was compiled from, as the loader that compiled it named it
+    /// (`wasmproc` names the path it was given); `None` if it named none. Read only by
+    /// [`CompiledCache::entries`].
+    pub source: Option<String>,
 }
 
 /// What a removal of entries did; see [`CompiledCache::clean`].
@@ -427,7 +441,7 @@ fn scan(dir: &Path) -> anyhow::Result<(Vec<CacheEntry>, Vec<PathBuf>)> {
             continue;
         }
         let used = meta.accessed().unwrap_or(written).max(written);
-        entries.push(CacheEntry { path: item.path(), size: meta.len(), written, used });
+        entries.push(CacheEntry { path: item.path(), size: meta.len(), written, used, source: None });
     }
     entries.sort_by(|a, b| a.used.cmp(&b.used).then_with(|| a.path.cmp(&b.path)));
     Ok((entries, stale))
@@ -494,7 +508,11 @@ impl CompiledCache {
     /// do), or it cannot be listed.
     pub fn entries(&self) -> anyhow::Result<Vec<CacheEntry>> {
         self.check()?;
-        Ok(scan(&self.dir)?.0)
+        let mut entries = scan(&self.dir)?.0;
+        for entry in &mut entries {
+            entry.source = read_source(&entry.path);
+        }
+        Ok(entries)
     }
 
     /// Removes the least recently used entries until the rest take at most `max_size`
@@ -515,6 +533,46 @@ impl CompiledCache {
             Err(refused) => bail!("not touching the compiled-code cache `{}`: {refused}", self.dir.display()),
         }
     }
+}
+
+/// The kind byte, the source name and the rest of an entry past its `MAGIC`; `None` if
+/// it ends before them.
+fn split_header(rest: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&kind, rest) = rest.split_first()?;
+    let (length, rest) = rest.split_first_chunk::<2>()?;
+    let length = usize::from(u16::from_le_bytes(*length));
+    (rest.len() >= length).then(|| (kind, &rest[..length], &rest[length..]))
+}
+
+/// The source name in the header of the entry at `path`: `None` if it has none, is of
+/// another layout, or cannot be read. Reads the header only, not through a symlink, and
+/// without changing the entry's access time, which is its last use (`O_NOATIME`, which
+/// the entry's owner, this user, may ask for).
+fn read_source(path: &Path) -> Option<String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(
+            (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOATIME).bits() as i32,
+        )
+        .open(path)
+        .ok()?;
+    let mut header = Vec::with_capacity(MAGIC.len() + 3 + MAX_SOURCE);
+    file.take((MAGIC.len() + 3 + MAX_SOURCE) as u64).read_to_end(&mut header).ok()?;
+    let (_, source, _) = split_header(header.strip_prefix(MAGIC.as_slice())?)?;
+    let source = std::str::from_utf8(source).ok()?;
+    (!source.is_empty()).then(|| source.to_owned())
+}
+
+/// The largest index of at most `at` that is a character boundary of `text`.
+fn floor_char_boundary(text: &str, at: usize) -> usize {
+    let mut at = at.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
 }
 
 /// A name beside `path` that no other writer uses at the same time.
@@ -583,9 +641,9 @@ mod tests {
         let a = inspect(&dir, A).cache_entry.unwrap();
         let b = inspect(&dir, B).cache_entry.unwrap();
         let a_bytes = fs::read(&a).unwrap();
-        let code = &a_bytes[MAGIC.len() + 1 + TAG_LEN..];
+        let code = &a_bytes[MAGIC.len() + 3 + TAG_LEN..];
         let mut forged = MAGIC.to_vec();
-        forged.push(b'm');
+        forged.extend_from_slice(&[b'm', 0, 0]);
         forged.extend_from_slice(&digest(code));
         forged.extend_from_slice(code);
         fs::write(&b, &forged).unwrap();

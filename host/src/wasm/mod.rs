@@ -81,7 +81,7 @@ pub use config::{
     DEFAULT_MAX_TABLES,
 };
 pub use inspect::{Inspection, ProgramKind};
-pub use log::{Level, LogRecord, LogSink, LogSource};
-pub use process::WasmProcess;
+pub use log::{Escaped, Level, LogRecord, LogSink, LogSource};
+pub use process::{InitRefused, WasmProcess};
 pub use runtime::{LoadStats, PROGRAM_START, Program, Runtime, check_start};
 pub use wasi::{COMMAND_ENTRY, WasiOptions, WasiProcess, WasiProgram, exit_code};

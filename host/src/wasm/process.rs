@@ -28,7 +28,7 @@ use super::config::Config;
 use super::convert;
 use super::engine::EpochClock;
 use super::input;
-use super::log::{Level, LogSink};
+use super::log::{Escaped, LogSink};
 use super::output::{self, Caps};
 use super::spare;
 use super::stacks;
@@ -205,7 +205,7 @@ impl Process for WasmProcess {
         let accepted = guest
             .call_init(&mut store, pid.as_u64(), method, &input)
             .map_err(|e| guest_error(e, "init", &limits, store.data()))?;
-        accepted.map_err(|message| anyhow!("the guest refused: {message}"))?;
+        accepted.map_err(InitRefused)?;
         // From here on the epoch callback watches the steps. With preemption a step past
         // its slice suspends instead of trapping; wasmtime then requires every call to be
         // async, and only steps come after `init`.
@@ -307,6 +307,14 @@ impl std::fmt::Debug for WasmProcess {
     }
 }
 
+/// The guest's `init` answered with an error: it does not take the entry method or the
+/// input it was given (an SDK guest's `init` only decodes its input). The spawner asked
+/// for something the guest does not do, rather than the guest failing; found in a
+/// [`SpawnError::Init`](crate::error::SpawnError::Init)'s source by downcasting.
+#[derive(Debug, thiserror::Error)]
+#[error("the guest refused: {0}")]
+pub struct InitRefused(pub String);
+
 /// What of `limits` bounds the processes a process under them spawns.
 pub(crate) fn kind_limits(limits: &ProcessLimits) -> KindLimits {
     let bound = KindLimits::new(limits.max_memory, limits.time_slice);
@@ -318,10 +326,11 @@ fn cpu_budget_exceeded(limits: &ProcessLimits) -> anyhow::Error {
 }
 
 /// The error of a failed call to the guest's `export`, in one line: the time slice by
-/// name if that stopped it, otherwise the root cause (the trap, or the limiter's message
-/// for a memory-limit hit). The Wasm backtrace, when there is one, goes to the process's
-/// log instead: it is many lines long and helps whoever debugs the guest, not whoever
-/// reads the process's result.
+/// name if that stopped it, the panic's location and message if a Rust guest panicked
+/// (as its stderr reported it), otherwise the root cause (the trap, or the limiter's
+/// message for a memory-limit hit). The Wasm backtrace, when there is one, is a `debug`
+/// event of target `wasmproc::guest` instead (`wasmproc -v` shows it): it is many lines
+/// long and helps whoever debugs the guest, not whoever reads the process's result.
 pub(crate) fn guest_error(
     error: wasmtime::Error,
     export: &str,
@@ -347,9 +356,29 @@ pub(crate) fn guest_error(
         }
         _ => {}
     }
-    let Some(backtrace) = error.downcast_ref::<WasmBacktrace>() else {
-        return anyhow::Error::from(error).context(format!("guest `{export}` failed"));
+    // A Rust guest's panic aborts with `unreachable`, after its hook has written the
+    // message to stderr; a stale report cannot pass for the cause of another trap.
+    let panicked = match error.downcast_ref::<Trap>() {
+        Some(Trap::UnreachableCodeReached) => state.panic(),
+        _ => None,
     };
-    state.log_host(Level::Error, &format!("guest `{export}` failed; wasm backtrace:\n{backtrace}"));
-    anyhow!("guest `{export}` failed: {}", error.root_cause())
+    let Some(backtrace) = error.downcast_ref::<WasmBacktrace>() else {
+        return match panicked {
+            Some(panic) => anyhow!("guest `{export}` panicked {panic}"),
+            None => anyhow::Error::from(error).context(format!("guest `{export}` failed")),
+        };
+    };
+    // Indented, each line escaped: the frames' names are the guest's, and no frame can
+    // pass for a line of the host's.
+    let frames: Vec<String> = backtrace.to_string().lines().map(|line| format!("    {}", Escaped(line))).collect();
+    tracing::debug!(
+        target: "wasmproc::guest",
+        pid = state.pid().as_u64(),
+        "guest `{export}` failed; wasm backtrace:\n{}",
+        frames.join("\n")
+    );
+    match panicked {
+        Some(panic) => anyhow!("guest `{export}` panicked {panic}"),
+        None => anyhow!("guest `{export}` failed: {}", error.root_cause()),
+    }
 }

@@ -49,6 +49,9 @@ struct RuntimeInner {
     /// One slot per module: a second loader of a module waits for the first one's
     /// compile instead of compiling it again.
     loaded: Mutex<FxHashMap<Digest, Arc<Mutex<Option<Program>>>>>,
+    /// The files modules were read from, as [`Runtime::name_source`] named them: what a
+    /// compile of one records in its cache entry.
+    sources: Mutex<FxHashMap<Digest, String>>,
     // Counters for `stats` only: they order nothing, so `Relaxed`.
     compiled: AtomicU64,
     disk_hits: AtomicU64,
@@ -89,6 +92,7 @@ impl Runtime {
             key,
             wasi_linkers: OnceLock::new(),
             loaded: Mutex::default(),
+            sources: Mutex::default(),
             compiled: AtomicU64::new(0),
             disk_hits: AtomicU64::new(0),
             memory_hits: AtomicU64::new(0),
@@ -104,6 +108,7 @@ impl Runtime {
     pub fn load(&self, path: impl AsRef<Path>) -> anyhow::Result<Component> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).with_context(|| format!("failed to read `{}`", path.display()))?;
+        self.name_source(&bytes, path);
         self.load_bytes(&bytes).with_context(|| format!("failed to load `{}`", path.display()))
     }
 
@@ -139,6 +144,7 @@ impl Runtime {
     pub fn load_program(&self, path: impl AsRef<Path>) -> anyhow::Result<Program> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).with_context(|| format!("failed to read `{}`", path.display()))?;
+        self.name_source(&bytes, path);
         self.load_program_bytes(&bytes).with_context(|| format!("failed to load `{}`", path.display()))
     }
 
@@ -224,6 +230,14 @@ impl Runtime {
         precompiled::write(&inner.engine, &inner.config, &inner.key, &compiled, bytes)
     }
 
+    /// Names the file `bytes` were read from, so that the disk cache entry a later load,
+    /// inspection or precompile of them writes says where its code came from
+    /// ([`CacheEntry::source`](super::CacheEntry::source), `wasmproc cache ls`).
+    /// [`Runtime::load`] and [`Runtime::load_program`] name their file themselves.
+    pub fn name_source(&self, bytes: &[u8], source: &Path) {
+        self.inner.sources.lock().insert(cache::digest(bytes), source.display().to_string());
+    }
+
     /// What the loads so far have done.
     pub fn stats(&self) -> LoadStats {
         let inner = &self.inner;
@@ -287,7 +301,8 @@ impl Runtime {
         .context("failed to compile")?;
         inner.compiled.fetch_add(1, Ordering::Relaxed);
         if let Some(disk) = &inner.disk {
-            disk.write(digest, &compiled);
+            let source = inner.sources.lock().get(digest).cloned();
+            disk.write(digest, &compiled, source.as_deref());
         }
         Ok((compiled, Found::Compiled))
     }

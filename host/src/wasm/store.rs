@@ -92,6 +92,8 @@ pub(crate) struct ProcessState {
     /// seeds two random generators and boxes a dozen parts (about a microsecond and
     /// 1 KiB of heap a process, for nothing, on the lifecycle benchmark).
     wasi: Option<Box<WasiCtx>>,
+    /// The stderr of `wasi`, made with it: where a Rust guest reports a panic.
+    stderr: Option<GuestOutput>,
     table: ResourceTable,
     pub(crate) limiter: MemoryLimiter,
     /// Epoch ticks its steps have seen (see `watch.rs`).
@@ -107,7 +109,16 @@ impl ProcessState {
     /// randomness stay (Rust's std seeds its hash maps from them); stdout and stderr go
     /// to the log, line by line.
     pub(crate) fn new(pid: Pid, log: LogSink, limiter: MemoryLimiter) -> Self {
-        ProcessState { pid, log, wasi: None, table: ResourceTable::new(), limiter, ticks: Ticks::default(), port: None }
+        ProcessState {
+            pid,
+            log,
+            wasi: None,
+            stderr: None,
+            table: ResourceTable::new(),
+            limiter,
+            ticks: Ticks::default(),
+            port: None,
+        }
     }
 }
 
@@ -115,11 +126,11 @@ impl ProcessState {
 /// (its port has a recorded seed) reads its step's recorded time from the clocks and
 /// numbers drawn from its recorded seed from the random interfaces, so a replay of its
 /// steps reads what they read.
-fn new_wasi(pid: Pid, log: &LogSink, port: Option<&Port>) -> WasiCtx {
+fn new_wasi(pid: Pid, log: &LogSink, port: Option<&Port>, stderr: GuestOutput) -> WasiCtx {
     let mut builder = WasiCtxBuilder::new();
     builder
         .stdout(GuestOutput::new(pid, LogSource::Stdout, log.clone()))
-        .stderr(GuestOutput::new(pid, LogSource::Stderr, log.clone()))
+        .stderr(stderr)
         .allow_tcp(false)
         .allow_udp(false)
         .allow_ip_name_lookup(false);
@@ -188,11 +199,20 @@ impl ProcessState {
     pub(crate) fn log_host(&self, level: Level, message: &str) {
         (self.log)(&LogRecord::now(self.pid, LogSource::Log(level), message));
     }
+
+    /// The panic the guest last reported on its stderr (see `GuestOutput::panic`).
+    pub(crate) fn panic(&self) -> Option<String> {
+        self.stderr.as_ref()?.panic()
+    }
 }
 
 impl WasiView for ProcessState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        let wasi = self.wasi.get_or_insert_with(|| Box::new(new_wasi(self.pid, &self.log, self.port.as_ref())));
+        let wasi = self.wasi.get_or_insert_with(|| {
+            let stderr = GuestOutput::new(self.pid, LogSource::Stderr, self.log.clone());
+            self.stderr = Some(stderr.clone());
+            Box::new(new_wasi(self.pid, &self.log, self.port.as_ref(), stderr))
+        });
         WasiCtxView { ctx: wasi, table: &mut self.table }
     }
 }

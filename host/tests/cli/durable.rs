@@ -207,8 +207,13 @@ fn a_signal_suspends_a_durable_run_and_the_same_command_resumes_it() {
     assert!(listed.stdout.contains("unfinished"), "{}", listed.stdout);
     assert!(!listed.stdout.contains("failed"), "suspended, not ended: {}", listed.stdout);
     // Each says what it waits for: the workers a message or their sleep, the root its
-    // answers or its sleep between rounds.
-    let waits = ["unfinished: idle, waits for a message", "unfinished: waits for ", "unfinished: blocked"];
+    // answers (or its workers' exits) or its sleep between rounds.
+    let waits = [
+        "unfinished: idle, waits for a message",
+        "unfinished: idle, waits for the exits of its children ",
+        "unfinished: waits for ",
+        "unfinished: blocked",
+    ];
     for line in listed.stdout.lines().filter(|line| line.contains("unfinished:")) {
         assert!(waits.iter().any(|w| line.contains(w)), "{}", listed.stdout);
     }
@@ -223,7 +228,7 @@ fn a_signal_suspends_a_durable_run_and_the_same_command_resumes_it() {
     let root = listed.stdout.lines().nth(1).unwrap().split_whitespace().next().unwrap().to_owned();
     let shown = run(&["journal", "show", journal, &root]).expect(0);
     assert!(shown.stdout.starts_with("   0  spawn  "), "{}", shown.stdout);
-    assert!(shown.stdout.contains("main([2,30]) by the host"), "{}", shown.stdout);
+    assert!(shown.stdout.contains("main([2, 30]) by the host"), "{}", shown.stdout);
     assert!(shown.stdout.contains("spawn worker(null), monitored → blocked"), "{}", shown.stdout);
     assert!(shown.stdout.contains("exit   ok 18970"), "{}", shown.stdout);
     let records = shown.stdout.lines().count();
@@ -490,7 +495,8 @@ fn a_journal_refuses_a_run_that_asks_for_another_input_or_method_naming_both() {
     assert!(refused.stdout.is_empty(), "no result: {}", refused.stdout);
     let error = error_line(&refused.stderr);
     assert!(error.contains("holds an unfinished run (process "), "{error}");
-    assert!(error.contains("of `main([2,30])`, and this command asks for `main([3,2])`"), "{error}");
+    // Each input as it was written.
+    assert!(error.contains("of `main([2, 30])`, and this command asks for `main([3, 2])`"), "{error}");
     assert!(error.contains(&format!("start afresh: `wasmproc journal forget {journal}`")), "{error}");
     // Another method, and no input where the run had one: refused too.
     let error = error_line(&run(&["run", DURABLE, "--journal", journal, "--method", "ledgered"]).expect(2).stderr);
@@ -522,7 +528,7 @@ fn journal_forget_drops_a_run_so_the_next_starts_afresh() {
     let forgot = run(&["journal", "forget", journal]).expect(0);
     let line = forgot.stdout.lines().next().unwrap_or_default();
     assert!(
-        line.starts_with("forgot the run of process ") && line.contains("(`main([2,30])`), unfinished: 3 processes")
+        line.starts_with("forgot the run of process ") && line.contains("(`main([2, 30])`), unfinished: 3 processes")
     );
     let listed = run(&["journal", "ls", journal]).expect(0);
     assert_eq!(listed.stdout.lines().count(), 1, "only the header: {}", listed.stdout);

@@ -22,6 +22,7 @@ mod durable;
 mod hardening;
 mod languages;
 mod limits;
+mod new_user;
 mod providers;
 mod rough_edges;
 
@@ -116,11 +117,11 @@ fn run_takes_input_from_a_file_and_from_stdin() {
 
 #[test]
 fn a_failing_process_exits_1_with_its_error() {
-    // `add` wants two numbers; the SDK refuses a string in `init`.
-    let ran = run(&["run", HELLO, "--method", "add", "--input", "\"two\""]).expect(1);
+    // `add` fails on a sum past an i64.
+    let ran = run(&["run", HELLO, "--method", "add", "--input", "[9223372036854775807, 1]"]).expect(1);
     let ran = ran.error_says("the process failed");
     assert!(ran.stdout.is_empty(), "no result on stdout: {}", ran.stdout);
-    let ran = run(&["run", HELLO, "--method", "add", "--input", "\"two\"", "--json"]).expect(1);
+    let ran = run(&["run", HELLO, "--method", "add", "--input", "[9223372036854775807, 1]", "--json"]).expect(1);
     assert!(ran.json()["error"].as_str().is_some_and(|e| !e.is_empty()), "{}", ran.stdout);
 }
 
@@ -135,10 +136,10 @@ fn a_fuel_budget_ends_the_process_that_spends_it() {
 fn a_looping_process_is_preempted_and_ended_by_its_cpu_budget() {
     run(&["run", HOSTILE, "--method", "spin", "--time-slice", "5", "--cpu-budget", "100ms"])
         .expect(1)
-        .error_says("CPU budget exceeded: the process ran for longer than its `cpu_budget` of 100ms");
+        .error_says("CPU budget exceeded: the process ran for longer than its `--cpu-budget` of 100ms");
     run(&["run", HOSTILE, "--method", "spin", "--time-slice", "50ms", "--no-preemption"])
         .expect(1)
-        .error_says("time slice exceeded: `step` ran longer than the process's `time_slice` of 50ms");
+        .error_says("time slice exceeded: `step` ran longer than the process's `--time-slice` of 50ms");
 }
 
 #[test]

@@ -129,7 +129,7 @@ fn the_fetcher_fetches_from_a_local_server_and_keeps_counts_in_kv_across_runs() 
     assert!(ran.stderr.contains("denied: `kv.get` needs the key-value store: run with --kv DIR"), "{}", ran.stderr);
     // What the component declares (`uses!`) and the run does not grant is named before it runs.
     assert!(
-        ran.stderr.contains("declares commands this run does not grant: `kv.cas` (--kv DIR), `kv.get` (--kv DIR)"),
+        ran.stderr.contains("declares commands this run does not grant: `kv.cas`, `kv.get` (--kv DIR)\n"),
         "{}",
         ran.stderr
     );

@@ -52,7 +52,8 @@ fn logs_follow_rust_log_verbose_quiet_and_json() {
     let quiet = run_in(&home, &[&GREET[..], &["-q"]].concat(), &[("RUST_LOG", "debug")]).expect(0);
     assert_eq!(quiet.stdout, "\"hello, logs\"\n", "-q leaves the result alone");
     assert!(quiet.stderr.is_empty(), "-q: errors only: {}", quiet.stderr);
-    let failed = run_in(&home, &["-q", "run", HELLO, "--method", "add", "--input", "\"two\""], &[]).expect(1);
+    let overflow = ["-q", "run", HELLO, "--method", "add", "--input", "[9223372036854775807, 1]"];
+    let failed = run_in(&home, &overflow, &[]).expect(1);
     failed.error_says("the process failed");
 
     let json = run_in(&home, &["--log-format", "json", "-v", "run", HELLO, "--method", "nope"], &[]).expect(2);
@@ -268,8 +269,11 @@ fn the_shorthand_runs_a_program_with_all_the_rest_as_its_arguments() {
     assert_eq!(ran.stdout, "HOME=<unset>\nhello\n", "{}", ran.stderr);
     run(&["-q", WASI_CLI, "--exit-with-code", "2"]).expect(2);
     run(&["--log-format", "json", WASI_CLI, "--exit-with-code", "3"]).expect(3);
-    // A process component takes no arguments: the usual error, as for `run`.
-    run(&[HELLO, "x"]).expect(2).error_says("arguments after `--` applies to WASI commands only");
+    // A process component takes no arguments: the error says what to write instead.
+    run(&[HELLO, "x"])
+        .expect(2)
+        .error_says("takes no program arguments")
+        .error_says(&format!("wasmproc run {HELLO} x"));
     run(&["./no/such/app.wasm"]).expect(2).error_says("cannot read `./no/such/app.wasm`");
     let help = help(&["--help"]);
     assert!(help.contains("`wasmproc APP.wasm [ARGS...]` is short for `wasmproc run APP.wasm -- ARGS...`"), "{help}");
