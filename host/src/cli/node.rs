@@ -337,6 +337,8 @@ const ON_CLUSTER: &[&str] = &[
     "deny",
     "stats",
     "json",
+    // Only how a usage error words itself (the shorthand's expansion).
+    "shorthand",
 ];
 
 /// Refuses, naming it, the first flag `given` that sets up this host rather than the
