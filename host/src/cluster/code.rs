@@ -1,16 +1,22 @@
 //! Components moving between nodes: a node that lacks the component of a spawn fetches
-//! its bytes from the spawner by hash, in chunks that fit a NATS frame, checks them
-//! against the hash, and loads them once; concurrent spawns of one component share the
-//! fetch.
+//! its bytes from the spawner (a node, or a client) by hash, in chunks that fit a NATS
+//! frame, checks them against the hash, and loads them once; concurrent spawns of one
+//! component in one run share the fetch.
+//!
+//! A component is spawnable by hash only within the runs (scopes) that brought it: a
+//! run whose spawner cannot hand over the bytes does not get to run what another run
+//! brought, though its hash is public (`cluster ls`). A node started with components
+//! shared (`ClusterConfig::share_components`) skips that.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
+use futures_util::StreamExt as _;
 use sha2::{Digest as _, Sha256};
 
 use super::wire::{self, Body, Key, Peer};
-use super::{Inner, Loader};
+use super::{Fetched, Inner, Loader};
 use crate::handler::Factory;
 
 /// The largest component a node fetches: the CLI's default `--max-module-size`.
@@ -39,38 +45,44 @@ pub(super) fn verify(hash: &str, bytes: &[u8]) -> anyhow::Result<()> {
 /// The answer to a chunk request.
 pub(super) fn answer(inner: &Inner, hash: &str, offset: u64) -> Body {
     let Some(bytes) = inner.code.read().get(hash).cloned() else {
-        return Body::CodeChunk { result: Err(format!("node {} does not hold component `{hash}`", inner.node)) };
+        return Body::CodeChunk { result: Err(format!("node `{}` does not hold component `{hash}`", inner.name)) };
     };
     let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
     let end = (start + CHUNK).min(bytes.len());
     Body::CodeChunk { result: Ok((bytes.len() as u64, bytes[start..end].to_vec())) }
 }
 
-/// Fetches component `hash` from node `from`.
+/// Fetches component `hash` from whoever serves it on `subject` (a node's
+/// `PREFIX.code.ID`, a client's `INBOX.code`).
 pub(super) async fn fetch(
     client: &async_nats::Client,
     key: &Key,
     me: Peer,
-    prefix: &str,
-    from: u16,
+    subject: &str,
     hash: &str,
 ) -> anyhow::Result<Vec<u8>> {
-    let subject = subject(prefix, from);
     let mut bytes = Vec::new();
     loop {
-        let request =
-            key.seal(&wire::encode(me, &Body::CodeRequest { hash: hash.to_owned(), offset: bytes.len() as u64 }));
-        let reply = tokio::time::timeout(CHUNK_TIMEOUT, client.request(subject.clone(), request.into()))
+        let inbox = client.new_inbox();
+        let mut answers = client.subscribe(inbox.clone()).await.context("failed to subscribe for a code answer")?;
+        let body = wire::encode(me, &Body::CodeRequest { hash: hash.to_owned(), offset: bytes.len() as u64 });
+        let request = key.seal(subject, &inbox, &body);
+        client
+            .publish_with_reply(subject.to_owned(), inbox.clone(), request.into())
             .await
-            .with_context(|| format!("node {from} did not answer for component `{hash}` within {CHUNK_TIMEOUT:?}"))?
-            .with_context(|| format!("failed to ask node {from} for component `{hash}`"))?;
-        let (_, body) = wire::decode(key.open(&reply.payload)?)?;
-        let Body::CodeChunk { result } = body else { bail!("node {from} answered a code request with another frame") };
+            .with_context(|| format!("failed to ask `{subject}` for component `{hash}`"))?;
+        let reply = tokio::time::timeout(CHUNK_TIMEOUT, answers.next())
+            .await
+            .ok()
+            .flatten()
+            .with_context(|| format!("no answer on `{subject}` for component `{hash}` within {CHUNK_TIMEOUT:?}"))?;
+        let (_, body) = wire::decode(key.open(&inbox, "", &reply.payload)?)?;
+        let Body::CodeChunk { result } = body else { bail!("`{subject}` answered a code request with another frame") };
         let (total, chunk) = result.map_err(anyhow::Error::msg)?;
         ensure!(total <= MAX_CODE, "component `{hash}` is {total} bytes, more than the {MAX_CODE} a node fetches");
-        ensure!(!chunk.is_empty() || bytes.len() as u64 == total, "node {from} sent an empty chunk of `{hash}`");
+        ensure!(!chunk.is_empty() || bytes.len() as u64 == total, "`{subject}` sent an empty chunk of `{hash}`");
         bytes.extend_from_slice(&chunk);
-        ensure!(bytes.len() as u64 <= total, "node {from} sent more of `{hash}` than its size");
+        ensure!(bytes.len() as u64 <= total, "`{subject}` sent more of `{hash}` than its size");
         if bytes.len() as u64 == total {
             verify(hash, &bytes)?;
             return Ok(bytes);
@@ -78,48 +90,66 @@ pub(super) async fn fetch(
     }
 }
 
-/// The factory of component `hash`: the one fetched before, or fetched now from node
-/// `from` and loaded (once, however many spawns ask at the same time).
+/// The factory of component `hash` for a spawn of run `scope`: the one this node holds
+/// for that run (or for all, with components shared), or fetched now from `source`
+/// (the spawner's code subject) and loaded, once however many spawns of the run ask at
+/// the same time, and once for all runs: a run that brings a component this node has
+/// loaded for another hands over its bytes, checked against the hash, and loads nothing.
+/// `from`: the node that serves it on `source`, if a node does (not a client).
 pub(super) async fn factory(
     inner: &Arc<Inner>,
     client: &async_nats::Client,
     me: Peer,
-    from: u16,
+    (source, from): (&str, Option<u16>),
     hash: &str,
+    scope: u64,
 ) -> anyhow::Result<Arc<dyn Factory>> {
-    if let Some(factory) = inner.fetched.read().get(hash) {
-        return Ok(factory.clone());
+    if let Some(factory) = inner.factory_in(hash, scope) {
+        return Ok(factory);
     }
-    let cell = inner.fetching.lock().entry(hash.to_owned()).or_default().clone();
+    let key = (hash.to_owned(), scope);
+    let cell = inner.fetching.lock().entry(key.clone()).or_default().clone();
     let result = cell
         .get_or_init(|| async {
             let loader: Loader = inner.loader.get().cloned().context("this node loads no fetched components")?;
-            let bytes = fetch(client, &inner.key, me, &inner.prefix, from, hash).await?;
-            let bytes: Arc<[u8]> = bytes.into();
-            let load = bytes.clone();
-            let factory = tokio::task::spawn_blocking(move || loader(&load))
-                .await
-                .context("the loading thread failed")?
-                .with_context(|| format!("failed to load component `{hash}` fetched from node {from}"))?;
-            inner.fetched.write().insert(hash.to_owned(), factory.clone());
+            let bytes: Arc<[u8]> = fetch(client, &inner.key, me, source, hash).await?.into();
+            let loaded = inner.fetched.read().get(hash).map(|fetched| fetched.factory.clone());
+            let factory = match loaded {
+                Some(factory) => factory,
+                None => {
+                    let load = bytes.clone();
+                    tokio::task::spawn_blocking(move || loader(&load))
+                        .await
+                        .context("the loading thread failed")?
+                        .with_context(|| format!("failed to load component `{hash}` fetched from `{source}`"))?
+                }
+            };
+            let mut fetched = inner.fetched.write();
+            let entry = fetched
+                .entry(hash.to_owned())
+                .or_insert_with(|| Fetched { factory: factory.clone(), scopes: Default::default() });
+            entry.scopes.insert(scope);
             inner.code.write().insert(hash.to_owned(), bytes);
             // The name the node it came from knows it by, as that node last announced.
-            let name =
-                inner.view.read().iter().find(|n| n.id == from).and_then(|n| n.component_name(hash)).map(str::to_owned);
+            let name = inner
+                .view
+                .read()
+                .iter()
+                .find(|n| Some(n.id) == from)
+                .and_then(|n| n.component_name(hash))
+                .map(str::to_owned);
             if let Some(name) = name {
-                inner.names.write().insert(hash.to_owned(), name);
+                inner.names.write().entry(hash.to_owned()).or_insert(name);
             }
-            Ok::<_, anyhow::Error>(factory)
+            Ok::<_, anyhow::Error>(entry.factory.clone())
         })
         .await;
+    // Done with, either way: the run's next spawn finds the factory held for it, and a
+    // failed fetch is not remembered (the next spawn tries again).
+    inner.fetching.lock().remove(&key);
     match result {
         Ok(factory) => Ok(factory.clone()),
-        Err(error) => {
-            // A failed fetch is not remembered: the next spawn tries again.
-            let message = format!("{error:#}");
-            inner.fetching.lock().remove(hash);
-            bail!(message)
-        }
+        Err(error) => bail!("{error:#}"),
     }
 }
 

@@ -27,7 +27,9 @@
 //!   components it holds) on `PREFIX.announce` every [`HEARTBEAT`]; a node unheard of
 //!   for [`LOSS_AFTER`] is lost. A node disconnected from the server judges no one while
 //!   it is, and gives everyone a fresh [`LOSS_AFTER`] once back. A joining node asks the
-//!   others to announce, and draws a node id no one holds.
+//!   others to announce, and draws a node id no one holds. A node becomes a member only
+//!   by answering a nonce (see `node.rs`), so a copy of an old announcement brings no
+//!   departed node back, and evicts no live one.
 //! - **Links.** Everything between two nodes (messages, monitors, exits, terminations,
 //!   spawns and their answers) travels on one ordered, reliable link per direction,
 //!   subject `PREFIX.node.ID`: items carry a sequence number, the receiver acknowledges
@@ -54,25 +56,26 @@
 //!   meters no fuel fails the spawn), and its own spawns, local or remote, are bounded
 //!   by what it runs under in turn. So no process of a tree runs under looser limits
 //!   than its root, on whichever node.
-//! - **Runs.** A process belongs to the run of the node whose host started its tree (a
-//!   `run --cluster` client, or a node's embedder): the owner, inherited down the tree
-//!   and carried with every spawn to another node. When that node stops its run
-//!   ([`Cluster::stop_run`]), leaves or is lost, each node cancels the run's processes
-//!   there (and those a process of the gone node spawned), and terminates what is left
+//! - **Runs.** A process belongs to a run: of the node whose embedder started its tree, or
+//!   of a client's session (its scope) on the node that runs its root: the owner
+//!   (and scope), inherited down the tree and carried with every spawn to another node.
+//!   When the run stops ([`Cluster::stop_run`], [`Client::stop_run`]), its node leaves or
+//!   is lost, or its client leaves or goes silent, each node cancels the run's processes
+//!   there (and those a process of a gone node spawned), and terminates what is left
 //!   after a grace ([`ClusterConfig::grace`]): nothing runs on for a run nobody waits
-//!   for. The lines a run's processes write go to the owner
-//!   ([`Cluster::forward_line`], bounded by [`MAX_LOG_BACKLOG`]).
-//! - **Security.** Every frame carries an HMAC-SHA256 under the shared secret
-//!   ([`ClusterConfig::secret`]); a node drops frames that do not verify, so it takes
-//!   work only from holders of the secret. NATS credentials (a token, or a user and
-//!   password in the URL) keep others off the server itself.
+//!   for. The lines a run's processes write go to its node ([`Cluster::forward_line`],
+//!   bounded by [`MAX_LOG_BACKLOG`]) and from there to its client.
 //!
 //! [`SendError::NoNode`]: crate::error::SendError::NoNode
 
+mod client;
 mod code;
 mod node;
 mod wire;
 
+pub use self::client::{Client, list};
+
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -102,6 +105,10 @@ pub const RETRANSMIT_AFTER: Duration = Duration::from_secs(1);
 /// it fails ([`SendError::Cluster`]) instead of
 /// growing memory. Picked out of thin air: ~100 MiB of 1 KiB messages.
 pub const MAX_BACKLOG: usize = 100_000;
+/// The most monitors, terminations and spawns queued for the cluster's thread at once
+/// (messages are bounded by [`MAX_BACKLOG`]); one past it fails at once instead of
+/// growing memory while the thread is held up. Picked out of thin air, as that.
+pub const MAX_QUEUED: usize = 100_000;
 /// The most guest lines queued or unacknowledged towards other nodes at once; a line
 /// past it is dropped and counted ([`ClusterStats::log_lines_dropped`]), so a process
 /// that logs without end cannot grow a node's memory. Picked out of thin air: up to
@@ -138,38 +145,59 @@ pub struct ClusterConfig {
     name: Option<String>,
     secret: Vec<u8>,
     token: Option<String>,
+    creds: Option<PathBuf>,
+    nkey: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
+    tls_client: Option<(PathBuf, PathBuf)>,
+    inbox: String,
     prefix: String,
     placement: Placement,
     accepts: bool,
     grace: Duration,
+    share_components: bool,
+    insecure: bool,
 }
 
 impl std::fmt::Debug for ClusterConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClusterConfig")
-            .field("url", &self.url)
+            .field("url", &self.redacted_url())
             .field("name", &self.name)
             .field("prefix", &self.prefix)
             .field("placement", &self.placement)
             .field("accepts", &self.accepts)
             .field("grace", &self.grace)
+            .field("creds", &self.creds)
+            .field("nkey", &self.nkey)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_client", &self.tls_client)
+            .field("inbox", &self.inbox)
+            .field("share_components", &self.share_components)
+            .field("insecure", &self.insecure)
             .finish_non_exhaustive()
     }
 }
 
 impl ClusterConfig {
     /// The NATS server at `url` (`nats://HOST:PORT`; `nats://USER:PASSWORD@HOST:PORT` for
-    /// a server with users), with the defaults below.
+    /// a server with users; `tls://HOST:PORT` for TLS), with the defaults below.
     pub fn new(url: impl Into<String>) -> Self {
         ClusterConfig {
             url: url.into(),
             name: None,
             secret: Vec::new(),
             token: None,
+            creds: None,
+            nkey: None,
+            tls_ca: None,
+            tls_client: None,
+            inbox: "_INBOX".to_owned(),
             prefix: "wasmproc".to_owned(),
             placement: Placement::Local,
             accepts: true,
             grace: GRACE,
+            share_components: false,
+            insecure: false,
         }
     }
 
@@ -190,6 +218,118 @@ impl ClusterConfig {
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());
         self
+    }
+
+    /// A NATS credentials file (a user JWT and its NKey seed, as `nsc` writes them). By
+    /// default none.
+    pub fn creds(mut self, path: impl Into<PathBuf>) -> Self {
+        self.creds = Some(path.into());
+        self
+    }
+
+    /// A file holding a NATS user's NKey seed (`SU…`). By default none.
+    pub fn nkey(mut self, path: impl Into<PathBuf>) -> Self {
+        self.nkey = Some(path.into());
+        self
+    }
+
+    /// TLS to the server, trusting the CA certificates in the PEM file `ca`. By default
+    /// the system's roots, and TLS only with a `tls://` URL or a server that asks for it.
+    pub fn tls_ca(mut self, ca: impl Into<PathBuf>) -> Self {
+        self.tls_ca = Some(ca.into());
+        self
+    }
+
+    /// A TLS client certificate and its key (PEM files), for a server that verifies
+    /// clients. By default none.
+    pub fn tls_client(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.tls_client = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// The prefix of the subjects this connection receives answers on (NATS's inbox
+    /// prefix): a server whose users may read only their own answers gives each its
+    /// own, e.g. `_INBOX_alice`. By default `_INBOX`.
+    pub fn inbox(mut self, prefix: impl Into<String>) -> Self {
+        self.inbox = prefix.into();
+        self
+    }
+
+    /// Whether a component fetched by hash for one run may be spawned by hash in any
+    /// other run on this node. By default no: only within the run (process tree) that
+    /// brought it.
+    pub fn share_components(mut self, shared: bool) -> Self {
+        self.share_components = shared;
+        self
+    }
+
+    /// Whether this node may join with no authentication at all: no secret, no NATS
+    /// credentials (token, user and password, NKey, credentials file) and no TLS client
+    /// certificate, so that anyone who reaches the server can run code on it. By
+    /// default no: [`Cluster::join`] refuses.
+    pub fn insecure(mut self, insecure: bool) -> Self {
+        self.insecure = insecure;
+        self
+    }
+
+    /// Whether anything authenticates this connection or its frames.
+    pub fn authenticates(&self) -> bool {
+        !self.secret.is_empty()
+            || self.token.is_some()
+            || self.creds.is_some()
+            || self.nkey.is_some()
+            || self.tls_client.is_some()
+            || self.url_user().is_some()
+    }
+
+    /// The user of a `scheme://USER[:PASSWORD]@HOST` URL.
+    fn url_user(&self) -> Option<&str> {
+        let rest = self.url.split_once("://").map_or(self.url.as_str(), |(_, rest)| rest);
+        let authority = rest.split(['/', ',']).next().unwrap_or(rest);
+        authority.rsplit_once('@').map(|(user, _)| user).filter(|user| !user.is_empty())
+    }
+
+    /// The URL without its user and password, and those: NATS's convention is
+    /// `USER:PASSWORD@` for a user, `TOKEN@` for a token (the client takes neither from
+    /// the URL itself).
+    pub(crate) fn url_credentials(&self) -> (String, Option<(String, Option<String>)>) {
+        match (self.url_user(), self.url.split_once("://")) {
+            (Some(user), Some((scheme, rest))) => {
+                let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+                let credentials = match user.split_once(':') {
+                    Some((name, password)) => (name.to_owned(), Some(password.to_owned())),
+                    None => (user.to_owned(), None),
+                };
+                (format!("{scheme}://{host}"), Some(credentials))
+            }
+            _ => (self.url.clone(), None),
+        }
+    }
+
+    /// The URL without its password, to name in messages.
+    pub(crate) fn redacted_url(&self) -> String {
+        match (self.url_user(), self.url.split_once("://")) {
+            (Some(user), Some((scheme, rest))) => {
+                let name = user.split_once(':').map_or(user, |(name, _)| name);
+                let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+                format!("{scheme}://{name}:***@{host}")
+            }
+            _ => self.url.clone(),
+        }
+    }
+
+    /// Refuses a node that authenticates nothing, unless it is [`insecure`](Self::insecure).
+    fn check_authenticated(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.insecure || self.authenticates(),
+            "this node would join the cluster at `{}` with no authentication at all, so that anyone who \
+             reaches the NATS server could run code on it: give NATS credentials (`--cluster-creds`, \
+             `--cluster-nkey`, `--cluster-token`, or a user in the URL), a TLS client certificate \
+             (`--cluster-cert` and `--cluster-key`), or a shared `--cluster-secret`; or `--insecure` to \
+             run it open",
+            self.redacted_url()
+        );
+        Ok(())
     }
 
     /// The first word of every subject the cluster uses, so several clusters can share
@@ -266,11 +406,17 @@ pub struct ClusterStats {
     pub retransmitted: u64,
     /// Nodes declared lost (missed heartbeats) or that left.
     pub nodes_lost: u64,
-    /// Frames dropped: failed authentication or malformed.
+    /// Frames (or items of them) dropped: failed authentication, malformed, from a
+    /// node that is no member, published where their sender could not have, or naming
+    /// what their sender may not speak for.
     pub frames_refused: u64,
     /// Lines of processes of other nodes' runs not forwarded to those nodes: more than
     /// [`MAX_LOG_BACKLOG`] were already on their way.
     pub log_lines_dropped: u64,
+    /// Frames (or items) dropped as repeats of ones already taken: a sequence seen
+    /// before, an incarnation or a client's session that is over. A link's
+    /// retransmissions count here too; a copy published again by someone else always.
+    pub frames_repeated: u64,
 }
 
 #[derive(Default)]
@@ -283,6 +429,7 @@ struct Counters {
     nodes_lost: AtomicU64,
     frames_refused: AtomicU64,
     log_lines_dropped: AtomicU64,
+    frames_repeated: AtomicU64,
 }
 
 /// What a node's threads share: the scheduler's workers (through [`Remote`]), the
@@ -295,6 +442,7 @@ pub(crate) struct Inner {
     prefix: String,
     placement: Placement,
     accepts: bool,
+    share_components: bool,
     commands: tokio::sync::mpsc::UnboundedSender<Cmd>,
     /// The incarnation of each node id in the cluster now (0: none); read by workers
     /// to refuse a send to an unknown node at once.
@@ -312,6 +460,9 @@ pub(crate) struct Inner {
     grace: Duration,
     /// Where lines of this node's run that other nodes forward go.
     lines: OnceLock<LineSink>,
+    /// Monitors, terminations and spawns queued for the cluster's thread (bounded by
+    /// [`MAX_QUEUED`]).
+    queued: AtomicUsize,
     /// The largest frame the server takes, less room for the header.
     max_item: usize,
     counters: Counters,
@@ -321,10 +472,11 @@ pub(crate) struct Inner {
     code: RwLock<FxHashMap<String, Arc<[u8]>>>,
     /// The file names components were loaded from, by hash, for `cluster ls`.
     names: RwLock<FxHashMap<String, String>>,
-    /// Factories of components fetched from other nodes, by hash.
-    fetched: RwLock<FxHashMap<String, Arc<dyn Factory>>>,
-    /// Fetches under way, by hash: concurrent spawns of one component share one.
-    fetching: Mutex<FxHashMap<String, Arc<Fetch>>>,
+    /// Factories of components fetched from other nodes or clients, by hash.
+    fetched: RwLock<FxHashMap<String, Fetched>>,
+    /// Fetches under way, by hash and run: concurrent spawns of one component in one run
+    /// share one.
+    fetching: Mutex<FxHashMap<(String, u64), Arc<Fetch>>>,
     /// The embedder's spawns whose results are awaited, by token.
     embedded: Mutex<FxHashMap<u64, Arc<RemoteSlot>>>,
     next_token: AtomicU64,
@@ -332,6 +484,12 @@ pub(crate) struct Inner {
 
 /// One fetch of a component, shared by the spawns waiting for it.
 type Fetch = tokio::sync::OnceCell<anyhow::Result<Arc<dyn Factory>>>;
+
+/// A component fetched by hash, and the runs that brought it (see `code.rs`).
+pub(crate) struct Fetched {
+    factory: Arc<dyn Factory>,
+    scopes: rustc_hash::FxHashSet<u64>,
+}
 
 /// A node of a cluster: joined by [`Cluster::join`], left on drop. Cheap to clone.
 #[derive(Clone)]
@@ -426,6 +584,7 @@ impl Cluster {
             nodes_lost: read(&c.nodes_lost),
             frames_refused: read(&c.frames_refused),
             log_lines_dropped: read(&c.log_lines_dropped),
+            frames_repeated: read(&c.frames_repeated),
         }
     }
 
@@ -484,6 +643,7 @@ impl Cluster {
             monitor: true,
             // The spawning node's run: this node owns the process.
             owner: 0,
+            scope: 0,
         };
         if here {
             let handle = handle.context("this node serves no scheduler: call `Cluster::serve`")?;
@@ -525,8 +685,10 @@ impl Cluster {
     /// none, and the line is this node's to show. A line past [`MAX_LOG_BACKLOG`] is
     /// dropped and counted. For a node's log sink (`wasm::Config::log_sink`).
     pub fn forward_line(&self, pid: Pid, source: &str, message: &str) -> bool {
-        let Some(owner) = self.inner.handle.get().and_then(|handle| handle.owner_of(pid)) else { return false };
-        if owner == self.inner.node {
+        let Some((owner, scope)) = self.inner.handle.get().and_then(|handle| handle.run_of(pid)) else {
+            return false;
+        };
+        if owner == self.inner.node && scope == 0 {
             return false;
         }
         if self.inner.log_backlog.fetch_add(1, Ordering::AcqRel) >= MAX_LOG_BACKLOG {
@@ -534,8 +696,11 @@ impl Cluster {
             self.inner.counters.log_lines_dropped.fetch_add(1, Ordering::Relaxed);
             return true;
         }
-        let item = Item::Log { pid, source: source.to_owned(), message: message.to_owned() };
-        if self.inner.queue(Cmd::Item { node: owner, item }).is_err() {
+        let item = Item::Log { pid, scope, source: source.to_owned(), message: message.to_owned() };
+        // A line of a client's run whose session is here goes to the client from here;
+        // any other, to the node whose run it is.
+        let cmd = if owner == self.inner.node { Cmd::Line(item) } else { Cmd::Item { node: owner, item } };
+        if self.inner.queue(cmd).is_err() {
             self.inner.log_backlog.fetch_sub(1, Ordering::AcqRel);
         }
         true
@@ -689,8 +854,31 @@ impl Inner {
         self.commands.send(cmd).map_err(|_| "this node has left the cluster".to_owned())
     }
 
+    /// Queues a monitor, termination or spawn for the cluster's thread, unless
+    /// [`MAX_QUEUED`] already wait (the thread is stalled: the server is gone, say):
+    /// hands it to `refused` with why.
+    fn queue_bounded(&self, cmd: Cmd, refused: impl FnOnce(Cmd, String)) {
+        if self.queued.fetch_add(1, Ordering::AcqRel) >= MAX_QUEUED {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return refused(cmd, format!("{MAX_QUEUED} commands already wait for the cluster's thread; retry later"));
+        }
+        if let Err(e) = self.commands.send(cmd) {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            refused(e.0, "this node has left the cluster".to_owned());
+        }
+    }
+
     fn is_member(&self, node: u16) -> bool {
         self.alive.get(usize::from(node)).is_some_and(|a| a.load(Ordering::Acquire) != 0)
+    }
+
+    /// The factory of component `hash` fetched before, if processes of run `scope` may
+    /// spawn it: the run brought it, components are shared, or the process is the
+    /// node's own (scope 0: the embedder's, trusted with all it holds).
+    fn factory_in(&self, hash: &str, scope: u64) -> Option<Arc<dyn Factory>> {
+        let fetched = self.fetched.read();
+        let fetched = fetched.get(hash)?;
+        (self.share_components || scope == 0 || fetched.scopes.contains(&scope)).then(|| fetched.factory.clone())
     }
 }
 
@@ -727,19 +915,19 @@ impl Remote for Inner {
     }
 
     fn monitor(&self, watcher: Pid, target: Pid) {
-        if self.queue(Cmd::Monitor { watcher, target }).is_err()
-            && let Some(handle) = self.handle.get()
-        {
-            handle.exit_to(watcher, target, Err("noconnection".to_owned()));
-        }
+        self.queue_bounded(Cmd::Monitor { watcher, target }, |_, why| {
+            if let Some(handle) = self.handle.get() {
+                handle.exit_to(watcher, target, Err(format!("noconnection: {why}")));
+            }
+        });
     }
 
-    fn terminate(&self, target: Pid, done: Option<Completer>) {
-        if let Err(Cmd::Terminate { done: Some(done), .. }) =
-            self.commands.send(Cmd::Terminate { target, done }).map_err(|e| e.0)
-        {
-            done.complete(Err("noconnection: this node has left the cluster".to_owned()));
-        }
+    fn terminate(&self, by: Pid, target: Pid, done: Option<Completer>) {
+        self.queue_bounded(Cmd::Terminate { by, target, done }, |cmd, why| {
+            if let Cmd::Terminate { done: Some(done), .. } = cmd {
+                done.complete(Err(format!("noconnection: {why}")));
+            }
+        });
     }
 
     fn place(&self) -> Option<u16> {
@@ -753,24 +941,14 @@ impl Remote for Inner {
 
     fn spawn(&self, node: u16, spawn: RemoteSpawn, done: Completer) {
         let token = self.next_token.fetch_add(1, Ordering::Relaxed);
-        if let Err(Cmd::Spawn { done: Some(done), .. }) =
-            self.commands.send(Cmd::Spawn { node, spawn, token, done: Some(done) }).map_err(|e| e.0)
-        {
-            done.complete(Err("spawn failed: this node has left the cluster".to_owned()));
-        }
+        self.queue_bounded(Cmd::Spawn { node, spawn, token, done: Some(done) }, |cmd, why| {
+            if let Cmd::Spawn { done: Some(done), .. } = cmd {
+                done.complete(Err(format!("spawn failed: {why}")));
+            }
+        });
     }
 
-    fn factory(&self, kind: &str) -> Option<Arc<dyn Factory>> {
-        self.fetched.read().get(kind).cloned()
+    fn factory(&self, kind: &str, scope: u64) -> Option<Arc<dyn Factory>> {
+        self.factory_in(kind, scope)
     }
-}
-
-/// The nodes of the cluster at `config`'s server, as they announce themselves within
-/// about two heartbeats; joins nothing.
-///
-/// # Errors
-///
-/// The server cannot be reached or refuses the credentials.
-pub fn list(config: ClusterConfig) -> anyhow::Result<Vec<NodeInfo>> {
-    node::list(config)
 }

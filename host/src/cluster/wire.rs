@@ -1,14 +1,22 @@
-//! What nodes say to each other over NATS, and how each frame is authenticated.
+//! What nodes and clients say to each other over NATS, and how each frame is
+//! authenticated.
 //!
-//! A frame is `version:u8 | mac:[u8; 32] | body`, where `mac` is HMAC-SHA256 of `body`
-//! under the cluster's shared secret (the empty key when none is set). A frame whose
-//! MAC does not verify is dropped before its body is read, so a node acts only on what
-//! a holder of the secret wrote. The body is the journal's compact encoding (varints,
-//! length-prefixed bytes); every read is bounded by the frame, and a malformed body is a
-//! [`WireError`], never a panic or an allocation larger than the frame.
+//! A frame is `version:u8 | mac:[u8; 32] | body`, where `mac` is HMAC-SHA256, under the
+//! cluster's shared secret (the empty key when none is set), of the version, the NATS
+//! subject the frame was published on, its reply subject and the body. A frame whose MAC
+//! does not verify is dropped before its body is read, so a node acts only on what a
+//! holder of the secret wrote, and only on the subject it was written for: a frame
+//! copied to another node's subject, or given another reply subject, fails. The body is
+//! the journal's compact encoding (varints, length-prefixed bytes); every read is
+//! bounded by the frame, and a malformed body is a [`WireError`], never a panic or an
+//! allocation larger than the frame.
 //!
-//! The body starts with its sender (node id and incarnation: a random number a node
-//! draws at start, so a restarted node is a new peer) and a kind byte.
+//! The body starts with its sender (node id, 0 for a client, and incarnation: a random
+//! number drawn at start, so a restarted node is a new peer) and a kind byte. What makes
+//! a frame fresh, so that a copy published again is refused, is said by each kind: a
+//! link's data carries sequence numbers that never restart within an incarnation, an
+//! announcement a sequence of its own, and a node admits a peer as a member only on an
+//! announcement that echoes a nonce it drew itself (see `node.rs`).
 
 use std::time::Duration;
 
@@ -29,7 +37,9 @@ type HmacSha256 = Hmac<Sha256>;
 // 4: those limits carry a fuel and a CPU time budget.
 // 5: a spawn carries its run's owner; items that stop a run and carry a guest's line;
 //    an announcement names the files its components were loaded from.
-const VERSION: u8 = 5;
+// 6: the MAC covers the subjects; announcements carry a sequence and echo nonces;
+//    clients speak a protocol of their own; a spawn carries its run's scope.
+const VERSION: u8 = 6;
 const MAC_LEN: usize = 32;
 
 /// Why a frame was refused.
@@ -39,7 +49,7 @@ pub(crate) enum WireError {
     Short(usize),
     #[error("frame version {0} is not {VERSION}: a node of another wasmproc version")]
     Version(u8),
-    #[error("frame failed authentication: wrong `--cluster-secret`, or forged")]
+    #[error("frame failed authentication: wrong `--cluster-secret`, forged, or published on another subject")]
     Forged,
     #[error("malformed frame: {0}")]
     Malformed(String),
@@ -60,13 +70,21 @@ impl Key {
         Key(secret.to_vec())
     }
 
-    fn mac(&self) -> HmacSha256 {
-        HmacSha256::new_from_slice(&self.0).expect("HMAC takes a key of any length")
+    /// The MAC over everything a frame is bound to but its body.
+    fn mac(&self, subject: &str, reply: &str) -> HmacSha256 {
+        let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes a key of any length");
+        mac.update(&[VERSION]);
+        // Lengths first, so that no two (subject, reply) pairs hash alike.
+        mac.update(&(subject.len() as u64).to_le_bytes());
+        mac.update(subject.as_bytes());
+        mac.update(&(reply.len() as u64).to_le_bytes());
+        mac.update(reply.as_bytes());
+        mac
     }
 
-    /// Seals `body` into a frame.
-    pub(crate) fn seal(&self, body: &[u8]) -> Vec<u8> {
-        let mut mac = self.mac();
+    /// Seals `body` into a frame for `subject`, answered on `reply` ("" for none).
+    pub(crate) fn seal(&self, subject: &str, reply: &str, body: &[u8]) -> Vec<u8> {
+        let mut mac = self.mac(subject, reply);
         mac.update(body);
         let mut frame = Vec::with_capacity(1 + MAC_LEN + body.len());
         frame.push(VERSION);
@@ -75,21 +93,42 @@ impl Key {
         frame
     }
 
-    /// The body of an authentic frame.
-    pub(crate) fn open<'a>(&self, frame: &'a [u8]) -> Result<&'a [u8], WireError> {
-        if frame.len() < 1 + MAC_LEN {
-            return Err(WireError::Short(frame.len()));
-        }
-        if frame[0] != VERSION {
-            return Err(WireError::Version(frame[0]));
-        }
-        let (tag, body) = frame[1..].split_at(MAC_LEN);
-        let mut mac = self.mac();
+    /// The body of an authentic frame that came on `subject` with `reply`.
+    pub(crate) fn open<'a>(&self, subject: &str, reply: &str, frame: &'a [u8]) -> Result<&'a [u8], WireError> {
+        let (tag, body) = split(frame)?;
+        let mut mac = self.mac(subject, reply);
         mac.update(body);
         // Constant-time comparison.
         mac.verify_slice(tag).map_err(|_| WireError::Forged)?;
         Ok(body)
     }
+}
+
+/// A frame's MAC and body, unchecked.
+fn split(frame: &[u8]) -> Result<(&[u8], &[u8]), WireError> {
+    if frame.len() < 1 + MAC_LEN {
+        return Err(WireError::Short(frame.len()));
+    }
+    if frame[0] != VERSION {
+        return Err(WireError::Version(frame[0]));
+    }
+    Ok(frame[1..].split_at(MAC_LEN))
+}
+
+/// Who a frame says sent it, and its kind, read before its MAC is checked: what a
+/// receiver drops without spending a MAC's work on it (a sender that is no member) is
+/// decided on this. Never trusted for anything else.
+pub(crate) fn claimed_sender(frame: &[u8]) -> Result<(Peer, u8), WireError> {
+    let (_, body) = split(frame)?;
+    let mut r = Reader::new(body);
+    let peer = Peer { node: node_id(r.u64()?)?, incarnation: r.u64()? };
+    Ok((peer, r.u8()?))
+}
+
+/// A frame's body, its MAC not checked: only for answering a frame that failed
+/// authentication with why, never for acting on it.
+pub(crate) fn unchecked_body(frame: &[u8]) -> Result<&[u8], WireError> {
+    split(frame).map(|(_, body)| body)
 }
 
 impl std::fmt::Debug for Key {
@@ -98,7 +137,8 @@ impl std::fmt::Debug for Key {
     }
 }
 
-/// Who sent a frame.
+/// Who sent a frame: a node (`node` ≥ 1), or a client (`node` 0: `run --cluster`,
+/// `cluster ls`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Peer {
     pub(crate) node: u16,
@@ -120,6 +160,17 @@ pub(crate) struct Announce {
     pub(crate) names: Vec<(String, String)>,
     /// It is leaving: forget it now rather than after missed heartbeats.
     pub(crate) leaving: bool,
+    /// Counts the sender's announcements from 1 within its incarnation: a receiver
+    /// takes only one newer than the last it took, so a copy published again is refused.
+    pub(crate) seq: u64,
+    /// The nonce of the hello or probe this answers (0: a heartbeat, which answers
+    /// none). An answer to a nonce the receiver drew is fresh: only then does it admit
+    /// the sender as a member.
+    pub(crate) echo: u64,
+    /// In an answer to a probe: the first sequence of the sender's link to the prober
+    /// that the prober has not applied (the link's items before it are acknowledged,
+    /// or were counted lost).
+    pub(crate) link_start: u64,
 }
 
 /// One unit of work on a link, in the order the sender queued it.
@@ -140,8 +191,10 @@ pub(crate) enum Item {
         pid: Pid,
         result: Result<Payload, String>,
     },
-    /// `token` 0: nobody waits for the end.
+    /// `token` 0: nobody waits for the end. `by`: the process that asked (or its
+    /// node's host).
     Terminate {
+        by: Pid,
         target: Pid,
         token: u64,
     },
@@ -158,15 +211,19 @@ pub(crate) enum Item {
         result: Result<Pid, String>,
     },
     /// The sender's run is stopping: cancel its processes here with `reason`, and
-    /// terminate those left after `grace`.
+    /// terminate those left after `grace`. `scope` 0: the sender's whole run (what it
+    /// owns); else only that client's run (`RemoteSpawn::scope`).
     StopRun {
         reason: String,
         grace: Duration,
+        scope: u64,
     },
     /// A line a process of the receiver's run wrote (`source`: `stdout`, `stderr`, or
-    /// the level of a `log` call).
+    /// the level of a `log` call); `scope`: the process's run, so that the receiver can
+    /// hand a client's run's lines to that client.
     Log {
         pid: Pid,
+        scope: u64,
         source: String,
         message: String,
     },
@@ -176,8 +233,18 @@ pub(crate) enum Item {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Body {
     Announce(Announce),
-    /// Asks every node to announce itself now (a joining node, `cluster ls`).
-    Hello,
+    /// Asks every node to answer with its announcement, echoing `nonce`, on the hello's
+    /// reply subject (a joining node).
+    Hello {
+        nonce: u64,
+    },
+    /// Asks node the subject names for a fresh announcement, echoing `nonce` (sent to a
+    /// node heard announcing that is not a member). `link_start`: the first sequence of
+    /// the prober's link to it that it has not acknowledged.
+    Probe {
+        nonce: u64,
+        link_start: u64,
+    },
     /// Items `first`, `first + 1`, … of the sender's link to the node `to` (of
     /// incarnation `to_incarnation`), and an acknowledgement riding with them: the
     /// sender has every item of the receiver's link (that same incarnation's) up to
@@ -202,14 +269,112 @@ pub(crate) enum Body {
     CodeChunk {
         result: Result<(u64, Vec<u8>), String>,
     },
+    /// A client asks every node to offer it a session, on the client's `inbox`
+    /// (subjects `INBOX.reply` for answers, `INBOX.code` for its components).
+    ClientHello {
+        nonce: u64,
+        inbox: String,
+    },
+    /// A node offers a client a session: `announce` says what the node is, `echo` the
+    /// client's nonce, `session` the session's id, unguessable and good for one client.
+    Welcome {
+        announce: Announce,
+        echo: u64,
+        session: u64,
+    },
+    /// A client's request in session `session`, numbered by `seq` (strictly increasing
+    /// within the session: a copy published again is refused).
+    Run {
+        session: u64,
+        seq: u64,
+        request: ClientRequest,
+    },
+    /// A node's answer in session `session`, numbered as [`Body::Run`]: an item for the
+    /// client (a `SpawnDone`, an `Exit`), or `None`: the node is still there (the
+    /// answer to a keepalive).
+    Reply {
+        session: u64,
+        seq: u64,
+        item: Option<Item>,
+    },
 }
 
-const ANNOUNCE: u8 = 1;
-const HELLO: u8 = 2;
-const DATA: u8 = 3;
-const ACK: u8 = 4;
+/// What a client may ask of a node in its session: no more.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ClientRequest {
+    /// The client is still there.
+    Keepalive,
+    /// Spawn a root process of the client's run, answered by a `SpawnDone` with `token`
+    /// and, with `monitor`, an `Exit` when it ends. `name`: the file name of the
+    /// component `spawn.identity` names, for `cluster ls`.
+    Spawn { token: u64, spawn: RemoteSpawn, name: Option<String> },
+    /// Stop the client's run: cancel its processes with `reason`, on every node, and
+    /// terminate those left after `grace`.
+    StopRun { reason: String, grace: Duration },
+    /// Terminate `target`, a process of this session's run.
+    Terminate { target: Pid },
+    /// The client is leaving: the session ends.
+    Leave,
+}
+
+// A frame's kind, the byte after its sender.
+pub(crate) const ANNOUNCE: u8 = 1;
+pub(crate) const HELLO: u8 = 2;
+pub(crate) const DATA: u8 = 3;
+pub(crate) const ACK: u8 = 4;
 const CODE_REQUEST: u8 = 5;
 const CODE_CHUNK: u8 = 6;
+pub(crate) const PROBE: u8 = 7;
+pub(crate) const CLIENT_HELLO: u8 = 8;
+const WELCOME: u8 = 9;
+pub(crate) const RUN: u8 = 10;
+const REPLY: u8 = 11;
+
+const KEEPALIVE: u8 = 0;
+const RUN_SPAWN: u8 = 1;
+const RUN_TERMINATE: u8 = 2;
+const LEAVE: u8 = 3;
+const RUN_STOP: u8 = 4;
+
+fn announce(w: &mut Writer, a: &Announce) {
+    w.str(&a.name);
+    w.u64(a.load);
+    w.bool(a.accepts);
+    w.bool(a.leaving);
+    w.u64(a.seq);
+    w.u64(a.echo);
+    w.u64(a.link_start);
+    w.u64(a.components.len() as u64);
+    for c in &a.components {
+        w.str(c);
+    }
+    w.u64(a.names.len() as u64);
+    for (hash, name) in &a.names {
+        w.str(hash);
+        w.str(name);
+    }
+}
+
+fn read_announce(r: &mut Reader<'_>) -> Result<Announce, WireError> {
+    let name = r.str()?.to_owned();
+    let load = r.u64()?;
+    let accepts = r.bool()?;
+    let leaving = r.bool()?;
+    let seq = r.u64()?;
+    let echo = r.u64()?;
+    let link_start = r.u64()?;
+    let count = r.count()?;
+    let mut components = Vec::with_capacity(count);
+    for _ in 0..count {
+        components.push(r.str()?.to_owned());
+    }
+    let count = r.count()?;
+    let mut names = Vec::with_capacity(count);
+    for _ in 0..count {
+        names.push((r.str()?.to_owned(), r.str()?.to_owned()));
+    }
+    Ok(Announce { name, load, accepts, components, names, leaving, seq, echo, link_start })
+}
 
 /// Encodes a frame's body.
 pub(crate) fn encode(from: Peer, body: &Body) -> Vec<u8> {
@@ -219,21 +384,63 @@ pub(crate) fn encode(from: Peer, body: &Body) -> Vec<u8> {
     match body {
         Body::Announce(a) => {
             w.u8(ANNOUNCE);
-            w.str(&a.name);
-            w.u64(a.load);
-            w.bool(a.accepts);
-            w.bool(a.leaving);
-            w.u64(a.components.len() as u64);
-            for c in &a.components {
-                w.str(c);
-            }
-            w.u64(a.names.len() as u64);
-            for (hash, name) in &a.names {
-                w.str(hash);
-                w.str(name);
+            announce(&mut w, a);
+        }
+        Body::Hello { nonce } => {
+            w.u8(HELLO);
+            w.u64(*nonce);
+        }
+        Body::Probe { nonce, link_start } => {
+            w.u8(PROBE);
+            w.u64(*nonce);
+            w.u64(*link_start);
+        }
+        Body::ClientHello { nonce, inbox } => {
+            w.u8(CLIENT_HELLO);
+            w.u64(*nonce);
+            w.str(inbox);
+        }
+        Body::Welcome { announce: a, echo, session } => {
+            w.u8(WELCOME);
+            announce(&mut w, a);
+            w.u64(*echo);
+            w.u64(*session);
+        }
+        Body::Run { session, seq, request } => {
+            w.u8(RUN);
+            w.u64(*session);
+            w.u64(*seq);
+            match request {
+                ClientRequest::Keepalive => w.u8(KEEPALIVE),
+                ClientRequest::Spawn { token, spawn, name } => {
+                    w.u8(RUN_SPAWN);
+                    w.bytes(&encode_item(&Item::Spawn { token: *token, spawn: spawn.clone() }));
+                    optional_str(&mut w, name.as_deref());
+                }
+                ClientRequest::StopRun { reason, grace } => {
+                    w.u8(RUN_STOP);
+                    w.str(reason);
+                    w.u64(u64::try_from(grace.as_nanos()).unwrap_or(u64::MAX));
+                }
+                ClientRequest::Terminate { target } => {
+                    w.u8(RUN_TERMINATE);
+                    w.u64(target.as_u64());
+                }
+                ClientRequest::Leave => w.u8(LEAVE),
             }
         }
-        Body::Hello => w.u8(HELLO),
+        Body::Reply { session, seq, item } => {
+            w.u8(REPLY);
+            w.u64(*session);
+            w.u64(*seq);
+            match item {
+                None => w.u8(0),
+                Some(item) => {
+                    w.u8(1);
+                    w.bytes(&encode_item(item));
+                }
+            }
+        }
         Body::Data { to_incarnation, first, ack, items } => {
             w.u8(DATA);
             w.u64(*to_incarnation);
@@ -278,24 +485,39 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<(Peer, Body), WireError> {
     let node = node_id(r.u64()?)?;
     let peer = Peer { node, incarnation: r.u64()? };
     let body = match r.u8()? {
-        ANNOUNCE => {
-            let name = r.str()?.to_owned();
-            let load = r.u64()?;
-            let accepts = r.bool()?;
-            let leaving = r.bool()?;
-            let count = r.count()?;
-            let mut components = Vec::with_capacity(count);
-            for _ in 0..count {
-                components.push(r.str()?.to_owned());
-            }
-            let count = r.count()?;
-            let mut names = Vec::with_capacity(count);
-            for _ in 0..count {
-                names.push((r.str()?.to_owned(), r.str()?.to_owned()));
-            }
-            Body::Announce(Announce { name, load, accepts, components, names, leaving })
+        ANNOUNCE => Body::Announce(read_announce(&mut r)?),
+        HELLO => Body::Hello { nonce: r.u64()? },
+        PROBE => Body::Probe { nonce: r.u64()?, link_start: r.u64()? },
+        CLIENT_HELLO => Body::ClientHello { nonce: r.u64()?, inbox: r.str()?.to_owned() },
+        WELCOME => Body::Welcome { announce: read_announce(&mut r)?, echo: r.u64()?, session: r.u64()? },
+        RUN => {
+            let (session, seq) = (r.u64()?, r.u64()?);
+            let request = match r.u8()? {
+                KEEPALIVE => ClientRequest::Keepalive,
+                RUN_SPAWN => match decode_item(r.bytes()?)? {
+                    Item::Spawn { token, spawn } => {
+                        ClientRequest::Spawn { token, spawn, name: read_optional_str(&mut r)? }
+                    }
+                    _ => return Err(WireError::Malformed("a client's spawn request holds another item".into())),
+                },
+                RUN_STOP => {
+                    ClientRequest::StopRun { reason: r.str()?.to_owned(), grace: Duration::from_nanos(r.u64()?) }
+                }
+                RUN_TERMINATE => ClientRequest::Terminate { target: Pid::from_u64(r.u64()?) },
+                LEAVE => ClientRequest::Leave,
+                other => return Err(WireError::Malformed(format!("unknown client request {other}"))),
+            };
+            Body::Run { session, seq, request }
         }
-        HELLO => Body::Hello,
+        REPLY => Body::Reply {
+            session: r.u64()?,
+            seq: r.u64()?,
+            item: match r.u8()? {
+                0 => None,
+                1 => Some(decode_item(r.bytes()?)?),
+                other => return Err(WireError::Malformed(format!("reply tag {other}"))),
+            },
+        },
         DATA => {
             let to_incarnation = r.u64()?;
             let first = r.u64()?;
@@ -322,11 +544,12 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<(Peer, Body), WireError> {
     Ok((peer, body))
 }
 
+/// A sender's node id: 1..=[`Pid::MAX_NODE`] for a node, 0 for a client.
 fn node_id(raw: u64) -> Result<u16, WireError> {
     u16::try_from(raw)
         .ok()
-        .filter(|&n| n != 0 && n <= Pid::MAX_NODE)
-        .ok_or_else(|| WireError::Malformed(format!("node id {raw} outside 1..={}", Pid::MAX_NODE)))
+        .filter(|&n| n <= Pid::MAX_NODE)
+        .ok_or_else(|| WireError::Malformed(format!("node id {raw} outside 0..={}", Pid::MAX_NODE)))
 }
 
 const MESSAGE: u8 = 1;
@@ -370,8 +593,9 @@ pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
                 }
             }
         }
-        Item::Terminate { target, token } => {
+        Item::Terminate { by, target, token } => {
             w.u8(TERMINATE);
+            w.u64(by.as_u64());
             w.u64(target.as_u64());
             w.u64(*token);
         }
@@ -396,6 +620,7 @@ pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
             w.u64(u64::from(spawn.owner));
             optional_limits(&mut w, spawn.limits);
             w.bool(spawn.monitor);
+            w.u64(spawn.scope);
         }
         Item::SpawnDone { token, result } => {
             w.u8(SPAWN_DONE);
@@ -411,14 +636,16 @@ pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
                 }
             }
         }
-        Item::StopRun { reason, grace } => {
+        Item::StopRun { reason, grace, scope } => {
             w.u8(STOP_RUN);
             w.str(reason);
             w.u64(u64::try_from(grace.as_nanos()).unwrap_or(u64::MAX));
+            w.u64(*scope);
         }
-        Item::Log { pid, source, message } => {
+        Item::Log { pid, scope, source, message } => {
             w.u8(LOG);
             w.u64(pid.as_u64());
+            w.u64(*scope);
             w.str(source);
             w.str(message);
         }
@@ -447,7 +674,7 @@ pub(crate) fn decode_item(bytes: &[u8]) -> Result<Item, WireError> {
             };
             Item::Exit { watcher, pid: exited, result }
         }
-        TERMINATE => Item::Terminate { target: pid(&mut r)?, token: r.u64()? },
+        TERMINATE => Item::Terminate { by: pid(&mut r)?, target: pid(&mut r)?, token: r.u64()? },
         TERMINATE_DONE => Item::TerminateDone { token: r.u64()?, result: read_unit_result(&mut r)? },
         SPAWN => {
             let token = r.u64()?;
@@ -468,6 +695,7 @@ pub(crate) fn decode_item(bytes: &[u8]) -> Result<Item, WireError> {
             };
             let limits = read_optional_limits(&mut r)?;
             let monitor = r.bool()?;
+            let scope = r.u64()?;
             Item::Spawn {
                 token,
                 spawn: RemoteSpawn {
@@ -481,11 +709,16 @@ pub(crate) fn decode_item(bytes: &[u8]) -> Result<Item, WireError> {
                     limits,
                     monitor,
                     owner,
+                    scope,
                 },
             }
         }
-        STOP_RUN => Item::StopRun { reason: r.str()?.to_owned(), grace: Duration::from_nanos(r.u64()?) },
-        LOG => Item::Log { pid: pid(&mut r)?, source: r.str()?.to_owned(), message: r.str()?.to_owned() },
+        STOP_RUN => {
+            Item::StopRun { reason: r.str()?.to_owned(), grace: Duration::from_nanos(r.u64()?), scope: r.u64()? }
+        }
+        LOG => {
+            Item::Log { pid: pid(&mut r)?, scope: r.u64()?, source: r.str()?.to_owned(), message: r.str()?.to_owned() }
+        }
         SPAWN_DONE => {
             let token = r.u64()?;
             let result = match r.u8()? {
@@ -607,7 +840,7 @@ mod tests {
             Item::Monitor { watcher: a, target: b },
             Item::Exit { watcher: a, pid: b, result: Err("noconnection".into()) },
             Item::Exit { watcher: a, pid: b, result: Ok(Payload::u64(4)) },
-            Item::Terminate { target: b, token: 2 },
+            Item::Terminate { by: a, target: b, token: 2 },
             Item::TerminateDone { token: 2, result: Ok(()) },
             Item::Spawn {
                 token: 8,
@@ -622,6 +855,7 @@ mod tests {
                     limits: Some(KindLimits::new(4 << 20, Duration::from_micros(250))),
                     monitor: true,
                     owner: 0,
+                    scope: 42,
                 },
             },
             Item::Spawn {
@@ -641,6 +875,7 @@ mod tests {
                     ),
                     monitor: true,
                     owner: 7,
+                    scope: 0,
                 },
             },
             Item::Spawn {
@@ -656,12 +891,14 @@ mod tests {
                     limits: None,
                     monitor: false,
                     owner: Pid::MAX_NODE,
+                    scope: u64::MAX,
                 },
             },
             Item::SpawnDone { token: 8, result: Ok(b) },
             Item::SpawnDone { token: 9, result: Err("no".into()) },
-            Item::StopRun { reason: "interrupted".into(), grace: Duration::from_millis(500) },
-            Item::Log { pid: a, source: "stdout".into(), message: "hello".into() },
+            Item::StopRun { reason: "interrupted".into(), grace: Duration::from_millis(500), scope: 0 },
+            Item::StopRun { reason: "gone".into(), grace: Duration::ZERO, scope: 99 },
+            Item::Log { pid: a, scope: 3, source: "stdout".into(), message: "hello".into() },
         ]
     }
 
@@ -670,40 +907,83 @@ mod tests {
         for item in items() {
             assert_eq!(decode_item(&encode_item(&item)).unwrap(), item);
         }
+        let announce = Announce {
+            name: "a".into(),
+            load: 3,
+            accepts: true,
+            components: vec!["sha256:1".into()],
+            names: vec![("sha256:1".into(), "app.wasm".into())],
+            leaving: false,
+            seq: 9,
+            echo: 77,
+            link_start: 4,
+        };
+        let spawn = match &items()[6] {
+            Item::Spawn { spawn, .. } => spawn.clone(),
+            _ => unreachable!("the seventh item is a spawn"),
+        };
         let bodies = [
-            Body::Announce(Announce {
-                name: "a".into(),
-                load: 3,
-                accepts: true,
-                components: vec!["sha256:1".into()],
-                names: vec![("sha256:1".into(), "app.wasm".into())],
-                leaving: false,
-            }),
-            Body::Hello,
+            Body::Announce(announce.clone()),
+            Body::Hello { nonce: 5 },
+            Body::Probe { nonce: 6, link_start: 2 },
             Body::Data { to_incarnation: 1, first: 7, ack: 3, items: items().iter().map(encode_item).collect() },
             Body::Ack { to_incarnation: 1, upto: 6 },
             Body::CodeRequest { hash: "sha256:1".into(), offset: 10 },
             Body::CodeChunk { result: Ok((100, vec![1, 2, 3])) },
             Body::CodeChunk { result: Err("none".into()) },
+            Body::ClientHello { nonce: 8, inbox: "_INBOX_c.x".into() },
+            Body::Welcome { announce, echo: 8, session: 99 },
+            Body::Run { session: 99, seq: 1, request: ClientRequest::Keepalive },
+            Body::Run {
+                session: 99,
+                seq: 2,
+                request: ClientRequest::Spawn { token: 3, spawn, name: Some("a.wasm".into()) },
+            },
+            Body::Run {
+                session: 99,
+                seq: 5,
+                request: ClientRequest::StopRun { reason: "interrupted".into(), grace: Duration::from_millis(9) },
+            },
+            Body::Run { session: 99, seq: 3, request: ClientRequest::Terminate { target: Pid::from_u64(4) } },
+            Body::Run { session: 99, seq: 4, request: ClientRequest::Leave },
+            Body::Reply { session: 99, seq: 1, item: None },
+            Body::Reply { session: 99, seq: 2, item: Some(items()[9].clone()) },
         ];
         let key = Key::new(b"secret");
         for body in bodies {
-            let frame = key.seal(&encode(PEER, &body));
-            assert_eq!(decode(key.open(&frame).unwrap()).unwrap(), (PEER, body));
+            let frame = key.seal("wasmproc.node.3", "_INBOX.r", &encode(PEER, &body));
+            assert_eq!(decode(key.open("wasmproc.node.3", "_INBOX.r", &frame).unwrap()).unwrap(), (PEER, body));
         }
+    }
+
+    /// A frame is bound to its subject and reply subject: the same bytes published on
+    /// another node's subject, or with another reply, fail authentication.
+    #[test]
+    fn a_frame_on_another_subject_or_reply_is_refused() {
+        let key = Key::new(b"secret");
+        let frame = key.seal("wasmproc.node.3", "", &encode(PEER, &Body::Hello { nonce: 1 }));
+        assert!(key.open("wasmproc.node.3", "", &frame).is_ok());
+        assert_eq!(key.open("wasmproc.node.4", "", &frame), Err(WireError::Forged));
+        assert_eq!(key.open("wasmproc.node.3", "_INBOX.x", &frame), Err(WireError::Forged));
+        // Lengths are hashed: moving a byte from the subject to the reply changes the MAC.
+        let frame = key.seal("a.b", "c", &encode(PEER, &Body::Hello { nonce: 1 }));
+        assert_eq!(key.open("a.", "bc", &frame), Err(WireError::Forged));
+        // The sender and kind can be read unchecked, for a cheap first sort.
+        assert_eq!(claimed_sender(&frame), Ok((PEER, HELLO)));
     }
 
     #[test]
     fn a_frame_under_another_secret_or_altered_is_refused() {
-        let frame = Key::new(b"secret").seal(&encode(PEER, &Body::Hello));
-        assert_eq!(Key::new(b"other").open(&frame), Err(WireError::Forged));
+        let open = |key: &[u8], frame: &[u8]| Key::new(key).open("s", "", frame).map(<[u8]>::to_vec);
+        let frame = Key::new(b"secret").seal("s", "", &encode(PEER, &Body::Hello { nonce: 1 }));
+        assert_eq!(open(b"other", &frame), Err(WireError::Forged));
         let mut altered = frame.clone();
         *altered.last_mut().unwrap() ^= 1;
-        assert_eq!(Key::new(b"secret").open(&altered), Err(WireError::Forged));
-        assert_eq!(Key::new(b"secret").open(&frame[..10]), Err(WireError::Short(10)));
+        assert_eq!(open(b"secret", &altered), Err(WireError::Forged));
+        assert_eq!(open(b"secret", &frame[..10]), Err(WireError::Short(10)));
         let mut versioned = frame;
         versioned[0] = 9;
-        assert_eq!(Key::new(b"secret").open(&versioned), Err(WireError::Version(9)));
+        assert_eq!(open(b"secret", &versioned), Err(WireError::Version(9)));
     }
 
     #[test]
@@ -725,16 +1005,17 @@ mod tests {
         let spawn =
             items().into_iter().find(|item| matches!(item, Item::Spawn { spawn, .. } if spawn.limits.is_none()));
         let mut bytes = encode_item(&spawn.unwrap());
-        // The limits tag is the byte before the last (the monitor flag).
-        let at = bytes.len() - 2;
+        // The limits tag comes before the monitor flag and the scope (u64::MAX: ten bytes).
+        let at = bytes.len() - 12;
         assert_eq!(bytes[at], 0);
         bytes[at] = 2;
         assert_eq!(decode_item(&bytes), Err(WireError::Malformed("limits tag 2".into())));
-        // A node id of 0 (a standalone host's) never names a peer.
+        // A node id past the largest never names a peer.
         let mut w = Writer::new();
-        w.u64(0);
+        w.u64(u64::from(Pid::MAX_NODE) + 1);
         w.u64(1);
         w.u8(HELLO);
+        w.u64(1);
         assert!(matches!(decode(&w.into_bytes()), Err(WireError::Malformed(_))));
         // A count larger than the frame allocates nothing.
         let mut w = Writer::new();

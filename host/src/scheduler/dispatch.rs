@@ -439,7 +439,7 @@ impl Shared {
             }
             Command::Terminate(target) => {
                 if let Some(remote) = self.remote_for(target) {
-                    return remote.terminate(target, Some(Completer::new(cell.clone(), tag)));
+                    return remote.terminate(cell.pid(), target, Some(Completer::new(cell.clone(), tag)));
                 }
                 // Completes once the target has ended: its exit notifies the completer.
                 let watcher = Watcher::Yield(Completer::new(cell.clone(), tag));
@@ -501,7 +501,8 @@ impl Shared {
         let kind = match (kind, &self.remote) {
             (None, Some(remote)) => {
                 let name = request.kind.as_deref().or(parent.spec.kind.as_deref());
-                fetched = name.and_then(|name| Some((Arc::<str>::from(name), remote.factory(name)?)));
+                fetched =
+                    name.and_then(|name| Some((Arc::<str>::from(name), remote.factory(name, parent.lineage.scope())?)));
                 fetched.as_ref().map(|(name, factory)| (name, factory))
             }
             (kind, _) => kind,
@@ -538,7 +539,7 @@ impl Shared {
             let kind = cell.spec.kind.as_deref()?;
             match self.kinds.get(kind) {
                 Some(factory) => factory.limits(),
-                None => self.remote.as_ref()?.factory(kind)?.limits(),
+                None => self.remote.as_ref()?.factory(kind, cell.lineage.scope())?.limits(),
             }
         })
     }

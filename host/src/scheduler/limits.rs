@@ -100,6 +100,9 @@ pub(super) struct Lineage {
     /// that node leaves or is lost, the process is ended (see `cluster/node.rs`), so
     /// nothing keeps running for a run whose client is gone.
     owner: u16,
+    /// The run the process belongs to, shared by its whole tree across nodes: what
+    /// components fetched by hash it may spawn (`RemoteSpawn::scope`). 0: this node's own.
+    scope: u64,
 }
 
 impl Lineage {
@@ -111,6 +114,7 @@ impl Lineage {
             tree: OnceLock::from(parent.tree.get_or_init(Arc::default).clone()),
             sandbox: None,
             owner: parent.owner,
+            scope: parent.scope,
         }
     }
 
@@ -123,6 +127,17 @@ impl Lineage {
     /// The node whose run the process belongs to; 0 for none.
     pub(super) fn owner(&self) -> u16 {
         self.owner
+    }
+
+    /// This lineage, for a process of the run `scope`.
+    pub(super) fn in_scope(mut self, scope: u64) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// The run the process belongs to (0: this node's own).
+    pub(super) fn scope(&self) -> u64 {
+        self.scope
     }
 
     /// This lineage, for a process that runs under `sandbox`.

@@ -42,9 +42,9 @@ pub(crate) trait Remote: Send + Sync + 'static {
     /// its node is or becomes unreachable.
     fn monitor(&self, watcher: Pid, target: Pid);
 
-    /// Terminates `target` (remote); `done` completes once it has ended, or with the
-    /// reason it could not be.
-    fn terminate(&self, target: Pid, done: Option<Completer>);
+    /// Terminates `target` (remote) for `by` (a local process, or this node's host);
+    /// `done` completes once it has ended, or with the reason it could not be.
+    fn terminate(&self, by: Pid, target: Pid, done: Option<Completer>);
 
     /// The node the next spawn goes to, if not this one (the placement policy's choice).
     fn place(&self) -> Option<u16>;
@@ -53,8 +53,9 @@ pub(crate) trait Remote: Send + Sync + 'static {
     fn spawn(&self, node: u16, request: RemoteSpawn, done: Completer);
 
     /// The factory of a kind this node has no registration for, but the cluster holds
-    /// (components fetched from other nodes, named by their hash).
-    fn factory(&self, kind: &str) -> Option<Arc<dyn Factory>>;
+    /// (components fetched from other nodes, named by their hash) for processes of
+    /// `scope` (a run's, see [`RemoteSpawn::scope`]).
+    fn factory(&self, kind: &str, scope: u64) -> Option<Arc<dyn Factory>>;
 }
 
 /// A spawn bound for another node, with everything that bounds the child there: its
@@ -84,6 +85,9 @@ pub(crate) struct RemoteSpawn {
     /// node's own run, so the spawning node owns it. Its processes end when that node
     /// leaves or is lost.
     pub(crate) owner: u16,
+    /// The run the child belongs to (its tree's, across nodes): components fetched by
+    /// hash for one run are spawnable by hash only within it. 0: this node's own.
+    pub(crate) scope: u64,
 }
 
 impl Shared {
@@ -107,7 +111,7 @@ impl Shared {
         let kind = request.kind.clone().or_else(|| parent.spec.kind.as_deref().map(str::to_owned));
         let factory = kind.as_deref().and_then(|kind| match self.kinds.get(kind) {
             Some(factory) => Some(factory.clone()),
-            None => remote.factory(kind),
+            None => remote.factory(kind, parent.lineage.scope()),
         });
         let (identity, own) = factory.map_or((None, None), |factory| (factory.identity(), factory.limits()));
         let limits = KindLimits::tighter(self.sandbox_of(parent), own);
@@ -122,6 +126,7 @@ impl Shared {
             limits,
             monitor: request.monitor,
             owner: parent.lineage.owner(),
+            scope: parent.lineage.scope(),
         };
         remote.spawn(node, spawn, done());
         Ok(())
@@ -202,15 +207,19 @@ impl Handle {
             method: spawn.method,
             input: spawn.input,
             caps: Arc::new(spawn.caps),
+            // Whatever the wire says, no larger than this scheduler's own bound.
             mailbox_capacity: match spawn.mailbox_capacity {
                 0 => self.shared.settings.mailbox_capacity,
-                capacity => capacity,
+                capacity => capacity.min(self.shared.settings.mailbox_capacity),
             },
             watcher: notify.map(Watcher::Notify),
-            lineage: Lineage::default().within(sandbox).owned_by(match spawn.owner {
-                0 => spawn.parent.node(),
-                owner => owner,
-            }),
+            lineage: Lineage::default()
+                .within(sandbox)
+                .owned_by(match spawn.owner {
+                    0 => spawn.parent.node(),
+                    owner => owner,
+                })
+                .in_scope(spawn.scope),
         };
         let cell = self.shared.spawn_unqueued(process, args)?;
         let pid = cell.pid();
@@ -223,8 +232,31 @@ impl Handle {
     /// spawned by a process of that node: what a node does when `node` leaves, is lost,
     /// or asks its run to stop. Returns how many it reached.
     pub(crate) fn cancel_owned_by(&self, node: u16, reason: &str) -> usize {
+        self.cancel_cells(self.owned_by(node), reason)
+    }
+
+    /// Delivers a cancel with `reason` to every process of the client's run `scope`
+    /// (`RemoteSpawn::scope`): what a node does when that client leaves, goes silent or
+    /// stops its run. Returns how many it reached.
+    pub(crate) fn cancel_in_scope(&self, scope: u64, reason: &str) -> usize {
+        self.cancel_cells(self.in_scope(scope), reason)
+    }
+
+    /// Ends at once, with the error `reason`, every process of the run `scope`.
+    pub(crate) fn terminate_in_scope(&self, scope: u64, reason: &'static str) -> usize {
+        self.in_scope(scope).iter().filter(|cell| self.shared.terminate_cell(cell, reason).is_ok()).count()
+    }
+
+    /// The live processes of the run `scope` (never 0: that is every node's own).
+    fn in_scope(&self, scope: u64) -> Vec<Arc<ProcessCell>> {
+        let mut cells = self.shared.registry.snapshot();
+        cells.retain(|cell| scope != 0 && cell.lineage.scope() == scope);
+        cells
+    }
+
+    fn cancel_cells(&self, cells: Vec<Arc<ProcessCell>>, reason: &str) -> usize {
         let mut reached = 0;
-        for cell in self.owned_by(node) {
+        for cell in cells {
             if let Ok(wake) = cell.deliver(Event::Cancel { reason: reason.to_owned() }) {
                 reached += 1;
                 if wake == Wake::Schedule {
@@ -250,9 +282,14 @@ impl Handle {
         cells
     }
 
-    /// The node whose run process `pid` belongs to, if it is alive and belongs to one.
-    pub(crate) fn owner_of(&self, pid: Pid) -> Option<u16> {
-        self.shared.registry.get(pid).map(|cell| cell.lineage.owner()).filter(|&owner| owner != 0)
+    /// The node whose run process `pid` belongs to, and the run's scope (0: a node's
+    /// own), if it is alive and belongs to one.
+    pub(crate) fn run_of(&self, pid: Pid) -> Option<(u16, u64)> {
+        self.shared
+            .registry
+            .get(pid)
+            .map(|cell| (cell.lineage.owner(), cell.lineage.scope()))
+            .filter(|&(owner, _)| owner != 0)
     }
 
     /// The factory of the registered kind `kind`, with its name as the registry holds it.

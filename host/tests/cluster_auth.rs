@@ -1,0 +1,487 @@
+//! The cluster against someone who reaches its NATS server: without credentials, with a
+//! client's, or with none but the server open and frames recorded; replays, forged
+//! announcements, floods of junk, and a node that would start authenticating nothing.
+//! Against a real `nats-server`: open, or started with the README's configuration
+//! (`docs/cluster/`: users with subject permissions, TLS with certificates made for the
+//! test).
+//!
+//! Every wait is bounded; nothing asserts on timing.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt as _;
+use parking_lot::Mutex;
+use wasmproc::cluster::{Client, Cluster, ClusterConfig, Placement};
+use wasmproc::{Events, Payload, Port, Process, Scheduler, Status, StepOutput};
+use wasmproc_tests::nats::{CLIENT_INBOX, CLIENT_PASSWORD, NODE_PASSWORD, Node, Secured, Server, kind};
+
+const SECRET: &str = "test-secret";
+/// The bound of every wait in these tests.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A child process killed on drop.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wasmproc() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_wasmproc"))
+}
+
+/// Counts its starts in `STARTS` (by the first input, a counter's index), then waits
+/// for a message and completes with it.
+struct Counted(usize);
+
+static STARTS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+
+impl Process for Counted {
+    fn init(&mut self, _: Port, _: &str, input: Vec<Payload>) -> anyhow::Result<()> {
+        self.0 = input.first().and_then(Payload::to_u64).unwrap_or(0) as usize;
+        STARTS[self.0].fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        for event in events {
+            if let wasmproc::Event::Message { body, .. } = event {
+                out.complete(Ok(body));
+                return Ok(());
+            }
+        }
+        out.set_status(Status::Idle);
+        Ok(())
+    }
+}
+
+/// A node in this process with the kind `counted`.
+fn node(config: ClusterConfig, name: &str) -> Node {
+    let config = config.name(name).placement(Placement::Local);
+    Node::join(config, Scheduler::builder().workers(1).kind("counted", kind(|| Counted(0))))
+}
+
+/// Waits until `what` holds.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A raw NATS connection: records what it hears and publishes what it is given, as
+/// someone with no part in the cluster would.
+struct Tap {
+    runtime: tokio::runtime::Runtime,
+    client: async_nats::Client,
+    heard: Arc<Mutex<Vec<async_nats::Message>>>,
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl Tap {
+    /// Connects to `url` (with `ca` for TLS, as `user`) and listens on `subjects`.
+    fn connect(url: &str, ca: Option<&std::path::Path>, user: Option<(&str, &str)>, subjects: &[&str]) -> Tap {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let client = runtime.block_on(async {
+            let sink = errors.clone();
+            let mut options = async_nats::ConnectOptions::new().event_callback(move |event| {
+                let sink = sink.clone();
+                async move {
+                    if let async_nats::Event::ServerError(error) = event {
+                        sink.lock().push(error.to_string());
+                    }
+                }
+            });
+            if let Some(ca) = ca {
+                options = options.add_root_certificates(ca.to_owned()).require_tls(true);
+            }
+            if let Some((user, password)) = user {
+                options = options.user_and_password(user.to_owned(), password.to_owned());
+            }
+            options.connect(url).await.expect("the tap connects")
+        });
+        for subject in subjects {
+            let mut subscription = runtime.block_on(client.subscribe(subject.to_string())).expect("subscribes");
+            let heard = heard.clone();
+            runtime.spawn(async move {
+                while let Some(message) = subscription.next().await {
+                    heard.lock().push(message);
+                }
+            });
+        }
+        runtime.block_on(client.flush()).expect("flushes");
+        Tap { runtime, client, heard, errors }
+    }
+
+    /// Lets the tap's tasks take what arrived.
+    fn settle(&self) {
+        self.runtime.block_on(async { tokio::time::sleep(Duration::from_millis(200)).await });
+    }
+
+    /// What it heard on subjects starting with `prefix`.
+    fn heard(&self, prefix: &str) -> Vec<async_nats::Message> {
+        self.settle();
+        self.heard.lock().iter().filter(|m| m.subject.as_str().starts_with(prefix)).cloned().collect()
+    }
+
+    /// Publishes each of `messages` again, as it was (subject, reply subject, bytes).
+    fn replay(&self, messages: &[async_nats::Message]) {
+        self.runtime.block_on(async {
+            for message in messages {
+                let payload = message.payload.clone();
+                let subject = message.subject.clone();
+                match &message.reply {
+                    Some(reply) => self.client.publish_with_reply(subject, reply.clone(), payload).await,
+                    None => self.client.publish(subject, payload).await,
+                }
+                .expect("publishes");
+            }
+            self.client.flush().await.expect("flushes");
+        });
+    }
+
+    /// Publishes `payload` on `subject`.
+    fn publish(&self, subject: &str, payload: Vec<u8>) {
+        self.runtime.block_on(async {
+            self.client.publish(subject.to_owned(), payload.into()).await.expect("publishes");
+        });
+    }
+
+    fn flush(&self) {
+        self.runtime.block_on(self.client.flush()).expect("flushes");
+    }
+
+    /// The server's errors to this connection so far (permissions violations).
+    fn errors(&self) -> Vec<String> {
+        self.settle();
+        self.errors.lock().clone()
+    }
+}
+
+/// Item 1: a NATS user without the secret records a client's run and a node's spawn on
+/// another node, and publishes every frame again, three times, while the client is
+/// there and after it has left: no process starts again, and each copy is counted.
+#[test]
+fn replayed_frames_start_nothing_again() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let open = |name: &str| node(ClusterConfig::new(server.url()).secret(SECRET), name);
+    let tap = Tap::connect(&server.url(), None, None, &["wasmproc.>"]);
+    let a = open("replay-a");
+    let b = open("replay-b");
+    a.wait_for(2);
+    b.wait_for(2);
+
+    // A client's run on `a`, and a spawn from `a`'s embedder on `b`.
+    let client = Client::connect(ClusterConfig::new(server.url()).secret(SECRET)).expect("a client connects");
+    let run = client
+        .spawn(
+            Some("replay-a"),
+            Some("counted".into()),
+            None,
+            wasmproc::scheduler::SpawnOptions::new("main").input(vec![Payload::u64(1)]),
+        )
+        .expect("spawns");
+    let linked = a
+        .cluster
+        .spawn(
+            Some("replay-b"),
+            Some("counted".into()),
+            None,
+            wasmproc::scheduler::SpawnOptions::new("main").input(vec![Payload::u64(2)]),
+        )
+        .expect("spawns");
+    wait_until("both started", || run.pid().is_some() && linked.pid().is_some());
+    assert_eq!((STARTS[1].load(Ordering::SeqCst), STARTS[2].load(Ordering::SeqCst)), (1, 1));
+
+    let runs = tap.heard("wasmproc.run.");
+    let links = tap.heard("wasmproc.node.");
+    assert!(runs.iter().any(|m| m.subject.as_str() != "wasmproc.run.hello"), "the tap heard the client's run");
+    assert!(!links.is_empty(), "the tap heard the link from `a` to `b`");
+    let repeated = |n: &Node| n.cluster.stats().frames_repeated + n.cluster.stats().frames_refused;
+    let before = repeated(&a) + repeated(&b);
+    for _ in 0..3 {
+        tap.replay(&runs);
+        tap.replay(&links);
+    }
+    // The copies are taken and refused: the counts say so.
+    wait_until("the copies counted", || repeated(&a) + repeated(&b) >= before + 3);
+
+    // Both processes end; the client leaves; the copies go again.
+    a.scheduler.handle().send(run.pid().unwrap(), "t", Payload::u64(7)).expect("sends");
+    a.scheduler.handle().send(linked.pid().unwrap(), "t", Payload::u64(8)).expect("sends");
+    assert_eq!(run.join_timeout(PATIENCE), Some(Ok(Payload::u64(7))));
+    assert_eq!(linked.join_timeout(PATIENCE), Some(Ok(Payload::u64(8))));
+    client.leave();
+    let before = repeated(&a) + repeated(&b);
+    for _ in 0..3 {
+        tap.replay(&runs);
+        tap.replay(&links);
+    }
+    wait_until("the copies counted", || repeated(&a) + repeated(&b) >= before + 3);
+    // What a copy could have started would have by the time the next heartbeat went.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(STARTS[1].load(Ordering::SeqCst), 1, "the client's run started again");
+    assert_eq!(STARTS[2].load(Ordering::SeqCst), 1, "the spawn on `b` started again");
+    assert_eq!(a.scheduler.handle().live() + b.scheduler.handle().live(), 0, "a process runs that nobody started");
+}
+
+/// Item 3: the announcements of a node that left, published again (its heartbeats and
+/// its goodbye), bring no ghost back: the others never list it, and a real node of that
+/// name joins. A live node's own announcements published again (its goodbye among
+/// them) do not evict it.
+#[test]
+fn replayed_announcements_bring_no_ghost_back_and_evict_no_one() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let open = |name: &str| node(ClusterConfig::new(server.url()).secret(SECRET), name);
+    let tap = Tap::connect(&server.url(), None, None, &["wasmproc.announce"]);
+    let a = open("ghost-a");
+    let ghost = open("ghost");
+    a.wait_for(2);
+    ghost.wait_for(2);
+    std::thread::sleep(Duration::from_millis(1200));
+    ghost.cluster.leave();
+    wait_until("`ghost` gone", || a.cluster.nodes().len() == 1);
+    let announced = tap.heard("wasmproc.announce");
+    let ghostly: Vec<_> = announced
+        .iter()
+        .filter(|m| {
+            String::from_utf8_lossy(&m.payload).contains("ghost")
+                && !String::from_utf8_lossy(&m.payload).contains("ghost-a")
+        })
+        .cloned()
+        .collect();
+    assert!(ghostly.len() >= 2, "the tap heard the ghost's heartbeats: {}", ghostly.len());
+
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        tap.replay(&ghostly);
+        assert_eq!(a.cluster.nodes().len(), 1, "a ghost is listed: {:?}", a.cluster.nodes());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let listed = wasmproc::cluster::list(ClusterConfig::new(server.url()).secret(SECRET)).expect("lists");
+    assert!(listed.iter().all(|n| n.name != "ghost"), "{listed:?}");
+
+    // A real node of that name joins, and is seen.
+    let real = open("ghost");
+    real.wait_for(2);
+    a.wait_for(2);
+
+    // `a`'s own announcements, its goodbye-free heartbeats and all, published again
+    // evict nothing; neither does `real`'s.
+    let everything = tap.heard("wasmproc.announce");
+    for _ in 0..3 {
+        tap.replay(&everything);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(a.cluster.nodes().len(), 2, "{:?}", a.cluster.nodes());
+    assert_eq!(real.cluster.nodes().len(), 2, "{:?}", real.cluster.nodes());
+    assert!(a.cluster.stats().frames_repeated > 0, "the copies were counted: {:?}", a.cluster.stats());
+}
+
+/// Item 2: a node with no authentication at all does not start unless `--insecure`,
+/// which warns once; the library refuses the same.
+#[test]
+fn a_node_with_no_authentication_refuses_to_start_unless_insecure() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let out = wasmproc().args(["node", "--cluster", &server.url(), "--name", "open"]).output().expect("runs");
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no authentication at all") && stderr.contains("--insecure"), "{stderr}");
+
+    let error = Cluster::join(ClusterConfig::new(server.url()).name("open")).unwrap_err();
+    assert!(format!("{error:#}").contains("no authentication at all"), "{error:#}");
+
+    let log = std::env::temp_dir().join(format!("wasmproc-insecure-{}.log", std::process::id()));
+    let child = wasmproc()
+        .args(["node", "--cluster", &server.url(), "--name", "open", "--insecure", "--workers", "1"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("a log file"))
+        .spawn()
+        .expect("starts");
+    let _node = Killed(child);
+    let config = || ClusterConfig::new(server.url());
+    wait_until("the open node answers", || wasmproc::cluster::list(config()).is_ok_and(|nodes| nodes.len() == 1));
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    assert_eq!(stderr.matches("WARNING").count(), 1, "{stderr}");
+    assert!(stderr.contains("--insecure"), "{stderr}");
+}
+
+/// The README's server configuration, as it is: a client without credentials, or with
+/// a wrong password, is refused by the server (`authentication failed`); a node with
+/// the node's credentials and no secret joins; a client with the client's credentials
+/// runs on it but can neither listen to nor publish on the nodes' subjects, nor read
+/// another client's answers, nor act as a node.
+#[test]
+fn the_readme_server_configuration_keeps_clients_to_clients_rights() {
+    let secured = Secured::start().expect("a secured nats-server");
+    let a = node(secured.node(), "perm-a");
+    let b = node(secured.node(), "perm-b");
+    a.wait_for(2);
+    b.wait_for(2);
+
+    // No credentials, a wrong password: refused by the server.
+    let anonymous = ClusterConfig::new(secured.server.url()).tls_ca(&secured.ca);
+    let error = Client::connect(anonymous.clone()).unwrap_err();
+    assert!(format!("{error:#}").contains("authentication failed"), "{error:#}");
+    let error = Cluster::join(anonymous.insecure(true).name("anonymous")).unwrap_err();
+    assert!(format!("{error:#}").contains("authentication failed"), "{error:#}");
+    let wrong = ClusterConfig::new(secured.server.url_as("node", "wrong")).tls_ca(&secured.ca);
+    let error = Cluster::join(wrong.name("wrong")).unwrap_err();
+    assert!(format!("{error:#}").contains("authentication failed"), "{error:#}");
+    // Without TLS to a server that requires it: no connection.
+    let plain = ClusterConfig::new(secured.server.url_as("node", NODE_PASSWORD).replacen("tls://", "nats://", 1));
+    assert!(Cluster::join(plain.name("plain")).is_err());
+
+    // A client runs a job.
+    let client = Client::connect(secured.client()).expect("a client connects");
+    assert_eq!(client.nodes().len(), 2, "{:?}", client.nodes());
+    let run = client
+        .spawn(
+            Some("perm-b"),
+            Some("counted".into()),
+            None,
+            wasmproc::scheduler::SpawnOptions::new("main").input(vec![Payload::u64(3)]),
+        )
+        .expect("spawns");
+    wait_until("the run started", || run.pid().is_some());
+    let pid = run.pid().unwrap();
+
+    // With the client's rights, listening on the nodes' subjects and others' answers,
+    // and publishing as a node, are refused by the server.
+    let tap = Tap::connect(
+        &secured.server.url(),
+        Some(&secured.ca),
+        Some(("client", CLIENT_PASSWORD)),
+        &["wasmproc.>", "_INBOX.>", "_INBOX_client.>"],
+    );
+    for subject in [
+        format!("wasmproc.node.{}", pid.node()),
+        "wasmproc.announce".to_owned(),
+        "wasmproc.hello".to_owned(),
+        format!("wasmproc.code.{}", pid.node()),
+    ] {
+        tap.publish(&subject, b"forged".to_vec());
+    }
+    tap.flush();
+    let errors = tap.errors();
+    for denied in [
+        "Subscription to \"wasmproc.>\"",
+        "Subscription to \"_INBOX.>\"",
+        "Publish to \"wasmproc.announce\"",
+        "Publish to \"wasmproc.hello\"",
+    ] {
+        assert!(
+            errors.iter().any(|e| e.contains("Permissions Violation") && e.contains(denied)),
+            "{denied}: {errors:?}"
+        );
+    }
+    assert!(tap.heard("wasmproc.").is_empty(), "a client heard the nodes' subjects");
+
+    // A node with a client's credentials hears no one and is heard by no one.
+    let intruder = Cluster::join(secured.client().name("intruder"));
+    std::thread::sleep(Duration::from_millis(1500));
+    if let Ok(intruder) = &intruder {
+        assert_eq!(intruder.nodes().len(), 1, "{:?}", intruder.nodes());
+    }
+    assert!(a.cluster.nodes().iter().all(|n| n.name != "intruder"), "{:?}", a.cluster.nodes());
+
+    // The job is the client's to end, and runs as before.
+    b.scheduler.handle().send(pid, "t", Payload::u64(9)).expect("sends");
+    assert_eq!(run.join_timeout(PATIENCE), Some(Ok(Payload::u64(9))));
+    assert_eq!(a.cluster.stats().nodes_lost + b.cluster.stats().nodes_lost, 0);
+}
+
+/// The same server with NKey users and TLS client certificates: the nodes join with
+/// their seed files (`--cluster-nkey`), and the client certificate is taken.
+#[test]
+fn nodes_join_with_nkeys_over_tls() {
+    let node_key = nkeys::KeyPair::new_user();
+    let client_key = nkeys::KeyPair::new_user();
+    let (node_pub, client_pub) = (node_key.public_key(), client_key.public_key());
+    let secured = Secured::start_with(|dir| {
+        let config = dir.join("nkeys.conf");
+        let text = format!(
+            "include ./permissions.conf\ntls {{\n  cert_file: \"server-cert.pem\"\n  key_file: \"server-key.pem\"\n  ca_file: \"ca.pem\"\n  verify: true\n}}\n\
+             authorization {{\n  users: [\n    {{ nkey: {node_pub}, permissions: $WASMPROC_NODE }}\n    {{ nkey: {client_pub}, permissions: $WASMPROC_CLIENT }}\n  ]\n}}\n"
+        );
+        std::fs::write(&config, text).map_err(|e| e.to_string())?;
+        Ok(Some(config))
+    })
+    .expect("a secured nats-server");
+    let seed = |key: &nkeys::KeyPair, name: &str| {
+        let path = secured.dir().join(name);
+        std::fs::write(&path, format!("{}\n", key.seed().expect("a seed"))).expect("writes");
+        path
+    };
+    let (node_seed, client_seed) = (seed(&node_key, "node.nk"), seed(&client_key, "client.nk"));
+    let (cert, key) = secured.client_cert.clone();
+    let config = |seed: &std::path::Path| {
+        ClusterConfig::new(secured.server.url()).tls_ca(&secured.ca).tls_client(&cert, &key).nkey(seed)
+    };
+    let a = node(config(&node_seed), "nk-a");
+    let b = node(config(&node_seed), "nk-b");
+    a.wait_for(2);
+    b.wait_for(2);
+    let client = Client::connect(config(&client_seed).inbox(CLIENT_INBOX)).expect("a client connects");
+    assert_eq!(client.nodes().len(), 2);
+    // Without the client certificate the server's TLS refuses the connection.
+    let bare = ClusterConfig::new(secured.server.url()).tls_ca(&secured.ca).nkey(&node_seed).name("bare");
+    assert!(Cluster::join(bare).is_err());
+}
+
+/// Item 5: 20,000 junk frames and 300 frames of 512 KiB on a node's subject and the
+/// announcements': the two nodes never declare each other lost, and the flooded `wasmproc
+/// node` logs a line a heartbeat with a count and a sample, not a line a frame.
+#[test]
+fn a_flood_of_junk_costs_no_membership_and_few_log_lines() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let log = std::env::temp_dir().join(format!("wasmproc-flood-{}.log", std::process::id()));
+    let child = wasmproc()
+        .args(["node", "--cluster", &server.url(), "--name", "flooded", "--cluster-secret", SECRET, "--workers", "1"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("a log file"))
+        .spawn()
+        .expect("starts");
+    let _flooded = Killed(child);
+    let b = node(ClusterConfig::new(server.url()).secret(SECRET), "witness");
+    b.wait_for(2);
+    let id = b.cluster.nodes().iter().find(|n| n.name == "flooded").expect("listed").id;
+    let tap = Tap::connect(&server.url(), None, None, &[]);
+    let subject = format!("wasmproc.node.{id}");
+    for i in 0..20_000u32 {
+        let junk = format!("junk {i}").into_bytes();
+        tap.publish(if i % 2 == 0 { &subject } else { "wasmproc.announce" }, junk);
+    }
+    // Frames that look like announcements of node 4095 down to their kind, so each
+    // costs the nodes a MAC over half a megabyte before it is refused.
+    let mut big = vec![0u8; 512 << 10];
+    big[0] = 5;
+    big[33..37].copy_from_slice(&[0xff, 0x1f, 0x01, 0x01]);
+    for i in 0..300 {
+        tap.publish(if i % 2 == 0 { &subject } else { "wasmproc.announce" }, big.clone());
+        if i % 50 == 0 {
+            tap.flush();
+        }
+    }
+    tap.flush();
+    // Past the loss deadline twice over, the membership holds.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(b.cluster.stats().nodes_lost, 0, "{:?}", b.cluster.stats());
+    assert!(b.cluster.nodes().iter().any(|n| n.name == "flooded"), "{:?}", b.cluster.nodes());
+    assert!(b.cluster.stats().frames_refused >= 5_000, "{:?}", b.cluster.stats());
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    let lines = stderr.lines().filter(|l| l.contains("refused")).count();
+    assert!((1..=40).contains(&lines), "{lines} lines of refusals:\n{stderr}");
+    assert!(stderr.contains("count="), "{stderr}");
+}
