@@ -676,7 +676,7 @@ fn run_with_cluster_sends_the_runs_limits_with_its_entry() {
 
     let (code, stderr) = run(&["--method", "memory-bomb", "--memory", "8MiB"]);
     assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains(&format!("past its `max_memory` of {} bytes", 8 << 20)), "{stderr}");
+    assert!(stderr.contains(&format!("past its `--memory` of {} bytes", 8 << 20)), "{stderr}");
 
     let (code, stderr) = run(&["--method", "spin", "--fuel", "1000000"]);
     assert_eq!(code, Some(1), "{stderr}");
