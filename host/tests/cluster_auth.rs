@@ -259,11 +259,14 @@ fn replayed_announcements_bring_no_ghost_back_and_evict_no_one() {
         })
         .cloned()
         .collect();
-    assert!(ghostly.len() >= 2, "the tap heard the ghost's heartbeats: {}", ghostly.len());
+    assert!(ghostly.len() >= 3, "the tap heard the ghost's heartbeats: {}", ghostly.len());
+    // Its heartbeats, without its goodbye (the last it sent), which would take back
+    // what they brought.
+    let heartbeats = &ghostly[..ghostly.len() - 1];
 
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + Duration::from_secs(3);
     while Instant::now() < deadline {
-        tap.replay(&ghostly);
+        tap.replay(heartbeats);
         assert_eq!(a.cluster.nodes().len(), 1, "a ghost is listed: {:?}", a.cluster.nodes());
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -484,4 +487,162 @@ fn a_flood_of_junk_costs_no_membership_and_few_log_lines() {
     let lines = stderr.lines().filter(|l| l.contains("refused")).count();
     assert!((1..=40).contains(&lines), "{lines} lines of refusals:\n{stderr}");
     assert!(stderr.contains("count="), "{stderr}");
+}
+
+/// A component's identity: `sha256:<hex>` of its bytes.
+fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    let hex: String = sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// Item 4: a client terminates only what its own run spawned. Another client's
+/// termination of the same pid is refused by the node, and the process runs on.
+#[test]
+fn a_client_terminates_only_what_its_run_spawned() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let a = node(ClusterConfig::new(server.url()).secret(SECRET), "roles");
+    a.wait_for(1);
+    let config = || ClusterConfig::new(server.url()).secret(SECRET);
+    let spawn = |client: &Client, n: u64| {
+        let options = wasmproc::scheduler::SpawnOptions::new("main").input(vec![Payload::u64(n)]);
+        let process = client.spawn(Some("roles"), Some("counted".into()), None, options).expect("spawns");
+        wait_until("the run started", || process.pid().is_some());
+        process
+    };
+    let (alice, mallory) = (Client::connect(config()).expect("connects"), Client::connect(config()).expect("connects"));
+    let victim = spawn(&alice, 4);
+    let own = spawn(&mallory, 5);
+    mallory.terminate(victim.pid().unwrap());
+    // Mallory's own, terminated after: once it has ended, so has anything before it.
+    mallory.terminate(own.pid().unwrap());
+    assert_eq!(own.join_timeout(PATIENCE), Some(Err("terminated".to_owned())));
+    assert_eq!(victim.join_timeout(Duration::from_millis(300)), None, "another client's termination ended it");
+    alice.terminate(victim.pid().unwrap());
+    assert_eq!(victim.join_timeout(PATIENCE), Some(Err("terminated".to_owned())));
+}
+
+/// Item 4: a node grants what the CLI grants: a run's `terminate` (its own
+/// `--allow terminate`) is denied on a node started without `--allow terminate`, and
+/// works on one started with it.
+#[test]
+fn a_node_denies_terminate_unless_started_with_it() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let run = |allow: &[&str]| {
+        let name = format!("term-{}", allow.len());
+        let node = wasmproc()
+            .args(["node", "--cluster", &server.url(), "--name", &name, "--cluster-secret", SECRET, "--workers", "1"])
+            .args(allow)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starts");
+        let node = Killed(node);
+        let config = ClusterConfig::new(server.url()).secret(SECRET);
+        wait_until("the node answers", || {
+            wasmproc::cluster::list(config.clone()).is_ok_and(|nodes| nodes.iter().any(|n| n.name == name && n.accepts))
+        });
+        let out = wasmproc()
+            .args(["cluster", "run", wasmproc_tests::guests::SDK_TOUR, "--method", "flood", "--input", "[3, 1]"])
+            .args(["--allow", "terminate", "--cluster", &server.url(), "--cluster-secret", SECRET])
+            .output()
+            .expect("runs");
+        drop(node);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, _, stderr) = run(&[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("permission denied") && stderr.contains("terminate"), "{stderr}");
+    // The same run terminates its child and ends well: its result lists the sends
+    // that failed (the one to pid 1, which no node has), none of them a denial.
+    let (code, stdout, stderr) = run(&["--allow", "terminate"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("[[4,") && !stdout.contains("permission denied"), "{stdout}");
+}
+
+/// Item 6: a component fetched by hash for one run is spawnable by hash only within
+/// it: a client that does not hold the bytes cannot spawn it by its (public) hash, and
+/// a guest of another run cannot spawn it as a kind; a node with components shared
+/// lets the guest.
+#[test]
+fn a_component_is_spawnable_by_hash_only_within_the_run_that_brought_it() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let runtime = wasmproc::wasm::Runtime::new(wasmproc::wasm::Config::default()).expect("a runtime");
+    let scoped = |name: &str, shared: bool| {
+        let config = ClusterConfig::new(server.url()).secret(SECRET).name(name).share_components(shared);
+        Node::join_loading(config, Scheduler::builder().workers(1), &runtime)
+    };
+    let config = || ClusterConfig::new(server.url()).secret(SECRET);
+    let hostile = std::fs::read(wasmproc_tests::guests::HOSTILE).expect("the guest");
+    let fan_out = std::fs::read(wasmproc_tests::guests::FAN_OUT).expect("the guest");
+    let (hostile_hash, fan_out_hash) = (sha256(&hostile), sha256(&fan_out));
+    for (name, shared) in [("scoped", false), ("shared", true)] {
+        let node = scoped(name, shared);
+        node.wait_for(1);
+        // Alice brings the hostile guest: her run spawns it by hash.
+        let alice = Client::connect(config()).expect("connects");
+        alice.offer(hostile_hash.clone(), hostile.clone());
+        let options = wasmproc::scheduler::SpawnOptions::new("memory-bomb");
+        let run = alice.spawn(Some(name), None, Some(hostile_hash.clone()), options).expect("spawns");
+        let error = run.join_timeout(PATIENCE).expect("ends").expect_err("runs out of memory");
+        assert!(error.contains("memory limit exceeded"), "{error}");
+
+        // Mallory, without the bytes, asks for it by hash: refused, unless shared.
+        let mallory = Client::connect(config()).expect("connects");
+        let options = wasmproc::scheduler::SpawnOptions::new("memory-bomb");
+        let run = mallory.spawn(Some(name), None, Some(hostile_hash.clone()), options).expect("spawns");
+        let error = run.join_timeout(PATIENCE).expect("ends").expect_err("fails");
+        let expected = if shared { "memory limit exceeded" } else { "does not hold component" };
+        assert!(error.contains(expected), "{name}: {error}");
+
+        // Mallory's own program spawns it as a kind: refused unless shared.
+        mallory.offer(fan_out_hash.clone(), fan_out.clone());
+        let input = Payload::json(&(hostile_hash.as_str(), "memory-bomb", ())).unwrap();
+        let options = wasmproc::scheduler::SpawnOptions::new("delegate").input(vec![input]);
+        let run = mallory.spawn(Some(name), None, Some(fan_out_hash.clone()), options).expect("spawns");
+        let error = run.join_timeout(PATIENCE).expect("ends").expect_err("fails");
+        let expected = if shared { "memory limit exceeded" } else { "unknown process kind" };
+        assert!(error.contains(expected), "{name}: {error}");
+        node.cluster.leave();
+    }
+}
+
+/// Item 9: a client whose secret differs from the nodes' is told that authentication
+/// failed, naming the nodes, not that no node takes spawns; a lost node is named.
+#[test]
+fn a_wrong_secret_says_authentication_failed_and_lost_nodes_are_named() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let a = node(ClusterConfig::new(server.url()).secret(SECRET), "named-a");
+    a.wait_for(1);
+    let out = wasmproc()
+        .args(["run", wasmproc_tests::guests::FAN_OUT, "--input", "3"])
+        .args(["--cluster", &server.url(), "--cluster-secret", "wrong"])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert!(stderr.contains("authentication failed") && stderr.contains("`named-a`"), "{stderr}");
+
+    let b = wasmproc()
+        .args(["node", "--cluster", &server.url(), "--name", "named-b", "--cluster-secret", SECRET, "--workers", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    let mut b = Killed(b);
+    a.wait_for_accepting(2);
+    let hostile = std::fs::read(wasmproc_tests::guests::HOSTILE).expect("the guest");
+    let hash = sha256(&hostile);
+    a.cluster.offer(hash.clone(), hostile);
+    let process = a.cluster.spawn(Some("named-b"), None, Some(hash), "spin").expect("spawns");
+    wait_until("started", || process.pid().is_some());
+    // `b` goes without a word.
+    b.0.kill().expect("SIGKILL");
+    let _ = b.0.wait();
+    let error = process.join_timeout(PATIENCE).expect("the loss is heard").expect_err("noconnection");
+    assert!(error.contains("node `named-b`"), "{error}");
 }

@@ -308,3 +308,50 @@ impl Handle {
         &self.shared.settings.capabilities
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Events, Port, Process, Scheduler, StepOutput};
+
+    struct Idle;
+
+    impl Process for Idle {
+        fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+            Ok(())
+        }
+
+        fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+            out.set_status(crate::Status::Idle);
+            Ok(())
+        }
+    }
+
+    /// Item 7: a remote spawn's mailbox bound, whatever the wire says, is no larger
+    /// than the receiving scheduler's own; 0 asks for that.
+    #[test]
+    fn a_remote_spawns_mailbox_bound_is_clamped_to_the_schedulers() {
+        let scheduler = Scheduler::builder().workers(1).mailbox_capacity(8).build().expect("builds");
+        let handle = scheduler.handle();
+        let factory = || -> anyhow::Result<Box<dyn Process>> { Ok(Box::new(Idle)) };
+        for (asked, got) in [(1 << 40, 8), (0, 8), (3, 3)] {
+            let spawn = RemoteSpawn {
+                parent: Pid::node_host(3),
+                kind: None,
+                identity: None,
+                method: "main".into(),
+                input: vec![],
+                caps: Capabilities::default(),
+                mailbox_capacity: asked,
+                limits: None,
+                monitor: false,
+                owner: 0,
+                scope: 0,
+            };
+            let pid = handle.spawn_for_remote(&factory, "idle".into(), spawn, None, |_| {}).expect("spawns");
+            let cell = handle.shared.registry.get(pid).expect("alive");
+            assert_eq!(cell.spec.mailbox_capacity, got, "asked for {asked}");
+        }
+        scheduler.stop(std::time::Duration::ZERO);
+    }
+}
