@@ -646,3 +646,90 @@ fn a_wrong_secret_says_authentication_failed_and_lost_nodes_are_named() {
     let error = process.join_timeout(PATIENCE).expect("the loss is heard").expect_err("noconnection");
     assert!(error.contains("node `named-b`"), "{error}");
 }
+
+/// A NATS JWT (header, claims, ed25519 signature by `issuer`), as `nsc` writes them.
+fn jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, nats: serde_json::Value) -> String {
+    use base64::Engine as _;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    let header = b64(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let iat = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let claims = serde_json::json!({
+        "jti": format!("{subject}{iat}"), "iat": iat, "iss": issuer.public_key(), "name": name, "sub": subject,
+        "nats": nats,
+    });
+    let claims = b64(claims.to_string().as_bytes());
+    let signature = issuer.sign(format!("{header}.{claims}").as_bytes()).expect("signs");
+    format!("{header}.{claims}.{}", b64(&signature))
+}
+
+/// A credentials file holding a user's JWT and seed.
+fn creds(jwt: &str, user: &nkeys::KeyPair) -> String {
+    format!(
+        "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+         -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+        user.seed().expect("a seed")
+    )
+}
+
+/// A server in operator mode (JWTs, as `nsc` sets one up): nodes join with a
+/// credentials file (`--cluster-creds`) whose user has the node's rights, a client runs
+/// with one of a client's rights, and a user the account did not sign is refused.
+#[test]
+fn nodes_and_clients_join_with_credentials_files() {
+    let (operator, account) = (nkeys::KeyPair::new_operator(), nkeys::KeyPair::new_account());
+    let operator_jwt =
+        jwt(&operator, &operator.public_key(), "wasmproc", serde_json::json!({"type": "operator", "version": 2}));
+    let limits = serde_json::json!({"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+        "wildcards": true, "conn": -1, "leaf": -1});
+    let account_jwt = jwt(
+        &operator,
+        &account.public_key(),
+        "cluster",
+        serde_json::json!({"limits": limits, "type": "account", "version": 2}),
+    );
+    let user = |name: &str, signer: &nkeys::KeyPair, rights: serde_json::Value| {
+        let key = nkeys::KeyPair::new_user();
+        let mut nats = rights;
+        nats["type"] = "user".into();
+        nats["version"] = 2.into();
+        nats["subs"] = (-1).into();
+        nats["data"] = (-1).into();
+        nats["payload"] = (-1).into();
+        creds(&jwt(signer, &key.public_key(), name, nats), &key)
+    };
+    let node_rights = serde_json::json!({"pub": {"allow": [">"]}, "sub": {"allow": ["wasmproc.>", "_INBOX.>"]}});
+    let client_rights = serde_json::json!({"pub": {"allow": ["wasmproc.run.>"]}, "sub": {"allow": ["_INBOX_client.>"]},
+        "resp": {"max": 1, "ttl": 0}});
+    let (node_creds, client_creds) =
+        (user("node", &account, node_rights.clone()), user("client", &account, client_rights));
+    let stranger_creds = user("stranger", &nkeys::KeyPair::new_account(), node_rights);
+    let secured = Secured::start_with(|dir| {
+        let config = dir.join("operator.conf");
+        let text = format!(
+            "tls {{\n  cert_file: \"server-cert.pem\"\n  key_file: \"server-key.pem\"\n}}\noperator: {operator_jwt}\n\
+             resolver: MEMORY\nresolver_preload: {{\n  {}: {account_jwt}\n}}\n",
+            account.public_key()
+        );
+        std::fs::write(&config, text).map_err(|e| e.to_string())?;
+        Ok(Some(config))
+    })
+    .expect("a nats-server in operator mode");
+    let file = |name: &str, text: &str| {
+        let path = secured.dir().join(name);
+        std::fs::write(&path, text).expect("writes");
+        path
+    };
+    let (node_file, client_file, stranger_file) =
+        (file("node.creds", &node_creds), file("client.creds", &client_creds), file("stranger.creds", &stranger_creds));
+    let config = |creds: &std::path::Path| ClusterConfig::new(secured.server.url()).tls_ca(&secured.ca).creds(creds);
+    let a = node(config(&node_file), "creds-a");
+    a.wait_for(1);
+    let client = Client::connect(config(&client_file).inbox(CLIENT_INBOX)).expect("a client connects");
+    let options = wasmproc::scheduler::SpawnOptions::new("main").input(vec![Payload::u64(7)]);
+    let run = client.spawn(Some("creds-a"), Some("counted".into()), None, options).expect("spawns");
+    wait_until("the run started", || run.pid().is_some());
+    a.scheduler.handle().send(run.pid().unwrap(), "t", Payload::u64(1)).expect("sends");
+    assert_eq!(run.join_timeout(PATIENCE), Some(Ok(Payload::u64(1))));
+    let error = Cluster::join(config(&stranger_file).name("stranger")).unwrap_err();
+    assert!(format!("{error:#}").contains("authentication failed"), "{error:#}");
+}
