@@ -927,3 +927,25 @@ fn the_log_lines_of_replayed_steps_reach_the_sink_marked_replayed() {
     assert!(lines.contains(&("round 3 of 3".to_owned(), false)), "{lines:?}");
     assert!(!lines.contains(&("round 1 of 3".to_owned(), false)), "{lines:?}");
 }
+
+#[test]
+fn a_terminated_process_has_its_exit_recorded_with_the_reason_its_watchers_get() {
+    let store = Arc::new(TestStore::default());
+    let (scheduler, _) = durable(&store);
+    let (idle, probe) = Scripted::new(|t| {
+        t.out.set_status(Status::Idle);
+        Ok(())
+    });
+    let process = scheduler.handle().spawn(idle, "main").unwrap();
+    let deadline = std::time::Instant::now() + HANG;
+    while probe.steps() == 0 {
+        assert!(std::time::Instant::now() < deadline, "it never stepped");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(scheduler.handle().terminate_all("terminated: by the test"), 1);
+    let reason = Err("terminated: by the test".to_owned());
+    assert_eq!(process.join_timeout(HANG), Some(reason.clone()));
+    let history = Journal::with_store(store.clone()).history().unwrap();
+    assert_eq!(history[0].result, Some(reason), "{:#?}", history[0].records);
+    scheduler.stop(Duration::from_secs(1));
+}

@@ -89,4 +89,14 @@ async fn serve(ctx: Ctx, ledger: bool) -> Result<u64> {
     }
 }
 
-wasmproc_guest::export!(main, worker, ledgered, ledgered_worker);
+/// Sleeps 20 ms at a time for ever, and goes on when cancelled: a process that ignores a
+/// cancel, for `journal cancel` to terminate once its grace has passed.
+#[entry]
+async fn stubborn(ctx: Ctx, _: ()) -> Result<u64> {
+    loop {
+        // Once cancelled, every wait fails at once: this then spins until terminated.
+        let _ = ctx.sleep(Duration::from_millis(20)).await;
+    }
+}
+
+wasmproc_guest::export!(main, worker, ledgered, ledgered_worker, stubborn);

@@ -370,9 +370,10 @@ impl Durable {
     /// durable. Hands `result` back if the journal has failed, for the caller to finalise
     /// the process with the failure.
     pub(super) fn record_exit(&self, cell: &Arc<ProcessCell>, result: Option<Outcome>) -> Result<(), String> {
+        // A terminated process's exit is recorded with the reason its watchers are given.
         let recorded = match &result {
             Some(result) => result.clone(),
-            None => Err("terminated".to_owned()),
+            None => Err(cell.inbox.terminate_reason().unwrap_or_else(|| "terminated".to_owned())),
         };
         self.submit(cell, Record::Exit(recorded), |_, _| AfterCommit::Exit { cell: cell.clone(), result })
     }

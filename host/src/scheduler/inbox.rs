@@ -134,6 +134,11 @@ impl<W> Inbox<W> {
         true
     }
 
+    /// Why the process is being terminated, if it is.
+    pub(super) fn terminate_reason(&self) -> Option<String> {
+        self.inner.lock().terminate_reason.as_deref().map(str::to_owned)
+    }
+
     /// Refuses every later push and hands back what is left.
     pub(super) fn close(&self) -> Closed<W> {
         let mut inner = self.inner.lock();

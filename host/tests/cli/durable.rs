@@ -570,6 +570,32 @@ fn journal_cancel_ends_a_run_in_its_own_code_and_the_next_run_says_so() {
 }
 
 #[test]
+fn journal_cancel_terminates_what_ignores_its_cancel_once_the_grace_has_passed() {
+    let dir = scratch("durable-cancel-stubborn");
+    let journal = dir.join("journal");
+    let journal = journal.to_str().unwrap();
+    let child = start_with(journal, &["--method", "stubborn"]);
+    super::hardening::wait_until_running(&child);
+    let deadline = Instant::now() + HANG;
+    while !run(&["journal", "ls", journal]).expect(0).stdout.contains("unfinished: waits for ") {
+        assert!(Instant::now() < deadline, "no step of the run was recorded");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    assert_eq!(child.wait_with_output().unwrap().status.code(), Some(143));
+    let cancelled = run(&["journal", "cancel", journal, DURABLE, "--grace", "200ms"]).expect(0);
+    assert!(
+        cancelled.stdout.starts_with("cancelled 1 process; 1 terminated after --grace 200ms\n"),
+        "{}",
+        cancelled.stdout
+    );
+    let terminated = "terminated: by `wasmproc journal cancel` after its grace";
+    assert!(cancelled.stdout.contains(&format!(": error {terminated}\n")), "{}", cancelled.stdout);
+    let reported = run(&["run", DURABLE, "--journal", journal, "--method", "stubborn"]).expect(1);
+    assert!(error_line(&reported.stderr).contains(terminated), "{}", reported.stderr);
+}
+
+#[test]
 fn journal_cancel_and_forget_refuse_a_journal_a_host_is_running() {
     let dir = scratch("durable-busy");
     let journal = dir.join("journal");
