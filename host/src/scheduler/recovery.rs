@@ -4,11 +4,15 @@
 //! without a recorded exit are restored:
 //!
 //! 1. **Registered** under the pid they had, each made by its kind's factory, every one
-//!    before any runs (so a message between two restored processes finds its receiver).
+//!    before any runs (so a message between two restored processes finds its receiver),
+//!    with its recorded grants, narrowed to `Builder::resume_within`'s if given: a resume
+//!    may take a grant away, never add one.
 //! 2. **Replayed**: `init` with the recorded method and input, then each recorded step
 //!    with its recorded events. A replayed step must yield the recorded commands and port
 //!    sends and end with the recorded status; if it does not, the process ends with an
-//!    error naming the step and what differed. Replay carries nothing out.
+//!    error naming the step and what differed. Replay carries nothing out, and what the
+//!    process logs meanwhile is marked as replayed (`replaying_now`): it was logged when
+//!    the step first ran.
 //! 3. **Rewired**: what was under way at the crash is taken up again. A command whose
 //!    completion no step consumed runs again (a `sleep` for what is left of it, counted
 //!    from its step's recorded start; a custom command with the same idempotency key; a
