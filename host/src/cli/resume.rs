@@ -35,7 +35,7 @@ pub(super) fn check(dir: &Path, held: &[HeldRun], asked: &Asked<'_>) -> Result<(
     for run in held {
         let state = match run.result {
             None => "an unfinished run",
-            Some(_) => "a finished run whose result was not reported yet",
+            Some(_) => "a finished run",
         };
         let program = run.identity.as_deref().filter(|held| *held != asked.identity);
         let entry = (run.method != asked.method || !same_input(&run.input, asked.input))
