@@ -161,6 +161,11 @@ pub use wasmproc_guest_macros::entry;
 /// [`Ctx::random_bytes`] `random.bytes`. Sends and answering requests as a provider are
 /// no commands. `uses!()` with no names declares that the component yields none.
 ///
+/// Names after an entry method and a colon, `uses!(fetch: "http.request")`, are the
+/// commands that entry method yields (rather than every one), so that `wasmproc run
+/// --method fetch` warns only of what `fetch` needs; `inspect` shows which entry methods
+/// declare each command. A host older than this form skips such declarations.
+///
 /// The declaration is what the author states, not something the SDK infers: the SDK
 /// cannot record the wrappers a component calls, because whatever a wrapper carries in
 /// the binary is linked in whether or not it is called. It grants nothing either: the
@@ -181,7 +186,8 @@ pub use wasmproc_guest_macros::entry;
 /// }
 ///
 /// wasmproc_guest::export!(fetch);
-/// wasmproc_guest::uses!("http.request", "kv.put", "sleep");
+/// wasmproc_guest::uses!("sleep");
+/// wasmproc_guest::uses!(fetch: "http.request", "kv.put");
 /// # fn main() {}
 /// ```
 ///

@@ -42,4 +42,5 @@ async fn read(ctx: &Ctx) -> Result<Vec<String>> {
 }
 
 wasmproc_guest::export!(add, list);
-wasmproc_guest::uses!("fs.read", "fs.write", "env.get");
+wasmproc_guest::uses!(add: "fs.read", "fs.write");
+wasmproc_guest::uses!(list: "fs.read", "env.get");

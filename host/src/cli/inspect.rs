@@ -127,10 +127,15 @@ fn commands_text(declared: Option<&Declared>) -> String {
             "not declared (the component has no `wasmproc:commands` section: see `wasmproc_guest::uses!`)".to_owned()
         }
         Some(Declared::Unreadable(why)) => format!("unreadable: {why}"),
-        Some(Declared::Commands { commands, skipped }) => {
+        Some(Declared::Commands { commands, scoped, skipped }) => {
             let width = commands.iter().map(String::len).max().unwrap_or(0);
-            let mut lines: Vec<String> =
-                commands.iter().map(|command| format!("{command:width$}  {}", grant(command))).collect();
+            let mut lines: Vec<String> = commands
+                .iter()
+                .map(|command| match entries_of(scoped, command) {
+                    Some(entries) => format!("{command:width$}  {} (by {})", grant(command), entries.join(", ")),
+                    None => format!("{command:width$}  {}", grant(command)),
+                })
+                .collect();
             if lines.is_empty() {
                 lines.push("none (the component declares that it yields no commands)".to_owned());
             }
@@ -142,9 +147,16 @@ fn commands_text(declared: Option<&Declared>) -> String {
     }
 }
 
+/// The entry methods `command` is declared for, if not for every one (`uses!(list:
+/// …)`).
+fn entries_of<'a>(scoped: &'a [(String, Vec<String>)], command: &str) -> Option<&'a [String]> {
+    scoped.iter().find(|(c, _)| c == command).map(|(_, entries)| entries.as_slice())
+}
+
 /// The `commands` object of `--json`: `declared` says whether the component declares
-/// them, `commands` lists them with their grants (`null` when not declared: not the
-/// same as none), `note` says why they are not known.
+/// them, `commands` lists them with their grants and the entry methods each is declared
+/// for (`entries`, `null` for every one) (`null` when not declared: not the same as none),
+/// `note` says why they are not known.
 fn commands_json(declared: Option<&Declared>) -> Value {
     match declared {
         None => json!({
@@ -162,9 +174,12 @@ fn commands_json(declared: Option<&Declared>) -> Value {
             "commands": null,
             "note": format!("unreadable: {why}"),
         }),
-        Some(Declared::Commands { commands, skipped }) => json!({
+        Some(Declared::Commands { commands, scoped, skipped }) => json!({
             "declared": true,
-            "commands": commands.iter().map(|c| json!({ "name": c, "grant": grant(c) })).collect::<Vec<_>>(),
+            "commands": commands
+                .iter()
+                .map(|c| json!({ "name": c, "grant": grant(c), "entries": entries_of(scoped, c) }))
+                .collect::<Vec<_>>(),
             "note": (*skipped > 0).then(|| format!("{skipped} declaration(s) in a newer format were skipped")),
         }),
     }

@@ -429,7 +429,7 @@ impl Run {
         let root = match program {
             Program::Process(component) => {
                 let method = self.entry_method(component.entries())?;
-                ungranted = self.ungranted(&bytes, &caps, &served);
+                ungranted = self.ungranted(&bytes, &method, &caps, &served);
                 let providers =
                     Providers::start(&self.providers, dir_grants(&self.dir, &self.dir_rw)?, env_vars(&self.env)?)?;
                 services = Services::start(
@@ -547,14 +547,13 @@ impl Run {
     /// --cpu-budget): what its entry process runs under on another node with --cluster,
     /// and, through it, everything that process spawns.
     /// The warning, given before the run starts, of the commands the component declares
-    /// it yields (the SDK's `uses!`) that this run does not grant, grouped by the flag
-    /// that would: such a run fails at its first use of one, and this says why up front.
-    fn ungranted(&self, bytes: &[u8], caps: &Capabilities, served: &[String]) -> Option<String> {
-        let Declared::Commands { commands, .. } = Declared::read(bytes) else {
-            return None;
-        };
+    /// its entry method `method` yields (the SDK's `uses!`) that this run does not grant,
+    /// grouped by the flag that would: such a run fails at its first use of one, and this
+    /// says why up front.
+    fn ungranted(&self, bytes: &[u8], method: &str, caps: &Capabilities, served: &[String]) -> Option<String> {
+        let declared = Declared::read(bytes);
         let mut by_grant: Vec<(String, Vec<String>)> = Vec::new();
-        for command in commands.iter().filter(|command| !self.grants(command, caps, served)) {
+        for command in declared.of_entry(method).into_iter().filter(|command| !self.grants(command, caps, served)) {
             let grant = declared::grant(command);
             match by_grant.iter_mut().find(|(g, _)| *g == grant) {
                 Some((_, names)) => names.push(format!("`{command}`")),
@@ -566,7 +565,11 @@ impl Run {
         }
         let missing: Vec<String> =
             by_grant.into_iter().map(|(grant, names)| format!("{} ({grant})", names.join(", "))).collect();
-        Some(format!("`{}` declares commands this run does not grant: {}", self.app.display(), missing.join("; ")))
+        Some(format!(
+            "`{}` declares commands this run does not grant to `{method}`: {}",
+            self.app.display(),
+            missing.join("; ")
+        ))
     }
 
     /// Whether this run lets a process yield `command` (a name, or a family as `kv.*`):

@@ -95,19 +95,31 @@ fn limit_errors_name_the_flags() {
     assert!(ran.json()["error"].as_str().is_some_and(|e| e.contains("`--max-children` (2)")), "{}", ran.stdout);
 }
 
-/// Issue 29, item 22: the commands a component declares and the run does not grant are
-/// one line, given only once the command line has passed its checks.
+/// Issue 29, item 22: the commands a component declares for the entry method run and the
+/// run does not grant are one line, given only once the command line has passed its
+/// checks.
 #[test]
 fn the_ungranted_commands_warning_is_one_line_after_the_usage_checks() {
     let dir = scratch("new-user-notes");
     let grant = format!("{}::/notes", dir.display());
-    let ran = run(&["run", NOTES, "--dir", &grant, "--method", "list"]).expect(1);
-    let warnings: Vec<&str> = ran.stderr.lines().filter(|l| l.contains("declares commands")).collect();
-    assert_eq!(warnings.len(), 1, "{}", ran.stderr);
+    // `list` declares `fs.read` and `env.get`, `add` `fs.read` and `fs.write`
+    // (`uses!(list: …)`): each run is warned of what its own entry method lacks.
+    let warning = |args: &[&str]| {
+        let ran = run(args).expect(1);
+        let warnings: Vec<String> =
+            ran.stderr.lines().filter(|l| l.contains("declares commands")).map(str::to_owned).collect();
+        assert_eq!(warnings.len(), 1, "{}", ran.stderr);
+        warnings[0].clone()
+    };
+    let list = warning(&["run", NOTES, "--dir", &grant, "--method", "list"]);
     assert!(
-        warnings[0].ends_with("`env.get` (--env NAME[=VALUE]); `fs.write` (--dir-rw HOST::GUEST)"),
-        "{}",
-        warnings[0]
+        list.ends_with("declares commands this run does not grant to `list`: `env.get` (--env NAME[=VALUE])"),
+        "{list}"
+    );
+    let add = warning(&["run", NOTES, "--method", "add", "--input", "\"figs\""]);
+    assert!(
+        add.ends_with("does not grant to `add`: `fs.read` (--dir HOST::GUEST); `fs.write` (--dir-rw HOST::GUEST)"),
+        "{add}"
     );
     for usage in [
         &["run", NOTES, "--method", "nope"][..],

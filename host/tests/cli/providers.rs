@@ -129,7 +129,7 @@ fn the_fetcher_fetches_from_a_local_server_and_keeps_counts_in_kv_across_runs() 
     assert!(ran.stderr.contains("denied: `kv.get` needs the key-value store: run with --kv DIR"), "{}", ran.stderr);
     // What the component declares (`uses!`) and the run does not grant is named before it runs.
     assert!(
-        ran.stderr.contains("declares commands this run does not grant: `kv.cas`, `kv.get` (--kv DIR)\n"),
+        ran.stderr.contains("declares commands this run does not grant to `main`: `kv.cas`, `kv.get` (--kv DIR)\n"),
         "{}",
         ran.stderr
     );
@@ -185,8 +185,8 @@ fn inspect_lists_the_commands_a_component_declares_with_their_grants() {
         serde_json::json!({
             "declared": true,
             "commands": [
-                {"name": "inventory.reserve", "grant": "--provider inventory=FILE"},
-                {"name": "sleep", "grant": "granted by default"},
+                {"name": "inventory.reserve", "grant": "--provider inventory=FILE", "entries": null},
+                {"name": "sleep", "grant": "granted by default", "entries": null},
             ],
             "note": null,
         })
@@ -195,6 +195,15 @@ fn inspect_lists_the_commands_a_component_declares_with_their_grants() {
     let names: Vec<&str> =
         notes["commands"]["commands"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["env.get", "fs.read", "fs.write"]);
+    // Each declared by the entry methods that use it (`uses!(list: …)`).
+    let entries: Vec<&serde_json::Value> =
+        notes["commands"]["commands"].as_array().unwrap().iter().map(|c| &c["entries"]).collect();
+    assert_eq!(
+        entries,
+        [&serde_json::json!(["list"]), &serde_json::json!(["add", "list"]), &serde_json::json!(["add"])]
+    );
+    let ran = run(&["inspect", NOTES]).expect(0);
+    assert!(ran.stdout.contains("fs.write  --dir-rw HOST::GUEST (by add)\n"), "{}", ran.stdout);
     // The provider declares, with an empty declaration, that it yields nothing.
     let ran = run(&["inspect", INVENTORY]).expect(0);
     assert!(

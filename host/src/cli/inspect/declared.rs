@@ -5,10 +5,13 @@
 //! The section is a sequence of records, one per declaration, since the linker
 //! concatenates the sections of every object it links:
 //!
-//! 1. the format's version, one byte ([`VERSION`] is the one read here);
+//! 1. the format's version, one byte ([`VERSION`] and [`ENTRY_VERSION`] are the ones
+//!    read here);
 //! 2. the length in bytes of the rest of the record, an unsigned LEB128;
-//! 3. for version 1: the number of commands, then each command as a Wasm name (an
-//!    unsigned LEB128 length, then UTF-8).
+//! 3. for version 1 (`uses!("kv.get")`: what every entry method may yield): the number of
+//!    commands, then each command as a Wasm name (an unsigned LEB128 length, then UTF-8);
+//! 4. for version 2 (`uses!(list: "kv.get")`: what one entry method may yield): the entry
+//!    method's name as a Wasm name, then the same as version 1.
 //!
 //! A record of another version is skipped by its length and counted, so a newer SDK's
 //! declaration does not make an older host's `inspect` fail. The section comes from the
@@ -24,8 +27,11 @@ use wasmparser::{BinaryReader, Parser, Payload};
 /// The custom section's name.
 const SECTION: &str = "wasmproc:commands";
 
-/// The record format read here.
+/// The record format of the commands every entry method may yield.
 const VERSION: u8 = 1;
+
+/// The record format of the commands one entry method may yield.
+const ENTRY_VERSION: u8 = 2;
 
 /// The most bytes of `wasmproc:commands` sections read, over all core modules: 256
 /// commands of 128 bytes with their lengths come to about 33 KiB; picked with room for
@@ -47,8 +53,11 @@ pub(in crate::cli) enum Declared {
     /// The commands declared, sorted, each once; none if the component declares that it
     /// yields none.
     Commands {
-        /// The command names (`kv.get`, `kv.*`, `sleep`).
+        /// The command names (`kv.get`, `kv.*`, `sleep`), of every entry method.
         commands: Vec<String>,
+        /// The commands among them declared for some entry methods only, with those
+        /// methods (sorted); the others are declared for every entry method.
+        scoped: Vec<(String, Vec<String>)>,
         /// Records of a version this host does not read, skipped.
         skipped: usize,
     },
@@ -62,7 +71,7 @@ impl Declared {
     pub(in crate::cli) fn read(wasm: &[u8]) -> Declared {
         let mut found = false;
         let mut total = 0usize;
-        let mut commands = BTreeSet::new();
+        let mut found_commands = Found::default();
         let mut skipped = 0;
         for payload in Parser::new(0).parse_all(wasm) {
             match payload {
@@ -74,7 +83,7 @@ impl Declared {
                             "the `{SECTION}` sections hold more than {MAX_SECTION_BYTES} bytes"
                         ));
                     }
-                    match read_section(section.data(), &mut commands) {
+                    match read_section(section.data(), &mut found_commands) {
                         Ok(n) => skipped += n,
                         Err(why) => return Declared::Unreadable(format!("a `{SECTION}` section is damaged: {why}")),
                     }
@@ -86,13 +95,51 @@ impl Declared {
         if !found {
             return Declared::Undeclared;
         }
-        Declared::Commands { commands: commands.into_iter().map(str::to_owned).collect(), skipped }
+        let Found { every, by_entry } = found_commands;
+        let scoped: Vec<(String, Vec<String>)> = by_entry
+            .iter()
+            .filter(|(command, _)| !every.contains(*command))
+            .map(|(command, entries)| (command.to_string(), entries.iter().map(|e| e.to_string()).collect()))
+            .collect();
+        let commands = every.iter().chain(by_entry.keys()).collect::<BTreeSet<_>>();
+        Declared::Commands { commands: commands.into_iter().map(|c| c.to_string()).collect(), scoped, skipped }
+    }
+
+    /// The commands declared for entry method `method`: those of every entry method and
+    /// its own; none if the component does not declare them.
+    pub(in crate::cli) fn of_entry(&self, method: &str) -> Vec<&str> {
+        let Declared::Commands { commands, scoped, .. } = self else { return Vec::new() };
+        commands
+            .iter()
+            .filter(|command| {
+                scoped
+                    .iter()
+                    .find(|(c, _)| c == *command)
+                    .is_none_or(|(_, entries)| entries.iter().any(|e| e == method))
+            })
+            .map(String::as_str)
+            .collect()
     }
 }
 
-/// Adds the commands of one section's records to `commands`; the number of records
-/// skipped for their version.
-fn read_section<'a>(data: &'a [u8], commands: &mut BTreeSet<&'a str>) -> Result<usize, String> {
+/// The commands of the records read so far.
+#[derive(Default)]
+struct Found<'a> {
+    /// Declared for every entry method (version 1).
+    every: BTreeSet<&'a str>,
+    /// Declared for some entry methods (version 2): each command with its methods.
+    by_entry: std::collections::BTreeMap<&'a str, BTreeSet<&'a str>>,
+}
+
+impl Found<'_> {
+    fn len(&self) -> usize {
+        self.every.len() + self.by_entry.keys().filter(|command| !self.every.contains(*command)).count()
+    }
+}
+
+/// Adds the commands of one section's records to `found`; the number of records skipped
+/// for their version.
+fn read_section<'a>(data: &'a [u8], found: &mut Found<'a>) -> Result<usize, String> {
     let mut reader = BinaryReader::new(data, 0);
     let mut skipped = 0;
     while !reader.eof() {
@@ -103,36 +150,40 @@ fn read_section<'a>(data: &'a [u8], commands: &mut BTreeSet<&'a str>) -> Result<
         let body = reader
             .read_bytes(length)
             .map_err(|_| format!("the record at byte {at} claims {length} bytes; {} are left", data.len() - body_at))?;
-        if version != VERSION {
-            skipped += 1;
-            continue;
-        }
-        read_record(body, body_at, commands).map_err(|why| format!("in the record at byte {at}: {why}"))?;
+        let read = match version {
+            VERSION => read_record(body, body_at, false, found),
+            ENTRY_VERSION => read_record(body, body_at, true, found),
+            _ => {
+                skipped += 1;
+                continue;
+            }
+        };
+        read.map_err(|why| format!("in the record at byte {at}: {why}"))?;
     }
     Ok(skipped)
 }
 
-/// Adds the commands of one version-1 record's body, found at byte `at` of its section.
-fn read_record<'a>(body: &'a [u8], at: usize, commands: &mut BTreeSet<&'a str>) -> Result<(), String> {
+/// Adds the commands of one record's body, found at byte `at` of its section: of every
+/// entry method (version 1), or, if `scoped` (version 2), of the entry method the body
+/// names first.
+fn read_record<'a>(body: &'a [u8], at: usize, scoped: bool, found: &mut Found<'a>) -> Result<(), String> {
     let mut reader = BinaryReader::new(body, at);
+    let entry = if scoped { Some(read_name(&mut reader, is_entry_name, "an entry method's name")?) } else { None };
     let count = reader.read_var_u32().map_err(|e| e.message().to_owned())? as usize;
     if count > MAX_COMMANDS {
         return Err(format!("{count} commands, more than the {MAX_COMMANDS} read"));
     }
     for _ in 0..count {
-        let length = reader.read_var_u32().map_err(|e| e.message().to_owned())? as usize;
-        if length > MAX_NAME {
-            return Err(format!("a name of {length} bytes, longer than the {MAX_NAME} read"));
+        let name = read_name(&mut reader, is_command_name, "a command name")?;
+        match entry {
+            None => {
+                found.every.insert(name);
+            }
+            Some(entry) => {
+                found.by_entry.entry(name).or_default().insert(entry);
+            }
         }
-        let position = reader.original_position();
-        let bytes =
-            reader.read_bytes(length).map_err(|_| format!("a name runs past the record's end at byte {position}"))?;
-        let name = std::str::from_utf8(bytes).map_err(|_| format!("the name at byte {position} is not UTF-8"))?;
-        if !is_command_name(name) {
-            return Err(format!("{name:?} at byte {position} is not a command name"));
-        }
-        commands.insert(name);
-        if commands.len() > MAX_COMMANDS {
+        if found.len() > MAX_COMMANDS {
             return Err(format!("more than {MAX_COMMANDS} commands in all"));
         }
     }
@@ -140,6 +191,29 @@ fn read_record<'a>(body: &'a [u8], at: usize, commands: &mut BTreeSet<&'a str>) 
         return Err(format!("{} bytes past its last command", reader.bytes_remaining()));
     }
     Ok(())
+}
+
+/// Reads a Wasm name of at most [`MAX_NAME`] bytes that `fits` (it is `what`).
+fn read_name<'a>(reader: &mut BinaryReader<'a>, fits: fn(&str) -> bool, what: &str) -> Result<&'a str, String> {
+    let length = reader.read_var_u32().map_err(|e| e.message().to_owned())? as usize;
+    if length > MAX_NAME {
+        return Err(format!("a name of {length} bytes, longer than the {MAX_NAME} read"));
+    }
+    let position = reader.original_position();
+    let bytes =
+        reader.read_bytes(length).map_err(|_| format!("a name runs past the record's end at byte {position}"))?;
+    let name = std::str::from_utf8(bytes).map_err(|_| format!("the name at byte {position} is not UTF-8"))?;
+    if !fits(name) {
+        return Err(format!("{name:?} at byte {position} is not {what}"));
+    }
+    Ok(name)
+}
+
+/// The entry method names `uses!` accepts: a Rust function's name, in letters, digits
+/// and `_`. Checked so that what a terminal shows is never a control sequence from the
+/// file.
+fn is_entry_name(name: &str) -> bool {
+    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// The names `uses!` accepts: dot-separated words of letters, digits, `_` and `-`, the
@@ -276,7 +350,50 @@ mod tests {
     }
 
     fn commands(names: &[&str], skipped: usize) -> Declared {
-        Declared::Commands { commands: names.iter().map(|s| s.to_string()).collect(), skipped }
+        Declared::Commands { commands: names.iter().map(|s| s.to_string()).collect(), scoped: Vec::new(), skipped }
+    }
+
+    /// A version-2 record of `names` for entry method `entry`, as `uses!(entry: …)`
+    /// writes it.
+    fn entry_record(entry: &str, names: &[&str]) -> Vec<u8> {
+        let v1 = record(names);
+        let mut body = Vec::new();
+        leb(&mut body, entry.len());
+        body.extend_from_slice(entry.as_bytes());
+        // The version-1 body: past its version byte and its length (one byte here).
+        body.extend_from_slice(&v1[2..]);
+        let mut record = vec![ENTRY_VERSION];
+        leb(&mut record, body.len());
+        record.extend_from_slice(&body);
+        record
+    }
+
+    /// Issue 29, item 22: what each entry method declares, beside what every one does.
+    #[test]
+    fn reads_what_each_entry_method_declares() {
+        let section = [
+            record(&["sleep"]),
+            entry_record("add", &["fs.read", "fs.write"]),
+            entry_record("list", &["fs.read", "env.get", "sleep"]),
+        ]
+        .concat();
+        let declared = Declared::read(&module(&[&section]));
+        let Declared::Commands { commands, scoped, skipped: 0 } = &declared else { panic!("{declared:?}") };
+        assert_eq!(commands, &["env.get", "fs.read", "fs.write", "sleep"]);
+        let scoped_to = |entries: &[&str]| entries.iter().map(|e| e.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            scoped,
+            &[
+                ("env.get".to_owned(), scoped_to(&["list"])),
+                ("fs.read".to_owned(), scoped_to(&["add", "list"])),
+                ("fs.write".to_owned(), scoped_to(&["add"])),
+            ]
+        );
+        assert_eq!(declared.of_entry("list"), ["env.get", "fs.read", "sleep"]);
+        assert_eq!(declared.of_entry("add"), ["fs.read", "fs.write", "sleep"]);
+        assert_eq!(declared.of_entry("other"), ["sleep"]);
+        let bad_entry = entry_record("\x1b[2J", &["sleep"]);
+        assert!(unreadable(Declared::read(&module(&[&bad_entry]))).contains("is not an entry method's name"));
     }
 
     fn unreadable(declared: Declared) -> String {
@@ -308,7 +425,7 @@ mod tests {
 
     #[test]
     fn skips_records_of_another_version() {
-        let newer = [2, 3, 0xff, 0xff, 0xff];
+        let newer = [3, 3, 0xff, 0xff, 0xff];
         let wasm = module(&[&[&newer[..], &record(&["kv.put"])].concat()]);
         assert_eq!(Declared::read(&wasm), commands(&["kv.put"], 1));
     }
