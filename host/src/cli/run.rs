@@ -731,13 +731,24 @@ fn refuse_command_flags(args: &Run) -> Result<(), Failure> {
     }
     let app = args.app.display();
     if args.shorthand {
+        // Flags are `run`'s, written after the program; a bare word is the input the
+        // user meant to give.
+        let words: Vec<String> = match args.args.as_slice() {
+            [first, ..] if first.starts_with('-') => args.args.iter().map(|arg| shell_word(arg)).collect(),
+            [input] if serde_json::from_str::<serde::de::IgnoredAny>(input).is_ok() => {
+                vec!["--input".to_owned(), shell_word(input)]
+            }
+            // Not JSON: as a JSON string.
+            [input] => vec!["--input".to_owned(), shell_word(&serde_json::Value::from(input.as_str()).to_string())],
+            _ => vec!["--input".to_owned(), "JSON".to_owned()],
+        };
         return Err(Failure::new(
             Exit::Usage,
             format!(
                 "`{app}` is a process component, so it takes no program arguments: `wasmproc APP.wasm ARGS...` \
                  passes ARGS to a WASI command; for a process component write `wasmproc run {} {}`",
                 shell_word(&app.to_string()),
-                args.args.iter().map(|arg| shell_word(arg)).collect::<Vec<_>>().join(" ")
+                words.join(" ")
             ),
         ));
     }

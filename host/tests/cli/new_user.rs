@@ -141,6 +141,9 @@ fn the_shorthand_with_a_process_component_says_what_to_write() {
         .error_says("is a process component, so it takes no program arguments")
         .error_says(&format!("write `wasmproc run {HELLO} --method greet --input '\"you\"'`"));
     assert!(!ran.stderr.contains("after `--`"), "{}", ran.stderr);
+    // A bare word is the input meant; several, input to write.
+    run(&[HELLO, "5"]).expect(2).error_says(&format!("write `wasmproc run {HELLO} --input 5`"));
+    run(&[HELLO, "5", "6"]).expect(2).error_says(&format!("write `wasmproc run {HELLO} --input JSON`"));
     // Typed out, `--` is what the error names.
     run(&["run", HELLO, "--method", "greet", "--", "x"]).expect(2).error_says("arguments after `--`");
 }

@@ -273,7 +273,7 @@ fn the_shorthand_runs_a_program_with_all_the_rest_as_its_arguments() {
     run(&[HELLO, "x"])
         .expect(2)
         .error_says("takes no program arguments")
-        .error_says(&format!("wasmproc run {HELLO} x"));
+        .error_says(&format!("wasmproc run {HELLO} --input '\"x\"'"));
     run(&["./no/such/app.wasm"]).expect(2).error_says("cannot read `./no/such/app.wasm`");
     let help = help(&["--help"]);
     assert!(help.contains("`wasmproc APP.wasm [ARGS...]` is short for `wasmproc run APP.wasm -- ARGS...`"), "{help}");
