@@ -53,15 +53,14 @@ pub enum SendError {
     /// The process is finishing and accepts nothing more.
     #[error("process {0} is exiting and accepts no more messages")]
     Closed(Pid),
-    /// The process's mailbox is full; the message was not delivered.
-    #[error(
-        "mailbox of process {pid} is full ({capacity} undelivered messages); retry later or raise `mailbox_capacity`"
-    )]
+    /// The process's mailbox is full, by the count or the bytes of its undelivered
+    /// messages; the message was not delivered.
+    #[error("mailbox of process {pid} is full ({limit}); retry later or raise `{}`", limit.setting())]
     MailboxFull {
         /// The receiver.
         pid: Pid,
-        /// Its mailbox capacity.
-        capacity: usize,
+        /// The bound the message would have passed.
+        limit: MailboxLimit,
     },
     /// A durable scheduler could not record the message (its journal has failed, or the
     /// scheduler is suspending its processes): it was not sent.
@@ -85,6 +84,37 @@ pub enum SendError {
         /// Why.
         reason: String,
     },
+}
+
+/// Which bound of a mailbox a message would have passed
+/// ([`Builder::mailbox_capacity`](crate::scheduler::Builder::mailbox_capacity),
+/// [`Builder::mailbox_bytes`](crate::scheduler::Builder::mailbox_bytes)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MailboxLimit {
+    /// The mailbox holds this many undelivered messages already.
+    Messages(usize),
+    /// The message would take the mailbox's undelivered messages past this many bytes.
+    Bytes(usize),
+}
+
+impl MailboxLimit {
+    /// The setting that raises the bound.
+    pub fn setting(&self) -> &'static str {
+        match self {
+            MailboxLimit::Messages(_) => "mailbox_capacity",
+            MailboxLimit::Bytes(_) => "mailbox_bytes",
+        }
+    }
+}
+
+impl std::fmt::Display for MailboxLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MailboxLimit::Messages(n) => write!(f, "{n} undelivered messages"),
+            MailboxLimit::Bytes(n) => write!(f, "its undelivered messages would pass {n} bytes"),
+        }
+    }
 }
 
 /// Why a [`Port`](crate::Port) refused to send.

@@ -173,6 +173,41 @@ fn payloads_over_max_payload_size_end_the_process_and_are_not_delivered() {
     s.handle().terminate(to).unwrap();
 }
 
+/// A step's commands are bounded together as well as each: `max_output_per_step`,
+/// four times `max_payload_size` unless set. None of the refused step's is carried out.
+#[test]
+fn a_step_s_commands_past_max_output_per_step_end_its_process() {
+    let s = Scheduler::builder().workers(1).max_payload_size(100).build().unwrap();
+    let customs = |n: usize| {
+        Scripted::new(move |t| {
+            if t.step == 0 {
+                for tag in 0..n as u64 {
+                    let payload = Payload::bytes(vec![0; 100]);
+                    t.out.yield_command(tag, wasmproc::Command::Custom { name: "nothing".into(), payload });
+                }
+            } else {
+                t.out.complete(Ok(Payload::empty()));
+            }
+            Ok(())
+        })
+        .0
+    };
+    s.handle().spawn(customs(4), "main").unwrap().join_timeout(HANG).unwrap().expect("400 bytes are allowed");
+    let yields = s.handle().stats().yields;
+    let error = s.handle().spawn(customs(5), "main").unwrap().join_timeout(HANG).unwrap().unwrap_err();
+    assert_eq!(
+        error,
+        "step output limit exceeded: one step's commands and result carry 500 bytes, more than \
+         `max_output_per_step` (400 bytes)"
+    );
+    assert_eq!(s.handle().stats().yields, yields, "the refused step's yields were not carried out");
+    let err = |b: wasmproc::scheduler::Builder| b.build().err().unwrap().to_string();
+    assert_eq!(
+        err(Scheduler::builder().max_payload_size(100).max_output_per_step(99)),
+        "`max_output_per_step` (99 bytes) must be at least `max_payload_size` (100 bytes)"
+    );
+}
+
 #[test]
 fn spawning_past_max_children_ends_the_parent() {
     let idle_kind = || -> anyhow::Result<Box<dyn wasmproc::Process>> { Ok(Box::new(idle())) };

@@ -1,6 +1,6 @@
 use std::sync::mpsc;
 
-use wasmproc::error::SendError;
+use wasmproc::error::{MailboxLimit, SendError};
 use wasmproc::scheduler::SpawnOptions;
 use wasmproc::{Command, Event, Events, Payload, Pid, Port, Process, Scheduler, SpawnRequest, Status, StepOutput};
 use wasmproc_tests::{HANG, Scripted, completion, custom, gate, holder, with_stash};
@@ -145,11 +145,51 @@ fn full_mailbox_is_an_error_to_the_sender() {
     s.handle().send(h.pid(), "a", Payload::empty()).unwrap();
     s.handle().send(h.pid(), "b", Payload::empty()).unwrap();
     let err = s.handle().send(h.pid(), "c", Payload::empty()).unwrap_err();
-    assert_eq!(err, SendError::MailboxFull { pid: h.pid(), capacity: 2 });
+    assert_eq!(err, SendError::MailboxFull { pid: h.pid(), limit: MailboxLimit::Messages(2) });
     assert!(err.to_string().contains("mailbox of process") && err.to_string().contains("full"), "{err}");
     gate.open();
     assert_eq!(h.join_timeout(HANG), Some(Ok(Payload::empty())));
     assert_eq!(probe.steps(), 2);
+}
+
+/// A mailbox is bounded in bytes too: a message that would take its undelivered messages
+/// past `mailbox_bytes` is refused with the same error as a full mailbox, naming the
+/// bound; an empty mailbox takes any one message; reading frees the bytes.
+#[test]
+fn a_mailbox_full_in_bytes_is_an_error_to_the_sender() {
+    let s = Scheduler::builder().workers(1).mailbox_bytes(1000).build().unwrap();
+    let (gate, stop) = gate();
+    // Steps 0 and 1 hold the worker at the gate while the test sends; step 1 has read
+    // the two messages taken during step 0, step 2 the one taken during step 1.
+    let (p, probe) = Scripted::new(move |t| {
+        match t.step {
+            0 | 1 => {
+                stop.wait();
+                t.out.set_status(Status::Idle);
+            }
+            _ => t.out.complete(Ok(Payload::empty())),
+        }
+        Ok(())
+    });
+    let h = s.handle().spawn(p, "main").unwrap();
+    gate.wait_reached();
+    let body = |len| Payload::bytes(vec![0; len]);
+    s.handle().send(h.pid(), "a", body(599)).unwrap();
+    s.handle().send(h.pid(), "b", body(399)).unwrap();
+    let err = s.handle().send(h.pid(), "c", Payload::empty()).unwrap_err();
+    assert_eq!(err, SendError::MailboxFull { pid: h.pid(), limit: MailboxLimit::Bytes(1000) });
+    let text = err.to_string();
+    assert!(text.starts_with("mailbox of process") && text.contains("1000 bytes") && text.contains("`mailbox_bytes`"));
+    gate.open();
+    // Step 1 read both: the mailbox is empty again, and takes one message larger than
+    // its whole bound.
+    gate.wait_reached();
+    s.handle().send(h.pid(), "d", body(5000)).unwrap();
+    let err = s.handle().send(h.pid(), "e", Payload::empty()).unwrap_err();
+    assert_eq!(err, SendError::MailboxFull { pid: h.pid(), limit: MailboxLimit::Bytes(1000) });
+    gate.open();
+    assert_eq!(h.join_timeout(HANG), Some(Ok(Payload::empty())));
+    assert_eq!(probe.steps(), 3);
 }
 
 /// DESIGN 10: terminate works on idle, blocked and ready processes; the result is

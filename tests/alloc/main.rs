@@ -16,7 +16,7 @@ use wasmproc::journal::{Journal, MemoryStore};
 use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::wasm::{Config, Runtime};
 use wasmproc::{Capabilities, Event, Events, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
-use wasmproc_tests::{HANG, Yielder, guests};
+use wasmproc_tests::{HANG, Scripted, Yielder, gate, guests};
 
 struct Counting;
 
@@ -231,8 +231,61 @@ fn refused_before_it_is_copied(entry: &str, error: &str) {
     assert!(allocated < 4 << 20, "{allocated} bytes allocated for a refused 32 MiB `{entry}`");
 }
 
+/// A mailbox holds at most `mailbox_bytes` (64 MiB by default) of undelivered messages,
+/// whatever their count: the hostile guest's 8 MiB messages (and 5-byte topics) to a
+/// process that is not reading (its step holds a worker at a gate) are refused past the
+/// 7th, so the host holds 56 MiB for them, not the 256 MiB of the 32 it tries (without
+/// the bound, 1,024 of 16 MiB: 16 GiB a mailbox).
+fn a_mailbox_holds_its_bytes_not_more() {
+    let runtime = Runtime::new(Config::default().no_disk_cache()).expect("the runtime starts");
+    let guest = runtime.load(guests::HOSTILE).expect("the hostile guest loads");
+    let s = Scheduler::builder().workers(2).kind("hostile", guest).build().expect("the scheduler starts");
+    let (gate, stop) = gate();
+    let (deaf, _) = Scripted::new(move |t| {
+        if t.step == 0 {
+            stop.wait();
+        }
+        t.out.complete(Ok(Payload::empty()));
+        Ok(())
+    });
+    let deaf = s.handle().spawn(deaf, "main").unwrap();
+    gate.wait_reached();
+    let before = BYTES.load(Ordering::Relaxed);
+    let input = vec![Payload::text(deaf.pid().as_u64().to_string())];
+    let hoarder =
+        s.handle().spawn(Spawnable::kind("hostile"), SpawnOptions::new("mailbox-hoard").input(input)).unwrap();
+    let said = hoarder.join_timeout(HANG).expect("it ends").expect("it completes");
+    let allocated = BYTES.load(Ordering::Relaxed) - before;
+    gate.open();
+    assert_eq!(deaf.join_timeout(HANG), Some(Ok(Payload::empty())));
+    let said = said.as_str().expect("text").to_owned();
+    assert!(said.starts_with("7 taken; refused: mailbox of process"), "{said}");
+    assert!(said.contains("would pass 67108864 bytes") && said.contains("`mailbox_bytes`"), "{said}");
+    // The 7 taken and the 8th, copied before it was refused.
+    assert!(allocated < 72 << 20, "{allocated} bytes allocated for a mailbox of 64 MiB");
+}
+
+/// A step's output is bounded as a whole (`max_output_per_step`, by default four times
+/// the payload limit: 64 MiB), not only each payload: the hostile guest's 8 commands of
+/// 12 MiB (96 MiB, each within the limit) end it with an error naming the bound, and the
+/// host copies none of the commands past it.
+fn a_step_s_output_is_bounded_as_a_whole() {
+    let runtime = Runtime::new(Config::default().max_memory(256 << 20).no_disk_cache()).expect("the runtime starts");
+    let guest = runtime.load(guests::HOSTILE).expect("the hostile guest loads");
+    let s = Scheduler::builder().workers(1).kind("hostile", guest).build().expect("the scheduler starts");
+    let before = BYTES.load(Ordering::Relaxed);
+    let process = s.handle().spawn(Spawnable::kind("hostile"), "output-hoard").unwrap();
+    let failed = process.join_timeout(HANG).expect("it ends").expect_err("it fails");
+    let allocated = BYTES.load(Ordering::Relaxed) - before;
+    let expected = "step output limit exceeded: one step's commands and result carry 100663336 bytes, more than \
+                    `max_output_per_step` (67108864 bytes)";
+    assert!(failed.contains(expected), "{failed}");
+    // The 5 commands within the bound.
+    assert!(allocated < 64 << 20, "{allocated} bytes allocated for a refused 96 MiB output");
+}
+
 fn main() {
-    let tests: [(&str, fn()); 7] = [
+    let tests: [(&str, fn()); 9] = [
         ("a_yield_cycle_allocates_nothing", a_yield_cycle_allocates_nothing),
         ("a_message_allocates_nothing_beyond_its_payload", a_message_allocates_nothing_beyond_its_payload),
         ("a_wasm_step_allocates_only_what_its_output_needs", a_wasm_step_allocates_only_what_its_output_needs),
@@ -243,6 +296,8 @@ fn main() {
         ),
         ("a_giant_send_is_refused_before_it_is_copied", a_giant_send_is_refused_before_it_is_copied),
         ("a_giant_answer_is_refused_before_it_is_copied", a_giant_answer_is_refused_before_it_is_copied),
+        ("a_mailbox_holds_its_bytes_not_more", a_mailbox_holds_its_bytes_not_more),
+        ("a_step_s_output_is_bounded_as_a_whole", a_step_s_output_is_bounded_as_a_whole),
     ];
     // `cargo test --test alloc -- NAME…` runs the tests whose names contain a NAME.
     let filters: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();

@@ -20,6 +20,8 @@
 //! | `giant-payload` | completes with a 32 MiB result |
 //! | `giant-send` | hands the host's `send` a 32 MiB message for its parent |
 //! | `giant-respond` | answers a request with a 32 MiB payload, and fails with what `respond` said |
+//! | `mailbox-hoard` | sends its first input's pid up to 32 messages of 8 MiB in one step, and completes with how many were taken and why the next was not |
+//! | `output-hoard` | yields 8 custom commands of 12 MiB each in one step (run it with 128 MiB of memory), then completes with `8` |
 //! | `spawn-bomb` | spawns two more of itself, forever |
 //! | `fuel-burn` | loops for about 10^9 instructions, then completes (for fuel budgets) |
 //! | `orphan` | spawns a `spin` child and completes at once, leaving the child running |
@@ -28,14 +30,14 @@
 use std::cell::RefCell;
 use std::hint::black_box;
 
-use wasmproc::process::types::{Command, SendRequest, SpawnRequest, Status, YieldCommand};
+use wasmproc::process::types::{Command, CustomCommand, SendRequest, SpawnRequest, Status, YieldCommand};
 
 wit_bindgen::generate!({
     world: "handler",
     path: "../../wit",
 });
 
-const ENTRIES: [&str; 17] = [
+const ENTRIES: [&str; 19] = [
     "spin",
     "memory-bomb",
     "stack-overflow",
@@ -49,6 +51,8 @@ const ENTRIES: [&str; 17] = [
     "giant-payload",
     "giant-send",
     "giant-respond",
+    "mailbox-hoard",
+    "output-hoard",
     "spawn-bomb",
     "fuel-burn",
     "orphan",
@@ -139,6 +143,34 @@ impl Guest for Hostile {
                     Err(refused) => StepOutput { status: Status::Complete(Err(refused)), yields: vec![] },
                 }
             }
+            "mailbox-hoard" => {
+                let to = input.first().and_then(|p| std::str::from_utf8(&p.data).ok()?.parse().ok()).unwrap_or(0);
+                let body = Payload { format: "bytes".into(), data: vec![7u8; 8 << 20] };
+                let mut taken = 0;
+                let mut refused = String::from("none");
+                for _ in 0..32 {
+                    match wasmproc::process::host::send(to, "hoard", &body) {
+                        Ok(()) => taken += 1,
+                        Err(error) => {
+                            refused = error;
+                            break;
+                        }
+                    }
+                }
+                let data = format!("{taken} taken; refused: {refused}").into_bytes();
+                StepOutput { status: Status::Complete(Ok(Payload { format: "text".into(), data })), yields: vec![] }
+            }
+            "output-hoard" if steps == 1 => {
+                let hoard = |tag| YieldCommand {
+                    tag,
+                    command: Command::Custom(CustomCommand {
+                        name: "hoard".into(),
+                        payload: Payload { format: "bytes".into(), data: vec![7u8; 12 << 20] },
+                    }),
+                };
+                StepOutput { status: Status::Blocked, yields: (0..8).map(hoard).collect() }
+            }
+            "output-hoard" => complete(8),
             "spawn-bomb" => {
                 let spawn = |tag| YieldCommand {
                     tag,

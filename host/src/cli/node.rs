@@ -137,6 +137,11 @@ pub(super) struct Node {
     /// Worker threads. [default: one per core]
     #[arg(long, value_name = "N")]
     workers: Option<usize>,
+    /// The bytes of undelivered messages (topics and bodies) the mailbox of a process on
+    /// this node holds, e.g. 64MiB; a send past it fails for the sender, as a send to a
+    /// full mailbox. An empty mailbox takes any one message.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = super::units::nonzero_size)]
+    mailbox_bytes: usize,
     /// How long the processes of a run have to end once cancelled, when the host that
     /// started the run (a `run --cluster` client, or another node) leaves the cluster or
     /// is lost, before they are terminated. A client that stops its run early sends its
@@ -246,6 +251,7 @@ impl Node {
         let mut builder = providers
             .register(Scheduler::builder().cluster(&cluster).capabilities(caps))
             .denial_hint(move |name| format!("grant it with `run --allow {name}`, where node `{node}` grants it too"));
+        builder = builder.mailbox_bytes(self.mailbox_bytes);
         if let Some(workers) = self.workers {
             builder = builder.workers(workers);
         }
@@ -397,6 +403,8 @@ const HERE_ONLY: &[(&str, HereOnly)] = &[
     ("max_table_elements", HereOnly::Scheduler),
     ("max_memories", HereOnly::Scheduler),
     ("mailbox", HereOnly::Scheduler),
+    ("mailbox_bytes", HereOnly::Scheduler),
+    ("max_step_output", HereOnly::Scheduler),
     ("no_cache", HereOnly::Compiler),
     ("max_functions", HereOnly::Compiler),
     ("max_function_size", HereOnly::Compiler),

@@ -127,6 +127,10 @@ pub(super) struct Run {
     /// e.g. 16MiB; past it the process ends.
     #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = units::size)]
     max_payload: usize,
+    /// The most bytes one step's commands and result may carry together, e.g. 64MiB; past
+    /// it the process ends. At least --max-payload. [default: 4 × --max-payload]
+    #[arg(long, value_name = "SIZE", value_parser = units::size)]
+    max_step_output: Option<usize>,
     /// How long instantiating a process and its `init` may take. Instantiating a Python
     /// guest copies its interpreter's memory image (about 15 ms a process): raise this on a
     /// loaded machine if spawns fail with "init time limit exceeded".
@@ -151,6 +155,11 @@ pub(super) struct Run {
     /// Messages a process's mailbox holds; a send to a full mailbox fails for the sender.
     #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     mailbox: u32,
+    /// The bytes of undelivered messages (topics and bodies) a process's mailbox holds,
+    /// e.g. 64MiB; a send past it fails for the sender, as a send to a full mailbox. An
+    /// empty mailbox takes any one message.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = units::nonzero_size)]
+    mailbox_bytes: usize,
     /// Grant a command to every process (repeatable). Granted by default: sleep, spawn,
     /// send, monitor. Not granted unless allowed: terminate.
     #[arg(long = "allow", value_name = "COMMAND")]
@@ -417,7 +426,20 @@ impl Run {
             .max_children(self.max_children)
             .max_yields_per_step(self.max_yields as usize)
             .max_payload_size(self.max_payload)
-            .mailbox_capacity(self.mailbox as usize);
+            .mailbox_capacity(self.mailbox as usize)
+            .mailbox_bytes(self.mailbox_bytes);
+        if let Some(bytes) = self.max_step_output {
+            if bytes < self.max_payload {
+                return Err(Failure::new(
+                    Exit::Usage,
+                    format!(
+                        "--max-step-output ({bytes} bytes) must be at least --max-payload ({} bytes)",
+                        self.max_payload
+                    ),
+                ));
+            }
+            builder = builder.max_output_per_step(bytes);
+        }
         if let Some(workers) = self.workers {
             builder = builder.workers(workers as usize);
         }

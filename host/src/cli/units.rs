@@ -13,6 +13,14 @@ pub(crate) fn size(text: &str) -> Result<usize, String> {
     usize::try_from(parsed.as_u64()).map_err(|_| format!("`{text}` is too large for this machine"))
 }
 
+/// A [`size`] of at least one byte.
+pub(crate) fn nonzero_size(text: &str) -> Result<usize, String> {
+    match size(text)? {
+        0 => Err(format!("`{text}` is zero: the size must be at least 1 byte")),
+        bytes => Ok(bytes),
+    }
+}
+
 /// A memory cap: a [`size`] of at least one Wasm page (64 KiB).
 pub(crate) fn memory(text: &str) -> Result<usize, String> {
     let bytes = size(text)?;
@@ -82,6 +90,8 @@ mod tests {
         assert!(size("lots").unwrap_err().contains("like 64MiB"));
         assert!(memory("64").unwrap_err().contains("at least 64KiB"));
         assert_eq!(memory("64KiB"), Ok(64 << 10));
+        assert!(nonzero_size("0B").unwrap_err().contains("at least 1 byte"));
+        assert_eq!(nonzero_size("1"), Ok(1));
     }
 
     #[test]

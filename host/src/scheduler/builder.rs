@@ -37,8 +37,11 @@ pub struct Builder {
     workers: Option<usize>,
     max_processes: usize,
     mailbox_capacity: usize,
+    mailbox_bytes: usize,
     turn_budget: u32,
     limits: Limits,
+    /// `None`: four times `max_payload_size`, as it is when the scheduler is built.
+    max_output_per_step: Option<usize>,
     capabilities: Capabilities,
     thread_name: String,
     handlers: FxHashMap<String, Arc<dyn Handler>>,
@@ -73,13 +76,16 @@ impl Default for Builder {
             workers: None,
             max_processes: 1_000_000,
             mailbox_capacity: 1024,
+            mailbox_bytes: 64 << 20,
             turn_budget: 16,
             limits: Limits {
                 max_yields_per_step: 1024,
                 max_payload_size: 16 << 20,
+                max_output_per_step: 0,
                 max_children: 10_000,
                 max_descendants: 100_000,
             },
+            max_output_per_step: None,
             capabilities: Capabilities::default(),
             thread_name: "wasmproc".to_owned(),
             handlers: FxHashMap::default(),
@@ -115,9 +121,21 @@ impl Builder {
 
     /// Undelivered messages a process's mailbox holds before sends to it fail with
     /// [`SendError::MailboxFull`](crate::error::SendError::MailboxFull). By default 1024: at about 100 bytes an entry plus the
-    /// bodies, a flooded process holds ~100 KiB of backlog, not unbounded memory.
+    /// bodies (which [`Builder::mailbox_bytes`] bounds), a flooded process holds ~100 KiB
+    /// of backlog, not unbounded memory.
     pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
         self.mailbox_capacity = capacity;
+        self
+    }
+
+    /// The bytes of undelivered messages (topics and bodies) a process's mailbox holds
+    /// before sends to it fail with
+    /// [`SendError::MailboxFull`](crate::error::SendError::MailboxFull), whatever their
+    /// count: a receiver that does not read costs its senders at most this much memory.
+    /// An empty mailbox takes any one message (up to the payload limit), so a message
+    /// larger than this waits until the receiver has read the rest. By default 64 MiB.
+    pub fn mailbox_bytes(mut self, bytes: usize) -> Self {
+        self.mailbox_bytes = bytes;
         self
     }
 
@@ -134,6 +152,19 @@ impl Builder {
     /// 16 MiB.
     pub fn max_payload_size(mut self, bytes: usize) -> Self {
         self.limits.max_payload_size = bytes;
+        self
+    }
+
+    /// The most bytes one step's commands carry together (as [`Builder::max_payload_size`]
+    /// counts each: messages, spawn inputs, custom payloads), and the result of a step
+    /// that completes; a step past it ends its process with an error naming this limit.
+    /// Each command is bounded by `max_payload_size`, but a step may yield
+    /// `max_yields_per_step` of them: without this bound, 1,024 × 16 MiB copied out of one
+    /// step before anything is dispatched. A Wasm process's output is looked at as it is
+    /// lifted: the commands past the bound are not copied into the host. At least
+    /// `max_payload_size`; by default four times it (64 MiB).
+    pub fn max_output_per_step(mut self, bytes: usize) -> Self {
+        self.max_output_per_step = Some(bytes);
         self
     }
 
@@ -254,7 +285,20 @@ impl Builder {
         ensure!((1..=max_workers).contains(&workers), "`workers` must be between 1 and {max_workers}, got {workers}");
         ensure!(self.max_processes > 0, "`max_processes` must be at least 1");
         ensure!(self.mailbox_capacity > 0, "`mailbox_capacity` must be at least 1");
+        ensure!(self.mailbox_bytes > 0, "`mailbox_bytes` must be at least 1");
         ensure!(self.turn_budget > 0, "`turn_budget` must be at least 1");
+        let mut limits = self.limits;
+        limits.max_output_per_step = match self.max_output_per_step {
+            Some(bytes) => {
+                ensure!(
+                    bytes >= limits.max_payload_size,
+                    "`max_output_per_step` ({bytes} bytes) must be at least `max_payload_size` ({} bytes)",
+                    limits.max_payload_size
+                );
+                bytes
+            }
+            None => limits.max_payload_size.saturating_mul(4),
+        };
         ensure!(
             self.remote.is_none() || self.journal.is_none(),
             "a scheduler cannot be both durable (a journal) and a cluster node: durable processes do not cross nodes yet"
@@ -317,8 +361,9 @@ impl Builder {
                 workers,
                 max_processes: self.max_processes,
                 mailbox_capacity: self.mailbox_capacity,
+                mailbox_bytes: self.mailbox_bytes,
                 turn_budget: self.turn_budget,
-                limits: self.limits,
+                limits,
                 capabilities: Arc::new(self.capabilities),
                 denial_hint: self.denial_hint,
             },

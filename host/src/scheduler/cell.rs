@@ -13,7 +13,7 @@ use super::caps::Capabilities;
 use super::completer::Completer;
 use super::durable::StepInProgress;
 use super::handle::ExitSlot;
-use super::inbox::{Inbox, MessageId, Refused};
+use super::inbox::{Inbox, MailboxBound, MessageId, Refused};
 use super::limits::Lineage;
 use super::process::{Event, Outcome, Pid, Process};
 use super::shared::Shared;
@@ -43,6 +43,8 @@ pub(super) struct Spec {
     pub(super) kind: Option<Arc<str>>,
     pub(super) caps: Arc<Capabilities>,
     pub(super) mailbox_capacity: usize,
+    /// The bytes of undelivered messages its mailbox holds (see [`MailboxBound`]).
+    pub(super) mailbox_bytes: usize,
 }
 
 pub(super) struct ProcessCell {
@@ -126,7 +128,8 @@ impl ProcessCell {
 
     /// As [`ProcessCell::deliver`], for a message with an identity.
     pub(super) fn deliver_identified(&self, event: Event, id: Option<MessageId>) -> Result<Wake, Refused> {
-        self.inbox.push_identified(event, self.spec.mailbox_capacity, id)?;
+        let bound = MailboxBound { messages: self.spec.mailbox_capacity, bytes: self.spec.mailbox_bytes };
+        self.inbox.push_identified(event, bound, id)?;
         Ok(self.state.wake())
     }
 
@@ -268,7 +271,14 @@ mod loom_models {
     }
 
     fn ready_cell() -> Arc<ProcessCell> {
-        let spec = Spec { scheduler: None, parent: Pid::HOST, kind: None, caps: Arc::default(), mailbox_capacity: 8 };
+        let spec = Spec {
+            scheduler: None,
+            parent: Pid::HOST,
+            kind: None,
+            caps: Arc::default(),
+            mailbox_capacity: 8,
+            mailbox_bytes: usize::MAX,
+        };
         let cell = Arc::new(ProcessCell::new(Pid::from_u64(1), Box::new(Inert), spec, Lineage::default()));
         cell.state.transition_to_ready_from_init();
         cell

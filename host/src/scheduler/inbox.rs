@@ -12,7 +12,7 @@
 use std::borrow::Cow;
 use std::mem;
 
-use super::process::{Event, Pid};
+use super::process::{Event, Pid, message_size};
 use crate::loom::Mutex;
 
 /// A durable message's identity: its sender, and a number unique among that sender's
@@ -26,6 +26,18 @@ pub(super) enum Refused {
     Closed,
     /// The mailbox holds `capacity` undelivered messages already.
     Full { capacity: usize },
+    /// The message would take the mailbox's undelivered messages past `limit` bytes.
+    FullBytes { limit: usize },
+}
+
+/// What a mailbox holds at most: undelivered messages, and their bytes (topics and
+/// bodies, as [`message_size`] counts them). An empty mailbox takes any one message, so
+/// a message larger than the byte bound is delayed until its receiver has read the rest,
+/// never refused for ever.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct MailboxBound {
+    pub(super) messages: usize,
+    pub(super) bytes: usize,
 }
 
 pub(super) struct Inbox<W> {
@@ -41,6 +53,8 @@ struct InboxState<W> {
     drained_ids: Vec<MessageId>,
     /// Messages in `events`; bounded by the mailbox capacity.
     messages: usize,
+    /// The bytes of the messages in `events`; bounded by the mailbox's byte bound.
+    bytes: usize,
     closed: bool,
     watchers: Vec<W>,
     terminate_reason: Option<Cow<'static, str>>,
@@ -64,6 +78,7 @@ impl<W> Inbox<W> {
                 ids: Vec::new(),
                 drained_ids: Vec::new(),
                 messages: 0,
+                bytes: 0,
                 closed: false,
                 watchers: Vec::new(),
                 terminate_reason: None,
@@ -71,23 +86,34 @@ impl<W> Inbox<W> {
         }
     }
 
-    /// Pushes `event`. Messages count against `capacity`; other events (completions,
+    /// Pushes `event`. Messages count against `bound`; other events (completions,
     /// exits, cancel) are bounded by what the process itself asked for and always fit.
-    pub(super) fn push(&self, event: Event, capacity: usize) -> Result<(), Refused> {
-        self.push_identified(event, capacity, None)
+    pub(super) fn push(&self, event: Event, bound: MailboxBound) -> Result<(), Refused> {
+        self.push_identified(event, bound, None)
     }
 
     /// As [`Inbox::push`], with the identity of a message.
-    pub(super) fn push_identified(&self, event: Event, capacity: usize, id: Option<MessageId>) -> Result<(), Refused> {
+    pub(super) fn push_identified(
+        &self,
+        event: Event,
+        bound: MailboxBound,
+        id: Option<MessageId>,
+    ) -> Result<(), Refused> {
         let mut inner = self.inner.lock();
         if inner.closed {
             return Err(Refused::Closed);
         }
-        if matches!(event, Event::Message { .. }) {
-            if inner.messages >= capacity {
-                return Err(Refused::Full { capacity });
+        if let Event::Message { topic, body, .. } = &event {
+            if inner.messages >= bound.messages {
+                return Err(Refused::Full { capacity: bound.messages });
+            }
+            // No overflow: both terms are sizes of live allocations, or the bound.
+            let bytes = inner.bytes + message_size(topic, body);
+            if bytes > bound.bytes && inner.messages != 0 {
+                return Err(Refused::FullBytes { limit: bound.bytes });
             }
             inner.messages += 1;
+            inner.bytes = bytes;
         }
         inner.events.push(event);
         inner.ids.extend(id);
@@ -101,6 +127,7 @@ impl<W> Inbox<W> {
         let mut inner = self.inner.lock();
         mem::swap(&mut inner.events, buf);
         inner.messages = 0;
+        inner.bytes = 0;
         // Swapping two empty vectors when messages carry no identity: no allocation.
         let inner = &mut *inner;
         inner.drained_ids.clear();
@@ -144,6 +171,7 @@ impl<W> Inbox<W> {
         let mut inner = self.inner.lock();
         inner.closed = true;
         inner.messages = 0;
+        inner.bytes = 0;
         Closed {
             undelivered: mem::take(&mut inner.events),
             watchers: mem::take(&mut inner.watchers),
@@ -166,29 +194,58 @@ mod tests {
         Event::Message { sender: Pid::HOST, topic: "t".into(), body: Payload::u64(n) }
     }
 
+    /// A message of `len` bytes as the mailbox counts them (a one-byte topic).
+    fn message_of(len: usize) -> Event {
+        Event::Message { sender: Pid::HOST, topic: "t".into(), body: Payload::bytes(vec![0; len - 1]) }
+    }
+
+    fn messages(n: usize) -> MailboxBound {
+        MailboxBound { messages: n, bytes: usize::MAX }
+    }
+
     #[test]
     fn mailbox_bound_counts_messages_only() {
         let inbox = Inbox::<()>::new();
-        assert_eq!(inbox.push(message(1), 1), Ok(()));
-        assert_eq!(inbox.push(message(2), 1), Err(Refused::Full { capacity: 1 }));
+        assert_eq!(inbox.push(message(1), messages(1)), Ok(()));
+        assert_eq!(inbox.push(message(2), messages(1)), Err(Refused::Full { capacity: 1 }));
         let completion = Event::Completion { tag: 7, result: Ok(Payload::empty()) };
-        assert_eq!(inbox.push(completion, 1), Ok(()));
+        assert_eq!(inbox.push(completion, messages(1)), Ok(()));
         let mut buf = Vec::new();
         inbox.drain_into(&mut buf);
         assert_eq!(buf.len(), 2);
-        assert_eq!(inbox.push(message(3), 1), Ok(()), "draining frees the mailbox");
+        assert_eq!(inbox.push(message(3), messages(1)), Ok(()), "draining frees the mailbox");
+    }
+
+    #[test]
+    fn mailbox_bound_counts_bytes() {
+        let inbox = Inbox::<()>::new();
+        let bound = MailboxBound { messages: 100, bytes: 1000 };
+        assert_eq!(inbox.push(message_of(600), bound), Ok(()));
+        assert_eq!(inbox.push(message_of(400), bound), Ok(()), "up to the bound exactly");
+        assert_eq!(inbox.push(message_of(1), bound), Err(Refused::FullBytes { limit: 1000 }));
+        let completion = Event::Completion { tag: 7, result: Ok(Payload::bytes(vec![0; 5000])) };
+        assert_eq!(inbox.push(completion, bound), Ok(()), "only messages count");
+        let mut buf = Vec::new();
+        inbox.drain_into(&mut buf);
+        assert_eq!(inbox.push(message_of(1000), bound), Ok(()), "draining frees the bytes");
+        buf.clear();
+        inbox.drain_into(&mut buf);
+        assert_eq!(inbox.push(message_of(5000), bound), Ok(()), "an empty mailbox takes any one message");
+        assert_eq!(inbox.push(message_of(1), bound), Err(Refused::FullBytes { limit: 1000 }));
+        inbox.close();
+        assert_eq!(inbox.push(message_of(1), bound), Err(Refused::Closed));
     }
 
     #[test]
     fn closed_inbox_refuses_and_returns_leftovers() {
         let inbox = Inbox::<()>::new();
-        inbox.push(message(1), 8).unwrap();
+        inbox.push(message(1), messages(8)).unwrap();
         assert!(inbox.set_terminate_reason("first".into()));
         assert!(inbox.set_terminate_reason("second".into()));
         let closed = inbox.close();
         assert_eq!(closed.undelivered.len(), 1);
         assert_eq!(closed.terminate_reason.as_deref(), Some("first"));
-        assert_eq!(inbox.push(message(2), 8), Err(Refused::Closed));
+        assert_eq!(inbox.push(message(2), messages(8)), Err(Refused::Closed));
         assert!(!inbox.set_terminate_reason("late".into()));
     }
 }

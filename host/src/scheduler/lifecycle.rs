@@ -20,7 +20,7 @@ use super::registry;
 use super::shared::Shared;
 use super::state::Wake;
 use super::worker;
-use crate::error::{SendError, SpawnError};
+use crate::error::{MailboxLimit, SendError, SpawnError};
 
 /// The hibernation list's length below which it is never pruned, so that a scheduler
 /// with few live processes does not prune at every listing. Picked out of thin air: 16
@@ -68,6 +68,7 @@ impl Shared {
             kind: args.kind,
             caps: args.caps,
             mailbox_capacity: args.mailbox_capacity,
+            mailbox_bytes: self.settings.mailbox_bytes,
         };
         let cell = match self.registry.insert(shard, process, spec, args.lineage) {
             Ok(cell) => cell,
@@ -185,7 +186,12 @@ impl Shared {
                 Ok(())
             }
             Err(Refused::Closed) => Err(SendError::Closed(to)),
-            Err(Refused::Full { capacity }) => Err(SendError::MailboxFull { pid: to, capacity }),
+            Err(Refused::Full { capacity }) => {
+                Err(SendError::MailboxFull { pid: to, limit: MailboxLimit::Messages(capacity) })
+            }
+            Err(Refused::FullBytes { limit }) => {
+                Err(SendError::MailboxFull { pid: to, limit: MailboxLimit::Bytes(limit) })
+            }
         }
     }
 

@@ -14,6 +14,8 @@ use super::process::{CommandKind, Yield};
 pub(crate) struct Limits {
     pub(super) max_yields_per_step: usize,
     pub(super) max_payload_size: usize,
+    /// The bytes all of one step's commands carry together (see `Builder::max_output_per_step`).
+    pub(super) max_output_per_step: usize,
     pub(super) max_children: usize,
     pub(super) max_descendants: usize,
 }
@@ -26,11 +28,17 @@ impl Limits {
             return Err(yield_limit_exceeded(yields.len(), self.max_yields_per_step));
         }
         let mut spawns = 0;
+        let mut output = 0usize;
         for y in yields {
             if y.command.kind() == CommandKind::Spawn {
                 spawns += 1;
             }
-            self.check_payload(y.command.payload_size(), y.command.name())?;
+            let size = y.command.payload_size();
+            self.check_payload(size, y.command.name())?;
+            output = output.saturating_add(size);
+        }
+        if output > self.max_output_per_step {
+            return Err(output_limit_exceeded(output, self.max_output_per_step));
         }
         // A step that spawns nothing adds to no count: the counts of its tree, shared
         // with every process in it and so often on another core, are not read.
@@ -73,6 +81,15 @@ pub(crate) fn yield_limit_exceeded(yielded: usize, max: usize) -> String {
 /// The error that ends a process that handed `what` a payload of `size` bytes, over `max`.
 pub(crate) fn payload_limit_exceeded(size: usize, what: &str, max: usize) -> String {
     format!("payload limit exceeded: a {size}-byte payload for `{what}` is over `max_payload_size` ({max} bytes)")
+}
+
+/// The error that ends a process whose step's commands (and result) carried `bytes`
+/// together, over `max`.
+pub(crate) fn output_limit_exceeded(bytes: usize, max: usize) -> String {
+    format!(
+        "step output limit exceeded: one step's commands and result carry {bytes} bytes, more than \
+         `max_output_per_step` ({max} bytes)"
+    )
 }
 
 /// A process's place in its process tree: the live counts that [`Limits::check`] bounds.

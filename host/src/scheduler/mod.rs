@@ -82,7 +82,7 @@ use self::durable::SUSPENDED;
 pub(crate) use self::durable::replaying_now;
 pub use self::handle::{Handle, ProcessHandle, SpawnOptions, Spawnable};
 #[cfg(feature = "wasm")]
-pub(crate) use self::limits::{payload_limit_exceeded, yield_limit_exceeded};
+pub(crate) use self::limits::{output_limit_exceeded, payload_limit_exceeded, yield_limit_exceeded};
 pub use self::port::Port;
 use self::process::Pid;
 pub use self::process::{Command, Event, Events, Outcome, Process, SpawnRequest, Status, StepOutput, Yield};

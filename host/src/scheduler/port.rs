@@ -82,6 +82,14 @@ impl Port {
         self.cell.upgrade().map_or(0, |cell| scheduler(&cell).settings.limits.max_payload_size)
     }
 
+    /// The most bytes one step of this process may hand the host in its commands and
+    /// result together: more ends it
+    /// ([`Builder::max_output_per_step`](super::Builder::max_output_per_step)). 0 once the
+    /// process has ended.
+    pub fn max_output_per_step(&self) -> usize {
+        self.cell.upgrade().map_or(0, |cell| scheduler(&cell).settings.limits.max_output_per_step)
+    }
+
     /// Whether a long step should give its worker back now: other processes are queued
     /// on this scheduler, or this process has been asked to terminate. A snapshot of racy
     /// checks: a wrong answer only moves a yield by one look (an epoch tick for Wasm).

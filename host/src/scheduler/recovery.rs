@@ -110,6 +110,7 @@ fn make_again(
             None => saved.spawn.caps.clone(),
         }),
         mailbox_capacity: (saved.spawn.mailbox_capacity as usize).max(1),
+        mailbox_bytes: shared.settings.mailbox_bytes,
     };
     Ok((process, spec, sandbox))
 }

@@ -224,7 +224,14 @@ mod tests {
     }
 
     fn insert(reg: &Registry, shard: usize) -> Pid {
-        let spec = Spec { scheduler: None, parent: Pid::HOST, kind: None, caps: Arc::default(), mailbox_capacity: 1 };
+        let spec = Spec {
+            scheduler: None,
+            parent: Pid::HOST,
+            kind: None,
+            caps: Arc::default(),
+            mailbox_capacity: 1,
+            mailbox_bytes: usize::MAX,
+        };
         reg.insert(shard, Box::new(Inert), spec, Lineage::default()).ok().unwrap().pid()
     }
 

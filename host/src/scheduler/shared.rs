@@ -80,6 +80,7 @@ pub(super) struct Settings {
     pub(super) workers: usize,
     pub(super) max_processes: usize,
     pub(super) mailbox_capacity: usize,
+    pub(super) mailbox_bytes: usize,
     pub(super) turn_budget: u32,
     pub(super) capabilities: Arc<Capabilities>,
     pub(super) limits: Limits,

@@ -84,6 +84,7 @@ use super::dispatch::{Origin, Resolution, Resolved};
 use super::durable::PortSend;
 use super::durable::Turn;
 use super::idle::{PARK_AFTER_ROUNDS, Unparked, YIELD_AFTER_ROUNDS};
+use super::inbox::MailboxBound;
 use super::process::{Event, Events, Payload, Status, StepOutput};
 use super::record::now_micros;
 use super::shared::Shared;
@@ -598,7 +599,9 @@ impl WorkerLoop<'_> {
                 // `Ready` but in no queue yet: no one else can touch the process, so the
                 // kept completions can go into its inbox without a wake.
                 for event in early.drain(..) {
-                    cell.inbox.push(event, usize::MAX).expect("inbox of a live process is open");
+                    cell.inbox
+                        .push(event, MailboxBound { messages: usize::MAX, bytes: usize::MAX })
+                        .expect("inbox of a live process is open");
                 }
             } else {
                 debug_assert!(

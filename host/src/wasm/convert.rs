@@ -12,7 +12,7 @@ use super::bindings::wasmproc::process::host;
 use super::bindings::wasmproc::process::types as wit;
 use super::output::{self, Caps};
 use crate::scheduler::process::{Command, Outcome, SpawnRequest, Status};
-use crate::scheduler::{payload_limit_exceeded, yield_limit_exceeded};
+use crate::scheduler::{output_limit_exceeded, payload_limit_exceeded, yield_limit_exceeded};
 
 pub(crate) fn payload_to_wit(payload: Payload) -> wit::Payload {
     wit::Payload { format: payload.format.as_str().to_owned(), data: payload.data }
@@ -20,6 +20,23 @@ pub(crate) fn payload_to_wit(payload: Payload) -> wit::Payload {
 
 pub(crate) fn payload_from_wit(payload: wit::Payload) -> Payload {
     Payload { format: Format::from_name(&payload.format), data: payload.data }
+}
+
+/// The error of a step whose output's byte strings together passed `max_output_per_step`
+/// (see `output.rs`), if it did: checked before anything else of the output, whose
+/// strings past the bound were not lifted.
+pub(crate) fn check_output_size(output: &output::StepOutput, caps: Caps) -> Result<(), String> {
+    match output.over {
+        Some(total) => Err(output_limit_exceeded(total, caps.output)),
+        None => Ok(()),
+    }
+}
+
+/// A name or text of a step's output, or the error for one over `max_payload_size`.
+fn text_from_output(text: output::Capped<String, output::Bytes>, what: &str, caps: Caps) -> Result<String, String> {
+    text.value.map_err(|len| {
+        format!("payload limit exceeded: a {len}-byte {what} is over `max_payload_size` ({} bytes)", caps.bytes)
+    })
 }
 
 /// The scheduler's status of a step's `status`, or the error of the limit its result
@@ -30,7 +47,9 @@ pub(crate) fn status_from_output(status: output::StatusKind, caps: Caps) -> Resu
             let size = len_of(&payload.data, Vec::len);
             Status::Complete(Ok(payload_from_output(payload, size, "the result", caps)?))
         }
-        output::StatusKind::Complete(Err(error)) => Status::Complete(Err(error)),
+        output::StatusKind::Complete(Err(error)) => {
+            Status::Complete(Err(text_from_output(error, "error result", caps)?))
+        }
         output::StatusKind::Idle => Status::Idle,
         output::StatusKind::Blocked => Status::Blocked,
         output::StatusKind::Continue => Status::Continue,
@@ -108,8 +127,8 @@ pub(crate) fn command_from_output(command: output::Command, caps: Caps) -> Resul
             let input =
                 input.into_iter().map(|p| payload_from_output(p, size, "spawn", caps)).collect::<Result<_, _>>();
             Command::Spawn(SpawnRequest {
-                kind: request.kind,
-                method: request.method,
+                kind: request.kind.map(|kind| text_from_output(kind, "kind for `spawn`", caps)).transpose()?,
+                method: text_from_output(request.method, "method for `spawn`", caps)?,
                 input: input?,
                 monitor: request.monitor,
             })
@@ -121,9 +140,10 @@ pub(crate) fn command_from_output(command: output::Command, caps: Caps) -> Resul
         output::Command::Monitor(pid) => Command::Monitor(Pid::from_u64(pid)),
         output::Command::Terminate(pid) => Command::Terminate(Pid::from_u64(pid)),
         output::Command::Custom(custom) => {
+            let name = text_from_output(custom.name, "command name", caps)?;
             let size = len_of(&custom.payload.data, Vec::len);
-            let payload = payload_from_output(custom.payload, size, &custom.name, caps)?;
-            Command::Custom { name: custom.name.into(), payload }
+            let payload = payload_from_output(custom.payload, size, &name, caps)?;
+            Command::Custom { name: name.into(), payload }
         }
     })
 }
@@ -150,14 +170,13 @@ mod tests {
         }
     }
 
-    const CAPS: Caps = Caps { yields: 4, bytes: 8 };
+    const CAPS: Caps = Caps { yields: 4, bytes: 8, output: 32 };
 
     #[test]
     fn commands_keep_their_fields() {
         let command = |c| command_from_output(c, CAPS);
         assert_eq!(command(output::Command::Sleep(1_500)), Ok(Command::Sleep(Duration::from_nanos(1_500))));
-        let custom =
-            output::CustomCommand { name: "db.get".to_owned(), payload: output::Payload::new("text", b"k".to_vec()) };
+        let custom = output::CustomCommand::new("db.get", output::Payload::new("text", b"k".to_vec()));
         assert_eq!(
             command(output::Command::Custom(custom)),
             Ok(Command::Custom { name: "db.get".into(), payload: Payload::text("k") })
@@ -181,7 +200,7 @@ mod tests {
         let over = |len| output::Payload::over("bytes", len);
         let send = output::SendRequest::new(7, "topic", over(9));
         assert_eq!(command_from_output(output::Command::Send(send), CAPS), Err(payload_limit_exceeded(14, "send", 8)));
-        let custom = output::CustomCommand { name: "db.put".to_owned(), payload: over(100) };
+        let custom = output::CustomCommand::new("db.put", over(100));
         assert_eq!(
             command_from_output(output::Command::Custom(custom), CAPS),
             Err(payload_limit_exceeded(100, "db.put", 8))

@@ -14,6 +14,13 @@
 //! The yields of a step that completes are discarded (DESIGN 2): the lift of [`Status`]
 //! notes a `complete`, and the yields, lifted after it, are then not copied at all.
 //!
+//! Each byte string (payload, topic, name, error text) is bounded by `max_payload_size`,
+//! and all of one step's output together by `max_output_per_step`: every one of a step's
+//! 1,024 yields may point at the same 16 MiB of guest memory, which the guest holds once
+//! and the host would copy 1,024 times. The lift of [`StepOutput`] counts the lengths as
+//! it reads them, and once their sum is past the bound copies nothing more: the step then
+//! fails with the scheduler's error for that limit, naming the sum the guest asked for.
+//!
 //! The caps are the thread's ([`with_caps`]): the lift runs inside the call to the guest,
 //! on the thread (or the fiber on it) that makes the call, where the process's caps were
 //! set just before.
@@ -41,11 +48,13 @@ pub(crate) struct Caps {
     pub(crate) yields: usize,
     /// `max_payload_size`: no one payload, topic or input list may be longer.
     pub(crate) bytes: usize,
+    /// `max_output_per_step`: the byte strings of one step's output together.
+    pub(crate) output: usize,
 }
 
 impl Caps {
     /// No limit: what a lift outside [`with_caps`] gets.
-    const NONE: Caps = Caps { yields: usize::MAX, bytes: usize::MAX };
+    const NONE: Caps = Caps { yields: usize::MAX, bytes: usize::MAX, output: usize::MAX };
 }
 
 /// The caps of the output being lifted on this thread.
@@ -54,10 +63,18 @@ pub(crate) struct Lifting {
     caps: Caps,
     /// The step's status, lifted first, was `complete`: its yields are discarded.
     completed: bool,
+    /// While a [`StepOutput`] is lifted: the bytes of the byte strings read so far,
+    /// copied or not. `None` for the other lifts of a step (`send`, `respond`), each
+    /// bounded on its own and handed on at once.
+    output: Option<usize>,
+}
+
+impl Lifting {
+    const NONE: Lifting = Lifting { caps: Caps::NONE, completed: false, output: None };
 }
 
 thread_local! {
-    static LIFTING: Cell<Lifting> = const { Cell::new(Lifting { caps: Caps::NONE, completed: false }) };
+    static LIFTING: Cell<Lifting> = const { Cell::new(Lifting::NONE) };
 }
 
 /// Runs `call` (a call into the guest, or a poll of one) with `caps` for the output it
@@ -69,7 +86,7 @@ pub(crate) fn with_caps<R>(caps: Caps, call: impl FnOnce() -> R) -> R {
             LIFTING.set(self.0);
         }
     }
-    let _restore = Restore(LIFTING.replace(Lifting { caps, completed: false }));
+    let _restore = Restore(LIFTING.replace(Lifting { caps, ..Lifting::NONE }));
     call()
 }
 
@@ -98,24 +115,46 @@ macro_rules! component_type_as {
 
 /// Which cap bounds a [`Capped`] value's length.
 pub(crate) trait Cap: Send + Sync + 'static {
-    fn limit(lifting: Lifting) -> usize;
+    /// Whether a value of `count` elements is lifted; called once a value, as its lift
+    /// begins.
+    fn admits(count: usize) -> bool;
 }
 
 /// The step's yields: at most `max_yields_per_step`, none when the step completed.
 pub(crate) struct YieldCount;
 
 impl Cap for YieldCount {
-    fn limit(lifting: Lifting) -> usize {
-        if lifting.completed { 0 } else { lifting.caps.yields }
+    fn admits(count: usize) -> bool {
+        let lifting = LIFTING.get();
+        count <= if lifting.completed { 0 } else { lifting.caps.yields }
     }
 }
 
-/// A payload's bytes, a topic, a list of inputs: at most `max_payload_size` each.
+/// A byte string: a payload's bytes, a topic, a name, an error's text. At most
+/// `max_payload_size` each, and within a step's output, at most `max_output_per_step`
+/// with all those before it.
 pub(crate) struct Bytes;
 
 impl Cap for Bytes {
-    fn limit(lifting: Lifting) -> usize {
-        lifting.caps.bytes
+    fn admits(count: usize) -> bool {
+        let mut lifting = LIFTING.get();
+        let Some(before) = lifting.output else {
+            return count <= lifting.caps.bytes;
+        };
+        let total = before.saturating_add(count);
+        lifting.output = Some(total);
+        LIFTING.set(lifting);
+        count <= lifting.caps.bytes && total <= lifting.caps.output
+    }
+}
+
+/// A spawn's list of inputs: at most `max_payload_size` of them (each input's bytes are
+/// [`Bytes`]).
+pub(crate) struct InputCount;
+
+impl Cap for InputCount {
+    fn admits(count: usize) -> bool {
+        count <= LIFTING.get().caps.bytes
     }
 }
 
@@ -168,7 +207,7 @@ impl PointerPair for String {
 impl<T: PointerPair, K: Cap> Capped<T, K> {
     fn over(len: u64) -> Option<Self> {
         let count = T::count(len);
-        (count > K::limit(LIFTING.get())).then_some(Capped { value: Err(count), kind: PhantomData })
+        (!K::admits(count)).then_some(Capped { value: Err(count), kind: PhantomData })
     }
 }
 
@@ -235,7 +274,24 @@ impl FormatName {
         };
         Some(FormatName(format))
     }
+
+    /// Whether another name of `len` bytes is to be lifted: a name is a byte string like
+    /// any other (see [`Bytes`]). Not when it is past the output's bound (which fails the
+    /// step); an error when it is past `max_payload_size` itself.
+    fn admits(count: usize) -> wasmtime::Result<bool> {
+        let most = LIFTING.get().caps.bytes;
+        if count > most {
+            wasmtime::bail!(
+                "payload limit exceeded: a {count}-byte format name is over `max_payload_size` ({most} bytes)"
+            );
+        }
+        Ok(Bytes::admits(count))
+    }
 }
+
+/// What an unknown name past the output's bound is lifted as: the step fails for the
+/// bound, so the name is never read.
+const UNREAD: FormatName = FormatName(Format::Bytes);
 
 // One `ComponentType` for both directions: `input.rs` lowers the name, the `Lift` below
 // lifts it.
@@ -245,8 +301,12 @@ component_type_as!(FormatName, String);
 // bounds, or is `String`'s.
 unsafe impl Lift for FormatName {
     fn linear_lift_from_flat(cx: &mut LiftContext<'_>, ty: InterfaceType, src: &Self::Lower) -> wasmtime::Result<Self> {
-        if let Some(known) = Self::known(cx, u64::from(src[0].get_u32()), u64::from(src[1].get_u32())) {
+        let (ptr, len) = (u64::from(src[0].get_u32()), u64::from(src[1].get_u32()));
+        if let Some(known) = Self::known(cx, ptr, len) {
             return Ok(known);
+        }
+        if !Self::admits(String::count(len))? {
+            return Ok(UNREAD);
         }
         Ok(FormatName(Format::from_name(&String::linear_lift_from_flat(cx, ty, src)?)))
     }
@@ -255,6 +315,9 @@ unsafe impl Lift for FormatName {
         let (ptr, len) = pointer_pair(bytes);
         if let Some(known) = Self::known(cx, ptr, len) {
             return Ok(known);
+        }
+        if !Self::admits(String::count(len))? {
+            return Ok(UNREAD);
         }
         Ok(FormatName(Format::from_name(&String::linear_lift_from_memory(cx, ty, bytes)?)))
     }
@@ -271,9 +334,9 @@ pub(crate) struct Payload {
 #[derive(ComponentType, Lift, Debug)]
 #[component(record)]
 pub(crate) struct SpawnRequest {
-    pub(crate) kind: Option<String>,
-    pub(crate) method: String,
-    pub(crate) input: Capped<Vec<Payload>, Bytes>,
+    pub(crate) kind: Option<Capped<String, Bytes>>,
+    pub(crate) method: Capped<String, Bytes>,
+    pub(crate) input: Capped<Vec<Payload>, InputCount>,
     pub(crate) monitor: bool,
 }
 
@@ -288,7 +351,7 @@ pub(crate) struct SendRequest {
 #[derive(ComponentType, Lift, Debug)]
 #[component(record)]
 pub(crate) struct CustomCommand {
-    pub(crate) name: String,
+    pub(crate) name: Capped<String, Bytes>,
     pub(crate) payload: Payload,
 }
 
@@ -320,7 +383,7 @@ pub(crate) struct YieldCommand {
 #[component(variant)]
 pub(crate) enum StatusKind {
     #[component(name = "complete")]
-    Complete(Result<Payload, String>),
+    Complete(Result<Payload, Capped<String, Bytes>>),
     #[component(name = "idle")]
     Idle,
     #[component(name = "blocked")]
@@ -355,12 +418,56 @@ impl Status {
     }
 }
 
-/// `step-output`: the status first (the record's field order), then the yields.
+/// `step-output` as the guest wrote it: the status first (the record's field order),
+/// then the yields.
 #[derive(ComponentType, Lift, Debug)]
 #[component(record)]
+pub(crate) struct StepRecord {
+    pub(crate) status: Status,
+    pub(crate) yields: Capped<Vec<YieldCommand>, YieldCount>,
+}
+
+/// `step-output`, with the bytes of its byte strings counted as they are lifted.
+#[derive(Debug)]
 pub(crate) struct StepOutput {
     pub(crate) status: Status,
     pub(crate) yields: Capped<Vec<YieldCommand>, YieldCount>,
+    /// The bytes the output's byte strings hold together, when that is past
+    /// `max_output_per_step`: the lift then copied none past the bound.
+    pub(crate) over: Option<usize>,
+}
+
+component_type_as!(StepOutput, StepRecord);
+
+impl StepOutput {
+    /// Lifts the record with the count of its bytes on, and turns it off afterwards
+    /// however the lift ends.
+    fn counted(lift: impl FnOnce() -> wasmtime::Result<StepRecord>) -> wasmtime::Result<StepOutput> {
+        struct Stop;
+        impl Drop for Stop {
+            fn drop(&mut self) {
+                LIFTING.set(Lifting { output: None, ..LIFTING.get() });
+            }
+        }
+        LIFTING.set(Lifting { output: Some(0), ..LIFTING.get() });
+        let stop = Stop;
+        let StepRecord { status, yields } = lift()?;
+        let lifting = LIFTING.get();
+        drop(stop);
+        let total = lifting.output.unwrap_or(0);
+        Ok(StepOutput { status, yields, over: (total > lifting.caps.output).then_some(total) })
+    }
+}
+
+// SAFETY: `StepRecord`'s lift; counting touches nothing of the guest's.
+unsafe impl Lift for StepOutput {
+    fn linear_lift_from_flat(cx: &mut LiftContext<'_>, ty: InterfaceType, src: &Self::Lower) -> wasmtime::Result<Self> {
+        StepOutput::counted(|| StepRecord::linear_lift_from_flat(cx, ty, src))
+    }
+
+    fn linear_lift_from_memory(cx: &mut LiftContext<'_>, ty: InterfaceType, bytes: &[u8]) -> wasmtime::Result<Self> {
+        StepOutput::counted(|| StepRecord::linear_lift_from_memory(cx, ty, bytes))
+    }
 }
 
 #[cfg(test)]
@@ -384,6 +491,18 @@ impl SendRequest {
 #[cfg(test)]
 impl SpawnRequest {
     pub(crate) fn new(kind: Option<String>, method: &str, input: Vec<Payload>, monitor: bool) -> SpawnRequest {
-        SpawnRequest { kind, method: method.to_owned(), input: Capped::lifted(input), monitor }
+        SpawnRequest {
+            kind: kind.map(Capped::lifted),
+            method: Capped::lifted(method.to_owned()),
+            input: Capped::lifted(input),
+            monitor,
+        }
+    }
+}
+
+#[cfg(test)]
+impl CustomCommand {
+    pub(crate) fn new(name: &str, payload: Payload) -> CustomCommand {
+        CustomCommand { name: Capped::lifted(name.to_owned()), payload }
     }
 }

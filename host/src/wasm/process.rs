@@ -114,7 +114,7 @@ impl WasmProcess {
             stack: None,
             stack_warm: false,
             hibernation_asked: false,
-            caps: Caps { yields: 0, bytes: 0 },
+            caps: Caps { yields: 0, bytes: 0, output: 0 },
         }
     }
 
@@ -185,7 +185,11 @@ impl Process for WasmProcess {
             bail!("unknown entry method `{method}`; this component has: {}", loaded.entries.join(", "));
         }
         let limits = self.limits;
-        self.caps = Caps { yields: port.max_yields_per_step(), bytes: port.max_payload_size() };
+        self.caps = Caps {
+            yields: port.max_yields_per_step(),
+            bytes: port.max_payload_size(),
+            output: port.max_output_per_step(),
+        };
         let mut store = new_store(loaded.pre.engine(), pid, loaded.log.clone(), &limits);
         store.data_mut().port = Some(port.clone());
         let instantiated = loaded.pre.instance_pre().instantiate(&mut store).and_then(|instance| {
@@ -244,6 +248,7 @@ impl Process for WasmProcess {
         }
         self.state = State::Ready(running);
         // An output past a limit ends the process with the scheduler's own error for it.
+        convert::check_output_size(&output, self.caps).map_err(anyhow::Error::msg)?;
         let status = convert::status_from_output(output.status.0, self.caps).map_err(anyhow::Error::msg)?;
         // A completing step's yields are discarded (DESIGN 2); they were not even lifted.
         if !matches!(status, Status::Complete(_)) {

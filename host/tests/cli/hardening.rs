@@ -335,6 +335,8 @@ fn no_flag_value_makes_the_binary_panic() {
         "--max-children",
         "--max-yields",
         "--mailbox",
+        "--mailbox-bytes",
+        "--max-step-output",
     ]);
     let flags = proptest::collection::vec((flag, value), 1..4);
     let documented = [0, 1, 2, 3, 4, 5, 141];

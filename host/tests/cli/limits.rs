@@ -151,3 +151,32 @@ fn a_fuel_budget_too_small_fails_the_process_not_the_module() {
         .error_says("fuel budget exhausted");
     run(&["inspect", HELLO, "--fuel", "1"]).expect(0);
 }
+
+/// The byte bounds of a mailbox and of a step's output are flags, explained in `--help`,
+/// and a value that cannot work is a usage error.
+#[test]
+fn mailbox_and_step_output_bytes_are_flags_with_their_bounds() {
+    let help = run(&["run", "--help"]).expect(0);
+    for text in ["--mailbox-bytes <SIZE>", "[default: 64MiB]", "--max-step-output <SIZE>", "4 × --max-payload"] {
+        assert!(help.stdout.contains(text), "`run --help` should mention {text:?}");
+    }
+    let help = run(&["node", "--help"]).expect(0);
+    assert!(help.stdout.contains("--mailbox-bytes <SIZE>"), "`node --help` should mention --mailbox-bytes");
+    run(&["run", HELLO, "--method", "greet", "--mailbox-bytes", "0"]).expect(2).error_says("at least 1 byte");
+    run(&["run", HELLO, "--method", "greet", "--max-step-output", "1MiB"])
+        .expect(2)
+        .error_says("--max-step-output (1048576 bytes) must be at least --max-payload (16777216 bytes)");
+    run(&[
+        "run",
+        HELLO,
+        "--method",
+        "greet",
+        "--input",
+        "\"x\"",
+        "--mailbox-bytes",
+        "1KiB",
+        "--max-step-output",
+        "32MiB",
+    ])
+    .expect(0);
+}
