@@ -425,6 +425,49 @@ fn a_flood_runs_its_bound_queues_its_bound_and_is_refused_past_both() {
     assert_eq!(server.hits(), running + queued);
 }
 
+/// Queued bodies count against a per-process bound in bytes: past it a request fails
+/// `limit` at once, saying how much is queued.
+#[test]
+fn queued_bodies_are_bounded_in_bytes() {
+    let server = Server::start();
+    let allow = settings(&[&format!("127.0.0.1:{}", server.port())]);
+    let s = scheduler(HttpSettings { max_in_flight_per_process: 1, max_queued_bytes_per_process: 1000, ..allow });
+    let post =
+        || command("http.request", json!({ "method": "POST", "url": server.url("/hold"), "body": "x".repeat(600) }));
+    let (handle, probe) = spawn_yielding(&s, vec![post(), post(), post()]);
+    wait_until(|| probe.completion_tags().len() == 1 && server.holding() == 1);
+    assert_eq!(probe.completion_tags(), vec![3], "the first runs, the second waits, the third is refused");
+    let events = probe.events();
+    let error = events.iter().find_map(|e| completion(e, 3)).unwrap().as_ref().unwrap_err();
+    assert!(
+        error.starts_with("limit: process ") && error.contains("1 queued (600 bytes of bodies, and this one's 600)"),
+        "{error}"
+    );
+    server.open_gate();
+    handle.join_timeout(HANG).expect("the process ends in time").expect("the process succeeds");
+    assert_eq!(server.hits(), 2);
+}
+
+/// A process's requests go when it ends: those queued never reach the server and free
+/// their bodies at once, the one in flight is dropped (its connection closed) without
+/// waiting for an answer, and another process's request waiting behind them for a place
+/// runs at once.
+#[test]
+fn an_ended_process_s_requests_go_with_it() {
+    let server = Server::start();
+    let s = scheduler(HttpSettings { max_in_flight: 1, ..settings(&[&format!("127.0.0.1:{}", server.port())]) });
+    let hold = (0..3).map(|_| command("http.request", json!({ "url": server.url("/hold") }))).collect();
+    let (ended, _) = spawn_yielding(&s, hold);
+    wait_until(|| server.holding() == 1);
+    s.handle().terminate(ended.pid()).expect("the process is running");
+    assert!(ended.join_timeout(HANG).expect("it ends").is_err());
+    // With the gate still closed: the held request was the only place.
+    assert_eq!(get(&s, &server.url("/hello")).unwrap()["body"], "hello");
+    wait_until(|| server.holding() == 0);
+    assert_eq!(server.holding(), 0, "the request in flight was dropped");
+    assert_eq!(server.hits(), 2, "the queued requests never started");
+}
+
 #[test]
 fn the_global_bound_holds_across_processes() {
     let server = Server::start();

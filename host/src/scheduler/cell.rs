@@ -29,7 +29,13 @@ pub(super) enum Watcher {
     Handle(Arc<ExitSlot>),
     /// A watcher on another node, through the cluster: called once with the result.
     Notify(super::remote::Notify),
+    /// Something that holds resources on the process's behalf (a provider's queue): called
+    /// once it has ended, to let them go. Not someone told of its result.
+    Release(Release),
 }
+
+/// Called once a process has ended (see [`Watcher::Release`]).
+pub(crate) type Release = Box<dyn FnOnce() + Send>;
 
 /// Where a process belongs, what it was made from and what it may do: fixed at spawn.
 pub(super) struct Spec {

@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use super::cell::ProcessCell;
+use super::cell::{ProcessCell, Release, Watcher};
 use super::process::{Event, Outcome, Pid};
-use super::state::Wake;
+use super::state::{Lifecycle, Wake};
 use super::worker;
 
 /// What a yield completes with when its completer (or its handler's [`Request`]) is
@@ -39,6 +39,22 @@ impl Completer {
     /// The process waiting for the completion.
     pub fn pid(&self) -> Pid {
         self.target.as_ref().map_or(Pid::HOST, |cell| cell.pid())
+    }
+
+    /// Whether the process waiting for the completion has ended: nobody will read it.
+    pub(crate) fn caller_has_ended(&self) -> bool {
+        self.target.as_ref().is_none_or(|cell| cell.state.load().lifecycle() == Lifecycle::Complete)
+    }
+
+    /// Calls `release` once the process waiting for the completion has ended, on the
+    /// thread that retires it (so `release` must not block); hands it back if the process
+    /// is ending already.
+    pub(crate) fn on_caller_exit(&self, release: Release) -> Result<(), Release> {
+        let Some(cell) = &self.target else { return Err(release) };
+        cell.inbox.watch(Watcher::Release(release)).map_err(|watcher| match watcher {
+            Watcher::Release(release) => release,
+            _ => unreachable!("`watch` hands back the watcher it was given"),
+        })
     }
 
     /// Delivers `result` to the process and wakes it.

@@ -332,6 +332,7 @@ impl Shared {
                     told = true;
                     notify(cell.pid(), &result);
                 }
+                Watcher::Release(release) => release(),
             }
         }
         // Only a failure costs anything here; a suspension is no failure.

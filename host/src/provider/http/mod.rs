@@ -62,11 +62,13 @@
 //!   payload held in memory, so its size is checked as it arrives, and reading stops
 //!   at the limit rather than buffering the rest.
 //! - `max_in_flight_per_process` (8) requests of one process run at once, and
-//!   `max_queued_per_process` (64) more wait in its FIFO; past both a request fails
-//!   `limit` at once, so a process flooding requests learns it at once and holds
-//!   nothing. `max_in_flight` (256) bounds all processes together, which take turns
-//!   for places as they free up (see `lanes.rs`). A process that ends with requests
-//!   queued is not seen by the provider: they still run, each completing nothing.
+//!   `max_queued_per_process` (64) more, with bodies of `max_queued_bytes_per_process`
+//!   (8 MiB) in all, wait in its FIFO; past those a request fails `limit` at once, so a
+//!   process flooding requests learns it at once and holds nothing. `max_in_flight`
+//!   (256) bounds all processes together, which take turns for places as they free up
+//!   (see `lanes.rs`). When a process ends, its queued requests are dropped at once,
+//!   and those in flight within `STOP_POLL` (100 ms): nobody is left to read their
+//!   answers, and their bodies would be charged to no one.
 //!
 //! # Redirects
 //!
@@ -111,8 +113,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use rustc_hash::FxHashSet;
 
-use self::lanes::{Admit, Bounds, Caller, Lanes};
+use self::lanes::{Admit, Bounds, Caller, Lanes, Load};
 use self::pattern::AllowList;
 pub use self::pattern::HostPattern;
 use self::wire::{Output, Prepared};
@@ -129,9 +132,10 @@ const COMMANDS: [&str; 1] = ["request"];
 /// timeout and returns to nothing.
 const LOOKUP_GRACE: Duration = Duration::from_millis(500);
 
-/// How often a running request checks whether its scheduler is stopping. Its
-/// completer holds the scheduler, and the scheduler holds this provider, so a request
-/// left running would keep both (and this thread) alive until it ended on its own.
+/// How often a running request checks whether its scheduler is stopping or its caller
+/// has ended. Its completer holds the scheduler, and the scheduler holds this provider,
+/// so a request left running would keep both (and this thread) alive until it ended on
+/// its own; and a request of an ended caller holds its body for no one.
 /// Picked so a stop frees them within a blink; a request slower than this wakes that
 /// often (at the bound of 256 in flight, 2,560 wakeups a second), little beside the
 /// requests themselves.
@@ -156,6 +160,9 @@ pub struct HttpSettings {
     /// Requests of one process waiting for a place; past them a request fails `limit`.
     /// By default 64.
     pub max_queued_per_process: usize,
+    /// The bytes of the bodies of one process's requests waiting for a place; a request
+    /// that would pass it fails `limit`. By default 8 MiB.
+    pub max_queued_bytes_per_process: usize,
     /// Requests in flight at once across all processes. By default 256.
     pub max_in_flight: usize,
 }
@@ -170,6 +177,7 @@ impl Default for HttpSettings {
             max_redirects: 5,
             max_in_flight_per_process: 8,
             max_queued_per_process: 64,
+            max_queued_bytes_per_process: 8 << 20,
             max_in_flight: 256,
         }
     }
@@ -207,6 +215,9 @@ struct Core {
     /// completion may drop the last scheduler, and with it the last `Http`, whose drop
     /// locks this.
     lanes: Mutex<Lanes<Job>>,
+    /// The processes told to release their lanes when they end (one release each, however
+    /// many requests they make); a process leaves it as it ends.
+    watched: Mutex<FxHashSet<Caller>>,
 }
 
 /// A request waiting for a place or running.
@@ -237,6 +248,7 @@ impl Http {
         let bounds = Bounds {
             in_flight_per_process: settings.max_in_flight_per_process,
             queued_per_process: settings.max_queued_per_process,
+            queued_bytes_per_process: settings.max_queued_bytes_per_process,
             in_flight: settings.max_in_flight,
         };
         let core = Arc::new(Core {
@@ -248,6 +260,7 @@ impl Http {
             client,
             runtime: runtime.handle().clone(),
             lanes: Mutex::new(Lanes::new(bounds)),
+            watched: Mutex::new(FxHashSet::default()),
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
@@ -294,9 +307,14 @@ impl Provider for Http {
 
 impl Core {
     fn submit(self: &Arc<Self>, pid: Caller, job: Job) {
-        let (admitted, (in_flight, queued)) = {
+        if !self.watch(pid, &job) {
+            // The caller is ending: nobody would read the answer.
+            return;
+        }
+        let size = job.request.body.as_ref().map_or(0, |body| body.len());
+        let (admitted, Load { in_flight, queued, queued_bytes }) = {
             let mut lanes = self.lanes.lock();
-            let admitted = lanes.submit(pid, job);
+            let admitted = lanes.submit(pid, job, size);
             (admitted, lanes.load(pid))
         };
         match admitted {
@@ -305,13 +323,43 @@ impl Core {
             Admit::Full(job) => job.reply.answer(Err(Failure::new(
                 ErrorCode::Limit,
                 format!(
-                    "process {pid} has {in_flight} http requests in flight and {queued} queued, the most it may; \
-                     wait for answers before sending more"
+                    "process {pid} has {in_flight} http requests in flight and {queued} queued ({queued_bytes} bytes \
+                     of bodies, and this one's {size}), the most it may; wait for answers before sending more"
                 ),
             ))),
             // Dropped, its reply says the provider stopped.
             Admit::Closed(job) => drop(job),
         }
+    }
+
+    /// Makes sure `pid`'s lane is let go when it ends ([`Core::forget`]). False if it is
+    /// ending already.
+    fn watch(self: &Arc<Self>, pid: Caller, job: &Job) -> bool {
+        if !self.watched.lock().insert(pid) {
+            return true;
+        }
+        let core = Arc::downgrade(self);
+        let release = Box::new(move || {
+            if let Some(core) = core.upgrade() {
+                core.forget(pid);
+            }
+        });
+        let Some(completer) = &job.reply.0 else { return true };
+        match completer.on_caller_exit(release) {
+            Ok(()) => true,
+            Err(_) => {
+                self.forget(pid);
+                false
+            }
+        }
+    }
+
+    /// `pid` ended: its queued requests go now, unanswered (see the module docs).
+    fn forget(&self, pid: Caller) {
+        self.watched.lock().remove(&pid);
+        let queued = self.lanes.lock().forget(pid);
+        // Outside the lock, as every job's end (see `lanes`).
+        drop(queued);
     }
 
     /// Runs `job`, which the lanes counted in flight, on the provider's thread.
@@ -323,12 +371,12 @@ impl Core {
 }
 
 /// One request's task. It ends early, dropping the request, once the caller's
-/// scheduler is stopping: nobody is left to read the answer.
+/// scheduler is stopping or the caller has ended: nobody is left to read the answer.
 async fn run(core: Arc<Core>, pid: Caller, job: Job) {
     // Frees the place even if the task is cancelled (the provider stopping).
     let _place = Place { core: core.clone(), pid };
     let Job { request, reply, scheduler } = job;
-    if scheduler.is_stopping() {
+    if scheduler.is_stopping() || reply.caller_has_ended() {
         return;
     }
     let origin = request.target.origin();
@@ -345,7 +393,7 @@ async fn run(core: Arc<Core>, pid: Caller, job: Job) {
         let slice_end = deadline.min(tokio::time::Instant::now() + STOP_POLL);
         match tokio::time::timeout_at(slice_end, &mut request).await {
             Ok(result) => break result,
-            Err(_) if scheduler.is_stopping() => return,
+            Err(_) if scheduler.is_stopping() || reply.caller_has_ended() => return,
             Err(_) if slice_end < deadline => continue,
             Err(_) => {
                 break Err(Failure::new(
@@ -381,6 +429,10 @@ impl Drop for Place {
 struct Reply(Option<Completer>);
 
 impl Reply {
+    fn caller_has_ended(&self) -> bool {
+        self.0.as_ref().is_none_or(Completer::caller_has_ended)
+    }
+
     fn answer(mut self, result: Result<Output, Failure>) {
         if let Some(completer) = self.0.take() {
             completer.complete(crate::provider::answer(result));
