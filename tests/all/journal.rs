@@ -491,6 +491,46 @@ fn a_journal_is_opened_by_one_host_at_a_time() {
     }
 }
 
+/// A journal holds every input and message of its run: in a directory others can read (a
+/// plain `mkdir`, mode 755) it is made private as it opens, the directory 0700 and every
+/// file in it 0600, by either store.
+#[test]
+fn a_journal_others_can_read_is_made_private() {
+    use std::os::unix::fs::PermissionsExt as _;
+    for (name, open) in disk_stores() {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("journal-readable-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        {
+            let scheduler = Scheduler::builder().workers(1).journal(open(&dir).unwrap()).build().unwrap();
+            let (process, _) = Scripted::new(|t| {
+                t.out.set_status(Status::Complete(Ok(Payload::text("a secret"))));
+                Ok(())
+            });
+            scheduler.handle().spawn(process, "main").unwrap().join_timeout(HANG).unwrap().unwrap();
+            scheduler.stop(Duration::from_secs(1));
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).unwrap();
+        drop(Journal::open(&dir).unwrap());
+        let mut shared = Vec::new();
+        let mut pending = vec![dir.clone()];
+        while let Some(path) = pending.pop() {
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                pending.extend(std::fs::read_dir(&path).unwrap().map(|entry| entry.unwrap().path()));
+            }
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                shared.push((path, mode));
+            }
+        }
+        assert_eq!(shared, vec![], "{name}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
 /// Counts what reaches the outside world, across a crash: the `effect` command's calls
 /// by idempotency key.
 #[derive(Default)]

@@ -389,6 +389,59 @@ fn a_store_is_private_and_a_directory_others_can_write_is_refused() {
     assert!(error.contains("other users can write to it (mode 777)"), "{error}");
 }
 
+/// The modes of `dir` and of everything in it that is not private to this user.
+fn shared_entries(dir: &Path) -> Vec<(PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut shared = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        let mode = meta.permissions().mode() & 0o777;
+        if meta.is_dir() {
+            pending.extend(std::fs::read_dir(&path).unwrap().map(|entry| entry.unwrap().path()));
+        }
+        if mode & 0o077 != 0 {
+            shared.push((path, mode));
+        }
+    }
+    shared
+}
+
+/// A store in a directory others can read (one made with a plain `mkdir`, mode 755) is
+/// made private as it opens: the directory 0700, its files 0600, the values in them
+/// never readable by another user.
+#[test]
+fn a_store_others_can_read_is_made_private() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = scratch("readable");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let kv = Kv::open(&dir, KvSettings::default()).unwrap();
+    let s = Scheduler::builder()
+        .workers(1)
+        .provider(kv)
+        .capabilities(Capabilities::default().allow("kv.*"))
+        .build()
+        .unwrap();
+    let put = command("kv.put", json!({"key": "secret", "value": "the value"}));
+    let (process, _) = Scripted::new(move |t| {
+        if t.step == 0 {
+            t.out.yield_command(1, put.clone());
+        } else {
+            t.out.complete(Ok(Payload::empty()));
+        }
+        Ok(())
+    });
+    s.handle().spawn(process, "main").unwrap().join_timeout(HANG).unwrap().unwrap();
+    s.stop(Duration::from_secs(1));
+    drop(s);
+    // Opened again as a later run would: what the first wrote is made private too.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    drop(Kv::open(&dir, KvSettings::default()).unwrap());
+    assert_eq!(shared_entries(&dir), vec![]);
+    assert_eq!(std::fs::metadata(&*dir).unwrap().permissions().mode() & 0o777, 0o700);
+}
+
 /// The durable process of the idempotency test: a compare-and-swap, then (in the run
 /// that crashes) a wait at `stop` before it ends with the swap's answer.
 fn swapper(stop: Option<GateStop>) -> Scripted {

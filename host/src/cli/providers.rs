@@ -63,8 +63,9 @@ pub(super) struct ProviderArgs {
     #[arg(long, value_name = "SIZE", default_value = "8MiB", value_parser = super::units::size)]
     pub(super) max_response: usize,
     /// Give processes a persistent key-value store (`kv.get`, `kv.put`, `kv.cas`, …) in
-    /// DIR (created if missing, private to the user): the application's state, kept
-    /// across runs.
+    /// DIR: the application's state, kept across runs. DIR is created private to the
+    /// user (mode 700, files 600); an existing one others can read is made so, with a
+    /// warning, and one others can write is refused.
     #[arg(long, value_name = "DIR")]
     pub(super) kv: Option<PathBuf>,
     /// The most keys the --kv store may hold.

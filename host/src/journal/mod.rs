@@ -140,7 +140,8 @@ impl Journal {
     ///
     /// A journal decides what its processes are resumed with (their input, their grants,
     /// every event), so its directory must be this user's alone: it is created private
-    /// (mode 0700), and one that another user owns or can write to is refused.
+    /// (mode 0700), one that another user owns or can write to is refused, and one that
+    /// others can only read is made private, with a warning. Its files are made 0600.
     ///
     /// # Errors
     ///
@@ -155,6 +156,7 @@ impl Journal {
         } else {
             LogStore::open(dir).map(|store| Arc::new(store) as Arc<dyn Store>)
         };
+        let store = store.and_then(|store| private_contents(dir).map(|()| store));
         let store = store.map_err(|error| {
             let hint = match error.kind() {
                 std::io::ErrorKind::NotFound
@@ -187,15 +189,18 @@ impl Journal {
     }
 }
 
-/// Creates `dir` private to this user, or checks that it is: owned by this user, and
-/// writable by no one else (as ssh checks its files). `what` names the directory's use in
-/// the refusal ("the journal"), and `why` says why it must be private.
+/// Creates `dir` private to this user (mode 0700), or checks that it is: owned by this
+/// user, and writable by no one else (as ssh checks its files). A directory that others
+/// can only read or enter is made private, and a warning says so: what it holds (every
+/// input and message of a run, or a store's values) is as private as what writes it.
+/// `what` names the directory's use in the refusal ("the journal"), and `why` says why
+/// it must be private.
 ///
 /// # Errors
 ///
 /// The directory cannot be created or read, or it is not private (`PermissionDenied`).
 pub(crate) fn private_dir(dir: &Path, what: &str, why: &str) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
     let refuse = |reason: String| {
         std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
@@ -204,7 +209,9 @@ pub(crate) fn private_dir(dir: &Path, what: &str, why: &str) -> std::io::Result<
     };
     let meta = match std::fs::metadata(dir) {
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            return std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+            // The mode given to `mkdir` is masked by the umask; set it exactly.
+            return std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
         }
         other => other?,
     };
@@ -220,6 +227,44 @@ pub(crate) fn private_dir(dir: &Path, what: &str, why: &str) -> std::io::Result<
             "other users can write to it (mode {:o}): `chmod go-w` it, since {why}",
             meta.mode() & 0o777
         )));
+    }
+    if meta.mode() & 0o077 != 0 {
+        let mode = meta.mode() & 0o777;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o700))?;
+        tracing::warn!(
+            "other users could read {what} in {} (mode {mode:o}): made it private to this user (mode {:o})",
+            dir.display(),
+            mode & 0o700
+        );
+    }
+    Ok(())
+}
+
+/// Makes what is in `dir` (a private directory, see [`private_dir`]) this user's alone:
+/// regular files mode 0600 and directories 0700, at any depth; symbolic links are left
+/// as they are and not followed. For a store whose files are made by a library with the
+/// process's umask (fjall), once it has opened: the files it makes later are protected by
+/// the directory's own mode.
+///
+/// # Errors
+///
+/// An entry cannot be read or changed.
+pub(crate) fn private_contents(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        let private = if meta.is_dir() {
+            private_contents(&entry.path())?;
+            0o700
+        } else if meta.is_file() {
+            0o600
+        } else {
+            continue;
+        };
+        if meta.mode() & 0o777 != private {
+            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(private))?;
+        }
     }
     Ok(())
 }

@@ -156,18 +156,23 @@ pub struct FjallStore {
 }
 
 impl FjallStore {
-    /// Opens the database in `dir`, creating it if it does not exist.
+    /// Opens the database in `dir`, creating it if it does not exist. The directory must
+    /// be private as [`Journal::open`](super::Journal::open) says, and what is in it is
+    /// made so.
     ///
     /// # Errors
     ///
-    /// The directory cannot be created or read, or holds a damaged database.
+    /// The directory cannot be created or read, is not private to this user, or holds a
+    /// damaged database.
     pub fn open(dir: &Path) -> io::Result<FjallStore> {
+        super::private_dir(dir, "the journal", "a journal decides what its processes resume with")?;
         let db = fjall::Database::builder(dir).open().map_err(from_fjall)?;
         // Small memtables are flushed to tables often, so that opening after a crash
         // replays little of fjall's own log: at fjall's default of 64 MiB, a journal of
         // 10,000 processes of 100 steps took 2 s to open, at 8 MiB a tenth of that.
         let options = || fjall::KeyspaceCreateOptions::default().max_memtable_size(MEMTABLE_SIZE);
         let records = db.keyspace("records", options).map_err(from_fjall)?;
+        super::private_contents(dir)?;
         Ok(FjallStore { db, records })
     }
 }

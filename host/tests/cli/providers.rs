@@ -232,3 +232,23 @@ fn inspect_says_when_a_component_declares_nothing() {
     let ran = run(&["inspect", compiled]).expect(0);
     assert!(ran.stdout.contains("commands:  unknown: a precompiled file keeps no declaration"), "{}", ran.stdout);
 }
+
+/// A `--kv` directory others can read (made with a plain `mkdir`) is made private, and
+/// the run says so; one others can write is refused.
+#[test]
+fn a_kv_directory_others_can_read_is_made_private_saying_so() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = scratch("kv-readable").join("state");
+    std::fs::create_dir(&dir).expect("the directory can be made");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let state = dir.to_str().expect("UTF-8");
+    let ran = run(&["run", HELLO, "--method", "greet", "--input", "\"x\"", "--kv", state]).expect(0);
+    let expected = format!("other users could read the key-value store in {state} (mode 755): made it private");
+    assert!(ran.stderr.contains(&expected), "{}", ran.stderr);
+    let mode = std::fs::metadata(&dir).expect("the directory is there").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    run(&["run", HELLO, "--method", "greet", "--input", "\"x\"", "--kv", state])
+        .expect(5)
+        .error_says("other users can write to it (mode 777)");
+}

@@ -189,8 +189,10 @@ impl Kv {
     /// Opens the store in `dir`, creating it if need be, and starts its writer thread.
     ///
     /// The store decides what processes read, so its directory must be this user's
-    /// alone, as a journal's: it is created private (mode 0700), and one that another
-    /// user owns or can write to is refused.
+    /// alone, as a journal's: it is created private (mode 0700), one that another user
+    /// owns or can write to is refused, and one that others can only read is made
+    /// private, with a warning (its values are the processes' data). Its files are made
+    /// 0600 as it opens.
     ///
     /// # Errors
     ///
@@ -200,6 +202,8 @@ impl Kv {
     pub fn open(dir: &Path, settings: KvSettings) -> anyhow::Result<Kv> {
         crate::journal::private_dir(dir, "the key-value store", "another user could change what processes read")?;
         let (store, totals) = Store::open(dir)?;
+        crate::journal::private_contents(dir)
+            .with_context(|| format!("cannot make the key-value store in {} private", dir.display()))?;
         let store = Arc::new(store);
         let (queue, jobs) = mpsc::channel();
         let writer = Writer::new(store.clone(), settings.clone(), totals);
