@@ -85,6 +85,36 @@ fn files_are_read_and_written_only_inside_their_grants() {
     assert!(error.starts_with("limit: ") && error.contains("64-byte read limit"), "{error}");
 }
 
+/// A FIFO in a grant is refused, for reading and for writing, without waiting for a
+/// writer or a reader: it held the file thread until the run's timeout, and every other
+/// process's file commands behind it.
+#[test]
+fn a_fifo_in_a_grant_is_refused_without_blocking() {
+    let read = scratch("fifo-read");
+    let write = scratch("fifo-write");
+    std::fs::write(read.join("in.txt"), "hello").unwrap();
+    std::fs::create_dir(read.join("sub")).unwrap();
+    for dir in [&read, &write] {
+        let made = std::process::Command::new("mkfifo").arg(dir.join("pipe")).status().expect("mkfifo runs");
+        assert!(made.success());
+    }
+    let s = files_scheduler(&read, &write);
+    let error = call(&s, None, "fs.read", json(serde_json::json!({"path": "/data/pipe"}))).expect_err("refused");
+    assert_eq!(error, "invalid: `/data/pipe` is a FIFO, not a regular file: only regular files are read and written");
+    let error = call(&s, None, "fs.write", json(serde_json::json!({"path": "/data/out/pipe", "text": "x"})))
+        .expect_err("refused");
+    assert_eq!(
+        error,
+        "invalid: `/data/out/pipe` is a FIFO, not a regular file: only regular files are read and written"
+    );
+    let error = call(&s, None, "fs.read", json(serde_json::json!({"path": "/data/sub"}))).expect_err("refused");
+    assert!(error.contains("is a directory, not a regular file"), "{error}");
+    assert_eq!(
+        call(&s, None, "fs.read", json(serde_json::json!({"path": "/data/in.txt"}))),
+        Ok(Payload::bytes("hello"))
+    );
+}
+
 #[test]
 fn a_symbolic_link_out_of_a_grant_is_not_followed() {
     let read = scratch("link-read");

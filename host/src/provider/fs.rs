@@ -21,8 +21,14 @@
 //! - `fs.mkdir {"path"}`, `fs.remove {"path"}` (a file or an empty directory): writable
 //!   grants only → `{}`.
 //!
-//! File I/O blocks, so it runs on a thread of the provider's, never on the worker that
-//! ran the step; requests wait for it in order.
+//! Only regular files are read and written: a FIFO, a device or a socket in a grant is
+//! refused, and without waiting for it (files are opened non-blocking, so a FIFO with no
+//! writer, or a file another program holds a lease on, answers at once).
+//!
+//! File I/O blocks, so it runs on threads of the provider's, never on the worker that
+//! ran the step: [`FILE_THREADS`] of them, taking requests in order, so that one slow
+//! file (on a network file system, say) holds one thread and the others go on serving
+//! every other process.
 
 use std::fs::File;
 use std::io::{self, Read as _, Write as _};
@@ -41,6 +47,11 @@ use crate::Payload;
 use crate::handler::{Completer, Request};
 
 const COMMANDS: [&str; 6] = ["read", "write", "list", "stat", "mkdir", "remove"];
+
+/// The threads that carry out file commands. More than one, so a file that is slow to
+/// answer stops only the commands that wait for it; few, since each blocks in the kernel
+/// and local files answer fast.
+pub const FILE_THREADS: usize = 4;
 
 /// A host directory granted to processes.
 #[derive(Clone, Debug)]
@@ -67,7 +78,7 @@ impl Default for FilesSettings {
     }
 }
 
-/// The `fs` provider. Cheap to clone; one file thread serves every clone.
+/// The `fs` provider. Cheap to clone; its [`FILE_THREADS`] threads serve every clone.
 #[derive(Clone)]
 pub struct Files {
     inner: Arc<Inner>,
@@ -75,7 +86,7 @@ pub struct Files {
 
 struct Inner {
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 struct Job {
@@ -92,11 +103,11 @@ struct Root {
 }
 
 impl Files {
-    /// Opens every granted directory and starts the file thread.
+    /// Opens every granted directory and starts the file threads.
     ///
     /// # Errors
     ///
-    /// A directory that cannot be opened, a guest path that is not absolute, or the
+    /// A directory that cannot be opened, a guest path that is not absolute, or a
     /// thread could not start.
     pub fn new(grants: Vec<Grant>, settings: FilesSettings) -> anyhow::Result<Files> {
         let mut roots = Vec::with_capacity(grants.len());
@@ -110,21 +121,29 @@ impl Files {
         // The longest guest path first, so the most specific grant answers.
         roots.sort_by_key(|root| std::cmp::Reverse(root.guest.components().count()));
         let (jobs, queue) = mpsc::channel::<Job>();
-        let thread = std::thread::Builder::new().name("wasmproc-fs".to_owned()).spawn(move || {
-            for job in queue {
-                let result = run(&roots, &settings, &job.name, &job.payload);
-                job.done.complete(result);
-            }
-        })?;
-        Ok(Files { inner: Arc::new(Inner { jobs: Mutex::new(Some(jobs)), thread: Mutex::new(Some(thread)) }) })
+        let shared = Arc::new((roots, settings, Mutex::new(queue)));
+        let inner = Arc::new(Inner { jobs: Mutex::new(Some(jobs)), threads: Mutex::new(Vec::new()) });
+        for _ in 0..FILE_THREADS {
+            let shared = shared.clone();
+            let thread = std::thread::Builder::new().name("wasmproc-fs".to_owned()).spawn(move || {
+                let (roots, settings, queue) = &*shared;
+                // The lock is held only while waiting for the next job, never while one runs.
+                while let Ok(job) = { queue.lock().recv() } {
+                    let result = run(roots, settings, &job.name, &job.payload);
+                    job.done.complete(result);
+                }
+            })?;
+            inner.threads.lock().push(thread);
+        }
+        Ok(Files { inner })
     }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Closing the queue ends the thread once it has answered what is queued.
+        // Closing the queue ends the threads once they have answered what is queued.
         self.jobs.lock().take();
-        if let Some(thread) = self.thread.lock().take() {
+        for thread in self.threads.lock().drain(..) {
             let _ = thread.join();
         }
     }
@@ -192,8 +211,7 @@ fn run(roots: &[Root], settings: &FilesSettings, name: &str, payload: &Payload) 
 fn read(roots: &[Root], settings: &FilesSettings, name: &str, payload: &Payload) -> Result<Vec<u8>, Failure> {
     let PathInput { path } = input(name, payload)?;
     let (root, rest) = resolve(roots, &path, false)?;
-    let file =
-        cap_primitives::fs::open(&root.dir, &rest, OpenOptions::new().read(true)).map_err(|e| io_failure(&path, e))?;
+    let file = open_regular(root, &rest, &path, OpenOptions::new().read(true))?;
     let mut bytes = Vec::new();
     // One byte past the limit tells a file at the limit from one over it without
     // reading the rest.
@@ -215,6 +233,12 @@ fn write(roots: &[Root], name: &str, payload: &Payload) -> Result<serde_json::Va
         _ => return Err(Failure::new(ErrorCode::Invalid, "`fs.write` takes one of `text` and `data`")),
     };
     let (root, rest) = resolve(roots, &path, true)?;
+    // Refused before it is opened: opening a FIFO to write fails without a reader, and a
+    // truncation would reach a device. The type is checked again on what was opened.
+    match cap_primitives::fs::stat(&root.dir, &rest, FollowSymlinks::Yes) {
+        Ok(metadata) if !metadata.is_file() => return Err(not_regular(&path, metadata.file_type())),
+        _ => {}
+    }
     let mut options = OpenOptions::new();
     options.write(true).create(true);
     if append {
@@ -222,7 +246,7 @@ fn write(roots: &[Root], name: &str, payload: &Payload) -> Result<serde_json::Va
     } else {
         options.truncate(true);
     }
-    let mut file = cap_primitives::fs::open(&root.dir, &rest, &options).map_err(|e| io_failure(&path, e))?;
+    let mut file = open_regular(root, &rest, &path, &options)?;
     file.write_all(&bytes).map_err(|e| io_failure(&path, e))?;
     Ok(serde_json::json!({ "bytes": bytes.len() }))
 }
@@ -285,6 +309,41 @@ fn remove(dir: &File, path: &Path) -> io::Result<()> {
         true => cap_primitives::fs::remove_dir(dir, path),
         false => cap_primitives::fs::remove_file(dir, path),
     }
+}
+
+/// Opens `rest` in `root` with `options`, without blocking (`O_NONBLOCK`: a FIFO opens at
+/// once, and a file under another program's lease answers at once), and refuses what is
+/// not a regular file.
+fn open_regular(root: &Root, rest: &Path, path: &str, options: &OpenOptions) -> Result<File, Failure> {
+    use cap_primitives::fs::OpenOptionsExt as _;
+    let mut options = options.clone();
+    options.custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
+    let file = cap_primitives::fs::open(&root.dir, rest, &options).map_err(|e| io_failure(path, e))?;
+    let metadata = file.metadata().map_err(|e| io_failure(path, e))?;
+    if !metadata.is_file() {
+        return Err(not_regular(path, cap_primitives::fs::Metadata::from_just_metadata(metadata).file_type()));
+    }
+    Ok(file)
+}
+
+/// The refusal of a special file (a FIFO, a device, a socket) or a directory.
+fn not_regular(path: &str, file_type: cap_primitives::fs::FileType) -> Failure {
+    use cap_primitives::fs::FileTypeExt as _;
+    let what = if file_type.is_dir() {
+        "a directory"
+    } else if file_type.is_fifo() {
+        "a FIFO"
+    } else if file_type.is_char_device() || file_type.is_block_device() {
+        "a device"
+    } else if file_type.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
+    };
+    Failure::new(
+        ErrorCode::Invalid,
+        format!("`{path}` is {what}, not a regular file: only regular files are read and written"),
+    )
 }
 
 fn kind(file_type: cap_primitives::fs::FileType) -> &'static str {

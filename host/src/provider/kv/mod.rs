@@ -38,7 +38,9 @@
 //! the machine. One thread of the store's carries out every write:
 //!
 //! 1. `handle`, on the worker that ran the step, checks the input (JSON, sizes), takes
-//!    the request's completer and queues the write. The worker goes on at once.
+//!    the request's completer and queues the write. The worker goes on at once. What
+//!    waits in the queue is bounded ([`KvSettings::max_queued_bytes`]): past it a write
+//!    fails `limit` at once instead of waiting in memory.
 //! 2. The writer thread takes every write waiting (the group), and applies them one after
 //!    another in arrival order, each against the store as the group's earlier writes
 //!    leave it, deciding its answer (a version, a conflict, a full quota).
@@ -128,7 +130,7 @@ use anyhow::Context as _;
 use serde::Deserialize;
 
 use self::store::Store;
-use self::writer::{Idempotency, Job, Op, Writer};
+use self::writer::{Idempotency, Job, Op, Queued, Writer};
 use super::{ErrorCode, Failure, Provider, input, unknown};
 use crate::Payload;
 use crate::handler::Request;
@@ -153,6 +155,10 @@ pub struct KvSettings {
     /// newest; see the module docs, "Idempotency"). 0 keeps none. By default 100,000: a
     /// host's writes in flight at a crash are far fewer.
     pub max_answers: u64,
+    /// The bytes of the writes and lists waiting for the store's thread (their keys and
+    /// values, and about 128 for each): past it a command fails `limit` at once, to be
+    /// sent again once the writes before it are done. By default 64 MiB.
+    pub max_queued_bytes: usize,
 }
 
 impl Default for KvSettings {
@@ -164,6 +170,7 @@ impl Default for KvSettings {
             max_value_size: 1 << 20,
             list_limit: 1_000,
             max_answers: 100_000,
+            max_queued_bytes: 64 << 20,
         }
     }
 }
@@ -182,6 +189,8 @@ struct Inner {
     settings: KvSettings,
     /// `None` once dropping: closing the queue ends the writer thread.
     queue: Option<Sender<Job>>,
+    /// What the queue holds, against `max_queued_bytes`.
+    queued: Arc<Queued>,
     writer: Option<JoinHandle<()>>,
 }
 
@@ -206,13 +215,15 @@ impl Kv {
             .with_context(|| format!("cannot make the key-value store in {} private", dir.display()))?;
         let store = Arc::new(store);
         let (queue, jobs) = mpsc::channel();
+        let queued = Arc::new(Queued::new(settings.max_queued_bytes));
         let writer = Writer::new(store.clone(), settings.clone(), totals);
+        let taken = queued.clone();
         let thread = std::thread::Builder::new()
             .name("wasmproc-kv".to_owned())
-            .spawn(move || writer.run(jobs))
+            .spawn(move || writer.run(jobs, &taken))
             .context("cannot start the key-value store's thread")?;
         tracing::debug!(dir = %dir.display(), keys = totals.keys, bytes = totals.bytes, "opened the key-value store");
-        Ok(Kv { inner: Arc::new(Inner { store, settings, queue: Some(queue), writer: Some(thread) }) })
+        Ok(Kv { inner: Arc::new(Inner { store, settings, queue: Some(queue), queued, writer: Some(thread) }) })
     }
 
     /// The store's settings.
@@ -231,6 +242,19 @@ impl Kv {
     }
 
     fn submit(&self, job: Job) {
+        let size = job.size();
+        if let Err(queued) = self.inner.queued.admit(size) {
+            let failure = Failure::new(
+                ErrorCode::Limit,
+                format!(
+                    "the key-value store's queue holds {queued} bytes of commands, and this one's {size} would pass \
+                     `max_queued_bytes` ({}): send it again once earlier writes are answered",
+                    self.inner.queued.max()
+                ),
+            );
+            let (Job::Write { done, .. } | Job::List { done, .. }) = job;
+            return done.complete(Err(failure.into()));
+        }
         if let Some(queue) = &self.inner.queue {
             // A send fails only once the thread is gone; the job's completer, dropped
             // with it, then answers with an error.

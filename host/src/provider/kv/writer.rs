@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 
 use super::store::{self, Answer, Store, Stored, Totals};
@@ -40,6 +41,61 @@ pub(super) enum Job {
     List { query: ListQuery, done: Completer },
 }
 
+/// What one queued job is counted as against the queue's bound, beside the bytes it
+/// carries: its completer, its strings' headers and the channel's slot, about this.
+const JOB_OVERHEAD: usize = 128;
+
+impl Job {
+    /// The bytes the job holds while it waits, as the queue's bound counts them.
+    pub(super) fn size(&self) -> usize {
+        JOB_OVERHEAD
+            + match self {
+                Job::Write { op: Op::Put { key, text } | Op::Cas { key, text, .. }, idempotency, .. } => {
+                    key.len() + text.len() + idempotency.as_ref().map_or(0, |i| i.key.len())
+                }
+                Job::Write { op: Op::Delete { key }, idempotency, .. } => {
+                    key.len() + idempotency.as_ref().map_or(0, |i| i.key.len())
+                }
+                Job::List { query, .. } => query.prefix.len() + query.after.as_ref().map_or(0, String::len),
+            }
+    }
+}
+
+/// The bytes of the jobs queued for the writer thread, bounded: workers queue writes
+/// without waiting, and a flood of them while a group syncs would otherwise wait in
+/// memory without limit. An empty queue takes any one job.
+pub(super) struct Queued {
+    bytes: AtomicUsize,
+    max: usize,
+}
+
+impl Queued {
+    pub(super) fn new(max: usize) -> Queued {
+        Queued { bytes: AtomicUsize::new(0), max }
+    }
+
+    /// Counts a job of `size` bytes in, or says how many bytes are queued if it would
+    /// take the queue past its bound.
+    pub(super) fn admit(&self, size: usize) -> Result<(), usize> {
+        // Relaxed: the count orders nothing, it only bounds a number.
+        let before = self.bytes.fetch_add(size, Ordering::Relaxed);
+        if before != 0 && before + size > self.max {
+            self.bytes.fetch_sub(size, Ordering::Relaxed);
+            return Err(before);
+        }
+        Ok(())
+    }
+
+    /// Counts out jobs of `size` bytes in all, taken from the queue.
+    pub(super) fn taken(&self, size: usize) {
+        self.bytes.fetch_sub(size, Ordering::Relaxed);
+    }
+
+    pub(super) fn max(&self) -> usize {
+        self.max
+    }
+}
+
 /// The writer thread's state.
 pub(super) struct Writer {
     store: Arc<Store>,
@@ -56,13 +112,16 @@ impl Writer {
         Writer { store, settings, totals, stopped: None }
     }
 
-    /// Serves the queue until every sender is gone and it is empty.
-    pub(super) fn run(mut self, jobs: Receiver<Job>) {
+    /// Serves the queue until every sender is gone and it is empty, counting what it
+    /// takes out of `queued` once it is answered.
+    pub(super) fn run(mut self, jobs: Receiver<Job>, queued: &Queued) {
         while let Ok(first) = jobs.recv() {
             // Everything waiting joins the group: the group grows with the load, and no
             // write waits for a timer.
             let group: Vec<Job> = std::iter::once(first).chain(jobs.try_iter()).collect();
+            let size = group.iter().map(Job::size).sum();
             self.carry_out(group);
+            queued.taken(size);
         }
     }
 
@@ -377,6 +436,19 @@ mod tests {
         assert_eq!(store.ages(0, 10).unwrap().len(), 3, "the age index holds only what is kept");
         drop(store);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_queue_holds_its_bound_in_bytes() {
+        let queued = Queued::new(1000);
+        assert_eq!(queued.admit(600), Ok(()));
+        assert_eq!(queued.admit(400), Ok(()), "up to the bound exactly");
+        assert_eq!(queued.admit(1), Err(1000));
+        queued.taken(600);
+        assert_eq!(queued.admit(1), Ok(()), "what the writer took is room again");
+        queued.taken(401);
+        assert_eq!(queued.admit(5000), Ok(()), "an empty queue takes any one job");
+        assert_eq!(queued.admit(1), Err(5000));
     }
 
     #[test]
