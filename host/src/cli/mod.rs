@@ -40,7 +40,8 @@ pub(crate) enum Exit {
     /// The process failed: an error result, a trap, or a limit it hit.
     ProcessFailed = 1,
     /// The command line was wrong: an unknown flag, a bad value, an unknown entry
-    /// method, input that is not JSON, a file that cannot be read.
+    /// method, input that is not JSON or that the entry method refuses (its `init`
+    /// answered an error), a file that cannot be read.
     Usage = 2,
     /// The file is not a program wasmproc can run: not Wasm, the wrong world, does not
     /// compile, or precompiled under other settings.
@@ -89,7 +90,8 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0    success (for a WASI command: the program's own exit code)
   1    the process failed (error result, trap, or a limit it hit)
-  2    bad usage (flag, value, entry method, input JSON or size, unreadable file)
+  2    bad usage (flag, value, entry method, input JSON or size, input the entry method
+       refuses, unreadable file)
   3    bad module (not Wasm, wrong world, does not compile, too large, precompiled elsewhere)
   4    --timeout passed (a result the entry process gave before is printed all the same)
   5    the host could not start
