@@ -287,6 +287,8 @@ const SETTING_FLAGS: &[(&str, &str)] = &[
     ("max_processes", "--max-processes"),
     ("max_instances", "--max-processes"),
     ("mailbox_capacity", "--mailbox"),
+    ("mailbox_bytes", "--mailbox-bytes"),
+    ("max_output_per_step", "--max-step-output"),
     ("time_slice", "--time-slice"),
     ("cpu_budget", "--cpu-budget"),
     ("init_time_limit", "--init-time-limit"),
@@ -442,5 +444,27 @@ impl CompileNotice {
         if let Some(thread) = thread {
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 29, item 21: a limit's error names the flag, not the library's setting.
+    #[test]
+    fn limit_errors_name_the_flags_that_set_them() {
+        assert_eq!(
+            flags_named("child limit exceeded: 3 more spawns with 0 children alive would pass `max_children` (2)"),
+            "child limit exceeded: 3 more spawns with 0 children alive would pass `--max-children` (2)"
+        );
+        assert_eq!(
+            flags_named("past its `max_memory` of 65536 bytes; the mailbox's `mailbox_bytes`"),
+            "past its `--memory` of 65536 bytes; the mailbox's `--mailbox-bytes`"
+        );
+        // A message that names the flag already is left as it is.
+        let named = "past its `max_table_elements` of 10; raise it with `--max-table-elements`";
+        assert_eq!(flags_named(named), named);
+        assert_eq!(flags_named("max_children, unquoted"), "max_children, unquoted");
     }
 }
