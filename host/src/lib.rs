@@ -67,7 +67,8 @@
 //!   environment, time and randomness), each denied until granted.
 //! - [`journal`]: durable processes: a journal given to the builder records every
 //!   process's history ahead of its effects, and a scheduler built on it again resumes
-//!   the unfinished ones.
+//!   the unfinished ones; [`journal::Journal`] reads what it holds ([`journal::History`],
+//!   [`journal::HeldRun`]).
 //! - [`cluster`] (feature `cluster`, on by default): nodes joined through a NATS server;
 //!   a pid names its node, and whatever names another node goes there (`Cluster`: one a
 //!   host, a thread of its own for the network).
@@ -80,14 +81,17 @@
 
 #![deny(missing_docs)]
 
+mod caps;
 #[cfg(feature = "cluster")]
 pub mod cluster;
+mod codec;
 pub mod error;
 pub mod handler;
 pub mod journal;
 mod loom;
 pub mod provider;
 pub mod scheduler;
+mod step;
 #[cfg(feature = "wasm")]
 pub mod wasm;
 

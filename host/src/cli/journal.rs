@@ -5,8 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use wasmproc::journal::{Journal, JournalSettings, LogStore};
-use wasmproc::scheduler::{HeldRun, History};
+use wasmproc::journal::{HeldRun, History, Journal, JournalSettings, LogStore};
 use wasmproc::wasm::Program;
 use wasmproc::{Capabilities, Pid, Scheduler, Status};
 

@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use serde_json::Value;
-use wasmproc::scheduler::HeldRun;
+use wasmproc::journal::HeldRun;
 use wasmproc::{Capabilities, Payload};
 
 use super::{Exit, Failure};

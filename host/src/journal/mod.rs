@@ -60,22 +60,52 @@
 //! journal's own metadata. Records are only appended and read back in order, so a
 //! snapshot of a process (its memory at step N) can later replace the records before it
 //! without changing the format of the others.
+//!
+//! # What the journal holds
+//!
+//! [`Journal::runs`] lists the runs it holds, finished or not ([`HeldRun`]), and
+//! [`Journal::finished_runs`] those whose every process has ended ([`FinishedRun`]);
+//! [`Journal::forget`] and [`Journal::forget_run`] remove one. [`Journal::history`] shows
+//! every process's records as lines a person reads ([`History`]).
+//!
+//! # Inside, one concern a file
+//!
+//! - `record.rs`: a process's records and their encoding (spawn, step, message from the
+//!   embedder, exit);
+//! - `read.rs`: the one reader of the records, which every read below and a resume (the
+//!   scheduler's `recovery.rs`) go through;
+//! - `runs.rs`: the runs a journal holds, and removing them; `history.rs`: the records as
+//!   lines;
+//! - `committer.rs`: the group commit; `store.rs`: the [`Store`] trait, [`MemoryStore`]
+//!   and [`FjallStore`]; `log.rs`: [`LogStore`];
+//! - this file: [`Journal`], its settings, and its directory.
+//!
+//! The journal names nothing of the scheduler's: the values it records are defined below
+//! both (the crate's `step.rs`, `caps.rs` and `codec.rs`), and the scheduler's durable
+//! processes (its `durable.rs` and `recovery.rs`) use the journal, never the other way.
 
-mod codec;
 mod committer;
+mod history;
 mod log;
+mod read;
+mod record;
+mod runs;
 mod store;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use self::codec::Malformed;
-pub(crate) use self::codec::{Reader, Writer};
 pub use self::committer::{CommitError, CommitStats};
 pub(crate) use self::committer::{Committer, OnCommit};
+pub use self::history::History;
 pub use self::log::{LOG_VERSION, LogStore};
+pub(crate) use self::read::Recorded;
+pub(crate) use self::record::{Record, SpawnRecord, StepRecord, now_micros};
+pub use self::runs::{FinishedRun, HeldRun};
 pub use self::store::{Batch, FjallStore, Key, MemoryStore, Store};
+pub use crate::codec::Malformed;
+pub(crate) use crate::codec::{Reader, Writer};
 
 /// The first byte of every record value: a journal written by a later format is refused
 /// rather than misread.

@@ -1,5 +1,5 @@
 //! Durable processes: a scheduler with a journal records every process's spawn, steps
-//! and exit (`record.rs`), and lets nothing of a step take effect before its record is
+//! and exit (the journal's records), and lets nothing of a step take effect before its record is
 //! committed (see [`crate::journal`], "Guarantees").
 //!
 //! The write-ahead rule is kept by moving a step's effects behind the commit: the worker
@@ -23,8 +23,7 @@ use super::cell::ProcessCell;
 use super::dispatch::Origin;
 use super::inbox::MessageId;
 use super::process::{Event, Outcome, Payload, Pid, Status, Yield};
-use super::record::{Record, SpawnRecord, StepRecord};
-use crate::journal::{CommitError, CommitStats, Committer, Journal, Key, OnCommit};
+use crate::journal::{CommitError, CommitStats, Committer, Journal, Key, OnCommit, Record, SpawnRecord, StepRecord};
 
 /// A message sent through a port during a step: (to, topic, body).
 pub(super) type PortSend = (Pid, String, Payload);

@@ -15,12 +15,12 @@ use super::inbox::Refused;
 use super::limits::Lineage;
 use super::port::Port;
 use super::process::{Event, Outcome, Payload, Pid, Process};
-use super::record::{SpawnRecord, now_micros};
 use super::registry;
 use super::shared::Shared;
 use super::state::Wake;
 use super::worker;
 use crate::error::{MailboxLimit, SendError, SpawnError};
+use crate::journal::{SpawnRecord, now_micros};
 
 /// The hibernation list's length below which it is never pruned, so that a scheduler
 /// with few live processes does not prune at every listing. Picked out of thin air: 16

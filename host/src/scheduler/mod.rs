@@ -7,8 +7,10 @@
 //!
 //! # Inside, one concern a file
 //!
-//! - `process.rs`: the [`Process`] trait and what flows into and out of a step;
-//!   `caps.rs`: the commands a process may yield;
+//! - `process.rs`: the [`Process`] trait; what flows into and out of a step
+//!   ([`Event`], [`Command`], [`Status`]…) and the [`Capabilities`] a process yields under
+//!   are defined below the scheduler (the crate's `step.rs` and `caps.rs`), so that the
+//!   journal records them without naming the scheduler;
 //! - `state.rs`: the per-process state word and the wakeup protocol (read it first);
 //! - `cell.rs`: one process as the scheduler holds it, and the worker's turn (the loom
 //!   models live here);
@@ -24,8 +26,9 @@
 //! - `requests.rs`: commands a process serves ([`Handle::forward`], [`Port::respond`]);
 //! - `limits.rs`: per-process limits and tree counts; `registry.rs`: pid → process;
 //! - `remote.rs`: what names a process of another node goes to the cluster;
-//! - `durable.rs`: a journal's write-ahead of steps; `record.rs`: its records;
-//!   `recovery.rs`: resuming from it (see [`crate::journal`]);
+//! - `durable.rs`: a journal's write-ahead of steps; `recovery.rs`: resuming from it
+//!   (the records, reading them back and the journal's public API are
+//!   [`crate::journal`]'s: the scheduler imports the journal, never the other way);
 //! - `builder.rs`, `handle.rs`, `stats.rs`: the public API around [`Scheduler`];
 //! - this file: the [`Scheduler`] itself and its shutdown.
 //!
@@ -44,21 +47,19 @@
 //! thread the scheduler started has exited. A durable scheduler suspends instead of 2–4.
 
 mod builder;
-pub(crate) mod caps;
+pub(crate) use crate::caps;
 mod cell;
 pub(crate) mod completer;
 pub(crate) mod dispatch;
 mod durable;
 mod handle;
 mod hibernation;
-mod history;
 mod idle;
 mod inbox;
 mod lifecycle;
 mod limits;
 mod port;
 pub(crate) mod process;
-mod record;
 mod recovery;
 mod registry;
 pub(crate) mod remote;
@@ -86,7 +87,6 @@ pub(crate) use self::limits::{output_limit_exceeded, payload_limit_exceeded, yie
 pub use self::port::Port;
 use self::process::Pid;
 pub use self::process::{Command, Event, Events, Outcome, Process, SpawnRequest, Status, StepOutput, Yield};
-pub use self::record::{FinishedRun, HeldRun, History};
 pub use self::stats::{Stats, WorkerStats, YieldCounts};
 
 /// The scheduler: owns the worker threads. Dropping it stops it with no grace period

@@ -23,7 +23,6 @@
 //! 4. **Queued** when they can run.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,11 +34,10 @@ use super::durable::{ReplayingHistory, StepInProgress, port_send_id, replaying};
 use super::handle::{ExitSlot, ProcessHandle};
 use super::limits::Lineage;
 use super::port::Port;
-use super::process::{Command, Event, Outcome, Payload, Pid, Process, Status, StepOutput, Yield};
-use super::record::{Record, SpawnRecord, StepRecord, now_micros};
+use super::process::{Command, Event, Payload, Pid, Process, Status, StepOutput, Yield};
 use super::shared::Shared;
 use super::state::{Lifecycle, Waiting};
-use crate::journal::{Journal, Key};
+use crate::journal::{Journal, Recorded, now_micros};
 
 /// The limits each recorded process ran under: its kind's own, tightened by those its
 /// spawner ran under, up to the embedder (every spawn went through `make_under`).
@@ -82,17 +80,17 @@ impl<'a> Sandboxes<'a> {
 }
 
 /// A process made again: it, its spec, and the limits it runs under.
-type MadeAgain = (Box<dyn Process>, Spec, Option<KindLimits>);
+type Remade = (Box<dyn Process>, Spec, Option<KindLimits>);
 
 /// Makes `saved`'s process again as it was spawned: by its recorded kind, within the
 /// limits its spawner ran under, with its recorded grants narrowed to `grants` (never
 /// widened). With its spec and the limits it runs under; otherwise why it cannot be made.
 fn make_again(
     shared: &Arc<Shared>,
-    saved: &Saved,
+    saved: &Recorded,
     sandboxes: &mut Sandboxes<'_>,
     grants: Option<&Capabilities>,
-) -> Result<MadeAgain, String> {
+) -> Result<Remade, String> {
     let Some(kind) = &saved.spawn.kind else {
         return Err("it was spawned as a value, not by a registered kind, so it cannot be made again".to_owned());
     };
@@ -115,117 +113,22 @@ fn make_again(
     Ok((process, spec, sandbox))
 }
 
-/// One process's history as read back.
-struct Saved {
-    spawn: SpawnRecord,
-    steps: Vec<(u64, StepRecord)>,
-    host_messages: Vec<(u64, String, Payload)>,
-    exit: Option<Outcome>,
-    next_seq: u64,
-}
-
 /// What a journal holds, read at build.
 pub(super) struct Plan {
-    saved: BTreeMap<Pid, Saved>,
+    saved: BTreeMap<Pid, Recorded>,
     /// Each recorded child by the yield that spawned it: (parent, step record, tag).
     children: HashMap<(Pid, u64, u64), Pid>,
 }
 
-/// The histories of the processes from `from` up to (not including) `to`.
-fn read_range(journal: &Journal, from: u64, to: Option<u64>) -> anyhow::Result<BTreeMap<Pid, Saved>> {
-    let mut saved: BTreeMap<Pid, Saved> = BTreeMap::new();
-    // The history being read: records come in key order, so a process's records are
-    // together, and it goes into `saved` once the next process's begin.
-    let mut current: Option<(Pid, Saved)> = None;
-    let mut failure = None;
-    journal.store.scan(Key { process: from, seq: 0 }, &mut |key, value| {
-        if to.is_some_and(|to| key.process >= to) {
-            return ControlFlow::Break(());
-        }
-        let pid = Pid::from_u64(key.process);
-        let record = match Record::decode(value) {
-            Ok(record) => record,
-            Err(error) => {
-                failure = Some(anyhow::anyhow!("record {} of process {pid}: {error}", key.seq));
-                return ControlFlow::Break(());
-            }
-        };
-        if current.as_ref().is_some_and(|(p, _)| *p != pid) {
-            let (done, history) = current.take().expect("checked above");
-            saved.insert(done, history);
-        }
-        match (&mut current, record) {
-            (None, Record::Spawn(spawn)) => {
-                let history =
-                    Saved { spawn, steps: Vec::new(), host_messages: Vec::new(), exit: None, next_seq: key.seq + 1 };
-                current = Some((pid, history));
-            }
-            (None, _) => {
-                failure = Some(anyhow::anyhow!("process {pid} has records but no spawn record"));
-                return ControlFlow::Break(());
-            }
-            (Some((_, history)), record) => {
-                history.next_seq = key.seq + 1;
-                match record {
-                    Record::Spawn(_) => {
-                        failure = Some(anyhow::anyhow!("process {pid} has a second spawn record at {}", key.seq));
-                        return ControlFlow::Break(());
-                    }
-                    Record::Step(step) => history.steps.push((key.seq, step)),
-                    Record::HostMessage { topic, body } => history.host_messages.push((key.seq, topic, body)),
-                    Record::Exit(result) => history.exit = Some(result),
-                }
-            }
-        }
-        ControlFlow::Continue(())
-    })?;
-    if let Some(error) = failure {
-        return Err(error);
-    }
-    if let Some((pid, history)) = current {
-        saved.insert(pid, history);
-    }
-    Ok(saved)
-}
-
 impl Plan {
-    /// Reads every history, on as many threads as the machine has cores: each reads and
-    /// decodes the records of one range of processes (decoding is most of the cost of
-    /// reading a journal of a million records), and the ranges are disjoint, so the
-    /// histories need no merging beyond putting them together.
+    /// Reads every history ([`Journal::read_processes`]).
     ///
     /// # Errors
     ///
     /// The store cannot be read, or a record is damaged (named by its key): a journal that
     /// cannot be trusted is not resumed at all.
     pub(super) fn read(journal: &Journal) -> anyhow::Result<Plan> {
-        // The processes in key order, to cut into ranges of about as many processes.
-        let mut processes: Vec<u64> = Vec::new();
-        journal.store.scan(Key { process: 1, seq: 0 }, &mut |key, _| {
-            if processes.last() != Some(&key.process) {
-                processes.push(key.process);
-            }
-            ControlFlow::Continue(())
-        })?;
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(processes.len()).max(1);
-        let per = processes.len().div_ceil(threads).max(1);
-        let ranges: Vec<(u64, Option<u64>)> = processes
-            .chunks(per)
-            .enumerate()
-            .map(|(i, chunk)| (chunk[0], processes.get((i + 1) * per).copied()))
-            .collect();
-        let parts: Vec<anyhow::Result<BTreeMap<Pid, Saved>>> = std::thread::scope(|scope| {
-            let readers: Vec<_> =
-                ranges.iter().map(|&(from, to)| scope.spawn(move || read_range(journal, from, to))).collect();
-            readers
-                .into_iter()
-                .map(|r| r.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a reader panicked"))))
-                .collect()
-        });
-        let mut saved = BTreeMap::new();
-        for part in parts {
-            saved.append(&mut part.map_err(|error| error.context("the journal is damaged and cannot be resumed"))?);
-        }
+        let saved = journal.read_processes()?;
         let children = saved
             .iter()
             .filter_map(|(pid, s)| s.spawn.origin.map(|(seq, tag)| ((s.spawn.parent, seq, tag), *pid)))
@@ -292,12 +195,30 @@ impl Plan {
     }
 
     /// Restores every unfinished process and sets it going, its grants narrowed to
-    /// `grants`; returns the handles of those the embedder had spawned.
+    /// `grants`; returns the handles of those the embedder had spawned. The steps of the
+    /// module's docs, in order.
     pub(super) fn restore(self, shared: &Arc<Shared>, grants: Option<&Capabilities>) -> Vec<ProcessHandle> {
         shared.registry.reserve_generations(self.saved.keys().copied());
         let cells = self.register(shared, grants);
+        let handles = self.watch_roots(&cells);
+        let replayed = self.replay_all(shared, &cells);
+        let consumed = self.consumed(&replayed);
+        let Rewired { deliveries, later } = self.rewire(shared, &cells, &replayed, &consumed);
+        self.forget_finished(shared, &cells, &deliveries);
+        deliver_again(shared, deliveries);
+        for (cell, origin, y) in later {
+            let saved = &self.saved[&cell.pid()];
+            self.resume_yield(shared, &cell, saved, origin, y, &consumed, &cells);
+        }
+        queue(shared, &cells, replayed);
+        self.free_in_background();
+        handles
+    }
+
+    /// The handles of the registered processes the embedder had spawned.
+    fn watch_roots(&self, cells: &BTreeMap<Pid, Arc<ProcessCell>>) -> Vec<ProcessHandle> {
         let mut handles = Vec::new();
-        for (pid, cell) in &cells {
+        for (pid, cell) in cells {
             if self.saved[pid].spawn.parent == Pid::HOST {
                 let slot = Arc::new(ExitSlot::default());
                 if cell.inbox.watch(Watcher::Handle(slot.clone())).is_ok() {
@@ -305,11 +226,21 @@ impl Plan {
                 }
             }
         }
+        handles
+    }
+
+    /// Replays every registered process; a process whose replay fails ends with its error.
+    /// Returns the status of each live one's last step (`None`: it has not stepped).
+    fn replay_all(
+        &self,
+        shared: &Arc<Shared>,
+        cells: &BTreeMap<Pid, Arc<ProcessCell>>,
+    ) -> HashMap<Pid, Option<Status>> {
         // Replays touch nothing but their own process: one thread a worker shares them.
         let all: Vec<(&Pid, &Arc<ProcessCell>)> = cells.iter().collect();
         let chunk = all.len().div_ceil(shared.settings.workers).max(1);
         let saved = &self.saved;
-        let replayed: HashMap<Pid, Option<Status>> = std::thread::scope(|scope| {
+        std::thread::scope(|scope| {
             let threads: Vec<_> = all
                 .chunks(chunk)
                 .map(|part| {
@@ -327,18 +258,33 @@ impl Plan {
                 })
                 .collect();
             threads.into_iter().flat_map(|t| t.join().expect("a replay's panics are caught")).collect()
-        });
-        let consumed: HashMap<Pid, HashSet<(Pid, u64)>> = replayed
+        })
+    }
+
+    /// The identities of the messages each live process consumed, by process.
+    fn consumed(&self, replayed: &HashMap<Pid, Option<Status>>) -> HashMap<Pid, HashSet<(Pid, u64)>> {
+        replayed
             .keys()
             .map(|pid| {
                 let ids = self.saved[pid].steps.iter().flat_map(|(_, step)| step.message_ids.iter().copied()).collect();
                 (*pid, ids)
             })
-            .collect();
+            .collect()
+    }
+
+    /// Registers the live processes' monitors again, and gathers what was under way: the
+    /// messages to deliver again and the yields to take up once they are.
+    fn rewire(
+        &self,
+        shared: &Arc<Shared>,
+        cells: &BTreeMap<Pid, Arc<ProcessCell>>,
+        replayed: &HashMap<Pid, Option<Status>>,
+        consumed: &HashMap<Pid, HashSet<(Pid, u64)>>,
+    ) -> Rewired {
         let live = |pid: &Pid| replayed.contains_key(pid);
         // Every message to deliver again, by receiver, in each sender's order; with the
         // yield to complete once it is delivered, for a `send` still in flight.
-        let mut deliveries: BTreeMap<Pid, BTreeMap<(Pid, u64), Redelivery>> = BTreeMap::new();
+        let mut deliveries: Deliveries = BTreeMap::new();
         let mut undelivered = |from: Pid, to: Pid, id: u64, topic: &str, body: &Payload, yielded| {
             let fresh = live(&to) && !consumed[&to].contains(&(from, id));
             if fresh {
@@ -372,7 +318,7 @@ impl Plan {
                 continue;
             }
             let cell = &cells[pid];
-            self.rewire_monitors(shared, cell, saved, &pending, &cells);
+            self.rewire_monitors(shared, cell, saved, &pending, cells);
             for (origin, y) in pending.outstanding {
                 // A `send` in flight is delivered with the others, in its sender's order.
                 if let Command::Send { to, topic, body } = &y.command
@@ -383,78 +329,35 @@ impl Plan {
                 later.push((cell.clone(), origin, y));
             }
         }
-        // The trees whose every process has ended and whose messages need no delivering
-        // again are done with: their records go.
-        if let Some(durable) = &shared.durable
-            && let Some(trees) = durable.trees()
-        {
-            let senders: HashSet<Pid> = deliveries.values().flat_map(|m| m.keys().map(|(from, _)| *from)).collect();
-            let mut trees = trees.lock();
-            for (pid, saved) in &self.saved {
-                trees.add_to(*pid, self.root_of(*pid), saved.exit.is_none() && cells.contains_key(pid));
-                // A process that could not be made again had its exit recorded after
-                // its last record.
-                let lost = saved.exit.is_none() && !cells.contains_key(pid);
-                trees.set_records(*pid, saved.next_seq + u64::from(lost));
-            }
-            let done = trees.finished_without(&senders);
-            drop(trees);
-            durable.remove(done);
+        Rewired { deliveries, later }
+    }
+
+    /// Removes the records of the trees whose every process has ended and whose messages
+    /// need no delivering again: they are done with.
+    fn forget_finished(&self, shared: &Arc<Shared>, cells: &BTreeMap<Pid, Arc<ProcessCell>>, deliveries: &Deliveries) {
+        let Some(durable) = &shared.durable else { return };
+        let Some(trees) = durable.trees() else { return };
+        let senders: HashSet<Pid> = deliveries.values().flat_map(|m| m.keys().map(|(from, _)| *from)).collect();
+        let mut trees = trees.lock();
+        for (pid, saved) in &self.saved {
+            trees.add_to(*pid, self.root_of(*pid), saved.exit.is_none() && cells.contains_key(pid));
+            // A process that could not be made again had its exit recorded after its
+            // last record.
+            let lost = saved.exit.is_none() && !cells.contains_key(pid);
+            trees.set_records(*pid, saved.next_seq + u64::from(lost));
         }
-        for (to, messages) in deliveries {
-            for ((from, id), message) in messages {
-                let sent = shared.send(from, to, message.topic, message.body, Some(id));
-                match message.yielded {
-                    Some((cell, tag)) => {
-                        complete(&cell, tag, sent.map(|()| Payload::empty()).map_err(|e| e.to_string()))
-                    }
-                    None => {
-                        if let Err(error) = sent {
-                            tracing::warn!(%from, %to, %error, "a recovered message could not be delivered again");
-                        }
-                    }
-                }
-            }
-        }
-        for (cell, origin, y) in later {
-            let saved = &self.saved[&cell.pid()];
-            self.take_up(shared, &cell, saved, origin, y, &consumed, &cells);
-        }
-        for (pid, status) in replayed {
-            let cell = &cells[&pid];
-            // Its last recorded step completed it, and the host died before its exit was
-            // recorded: the replay gave the result again, so it ends with it now rather
-            // than being stepped past its end.
-            if let Some(Status::Complete(result)) = status {
-                let result = match &result {
-                    Ok(payload) => shared
-                        .settings
-                        .limits
-                        .check_payload(payload.data.len(), "the result")
-                        .map_or_else(Err, |()| result),
-                    Err(_) => result,
-                };
-                shared.end(cell, Some(result));
-                continue;
-            }
-            let target = match status {
-                Some(Status::Blocked) => Some(Lifecycle::Blocked),
-                Some(Status::Idle) => Some(Lifecycle::Idle),
-                _ => None,
-            };
-            match target.map(|target| cell.state.transition_to_waiting(target)) {
-                Some(Waiting::Parked) => {}
-                Some(Waiting::Rerun) | None => {
-                    cell.state.transition_to_ready_from_running();
-                    shared.schedule_global(cell.clone());
-                }
-            }
-        }
-        // Freeing the histories, every replayed record's allocations, took about a fifth
-        // of a second for a million records: the resumed processes need not wait for it.
-        // An empty journal, every fresh start's, has nothing worth a thread.
+        let done = trees.finished_without(&senders);
+        drop(trees);
+        durable.remove(done);
+    }
+
+    /// Frees the histories, every replayed record's allocations, on a thread of their own:
+    /// that took about a fifth of a second for a million records, which the resumed
+    /// processes need not wait for. An empty journal, every fresh start's, has nothing
+    /// worth a thread.
+    fn free_in_background(self) {
         if self.saved.is_empty() {
-            return handles;
+            return;
         }
         let histories = self;
         let freeing = std::thread::Builder::new().name("journal-replayed".to_owned()).spawn(move || drop(histories));
@@ -462,7 +365,6 @@ impl Plan {
             // The closure, and with it the histories, was dropped here instead.
             tracing::debug!(%error, "no thread to free the replayed histories on");
         }
-        handles
     }
 
     /// The first process up `pid`'s chain of parents that the embedder spawned (or whose
@@ -551,7 +453,7 @@ impl Plan {
         &self,
         shared: &Arc<Shared>,
         cell: &Arc<ProcessCell>,
-        saved: &Saved,
+        saved: &Recorded,
         pending: &Pending,
         cells: &BTreeMap<Pid, Arc<ProcessCell>>,
     ) {
@@ -596,11 +498,11 @@ impl Plan {
 
     /// Takes up a yield whose completion was not consumed.
     #[expect(clippy::too_many_arguments, reason = "the recovery's context, passed down once")]
-    fn take_up(
+    fn resume_yield(
         &self,
         shared: &Arc<Shared>,
         cell: &Arc<ProcessCell>,
-        saved: &Saved,
+        saved: &Recorded,
         origin: Origin,
         y: Yield,
         consumed: &HashMap<Pid, HashSet<(Pid, u64)>>,
@@ -638,10 +540,60 @@ impl Plan {
     }
 }
 
+/// Delivers every message again, in each sender's order, and completes the `send`
+/// yields in flight with whether theirs was delivered.
+fn deliver_again(shared: &Arc<Shared>, deliveries: Deliveries) {
+    for (to, messages) in deliveries {
+        for ((from, id), message) in messages {
+            let sent = shared.send(from, to, message.topic, message.body, Some(id));
+            match message.yielded {
+                Some((cell, tag)) => complete(&cell, tag, sent.map(|()| Payload::empty()).map_err(|e| e.to_string())),
+                None => {
+                    if let Err(error) = sent {
+                        tracing::warn!(%from, %to, %error, "a recovered message could not be delivered again");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sets every replayed process going as its last step left it: ended, waiting, or queued.
+fn queue(shared: &Arc<Shared>, cells: &BTreeMap<Pid, Arc<ProcessCell>>, replayed: HashMap<Pid, Option<Status>>) {
+    for (pid, status) in replayed {
+        let cell = &cells[&pid];
+        // Its last recorded step completed it, and the host died before its exit was
+        // recorded: the replay gave the result again, so it ends with it now rather
+        // than being stepped past its end.
+        if let Some(Status::Complete(result)) = status {
+            let result = match &result {
+                Ok(payload) => {
+                    shared.settings.limits.check_payload(payload.data.len(), "the result").map_or_else(Err, |()| result)
+                }
+                Err(_) => result,
+            };
+            shared.end(cell, Some(result));
+            continue;
+        }
+        let target = match status {
+            Some(Status::Blocked) => Some(Lifecycle::Blocked),
+            Some(Status::Idle) => Some(Lifecycle::Idle),
+            _ => None,
+        };
+        match target.map(|target| cell.state.transition_to_waiting(target)) {
+            Some(Waiting::Parked) => {}
+            Some(Waiting::Rerun) | None => {
+                cell.state.transition_to_ready_from_running();
+                shared.schedule_global(cell.clone());
+            }
+        }
+    }
+}
+
 /// Runs `init` and every recorded step again, checking each against its record. Leaves
 /// the process `Running`, and returns the status of its last step (`None`: it has not
 /// stepped yet).
-fn replay(cell: &Arc<ProcessCell>, saved: &Saved) -> Result<Option<Status>, String> {
+fn replay(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<Option<Status>, String> {
     let pid = cell.pid();
     let spawn = &saved.spawn;
     let _replaying = ReplayingHistory::begin();
@@ -705,6 +657,16 @@ fn replay(cell: &Arc<ProcessCell>, saved: &Saved) -> Result<Option<Status>, Stri
     Ok(last)
 }
 
+/// The messages to deliver again, by receiver, each sender's in the order it sent them.
+type Deliveries = BTreeMap<Pid, BTreeMap<(Pid, u64), Redelivery>>;
+
+/// What [`Plan::rewire`] found under way.
+struct Rewired {
+    deliveries: Deliveries,
+    /// The yields to take up once the messages are delivered again.
+    later: Vec<(Arc<ProcessCell>, Origin, Yield)>,
+}
+
 /// A message to deliver again at recovery.
 struct Redelivery {
     topic: String,
@@ -731,7 +693,7 @@ struct Pending {
     monitored: Vec<Pid>,
 }
 
-fn pending_yields(saved: &Saved) -> Pending {
+fn pending_yields(saved: &Recorded) -> Pending {
     let mut open: BTreeMap<u64, Vec<(Origin, Yield)>> = BTreeMap::new();
     let mut completed_sends = Vec::new();
     let mut monitored = Vec::new();

@@ -86,9 +86,9 @@ use super::durable::Turn;
 use super::idle::{PARK_AFTER_ROUNDS, Unparked, YIELD_AFTER_ROUNDS};
 use super::inbox::MailboxBound;
 use super::process::{Event, Events, Payload, Status, StepOutput};
-use super::record::now_micros;
 use super::shared::Shared;
 use super::state::Lifecycle;
+use crate::journal::now_micros;
 
 /// How many more processes to move from the global queue into the local deque when
 /// taking one. From the scheduler spec.

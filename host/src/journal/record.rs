@@ -1,5 +1,5 @@
-//! The journal records of a durable process (see [`crate::journal`]): how a spawn, a step
-//! and an exit are written, and read back.
+//! The records of a durable process: how a spawn, a step, a message from the embedder and
+//! an exit are written, and read back.
 //!
 //! A value is [`FORMAT_VERSION`], a record tag, then the record's fields in the order
 //! below. Every decode checks what it reads, so a damaged record is a [`Malformed`]
@@ -8,17 +8,16 @@
 use std::borrow::Cow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use wasmproc_types::Format;
+use wasmproc_types::{Format, Payload, Pid};
 
-use super::caps::Capabilities;
-use super::process::{Command, Event, Outcome, Payload, Pid, SpawnRequest, Status, Yield};
-use std::ops::ControlFlow;
+use super::FORMAT_VERSION;
+use crate::caps::Capabilities;
+use crate::codec::{Malformed, Reader, Writer};
+use crate::step::{Command, Event, Outcome, SpawnRequest, Status, Yield};
 
-use crate::journal::{Batch, FORMAT_VERSION, Journal, Key, Malformed, Reader, Writer};
-
-const SPAWN: u8 = 1;
+pub(super) const SPAWN: u8 = 1;
 const STEP: u8 = 2;
-const EXIT: u8 = 3;
+pub(super) const EXIT: u8 = 3;
 const HOST_MESSAGE: u8 = 4;
 
 /// One record of a process's history.
@@ -69,305 +68,6 @@ pub(crate) struct StepRecord {
     pub(crate) sends: Vec<(Pid, String, Payload)>,
     /// `Complete` is recorded as the exit record instead.
     pub(crate) status: Status,
-}
-
-/// One process's history as a journal holds it: see [`Journal::history`].
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct History {
-    /// The process.
-    pub pid: Pid,
-    /// Its spawner ([`Pid::HOST`] for the embedder); `None` if the spawn record is missing.
-    pub parent: Option<Pid>,
-    /// The registered kind it was made from.
-    pub kind: Option<String>,
-    /// Its entry method.
-    pub method: String,
-    /// Steps recorded.
-    pub steps: u64,
-    /// Its result, once its exit is recorded; `None` while it is unfinished.
-    pub result: Option<Outcome>,
-    /// Each record, one line of text apiece, in order: its number, its kind, its time
-    /// (a step's after the record before), what went in and what came out.
-    pub records: Vec<String>,
-    /// How its last step ended; `None` before its first step and once it has ended.
-    pub last_status: Option<Status>,
-    /// What it waits for as its history leaves it: each command it yielded whose
-    /// completion is not recorded, one line apiece (`1: sleep 5ms`). Empty once it has
-    /// ended.
-    pub waiting_for: Vec<String>,
-}
-
-/// A run the journal holds whose every process has ended: a process the embedder spawned
-/// (its root) and everything spawned under it.
-#[derive(Debug, Clone)]
-pub struct FinishedRun {
-    /// The process the embedder spawned.
-    pub root: Pid,
-    /// Its recorded result.
-    pub result: Outcome,
-    /// Every process of the run, with how many records it has.
-    members: Vec<(Pid, u64)>,
-}
-
-/// A run the journal holds, finished or not: a process the embedder spawned (its root),
-/// how it was spawned, and everything spawned under it. See [`Journal::runs`].
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct HeldRun {
-    /// The process the embedder spawned.
-    pub root: Pid,
-    /// The registered kind the root was made from.
-    pub kind: Option<String>,
-    /// What the root's kind made it from (a Wasm component's `sha256:` hash).
-    pub identity: Option<String>,
-    /// The root's entry method.
-    pub method: String,
-    /// The root's input.
-    pub input: Vec<Payload>,
-    /// The root's grants, as it was spawned with them.
-    pub caps: Capabilities,
-    /// The root's result once every process of the run has ended; `None` while one is
-    /// unfinished (it resumes when a scheduler is built on the journal).
-    pub result: Option<Outcome>,
-    /// Every process of the run, with how many records it has.
-    members: Vec<(Pid, u64)>,
-}
-
-impl HeldRun {
-    /// How many processes of the run the journal holds.
-    pub fn processes(&self) -> usize {
-        self.members.len()
-    }
-
-    /// How many records the run has in the journal.
-    pub fn records(&self) -> u64 {
-        self.members.iter().map(|(_, records)| records).sum()
-    }
-}
-
-/// One process as [`Journal::runs`] reads it: its spawn and exit records only.
-struct Glimpse {
-    spawn: SpawnRecord,
-    exit: Option<Outcome>,
-    records: u64,
-}
-
-impl Journal {
-    /// Every run the journal holds, finished or not, by root pid: each process the
-    /// embedder spawned, with its tree. A tree whose chain of parents leaves the journal
-    /// (its root's records are gone) is no run. Reads every key but decodes only the
-    /// spawn and exit records.
-    ///
-    /// # Errors
-    ///
-    /// The store's read error, or a damaged record (named by its key).
-    pub fn runs(&self) -> std::io::Result<Vec<HeldRun>> {
-        let damaged = |message: String| std::io::Error::new(std::io::ErrorKind::InvalidData, message);
-        let mut seen: std::collections::BTreeMap<Pid, Glimpse> = std::collections::BTreeMap::new();
-        let mut failure = None;
-        self.store.scan(Key { process: 1, seq: 0 }, &mut |key, value| {
-            let pid = Pid::from_u64(key.process);
-            let decoded = match value.get(1) {
-                Some(&SPAWN | &EXIT) => match Record::decode(value) {
-                    Ok(record) => Some(record),
-                    Err(error) => {
-                        failure = Some(damaged(format!("record {} of process {pid}: {error}", key.seq)));
-                        return ControlFlow::Break(());
-                    }
-                },
-                _ => None,
-            };
-            match (seen.get_mut(&pid), decoded) {
-                (None, Some(Record::Spawn(spawn))) => {
-                    seen.insert(pid, Glimpse { spawn, exit: None, records: key.seq + 1 });
-                }
-                (None, _) => {
-                    failure = Some(damaged(format!("process {pid} has records but no spawn record")));
-                    return ControlFlow::Break(());
-                }
-                (Some(_), Some(Record::Spawn(_))) => {
-                    failure = Some(damaged(format!("process {pid} has a second spawn record at {}", key.seq)));
-                    return ControlFlow::Break(());
-                }
-                (Some(glimpse), record) => {
-                    glimpse.records = key.seq + 1;
-                    if let Some(Record::Exit(result)) = record {
-                        glimpse.exit = Some(result);
-                    }
-                }
-            }
-            ControlFlow::Continue(())
-        })?;
-        if let Some(error) = failure {
-            return Err(error);
-        }
-        // The root of each process: up its chain of parents to one the embedder spawned.
-        // Only a journal written by something else makes parents a cycle: a chain stops
-        // once it is longer than the journal's processes.
-        let root_of = |mut pid: Pid| {
-            for _ in 0..seen.len() {
-                match seen.get(&pid).map(|g| g.spawn.parent) {
-                    Some(parent) if parent != Pid::HOST && seen.contains_key(&parent) => pid = parent,
-                    _ => break,
-                }
-            }
-            pid
-        };
-        let mut trees: std::collections::BTreeMap<Pid, (bool, Vec<(Pid, u64)>)> = std::collections::BTreeMap::new();
-        for (pid, glimpse) in &seen {
-            let root = root_of(*pid);
-            if seen[&root].spawn.parent == Pid::HOST {
-                let tree = trees.entry(root).or_insert((true, Vec::new()));
-                tree.0 &= glimpse.exit.is_some();
-                tree.1.push((*pid, glimpse.records));
-            }
-        }
-        Ok(trees
-            .into_iter()
-            .map(|(root, (ended, members))| {
-                let Glimpse { spawn, exit, .. } = &seen[&root];
-                HeldRun {
-                    root,
-                    kind: spawn.kind.clone(),
-                    identity: spawn.identity.clone(),
-                    method: spawn.method.clone(),
-                    input: spawn.input.clone(),
-                    caps: spawn.caps.clone(),
-                    result: if ended { exit.clone() } else { None },
-                    members,
-                }
-            })
-            .collect())
-    }
-
-    /// The runs whose every process has ended and whose records are still held (a host
-    /// with [`JournalSettings::keep_finished`](crate::journal::JournalSettings), or one
-    /// that stopped before it removed them). A host that reports results reads a run
-    /// here that finished before it could report it, rather than running it again.
-    ///
-    /// # Errors
-    ///
-    /// The store's read error, or a damaged record (named by its key).
-    pub fn finished_runs(&self) -> std::io::Result<Vec<FinishedRun>> {
-        Ok(self
-            .runs()?
-            .into_iter()
-            .filter_map(|run| Some(FinishedRun { root: run.root, result: run.result?, members: run.members }))
-            .collect())
-    }
-
-    /// Removes the records of `run`, synced: once this returns, a start with this
-    /// journal no longer finds it.
-    ///
-    /// # Errors
-    ///
-    /// The store's write error; the run's records are then still there.
-    pub fn forget(&self, run: &FinishedRun) -> std::io::Result<()> {
-        self.remove(&run.members)
-    }
-
-    /// Removes the records of `run`, finished or not, synced: once this returns, a start
-    /// with this journal neither resumes nor reports it. Only while no scheduler runs on
-    /// the journal: one would go on writing the run's records.
-    ///
-    /// # Errors
-    ///
-    /// The store's write error; the run's records are then still there.
-    pub fn forget_run(&self, run: &HeldRun) -> std::io::Result<()> {
-        self.remove(&run.members)
-    }
-
-    fn remove(&self, members: &[(Pid, u64)]) -> std::io::Result<()> {
-        let removals = members.iter().map(|(pid, records)| (pid.as_u64(), *records)).collect();
-        self.store.commit(&Batch { puts: Vec::new(), removals }, true)
-    }
-
-    /// Every process the journal holds, in pid order, with its records decoded.
-    ///
-    /// # Errors
-    ///
-    /// The store's read error, or a damaged record (named by its key).
-    pub fn history(&self) -> std::io::Result<Vec<History>> {
-        let mut all: Vec<History> = Vec::new();
-        let mut failure = None;
-        // The time of the last spawn or step read, which the next step's is shown after.
-        let mut last_at = None;
-        // The process's yields not completed yet, by tag: its `waiting_for` once its
-        // records have all been read.
-        let mut pending = std::collections::BTreeMap::new();
-        self.store.scan(Key { process: 1, seq: 0 }, &mut |key, value| {
-            let record = match Record::decode(value) {
-                Ok(record) => record,
-                Err(error) => {
-                    failure = Some(std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        format!("record {} of process {}: {error}", key.seq, key.process),
-                    ));
-                    return ControlFlow::Break(());
-                }
-            };
-            let pid = Pid::from_u64(key.process);
-            if all.last().is_none_or(|h| h.pid != pid) {
-                last_at = None;
-                if let Some(previous) = all.last_mut() {
-                    settle(previous, &mut pending);
-                }
-                all.push(History {
-                    pid,
-                    parent: None,
-                    kind: None,
-                    method: String::new(),
-                    steps: 0,
-                    result: None,
-                    records: Vec::new(),
-                    last_status: None,
-                    waiting_for: Vec::new(),
-                });
-            }
-            let history = all.last_mut().expect("pushed above");
-            match &record {
-                Record::Spawn(spawn) => {
-                    history.parent = Some(spawn.parent);
-                    history.kind.clone_from(&spawn.kind);
-                    history.method.clone_from(&spawn.method);
-                }
-                Record::Step(step) => {
-                    history.steps += 1;
-                    for event in &step.events {
-                        if let Event::Completion { tag, .. } = event {
-                            pending.remove(tag);
-                        }
-                    }
-                    for y in &step.yields {
-                        pending.insert(y.tag, format!("{}: {}", y.tag, super::history::command(&y.command)));
-                    }
-                    history.last_status = Some(step.status.clone());
-                }
-                Record::Exit(result) => {
-                    history.result = Some(result.clone());
-                    history.last_status = None;
-                    pending.clear();
-                }
-                Record::HostMessage { .. } => {}
-            }
-            history.records.push(super::history::line(key.seq, &record, &mut last_at));
-            ControlFlow::Continue(())
-        })?;
-        if let Some(last) = all.last_mut() {
-            settle(last, &mut pending);
-        }
-        match failure {
-            Some(error) => Err(error),
-            None => Ok(all),
-        }
-    }
-}
-
-/// Gives `history` what its process waits for: the `pending` yields left once its
-/// records have all been read.
-fn settle(history: &mut History, pending: &mut std::collections::BTreeMap<u64, String>) {
-    history.waiting_for = std::mem::take(pending).into_values().collect();
 }
 
 /// Microseconds since the Unix epoch, now.
@@ -512,9 +212,7 @@ impl Record {
     }
 }
 
-/// Writes the events a step is about to get: the first part of its record, taken before
-/// the step consumes them.
-pub(super) fn events(w: &mut Writer, events: &[Event]) {
+fn events(w: &mut Writer, events: &[Event]) {
     w.u64(events.len() as u64);
     for event in events {
         match event {

@@ -1,6 +1,6 @@
-//! A journal's records as lines a person reads (`wasmproc journal show`,
-//! [`History::records`](super::History::records)): each record's number, kind and time,
-//! then what went in and what came out, payloads shown as their text where they have one.
+//! A journal's processes as a person reads them ([`Journal::history`], `wasmproc journal
+//! show`): each record a line ([`History::records`]), its number, kind and time, then what
+//! went in and what came out, payloads shown as their text where they have one.
 //!
 //! ```text
 //!    0  spawn  2026-11-24 14:22:15.848228 UTC  worker(null) by 4328521728 (parent's record 1, yield 1), kind app
@@ -9,19 +9,125 @@
 //!   13  exit   ok 5
 //! ```
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::ops::ControlFlow;
 
-use wasmproc_types::Format;
+use wasmproc_types::{Format, Payload, Pid};
 
-use super::process::{Command, Event, Outcome, Payload, Pid, Status};
+use super::Journal;
+use super::read::Decode;
 use super::record::{Record, SpawnRecord, StepRecord};
+use crate::step::{Command, Event, Outcome, Status};
+
+/// One process's history as a journal holds it: see [`Journal::history`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct History {
+    /// The process.
+    pub pid: Pid,
+    /// Its spawner ([`Pid::HOST`] for the embedder); `None` if the spawn record is missing.
+    pub parent: Option<Pid>,
+    /// The registered kind it was made from.
+    pub kind: Option<String>,
+    /// Its entry method.
+    pub method: String,
+    /// Steps recorded.
+    pub steps: u64,
+    /// Its result, once its exit is recorded; `None` while it is unfinished.
+    pub result: Option<Outcome>,
+    /// Each record, one line of text apiece, in order: its number, its kind, its time
+    /// (a step's after the record before), what went in and what came out.
+    pub records: Vec<String>,
+    /// How its last step ended; `None` before its first step and once it has ended.
+    pub last_status: Option<Status>,
+    /// What it waits for as its history leaves it: each command it yielded whose
+    /// completion is not recorded, one line apiece (`1: sleep 5ms`). Empty once it has
+    /// ended.
+    pub waiting_for: Vec<String>,
+}
+
+impl Journal {
+    /// Every process the journal holds, in pid order, with its records decoded.
+    ///
+    /// # Errors
+    ///
+    /// The store's read error, or a damaged record (named by its key).
+    pub fn history(&self) -> std::io::Result<Vec<History>> {
+        let mut all: Vec<History> = Vec::new();
+        // The time of the last spawn or step read, which the next step's is shown after.
+        let mut last_at = None;
+        // The process's yields not completed yet, by tag: its `waiting_for` once its
+        // records have all been read.
+        let mut pending = BTreeMap::new();
+        self.scan_records(1, None, Decode::All, &mut |key, record| {
+            let Some(record) = record else { unreachable!("every record is decoded") };
+            let pid = Pid::from_u64(key.process);
+            if all.last().is_none_or(|h| h.pid != pid) {
+                last_at = None;
+                if let Some(previous) = all.last_mut() {
+                    fill_waiting_for(previous, &mut pending);
+                }
+                all.push(History {
+                    pid,
+                    parent: None,
+                    kind: None,
+                    method: String::new(),
+                    steps: 0,
+                    result: None,
+                    records: Vec::new(),
+                    last_status: None,
+                    waiting_for: Vec::new(),
+                });
+            }
+            let history = all.last_mut().expect("pushed above");
+            match &record {
+                Record::Spawn(spawn) => {
+                    history.parent = Some(spawn.parent);
+                    history.kind.clone_from(&spawn.kind);
+                    history.method.clone_from(&spawn.method);
+                }
+                Record::Step(step) => {
+                    history.steps += 1;
+                    for event in &step.events {
+                        if let Event::Completion { tag, .. } = event {
+                            pending.remove(tag);
+                        }
+                    }
+                    for y in &step.yields {
+                        pending.insert(y.tag, format!("{}: {}", y.tag, command(&y.command)));
+                    }
+                    history.last_status = Some(step.status.clone());
+                }
+                Record::Exit(result) => {
+                    history.result = Some(result.clone());
+                    history.last_status = None;
+                    pending.clear();
+                }
+                Record::HostMessage { .. } => {}
+            }
+            history.records.push(line(key.seq, &record, &mut last_at));
+            ControlFlow::Continue(())
+        })?;
+        if let Some(last) = all.last_mut() {
+            fill_waiting_for(last, &mut pending);
+        }
+        Ok(all)
+    }
+}
+
+/// Gives `history` what its process waits for: the `pending` yields left once its
+/// records have all been read.
+fn fill_waiting_for(history: &mut History, pending: &mut BTreeMap<u64, String>) {
+    history.waiting_for = std::mem::take(pending).into_values().collect();
+}
 
 /// The most characters of a payload's text a line shows; the rest is counted.
 const SHOWN: usize = 60;
 
 /// The line of record `seq`. `last_at` is the time of the record before that had one
 /// (a spawn's or a step's), which a step's time is shown after; it becomes this one's.
-pub(super) fn line(seq: u64, record: &Record, last_at: &mut Option<u64>) -> String {
+fn line(seq: u64, record: &Record, last_at: &mut Option<u64>) -> String {
     let mut line = format!("{seq:>4}  ");
     match record {
         Record::Spawn(spawn) => {
@@ -115,7 +221,7 @@ fn event_into(line: &mut String, event: &Event) {
 }
 
 /// A command as a step's line shows what it yielded.
-pub(super) fn command(command: &Command) -> String {
+fn command(command: &Command) -> String {
     match command {
         Command::Sleep(duration) => format!("sleep {duration:?}"),
         Command::Spawn(spawn) => {
@@ -253,8 +359,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::scheduler::caps::Capabilities;
-    use crate::scheduler::process::{SpawnRequest, Yield};
+    use crate::caps::Capabilities;
+    use crate::step::{SpawnRequest, Yield};
 
     const AT: u64 = 1_795_605_135_848_228;
 

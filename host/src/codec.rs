@@ -1,4 +1,4 @@
-//! The journal's value encoding: LEB128 integers, length-prefixed bytes and strings, read
+//! The crate's value encoding (the journal's records, capability sets, a cluster's frames): LEB128 integers, length-prefixed bytes and strings, read
 //! back with every length checked against what is left, so a damaged value is an error,
 //! never a panic or an allocation of its claimed size.
 

@@ -7,8 +7,8 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::process::{Command, CommandKind};
-use crate::journal::{Malformed, Reader, Writer};
+use crate::codec::{Malformed, Reader, Writer};
+use crate::step::{Command, CommandKind};
 
 /// Every built-in's capability bit.
 const ALL_BUILTINS: u8 = {
