@@ -185,7 +185,7 @@ fn allocations_a_cycle_step(s: &Scheduler) -> f64 {
 /// yields reaches the committing thread without the worker's vector of yields, which
 /// stays for the next step (with it handed over, 7.2 a step): a vector allocated on one
 /// thread and freed on another takes both threads through glibc's arena lock
-/// (BENCHMARKS.md, "A step's yields stay with its worker").
+/// (docs/perf/durable.md, "A step's yields stay with its worker").
 fn a_durable_step_allocates_its_record_not_its_worker_s_vectors() {
     let per_step = allocations_a_cycle_step(&wasm_scheduler_with(Some(Journal::with_store(MemoryStore::new()))));
     assert!(per_step < 6.5, "{per_step} allocations a durable step");

@@ -97,7 +97,7 @@ pub(super) struct Run {
     #[arg(long, value_name = "DURATION", default_value = "10ms", value_parser = units::millis)]
     time_slice: Duration,
     /// A step past its time slice fails its process instead of being preempted. Steps
-    /// are cheaper without preemption (see BENCHMARKS.md): for trusted guests only.
+    /// are cheaper without preemption (see docs/perf/sandbox.md): for trusted guests only.
     #[arg(long)]
     no_preemption: bool,
     /// Total CPU time each process may use over its life (e.g. 2s); a process past it

@@ -6,8 +6,7 @@
 //! The items are carried out on the committing thread because it is awake at that moment
 //! anyway: handing them to a thread of their own, so that the next sync overlapped them,
 //! cost a wake-up and two context switches a commit, on cores the workers need, to
-//! overlap a few microseconds of effects with a sync of a hundred (BENCHMARKS.md,
-//! "Durable processes").
+//! overlap a few microseconds of effects with a sync of a hundred (docs/perf/durable.md).
 //!
 //! A submission is its records and an item (what to do once they are durable). Items are
 //! carried out in submission order, and a submission is never carried out before every

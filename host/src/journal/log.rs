@@ -108,7 +108,7 @@ const SEGMENT_SIZE: u64 = 64 << 20;
 const COMPACT_AT: u64 = 16 << 20;
 
 /// The step in which the segment being written is extended with zeros ahead of its
-/// frames. Measured on this VM's ext4 (`BENCHMARKS.md`, "The journal's store"): synced
+/// frames. Measured on this VM's ext4 (`docs/perf/journal-store.md`): synced
 /// appends of 14 KiB ran at 5.2k–5.9k a second growing the file, 5.5k–6.1k into
 /// `fallocate`d space, and 8.4k–8.8k into zeros written ahead in steps of 1 MiB (7.2k–8.1k
 /// at 4 and 16 MiB, whose zeros cost longer stalls when they are flushed).

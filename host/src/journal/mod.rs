@@ -54,8 +54,8 @@
 //! A [`Store`]: by default [`LogStore`], an append-only log in a directory of its own (one
 //! frame, checksummed, a group commit; a torn last commit dropped on opening; compacted
 //! on a thread of its own). [`Journal::open`] still opens a directory that
-//! [`FjallStore`] wrote with fjall, the default before the log (see `BENCHMARKS.md`, "The
-//! journal's store", for the measurements that chose each). Record keys are (process,
+//! [`FjallStore`] wrote with fjall, the default before the log (see `docs/perf/journal-store.md`
+//! for the measurements that chose each). Record keys are (process,
 //! sequence); values start with [`FORMAT_VERSION`]. Process 0 is reserved for the
 //! journal's own metadata. Records are only appended and read back in order, so a
 //! snapshot of a process (its memory at step N) can later replace the records before it

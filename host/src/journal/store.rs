@@ -1,7 +1,7 @@
 //! Where the journal's records live: the [`Store`] trait, [`MemoryStore`], and
 //! [`FjallStore`] (an embedded log-structured store), the default before
-//! [`LogStore`](super::LogStore) (see `BENCHMARKS.md`, "The journal's store", for the
-//! measurements that chose each).
+//! [`LogStore`](super::LogStore) (see `docs/perf/journal-store.md` for
+//! the measurements that chose each).
 
 use std::io;
 use std::ops::ControlFlow;

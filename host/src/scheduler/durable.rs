@@ -213,7 +213,7 @@ pub(super) enum AfterCommit {
     /// A step's yields and port sends, in order; `seq` is its record's. Held inline when
     /// there is one of each, as there nearly always is: a vector allocated by a worker and
     /// freed by the committing thread makes each of them take the other's `malloc` lock
-    /// (BENCHMARKS.md, "A step's yields stay with its worker").
+    /// (docs/perf/durable.md, "A step's yields stay with its worker").
     Effects { cell: Arc<ProcessCell>, seq: u64, yields: SmallVec<[Yield; 1]>, sends: SmallVec<[PortSend; 1]> },
     /// A message from the embedder, recorded in its receiver's history as record `seq`.
     Deliver { cell: Arc<ProcessCell>, seq: u64, topic: String, body: Payload },

@@ -120,7 +120,7 @@ impl Config {
     ///
     /// Metering is compiled into the guest's code, so a runtime with a fuel budget
     /// compiles (and caches) components separately from one without, and its guests run
-    /// somewhat slower (see BENCHMARKS.md). By default no budget and no metering.
+    /// somewhat slower (see `docs/perf/sandbox.md`). By default no budget and no metering.
     pub fn fuel(mut self, units: u64) -> Self {
         self.fuel = Some(units);
         self
@@ -140,7 +140,7 @@ impl Config {
 
     /// Whether steps past their time slice are preempted (the default) or stopped with an
     /// error naming the limit. A preemptible step runs on a fiber of its own, which costs
-    /// some time on every step (see BENCHMARKS.md); turn it off for trusted guests whose
+    /// some time on every step (see `docs/perf/sandbox.md`); turn it off for trusted guests whose
     /// steps are known to be short.
     pub fn preemption(mut self, on: bool) -> Self {
         self.preemption = on;

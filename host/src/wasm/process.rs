@@ -10,7 +10,7 @@
 //! Events that arrive meanwhile wait in the process until the guest asks for them with
 //! its next step. The future is polled with a no-op waker: the scheduler's queue, not a
 //! waker, is what brings the process back. Without preemption a step is a plain call,
-//! cheaper (see BENCHMARKS.md), and one past its slice is stopped with an error instead.
+//! cheaper (see `docs/perf/sandbox.md`), and one past its slice is stopped with an error instead.
 //!
 //! [`Config::preemption`]: super::Config::preemption
 

@@ -28,7 +28,7 @@
 //! the kept part, though (see `Drop for Stack`): giving back the other 960 KiB
 //! unconditionally, an `madvise` that walks their page tables under the address space's
 //! lock, costs on every process's exit (8% of the workers' time on the lifecycle
-//! benchmark, measured with `perf`; see BENCHMARKS.md).
+//! benchmark, measured with `perf`; see `docs/perf/profiles.md`).
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -368,7 +368,7 @@ impl RawWasm {
         if keep_resident > 0 {
             pool.linear_memory_keep_resident(keep_resident).table_keep_resident(keep_resident);
         }
-        // What-if knob for the baseline only (see BENCHMARKS.md): no copy-on-write images.
+        // What-if knob for the baseline only (see docs/perf/wasm.md): no copy-on-write images.
         let cow = cow && std::env::var("RAW_COW").map_or(true, |v| v != "0");
         let mut config = wasmtime::Config::new();
         config
