@@ -26,7 +26,8 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 
 /// Empty rounds before a worker parks. Fewer than [`YIELD_AFTER_ROUNDS`] spin, the rest
-/// call `thread::yield_now`; the values are the scheduler spec's.
+/// call `thread::yield_now`; the values are those of
+/// the Go scheduler wasmproc's design comes from (docs/design.md, "Finding work").
 pub(super) const PARK_AFTER_ROUNDS: u32 = 16;
 /// Empty rounds before a searcher stops spinning and starts yielding its thread.
 pub(super) const YIELD_AFTER_ROUNDS: u32 = 4;

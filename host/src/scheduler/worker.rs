@@ -1,7 +1,7 @@
 //! The worker loop: find a process, run its turn, repeat; search and park when there is
 //! nothing to run.
 //!
-//! Work is looked for in this order (the scheduler spec's):
+//! Work is looked for in this order (docs/design.md, "Finding work"):
 //! 1. the worker's LIFO slot: the process it woke or spawned last, whose data is still in
 //!    cache (see "The LIFO slot" below);
 //! 2. the worker's own deque, LIFO, for the same reason;
@@ -91,7 +91,8 @@ use super::state::Lifecycle;
 use crate::journal::now_micros;
 
 /// How many more processes to move from the global queue into the local deque when
-/// taking one. From the scheduler spec.
+/// taking one: the value of
+/// the Go scheduler wasmproc's design comes from (docs/design.md, "Finding work").
 const GLOBAL_BATCH: usize = 16;
 /// Ticks between looks at the global queue, or the bottom of the local deque, ahead of
 /// the deque's top. 61 is Go's value: prime, so it does not fall into step with periodic
