@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use wasmproc::journal::{HeldRun, History, Journal, JournalSettings, LogStore};
-use wasmproc::wasm::Program;
+use wasmproc::wasm::{Component, Program};
 use wasmproc::{Capabilities, Pid, Scheduler, Status};
 
 use super::input::read_app;
@@ -157,18 +157,27 @@ impl JournalCommand {
     }
 }
 
+/// Loads `app` as `run` would, to replay a journal's run with it: a WASI command has no
+/// journal.
+fn load_process(app: &Path, engine: &EngineArgs) -> Result<Component, Failure> {
+    let bytes = read_app(app, engine.max_module_size as u64)?;
+    let program = runtime(engine.config()?)?
+        .load_program_bytes(&bytes)
+        .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{}`: {e:#}", app.display())))?;
+    match program {
+        Program::Process(component) => Ok(component),
+        Program::Wasi(_) => {
+            Err(Failure::new(Exit::Usage, format!("`{}` is a WASI command: it has no journal", app.display())))
+        }
+    }
+}
+
 /// `journal verify`: replays with the program as `run` would load it.
 fn verify(dir: &Path, app: &Path, engine: &EngineArgs) -> Result<ExitCode, Failure> {
     if !dir.is_dir() {
         return Err(Failure::new(Exit::Usage, format!("no journal in `{}`: not a directory", dir.display())));
     }
-    let bytes = read_app(app, engine.max_module_size as u64)?;
-    let program = runtime(engine.config()?)?
-        .load_program_bytes(&bytes)
-        .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{}`: {e:#}", app.display())))?;
-    let Program::Process(component) = program else {
-        return Err(Failure::new(Exit::Usage, format!("`{}` is a WASI command: it has no journal", app.display())));
-    };
+    let component = load_process(app, engine)?;
     let journal = Journal::open(dir).map_err(|e| Failure::new(Exit::Host, format!("{e}")))?;
     let verdicts = Scheduler::builder()
         .workers(1)
@@ -240,13 +249,7 @@ fn cancel(dir: &Path, app: &Path, grace: Duration, engine: &EngineArgs) -> Resul
             format!("the journal in `{}` holds no unfinished run: nothing to cancel{finished}", dir.display()),
         ));
     };
-    let bytes = read_app(app, engine.max_module_size as u64)?;
-    let program = runtime(engine.config()?)?
-        .load_program_bytes(&bytes)
-        .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{}`: {e:#}", app.display())))?;
-    let Program::Process(component) = program else {
-        return Err(Failure::new(Exit::Usage, format!("`{}` is a WASI command: it has no journal", app.display())));
-    };
+    let component = load_process(app, engine)?;
     if let Some(ran) = first.identity.as_deref().filter(|ran| *ran != component.hash()) {
         return Err(Failure::new(
             Exit::Usage,
