@@ -508,7 +508,7 @@ struct InLink {
 }
 
 /// An acknowledgement owed to a node: since when, and for how many items applied.
-struct Owed {
+struct PendingAck {
     since: Instant,
     items: u64,
 }
@@ -578,7 +578,7 @@ struct Actor {
     dirty: FxHashSet<u16>,
     /// Acknowledgements not sent yet, by node: the next data frame to the node carries
     /// one, or it goes alone once due.
-    acks: FxHashMap<u16, Owed>,
+    acks: FxHashMap<u16, PendingAck>,
     /// Where spawns resolved for other nodes go (`run_spawns`).
     spawner: std::sync::mpsc::Sender<SpawnJob>,
     connected: bool,
@@ -1259,7 +1259,7 @@ impl Actor {
         }
         // Owed even when nothing was applied (a repeat, a gap): the sender learns where
         // this side stands.
-        let owed = self.acks.entry(peer.node).or_insert_with(|| Owed { since: Instant::now(), items: 0 });
+        let owed = self.acks.entry(peer.node).or_insert_with(|| PendingAck { since: Instant::now(), items: 0 });
         owed.items += expected - before;
     }
 
