@@ -354,3 +354,5 @@ pub fn with_stash(
 pub mod bench;
 /// A real `nats-server` on loopback for the cluster's tests and benchmark.
 pub mod nats;
+/// A real HTTP server on loopback serving a directory.
+pub mod site;

@@ -13,6 +13,7 @@ use wasmproc::cluster::{ClusterConfig, Placement};
 use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::{Command as Yielded, Event, Events, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
 use wasmproc_tests::nats::{Node, Server, kind};
+use wasmproc_tests::site::Site;
 
 const SECRET: &str = "test-secret";
 /// The bound of every wait in these tests.
@@ -872,42 +873,6 @@ fn cluster_run_reports_with_json_and_stats_from_an_input_file() {
     assert_eq!(object["stats"]["node"], "reporter", "{object}");
 }
 
-/// `python3 -m http.server` serving `dir` on a free loopback port, killed on drop.
-struct Site {
-    child: Child,
-    port: u16,
-}
-
-impl Site {
-    fn start(dir: &Path) -> Site {
-        use std::io::BufRead as _;
-        let mut child = Command::new("python3")
-            .args(["-u", "-m", "http.server", "--bind", "127.0.0.1", "0"])
-            .current_dir(dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 runs");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).expect("a port");
-        // "Serving HTTP on 127.0.0.1 port 40013 (http://127.0.0.1:40013/) ..."
-        let port = line
-            .split_whitespace()
-            .skip_while(|w| *w != "port")
-            .nth(1)
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in {line:?}"));
-        Site { child, port }
-    }
-}
-
-impl Drop for Site {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A cluster run's providers are its node's: the fetcher, run on a node started with
 /// `--allow-host` and `--kv`, fetches and counts there; on a node started without them
 /// it is denied, naming the node and its flag; the run's own --deny withdraws what the
@@ -920,7 +885,7 @@ fn a_cluster_run_gets_the_providers_its_node_serves() {
     std::fs::create_dir_all(dir.join("site")).unwrap();
     std::fs::write(dir.join("site/index.html"), "hello from the server").unwrap();
     let site = Site::start(&dir.join("site"));
-    let host = format!("127.0.0.1:{}", site.port);
+    let host = format!("127.0.0.1:{}", site.port());
     let input = serde_json::json!({ "url": format!("http://{host}/index.html") }).to_string();
     let state = dir.join("state");
     let fetch = |deny: &[&str]| {

@@ -3,11 +3,8 @@
 //! state in `--kv`, the `notes` example with `--dir-rw` and `--env`, and the denials a
 //! missing flag gets; what `inspect` says the examples declare they use.
 
-use std::io::{BufRead as _, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-
 use wasmproc_tests::guests::{FETCHER, HELLO, INVENTORY, NOTES, WORKFLOW};
+use wasmproc_tests::site::Site;
 
 use super::{run, scratch};
 
@@ -64,51 +61,15 @@ fn a_durable_run_with_a_provider_command_declared_a_read_ends_as_one_without() {
     assert_eq!(read.json()["reservation"], "R-1001");
 }
 
-/// `python3 -m http.server` serving `dir` on a free loopback port: a real HTTP server,
-/// killed when dropped.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start(dir: &Path) -> Server {
-        let mut child = Command::new("python3")
-            .args(["-u", "-m", "http.server", "--bind", "127.0.0.1", "0"])
-            .current_dir(dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 runs (the CI machine has it)");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).expect("the server says its port");
-        // "Serving HTTP on 127.0.0.1 port 40013 (http://127.0.0.1:40013/) ..."
-        let port = line
-            .split_whitespace()
-            .skip_while(|w| *w != "port")
-            .nth(1)
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in {line:?}"));
-        Server { child, port }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn the_fetcher_fetches_from_a_local_server_and_keeps_counts_in_kv_across_runs() {
     let dir = scratch("fetcher");
     let site = dir.join("site");
     std::fs::create_dir_all(&site).unwrap();
     std::fs::write(site.join("index.html"), "hello from the server").unwrap();
-    let server = Server::start(&site);
+    let server = Site::start(&site);
     let state = dir.join("state");
-    let host = format!("127.0.0.1:{}", server.port);
+    let host = format!("127.0.0.1:{}", server.port());
     let url = format!("http://{host}/index.html");
     let input = serde_json::json!({ "url": url }).to_string();
     let state_arg = state.to_str().unwrap();
@@ -133,7 +94,7 @@ fn the_fetcher_fetches_from_a_local_server_and_keeps_counts_in_kv_across_runs() 
         "{}",
         ran.stderr
     );
-    let other = format!("127.0.0.1:{}", server.port.wrapping_add(1).max(1));
+    let other = format!("127.0.0.1:{}", server.port().wrapping_add(1).max(1));
     let ran = run(&["run", FETCHER, "--allow-host", &other, "--kv", state_arg, "--input", &input]).expect(1);
     assert!(ran.stderr.contains("denied: ") && ran.stderr.contains("--allow-host"), "{}", ran.stderr);
     let ran =
