@@ -108,10 +108,10 @@ const SEGMENT_SIZE: u64 = 64 << 20;
 const COMPACT_AT: u64 = 16 << 20;
 
 /// The step in which the segment being written is extended with zeros ahead of its
-/// frames. Measured on this VM's ext4 (`docs/perf/journal-store.md`): synced
-/// appends of 14 KiB ran at 5.2k–5.9k a second growing the file, 5.5k–6.1k into
-/// `fallocate`d space, and 8.4k–8.8k into zeros written ahead in steps of 1 MiB (7.2k–8.1k
-/// at 4 and 16 MiB, whose zeros cost longer stalls when they are flushed).
+/// frames. A synced append over zeros already on disk writes data blocks only; one that
+/// grows the file, or writes into `fallocate`d space, also commits the file system's
+/// metadata on every sync. Larger steps cost longer stalls when their zeros are flushed.
+/// The figures behind the choice are in `docs/perf/journal-store.md`.
 const PREALLOCATE: u64 = 1 << 20;
 
 /// The most bytes a frame of a snapshot segment holds (one record more if a single record
@@ -188,8 +188,9 @@ struct Inner {
 
 /// Every live record, by process: the journal appends each process's records in
 /// sequence order and removes them from the first, so a process's records are a vector
-/// pushed at its end and drained from its start, not a node each in one big tree (which
-/// cost 0.7 µs a record at 200,000 records, as much as the write and the sync).
+/// pushed at its end and drained from its start, not a node each in one big tree (whose
+/// upkeep, with many records live, costs as much as the write and the sync:
+/// `docs/perf/journal-store.md`).
 #[derive(Default)]
 struct Index {
     processes: BTreeMap<u64, Records>,

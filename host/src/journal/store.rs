@@ -149,7 +149,8 @@ impl<S: Store> Store for std::sync::Arc<S> {
 /// A [`Store`] in a [fjall](https://docs.rs/fjall) database in a directory of its own. Its
 /// write-ahead log checksums every batch and, on opening, drops a torn tail back to the
 /// last whole batch. [`Journal::open`](super::Journal::open) opens a directory it wrote
-/// with it; a new one gets a [`LogStore`](super::LogStore), which commits 2–3× faster.
+/// with it; a new one gets a [`LogStore`](super::LogStore), which commits faster
+/// (`docs/perf/durable.md`).
 pub struct FjallStore {
     db: fjall::Database,
     records: fjall::Keyspace,

@@ -289,9 +289,9 @@ impl Config {
     /// The most functions the runtime compiles for one module or component: the functions
     /// its core modules define (nested ones included) plus its canonical lifts and lowers
     /// (each compiles a trampoline). More are refused before compiling, with an error
-    /// naming this limit. By default 100,000: a compile costs about 44 µs and 5 KiB for
-    /// each even of empty functions (1,000,000 took 44 s and 5.4 GiB), so this bounds that
-    /// part to seconds and about half a GiB, while the largest guests we know of (CPython
+    /// naming this limit. By default 100,000: compiling costs time and memory for each
+    /// function, even an empty one, so this bounds that part to seconds and about half a
+    /// GiB, while the largest guests we know of (CPython
     /// or a JavaScript engine, with their libc, in a component) have some tens of
     /// thousands.
     pub fn max_functions(mut self, functions: u32) -> Self {

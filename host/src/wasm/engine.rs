@@ -65,16 +65,16 @@ const FIBER_STACK: usize = 4 * MAX_WASM_STACK;
 /// what our guests touch (their initial memory is 128 KiB); what freed slots retain in
 /// all is bounded by [`WARM_SLOTS`].
 ///
-/// The value comes from a measurement with wasmtime's pooling allocator, which the
-/// engine does not use (lifecycle benchmark, 2 cores: ~27k lifecycles/s giving every
-/// page back, ~164k/s keeping 256 KiB, 118–218k/s keeping 1 MiB, no gain at 64 KiB); it
-/// has not been measured again with the memory arena.
+/// Giving every page back makes the next process in the slot fault them in again, and
+/// each `madvise` flushes every other core's TLB; on the lifecycle benchmark keeping 64 KiB
+/// gained nothing and keeping more than 256 KiB gained nothing reliable (the figures are in
+/// `docs/perf/wasm.md`, "Bytes a freed slot keeps").
 const KEEP_RESIDENT: usize = 256 * 1024;
 
 /// Free memory slots that keep [`KEEP_RESIDENT`] bytes resident; past it a freed slot
 /// gives all its pages back. The bound is what keeps a burst of ended processes from
-/// staying resident: unbounded, every slot ever used would keep its pages (13.5 GiB
-/// after 100,000 idle processes ended, measured without the bound). 1,024 slots (at most
+/// staying resident: unbounded, every slot ever used would keep its pages (gigabytes
+/// after 100,000 idle processes end: `docs/perf/wasm.md`). 1,024 slots (at most
 /// 256 MiB) is twice the children the lifecycle benchmark keeps in flight; the slots
 /// that churn are reused first, so they stay warm. Not tuned beyond that.
 const WARM_SLOTS: usize = 1024;

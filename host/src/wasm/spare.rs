@@ -6,9 +6,9 @@
 //! the next step's future is written into it when the layouts agree. Steps then cost the
 //! host no allocation for their futures; a preempted step keeps its box, and the next
 //! step on that thread makes a new one. The write copies the whole future (a few hundred
-//! bytes), which `Box::pin` would have built in place: measured, about what the
-//! allocation and its free cost (docs/perf/full-runs.md, "Commands resolved once a worker"), so
-//! the gain is a hot path that leaves the allocator alone, not time.
+//! bytes), which `Box::pin` would have built in place: about what the allocation and its
+//! free cost (docs/perf/full-runs.md, "Commands resolved once a worker"), so the gain is a
+//! hot path that leaves the allocator alone, not time.
 
 use std::alloc::Layout;
 use std::cell::Cell;

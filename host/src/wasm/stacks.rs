@@ -4,8 +4,7 @@
 //! used for its next call, so every live process that has stepped holds one. wasmtime's
 //! own stacks are a mapping each (with a guard page, two): 100k processes would pass the
 //! kernel's 65,530 mappings, and mapping and unmapping one per process interrupts every
-//! other core for a TLB flush (18k lifecycles/s on the lifecycle benchmark with
-//! wasmtime's own stacks, measured then and not since). Like the memory arena
+//! other core for a TLB flush. Like the memory arena
 //! (`memory.rs`), this is one `MAP_NORESERVE` read-write mapping whatever the number of
 //! stacks, and a freed stack goes back on a last-in first-out free list, so the stacks
 //! that churn stay resident.
@@ -27,8 +26,8 @@
 //! of a stack's pages once [`WARM_STACKS`] free stacks are warm. Only if a call went below
 //! the kept part, though (see `Drop for Stack`): giving back the other 960 KiB
 //! unconditionally, an `madvise` that walks their page tables under the address space's
-//! lock, costs on every process's exit (8% of the workers' time on the lifecycle
-//! benchmark, measured with `perf`; see `docs/perf/profiles.md`).
+//! lock, costs on every process's exit (a large share of the workers' time on the
+//! lifecycle benchmark: `docs/perf/profiles.md`).
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -62,9 +62,9 @@ fn warnings(ran: &Ran) -> Vec<&str> {
     ran.stderr.lines().filter(|line| line.contains("WARN")).collect()
 }
 
-/// The attack of issue 13: the code of an entry replaced (here by another guest's
+/// An attack on the cache: the code of an entry replaced (here by another guest's
 /// genuine code, so that the test sees which ran; breakpoints would crash the host) and
-/// its integrity field recomputed as a SHA-256, as the old checksum was. Without the key
+/// its integrity field recomputed as a SHA-256 (a checksum anyone can compute). Without the key
 /// no tag can be made: the entry is refused and HELLO compiles and runs as itself.
 #[test]
 fn a_forged_cache_entry_is_refused_and_the_module_runs() {

@@ -1,4 +1,4 @@
-//! The rough edges a new user hit (issue 17, "The CLI"): logging flags, the cold-compile
+//! Rough edges of the CLI a new user meets: logging flags, the cold-compile
 //! notice, failures nobody waited on, WASI exit codes, `--json` with a WASI command,
 //! `.wat` files, the `wasmproc APP.wasm` shorthand, `wasmproc cache`, the release profile.
 
