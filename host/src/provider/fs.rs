@@ -81,12 +81,57 @@ impl Default for FilesSettings {
 /// The `fs` provider. Cheap to clone; its [`FILE_THREADS`] threads serve every clone.
 #[derive(Clone)]
 pub struct Files {
-    inner: Arc<Inner>,
+    pool: Arc<Pool<Job>>,
 }
 
-struct Inner {
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+/// Threads that carry out jobs, each job on whichever thread is free, in the order they
+/// were submitted. A job that blocks holds its thread only: the others go on taking the
+/// jobs behind it. Dropping the pool lets the threads finish what is queued, then joins
+/// them.
+struct Pool<J> {
+    /// `None` once dropping: closing the queue ends the threads.
+    jobs: Mutex<Option<mpsc::Sender<J>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl<J: Send + 'static> Pool<J> {
+    /// `threads` threads named `name`, each carrying out jobs with `work`.
+    fn new(threads: usize, name: &str, work: impl Fn(J) + Send + Sync + 'static) -> io::Result<Pool<J>> {
+        let (jobs, queue) = mpsc::channel::<J>();
+        let pool = Pool { jobs: Mutex::new(Some(jobs)), threads: Mutex::new(Vec::with_capacity(threads)) };
+        let shared = Arc::new((work, Mutex::new(queue)));
+        for _ in 0..threads {
+            let shared = shared.clone();
+            // A thread that fails to start drops the pool, which joins those started.
+            let thread = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
+                let (work, queue) = &*shared;
+                // The lock is held only while waiting for the next job, never while one runs.
+                while let Ok(job) = { queue.lock().recv() } {
+                    work(job);
+                }
+            })?;
+            pool.threads.lock().push(thread);
+        }
+        Ok(pool)
+    }
+
+    /// Queues `job` for the next free thread; hands it back if the threads are gone.
+    fn submit(&self, job: J) -> Result<(), J> {
+        match self.jobs.lock().as_ref() {
+            Some(jobs) => jobs.send(job).map_err(|e| e.0),
+            None => Err(job),
+        }
+    }
+}
+
+impl<J> Drop for Pool<J> {
+    fn drop(&mut self) {
+        // Closing the queue ends the threads once they have carried out what is queued.
+        self.jobs.lock().take();
+        for thread in self.threads.lock().drain(..) {
+            let _ = thread.join();
+        }
+    }
 }
 
 struct Job {
@@ -120,32 +165,11 @@ impl Files {
         }
         // The longest guest path first, so the most specific grant answers.
         roots.sort_by_key(|root| std::cmp::Reverse(root.guest.components().count()));
-        let (jobs, queue) = mpsc::channel::<Job>();
-        let shared = Arc::new((roots, settings, Mutex::new(queue)));
-        let inner = Arc::new(Inner { jobs: Mutex::new(Some(jobs)), threads: Mutex::new(Vec::new()) });
-        for _ in 0..FILE_THREADS {
-            let shared = shared.clone();
-            let thread = std::thread::Builder::new().name("wasmproc-fs".to_owned()).spawn(move || {
-                let (roots, settings, queue) = &*shared;
-                // The lock is held only while waiting for the next job, never while one runs.
-                while let Ok(job) = { queue.lock().recv() } {
-                    let result = run(roots, settings, &job.name, &job.payload);
-                    job.done.complete(result);
-                }
-            })?;
-            inner.threads.lock().push(thread);
-        }
-        Ok(Files { inner })
-    }
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // Closing the queue ends the threads once they have answered what is queued.
-        self.jobs.lock().take();
-        for thread in self.threads.lock().drain(..) {
-            let _ = thread.join();
-        }
+        let pool = Pool::new(FILE_THREADS, "wasmproc-fs", move |job: Job| {
+            let result = run(&roots, &settings, &job.name, &job.payload);
+            job.done.complete(result);
+        })?;
+        Ok(Files { pool: Arc::new(pool) })
     }
 }
 
@@ -157,11 +181,9 @@ impl Provider for Files {
     fn handle(&self, request: Request<'_>) {
         let name = request.name().to_owned();
         let (payload, done) = request.into_parts();
-        if let Some(jobs) = self.inner.jobs.lock().as_ref() {
-            // A send fails only once the thread is gone; the job's completer, dropped
-            // with it, then answers with an error.
-            let _ = jobs.send(Job { name, payload, done });
-        }
+        // Refused only once the threads are gone; the job's completer, dropped with it,
+        // then answers with an error.
+        let _ = self.pool.submit(Job { name, payload, done });
     }
 
     fn reads_only(&self, name: &str) -> bool {
@@ -413,7 +435,49 @@ fn io_failure(path: &str, error: io::Error) -> Failure {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    /// The bound of every wait in these tests.
+    const PATIENCE: Duration = Duration::from_secs(60);
+
+    /// One job blocks its thread (as a read of a file on a stalled network file system
+    /// would) until every job queued behind it has been answered: the pool the file
+    /// commands run on answers them from its other threads. With one thread it could not:
+    /// the blocked job would hold every other behind it.
+    #[test]
+    fn a_blocked_job_leaves_the_other_threads_serving() {
+        type Work = Box<dyn FnOnce() + Send>;
+        let pool = Pool::new(FILE_THREADS, "wasmproc-fs-test", |job: Work| job()).unwrap();
+        let (release, released) = mpsc::channel::<()>();
+        let (answers, answered) = mpsc::channel::<Result<usize, bool>>();
+        let blocked = answers.clone();
+        let blocking: Work = Box::new(move || {
+            let _ = blocked.send(Err(released.recv_timeout(PATIENCE).is_ok()));
+        });
+        assert!(pool.submit(blocking).is_ok());
+        let others = 4 * FILE_THREADS;
+        for n in 0..others {
+            let answers = answers.clone();
+            let job: Work = Box::new(move || {
+                let _ = answers.send(Ok(n));
+            });
+            assert!(pool.submit(job).is_ok());
+        }
+        let mut seen = Vec::new();
+        for _ in 0..others {
+            match answered.recv_timeout(PATIENCE) {
+                Ok(Ok(n)) => seen.push(n),
+                Ok(Err(_)) => panic!("the blocked job gave up waiting while the others were held up: {seen:?}"),
+                Err(_) => panic!("a blocked job held up the others: answered only {seen:?}"),
+            }
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..others).collect::<Vec<_>>());
+        release.send(()).unwrap();
+        assert_eq!(answered.recv_timeout(PATIENCE), Ok(Err(true)), "the blocked job ends once released");
+    }
 
     #[test]
     fn guest_paths_are_absolute_and_never_climb() {
