@@ -30,7 +30,7 @@ use std::process::ExitCode;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
-use wasmproc::wasm::Config;
+use wasmproc::wasm::{self, Config};
 
 /// Exit codes, as `--help` lists them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,7 +125,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a program: its entry process and everything it spawns, until all finish.
-    #[command(after_help = format!("{}\n\n{EXIT_CODES}", run::AFTER_HELP))]
+    #[command(after_help = format!("{}\n\n{EXIT_CODES}", run::after_help()))]
     Run(Box<run::Run>),
     /// Describe a program: what it is, whether it can run, entries, imports, exports, cache.
     Inspect(inspect::Inspect),
@@ -149,7 +149,7 @@ enum Command {
 pub(super) struct EngineArgs {
     /// Linear memory cap of each process, e.g. 64MiB or 1GiB. Also each process's share
     /// of address space: processes × memory must fit in 128 TiB.
-    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = units::memory)]
+    #[arg(long, value_name = "SIZE", default_value = units::size_text(wasm::DEFAULT_MAX_MEMORY), value_parser = units::memory)]
     pub(super) memory: usize,
     /// Total fuel of each process over its life (about one unit per Wasm instruction),
     /// at least 1; a process that uses it up fails. Turns on fuel metering, which slows
@@ -162,15 +162,15 @@ pub(super) struct EngineArgs {
     pub(super) no_cache: bool,
     /// The largest program file accepted, e.g. 128MiB: a larger file is refused before
     /// it is read or compiled.
-    #[arg(long, value_name = "SIZE", default_value = "128MiB", value_parser = units::size)]
+    #[arg(long, value_name = "SIZE", default_value = units::size_text(wasm::DEFAULT_MAX_MODULE_SIZE), value_parser = units::size)]
     pub(super) max_module_size: usize,
     /// The most functions compiled for one program (its core modules' functions plus a
     /// component's lifts and lowers); a program with more is refused before compiling.
-    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    #[arg(long, value_name = "N", default_value_t = wasm::DEFAULT_MAX_FUNCTIONS)]
     pub(super) max_functions: u32,
     /// The largest function body compiled, e.g. 1MiB; a program with a larger one is
     /// refused before compiling.
-    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = units::size)]
+    #[arg(long, value_name = "SIZE", default_value = units::size_text(wasm::DEFAULT_MAX_FUNCTION_SIZE), value_parser = units::size)]
     pub(super) max_function_size: usize,
     /// The most the compiled-code cache may hold, e.g. 1GiB: after each write the least
     /// recently used entries are removed until the rest fit. Also read from

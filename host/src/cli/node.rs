@@ -140,13 +140,13 @@ pub(super) struct Node {
     /// The bytes of undelivered messages (topics and bodies) the mailbox of a process on
     /// this node holds, e.g. 64MiB; a send past it fails for the sender, as a send to a
     /// full mailbox. An empty mailbox takes any one message.
-    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = super::units::nonzero_size)]
+    #[arg(long, value_name = "SIZE", default_value = super::units::size_text(wasmproc::scheduler::DEFAULT_MAILBOX_BYTES), value_parser = super::units::nonzero_size)]
     mailbox_bytes: usize,
     /// How long the processes of a run have to end once cancelled, when the host that
     /// started the run (a `run --cluster` client, or another node) leaves the cluster or
     /// is lost, before they are terminated. A client that stops its run early sends its
     /// own `--grace`.
-    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = super::units::duration)]
+    #[arg(long, value_name = "DURATION", default_value = super::units::duration_text(wasmproc::cluster::GRACE), value_parser = super::units::duration)]
     grace: Duration,
     /// Serve this host's directory HOST, read-only, as GUEST (default: the same path) to
     /// the processes of every run on this node (`fs.*`). Repeatable.

@@ -37,7 +37,7 @@ use wasmproc::{Capabilities, Scheduler};
 
 use super::input::read_app;
 use super::inspect::declared::GrantedBy;
-use super::{Exit, Failure};
+use super::{Exit, Failure, units};
 
 /// The families every run grants, served by a flag's provider or by its stand-in.
 pub(super) const FAMILIES: [&str; 6] = ["http", "kv", "fs", "env", "time", "random"];
@@ -57,10 +57,10 @@ pub(super) struct ProviderArgs {
     #[arg(long = "allow-host", value_name = "PATTERN")]
     pub(super) allow_host: Vec<String>,
     /// The longest an HTTP request may take, body included.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::units::duration)]
+    #[arg(long, value_name = "DURATION", default_value = units::duration_text(HttpSettings::default().timeout), value_parser = units::duration)]
     pub(super) http_timeout: Duration,
     /// The largest HTTP response body a process may receive, e.g. 8MiB.
-    #[arg(long, value_name = "SIZE", default_value = "8MiB", value_parser = super::units::size)]
+    #[arg(long, value_name = "SIZE", default_value = units::size_text(HttpSettings::default().max_response_body), value_parser = units::size)]
     pub(super) max_response: usize,
     /// Give processes a persistent key-value store (`kv.get`, `kv.put`, `kv.cas`, …) in
     /// DIR: the application's state, kept across runs. DIR is created private to the
@@ -69,10 +69,10 @@ pub(super) struct ProviderArgs {
     #[arg(long, value_name = "DIR")]
     pub(super) kv: Option<PathBuf>,
     /// The most keys the --kv store may hold.
-    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    #[arg(long, value_name = "N", default_value_t = KvSettings::default().max_keys)]
     pub(super) kv_max_keys: u64,
     /// The most bytes (keys and values) the --kv store may hold, e.g. 256MiB.
-    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = super::units::size)]
+    #[arg(long, value_name = "SIZE", default_value = units::size_text(KvSettings::default().max_bytes as usize), value_parser = units::size)]
     pub(super) kv_max_bytes: usize,
     /// Serve the commands `NAME.*` with the provider component FILE: it runs from its
     /// `serve` entry on a scheduler of its own and answers each command as a request

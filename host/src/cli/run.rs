@@ -25,7 +25,7 @@ use wasmproc::handler::KindLimits;
 use wasmproc::journal::{self, Journal, JournalSettings};
 use wasmproc::scheduler::{ProcessHandle, SpawnOptions};
 use wasmproc::wasm::{COMMAND_ENTRY, InitRefused, LogRecord, Program, WasiOptions};
-use wasmproc::{Capabilities, Outcome, Payload, Scheduler};
+use wasmproc::{Capabilities, Outcome, Payload, Scheduler, scheduler, wasm};
 
 use super::input::{payloads, read_app};
 use super::inspect::declared::{self, Declared, GrantedBy};
@@ -37,7 +37,19 @@ use super::stop::Signals;
 use super::{EngineArgs, Exit, Failure, Given, runtime, units};
 use wasmproc::scheduler::Spawnable;
 
-pub(super) const AFTER_HELP: &str = "\
+/// `run --help`'s text after the flags: examples, and the sandbox's defaults from the
+/// constants the flags default to.
+pub(super) fn after_help() -> String {
+    format!(
+        "{EXAMPLES}\n\nSandbox defaults: {} of memory for each process, steps preempted every {}, no CPU or\n\
+         fuel limit, no files, no environment, no network; the commands sleep, spawn, send and\n\
+         monitor are granted, terminate is not (--allow terminate).\n\n{PROVIDERS}",
+        units::size_text(wasm::DEFAULT_MAX_MEMORY),
+        units::duration_text(wasm::DEFAULT_TIME_SLICE),
+    )
+}
+
+const EXAMPLES: &str = "\
 Examples:
   wasmproc run app.wasm --method main --input '{\"n\": 10}'
   wasmproc run app.wasm --input-file job.json --timeout 30s --stats
@@ -47,12 +59,9 @@ Examples:
 
 The result is printed on stdout (JSON as the process gave it); logs and guest output go
 to stderr, tagged with the process id. A WASI command's own stdin/stdout/stderr are
-passed through and its exit code becomes wasmproc's.
+passed through and its exit code becomes wasmproc's.";
 
-Sandbox defaults: 64MiB of memory for each process, steps preempted every 10ms, no CPU or
-fuel limit, no files, no environment, no network; the commands sleep, spawn, send and
-monitor are granted, terminate is not (--allow terminate).
-
+const PROVIDERS: &str = "\
 Providers (process components): http.* with --allow-host, kv.* with --kv, fs.* with --dir
 and --dir-rw, env.* with --env, time.now and random.bytes always, NAME.* with --provider
 NAME=FILE. A command whose flag is missing is denied, naming the flag.
@@ -94,7 +103,7 @@ pub(super) struct Run {
     /// processes waiting, so a busy or looping process never holds a worker (a bare
     /// number is milliseconds). While others wait, a step yields sooner, at the next
     /// 1 ms tick. A WASI command's run is preempted the same way.
-    #[arg(long, value_name = "DURATION", default_value = "10ms", value_parser = units::millis)]
+    #[arg(long, value_name = "DURATION", default_value = units::duration_text(wasm::DEFAULT_TIME_SLICE), value_parser = units::millis)]
     time_slice: Duration,
     /// A step past its time slice fails its process instead of being preempted. Steps
     /// are cheaper without preemption (see docs/perf/sandbox.md): for trusted guests only.
@@ -115,17 +124,17 @@ pub(super) struct Run {
     #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = units::duration)]
     grace: Duration,
     /// The most processes alive at once; spawns past it fail (in the spawning process).
-    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = wasm::DEFAULT_MAX_INSTANCES, value_parser = clap::value_parser!(u32).range(1..))]
     max_processes: u32,
     /// The most live children one process may have; a spawn past it ends that process.
-    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    #[arg(long, value_name = "N", default_value_t = scheduler::DEFAULT_MAX_CHILDREN)]
     max_children: usize,
     /// The most commands one step may yield; a step past it ends its process.
-    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
-    max_yields: u32,
+    #[arg(long, value_name = "N", default_value_t = scheduler::DEFAULT_MAX_YIELDS_PER_STEP, value_parser = units::positive)]
+    max_yields: usize,
     /// The largest payload a process may send, spawn with, pass to a command or return,
     /// e.g. 16MiB; past it the process ends.
-    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = units::size)]
+    #[arg(long, value_name = "SIZE", default_value = units::size_text(scheduler::DEFAULT_MAX_PAYLOAD_SIZE), value_parser = units::size)]
     max_payload: usize,
     /// The most bytes one step's commands and result may carry together, e.g. 64MiB; past
     /// it the process ends. At least --max-payload. [default: 4 × --max-payload]
@@ -134,31 +143,31 @@ pub(super) struct Run {
     /// How long instantiating a process and its `init` may take. Instantiating a Python
     /// guest copies its interpreter's memory image (about 15 ms a process): raise this on a
     /// loaded machine if spawns fail with "init time limit exceeded".
-    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = units::duration)]
+    #[arg(long, value_name = "DURATION", default_value = units::duration_text(wasm::DEFAULT_INIT_TIME_LIMIT), value_parser = units::duration)]
     init_time_limit: Duration,
     /// The most core module instances one process may have (a componentize-py guest has
     /// 14, a Rust guest 3); a component that needs more fails to load, naming this flag.
-    #[arg(long, value_name = "N", default_value_t = wasmproc::wasm::DEFAULT_MAX_CORE_INSTANCES)]
+    #[arg(long, value_name = "N", default_value_t = wasm::DEFAULT_MAX_CORE_INSTANCES)]
     max_core_instances: u32,
     /// The most tables one process may have, over all its core instances.
-    #[arg(long, value_name = "N", default_value_t = wasmproc::wasm::DEFAULT_MAX_TABLES)]
+    #[arg(long, value_name = "N", default_value_t = wasm::DEFAULT_MAX_TABLES)]
     max_tables: u32,
     /// The most elements one table may have; a larger table, or growth past it, fails
     /// its process.
-    #[arg(long, value_name = "N", default_value_t = wasmproc::wasm::DEFAULT_MAX_TABLE_ELEMENTS)]
+    #[arg(long, value_name = "N", default_value_t = wasm::DEFAULT_MAX_TABLE_ELEMENTS)]
     max_table_elements: u32,
     /// The most linear memories one process may have. Each takes a --memory slot of
     /// address space, reserved for every one of --max-processes.
-    #[arg(long, value_name = "N", default_value_t = wasmproc::wasm::DEFAULT_MAX_MEMORIES,
+    #[arg(long, value_name = "N", default_value_t = wasm::DEFAULT_MAX_MEMORIES,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_memories: u32,
     /// Messages a process's mailbox holds; a send to a full mailbox fails for the sender.
-    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
-    mailbox: u32,
+    #[arg(long, value_name = "N", default_value_t = scheduler::DEFAULT_MAILBOX_CAPACITY, value_parser = units::positive)]
+    mailbox: usize,
     /// The bytes of undelivered messages (topics and bodies) a process's mailbox holds,
     /// e.g. 64MiB; a send past it fails for the sender, as a send to a full mailbox. An
     /// empty mailbox takes any one message.
-    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = units::nonzero_size)]
+    #[arg(long, value_name = "SIZE", default_value = units::size_text(scheduler::DEFAULT_MAILBOX_BYTES), value_parser = units::nonzero_size)]
     mailbox_bytes: usize,
     /// Grant a command to every process (repeatable). Granted by default: sleep, spawn,
     /// send, monitor. Not granted unless allowed: terminate.
@@ -424,9 +433,9 @@ impl Run {
         let mut builder = Scheduler::builder()
             .max_processes(self.max_processes as usize)
             .max_children(self.max_children)
-            .max_yields_per_step(self.max_yields as usize)
+            .max_yields_per_step(self.max_yields)
             .max_payload_size(self.max_payload)
-            .mailbox_capacity(self.mailbox as usize)
+            .mailbox_capacity(self.mailbox)
             .mailbox_bytes(self.mailbox_bytes);
         if let Some(bytes) = self.max_step_output {
             if bytes < self.max_payload {

@@ -30,6 +30,32 @@ pub(crate) fn memory(text: &str) -> Result<usize, String> {
     Ok(bytes)
 }
 
+/// A count of at least one (`--mailbox`, `--max-yields`).
+pub(crate) fn positive(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(0) => Err(format!("`{text}` is zero: the count must be at least 1")),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{text}` is not a count: write a whole number, like 1024")),
+    }
+}
+
+/// `bytes` as a flag's value is written, in the largest binary unit that divides it
+/// (`16MiB`, `1GiB`, `1000B`): how `--help` shows a size's default, which [`size`] reads
+/// back as the same number.
+pub(crate) fn size_text(bytes: usize) -> String {
+    let units = [(1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    match units.iter().find(|(unit, _)| bytes != 0 && bytes.is_multiple_of(*unit)) {
+        Some((unit, name)) => format!("{}{name}", bytes / unit),
+        None => format!("{bytes}B"),
+    }
+}
+
+/// `duration` as a flag's value is written (`10ms`, `30s`): how `--help` shows a
+/// duration's default, which [`duration`] reads back as the same.
+pub(crate) fn duration_text(duration: Duration) -> String {
+    humantime::format_duration(duration).to_string()
+}
+
 /// A duration with a unit: `500ms`, `2s`, `1m 30s`.
 pub(crate) fn duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -102,6 +128,23 @@ mod tests {
         assert!(duration("soon").unwrap_err().contains("not a duration"));
         assert_eq!(millis("50"), Ok(Duration::from_millis(50)));
         assert_eq!(millis("2s"), Ok(Duration::from_secs(2)));
+    }
+
+    /// What `--help` shows as a default reads back as that default.
+    #[test]
+    fn defaults_are_written_as_flags_take_them() {
+        for bytes in [16 << 20, 64 << 20, 1 << 30, 1 << 20, 1000, 1536, 1] {
+            assert_eq!(size(&size_text(bytes)), Ok(bytes), "{}", size_text(bytes));
+        }
+        assert_eq!(size_text(16 << 20), "16MiB");
+        assert_eq!(size_text(1000), "1000B");
+        for duration in [Duration::from_millis(10), Duration::from_millis(500), Duration::from_secs(30)] {
+            assert_eq!(self::duration(&duration_text(duration)), Ok(duration));
+        }
+        assert_eq!(duration_text(Duration::from_millis(100)), "100ms");
+        assert_eq!(positive("1024"), Ok(1024));
+        assert!(positive("0").unwrap_err().contains("at least 1"));
+        assert!(positive("-1").unwrap_err().contains("not a count"));
     }
 
     #[test]

@@ -32,6 +32,24 @@ use crate::journal::Journal;
 /// work into another's deque.
 static NEXT_SCHEDULER_ID: AtomicUsize = AtomicUsize::new(1);
 
+/// The default of [`Builder::max_processes`]: 1,000,000.
+pub const DEFAULT_MAX_PROCESSES: usize = 1_000_000;
+/// The default of [`Builder::mailbox_capacity`]: 1024 messages.
+pub const DEFAULT_MAILBOX_CAPACITY: usize = 1024;
+/// The default of [`Builder::mailbox_bytes`]: 64 MiB.
+pub const DEFAULT_MAILBOX_BYTES: usize = 64 << 20;
+/// The default of [`Builder::max_yields_per_step`]: 1024 commands.
+pub const DEFAULT_MAX_YIELDS_PER_STEP: usize = 1024;
+/// The default of [`Builder::max_payload_size`]: 16 MiB.
+pub const DEFAULT_MAX_PAYLOAD_SIZE: usize = 16 << 20;
+/// The default of [`Builder::max_output_per_step`], as a multiple of
+/// [`Builder::max_payload_size`]: four.
+pub const DEFAULT_OUTPUT_PER_PAYLOAD: usize = 4;
+/// The default of [`Builder::max_children`]: 10,000.
+pub const DEFAULT_MAX_CHILDREN: usize = 10_000;
+/// The default of [`Builder::max_descendants`]: 100,000.
+pub const DEFAULT_MAX_DESCENDANTS: usize = 100_000;
+
 /// Configures and starts a [`Scheduler`].
 pub struct Builder {
     workers: Option<usize>,
@@ -74,16 +92,16 @@ impl Default for Builder {
     fn default() -> Self {
         Builder {
             workers: None,
-            max_processes: 1_000_000,
-            mailbox_capacity: 1024,
-            mailbox_bytes: 64 << 20,
+            max_processes: DEFAULT_MAX_PROCESSES,
+            mailbox_capacity: DEFAULT_MAILBOX_CAPACITY,
+            mailbox_bytes: DEFAULT_MAILBOX_BYTES,
             turn_budget: 16,
             limits: Limits {
-                max_yields_per_step: 1024,
-                max_payload_size: 16 << 20,
+                max_yields_per_step: DEFAULT_MAX_YIELDS_PER_STEP,
+                max_payload_size: DEFAULT_MAX_PAYLOAD_SIZE,
                 max_output_per_step: 0,
-                max_children: 10_000,
-                max_descendants: 100_000,
+                max_children: DEFAULT_MAX_CHILDREN,
+                max_descendants: DEFAULT_MAX_DESCENDANTS,
             },
             max_output_per_step: None,
             capabilities: Capabilities::default(),
@@ -297,7 +315,7 @@ impl Builder {
                 );
                 bytes
             }
-            None => limits.max_payload_size.saturating_mul(4),
+            None => limits.max_payload_size.saturating_mul(DEFAULT_OUTPUT_PER_PAYLOAD),
         };
         ensure!(
             self.remote.is_none() || self.journal.is_none(),

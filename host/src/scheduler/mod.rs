@@ -77,7 +77,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-pub use self::builder::Builder;
+pub use self::builder::{
+    Builder, DEFAULT_MAILBOX_BYTES, DEFAULT_MAILBOX_CAPACITY, DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DESCENDANTS,
+    DEFAULT_MAX_PAYLOAD_SIZE, DEFAULT_MAX_PROCESSES, DEFAULT_MAX_YIELDS_PER_STEP, DEFAULT_OUTPUT_PER_PAYLOAD,
+};
 pub use self::caps::Capabilities;
 use self::durable::SUSPENDED;
 pub(crate) use self::durable::replaying_now;

@@ -9,6 +9,20 @@ use super::log::{LogRecord, LogSink, tracing_sink};
 
 const MIB: usize = 1024 * 1024;
 
+/// The default of [`Config::max_memory`]: 64 MiB.
+pub const DEFAULT_MAX_MEMORY: usize = 64 * MIB;
+/// The default of [`Config::time_slice`]: 10 ms.
+pub const DEFAULT_TIME_SLICE: Duration = Duration::from_millis(10);
+/// The default of [`Config::init_time_limit`]: 100 ms.
+pub const DEFAULT_INIT_TIME_LIMIT: Duration = Duration::from_millis(100);
+/// The default of [`Config::max_instances`]: 10,000.
+pub const DEFAULT_MAX_INSTANCES: u32 = 10_000;
+/// The default of [`Config::max_module_size`]: 128 MiB.
+pub const DEFAULT_MAX_MODULE_SIZE: usize = 128 * MIB;
+/// The default of [`Config::max_functions`]: 100,000.
+pub const DEFAULT_MAX_FUNCTIONS: u32 = 100_000;
+/// The default of [`Config::max_function_size`]: 1 MiB.
+pub const DEFAULT_MAX_FUNCTION_SIZE: usize = MIB;
 /// The default of [`Config::max_cache_size`]: 1 GiB (see there why).
 pub const DEFAULT_MAX_CACHE_SIZE: u64 = 1 << 30;
 
@@ -57,14 +71,14 @@ pub(crate) enum CacheDir {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            max_memory: 64 * MIB,
-            time_slice: Duration::from_millis(10),
+            max_memory: DEFAULT_MAX_MEMORY,
+            time_slice: DEFAULT_TIME_SLICE,
             fuel: None,
             cpu_budget: None,
             preemption: true,
-            init_time_limit: Duration::from_millis(100),
+            init_time_limit: DEFAULT_INIT_TIME_LIMIT,
             epoch_tick: Duration::from_millis(1),
-            max_instances: 10_000,
+            max_instances: DEFAULT_MAX_INSTANCES,
             max_core_instances: DEFAULT_MAX_CORE_INSTANCES,
             max_tables: DEFAULT_MAX_TABLES,
             max_table_elements: DEFAULT_MAX_TABLE_ELEMENTS,
@@ -72,9 +86,9 @@ impl Default for Config {
             cache_dir: CacheDir::Default,
             max_cache_size: DEFAULT_MAX_CACHE_SIZE,
             trust_precompiled: false,
-            max_module_size: 128 * MIB,
-            max_functions: 100_000,
-            max_function_size: MIB,
+            max_module_size: DEFAULT_MAX_MODULE_SIZE,
+            max_functions: DEFAULT_MAX_FUNCTIONS,
+            max_function_size: DEFAULT_MAX_FUNCTION_SIZE,
             log: tracing_sink(),
         }
     }

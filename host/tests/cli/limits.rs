@@ -180,3 +180,74 @@ fn mailbox_and_step_output_bytes_are_flags_with_their_bounds() {
     ])
     .expect(0);
 }
+
+/// The defaults `run --help` shows, and those the README's sandbox table states, are the
+/// library's constants: written once, where the builder and the flag parser both take
+/// them.
+#[test]
+fn documented_defaults_are_the_librarys_constants() {
+    use wasmproc::{scheduler, wasm};
+    let help = run(&["run", "--help"]).expect(0).stdout;
+    // The `[default: …]` that follows the line naming `flag`.
+    let default_of = |flag: &str| -> String {
+        let at = help.find(&format!("{flag} ")).unwrap_or_else(|| panic!("`run --help` has no {flag}"));
+        let rest = &help[at..];
+        let start = rest.find("[default: ").expect("a default") + "[default: ".len();
+        rest[start..start + rest[start..].find(']').expect("closed")].to_owned()
+    };
+    let mib = |bytes: usize| format!("{}MiB", bytes >> 20);
+    let expected = [
+        ("--max-processes", wasm::DEFAULT_MAX_INSTANCES.to_string()),
+        ("--max-children", scheduler::DEFAULT_MAX_CHILDREN.to_string()),
+        ("--max-yields", scheduler::DEFAULT_MAX_YIELDS_PER_STEP.to_string()),
+        ("--max-payload", mib(scheduler::DEFAULT_MAX_PAYLOAD_SIZE)),
+        ("--mailbox", scheduler::DEFAULT_MAILBOX_CAPACITY.to_string()),
+        ("--mailbox-bytes", mib(scheduler::DEFAULT_MAILBOX_BYTES)),
+        ("--memory", mib(wasm::DEFAULT_MAX_MEMORY)),
+        ("--max-module-size", mib(wasm::DEFAULT_MAX_MODULE_SIZE)),
+        ("--max-functions", wasm::DEFAULT_MAX_FUNCTIONS.to_string()),
+        ("--time-slice", format!("{}ms", wasm::DEFAULT_TIME_SLICE.as_millis())),
+        ("--init-time-limit", format!("{}ms", wasm::DEFAULT_INIT_TIME_LIMIT.as_millis())),
+    ];
+    for (flag, default) in &expected {
+        assert_eq!(&default_of(flag), default, "the default `run --help` shows for {flag}");
+    }
+    assert!(help.contains(&format!("Sandbox defaults: {} of memory", mib(wasm::DEFAULT_MAX_MEMORY))), "{help}");
+
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+    let thousands = |n: usize| {
+        let digits = n.to_string();
+        let mut out = String::new();
+        for (i, digit) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
+                out.push(',');
+            }
+            out.push(digit);
+        }
+        out
+    };
+    let rows = [
+        format!("| linear memory per process | {} MiB ", wasm::DEFAULT_MAX_MEMORY >> 20),
+        format!(
+            "| live processes | {} (`run`; a scheduler built by the library: {})",
+            thousands(wasm::DEFAULT_MAX_INSTANCES as usize),
+            thousands(scheduler::DEFAULT_MAX_PROCESSES)
+        ),
+        format!("| live children per process | {} ", thousands(scheduler::DEFAULT_MAX_CHILDREN)),
+        format!("| live processes per process tree | {} ", thousands(scheduler::DEFAULT_MAX_DESCENDANTS)),
+        format!("| commands per step | {} ", thousands(scheduler::DEFAULT_MAX_YIELDS_PER_STEP)),
+        format!("| payload size | {} MiB ", scheduler::DEFAULT_MAX_PAYLOAD_SIZE >> 20),
+        format!(
+            "| output of a step | {} MiB ",
+            (scheduler::DEFAULT_MAX_PAYLOAD_SIZE * scheduler::DEFAULT_OUTPUT_PER_PAYLOAD) >> 20
+        ),
+        format!(
+            "| mailbox | {} messages and {} MiB ",
+            thousands(scheduler::DEFAULT_MAILBOX_CAPACITY),
+            scheduler::DEFAULT_MAILBOX_BYTES >> 20
+        ),
+    ];
+    for row in &rows {
+        assert!(readme.contains(row.as_str()), "README's sandbox table should have the row {row:?}");
+    }
+}
