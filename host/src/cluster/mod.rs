@@ -71,6 +71,8 @@
 mod client;
 mod code;
 mod node;
+#[cfg(all(test, not(loom)))]
+mod tests;
 mod wire;
 
 pub use self::client::{Client, list};
@@ -156,6 +158,8 @@ pub struct ClusterConfig {
     grace: Duration,
     share_components: bool,
     insecure: bool,
+    /// [`MAX_QUEUED`]; lower only in tests, which fill the queue.
+    max_queued: usize,
 }
 
 impl std::fmt::Debug for ClusterConfig {
@@ -198,7 +202,16 @@ impl ClusterConfig {
             grace: GRACE,
             share_components: false,
             insecure: false,
+            max_queued: MAX_QUEUED,
         }
+    }
+
+    /// The bound of the commands queued for the cluster's thread, lowered from
+    /// [`MAX_QUEUED`] so that a test can fill the queue.
+    #[cfg(test)]
+    pub(crate) fn max_queued(mut self, max: usize) -> Self {
+        self.max_queued = max;
+        self
     }
 
     /// The node's name, unique in the cluster. By default `HOSTNAME-PID`.
@@ -461,8 +474,10 @@ pub(crate) struct Inner {
     /// Where lines of this node's run that other nodes forward go.
     lines: OnceLock<LineSink>,
     /// Monitors, terminations and spawns queued for the cluster's thread (bounded by
-    /// [`MAX_QUEUED`]).
+    /// `max_queued`).
     queued: AtomicUsize,
+    /// [`MAX_QUEUED`], but for tests (`ClusterConfig::max_queued`).
+    max_queued: usize,
     /// The largest frame the server takes, less room for the header.
     max_item: usize,
     counters: Counters,
@@ -858,9 +873,10 @@ impl Inner {
     /// [`MAX_QUEUED`] already wait (the thread is stalled: the server is gone, say):
     /// hands it to `refused` with why.
     fn queue_bounded(&self, cmd: Cmd, refused: impl FnOnce(Cmd, String)) {
-        if self.queued.fetch_add(1, Ordering::AcqRel) >= MAX_QUEUED {
+        if self.queued.fetch_add(1, Ordering::AcqRel) >= self.max_queued {
             self.queued.fetch_sub(1, Ordering::AcqRel);
-            return refused(cmd, format!("{MAX_QUEUED} commands already wait for the cluster's thread; retry later"));
+            let max = self.max_queued;
+            return refused(cmd, format!("{max} commands already wait for the cluster's thread; retry later"));
         }
         if let Err(e) = self.commands.send(cmd) {
             self.queued.fetch_sub(1, Ordering::AcqRel);

@@ -238,6 +238,7 @@ pub(super) fn start(config: ClusterConfig) -> anyhow::Result<Cluster> {
         grace: config.grace,
         lines: Default::default(),
         queued: AtomicUsize::new(0),
+        max_queued: config.max_queued,
         // Room for the frame's header and one item's own fields.
         max_item: max_payload.saturating_sub(1024),
         counters: Counters::default(),

@@ -1,0 +1,159 @@
+//! Nodes joined through a real `nats-server` on loopback (`wasmproc_tests::nats`), for
+//! what only the crate can reach: the cluster thread's queue and its bound, and frames
+//! sealed with the cluster's own key.
+//!
+//! Every wait is bounded; nothing asserts on timing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use wasmproc_tests::nats::Server;
+
+use super::node::{Cmd, noconnection};
+use super::wire::{self, Announce, Body, Key, Peer};
+use super::{Cluster, ClusterConfig};
+use crate::{Command, Event, Events, Outcome, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
+
+const SECRET: &str = "test-secret";
+/// The bound of every wait in these tests.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done() {
+        assert!(Instant::now() < deadline, "not within {PATIENCE:?}: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Monitors each of its targets in its first step; every exit it gets goes to `seen` as
+/// it comes, and it completes once it has one of each target.
+struct Watcher {
+    targets: Vec<Pid>,
+    started: bool,
+    seen: Arc<Mutex<Vec<(Pid, Outcome)>>>,
+}
+
+impl Process for Watcher {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        if !std::mem::replace(&mut self.started, true) {
+            for (tag, &target) in self.targets.iter().enumerate() {
+                out.yield_command(tag as u64, Command::Monitor(target));
+            }
+        }
+        let mut seen = self.seen.lock();
+        for event in events {
+            if let Event::Exit { pid, result } = event {
+                seen.push((pid, result));
+            }
+        }
+        if seen.len() == self.targets.len() {
+            out.complete(Ok(Payload::empty()));
+        } else {
+            out.set_status(Status::Blocked);
+        }
+        Ok(())
+    }
+}
+
+/// Monitors of processes on other nodes wait in the cluster thread's queue; with the
+/// thread held up (here: blocked on a lock its next announcement takes), the queue takes
+/// its bound and the monitors past it get their exit at once, with why; those queued are
+/// all carried out once the thread goes on (as monitors of a node that is no member,
+/// they end in its `noconnection`). Nothing is lost, and nothing waits without bound.
+#[test]
+fn monitors_past_the_queue_bound_are_refused_and_those_queued_carried_out() {
+    const BOUND: usize = 4;
+    const PAST: usize = 2;
+    let server = Server::start().expect("a nats-server on loopback");
+    let config = ClusterConfig::new(server.url()).name("a").secret(SECRET).max_queued(BOUND);
+    let cluster = Cluster::join(config).expect("joins");
+    let scheduler = Scheduler::builder().workers(1).cluster(&cluster).build().expect("starts");
+    cluster.serve(scheduler.handle().clone());
+
+    // The thread takes commands in order: from this announcement on, it takes none until
+    // the lock is let go.
+    let held = cluster.inner.code.write();
+    assert!(cluster.inner.commands.send(Cmd::Serve).is_ok());
+    let absent = 77;
+    let targets: Vec<Pid> = (1..=(BOUND + PAST) as u64).map(|n| Pid::from_u64(n).with_node(absent)).collect();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let watcher = Watcher { targets: targets.clone(), started: false, seen: seen.clone() };
+    let watcher = scheduler.handle().spawn(watcher, "main").expect("spawns");
+
+    wait_until("the monitors past the bound are refused", || seen.lock().len() >= PAST);
+    let refused = format!("noconnection: {BOUND} commands already wait for the cluster's thread; retry later");
+    let expected: Vec<(Pid, Outcome)> = targets[BOUND..].iter().map(|&pid| (pid, Err(refused.clone()))).collect();
+    assert_eq!(*seen.lock(), expected, "only those past the bound end while the thread is held up");
+
+    drop(held);
+    assert_eq!(watcher.join_timeout(PATIENCE), Some(Ok(Payload::empty())), "every monitor got its exit");
+    let carried_out = Err(noconnection(absent, None));
+    let seen = seen.lock();
+    assert_eq!(seen.len(), BOUND + PAST, "{seen:?}");
+    let mut queued: Vec<&(Pid, Outcome)> = seen[PAST..].iter().collect();
+    queued.sort_by_key(|(pid, _)| *pid);
+    for ((pid, result), target) in queued.into_iter().zip(&targets[..BOUND]) {
+        assert_eq!((pid, result), (target, &carried_out));
+    }
+}
+
+/// An announcement past the size a node reads on the announcements' subject is refused
+/// by its size alone, never opened or decoded: one sealed with the cluster's secret (as
+/// anyone holding it can) that says a member leaves is counted refused, and the member
+/// stays; the same announcement under the size takes effect, so only its size refused
+/// the first.
+#[test]
+fn an_oversize_announcement_is_refused_unread_and_evicts_no_one() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let join = |name: &str| Cluster::join(ClusterConfig::new(server.url()).name(name).secret(SECRET)).expect("joins");
+    let a = join("a");
+    let b = join("b");
+    wait_until("a sees b", || a.nodes().iter().any(|n| n.name == "b"));
+
+    let subject = "wasmproc.announce";
+    let b_leaves = |seq: u64, padding: usize| {
+        let announce = Announce {
+            name: "b".to_owned(),
+            load: 0,
+            accepts: false,
+            components: vec!["x".repeat(padding)],
+            names: Vec::new(),
+            leaving: true,
+            seq,
+            echo: 0,
+            link_start: 0,
+        };
+        let peer = Peer { node: b.node(), incarnation: b.inner.incarnation };
+        Key::new(SECRET.as_bytes()).seal(subject, "", &wire::encode(peer, &Body::Announce(announce)))
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let nats = runtime.block_on(async_nats::connect(server.url())).expect("connects");
+    let publish = |frame: Vec<u8>| {
+        runtime.block_on(async {
+            nats.publish(subject, frame.into()).await.expect("publishes");
+            nats.flush().await.expect("flushes");
+        });
+    };
+
+    // Far past the 64 KiB a node reads there, far under the server's 1 MiB.
+    let oversize = b_leaves(1 << 40, 512 << 10);
+    let before = a.stats();
+    publish(oversize);
+    wait_until("a refuses the frame, or takes it", || {
+        let now = a.stats();
+        now.frames_refused > before.frames_refused || now.nodes_lost > before.nodes_lost
+    });
+    let after = a.stats();
+    assert_eq!(after.nodes_lost, before.nodes_lost, "an oversize announcement was read and taken: {after:?}");
+    assert_eq!(after.frames_refused, before.frames_refused + 1, "{after:?}");
+    assert!(a.nodes().iter().any(|n| n.name == "b"), "{:?}", a.nodes());
+
+    publish(b_leaves((1 << 40) + 1, 0));
+    wait_until("a takes the same announcement under the size", || a.stats().nodes_lost > before.nodes_lost);
+}
