@@ -4,11 +4,14 @@
 //!
 //! Every wait is bounded; nothing asserts on timing.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{Killed, sha256, wasmproc};
 use wasmproc::cluster::{ClusterConfig, Placement};
 use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::{Command as Yielded, Event, Events, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
@@ -18,20 +21,6 @@ use wasmproc_tests::site::Site;
 const SECRET: &str = "test-secret";
 /// The bound of every wait in these tests.
 const PATIENCE: Duration = Duration::from_secs(60);
-
-/// A child process killed on drop.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wasmproc() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_wasmproc"))
-}
 
 /// A `wasmproc node` process.
 fn node_process(server: &Server, name: &str) -> Killed {
@@ -63,13 +52,6 @@ fn wait_for_nodes(server: &Server, count: usize) {
 /// An example guest, built by `wasmproc-tests` beside the fan-out one.
 fn guest(name: &str) -> PathBuf {
     Path::new(wasmproc_tests::guests::FAN_OUT).with_file_name(format!("{name}.wasm"))
-}
-
-/// A component's identity: `sha256:<hex>` of its bytes.
-fn sha256(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    let hex: String = sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex}")
 }
 
 /// Three `wasmproc node`s: the ping-pong example plays across nodes, and the fan-out's

@@ -7,11 +7,14 @@
 //!
 //! Every wait is bounded; nothing asserts on timing.
 
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::{Killed, sha256, wasmproc};
 use futures_util::StreamExt as _;
 use parking_lot::Mutex;
 use wasmproc::cluster::{Client, Cluster, ClusterConfig, Placement};
@@ -21,20 +24,6 @@ use wasmproc_tests::nats::{CLIENT_INBOX, CLIENT_PASSWORD, NODE_PASSWORD, Node, S
 const SECRET: &str = "test-secret";
 /// The bound of every wait in these tests.
 const PATIENCE: Duration = Duration::from_secs(60);
-
-/// A child process killed on drop.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wasmproc() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_wasmproc"))
-}
 
 /// Counts its starts in `STARTS` (by the first input, a counter's index), then waits
 /// for a message and completes with it.
@@ -487,13 +476,6 @@ fn a_flood_of_junk_costs_no_membership_and_few_log_lines() {
     let lines = stderr.lines().filter(|l| l.contains("refused")).count();
     assert!((1..=40).contains(&lines), "{lines} lines of refusals:\n{stderr}");
     assert!(stderr.contains("count="), "{stderr}");
-}
-
-/// A component's identity: `sha256:<hex>` of its bytes.
-fn sha256(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    let hex: String = sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex}")
 }
 
 /// Item 4: a client terminates only what its own run spawned. Another client's

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use wasmproc_tests::HANG;
 use wasmproc_tests::guests::{DURABLE, LEDGER, TIMERS, WASI_CLI};
 
+use super::hardening::start_running;
 use super::{run, scratch, wasmproc};
 
 /// The durable example's result at its default input: four workers answer n² for n in
@@ -185,13 +186,7 @@ fn a_signal_suspends_a_durable_run_and_the_same_command_resumes_it() {
     let journal = dir.join("journal");
     let journal = journal.to_str().unwrap();
     // Input (2, 30): long enough (30 rounds with 20 ms sleeps) to be stopped midway.
-    let child = wasmproc(&["run", DURABLE, "--journal", journal, "--keep-finished", "--input", "[2, 30]"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("wasmproc runs");
-    super::hardening::wait_until_running(&child);
+    let child = start_running(&["run", DURABLE, "--journal", journal, "--keep-finished", "--input", "[2, 30]"]);
     std::thread::sleep(Duration::from_millis(300));
     // The journal in use is read as it is now, without its lock.
     let live = run(&["journal", "ls", journal]).expect(0);

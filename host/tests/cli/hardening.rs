@@ -249,11 +249,18 @@ pub(super) fn wait_until_running(child: &Child) {
     }
 }
 
-/// Starts `args`, waits until the run has started, and sends `signal`.
-fn signalled(args: &[&str], signal: &str) -> Ran {
+/// Starts `wasmproc` with `args` in the background, with no stdin and its output piped,
+/// and waits until its run has started (see [`wait_until_running`]).
+pub(super) fn start_running(args: &[&str]) -> Child {
     let child = wasmproc(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
     let child = child.expect("wasmproc runs");
     wait_until_running(&child);
+    child
+}
+
+/// Starts `args`, waits until the run has started, and sends `signal`.
+fn signalled(args: &[&str], signal: &str) -> Ran {
+    let child = start_running(args);
     let status = Command::new("kill").args([signal, &child.id().to_string()]).status().expect("kill runs");
     assert!(status.success());
     finish(wait(child))
@@ -272,13 +279,7 @@ fn sigterm_and_sighup_stop_gracefully_like_ctrl_c() {
 
 #[test]
 fn a_second_signal_ends_the_host_at_once() {
-    let mut child = wasmproc(&["run", HOSTILE, "--method", "spin", "--time-slice", "1h", "--grace", "1h"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("wasmproc runs");
-    wait_until_running(&child);
+    let mut child = start_running(&["run", HOSTILE, "--method", "spin", "--time-slice", "1h", "--grace", "1h"]);
     let pid = child.id().to_string();
     for _ in 0..2 {
         assert!(Command::new("kill").args(["-INT", &pid]).status().expect("kill runs").success());

@@ -155,13 +155,7 @@ fn journal_ls_says_a_parent_waits_for_its_childs_exit() {
     let dir = scratch("new-user-journal");
     let journal = dir.join("journal");
     let journal = journal.to_str().expect("utf-8");
-    let child = wasmproc(&["run", SDK_TOUR, "--method", "parent_of_deaf", "--journal", journal])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("wasmproc runs");
-    super::hardening::wait_until_running(&child);
+    let child = super::hardening::start_running(&["run", SDK_TOUR, "--method", "parent_of_deaf", "--journal", journal]);
     let start = Instant::now();
     let listed = loop {
         let listed = run(&["journal", "ls", journal]).expect(0);
