@@ -209,6 +209,12 @@ impl Kv {
     /// by another wasmproc (or another `Kv` of this process), or holds a damaged store;
     /// or the thread could not start.
     pub fn open(dir: &Path, settings: KvSettings) -> anyhow::Result<Kv> {
+        Kv::open_gated(dir, settings, None)
+    }
+
+    /// As [`Kv::open`]; with a `gate`, the writer thread takes no job before the gate
+    /// says so (or closes), so that a test can fill the queue.
+    fn open_gated(dir: &Path, settings: KvSettings, gate: Option<mpsc::Receiver<()>>) -> anyhow::Result<Kv> {
         crate::journal::private_dir(dir, "the key-value store", "another user could change what processes read")?;
         let (store, totals) = Store::open(dir)?;
         crate::journal::private_contents(dir)
@@ -220,7 +226,12 @@ impl Kv {
         let taken = queued.clone();
         let thread = std::thread::Builder::new()
             .name("wasmproc-kv".to_owned())
-            .spawn(move || writer.run(jobs, &taken))
+            .spawn(move || {
+                if let Some(gate) = gate {
+                    let _ = gate.recv();
+                }
+                writer.run(jobs, &taken)
+            })
             .context("cannot start the key-value store's thread")?;
         tracing::debug!(dir = %dir.display(), keys = totals.keys, bytes = totals.bytes, "opened the key-value store");
         Ok(Kv { inner: Arc::new(Inner { store, settings, queue: Some(queue), queued, writer: Some(thread) }) })
@@ -439,5 +450,124 @@ fn shown(key: &str) -> std::borrow::Cow<'_, str> {
     match key.char_indices().nth(MOST) {
         Some((end, _)) => format!("{}…", &key[..end]).into(),
         None => key.into(),
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use parking_lot::Mutex;
+
+    use super::writer::JOB_OVERHEAD;
+    use super::*;
+    use crate::{Capabilities, Command, Event, Events, Outcome, Port, Process, Scheduler, Status, StepOutput};
+
+    /// The bound of every wait in these tests.
+    const PATIENCE: Duration = Duration::from_secs(60);
+
+    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + PATIENCE;
+        while !done() {
+            assert!(Instant::now() < deadline, "not within {PATIENCE:?}: {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Puts `1` under each of its keys in its first step; each answer goes to `answers`
+    /// as it comes, with its key's index, and it completes once all are answered.
+    struct Putter {
+        keys: Vec<String>,
+        started: bool,
+        answers: Arc<Mutex<Vec<(u64, Outcome)>>>,
+    }
+
+    impl Process for Putter {
+        fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+            Ok(())
+        }
+
+        fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+            if !std::mem::replace(&mut self.started, true) {
+                for (tag, key) in self.keys.iter().enumerate() {
+                    let payload = Payload::json(&serde_json::json!({ "key": key, "value": 1 }))?;
+                    out.yield_command(tag as u64, Command::Custom { name: "kv.put".into(), payload });
+                }
+            }
+            let mut answers = self.answers.lock();
+            for event in events {
+                if let Event::Completion { tag, result } = event {
+                    answers.push((tag, result));
+                }
+            }
+            if answers.len() == self.keys.len() {
+                out.complete(Ok(Payload::empty()));
+            } else {
+                out.set_status(Status::Blocked);
+            }
+            Ok(())
+        }
+    }
+
+    /// Writes wait in the queue of the store's thread; with the thread held up, the queue
+    /// takes its bound in bytes and a write past it fails `limit` at once, saying why;
+    /// those queued are all carried out once the thread goes on, and what they held is
+    /// room again.
+    #[test]
+    fn writes_past_the_queue_bound_fail_at_once_and_those_queued_are_carried_out() {
+        const QUEUED: usize = 3;
+        const PAST: usize = 2;
+        let dir = std::env::temp_dir().join(format!("wasmproc-kv-queue-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // A put of key `kN` with the value `1`, as the queue counts it.
+        let put = JOB_OVERHEAD + "k0".len() + "1".len();
+        let settings = KvSettings { max_queued_bytes: QUEUED * put, ..KvSettings::default() };
+        let (go, gate) = mpsc::channel();
+        let kv = Kv::open_gated(&dir, settings, Some(gate)).expect("opens");
+        let scheduler = Scheduler::builder()
+            .workers(1)
+            .provider(kv.clone())
+            .capabilities(Capabilities::default().allow("kv.*"))
+            .build()
+            .expect("starts");
+        let putter = |keys: Vec<String>, answers: &Arc<Mutex<Vec<(u64, Outcome)>>>| {
+            let putter = Putter { keys, started: false, answers: answers.clone() };
+            scheduler.handle().spawn(putter, "main").expect("spawns")
+        };
+        let keys: Vec<String> = (0..QUEUED + PAST).map(|n| format!("k{n}")).collect();
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let process = putter(keys.clone(), &answers);
+
+        wait_until("the writes past the bound fail", || answers.lock().len() >= PAST);
+        let refused = format!(
+            "limit: the key-value store's queue holds {} bytes of commands, and this one's {put} would pass \
+             `max_queued_bytes` ({}): send it again once earlier writes are answered",
+            QUEUED * put,
+            QUEUED * put
+        );
+        let expected: Vec<(u64, Outcome)> = (QUEUED..QUEUED + PAST).map(|n| (n as u64, Err(refused.clone()))).collect();
+        assert_eq!(*answers.lock(), expected, "only those past the bound are answered while the thread is held up");
+
+        go.send(()).expect("the writer waits for the gate");
+        assert_eq!(process.join_timeout(PATIENCE), Some(Ok(Payload::empty())), "every write is answered");
+        let answers = answers.lock();
+        assert!(answers[PAST..].iter().all(|(_, result)| result.is_ok()), "{answers:?}");
+        let mut carried_out: Vec<u64> = answers[PAST..].iter().map(|(tag, _)| *tag).collect();
+        carried_out.sort_unstable();
+        assert_eq!(carried_out, (0..QUEUED as u64).collect::<Vec<_>>());
+        for (n, key) in keys.iter().enumerate() {
+            let stored = kv.read(key).expect("reads").map(|(text, _)| text);
+            assert_eq!(stored.as_deref(), (n < QUEUED).then_some("1"), "`{key}`");
+        }
+
+        wait_until("the writer counts out what it took", || kv.inner.queued.bytes() == 0);
+        let again = Arc::new(Mutex::new(Vec::new()));
+        let process = putter(keys[QUEUED..].to_vec(), &again);
+        assert_eq!(process.join_timeout(PATIENCE), Some(Ok(Payload::empty())));
+        let again = again.lock();
+        assert!(again.iter().all(|(_, result)| result.is_ok()), "room again for writes: {again:?}");
+        drop(scheduler);
+        drop(kv);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

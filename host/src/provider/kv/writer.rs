@@ -43,7 +43,7 @@ pub(super) enum Job {
 
 /// What one queued job is counted as against the queue's bound, beside the bytes it
 /// carries: its completer, its strings' headers and the channel's slot, about this.
-const JOB_OVERHEAD: usize = 128;
+pub(super) const JOB_OVERHEAD: usize = 128;
 
 impl Job {
     /// The bytes the job holds while it waits, as the queue's bound counts them.
@@ -93,6 +93,12 @@ impl Queued {
 
     pub(super) fn max(&self) -> usize {
         self.max
+    }
+
+    /// The bytes queued now.
+    #[cfg(test)]
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
     }
 }
 
