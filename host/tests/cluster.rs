@@ -666,6 +666,53 @@ fn run_with_cluster_sends_the_runs_limits_with_its_entry() {
     assert!(stderr.contains("meters no fuel"), "{stderr}");
 }
 
+/// `wasmproc run APP --cluster URL` carries the scheduler limits given on its command
+/// line to the node that runs its entry, clamped there to the node's own, the errors
+/// naming the flags: with `--max-children 2`, a fan-out of three children on a node
+/// whose own bound is 10,000 ends at its third spawn (and with room for them completes);
+/// a step of 100,000 commands ends at `--max-yields 2`, not the node's 1,024; a result of
+/// 32 MiB at `--max-payload 1MiB`, not the node's 16 MiB.
+#[test]
+fn run_with_cluster_carries_its_scheduler_limits_to_the_node() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let _node = node_process(&server, "bounded");
+    wait_for_nodes(&server, 1);
+    let run = |args: &[&str]| {
+        let out = wasmproc()
+            .arg("run")
+            .args(args)
+            .args(["--cluster", &server.url(), "--cluster-secret", SECRET])
+            .output()
+            .expect("wasmproc run runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        (out.status.code(), stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+
+    let fan_out = |flags: &[&str]| {
+        let mut args = vec![wasmproc_tests::guests::FAN_OUT, "--input", "3"];
+        args.extend_from_slice(flags);
+        run(&args)
+    };
+    let (code, _, stderr) = fan_out(&["--max-children", "2"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("child limit exceeded"), "{stderr}");
+    assert!(stderr.contains("`--max-children` (2)"), "{stderr}");
+
+    let hostile = wasmproc_tests::guests::HOSTILE;
+    let (code, _, stderr) = run(&[hostile, "--method", "yield-flood", "--max-yields", "2"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("more than `--max-yields` (2)"), "{stderr}");
+
+    let (code, _, stderr) = run(&[hostile, "--method", "giant-payload", "--max-payload", "1MiB"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("over `--max-payload` ({} bytes)", 1 << 20)), "{stderr}");
+
+    let (code, stdout, stderr) = fan_out(&["--max-children", "3", "--mailbox", "3", "--mailbox-bytes", "1MiB"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let squares: Vec<u64> = serde_json::from_str(&stdout).expect("a JSON list");
+    assert_eq!(squares, [0, 1, 4]);
+}
+
 /// The limits of a process the embedder spawns as it is (not by kind) bound its spawns
 /// too: a fan-out `delegate` made with an 8 MiB cap on node `pa` spawns a `hostile`
 /// memory bomb, placed on `pb`, whose own cap for the kind is 64 MiB; the child stops at

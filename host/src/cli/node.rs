@@ -370,6 +370,8 @@ impl ClusterCommand {
 enum HereOnly {
     /// It sets up this host's scheduler or sandbox, which the run does not use.
     Scheduler,
+    /// It bounds the processes alive on one host.
+    Processes,
     /// It sets how this host compiles the program; the node compiles it.
     Compiler,
     /// It gives processes a provider; a node's providers are the node's own flags.
@@ -393,18 +395,12 @@ enum HereOnly {
 const HERE_ONLY: &[(&str, HereOnly)] = &[
     ("workers", HereOnly::Scheduler),
     ("no_preemption", HereOnly::Scheduler),
-    ("max_processes", HereOnly::Scheduler),
-    ("max_children", HereOnly::Scheduler),
-    ("max_yields", HereOnly::Scheduler),
-    ("max_payload", HereOnly::Scheduler),
+    ("max_processes", HereOnly::Processes),
     ("init_time_limit", HereOnly::Scheduler),
     ("max_core_instances", HereOnly::Scheduler),
     ("max_tables", HereOnly::Scheduler),
     ("max_table_elements", HereOnly::Scheduler),
     ("max_memories", HereOnly::Scheduler),
-    ("mailbox", HereOnly::Scheduler),
-    ("mailbox_bytes", HereOnly::Scheduler),
-    ("max_step_output", HereOnly::Scheduler),
     ("no_cache", HereOnly::Compiler),
     ("max_functions", HereOnly::Compiler),
     ("max_function_size", HereOnly::Compiler),
@@ -444,6 +440,13 @@ const ON_CLUSTER: &[&str] = &[
     "max_module_size",
     "timeout",
     "grace",
+    // Carried to the nodes with the run's spawns (`RunLimits`), clamped to each node's.
+    "max_children",
+    "max_yields",
+    "max_payload",
+    "max_step_output",
+    "mailbox",
+    "mailbox_bytes",
     "allow",
     "deny",
     "stats",
@@ -463,6 +466,11 @@ pub(super) fn refuse_here_only(given: Given<'_>, command: &clap::Command) -> Res
         HereOnly::Scheduler => format!(
             "it sets up this host's scheduler, and a run on a cluster runs on a node's, under the node's own \
              settings: drop {flag}"
+        ),
+        HereOnly::Processes => format!(
+            "it bounds the processes alive on this host, and a run on a cluster spreads over nodes that each \
+             count only their own, with no count of the run's across them: drop {flag}, and bound the run with \
+             --max-children (each process's live children), which its spawns carry to every node"
         ),
         HereOnly::Compiler => format!("the node compiles the program, under its own settings: drop {flag}"),
         HereOnly::Provider => format!(

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use wasmproc::cluster::RemoteSpawnOptions;
+use wasmproc::cluster::{RemoteSpawnOptions, RunLimits};
 use wasmproc::error::SpawnError;
 use wasmproc::handler::KindLimits;
 use wasmproc::journal::{self, Journal, JournalSettings};
@@ -298,6 +298,7 @@ impl Run {
             super::node::refuse_here_only(given, &Run::augment_args(clap::Command::new("run")))?;
         }
         let signals = Signals::listen()?;
+        self.check_step_output()?;
         let inputs = payloads(&self.inputs, self.input_file.as_deref(), self.max_payload)?;
         if self.cluster.url.is_some() {
             let method = self.method.as_deref().unwrap_or("main");
@@ -305,7 +306,7 @@ impl Run {
             let run = super::node::ClusterRun {
                 cluster: &self.cluster,
                 app: &self.app,
-                options: RemoteSpawnOptions::new(options).limits(self.sandbox()),
+                options: RemoteSpawnOptions::new(options).limits(self.sandbox()).run_limits(self.run_limits(given)),
                 max_module_size: self.engine.max_module_size,
                 timeout: self.timeout,
                 grace: self.grace,
@@ -438,15 +439,6 @@ impl Run {
             .mailbox_capacity(self.mailbox)
             .mailbox_bytes(self.mailbox_bytes);
         if let Some(bytes) = self.max_step_output {
-            if bytes < self.max_payload {
-                return Err(Failure::new(
-                    Exit::Usage,
-                    format!(
-                        "--max-step-output ({bytes} bytes) must be at least --max-payload ({} bytes)",
-                        self.max_payload
-                    ),
-                ));
-            }
             builder = builder.max_output_per_step(bytes);
         }
         if let Some(workers) = self.workers {
@@ -574,9 +566,6 @@ impl Run {
         Some(run.result)
     }
 
-    /// The sandbox limits this run gives each process (--memory, --time-slice, --fuel,
-    /// --cpu-budget): what its entry process runs under on another node with --cluster,
-    /// and, through it, everything that process spawns.
     /// The warning, given before the run starts, of the commands the component declares
     /// its entry method `method` yields (the SDK's `uses!`) that this run does not grant,
     /// grouped by the flag that would: such a run fails at its first use of one, and this
@@ -619,6 +608,50 @@ impl Run {
             }
     }
 
+    /// Refuses a --max-step-output below --max-payload: one payload must fit in a step.
+    fn check_step_output(&self) -> Result<(), Failure> {
+        match self.max_step_output {
+            Some(bytes) if bytes < self.max_payload => Err(Failure::new(
+                Exit::Usage,
+                format!(
+                    "--max-step-output ({bytes} bytes) must be at least --max-payload ({} bytes)",
+                    self.max_payload
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The scheduler limits given on the command line (--max-children, --max-yields,
+    /// --max-payload, --max-step-output, --mailbox, --mailbox-bytes): what a run on a
+    /// cluster carries to the nodes that run its processes, each clamped there to the
+    /// node's own. A flag left at its default leaves the node's own.
+    fn run_limits(&self, given: Given<'_>) -> RunLimits {
+        let mut limits = RunLimits::new();
+        if given.has("max_children") {
+            limits = limits.max_children(self.max_children);
+        }
+        if given.has("max_yields") {
+            limits = limits.max_yields_per_step(self.max_yields);
+        }
+        if given.has("max_payload") {
+            limits = limits.max_payload_size(self.max_payload);
+        }
+        if let Some(bytes) = self.max_step_output {
+            limits = limits.max_output_per_step(bytes);
+        }
+        if given.has("mailbox") {
+            limits = limits.mailbox_capacity(self.mailbox);
+        }
+        if given.has("mailbox_bytes") {
+            limits = limits.mailbox_bytes(self.mailbox_bytes);
+        }
+        limits
+    }
+
+    /// The sandbox limits this run gives each process (--memory, --time-slice, --fuel,
+    /// --cpu-budget): what its entry process runs under on another node with --cluster,
+    /// and, through it, everything that process spawns.
     fn sandbox(&self) -> KindLimits {
         let mut limits = KindLimits::new(self.engine.memory, self.time_slice);
         if let Some(fuel) = self.engine.fuel {

@@ -230,7 +230,7 @@ impl Client {
         identity: Option<String>,
         options: impl Into<RemoteSpawnOptions>,
     ) -> anyhow::Result<RemoteProcess> {
-        let RemoteSpawnOptions { options, limits } = options.into();
+        let RemoteSpawnOptions { options, limits, run_limits } = options.into();
         let target = match node {
             Some(name) => self.shared.offered.iter().find(|o| o.info.name == name).map(|o| o.info.id),
             None => {
@@ -272,6 +272,7 @@ impl Client {
             // 0: the node's default.
             mailbox_capacity: options.mailbox_capacity.unwrap_or(0),
             limits,
+            run_limits: run_limits.map(Box::new),
             monitor: true,
             // The node gives the run its owner (itself) and scope.
             owner: 0,

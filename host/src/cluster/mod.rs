@@ -76,6 +76,7 @@ mod tests;
 mod wire;
 
 pub use self::client::{Client, list};
+pub use crate::scheduler::remote::RunLimits;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -623,7 +624,7 @@ impl Cluster {
         identity: Option<String>,
         options: impl Into<RemoteSpawnOptions>,
     ) -> anyhow::Result<RemoteProcess> {
-        let RemoteSpawnOptions { options, limits } = options.into();
+        let RemoteSpawnOptions { options, limits, run_limits } = options.into();
         let target = match node {
             Some(name) => self
                 .inner
@@ -655,6 +656,7 @@ impl Cluster {
             // 0: the target's default.
             mailbox_capacity: options.mailbox_capacity.unwrap_or(0),
             limits,
+            run_limits: run_limits.map(Box::new),
             monitor: true,
             // The spawning node's run: this node owns the process.
             owner: 0,
@@ -754,18 +756,27 @@ impl Drop for Cluster {
 }
 
 /// How [`Cluster::spawn`] starts its process: the [`SpawnOptions`] of a local spawn (its
-/// method, input, capabilities and mailbox bound), and the sandbox limits it runs under
-/// at most.
+/// method, input, capabilities and mailbox bound), and the sandbox and scheduler limits
+/// it runs under at most.
 #[derive(Debug, Clone)]
 pub struct RemoteSpawnOptions {
     options: SpawnOptions,
     limits: Option<KindLimits>,
+    run_limits: Option<RunLimits>,
 }
 
 impl RemoteSpawnOptions {
     /// `options`, under the target node's own limits for the kind.
     pub fn new(options: impl Into<SpawnOptions>) -> Self {
-        RemoteSpawnOptions { options: options.into(), limits: None }
+        RemoteSpawnOptions { options: options.into(), limits: None, run_limits: None }
+    }
+
+    /// Scheduler limits (live children, commands a step, payload and step output sizes,
+    /// mailbox bounds): the process, and everything it spawns on any node, runs under the
+    /// tighter of each of these and the node's own. By default none: each node's own.
+    pub fn run_limits(mut self, limits: RunLimits) -> Self {
+        self.run_limits = Some(limits);
+        self
     }
 
     /// Per-process limits: the process runs under the tighter of these and the target

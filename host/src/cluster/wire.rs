@@ -25,7 +25,7 @@ use sha2::Sha256;
 
 use crate::handler::KindLimits;
 use crate::journal::{Malformed, Reader, Writer};
-use crate::scheduler::remote::RemoteSpawn;
+use crate::scheduler::remote::{RemoteSpawn, RunLimits};
 use crate::{Capabilities, Payload, Pid};
 use wasmproc_types::Format;
 
@@ -39,7 +39,8 @@ type HmacSha256 = Hmac<Sha256>;
 //    an announcement names the files its components were loaded from.
 // 6: the MAC covers the subjects; announcements carry a sequence and echo nonces;
 //    clients speak a protocol of their own; a spawn carries its run's scope.
-const VERSION: u8 = 6;
+// 7: a spawn carries its run's scheduler limits.
+const VERSION: u8 = 7;
 const MAC_LEN: usize = 32;
 
 /// Why a frame was refused.
@@ -618,6 +619,7 @@ pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
             spawn.caps.encode(&mut w);
             w.u64(spawn.mailbox_capacity as u64);
             w.u64(u64::from(spawn.owner));
+            optional_run_limits(&mut w, spawn.run_limits.as_deref());
             optional_limits(&mut w, spawn.limits);
             w.bool(spawn.monitor);
             w.u64(spawn.scope);
@@ -693,6 +695,7 @@ pub(crate) fn decode_item(bytes: &[u8]) -> Result<Item, WireError> {
                 0 => 0,
                 owner => node_id(owner)?,
             };
+            let run_limits = read_optional_run_limits(&mut r)?;
             let limits = read_optional_limits(&mut r)?;
             let monitor = r.bool()?;
             let scope = r.u64()?;
@@ -707,6 +710,7 @@ pub(crate) fn decode_item(bytes: &[u8]) -> Result<Item, WireError> {
                     caps,
                     mailbox_capacity,
                     limits,
+                    run_limits,
                     monitor,
                     owner,
                     scope,
@@ -774,6 +778,25 @@ fn optional_limits(w: &mut Writer, limits: Option<KindLimits>) {
     }
 }
 
+fn optional_run_limits(w: &mut Writer, limits: Option<&RunLimits>) {
+    match limits {
+        Some(limits) => {
+            w.u8(1);
+            for bound in [
+                limits.max_children,
+                limits.max_yields_per_step,
+                limits.max_payload_size,
+                limits.max_output_per_step,
+                limits.mailbox_capacity,
+                limits.mailbox_bytes,
+            ] {
+                optional_u64(w, bound.map(|n| u64::try_from(n).unwrap_or(u64::MAX)));
+            }
+        }
+        None => w.u8(0),
+    }
+}
+
 fn optional_u64(w: &mut Writer, n: Option<u64>) {
     match n {
         Some(n) => {
@@ -789,6 +812,27 @@ fn read_optional_u64(r: &mut Reader<'_>) -> Result<Option<u64>, WireError> {
         0 => Ok(None),
         1 => Ok(Some(r.u64()?)),
         other => Err(WireError::Malformed(format!("optional tag {other}"))),
+    }
+}
+
+/// As [`read_optional_limits`], values too large for this host saturate.
+fn read_optional_run_limits(r: &mut Reader<'_>) -> Result<Option<Box<RunLimits>>, WireError> {
+    match r.u8()? {
+        0 => Ok(None),
+        1 => {
+            let mut bound = || -> Result<Option<usize>, WireError> {
+                Ok(read_optional_u64(r)?.map(|n| usize::try_from(n).unwrap_or(usize::MAX)))
+            };
+            Ok(Some(Box::new(RunLimits {
+                max_children: bound()?,
+                max_yields_per_step: bound()?,
+                max_payload_size: bound()?,
+                max_output_per_step: bound()?,
+                mailbox_capacity: bound()?,
+                mailbox_bytes: bound()?,
+            })))
+        }
+        other => Err(WireError::Malformed(format!("run limits tag {other}"))),
     }
 }
 
@@ -853,6 +897,7 @@ mod tests {
                     caps: Capabilities::default().deny("terminate"),
                     mailbox_capacity: 16,
                     limits: Some(KindLimits::new(4 << 20, Duration::from_micros(250))),
+                    run_limits: Some(Box::new(RunLimits::new().max_children(2).mailbox_bytes(usize::MAX))),
                     monitor: true,
                     owner: 0,
                     scope: 42,
@@ -873,6 +918,15 @@ mod tests {
                             .fuel(u64::MAX)
                             .cpu_budget(Duration::from_secs(7)),
                     ),
+                    run_limits: Some(Box::new(
+                        RunLimits::new()
+                            .max_children(0)
+                            .max_yields_per_step(1)
+                            .max_payload_size(3)
+                            .max_output_per_step(4)
+                            .mailbox_capacity(5)
+                            .mailbox_bytes(6),
+                    )),
                     monitor: true,
                     owner: 7,
                     scope: 0,
@@ -889,6 +943,7 @@ mod tests {
                     caps: Capabilities::default(),
                     mailbox_capacity: 1,
                     limits: None,
+                    run_limits: None,
                     monitor: false,
                     owner: Pid::MAX_NODE,
                     scope: u64::MAX,

@@ -524,7 +524,10 @@ impl Shared {
             method: request.method,
             input: request.input,
             caps: parent.spec.caps.clone(),
-            mailbox_capacity: self.settings.mailbox_capacity,
+            mailbox_capacity: parent
+                .lineage
+                .run_bound()
+                .map_or(self.settings.mailbox_capacity, |bound| bound.mailbox_capacity),
             watcher: request.monitor.then(|| Watcher::Process(parent.clone())),
             lineage: Lineage::child_of(&parent.lineage).within(sandbox),
         };

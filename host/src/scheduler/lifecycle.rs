@@ -68,7 +68,7 @@ impl Shared {
             kind: args.kind,
             caps: args.caps,
             mailbox_capacity: args.mailbox_capacity,
-            mailbox_bytes: self.settings.mailbox_bytes,
+            mailbox_bytes: args.lineage.run_bound().map_or(self.settings.mailbox_bytes, |bound| bound.mailbox_bytes),
         };
         let cell = match self.registry.insert(shard, process, spec, args.lineage) {
             Ok(cell) => cell,

@@ -6,6 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::dispatch::KindLimits;
 use super::process::{CommandKind, Yield};
+use super::remote::RunLimits;
 
 /// Limits on what one process may do, checked by the scheduler for every process
 /// (native or Wasm). A process past one of them ends with an error naming it (DESIGN §6):
@@ -92,6 +93,47 @@ pub(crate) fn output_limit_exceeded(bytes: usize, max: usize) -> String {
     )
 }
 
+/// The limits a process tree runs under when its run set its own: a remote spawn's
+/// [`RunLimits`], each clamped to this scheduler's. Shared by the whole tree here (a
+/// child takes its parent's), and carried on with the tree's spawns to other nodes.
+#[derive(Debug)]
+pub(super) struct RunBound {
+    pub(super) limits: Limits,
+    pub(super) mailbox_capacity: usize,
+    pub(super) mailbox_bytes: usize,
+}
+
+impl RunBound {
+    /// What `asked` leaves of this scheduler's own `limits` and mailbox bounds: the
+    /// tighter of each, never wider than this scheduler's.
+    pub(super) fn clamp(asked: &RunLimits, limits: &Limits, mailbox_capacity: usize, mailbox_bytes: usize) -> Self {
+        let tighter = |asked: Option<usize>, own: usize| asked.map_or(own, |asked| asked.min(own));
+        RunBound {
+            limits: Limits {
+                max_yields_per_step: tighter(asked.max_yields_per_step, limits.max_yields_per_step),
+                max_payload_size: tighter(asked.max_payload_size, limits.max_payload_size),
+                max_output_per_step: tighter(asked.max_output_per_step, limits.max_output_per_step),
+                max_children: tighter(asked.max_children, limits.max_children),
+                max_descendants: limits.max_descendants,
+            },
+            mailbox_capacity: tighter(asked.mailbox_capacity, mailbox_capacity).max(1),
+            mailbox_bytes: tighter(asked.mailbox_bytes, mailbox_bytes).max(1),
+        }
+    }
+
+    /// The limits a spawn of this tree carries to another node.
+    pub(super) fn carried(&self) -> RunLimits {
+        RunLimits {
+            max_children: Some(self.limits.max_children),
+            max_yields_per_step: Some(self.limits.max_yields_per_step),
+            max_payload_size: Some(self.limits.max_payload_size),
+            max_output_per_step: Some(self.limits.max_output_per_step),
+            mailbox_capacity: Some(self.mailbox_capacity),
+            mailbox_bytes: Some(self.mailbox_bytes),
+        }
+    }
+}
+
 /// A process's place in its process tree: the live counts that [`Limits::check`] bounds.
 /// Every count is `Relaxed`: it orders nothing, it only bounds a number.
 #[derive(Default)]
@@ -120,6 +162,9 @@ pub(super) struct Lineage {
     /// The run the process belongs to, shared by its whole tree across nodes: what
     /// components fetched by hash it may spawn (`RemoteSpawn::scope`). 0: this node's own.
     scope: u64,
+    /// The limits its run set, if it set any (a remote spawn's): they replace the
+    /// scheduler's for this process and its tree. `None`: the scheduler's own.
+    run: Option<Arc<RunBound>>,
 }
 
 impl Lineage {
@@ -132,7 +177,19 @@ impl Lineage {
             sandbox: None,
             owner: parent.owner,
             scope: parent.scope,
+            run: parent.run.clone(),
         }
+    }
+
+    /// This lineage, for a process whose run set the limits `bound`.
+    pub(super) fn bounded(mut self, bound: Option<Arc<RunBound>>) -> Self {
+        self.run = bound;
+        self
+    }
+
+    /// The limits the process's run set, if it set any.
+    pub(super) fn run_bound(&self) -> Option<&RunBound> {
+        self.run.as_deref()
     }
 
     /// This lineage, for a process whose run belongs to node `owner` of a cluster.

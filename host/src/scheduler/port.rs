@@ -72,14 +72,14 @@ impl Port {
     /// ([`Builder::max_yields_per_step`](super::Builder::max_yields_per_step)). 0 once the
     /// process has ended.
     pub fn max_yields_per_step(&self) -> usize {
-        self.cell.upgrade().map_or(0, |cell| scheduler(&cell).settings.limits.max_yields_per_step)
+        self.cell.upgrade().map_or(0, |cell| scheduler(&cell).limits_of(&cell).max_yields_per_step)
     }
 
     /// The largest payload this process may hand the host: larger ends it
     /// ([`Builder::max_payload_size`](super::Builder::max_payload_size)). 0 once the process
     /// has ended.
     pub fn max_payload_size(&self) -> usize {
-        self.cell.upgrade().map_or(0, |cell| scheduler(&cell).settings.limits.max_payload_size)
+        self.cell.upgrade().map_or(0, |cell| scheduler(&cell).limits_of(&cell).max_payload_size)
     }
 
     /// The most bytes one step of this process may hand the host in its commands and
@@ -87,7 +87,7 @@ impl Port {
     /// ([`Builder::max_output_per_step`](super::Builder::max_output_per_step)). 0 once the
     /// process has ended.
     pub fn max_output_per_step(&self) -> usize {
-        self.cell.upgrade().map_or(0, |cell| scheduler(&cell).settings.limits.max_output_per_step)
+        self.cell.upgrade().map_or(0, |cell| scheduler(&cell).limits_of(&cell).max_output_per_step)
     }
 
     /// Whether a long step should give its worker back now: other processes are queued

@@ -20,7 +20,7 @@ use super::completer::Completer;
 use super::dispatch::{Factory, KindLimits, make_under};
 use super::handle::Handle;
 use super::lifecycle::SpawnArgs;
-use super::limits::Lineage;
+use super::limits::{Lineage, RunBound};
 use super::process::{Event, Outcome, Payload, Pid, SpawnRequest};
 use super::shared::Shared;
 use super::state::Wake;
@@ -58,6 +58,64 @@ pub(crate) trait Remote: Send + Sync + 'static {
     fn factory(&self, kind: &str, scope: u64) -> Option<Arc<dyn Factory>>;
 }
 
+/// Limits a run sets for its processes, tighter than a node's own (its
+/// [`Builder`](super::Builder)'s), that travel with the spawns of its process trees to
+/// other nodes: each node runs the spawned process, and everything it spawns there,
+/// under the tighter of each of these and its own, and its spawns to further nodes carry
+/// what it runs under. Each unset: the node's own. By default none is set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunLimits {
+    pub(crate) max_children: Option<usize>,
+    pub(crate) max_yields_per_step: Option<usize>,
+    pub(crate) max_payload_size: Option<usize>,
+    pub(crate) max_output_per_step: Option<usize>,
+    pub(crate) mailbox_capacity: Option<usize>,
+    pub(crate) mailbox_bytes: Option<usize>,
+}
+
+impl RunLimits {
+    /// None set: the nodes' own.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// As [`Builder::max_children`](super::Builder::max_children).
+    pub fn max_children(mut self, children: usize) -> Self {
+        self.max_children = Some(children);
+        self
+    }
+
+    /// As [`Builder::max_yields_per_step`](super::Builder::max_yields_per_step).
+    pub fn max_yields_per_step(mut self, yields: usize) -> Self {
+        self.max_yields_per_step = Some(yields);
+        self
+    }
+
+    /// As [`Builder::max_payload_size`](super::Builder::max_payload_size).
+    pub fn max_payload_size(mut self, bytes: usize) -> Self {
+        self.max_payload_size = Some(bytes);
+        self
+    }
+
+    /// As [`Builder::max_output_per_step`](super::Builder::max_output_per_step).
+    pub fn max_output_per_step(mut self, bytes: usize) -> Self {
+        self.max_output_per_step = Some(bytes);
+        self
+    }
+
+    /// As [`Builder::mailbox_capacity`](super::Builder::mailbox_capacity).
+    pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
+        self.mailbox_capacity = Some(capacity);
+        self
+    }
+
+    /// As [`Builder::mailbox_bytes`](super::Builder::mailbox_bytes).
+    pub fn mailbox_bytes(mut self, bytes: usize) -> Self {
+        self.mailbox_bytes = Some(bytes);
+        self
+    }
+}
+
 /// A spawn bound for another node, with everything that bounds the child there: its
 /// grants, mailbox and sandbox limits travel with it, never widened.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,6 +137,10 @@ pub(crate) struct RemoteSpawn {
     /// runs under the tighter of these and the receiving node's own for the kind, and
     /// what it spawns in turn is bounded by those.
     pub(crate) limits: Option<KindLimits>,
+    /// The scheduler limits its run set ([`RunLimits`]), which the child's tree runs
+    /// under, clamped to the receiving node's; `None`: the receiving node's own. Boxed:
+    /// most spawns carry none.
+    pub(crate) run_limits: Option<Box<RunLimits>>,
     /// Whether the parent monitors the child.
     pub(crate) monitor: bool,
     /// The node whose run the child belongs to (the parent's owner); 0: the spawning
@@ -124,6 +186,7 @@ impl Shared {
             caps: (*parent.spec.caps).clone(),
             mailbox_capacity: parent.spec.mailbox_capacity,
             limits,
+            run_limits: parent.lineage.run_bound().map(|bound| Box::new(bound.carried())),
             monitor: request.monitor,
             owner: parent.lineage.owner(),
             scope: parent.lineage.scope(),
@@ -200,6 +263,10 @@ impl Handle {
     ) -> Result<Pid, SpawnError> {
         let (process, sandbox) = make_under(factory, spawn.limits)
             .map_err(|source| SpawnError::Factory { kind: kind.to_string(), source })?;
+        let settings = &self.shared.settings;
+        let bound = spawn.run_limits.map(|asked| {
+            Arc::new(RunBound::clamp(&asked, &settings.limits, settings.mailbox_capacity, settings.mailbox_bytes))
+        });
         let args = SpawnArgs {
             parent: spawn.parent,
             origin: None,
@@ -207,11 +274,13 @@ impl Handle {
             method: spawn.method,
             input: spawn.input,
             caps: Arc::new(spawn.caps),
-            // Whatever the wire says, no larger than this scheduler's own bound.
+            // Whatever the wire says, no larger than this scheduler's own bound, nor the
+            // run's.
             mailbox_capacity: match spawn.mailbox_capacity {
-                0 => self.shared.settings.mailbox_capacity,
-                capacity => capacity.min(self.shared.settings.mailbox_capacity),
-            },
+                0 => settings.mailbox_capacity,
+                capacity => capacity.min(settings.mailbox_capacity),
+            }
+            .min(bound.as_ref().map_or(usize::MAX, |bound| bound.mailbox_capacity)),
             watcher: notify.map(Watcher::Notify),
             lineage: Lineage::default()
                 .within(sandbox)
@@ -219,7 +288,8 @@ impl Handle {
                     0 => spawn.parent.node(),
                     owner => owner,
                 })
-                .in_scope(spawn.scope),
+                .in_scope(spawn.scope)
+                .bounded(bound),
         };
         let cell = self.shared.spawn_unqueued(process, args)?;
         let pid = cell.pid();
@@ -344,6 +414,7 @@ mod tests {
                 caps: Capabilities::default(),
                 mailbox_capacity: asked,
                 limits: None,
+                run_limits: None,
                 monitor: false,
                 owner: 0,
                 scope: 0,
@@ -352,6 +423,65 @@ mod tests {
             let cell = handle.shared.registry.get(pid).expect("alive");
             assert_eq!(cell.spec.mailbox_capacity, got, "asked for {asked}");
         }
+        scheduler.stop(std::time::Duration::ZERO);
+    }
+
+    /// A remote spawn's run limits, whatever the wire says, are no wider than the
+    /// receiving scheduler's own: each is the tighter of the two, one not asked for is
+    /// the scheduler's, and the process's limits (and its mailbox) are those; its
+    /// spawns to other nodes carry them on.
+    #[test]
+    fn a_remote_spawns_run_limits_are_clamped_to_the_schedulers() {
+        let scheduler = Scheduler::builder()
+            .workers(1)
+            .max_children(10)
+            .max_yields_per_step(20)
+            .max_payload_size(1000)
+            .mailbox_capacity(8)
+            .mailbox_bytes(4096)
+            .build()
+            .expect("builds");
+        let handle = scheduler.handle();
+        let factory = || -> anyhow::Result<Box<dyn Process>> { Ok(Box::new(Idle)) };
+        let asked = RunLimits::new()
+            .max_children(1 << 40)
+            .max_yields_per_step(5)
+            .max_payload_size(usize::MAX)
+            .mailbox_capacity(3)
+            .mailbox_bytes(1 << 40);
+        let spawn = RemoteSpawn {
+            parent: Pid::node_host(3),
+            kind: None,
+            identity: None,
+            method: "main".into(),
+            input: vec![],
+            caps: Capabilities::default(),
+            mailbox_capacity: 0,
+            limits: None,
+            run_limits: Some(Box::new(asked)),
+            monitor: false,
+            owner: 0,
+            scope: 0,
+        };
+        let pid = handle.spawn_for_remote(&factory, "idle".into(), spawn, None, |_| {}).expect("spawns");
+        let cell = handle.shared.registry.get(pid).expect("alive");
+        let limits = handle.shared.limits_of(&cell);
+        assert_eq!(
+            (limits.max_children, limits.max_yields_per_step, limits.max_payload_size, limits.max_output_per_step),
+            (10, 5, 1000, 4000)
+        );
+        assert_eq!((cell.spec.mailbox_capacity, cell.spec.mailbox_bytes), (3, 4096));
+        let carried = cell.lineage.run_bound().expect("bounded").carried();
+        assert_eq!(
+            carried,
+            RunLimits::new()
+                .max_children(10)
+                .max_yields_per_step(5)
+                .max_payload_size(1000)
+                .max_output_per_step(4000)
+                .mailbox_capacity(3)
+                .mailbox_bytes(4096)
+        );
         scheduler.stop(std::time::Duration::ZERO);
     }
 }

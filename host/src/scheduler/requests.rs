@@ -18,6 +18,7 @@ use rustc_hash::FxHashMap;
 use super::completer::Completer;
 use super::dispatch::Request;
 use super::handle::Handle;
+use super::limits::payload_limit_exceeded;
 use super::port::Port;
 use super::process::{Outcome, Pid};
 use crate::error::{PortError, SendError};
@@ -105,12 +106,15 @@ impl Port {
     /// answered already, or sent to another process. [`PortError::TooLarge`] for an
     /// answer past the payload limit; the request still waits for an answer.
     pub fn respond(&self, id: u64, result: Outcome) -> Result<(), PortError> {
+        let max_payload = self.max_payload_size();
         let shared = self.shared().ok_or(PortError::Ended(self.pid()))?;
         let size = match &result {
             Ok(payload) => payload.data.len() + payload.format.as_str().len(),
             Err(error) => error.len(),
         };
-        shared.settings.limits.check_payload(size, "respond").map_err(PortError::TooLarge)?;
+        if size > max_payload {
+            return Err(PortError::TooLarge(payload_limit_exceeded(size, "respond", max_payload)));
+        }
         let mut pending = shared.requests.pending.lock();
         match pending.get(&id) {
             Some(request) if request.server == self.pid() => {

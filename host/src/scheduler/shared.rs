@@ -91,6 +91,13 @@ pub(super) struct Settings {
 pub(super) type DenialHint = Box<dyn Fn(&str) -> String + Send + Sync>;
 
 impl Shared {
+    /// The limits `cell` runs under: its run's, if its run set them (see `remote.rs`),
+    /// else this scheduler's.
+    #[inline]
+    pub(super) fn limits_of<'a>(&'a self, cell: &'a ProcessCell) -> &'a Limits {
+        cell.lineage.run_bound().map_or(&self.settings.limits, |bound| &bound.limits)
+    }
+
     /// Queues a `Ready` process: in this worker's LIFO slot when called from one of our
     /// workers (the process it just woke or spawned is likely to share its cache; the
     /// slot's previous occupant moves to the local deque), otherwise on the global queue.

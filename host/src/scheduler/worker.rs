@@ -531,7 +531,7 @@ impl WorkerLoop<'_> {
             }
             let status = out.take_status();
             let yields = out.yields_mut();
-            let limits = &shared.settings.limits;
+            let limits = shared.limits_of(&cell);
             if let Status::Complete(result) = status {
                 // Yields written with `Complete` are discarded (DESIGN 2).
                 yields.clear();

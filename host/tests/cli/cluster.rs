@@ -30,8 +30,8 @@ fn run_with_cluster_refuses_each_flag_of_this_host_by_name() {
             "`--provider` with --cluster: provider components do not run on a cluster yet",
         ),
         (&["--workers", "2"], "`--workers` with --cluster: it sets up this host's scheduler"),
-        (&["--max-children", "3"], "`--max-children` with --cluster"),
-        (&["--mailbox", "3"], "`--mailbox` with --cluster"),
+        (&["--max-processes", "3"], "`--max-processes` with --cluster: it bounds the processes alive on this host"),
+        (&["--init-time-limit", "1s"], "`--init-time-limit` with --cluster"),
         (&["--no-cache"], "`--no-cache` with --cluster: the node compiles the program"),
         (&["--progress"], "`--progress` with --cluster"),
     ];
@@ -47,7 +47,8 @@ fn run_with_cluster_refuses_each_flag_of_this_host_by_name() {
 }
 
 /// `cluster run` takes `run`'s flags (here --input-file and --timeout, which it had
-/// not) and needs --cluster; with it, both get as far as the connection.
+/// not, and the scheduler limits a run carries to its nodes) and needs --cluster; with
+/// it, both get as far as the connection.
 #[test]
 fn cluster_run_takes_the_flags_of_run_and_needs_a_cluster() {
     let dir = scratch("cluster-run-flags");
@@ -69,6 +70,18 @@ fn cluster_run_takes_the_flags_of_run_and_needs_a_cluster() {
                 "--stats",
                 "--memory",
                 "8MiB",
+                "--max-children",
+                "3",
+                "--max-yields",
+                "8",
+                "--max-payload",
+                "1MiB",
+                "--max-step-output",
+                "2MiB",
+                "--mailbox",
+                "3",
+                "--mailbox-bytes",
+                "1MiB",
                 "--cluster",
                 NOWHERE,
             ])
