@@ -10,6 +10,7 @@
 //! exit code from [`Exit`], so scripts can tell a failed process from a bad module or a
 //! typo in a flag.
 
+mod args;
 mod cache;
 mod compile;
 mod input;
@@ -29,8 +30,10 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::parser::ValueSource;
-use clap::{ArgMatches, Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
-use wasmproc::wasm::{self, Config};
+use clap::{ArgMatches, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
+use wasmproc::wasm::Config;
+
+use self::args::{CACHE_MAX_SIZE_VAR, ClusterArgs, EngineArgs, GrantArgs, LimitArgs, cache_max_size};
 
 /// Exit codes, as `--help` lists them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,94 +145,6 @@ enum Command {
     /// Use a cluster: `ls` its nodes, their load and their components; `run` a program
     /// on it (as `run APP --cluster URL`).
     Cluster(Box<node::ClusterCommand>),
-}
-
-/// Engine settings that compiled code depends on: `compile` and `run` must agree.
-#[derive(Args, Debug, Clone)]
-pub(super) struct EngineArgs {
-    /// Linear memory cap of each process, e.g. 64MiB or 1GiB. Also each process's share
-    /// of address space: processes × memory must fit in 128 TiB.
-    #[arg(long, value_name = "SIZE", default_value = units::size_text(wasm::DEFAULT_MAX_MEMORY), value_parser = units::memory)]
-    pub(super) memory: usize,
-    /// Total fuel of each process over its life (about one unit per Wasm instruction),
-    /// at least 1; a process that uses it up fails. Turns on fuel metering, which slows
-    /// guests somewhat. [default: unlimited, no metering]
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    pub(super) fuel: Option<u64>,
-    /// Keep compiled code out of the disk cache ($XDG_CACHE_HOME/wasmproc or
-    /// ~/.cache/wasmproc): compile afresh and write nothing.
-    #[arg(long)]
-    pub(super) no_cache: bool,
-    /// The largest program file accepted, e.g. 128MiB: a larger file is refused before
-    /// it is read or compiled.
-    #[arg(long, value_name = "SIZE", default_value = units::size_text(wasm::DEFAULT_MAX_MODULE_SIZE), value_parser = units::size)]
-    pub(super) max_module_size: usize,
-    /// The most functions compiled for one program (its core modules' functions plus a
-    /// component's lifts and lowers); a program with more is refused before compiling.
-    #[arg(long, value_name = "N", default_value_t = wasm::DEFAULT_MAX_FUNCTIONS)]
-    pub(super) max_functions: u32,
-    /// The largest function body compiled, e.g. 1MiB; a program with a larger one is
-    /// refused before compiling.
-    #[arg(long, value_name = "SIZE", default_value = units::size_text(wasm::DEFAULT_MAX_FUNCTION_SIZE), value_parser = units::size)]
-    pub(super) max_function_size: usize,
-    /// The most the compiled-code cache may hold, e.g. 1GiB: after each write the least
-    /// recently used entries are removed until the rest fit. Also read from
-    /// $WASMPROC_CACHE_MAX_SIZE. [default: 1GiB]
-    #[arg(long, value_name = "SIZE", value_parser = units::size)]
-    pub(super) cache_max_size: Option<usize>,
-    /// Load files made by `wasmproc compile` with another user's key (or on another
-    /// machine): they are native code, so only files from a source you trust as you
-    /// trust a binary.
-    #[arg(long)]
-    pub(super) trust_precompiled: bool,
-}
-
-/// The variable that sets `--cache-max-size` when the flag is not given.
-pub(super) const CACHE_MAX_SIZE_VAR: &str = "WASMPROC_CACHE_MAX_SIZE";
-
-/// The cache's size cap: `flag`, else $WASMPROC_CACHE_MAX_SIZE, else `None` (the
-/// library's default).
-pub(super) fn cache_max_size(flag: Option<usize>) -> Result<Option<u64>, Failure> {
-    if let Some(bytes) = flag {
-        return Ok(Some(bytes as u64));
-    }
-    match std::env::var(CACHE_MAX_SIZE_VAR) {
-        Ok(text) => units::size(&text)
-            .map(|bytes| Some(bytes as u64))
-            .map_err(|e| Failure::new(Exit::Usage, format!("${CACHE_MAX_SIZE_VAR}: {e}"))),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => {
-            Err(Failure::new(Exit::Usage, format!("${CACHE_MAX_SIZE_VAR} is not UTF-8: write a size like 1GiB")))
-        }
-    }
-}
-
-impl EngineArgs {
-    /// The runtime's settings; `Err` if $WASMPROC_CACHE_MAX_SIZE is not a size.
-    pub(super) fn config(&self) -> Result<Config, Failure> {
-        let mut config = Config::default()
-            .max_memory(self.memory)
-            .max_module_size(self.max_module_size)
-            .max_functions(self.max_functions)
-            .max_function_size(self.max_function_size);
-        if self.trust_precompiled {
-            // SAFETY: `trust_precompiled` asks that every precompiled file the runtime
-            // loads come from a trusted source: the user vouches for that by passing
-            // --trust-precompiled, whose help says the files are native code to trust as
-            // a binary.
-            config = unsafe { config.trust_precompiled(true) };
-        }
-        if let Some(fuel) = self.fuel {
-            config = config.fuel(fuel);
-        }
-        if self.no_cache {
-            config = config.no_disk_cache();
-        }
-        if let Some(bytes) = cache_max_size(self.cache_max_size)? {
-            config = config.max_cache_size(bytes);
-        }
-        Ok(config)
-    }
 }
 
 /// Parses the command line, runs the subcommand, and turns its outcome into an exit code.

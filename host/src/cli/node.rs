@@ -1,14 +1,14 @@
 //! `wasmproc node` (a host that joins a cluster), `wasmproc cluster ls`, and what
 //! `run --cluster` does instead of running locally.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand, ValueEnum};
-use wasmproc::cluster::{Client, Cluster, ClusterConfig, Placement, RemoteSpawnOptions};
+use wasmproc::cluster::{Client, Cluster, Placement, RemoteSpawnOptions};
 use wasmproc::handler::Factory;
 use wasmproc::wasm::{Escaped, Level, LogRecord, LogSource};
 use wasmproc::{Capabilities, Scheduler};
@@ -17,102 +17,7 @@ use super::output::{Output, Say};
 use super::providers::{FAMILIES, ProviderArgs, Providers, dir_grants, env_vars};
 use super::report::{Report, Summary};
 use super::stop::{Signals, Stop};
-use super::{EngineArgs, Exit, Failure, Given, runtime};
-
-/// How to reach a cluster, and as whom. Each flag but `--cluster`, when not given, is
-/// read from its environment variable (`WASMPROC_` and the flag's name in capitals, `-`
-/// as `_`).
-#[derive(Args, Debug, Clone)]
-pub(super) struct ClusterArgs {
-    /// The NATS server of the cluster, e.g. nats://127.0.0.1:4222; with a user and
-    /// password nats://USER:PASSWORD@HOST:PORT; with TLS tls://HOST:PORT.
-    #[arg(long = "cluster", value_name = "URL")]
-    pub(super) url: Option<String>,
-    /// The secret the cluster's nodes (and the clients that run on them) share: every
-    /// frame between them is authenticated with it (HMAC-SHA256 over the frame and its
-    /// subjects), and a frame that does not verify is dropped. Whoever holds it can act
-    /// as a node: give clients NATS client credentials instead where the server can tell
-    /// the two apart (see README, "A secured cluster"). Also read from
-    /// $WASMPROC_CLUSTER_SECRET. [default: none]
-    #[arg(long, value_name = "SECRET")]
-    cluster_secret: Option<String>,
-    /// A NATS authentication token. Also read from $WASMPROC_CLUSTER_TOKEN.
-    #[arg(long, value_name = "TOKEN")]
-    cluster_token: Option<String>,
-    /// A NATS credentials file: a user's JWT and NKey seed, as `nsc generate creds`
-    /// writes it. Also read from $WASMPROC_CLUSTER_CREDS.
-    #[arg(long, value_name = "FILE")]
-    cluster_creds: Option<PathBuf>,
-    /// A file holding a NATS user's NKey seed (SU…), for a server that lists users by
-    /// NKey. Also read from $WASMPROC_CLUSTER_NKEY.
-    #[arg(long, value_name = "FILE")]
-    cluster_nkey: Option<PathBuf>,
-    /// TLS to the server, trusting the CA certificate(s) of this PEM file (instead of
-    /// the system's roots). Also read from $WASMPROC_CLUSTER_CA.
-    #[arg(long, value_name = "FILE")]
-    cluster_ca: Option<PathBuf>,
-    /// A TLS client certificate (PEM), with --cluster-key, for a server that verifies
-    /// its clients. Also read from $WASMPROC_CLUSTER_CERT.
-    #[arg(long, value_name = "FILE")]
-    cluster_cert: Option<PathBuf>,
-    /// The key of --cluster-cert (PEM). Also read from $WASMPROC_CLUSTER_KEY.
-    #[arg(long, value_name = "FILE")]
-    cluster_key: Option<PathBuf>,
-    /// The prefix of the subjects this connection gets its answers on (NATS's inbox
-    /// prefix), for a server that lets each user read only its own: e.g. _INBOX_alice
-    /// for a user allowed to subscribe to _INBOX_alice.>. Also read from
-    /// $WASMPROC_CLUSTER_INBOX. [default: _INBOX]
-    #[arg(long, value_name = "PREFIX")]
-    cluster_inbox: Option<String>,
-}
-
-impl ClusterArgs {
-    /// The flag's value, or its environment variable's.
-    fn or_env(flag: &Option<String>, var: &str) -> Option<String> {
-        flag.clone().or_else(|| std::env::var(var).ok().filter(|v| !v.is_empty()))
-    }
-
-    fn config(&self) -> Result<ClusterConfig, Failure> {
-        let url = self.url.clone().ok_or_else(|| Failure::new(Exit::Usage, "--cluster URL is required"))?;
-        let mut config = ClusterConfig::new(url);
-        if let Some(secret) = Self::or_env(&self.cluster_secret, "WASMPROC_CLUSTER_SECRET") {
-            config = config.secret(secret);
-        }
-        if let Some(token) = Self::or_env(&self.cluster_token, "WASMPROC_CLUSTER_TOKEN") {
-            config = config.token(token);
-        }
-        let file = |flag: &Option<PathBuf>, name: &str, var: &str| -> Result<Option<PathBuf>, Failure> {
-            let path = flag.clone().or_else(|| std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from));
-            match path {
-                Some(path) if !path.is_file() => {
-                    Err(Failure::new(Exit::Usage, format!("{name} `{}`: no such file", path.display())))
-                }
-                path => Ok(path),
-            }
-        };
-        if let Some(path) = file(&self.cluster_creds, "--cluster-creds", "WASMPROC_CLUSTER_CREDS")? {
-            config = config.creds(path);
-        }
-        if let Some(path) = file(&self.cluster_nkey, "--cluster-nkey", "WASMPROC_CLUSTER_NKEY")? {
-            config = config.nkey(path);
-        }
-        if let Some(path) = file(&self.cluster_ca, "--cluster-ca", "WASMPROC_CLUSTER_CA")? {
-            config = config.tls_ca(path);
-        }
-        let cert = file(&self.cluster_cert, "--cluster-cert", "WASMPROC_CLUSTER_CERT")?;
-        let key = file(&self.cluster_key, "--cluster-key", "WASMPROC_CLUSTER_KEY")?;
-        match (cert, key) {
-            (Some(cert), Some(key)) => config = config.tls_client(cert, key),
-            (None, None) => {}
-            (Some(_), None) => return Err(Failure::new(Exit::Usage, "--cluster-cert needs --cluster-key")),
-            (None, Some(_)) => return Err(Failure::new(Exit::Usage, "--cluster-key needs --cluster-cert")),
-        }
-        if let Some(inbox) = Self::or_env(&self.cluster_inbox, "WASMPROC_CLUSTER_INBOX") {
-            config = config.inbox(inbox);
-        }
-        Ok(config)
-    }
-}
+use super::{ClusterArgs, EngineArgs, Exit, Failure, Given, GrantArgs, LimitArgs, runtime};
 
 /// Where a node's processes spawn theirs.
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -126,8 +31,6 @@ enum PlacementArg {
 /// `wasmproc node`: joins a cluster and runs what it is given until stopped.
 #[derive(Args, Debug)]
 pub(super) struct Node {
-    #[command(flatten)]
-    cluster: ClusterArgs,
     /// This node's name, unique in the cluster. [default: HOSTNAME-PID]
     #[arg(long, value_name = "NAME")]
     name: Option<String>,
@@ -137,33 +40,12 @@ pub(super) struct Node {
     /// Worker threads. [default: one per core]
     #[arg(long, value_name = "N")]
     workers: Option<usize>,
-    /// The bytes of undelivered messages (topics and bodies) the mailbox of a process on
-    /// this node holds, e.g. 64MiB; a send past it fails for the sender, as a send to a
-    /// full mailbox. An empty mailbox takes any one message.
-    #[arg(long, value_name = "SIZE", default_value = super::units::size_text(wasmproc::scheduler::DEFAULT_MAILBOX_BYTES), value_parser = super::units::nonzero_size)]
-    mailbox_bytes: usize,
     /// How long the processes of a run have to end once cancelled, when the host that
     /// started the run (a `run --cluster` client, or another node) leaves the cluster or
     /// is lost, before they are terminated. A client that stops its run early sends its
     /// own `--grace`.
     #[arg(long, value_name = "DURATION", default_value = super::units::duration_text(wasmproc::cluster::GRACE), value_parser = super::units::duration)]
     grace: Duration,
-    /// Serve this host's directory HOST, read-only, as GUEST (default: the same path) to
-    /// the processes of every run on this node (`fs.*`). Repeatable.
-    #[arg(long, value_name = "HOST[::GUEST]")]
-    dir: Vec<String>,
-    /// As --dir, writable.
-    #[arg(long, value_name = "HOST[::GUEST]")]
-    dir_rw: Vec<String>,
-    /// Set NAME=VALUE for `env.get` of the processes of every run on this node, or pass
-    /// NAME through from this host's environment. Repeatable.
-    #[arg(long, value_name = "NAME[=VALUE]")]
-    env: Vec<String>,
-    /// The providers this node serves to every run's processes: a run gets each one it
-    /// does not withdraw with its own --deny. (--provider and --reads are refused: provider
-    /// components do not run on a node yet.)
-    #[command(flatten)]
-    providers: ProviderArgs,
     /// Grant the processes this node runs a command it does not grant by default
     /// (repeatable): terminate. A remote spawn gets the grants it asks for intersected
     /// with these.
@@ -178,6 +60,17 @@ pub(super) struct Node {
     /// component fetched for one run (process tree) is spawnable by hash only within it.
     #[arg(long)]
     share_components: bool,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    #[command(flatten)]
+    limits: LimitArgs,
+    #[command(flatten)]
+    grants: GrantArgs,
+    /// The providers this node serves to every run's processes: a run gets each one it
+    /// does not withdraw with its own --deny. (--provider and --reads are refused: provider
+    /// components do not run on a node yet.)
+    #[command(flatten)]
+    providers: ProviderArgs,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -228,12 +121,17 @@ impl Node {
         {
             return Err(Failure::new(Exit::Usage, format!("`{flag}`: provider components do not run on a node yet")));
         }
-        let providers = Providers::start(&self.providers, dir_grants(&self.dir, &self.dir_rw)?, env_vars(&self.env)?)?;
+        self.limits.check()?;
+        let providers = Providers::start(
+            &self.providers,
+            dir_grants(&self.grants.dir, &self.grants.dir_rw)?,
+            env_vars(&self.grants.env)?,
+        )?;
         // A line of a process that belongs to another host's run goes to that host; the
         // cluster is joined after the runtime is made, so the sink finds it here.
         let joined: Arc<OnceLock<Cluster>> = Arc::default();
         let forward = joined.clone();
-        let config_engine = self.engine.config()?.log_sink(move |record: &LogRecord<'_>| {
+        let config_engine = self.limits.runtime(self.engine.config()?).log_sink(move |record: &LogRecord<'_>| {
             let source = record.source.to_string();
             if !forward.get().is_some_and(|cluster| cluster.forward_line(record.pid, &source, record.message)) {
                 tracing::info!(target: "wasmproc::guest", pid = %record.pid, source, "{}", Escaped(record.message));
@@ -251,7 +149,7 @@ impl Node {
         let mut builder = providers
             .register(Scheduler::builder().cluster(&cluster).capabilities(caps))
             .denial_hint(move |name| format!("grant it with `run --allow {name}`, where node `{node}` grants it too"));
-        builder = builder.mailbox_bytes(self.mailbox_bytes);
+        builder = self.limits.scheduler(builder);
         if let Some(workers) = self.workers {
             builder = builder.workers(workers);
         }
@@ -290,11 +188,11 @@ enum ClusterAction {
     /// List the nodes: id, name, live processes, whether they take spawns, and the
     /// components each holds, by the file name a run loaded it from and its hash.
     Ls {
-        #[command(flatten)]
-        cluster: Box<ClusterArgs>,
         /// One JSON object per node, one per line.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        cluster: Box<ClusterArgs>,
     },
     /// Run a program's entry process on the cluster's least loaded node and print its
     /// result: the same as `wasmproc run APP --cluster URL`, with the same flags.

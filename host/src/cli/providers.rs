@@ -48,6 +48,7 @@ pub(super) const SERVE_ENTRY: &str = "serve";
 /// Flags that give processes providers (beside `--dir`, `--dir-rw` and `--env`, which
 /// WASI commands take too).
 #[derive(Args, Debug)]
+#[command(next_help_heading = "Providers")]
 pub(super) struct ProviderArgs {
     /// Let processes make HTTP requests (`http.request`) to hosts that match PATTERN:
     /// `[SCHEME://]HOST[:PORT]`, HOST a name, `*.example.com`, `*` (any name) or an IP

@@ -25,7 +25,7 @@ use wasmproc::handler::KindLimits;
 use wasmproc::journal::{self, Journal, JournalSettings};
 use wasmproc::scheduler::{ProcessHandle, SpawnOptions};
 use wasmproc::wasm::{COMMAND_ENTRY, InitRefused, LogRecord, Program, WasiOptions};
-use wasmproc::{Capabilities, Outcome, Payload, Scheduler, scheduler, wasm};
+use wasmproc::{Capabilities, Outcome, Payload, Scheduler, wasm};
 
 use super::input::{payloads, read_app};
 use super::inspect::declared::{self, Declared, GrantedBy};
@@ -34,7 +34,7 @@ use super::providers::{FAMILIES, ProviderArgs, Providers, Services, dir_grants, 
 use super::report::{CompileNotice, Progress, Report, Summary, for_stderr};
 use super::resume;
 use super::stop::Signals;
-use super::{EngineArgs, Exit, Failure, Given, runtime, units};
+use super::{ClusterArgs, EngineArgs, Exit, Failure, Given, GrantArgs, LimitArgs, runtime, units};
 use wasmproc::scheduler::Spawnable;
 
 /// `run --help`'s text after the flags: examples, and the sandbox's defaults from the
@@ -70,7 +70,8 @@ NAME=FILE. A command whose flag is missing is denied, naming the flag.
   wasmproc run workflow.wasm --provider inventory=inventory.wasm \
       --input '{\"item\": \"apples\", \"quantity\": 2}'";
 
-/// `wasmproc run`'s flags: the run to make.
+/// `wasmproc run`'s flags: the run to make, its flags in groups (each a heading of
+/// `--help`), those other subcommands take too defined once in `args.rs`.
 #[derive(Args, Debug)]
 pub(super) struct Run {
     /// The program: a component of the wasmproc:process world, a WASI command
@@ -93,12 +94,48 @@ pub(super) struct Run {
     /// Worker threads. [default: one per core]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     workers: Option<u32>,
+    /// Stop everything after DURATION (e.g. 30s, 5m): cancel every process, give them
+    /// --grace to end, then terminate the rest. Exit code 4; a result the entry process
+    /// gave before is printed all the same. [default: no limit]
+    #[arg(long, value_name = "DURATION", value_parser = units::duration)]
+    timeout: Option<Duration>,
+    /// How long a stopped run (--timeout, Ctrl-C, SIGTERM, SIGHUP) gives its processes to
+    /// end once cancelled, before it terminates them.
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = units::duration)]
+    grace: Duration,
+    /// WASI commands only: the program's arguments (after `--`); its argv[0] is the
+    /// file name.
+    #[arg(last = true, value_name = "ARGS")]
+    args: Vec<String>,
+    /// The command line was the shorthand `wasmproc APP.wasm [ARGS...]`, whose words
+    /// after the program became `args` without the user typing `--`.
+    #[arg(long = "shorthand", hide = true)]
+    shorthand: bool,
+    #[command(flatten)]
+    pub(super) limits: LimitArgs,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+    #[command(flatten)]
+    grants: GrantArgs,
+    #[command(flatten)]
+    providers: ProviderArgs,
+    #[command(flatten)]
+    durable: JournalArgs,
+    #[command(flatten)]
+    output: OutputArgs,
     #[command(flatten)]
     engine: EngineArgs,
     /// Run the entry process on a cluster (`--cluster URL`: its NATS server) instead of
     /// here: on its least loaded node, and print its result as a local run does.
     #[command(flatten)]
-    pub(super) cluster: super::node::ClusterArgs,
+    pub(super) cluster: ClusterArgs,
+}
+
+/// The sandbox each process of a run gets: its CPU, what one instantiation creates, and
+/// the commands it may yield.
+#[derive(Args, Debug)]
+#[command(next_help_heading = "Sandbox")]
+struct SandboxArgs {
     /// How long a step runs before it is preempted: suspended and queued behind the
     /// processes waiting, so a busy or looping process never holds a worker (a bare
     /// number is milliseconds). While others wait, a step yields sooner, at the next
@@ -114,32 +151,6 @@ pub(super) struct Run {
     /// [default: unlimited]
     #[arg(long, value_name = "DURATION", value_parser = units::duration)]
     cpu_budget: Option<Duration>,
-    /// Stop everything after DURATION (e.g. 30s, 5m): cancel every process, give them
-    /// --grace to end, then terminate the rest. Exit code 4; a result the entry process
-    /// gave before is printed all the same. [default: no limit]
-    #[arg(long, value_name = "DURATION", value_parser = units::duration)]
-    timeout: Option<Duration>,
-    /// How long a stopped run (--timeout, Ctrl-C, SIGTERM, SIGHUP) gives its processes to
-    /// end once cancelled, before it terminates them.
-    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = units::duration)]
-    grace: Duration,
-    /// The most processes alive at once; spawns past it fail (in the spawning process).
-    #[arg(long, value_name = "N", default_value_t = wasm::DEFAULT_MAX_INSTANCES, value_parser = clap::value_parser!(u32).range(1..))]
-    max_processes: u32,
-    /// The most live children one process may have; a spawn past it ends that process.
-    #[arg(long, value_name = "N", default_value_t = scheduler::DEFAULT_MAX_CHILDREN)]
-    max_children: usize,
-    /// The most commands one step may yield; a step past it ends its process.
-    #[arg(long, value_name = "N", default_value_t = scheduler::DEFAULT_MAX_YIELDS_PER_STEP, value_parser = units::positive)]
-    max_yields: usize,
-    /// The largest payload a process may send, spawn with, pass to a command or return,
-    /// e.g. 16MiB; past it the process ends.
-    #[arg(long, value_name = "SIZE", default_value = units::size_text(scheduler::DEFAULT_MAX_PAYLOAD_SIZE), value_parser = units::size)]
-    max_payload: usize,
-    /// The most bytes one step's commands and result may carry together, e.g. 64MiB; past
-    /// it the process ends. At least --max-payload. [default: 4 × --max-payload]
-    #[arg(long, value_name = "SIZE", value_parser = units::size)]
-    max_step_output: Option<usize>,
     /// How long instantiating a process and its `init` may take. Instantiating a Python
     /// guest copies its interpreter's memory image (about 15 ms a process): raise this on a
     /// loaded machine if spawns fail with "init time limit exceeded".
@@ -161,14 +172,6 @@ pub(super) struct Run {
     #[arg(long, value_name = "N", default_value_t = wasm::DEFAULT_MAX_MEMORIES,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_memories: u32,
-    /// Messages a process's mailbox holds; a send to a full mailbox fails for the sender.
-    #[arg(long, value_name = "N", default_value_t = scheduler::DEFAULT_MAILBOX_CAPACITY, value_parser = units::positive)]
-    mailbox: usize,
-    /// The bytes of undelivered messages (topics and bodies) a process's mailbox holds,
-    /// e.g. 64MiB; a send past it fails for the sender, as a send to a full mailbox. An
-    /// empty mailbox takes any one message.
-    #[arg(long, value_name = "SIZE", default_value = units::size_text(scheduler::DEFAULT_MAILBOX_BYTES), value_parser = units::nonzero_size)]
-    mailbox_bytes: usize,
     /// Grant a command to every process (repeatable). Granted by default: sleep, spawn,
     /// send, monitor. Not granted unless allowed: terminate.
     #[arg(long = "allow", value_name = "COMMAND")]
@@ -176,23 +179,12 @@ pub(super) struct Run {
     /// Withdraw a granted command (repeatable), e.g. --deny spawn.
     #[arg(long = "deny", value_name = "COMMAND")]
     deny: Vec<String>,
-    /// Give the program the host directory HOST, read-only, as GUEST (default: the same
-    /// path): a WASI command through WASI, processes through the `fs.*` commands.
-    /// Repeatable.
-    #[arg(long, value_name = "HOST[::GUEST]")]
-    dir: Vec<String>,
-    /// As --dir, writable. A WASI command may create symbolic links in it that point
-    /// anywhere: it cannot follow them out of the directory, but a host tool that later
-    /// walks the directory following links would (see SECURITY.md).
-    #[arg(long, value_name = "HOST[::GUEST]")]
-    dir_rw: Vec<String>,
-    /// Set NAME=VALUE in the program's environment, or pass NAME through from the
-    /// host's: a WASI command's environment, or what processes read with `env.get`.
-    /// Repeatable.
-    #[arg(long, value_name = "NAME[=VALUE]")]
-    env: Vec<String>,
-    #[command(flatten)]
-    providers: ProviderArgs,
+}
+
+/// A durable run (`--journal`).
+#[derive(Args, Debug)]
+#[command(next_help_heading = "Journal")]
+struct JournalArgs {
     /// Run durably, with the journal in DIR (created if missing): every step is recorded
     /// before it takes effect, so after a crash, a kill or a stop the same command
     /// resumes the run where it was instead of starting it again. Process components
@@ -226,6 +218,12 @@ pub(super) struct Run {
     /// steps that run anew are printed: the replayed ones were printed when they first ran.
     #[arg(long, requires = "journal")]
     replayed_logs: bool,
+}
+
+/// What a run prints beside its result.
+#[derive(Args, Debug)]
+#[command(next_help_heading = "Output")]
+struct OutputArgs {
     /// Print a summary at exit (stderr, or in the --json object): processes, steps,
     /// yields by command, messages, steals, per-worker steps, peak live, what the journal
     /// wrote (with --journal), wall time.
@@ -242,14 +240,6 @@ pub(super) struct Run {
     /// (its exit code is wasmproc's; --stats prints on stderr).
     #[arg(long)]
     json: bool,
-    /// WASI commands only: the program's arguments (after `--`); its argv[0] is the
-    /// file name.
-    #[arg(last = true, value_name = "ARGS")]
-    args: Vec<String>,
-    /// The command line was the shorthand `wasmproc APP.wasm [ARGS...]`, whose words
-    /// after the program became `args` without the user typing `--`.
-    #[arg(long = "shorthand", hide = true)]
-    shorthand: bool,
 }
 
 /// The hidden flag the shorthand `wasmproc APP.wasm [ARGS...]` expands with.
@@ -298,20 +288,20 @@ impl Run {
             super::node::refuse_here_only(given, &Run::augment_args(clap::Command::new("run")))?;
         }
         let signals = Signals::listen()?;
-        self.check_step_output()?;
-        let inputs = payloads(&self.inputs, self.input_file.as_deref(), self.max_payload)?;
+        self.limits.check()?;
+        let inputs = payloads(&self.inputs, self.input_file.as_deref(), self.limits.max_payload)?;
         if self.cluster.url.is_some() {
             let method = self.method.as_deref().unwrap_or("main");
             let options = SpawnOptions::new(method).input(inputs).capabilities(capabilities(&self, &[])?);
             let run = super::node::ClusterRun {
                 cluster: &self.cluster,
                 app: &self.app,
-                options: RemoteSpawnOptions::new(options).limits(self.sandbox()).run_limits(self.run_limits(given)),
+                options: RemoteSpawnOptions::new(options).limits(self.kind_limits()).run_limits(self.run_limits(given)),
                 max_module_size: self.engine.max_module_size,
                 timeout: self.timeout,
                 grace: self.grace,
-                json: self.json,
-                stats: self.stats,
+                json: self.output.json,
+                stats: self.output.stats,
             };
             return super::node::run_on_cluster(run, &out, &signals, start);
         }
@@ -319,7 +309,7 @@ impl Run {
         let Prepared { scheduler, root, services, journal } = self.prepare(inputs, &out, &interrupt)?;
         signals.started();
         let is_command = matches!(root, Root::Command(_));
-        let report = Report::new(self.json, &out, is_command);
+        let report = Report::new(self.output.json, &out, is_command);
         if let Root::Finished(result) = root {
             scheduler.stop(Duration::ZERO);
             let code = report.finish(Some(result), None, None);
@@ -362,7 +352,7 @@ impl Run {
         // A stopped run's processes failed because it was stopped: no news.
         let report = if stop.is_none() { report.with_unobserved(&stats) } else { report };
         let summary =
-            self.stats.then(|| Summary::new(stats, start.elapsed(), out.dropped()).with_journal(journal_stats));
+            self.output.stats.then(|| Summary::new(stats, start.elapsed(), out.dropped()).with_journal(journal_stats));
         let flush_by = stop.map(|_| Instant::now() + super::stop::FLUSH_AFTER_STOP).or(deadline);
         let code = report.with_summary(summary).finish(root, stop, flush_by);
         self.forget_finished(journal.as_ref(), &out);
@@ -373,7 +363,7 @@ impl Run {
     /// --keep-finished): a host that dies before this finds the result on its next start
     /// and reports it again rather than running the workflow again.
     fn forget_finished(&self, journal: Option<&Journal>, out: &Output) {
-        let Some(journal) = journal.filter(|_| !self.keep_finished) else { return };
+        let Some(journal) = journal.filter(|_| !self.durable.keep_finished) else { return };
         let forgotten = journal.finished_runs().and_then(|runs| runs.iter().try_for_each(|run| journal.forget(run)));
         if let Err(error) = forgotten {
             out.say(
@@ -399,24 +389,23 @@ impl Run {
         let bytes = read_app(&self.app, self.engine.max_module_size as u64)?;
         let mut ungranted = None;
         let guest_out = out.clone();
-        let replayed_logs = self.replayed_logs;
+        let replayed_logs = self.durable.replayed_logs;
         let mut config = self
-            .engine
-            .config()?
-            .time_slice(self.time_slice)
-            .preemption(!self.no_preemption)
-            .max_instances(self.max_processes)
-            .init_time_limit(self.init_time_limit)
-            .max_core_instances(self.max_core_instances)
-            .max_tables(self.max_tables)
-            .max_table_elements(self.max_table_elements)
-            .max_memories(self.max_memories)
+            .limits
+            .runtime(self.engine.config()?)
+            .time_slice(self.sandbox.time_slice)
+            .preemption(!self.sandbox.no_preemption)
+            .init_time_limit(self.sandbox.init_time_limit)
+            .max_core_instances(self.sandbox.max_core_instances)
+            .max_tables(self.sandbox.max_tables)
+            .max_table_elements(self.sandbox.max_table_elements)
+            .max_memories(self.sandbox.max_memories)
             .log_sink(move |record: &LogRecord<'_>| {
                 if replayed_logs || !record.replayed {
                     guest_out.guest_line(record);
                 }
             });
-        if let Some(budget) = self.cpu_budget {
+        if let Some(budget) = self.sandbox.cpu_budget {
             config = config.cpu_budget(budget);
         }
         let runtime = runtime(config)?;
@@ -431,16 +420,7 @@ impl Run {
         let program = program
             .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{}`: {e:#}", self.app.display())))?;
         tracing::debug!(app = %self.app.display(), elapsed = ?loading.elapsed(), "loaded the program");
-        let mut builder = Scheduler::builder()
-            .max_processes(self.max_processes as usize)
-            .max_children(self.max_children)
-            .max_yields_per_step(self.max_yields)
-            .max_payload_size(self.max_payload)
-            .mailbox_capacity(self.mailbox)
-            .mailbox_bytes(self.mailbox_bytes);
-        if let Some(bytes) = self.max_step_output {
-            builder = builder.max_output_per_step(bytes);
-        }
+        let mut builder = self.limits.scheduler(Scheduler::builder());
         if let Some(workers) = self.workers {
             builder = builder.workers(workers as usize);
         }
@@ -453,8 +433,11 @@ impl Run {
             Program::Process(component) => {
                 let method = self.entry_method(component.entries())?;
                 ungranted = self.ungranted(&bytes, &method, &caps, &served);
-                let providers =
-                    Providers::start(&self.providers, dir_grants(&self.dir, &self.dir_rw)?, env_vars(&self.env)?)?;
+                let providers = Providers::start(
+                    &self.providers,
+                    dir_grants(&self.grants.dir, &self.grants.dir_rw)?,
+                    env_vars(&self.grants.env)?,
+                )?;
                 services = Services::start(
                     &self.providers.providers,
                     &self.providers.reads,
@@ -471,16 +454,16 @@ impl Run {
                 }
                 let identity = component.hash();
                 builder = builder.kind("app", component);
-                if let Some(dir) = &self.journal {
+                if let Some(dir) = &self.durable.journal {
                     // The host keeps finished runs; the run removes them once it has
                     // reported their results (`forget_finished`).
                     let mut settings = JournalSettings::default();
                     settings.keep_finished = true;
-                    settings.durability = match self.durability.unwrap_or_default() {
+                    settings.durability = match self.durable.durability.unwrap_or_default() {
                         Durability::Sync => journal::Durability::Sync,
                         Durability::Buffered => journal::Durability::Buffered,
                     };
-                    settings.max_records_per_process = self.journal_limit;
+                    settings.max_records_per_process = self.durable.journal_limit;
                     let opened = Journal::open(dir).map_err(|e| Failure::new(Exit::Host, format!("{e}")))?;
                     let opened = opened.settings(settings);
                     let held = opened.runs().map_err(|e| {
@@ -499,7 +482,7 @@ impl Run {
                 Root::Process { method, inputs }
             }
             Program::Wasi(command) => {
-                if self.journal.is_some() {
+                if self.durable.journal.is_some() {
                     return Err(Failure::new(
                         Exit::Usage,
                         format!(
@@ -523,7 +506,7 @@ impl Run {
             },
             1 => {
                 let process = resumed.remove(0);
-                if let Some(dir) = &self.journal {
+                if let Some(dir) = &self.durable.journal {
                     out.say(
                         Say::Notice,
                         format!("resuming process {} from the journal in {}", process.pid(), dir.display()),
@@ -559,7 +542,7 @@ impl Run {
             Say::Notice,
             format!(
                 "the run in {} had finished (process {}); its result, from the journal",
-                self.journal.as_ref()?.display(),
+                self.durable.journal.as_ref()?.display(),
                 run.root
             ),
         );
@@ -595,31 +578,17 @@ impl Run {
     /// Whether this run lets a process yield `command` (a name, or a family as `kv.*`):
     /// granted, and served (a provider family's flag given, or a `--provider`).
     fn grants(&self, command: &str, caps: &Capabilities, served: &[String]) -> bool {
-        let dirs = !self.dir.is_empty() || !self.dir_rw.is_empty();
+        let dirs = !self.grants.dir.is_empty() || !self.grants.dir_rw.is_empty();
         caps.allows(command)
             && match GrantedBy::of(command) {
                 GrantedBy::Default | GrantedBy::AllowTerminate | GrantedBy::Embedders => true,
                 GrantedBy::AllowHost => !self.providers.allow_host.is_empty(),
                 GrantedBy::Kv => self.providers.kv.is_some(),
                 GrantedBy::Dir | GrantedBy::DirEither => dirs,
-                GrantedBy::DirRw => !self.dir_rw.is_empty(),
-                GrantedBy::Env => !self.env.is_empty(),
+                GrantedBy::DirRw => !self.grants.dir_rw.is_empty(),
+                GrantedBy::Env => !self.grants.env.is_empty(),
                 GrantedBy::Provider(family) => served.iter().any(|name| name == family),
             }
-    }
-
-    /// Refuses a --max-step-output below --max-payload: one payload must fit in a step.
-    fn check_step_output(&self) -> Result<(), Failure> {
-        match self.max_step_output {
-            Some(bytes) if bytes < self.max_payload => Err(Failure::new(
-                Exit::Usage,
-                format!(
-                    "--max-step-output ({bytes} bytes) must be at least --max-payload ({} bytes)",
-                    self.max_payload
-                ),
-            )),
-            _ => Ok(()),
-        }
     }
 
     /// The scheduler limits given on the command line (--max-children, --max-yields,
@@ -629,22 +598,22 @@ impl Run {
     fn run_limits(&self, given: Given<'_>) -> RunLimits {
         let mut limits = RunLimits::new();
         if given.has("max_children") {
-            limits = limits.max_children(self.max_children);
+            limits = limits.max_children(self.limits.max_children);
         }
         if given.has("max_yields") {
-            limits = limits.max_yields_per_step(self.max_yields);
+            limits = limits.max_yields_per_step(self.limits.max_yields);
         }
         if given.has("max_payload") {
-            limits = limits.max_payload_size(self.max_payload);
+            limits = limits.max_payload_size(self.limits.max_payload);
         }
-        if let Some(bytes) = self.max_step_output {
+        if let Some(bytes) = self.limits.max_step_output {
             limits = limits.max_output_per_step(bytes);
         }
         if given.has("mailbox") {
-            limits = limits.mailbox_capacity(self.mailbox);
+            limits = limits.mailbox_capacity(self.limits.mailbox);
         }
         if given.has("mailbox_bytes") {
-            limits = limits.mailbox_bytes(self.mailbox_bytes);
+            limits = limits.mailbox_bytes(self.limits.mailbox_bytes);
         }
         limits
     }
@@ -652,12 +621,12 @@ impl Run {
     /// The sandbox limits this run gives each process (--memory, --time-slice, --fuel,
     /// --cpu-budget): what its entry process runs under on another node with --cluster,
     /// and, through it, everything that process spawns.
-    fn sandbox(&self) -> KindLimits {
-        let mut limits = KindLimits::new(self.engine.memory, self.time_slice);
+    fn kind_limits(&self) -> KindLimits {
+        let mut limits = KindLimits::new(self.engine.memory, self.sandbox.time_slice);
         if let Some(fuel) = self.engine.fuel {
             limits = limits.fuel(fuel);
         }
-        if let Some(budget) = self.cpu_budget {
+        if let Some(budget) = self.sandbox.cpu_budget {
             limits = limits.cpu_budget(budget);
         }
         limits
@@ -666,7 +635,7 @@ impl Run {
     /// Whether `--progress` draws its live lines: they redraw themselves in place, so
     /// only on a terminal, and never between the JSON lines of `--log-format json`.
     fn live_progress(&self) -> bool {
-        self.progress && !style().json && std::io::stderr().is_terminal()
+        self.output.progress && !style().json && std::io::stderr().is_terminal()
     }
 
     /// The entry method of a process component: `--method`, else `main`, which must be
@@ -705,7 +674,7 @@ impl Run {
                 "a WASI command takes no --input: pass its arguments after `--`".to_owned(),
             ));
         }
-        if self.json {
+        if self.output.json {
             return Err(Failure::new(
                 Exit::Usage,
                 format!(
@@ -750,7 +719,7 @@ fn capabilities(args: &Run, served: &[String]) -> Result<Capabilities, Failure> 
     let families = || FAMILIES.iter().copied().chain(served.iter().map(String::as_str));
     let mut caps =
         families().fold(Capabilities::default().deny("terminate"), |caps, family| caps.allow(&format!("{family}.*")));
-    for (flag, names) in [("--allow", &args.allow), ("--deny", &args.deny)] {
+    for (flag, names) in [("--allow", &args.sandbox.allow), ("--deny", &args.sandbox.deny)] {
         for name in names {
             let known = Capabilities::BUILTIN.contains(&name.as_str())
                 || name
@@ -841,10 +810,10 @@ fn command_options(args: &Run, interrupt: Arc<AtomicBool>) -> Result<WasiOptions
     if let Some(timeout) = args.timeout {
         options = options.time_limit(timeout);
     }
-    for grant in dir_grants(&args.dir, &args.dir_rw)? {
+    for grant in dir_grants(&args.grants.dir, &args.grants.dir_rw)? {
         options = options.dir(grant.host, &grant.guest, grant.writable);
     }
-    for (name, value) in env_vars(&args.env)? {
+    for (name, value) in env_vars(&args.grants.env)? {
         options = options.env(name, value);
     }
     Ok(options)

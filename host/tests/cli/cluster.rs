@@ -90,3 +90,30 @@ fn cluster_run_takes_the_flags_of_run_and_needs_a_cluster() {
         run(&args).expect(5).error_says("nats://127.0.0.1:1");
     }
 }
+
+/// `run` and `node` share their groups of flags, under the same headings of `--help`:
+/// the limits (a node's own, which a run's are clamped to), the files and environment,
+/// the providers, the engine and the cluster; a node checks its limits as `run` does,
+/// before it connects.
+#[test]
+fn run_and_node_share_their_groups_of_flags() {
+    for command in ["run", "node"] {
+        let help = run(&[command, "--help"]).expect(0).stdout;
+        for text in [
+            "Limits:",
+            "Files and environment:",
+            "Providers:",
+            "Engine and compiled code:",
+            "Cluster:",
+            "--max-children <N>",
+            "--mailbox-bytes <SIZE>",
+            "--dir <HOST[::GUEST]>",
+            "--env <NAME[=VALUE]>",
+        ] {
+            assert!(help.contains(text), "`{command} --help` should have {text:?}");
+        }
+    }
+    run(&["node", "--cluster", NOWHERE, "--insecure", "--max-step-output", "1MiB"])
+        .expect(2)
+        .error_says("--max-step-output (1048576 bytes) must be at least --max-payload (16777216 bytes)");
+}

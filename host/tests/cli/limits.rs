@@ -188,9 +188,9 @@ fn mailbox_and_step_output_bytes_are_flags_with_their_bounds() {
 fn documented_defaults_are_the_librarys_constants() {
     use wasmproc::{scheduler, wasm};
     let help = run(&["run", "--help"]).expect(0).stdout;
-    // The `[default: …]` that follows the line naming `flag`.
+    // The `[default: …]` that follows the line that lists `flag`.
     let default_of = |flag: &str| -> String {
-        let at = help.find(&format!("{flag} ")).unwrap_or_else(|| panic!("`run --help` has no {flag}"));
+        let at = help.find(&format!("\n      {flag} ")).unwrap_or_else(|| panic!("`run --help` has no {flag}"));
         let rest = &help[at..];
         let start = rest.find("[default: ").expect("a default") + "[default: ".len();
         rest[start..start + rest[start..].find(']').expect("closed")].to_owned()
