@@ -17,6 +17,7 @@ mod input;
 mod inspect;
 mod journal;
 mod node;
+mod on_cluster;
 mod output;
 mod providers;
 mod report;

@@ -285,7 +285,7 @@ impl Run {
         let start = Instant::now();
         let out = Output::start();
         if self.cluster.url.is_some() {
-            super::node::refuse_here_only(given, &Run::augment_args(clap::Command::new("run")))?;
+            super::on_cluster::refuse_here_only(given, &Run::augment_args(clap::Command::new("run")))?;
         }
         let signals = Signals::listen()?;
         self.limits.check()?;
@@ -293,7 +293,7 @@ impl Run {
         if self.cluster.url.is_some() {
             let method = self.method.as_deref().unwrap_or("main");
             let options = SpawnOptions::new(method).input(inputs).capabilities(capabilities(&self, &[])?);
-            let run = super::node::ClusterRun {
+            let run = super::on_cluster::ClusterRun {
                 cluster: &self.cluster,
                 app: &self.app,
                 options: RemoteSpawnOptions::new(options).limits(self.kind_limits()).run_limits(self.run_limits(given)),
@@ -303,7 +303,7 @@ impl Run {
                 json: self.output.json,
                 stats: self.output.stats,
             };
-            return super::node::run_on_cluster(run, &out, &signals, start);
+            return super::on_cluster::run_on_cluster(run, &out, &signals, start);
         }
         let interrupt = Arc::new(AtomicBool::new(false));
         let Prepared { scheduler, root, services, journal } = self.prepare(inputs, &out, &interrupt)?;
@@ -817,4 +817,35 @@ fn command_options(args: &Run, interrupt: Arc<AtomicBool>) -> Result<WasiOptions
         options = options.env(name, value);
     }
     Ok(options)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Args as _, Command};
+
+    use super::super::on_cluster::{HERE_ONLY, ON_CLUSTER};
+    use super::*;
+
+    /// Each flag of `run` either works with `--cluster` or is refused with it, naming
+    /// it: none is taken and then ignored, a new flag included (it fails this test until
+    /// it is put in one of the two lists).
+    #[test]
+    fn every_run_flag_works_on_a_cluster_or_is_refused() {
+        let run = Run::augment_args(Command::new("run"));
+        let cluster = ClusterArgs::augment_args(Command::new("cluster"));
+        let cluster_ids: Vec<&str> = cluster.get_arguments().map(|a| a.get_id().as_str()).collect();
+        for arg in run.get_arguments() {
+            let id = arg.get_id().as_str();
+            let refused = HERE_ONLY.iter().any(|(here, _)| *here == id);
+            let works = ON_CLUSTER.contains(&id) || cluster_ids.contains(&id);
+            assert!(
+                refused != works,
+                "`{id}` of `run` is {} with --cluster",
+                if works { "both allowed and refused" } else { "neither allowed nor refused" }
+            );
+        }
+        for id in HERE_ONLY.iter().map(|(id, _)| *id).chain(ON_CLUSTER.iter().copied()) {
+            assert!(run.get_arguments().any(|a| a.get_id() == id), "`run` has no flag `{id}`");
+        }
+    }
 }

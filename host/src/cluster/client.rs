@@ -19,16 +19,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use futures_util::StreamExt as _;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use tokio::sync::mpsc;
 
-use super::node::{connect, noconnection};
+use super::config::{ClusterConfig, HEARTBEAT, JOIN_WAIT, LOSS_AFTER, connect};
+use super::process::{RemoteProcess, RemoteSlot, RemoteSpawnOptions};
+use super::shared::{ClusterStats, LineSink, NodeInfo, noconnection};
+use super::store::CodeStore;
 use super::wire::{self, Body, ClientRequest, Item, Key, Peer};
-use super::{
-    ClusterConfig, ClusterStats, HEARTBEAT, JOIN_WAIT, LOSS_AFTER, LineSink, NodeInfo, RemoteProcess, RemoteSlot,
-    RemoteSpawnOptions,
-};
 use crate::scheduler::remote::RemoteSpawn;
 use crate::{Capabilities, Pid};
 
@@ -56,10 +55,8 @@ struct Shared {
     refused: Vec<String>,
     /// Spawns placed on each node so far, for placement.
     placed: Mutex<FxHashMap<u16, u64>>,
-    /// Components nodes may fetch from this client, by hash.
-    code: RwLock<FxHashMap<String, Arc<[u8]>>>,
-    /// The file names they were loaded from, by hash.
-    names: RwLock<FxHashMap<String, String>>,
+    /// Components nodes may fetch from this client.
+    code: CodeStore,
     /// Where the lines of this client's run go.
     lines: std::sync::OnceLock<LineSink>,
     /// Frames from nodes dropped: not authentic, or repeats.
@@ -155,8 +152,7 @@ impl Client {
             offered,
             refused,
             placed: Mutex::default(),
-            code: RwLock::default(),
-            names: RwLock::default(),
+            code: CodeStore::default(),
             lines: std::sync::OnceLock::new(),
             dropped: AtomicU64::new(0),
             repeated: AtomicU64::new(0),
@@ -178,15 +174,13 @@ impl Client {
 
     /// Lets the nodes this client spawns on fetch `bytes` by `hash` (`sha256:<hex>`).
     pub fn offer(&self, hash: impl Into<String>, bytes: impl Into<Arc<[u8]>>) {
-        self.shared.code.write().insert(hash.into(), bytes.into());
+        self.shared.code.offer(hash.into(), bytes.into());
     }
 
     /// As [`Client::offer`], saying the file name the bytes were loaded from: the
     /// nodes that fetch it list it beside the hash (`cluster ls`).
     pub fn offer_named(&self, hash: impl Into<String>, name: impl Into<String>, bytes: impl Into<Arc<[u8]>>) {
-        let hash = hash.into();
-        self.shared.names.write().insert(hash.clone(), name.into());
-        self.offer(hash, bytes);
+        self.shared.code.offer_named(hash.into(), name.into(), bytes.into());
     }
 
     /// Where the lines this client's run's processes write go: its pid, its source
@@ -412,7 +406,7 @@ impl Task {
         if let Some(open) = self.sessions.get_mut(&node) {
             open.spawning.insert(token, slot);
         }
-        let name = spawn.identity.as_ref().and_then(|hash| self.shared.names.read().get(hash).cloned());
+        let name = spawn.identity.as_ref().and_then(|hash| self.shared.code.name(hash));
         self.request(node, ClientRequest::Spawn { token, spawn, name }).await;
     }
 
@@ -485,15 +479,8 @@ impl Task {
         if !self.sessions.contains_key(&peer.node) {
             return;
         }
-        let result = match self.shared.code.read().get(&hash) {
-            Some(bytes) => {
-                let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
-                let end = (start + super::code::CHUNK).min(bytes.len());
-                Ok((bytes.len() as u64, bytes[start..end].to_vec()))
-            }
-            None => Err(format!("this client does not hold component `{hash}`")),
-        };
-        let frame = self.shared.key.seal(&reply, "", &wire::encode(self.shared.me, &Body::CodeChunk { result }));
+        let body = self.shared.code.answer(&hash, offset, "this client");
+        let frame = self.shared.key.seal(&reply, "", &wire::encode(self.shared.me, &body));
         if let Err(error) = self.client.publish(reply, frame.into()).await {
             tracing::debug!(%error, "failed to answer a code request");
         }

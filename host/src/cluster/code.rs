@@ -15,14 +15,12 @@ use anyhow::{Context as _, bail, ensure};
 use futures_util::StreamExt as _;
 use sha2::{Digest as _, Sha256};
 
+use super::shared::{Fetched, Inner, Loader};
 use super::wire::{self, Body, Key, Peer};
-use super::{Fetched, Inner, Loader};
 use crate::handler::Factory;
 
 /// The largest component a node fetches: the CLI's default `--max-module-size`.
 pub(super) const MAX_CODE: u64 = 128 << 20;
-/// Bytes a chunk carries: under NATS's default 1 MiB frame with room for the header.
-pub(super) const CHUNK: usize = 512 << 10;
 /// How long one chunk may take to arrive.
 const CHUNK_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -40,16 +38,6 @@ pub(super) fn verify(hash: &str, bytes: &[u8]) -> anyhow::Result<()> {
         "the component fetched as `{hash}` has hash `sha256:{hex}`"
     );
     Ok(())
-}
-
-/// The answer to a chunk request.
-pub(super) fn answer(inner: &Inner, hash: &str, offset: u64) -> Body {
-    let Some(bytes) = inner.code.read().get(hash).cloned() else {
-        return Body::CodeChunk { result: Err(format!("node `{}` does not hold component `{hash}`", inner.name)) };
-    };
-    let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
-    let end = (start + CHUNK).min(bytes.len());
-    Body::CodeChunk { result: Ok((bytes.len() as u64, bytes[start..end].to_vec())) }
 }
 
 /// Fetches component `hash` from whoever serves it on `subject` (a node's
@@ -129,7 +117,7 @@ pub(super) async fn factory(
                 .entry(hash.to_owned())
                 .or_insert_with(|| Fetched { factory: factory.clone(), scopes: Default::default() });
             entry.scopes.insert(scope);
-            inner.code.write().insert(hash.to_owned(), bytes);
+            inner.code.offer(hash.to_owned(), bytes);
             // The name the node it came from knows it by, as that node last announced.
             let name = inner
                 .view
@@ -139,7 +127,7 @@ pub(super) async fn factory(
                 .and_then(|n| n.component_name(hash))
                 .map(str::to_owned);
             if let Some(name) = name {
-                inner.names.write().entry(hash.to_owned()).or_insert(name);
+                inner.code.name_if_unnamed(hash, name);
             }
             Ok::<_, anyhow::Error>(entry.factory.clone())
         })

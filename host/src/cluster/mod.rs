@@ -28,7 +28,7 @@
 //!   for [`LOSS_AFTER`] is lost. A node disconnected from the server judges no one while
 //!   it is, and gives everyone a fresh [`LOSS_AFTER`] once back. A joining node asks the
 //!   others to announce, and draws a node id no one holds. A node becomes a member only
-//!   by answering a nonce (see `node.rs`), so a copy of an old announcement brings no
+//!   by answering a nonce (see `node/mod.rs`), so a copy of an old announcement brings no
 //!   departed node back, and evicts no live one.
 //! - **Links.** Everything between two nodes (messages, monitors, exits, terminations,
 //!   spawns and their answers) travels on one ordered, reliable link per direction,
@@ -66,446 +66,49 @@
 //!   for. The lines a run's processes write go to its node ([`Cluster::forward_line`],
 //!   bounded by [`MAX_LOG_BACKLOG`]) and from there to its client.
 //!
+//! # Layout
+//!
+//! This file is the embedder's handle, [`Cluster`]; below it, `node/` is the cluster's
+//! thread (see there), `client.rs` a client, `code.rs` fetching components and
+//! `store.rs` offering them, `shared.rs` what the threads of a node share and send the
+//! cluster's thread, `config.rs` how to join and connect, `process.rs` what a spawn
+//! returns, and `wire.rs` the frames. No file imports one above it.
+//!
 //! [`SendError::NoNode`]: crate::error::SendError::NoNode
 
 mod client;
 mod code;
+mod config;
 mod node;
+mod process;
+mod shared;
+mod store;
 #[cfg(all(test, not(loom)))]
 mod tests;
 mod wire;
 
 pub use self::client::{Client, list};
+pub use self::config::{
+    ClusterConfig, GRACE, HEARTBEAT, LOSS_AFTER, MAX_BACKLOG, MAX_LOG_BACKLOG, MAX_QUEUED, Placement, RETRANSMIT_AFTER,
+};
+pub use self::process::{RemoteProcess, RemoteSpawnOptions};
+pub use self::shared::{ClusterStats, LineSink, Loader, NodeInfo};
 pub use crate::scheduler::remote::RunLimits;
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use parking_lot::{Condvar, Mutex, RwLock};
-use rustc_hash::FxHashMap;
+use parking_lot::Mutex;
 
-use crate::error::SendError;
-use crate::handler::{Completer, Factory, KindLimits};
+use crate::scheduler::Handle;
 use crate::scheduler::remote::{Notify, Remote, RemoteSpawn};
-use crate::scheduler::{Handle, SpawnOptions};
-use crate::{Capabilities, Outcome, Payload, Pid};
+use crate::{Capabilities, Pid};
 
-use self::node::Cmd;
-use self::wire::{Item, Key};
-
-/// How often a node announces itself (its heartbeat).
-pub const HEARTBEAT: Duration = Duration::from_millis(500);
-/// How long a node may go unheard before it is lost: four heartbeats. A monitor of a
-/// process on a node that dies gets its `noconnection` exit within this plus one
-/// heartbeat.
-pub const LOSS_AFTER: Duration = Duration::from_secs(2);
-/// How long unacknowledged items wait before they are sent again.
-pub const RETRANSMIT_AFTER: Duration = Duration::from_secs(1);
-/// The most messages queued or unacknowledged towards other nodes at once; a send past
-/// it fails ([`SendError::Cluster`]) instead of
-/// growing memory. Picked out of thin air: ~100 MiB of 1 KiB messages.
-pub const MAX_BACKLOG: usize = 100_000;
-/// The most monitors, terminations and spawns queued for the cluster's thread at once
-/// (messages are bounded by [`MAX_BACKLOG`]); one past it fails at once instead of
-/// growing memory while the thread is held up. Picked out of thin air, as that.
-pub const MAX_QUEUED: usize = 100_000;
-/// The most guest lines queued or unacknowledged towards other nodes at once; a line
-/// past it is dropped and counted ([`ClusterStats::log_lines_dropped`]), so a process
-/// that logs without end cannot grow a node's memory. Picked out of thin air: up to
-/// 160 MiB of the longest lines, a few MiB of usual ones.
-pub const MAX_LOG_BACKLOG: usize = 10_000;
-/// How long the processes of a run whose node left or was lost have to end once
-/// cancelled, before they are terminated ([`ClusterConfig::grace`]).
-pub const GRACE: Duration = Duration::from_millis(500);
-/// How long a joining node listens for the others before it picks its id.
-const JOIN_WAIT: Duration = Duration::from_millis(300);
-
-/// Where a `spawn` goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Placement {
-    /// Every spawn stays on the spawning node (the default).
-    #[default]
-    Local,
-    /// Every spawn goes to the node with the fewest live processes, this one included.
-    LeastLoaded,
-}
-
-/// Takes a line a process of this node's run wrote on another node: its pid, its source
-/// (`stdout`, `stderr`, or the level of a `log` call) and the line.
-pub type LineSink = Arc<dyn Fn(Pid, &str, &str) + Send + Sync>;
-
-/// Turns a component's bytes, fetched from another node, into a factory of processes.
-pub type Loader = Arc<dyn Fn(&[u8]) -> anyhow::Result<Arc<dyn Factory>> + Send + Sync>;
-
-/// How to join a cluster.
-#[derive(Clone)]
-pub struct ClusterConfig {
-    url: String,
-    name: Option<String>,
-    secret: Vec<u8>,
-    token: Option<String>,
-    creds: Option<PathBuf>,
-    nkey: Option<PathBuf>,
-    tls_ca: Option<PathBuf>,
-    tls_client: Option<(PathBuf, PathBuf)>,
-    inbox: String,
-    prefix: String,
-    placement: Placement,
-    accepts: bool,
-    grace: Duration,
-    share_components: bool,
-    insecure: bool,
-    /// [`MAX_QUEUED`]; lower only in tests, which fill the queue.
-    max_queued: usize,
-}
-
-impl std::fmt::Debug for ClusterConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClusterConfig")
-            .field("url", &self.redacted_url())
-            .field("name", &self.name)
-            .field("prefix", &self.prefix)
-            .field("placement", &self.placement)
-            .field("accepts", &self.accepts)
-            .field("grace", &self.grace)
-            .field("creds", &self.creds)
-            .field("nkey", &self.nkey)
-            .field("tls_ca", &self.tls_ca)
-            .field("tls_client", &self.tls_client)
-            .field("inbox", &self.inbox)
-            .field("share_components", &self.share_components)
-            .field("insecure", &self.insecure)
-            .finish_non_exhaustive()
-    }
-}
-
-impl ClusterConfig {
-    /// The NATS server at `url` (`nats://HOST:PORT`; `nats://USER:PASSWORD@HOST:PORT` for
-    /// a server with users; `tls://HOST:PORT` for TLS), with the defaults below.
-    pub fn new(url: impl Into<String>) -> Self {
-        ClusterConfig {
-            url: url.into(),
-            name: None,
-            secret: Vec::new(),
-            token: None,
-            creds: None,
-            nkey: None,
-            tls_ca: None,
-            tls_client: None,
-            inbox: "_INBOX".to_owned(),
-            prefix: "wasmproc".to_owned(),
-            placement: Placement::Local,
-            accepts: true,
-            grace: GRACE,
-            share_components: false,
-            insecure: false,
-            max_queued: MAX_QUEUED,
-        }
-    }
-
-    /// The bound of the commands queued for the cluster's thread, lowered from
-    /// [`MAX_QUEUED`] so that a test can fill the queue.
-    #[cfg(test)]
-    pub(crate) fn max_queued(mut self, max: usize) -> Self {
-        self.max_queued = max;
-        self
-    }
-
-    /// The node's name, unique in the cluster. By default `HOSTNAME-PID`.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
-        self
-    }
-
-    /// The secret every node of the cluster shares: frames are authenticated with it.
-    /// By default empty, which authenticates nothing (rely on NATS credentials then).
-    pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.secret = secret.as_ref().to_vec();
-        self
-    }
-
-    /// A NATS authentication token. By default none.
-    pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(token.into());
-        self
-    }
-
-    /// A NATS credentials file (a user JWT and its NKey seed, as `nsc` writes them). By
-    /// default none.
-    pub fn creds(mut self, path: impl Into<PathBuf>) -> Self {
-        self.creds = Some(path.into());
-        self
-    }
-
-    /// A file holding a NATS user's NKey seed (`SU…`). By default none.
-    pub fn nkey(mut self, path: impl Into<PathBuf>) -> Self {
-        self.nkey = Some(path.into());
-        self
-    }
-
-    /// TLS to the server, trusting the CA certificates in the PEM file `ca`. By default
-    /// the system's roots, and TLS only with a `tls://` URL or a server that asks for it.
-    pub fn tls_ca(mut self, ca: impl Into<PathBuf>) -> Self {
-        self.tls_ca = Some(ca.into());
-        self
-    }
-
-    /// A TLS client certificate and its key (PEM files), for a server that verifies
-    /// clients. By default none.
-    pub fn tls_client(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
-        self.tls_client = Some((cert.into(), key.into()));
-        self
-    }
-
-    /// The prefix of the subjects this connection receives answers on (NATS's inbox
-    /// prefix): a server whose users may read only their own answers gives each its
-    /// own, e.g. `_INBOX_alice`. By default `_INBOX`.
-    pub fn inbox(mut self, prefix: impl Into<String>) -> Self {
-        self.inbox = prefix.into();
-        self
-    }
-
-    /// Whether a component fetched by hash for one run may be spawned by hash in any
-    /// other run on this node. By default no: only within the run (process tree) that
-    /// brought it.
-    pub fn share_components(mut self, shared: bool) -> Self {
-        self.share_components = shared;
-        self
-    }
-
-    /// Whether this node may join with no authentication at all: no secret, no NATS
-    /// credentials (token, user and password, NKey, credentials file) and no TLS client
-    /// certificate, so that anyone who reaches the server can run code on it. By
-    /// default no: [`Cluster::join`] refuses.
-    pub fn insecure(mut self, insecure: bool) -> Self {
-        self.insecure = insecure;
-        self
-    }
-
-    /// Whether anything authenticates this connection or its frames.
-    pub fn authenticates(&self) -> bool {
-        !self.secret.is_empty()
-            || self.token.is_some()
-            || self.creds.is_some()
-            || self.nkey.is_some()
-            || self.tls_client.is_some()
-            || self.url_user().is_some()
-    }
-
-    /// The user of a `scheme://USER[:PASSWORD]@HOST` URL.
-    fn url_user(&self) -> Option<&str> {
-        let rest = self.url.split_once("://").map_or(self.url.as_str(), |(_, rest)| rest);
-        let authority = rest.split(['/', ',']).next().unwrap_or(rest);
-        authority.rsplit_once('@').map(|(user, _)| user).filter(|user| !user.is_empty())
-    }
-
-    /// The URL without its user and password, and those: NATS's convention is
-    /// `USER:PASSWORD@` for a user, `TOKEN@` for a token (the client takes neither from
-    /// the URL itself).
-    pub(crate) fn url_credentials(&self) -> (String, Option<(String, Option<String>)>) {
-        match (self.url_user(), self.url.split_once("://")) {
-            (Some(user), Some((scheme, rest))) => {
-                let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
-                let credentials = match user.split_once(':') {
-                    Some((name, password)) => (name.to_owned(), Some(password.to_owned())),
-                    None => (user.to_owned(), None),
-                };
-                (format!("{scheme}://{host}"), Some(credentials))
-            }
-            _ => (self.url.clone(), None),
-        }
-    }
-
-    /// The URL without its password, to name in messages.
-    pub(crate) fn redacted_url(&self) -> String {
-        match (self.url_user(), self.url.split_once("://")) {
-            (Some(user), Some((scheme, rest))) => {
-                let name = user.split_once(':').map_or(user, |(name, _)| name);
-                let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
-                format!("{scheme}://{name}:***@{host}")
-            }
-            _ => self.url.clone(),
-        }
-    }
-
-    /// Refuses a node that authenticates nothing, unless it is [`insecure`](Self::insecure).
-    fn check_authenticated(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            self.insecure || self.authenticates(),
-            "this node would join the cluster at `{}` with no authentication at all, so that anyone who \
-             reaches the NATS server could run code on it: give NATS credentials (`--cluster-creds`, \
-             `--cluster-nkey`, `--cluster-token`, or a user in the URL), a TLS client certificate \
-             (`--cluster-cert` and `--cluster-key`), or a shared `--cluster-secret`; or `--insecure` to \
-             run it open",
-            self.redacted_url()
-        );
-        Ok(())
-    }
-
-    /// The first word of every subject the cluster uses, so several clusters can share
-    /// one server. By default `wasmproc`.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// Where spawns go. By default [`Placement::Local`].
-    pub fn placement(mut self, placement: Placement) -> Self {
-        self.placement = placement;
-        self
-    }
-
-    /// Whether other nodes may place spawns here. By default yes; a client that only
-    /// starts work elsewhere (`wasmproc run --cluster`) says no.
-    pub fn accepts_spawns(mut self, accepts: bool) -> Self {
-        self.accepts = accepts;
-        self
-    }
-
-    /// How long the processes here of another node's run have to end, once cancelled
-    /// because that node left or was lost, before they are terminated. By default
-    /// [`GRACE`].
-    pub fn grace(mut self, grace: Duration) -> Self {
-        self.grace = grace;
-        self
-    }
-}
-
-/// A node as the cluster last heard of it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct NodeInfo {
-    /// Its id: the node bits of its pids.
-    pub id: u16,
-    /// Its name.
-    pub name: String,
-    /// Its live processes.
-    pub load: u64,
-    /// Whether placement sends it spawns.
-    pub accepts: bool,
-    /// The components it holds, by hash.
-    pub components: Vec<String>,
-    /// The file names some of its components were loaded from, by hash: given by the
-    /// client that offered one ([`Cluster::offer_named`]), or learnt from the node it
-    /// was fetched from; a registered kind's name for its component.
-    pub component_names: Vec<(String, String)>,
-}
-
-impl NodeInfo {
-    /// The file name component `hash` was loaded from, if this node knows it.
-    pub fn component_name(&self, hash: &str) -> Option<&str> {
-        self.component_names.iter().find(|(h, _)| h == hash).map(|(_, name)| name.as_str())
-    }
-}
-
-/// What a node's links have done since it joined.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ClusterStats {
-    /// Messages queued for other nodes.
-    pub messages_sent: u64,
-    /// Messages from other nodes put in a local mailbox.
-    pub messages_delivered: u64,
-    /// Messages from other nodes whose receiver could not take them (ended, or a full
-    /// mailbox): refused as a local send would have been.
-    pub messages_refused: u64,
-    /// Messages for a node that was lost before it acknowledged them: maybe delivered,
-    /// maybe not, and reported here rather than lost silently.
-    pub messages_lost: u64,
-    /// Items sent again after a reconnection or a timeout.
-    pub retransmitted: u64,
-    /// Nodes declared lost (missed heartbeats) or that left.
-    pub nodes_lost: u64,
-    /// Frames (or items of them) dropped: failed authentication, malformed, from a
-    /// node that is no member, published where their sender could not have, or naming
-    /// what their sender may not speak for.
-    pub frames_refused: u64,
-    /// Lines of processes of other nodes' runs not forwarded to those nodes: more than
-    /// [`MAX_LOG_BACKLOG`] were already on their way.
-    pub log_lines_dropped: u64,
-    /// Frames (or items) dropped as repeats of ones already taken: a sequence seen
-    /// before, an incarnation or a client's session that is over. A link's
-    /// retransmissions count here too; a copy published again by someone else always.
-    pub frames_repeated: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    messages_sent: AtomicU64,
-    messages_delivered: AtomicU64,
-    messages_refused: AtomicU64,
-    messages_lost: AtomicU64,
-    retransmitted: AtomicU64,
-    nodes_lost: AtomicU64,
-    frames_refused: AtomicU64,
-    log_lines_dropped: AtomicU64,
-    frames_repeated: AtomicU64,
-}
-
-/// What a node's threads share: the scheduler's workers (through [`Remote`]), the
-/// embedder and the cluster thread.
-pub(crate) struct Inner {
-    node: u16,
-    incarnation: u64,
-    name: String,
-    key: Key,
-    prefix: String,
-    placement: Placement,
-    accepts: bool,
-    share_components: bool,
-    commands: tokio::sync::mpsc::UnboundedSender<Cmd>,
-    /// The incarnation of each node id in the cluster now (0: none); read by workers
-    /// to refuse a send to an unknown node at once.
-    alive: Box<[AtomicU64]>,
-    /// The members, for placement and [`Cluster::nodes`]; written by the cluster thread
-    /// on each announcement.
-    view: RwLock<Vec<NodeInfo>>,
-    /// Spawns this node placed on each node since its last announcement.
-    placed: Box<[AtomicU64]>,
-    /// Messages queued or unacknowledged (bounded by [`MAX_BACKLOG`]).
-    backlog: AtomicUsize,
-    /// Guest lines queued or unacknowledged (bounded by [`MAX_LOG_BACKLOG`]).
-    log_backlog: AtomicUsize,
-    /// [`ClusterConfig::grace`].
-    grace: Duration,
-    /// Where lines of this node's run that other nodes forward go.
-    lines: OnceLock<LineSink>,
-    /// Monitors, terminations and spawns queued for the cluster's thread (bounded by
-    /// `max_queued`).
-    queued: AtomicUsize,
-    /// [`MAX_QUEUED`], but for tests (`ClusterConfig::max_queued`).
-    max_queued: usize,
-    /// The largest frame the server takes, less room for the header.
-    max_item: usize,
-    counters: Counters,
-    handle: OnceLock<Handle>,
-    loader: OnceLock<Loader>,
-    /// Components others may fetch from here, by hash.
-    code: RwLock<FxHashMap<String, Arc<[u8]>>>,
-    /// The file names components were loaded from, by hash, for `cluster ls`.
-    names: RwLock<FxHashMap<String, String>>,
-    /// Factories of components fetched from other nodes or clients, by hash.
-    fetched: RwLock<FxHashMap<String, Fetched>>,
-    /// Fetches under way, by hash and run: concurrent spawns of one component in one run
-    /// share one.
-    fetching: Mutex<FxHashMap<(String, u64), Arc<Fetch>>>,
-    /// The embedder's spawns whose results are awaited, by token.
-    embedded: Mutex<FxHashMap<u64, Arc<RemoteSlot>>>,
-    next_token: AtomicU64,
-}
-
-/// One fetch of a component, shared by the spawns waiting for it.
-type Fetch = tokio::sync::OnceCell<anyhow::Result<Arc<dyn Factory>>>;
-
-/// A component fetched by hash, and the runs that brought it (see `code.rs`).
-pub(crate) struct Fetched {
-    factory: Arc<dyn Factory>,
-    scopes: rustc_hash::FxHashSet<u64>,
-}
+use self::process::RemoteSlot;
+use self::shared::{Cmd, Inner};
+use self::wire::Item;
 
 /// A node of a cluster: joined by [`Cluster::join`], left on drop. Cheap to clone.
 #[derive(Clone)]
@@ -531,7 +134,8 @@ impl Cluster {
     /// The server cannot be reached or refuses the credentials (within 5 s); a node of
     /// the same name is already in the cluster; every node id is taken.
     pub fn join(config: ClusterConfig) -> anyhow::Result<Cluster> {
-        node::start(config)
+        let (inner, thread) = node::start(config)?;
+        Ok(Cluster { inner, thread: Arc::new(Mutex::new(Some(thread))) })
     }
 
     /// This node's id.
@@ -558,16 +162,14 @@ impl Cluster {
     /// Lets other nodes fetch `bytes` by `hash` (`sha256:<hex>` of the bytes, as
     /// [`Factory::identity`] gives it), to run processes of it there.
     pub fn offer(&self, hash: impl Into<String>, bytes: impl Into<Arc<[u8]>>) {
-        self.inner.code.write().insert(hash.into(), bytes.into());
+        self.inner.code.offer(hash.into(), bytes.into());
     }
 
     /// As [`Cluster::offer`], saying the file name the bytes were loaded from: the
     /// cluster lists it beside the hash (`cluster ls`), here and on the nodes that fetch
     /// the component.
     pub fn offer_named(&self, hash: impl Into<String>, name: impl Into<String>, bytes: impl Into<Arc<[u8]>>) {
-        let hash = hash.into();
-        self.inner.names.write().insert(hash.clone(), name.into());
-        self.offer(hash, bytes);
+        self.inner.code.offer_named(hash.into(), name.into(), bytes.into());
         // Announced now, not at the next heartbeat: a node fetching it soon after
         // learns its name from this announcement.
         let _ = self.inner.commands.send(Cmd::Serve);
@@ -752,230 +354,5 @@ impl Drop for Cluster {
         if Arc::strong_count(&self.thread) == 1 {
             self.leave();
         }
-    }
-}
-
-/// How [`Cluster::spawn`] starts its process: the [`SpawnOptions`] of a local spawn (its
-/// method, input, capabilities and mailbox bound), and the sandbox and scheduler limits
-/// it runs under at most.
-#[derive(Debug, Clone)]
-pub struct RemoteSpawnOptions {
-    options: SpawnOptions,
-    limits: Option<KindLimits>,
-    run_limits: Option<RunLimits>,
-}
-
-impl RemoteSpawnOptions {
-    /// `options`, under the target node's own limits for the kind.
-    pub fn new(options: impl Into<SpawnOptions>) -> Self {
-        RemoteSpawnOptions { options: options.into(), limits: None, run_limits: None }
-    }
-
-    /// Scheduler limits (live children, commands a step, payload and step output sizes,
-    /// mailbox bounds): the process, and everything it spawns on any node, runs under the
-    /// tighter of each of these and the node's own. By default none: each node's own.
-    pub fn run_limits(mut self, limits: RunLimits) -> Self {
-        self.run_limits = Some(limits);
-        self
-    }
-
-    /// Per-process limits: the process runs under the tighter of these and the target
-    /// node's own for the kind ([`Factory::make_within`]), and so does everything it
-    /// spawns, on any node. By default none: the target's own.
-    pub fn limits(mut self, limits: KindLimits) -> Self {
-        self.limits = Some(limits);
-        self
-    }
-}
-
-impl From<SpawnOptions> for RemoteSpawnOptions {
-    fn from(options: SpawnOptions) -> Self {
-        RemoteSpawnOptions::new(options)
-    }
-}
-
-impl From<&str> for RemoteSpawnOptions {
-    fn from(method: &str) -> Self {
-        RemoteSpawnOptions::new(method)
-    }
-}
-
-impl From<String> for RemoteSpawnOptions {
-    fn from(method: String) -> Self {
-        RemoteSpawnOptions::new(method)
-    }
-}
-
-/// A process [`Cluster::spawn`] started, on this node or another.
-#[derive(Debug, Clone)]
-pub struct RemoteProcess(Arc<RemoteSlot>);
-
-impl RemoteProcess {
-    /// Its pid, once the target node has answered (at once for a local one); `None`
-    /// before, or if the spawn failed.
-    pub fn pid(&self) -> Option<Pid> {
-        *self.0.pid.lock()
-    }
-
-    /// Blocks until the process ends (or its spawn fails, or its node is lost:
-    /// `Err("noconnection…")`) and returns its result.
-    pub fn join(&self) -> Outcome {
-        let mut result = self.0.result.lock();
-        loop {
-            if let Some(r) = result.as_ref() {
-                return r.clone();
-            }
-            self.0.done.wait(&mut result);
-        }
-    }
-
-    /// As [`RemoteProcess::join`], giving up after `timeout` (`None`).
-    pub fn join_timeout(&self, timeout: Duration) -> Option<Outcome> {
-        let deadline = std::time::Instant::now() + timeout;
-        let mut result = self.0.result.lock();
-        while result.is_none() {
-            if self.0.done.wait_until(&mut result, deadline).timed_out() {
-                break;
-            }
-        }
-        result.clone()
-    }
-}
-
-#[derive(Debug, Default)]
-struct RemoteSlot {
-    pid: Mutex<Option<Pid>>,
-    result: Mutex<Option<Outcome>>,
-    done: Condvar,
-}
-
-impl RemoteSlot {
-    fn set(&self, result: Outcome) {
-        let mut slot = self.result.lock();
-        if slot.is_none() {
-            *slot = Some(result);
-        }
-        self.done.notify_all();
-    }
-}
-
-impl Inner {
-    /// The accepting node with the fewest live processes, counting what this node
-    /// placed there since it last announced; ties go to the lowest id.
-    fn least_loaded(&self) -> Option<u16> {
-        let local_load = self.handle.get().map(|h| h.live() as u64);
-        self.view
-            .read()
-            .iter()
-            .filter(|n| n.accepts)
-            .map(|n| {
-                let load = if n.id == self.node { local_load.unwrap_or(n.load) } else { n.load };
-                (load + self.placed[usize::from(n.id)].load(Ordering::Relaxed), n.id)
-            })
-            .min()
-            .map(|(_, id)| id)
-    }
-
-    fn queue(&self, cmd: Cmd) -> Result<(), String> {
-        self.commands.send(cmd).map_err(|_| "this node has left the cluster".to_owned())
-    }
-
-    /// Queues a monitor, termination or spawn for the cluster's thread, unless
-    /// [`MAX_QUEUED`] already wait (the thread is stalled: the server is gone, say):
-    /// hands it to `refused` with why.
-    fn queue_bounded(&self, cmd: Cmd, refused: impl FnOnce(Cmd, String)) {
-        if self.queued.fetch_add(1, Ordering::AcqRel) >= self.max_queued {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
-            let max = self.max_queued;
-            return refused(cmd, format!("{max} commands already wait for the cluster's thread; retry later"));
-        }
-        if let Err(e) = self.commands.send(cmd) {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
-            refused(e.0, "this node has left the cluster".to_owned());
-        }
-    }
-
-    fn is_member(&self, node: u16) -> bool {
-        self.alive.get(usize::from(node)).is_some_and(|a| a.load(Ordering::Acquire) != 0)
-    }
-
-    /// The factory of component `hash` fetched before, if processes of run `scope` may
-    /// spawn it: the run brought it, components are shared, or the process is the
-    /// node's own (scope 0: the embedder's, trusted with all it holds).
-    fn factory_in(&self, hash: &str, scope: u64) -> Option<Arc<dyn Factory>> {
-        let fetched = self.fetched.read();
-        let fetched = fetched.get(hash)?;
-        (self.share_components || scope == 0 || fetched.scopes.contains(&scope)).then(|| fetched.factory.clone())
-    }
-}
-
-impl Remote for Inner {
-    fn send(&self, from: Pid, to: Pid, topic: String, body: Payload) -> Result<(), SendError> {
-        let node = to.node();
-        if !self.is_member(node) {
-            return Err(SendError::NoNode { pid: to, node });
-        }
-        let size = topic.len() + body.data.len() + body.format.as_str().len();
-        if size > self.max_item {
-            return Err(SendError::Cluster {
-                pid: to,
-                reason: format!(
-                    "a message of {size} bytes is larger than the {} bytes the NATS server carries in one frame",
-                    self.max_item
-                ),
-            });
-        }
-        if self.backlog.fetch_add(1, Ordering::AcqRel) >= MAX_BACKLOG {
-            self.backlog.fetch_sub(1, Ordering::AcqRel);
-            return Err(SendError::Cluster {
-                pid: to,
-                reason: format!("{MAX_BACKLOG} messages already wait for other nodes; retry later"),
-            });
-        }
-        let item = Item::Message { from, to, topic, body };
-        self.queue(Cmd::Item { node, item }).map_err(|reason| {
-            self.backlog.fetch_sub(1, Ordering::AcqRel);
-            SendError::Cluster { pid: to, reason }
-        })?;
-        self.counters.messages_sent.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    fn monitor(&self, watcher: Pid, target: Pid) {
-        self.queue_bounded(Cmd::Monitor { watcher, target }, |_, why| {
-            if let Some(handle) = self.handle.get() {
-                handle.exit_to(watcher, target, Err(format!("noconnection: {why}")));
-            }
-        });
-    }
-
-    fn terminate(&self, by: Pid, target: Pid, done: Option<Completer>) {
-        self.queue_bounded(Cmd::Terminate { by, target, done }, |cmd, why| {
-            if let Cmd::Terminate { done: Some(done), .. } = cmd {
-                done.complete(Err(format!("noconnection: {why}")));
-            }
-        });
-    }
-
-    fn place(&self) -> Option<u16> {
-        if self.placement == Placement::Local {
-            return None;
-        }
-        let node = self.least_loaded().filter(|&node| node != self.node)?;
-        self.placed[usize::from(node)].fetch_add(1, Ordering::Relaxed);
-        Some(node)
-    }
-
-    fn spawn(&self, node: u16, spawn: RemoteSpawn, done: Completer) {
-        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
-        self.queue_bounded(Cmd::Spawn { node, spawn, token, done: Some(done) }, |cmd, why| {
-            if let Cmd::Spawn { done: Some(done), .. } = cmd {
-                done.complete(Err(format!("spawn failed: {why}")));
-            }
-        });
-    }
-
-    fn factory(&self, kind: &str, scope: u64) -> Option<Arc<dyn Factory>> {
-        self.factory_in(kind, scope)
     }
 }

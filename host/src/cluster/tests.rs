@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use wasmproc_tests::nats::Server;
 
-use super::node::{Cmd, noconnection};
+use super::shared::{Cmd, noconnection};
 use super::wire::{self, Announce, Body, Key, Peer};
 use super::{Cluster, ClusterConfig};
 use crate::{Command, Event, Events, Outcome, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
@@ -78,7 +78,7 @@ fn monitors_past_the_queue_bound_are_refused_and_those_queued_carried_out() {
 
     // The thread takes commands in order: from this announcement on, it takes none until
     // the lock is let go.
-    let held = cluster.inner.code.write();
+    let held = cluster.inner.code.bytes.write();
     assert!(cluster.inner.commands.send(Cmd::Serve).is_ok());
     let absent = 77;
     let targets: Vec<Pid> = (1..=(BOUND + PAST) as u64).map(|n| Pid::from_u64(n).with_node(absent)).collect();

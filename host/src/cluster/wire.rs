@@ -16,7 +16,7 @@
 //! a frame fresh, so that a copy published again is refused, is said by each kind: a
 //! link's data carries sequence numbers that never restart within an incarnation, an
 //! announcement a sequence of its own, and a node admits a peer as a member only on an
-//! announcement that echoes a nonce it drew itself (see `node.rs`).
+//! announcement that echoes a nonce it drew itself (see `node/`).
 
 use std::time::Duration;
 

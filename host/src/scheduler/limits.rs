@@ -156,7 +156,7 @@ pub(super) struct Lineage {
     sandbox: Option<KindLimits>,
     /// The node of the cluster whose run the process belongs to (0: none, a tree this
     /// node's embedder started), inherited down its tree, here and on other nodes: when
-    /// that node leaves or is lost, the process is ended (see `cluster/node.rs`), so
+    /// that node leaves or is lost, the process is ended (see `cluster/node/`), so
     /// nothing keeps running for a run whose client is gone.
     owner: u16,
     /// The run the process belongs to, shared by its whole tree across nodes: what

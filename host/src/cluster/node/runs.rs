@@ -1,0 +1,268 @@
+//! The work other nodes and clients send: what each link item does here (messages,
+//! monitors, exits, terminations, spawns and their answers, lines), spawning for another
+//! node, serving components, and ending the processes of a run that is over.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{Actor, Dest, SpawnJob};
+use crate::cluster::code;
+use crate::cluster::shared::Cmd;
+use crate::cluster::wire::{self, Body, Item, Peer};
+use crate::scheduler::remote::RemoteSpawn;
+use crate::{Payload, Pid};
+
+impl Actor {
+    /// Carries out one item another node sent. False if it cannot be taken yet: a
+    /// message for a full mailbox waits on the link, as a local sender would retry.
+    pub(super) fn apply(&mut self, peer: Peer, item: Item) -> bool {
+        let handle = self.inner.handle.get().cloned();
+        match item {
+            Item::Message { from, to, topic, body } => {
+                let counter = match handle.map(|h| h.deliver_remote(from, to, topic, body)) {
+                    Some(Ok(())) => &self.inner.counters.messages_delivered,
+                    Some(Err(crate::error::SendError::MailboxFull { .. })) => return false,
+                    Some(Err(error)) => {
+                        tracing::debug!(%error, %from, "a message from another node was refused");
+                        &self.inner.counters.messages_refused
+                    }
+                    None => &self.inner.counters.messages_refused,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+            Item::Monitor { watcher, target } => {
+                let notify =
+                    self.notifier(Dest::Node(peer.node), move |pid, result| Item::Exit { watcher, pid, result });
+                let refused = match &handle {
+                    Some(handle) => handle.watch(target, notify).is_err(),
+                    None => true,
+                };
+                if refused {
+                    self.queue(peer.node, Item::Exit { watcher, pid: target, result: Err("noproc".to_owned()) });
+                }
+            }
+            Item::Exit { watcher, pid, result } => {
+                if let Some(watched) = self.monitors.get_mut(&peer.node)
+                    && let Some(count) = watched.get_mut(&(watcher, pid))
+                {
+                    *count -= 1;
+                    if *count == 0 {
+                        watched.remove(&(watcher, pid));
+                    }
+                }
+                self.exit_to(watcher, pid, result);
+            }
+            Item::Terminate { target, token, .. } => {
+                let notify =
+                    self.notifier(Dest::Node(peer.node), move |_, _| Item::TerminateDone { token, result: Ok(()) });
+                let result = match &handle {
+                    Some(handle) => handle.terminate_watched(target, notify).map_err(|(error, _)| error.to_string()),
+                    None => Err(format!("no process {target}: node `{}` runs no scheduler", self.inner.name)),
+                };
+                if let Err(error) = result
+                    && token != 0
+                {
+                    self.queue(peer.node, Item::TerminateDone { token, result: Err(error) });
+                }
+            }
+            Item::TerminateDone { token, result } => {
+                if let Some(pending) = self.pending.remove(&token)
+                    && let Some(done) = pending.done
+                {
+                    done.complete(result.map(|()| Payload::empty()));
+                }
+            }
+            Item::Spawn { token, spawn } => self.spawn_here(Dest::Node(peer.node), token, spawn),
+            Item::StopRun { reason, grace, scope: 0 } => self.end_run_of(peer.node, &reason, grace),
+            Item::StopRun { reason, grace, scope } => self.end_scope_here(scope, &reason, grace),
+            Item::Log { pid, scope, source, message } => self.line(pid, scope, source, message),
+            Item::SpawnDone { token, result } => {
+                let Some(pending) = self.pending.remove(&token) else { return true };
+                if let (Ok(child), Some(watcher)) = (&result, pending.monitor) {
+                    *self.monitors.entry(pending.node).or_default().entry((watcher, *child)).or_default() += 1;
+                }
+                if let Some(slot) = pending.embedded {
+                    match &result {
+                        Ok(child) => {
+                            *slot.pid.lock() = Some(*child);
+                            self.embedded.insert(*child, slot);
+                        }
+                        Err(error) => slot.set(Err(error.clone())),
+                    }
+                }
+                if let Some(done) = pending.done {
+                    done.complete(result.map(|child| Payload::u64(child.as_u64())));
+                }
+            }
+        }
+        true
+    }
+
+    /// A notifier that sends the item `make` builds to `dest`, from any thread.
+    pub(super) fn notifier(
+        &self,
+        dest: Dest,
+        make: impl FnOnce(Pid, Result<Payload, String>) -> Item + Send + 'static,
+    ) -> crate::scheduler::remote::Notify {
+        let commands = self.inner.commands.clone();
+        Box::new(move |pid, result| {
+            let _ = commands.send(dest.cmd(make(pid, result.clone())));
+        })
+    }
+
+    /// Delivers an exit to a local watcher: a process, or the embedder's spawn.
+    pub(super) fn exit_to(&mut self, watcher: Pid, pid: Pid, result: Result<Payload, String>) {
+        if watcher.is_host() {
+            if let Some(slot) = self.embedded.remove(&pid) {
+                slot.set(result);
+            }
+        } else if let Some(handle) = self.inner.handle.get() {
+            handle.exit_to(watcher, pid, result);
+        }
+    }
+
+    /// Spawns what `dest` (a node, or a client's session) asked for on the spawning
+    /// thread (`run_spawns`): a registered kind at once, a component once fetched (off
+    /// this task) from whoever asked, or answers why not. A component by hash is
+    /// fetched from the asker unless this node holds it for the spawn's scope already:
+    /// a run spawns by hash only what its own tree brought.
+    pub(super) fn spawn_here(&mut self, dest: Dest, token: u64, spawn: RemoteSpawn) {
+        let answer_now = |actor: &mut Self, error: String| {
+            let item = Item::SpawnDone { token, result: Err(error) };
+            match dest {
+                Dest::Node(node) => actor.queue(node, item),
+                Dest::Session(_) => drop(actor.inner.commands.send(dest.cmd(item))),
+            }
+        };
+        let Some(handle) = self.inner.handle.get().cloned() else {
+            let error = format!("spawn failed: node `{}` runs no scheduler", self.inner.name);
+            return answer_now(self, error);
+        };
+        let notify = spawn.monitor.then(|| {
+            let parent = spawn.parent;
+            self.notifier(dest, move |pid, result| Item::Exit { watcher: parent, pid, result })
+        });
+        let registered = spawn.kind.as_deref().and_then(|k| handle.registered_kind(k));
+        let (kind, factory) = match (registered, spawn.identity.clone()) {
+            (Some((name, factory)), identity) if identity.is_none() || factory.identity() == identity => {
+                (name, factory)
+            }
+            (_, Some(hash)) => {
+                if let Some(factory) = self.inner.factory_in(&hash, spawn.scope) {
+                    (hash.into(), factory)
+                } else {
+                    let (source, from) = match dest {
+                        Dest::Node(node) => (code::subject(&self.inner.prefix, node), Some(node)),
+                        Dest::Session(session) => match self.sessions.get(&session) {
+                            Some(session) => (format!("{}.code", session.inbox), None),
+                            None => return,
+                        },
+                    };
+                    let (inner, client, me, jobs) =
+                        (self.inner.clone(), self.client.clone(), self.me, self.spawner.clone());
+                    tokio::spawn(async move {
+                        let error = match code::factory(&inner, &client, me, (&source, from), &hash, spawn.scope).await
+                        {
+                            Ok(factory) => {
+                                let job = SpawnJob { handle, factory, kind: hash.into(), spawn, notify, dest, token };
+                                if jobs.send(job).is_ok() {
+                                    return;
+                                }
+                                "the node's spawning thread has ended".to_owned()
+                            }
+                            Err(error) => format!("{error:#}"),
+                        };
+                        let item = Item::SpawnDone { token, result: Err(format!("spawn failed: {error}")) };
+                        let _ = inner.commands.send(dest.cmd(item));
+                    });
+                    return;
+                }
+            }
+            (_, None) => {
+                let error = format!(
+                    "spawn failed: node `{}` has no process kind `{}`",
+                    self.inner.name,
+                    spawn.kind.as_deref().unwrap_or("(none)")
+                );
+                return answer_now(self, error);
+            }
+        };
+        let job = SpawnJob { handle, factory, kind, spawn, notify, dest, token };
+        if self.spawner.send(job).is_err() {
+            answer_now(self, "spawn failed: the node's spawning thread has ended".to_owned());
+        }
+    }
+
+    pub(super) async fn serve_code(&mut self, message: async_nats::Message) {
+        let Some(reply) = message.reply.clone() else { return };
+        let opened = wire::claimed_sender(&message.payload).and_then(|(peer, _)| {
+            if !self.is_member(peer) {
+                return Err(wire::WireError::Malformed(format!("a code request from node {}, no member", peer.node)));
+            }
+            self.inner.key.open(&message.subject, &reply, &message.payload).and_then(wire::decode)
+        });
+        let Ok((_, Body::CodeRequest { hash, offset })) = opened else {
+            return self.refuse(format_args!("a code request on `{}` that is not one", message.subject));
+        };
+        let body = self.inner.code.answer(&hash, offset, &format!("node `{}`", self.inner.name));
+        let frame = self.inner.key.seal(&reply, "", &wire::encode(self.me, &body));
+        if let Err(error) = self.client.publish(reply, frame.into()).await {
+            tracing::debug!(%error, "failed to answer a code request");
+        }
+    }
+
+    /// Ends the processes here that belong to node `node`'s run (or that a process of
+    /// it spawned): a cancel with `reason` now, and termination of those left after
+    /// `grace`.
+    pub(super) fn end_run_of(&self, node: u16, reason: &str, grace: Duration) {
+        let Some(handle) = self.inner.handle.get().cloned() else { return };
+        let cancelled = handle.cancel_owned_by(node, reason);
+        if cancelled == 0 {
+            return;
+        }
+        tracing::info!(node, processes = cancelled, reason, ?grace, "ending the processes of a run");
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            handle.terminate_owned_by(node, "terminated: the run it belongs to was stopped, or its node left");
+        });
+    }
+
+    /// A line a process of a run wrote: to the client whose session the run is, if it
+    /// is here; else this node's to show.
+    pub(super) fn line(&mut self, pid: Pid, scope: u64, source: String, message: String) {
+        if scope != 0
+            && let Some((&session, _)) = self.sessions.iter().find(|(_, s)| s.scope == scope)
+        {
+            let item = Item::Log { pid, scope, source, message };
+            let _ = self.inner.commands.send(Cmd::Reply { session, item });
+            return;
+        }
+        match self.inner.lines.get() {
+            Some(sink) => sink(pid, &source, &message),
+            None => tracing::info!(target: "wasmproc::guest", %pid, source = %source, message = %message),
+        }
+    }
+
+    /// Ends the processes of the client's run `scope` on this node: a cancel with
+    /// `reason` now, and termination of those left after `grace`.
+    pub(super) fn end_scope_here(&self, scope: u64, reason: &str, grace: Duration) {
+        let Some(handle) = self.inner.handle.get().cloned() else { return };
+        if handle.cancel_in_scope(scope, reason) == 0 {
+            return;
+        }
+        tracing::info!(reason, ?grace, "ending the processes of a client's run");
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            handle.terminate_in_scope(scope, "terminated: the run it belongs to was stopped, or its client left");
+        });
+    }
+
+    /// Ends the processes of the client's run `scope` here and on every other node.
+    pub(super) fn stop_scope(&mut self, scope: u64, reason: &str, grace: Duration) {
+        self.end_scope_here(scope, reason, grace);
+        let nodes: Vec<u16> = self.members.keys().copied().collect();
+        for node in nodes {
+            self.queue(node, Item::StopRun { reason: reason.to_owned(), grace, scope });
+        }
+    }
+}
