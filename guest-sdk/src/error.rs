@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+pub use wasmproc_types::ErrorCode;
+
 use crate::payload::Pid;
 
 /// Why something a process asked of its host did not happen.
@@ -60,58 +62,6 @@ pub enum Error {
     },
     /// A value did not serialise, or a payload did not decode into the type asked for.
     Payload(String),
-}
-
-/// What kind of failure a command met, as the host's providers classify it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ErrorCode {
-    /// Not granted: a command, a host outside the allow-list, a path outside the
-    /// granted directories.
-    Denied,
-    /// No such command (no provider serves it).
-    Unknown,
-    /// Malformed input, or something the command cannot act on.
-    Invalid,
-    /// What the command names does not exist.
-    NotFound,
-    /// A quota or size limit.
-    Limit,
-    /// A compare-and-swap lost to another write.
-    Conflict,
-    /// Not finished in time.
-    Timeout,
-    /// The service behind the command failed or could not be reached.
-    Unavailable,
-    /// Any other failure (a handler of the embedder's own, say).
-    Other,
-}
-
-impl ErrorCode {
-    /// Classifies the host's error string: a provider's `code: message`, the
-    /// scheduler's `permission denied: …`, ``unknown command `…` `` and `process limit
-    /// reached: …`, else `Other`.
-    fn of(message: &str) -> ErrorCode {
-        if message.starts_with("permission denied") {
-            return ErrorCode::Denied;
-        }
-        if message.starts_with("unknown command") {
-            return ErrorCode::Unknown;
-        }
-        if message.starts_with("process limit reached") {
-            return ErrorCode::Limit;
-        }
-        match message.split_once(": ").map(|(code, _)| code) {
-            Some("denied") => ErrorCode::Denied,
-            Some("invalid") => ErrorCode::Invalid,
-            Some("not-found") => ErrorCode::NotFound,
-            Some("limit") => ErrorCode::Limit,
-            Some("conflict") => ErrorCode::Conflict,
-            Some("timeout") => ErrorCode::Timeout,
-            Some("unavailable") => ErrorCode::Unavailable,
-            _ => ErrorCode::Other,
-        }
-    }
 }
 
 impl Error {

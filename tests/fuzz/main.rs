@@ -472,16 +472,7 @@ fn smith_config(exports: Exports, unsupported: bool) -> wasm_smith::Config {
 fn in_a_component(module: &[u8]) -> Vec<u8> {
     let mut component = b"\0asm\x0d\x00\x01\x00".to_vec();
     component.push(1); // the core module section
-    let mut len = module.len();
-    loop {
-        let byte = (len & 0x7f) as u8;
-        len >>= 7;
-        if len == 0 {
-            component.push(byte);
-            break;
-        }
-        component.push(byte | 0x80);
-    }
+    wasmproc_types::leb128::write(&mut component, module.len() as u64);
     component.extend_from_slice(module);
     component
 }

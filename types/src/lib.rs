@@ -5,6 +5,15 @@
 //! - [`Payload`]: bytes plus their [`Format`]: inputs, results, message bodies; the WIT
 //!   `payload` record, whose format is a string ([`Format::as_str`], [`Format::from_name`]).
 //! - [`Level`]: how important a log line is; the WIT `level` enum.
+//! - [`ErrorCode`]: what kind of failure a command met, the first word of its error
+//!   string.
+//!
+//! And the formats both sides write and read:
+//!
+//! - [`commands`]: the `wasmproc:commands` custom section, in which a component declares
+//!   the commands it yields (the SDK's `uses!` writes it, the host reads it);
+//! - [`leb128`]: the variable-length integers of that section and of the host's own
+//!   encodings.
 //!
 //! The WIT types themselves are generated on each side of the boundary; each side maps
 //! them to and from these (the host in `wasm/convert.rs`, the SDK in `component.rs`).
@@ -31,13 +40,17 @@
 
 extern crate alloc;
 
+pub mod commands;
+mod error_code;
 mod format;
 #[cfg(feature = "json")]
 mod json;
+pub mod leb128;
 mod level;
 mod payload;
 mod pid;
 
+pub use crate::error_code::ErrorCode;
 pub use crate::format::Format;
 #[cfg(feature = "json")]
 pub use crate::json::DecodeError;

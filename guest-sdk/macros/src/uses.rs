@@ -3,20 +3,8 @@
 //! commands its entry method `list` yields, for `wasmproc run --method list` to check.
 //!
 //! The declaration is a static placed in the core module's custom section
-//! `wasmproc:commands`. The linker concatenates every object's sections of one name, so
-//! the section is a sequence of self-delimiting records, one per invocation (in this crate
-//! or any it links), each readable and skippable on its own:
-//!
-//! 1. the format's version, one byte: [`VERSION`] for the commands of every entry method,
-//!    [`ENTRY_VERSION`] for those of one;
-//! 2. the length in bytes of the rest of the record, an unsigned LEB128;
-//! 3. for [`ENTRY_VERSION`], the entry method's name as a Wasm name: its length in bytes
-//!    (unsigned LEB128), then its UTF-8;
-//! 4. the number of commands, an unsigned LEB128;
-//! 5. each command as a Wasm name.
-//!
-//! A reader skips a record of a version it does not know by its length. The bounds below
-//! are the ones `wasmproc inspect` reads within, so what this macro accepts is always read.
+//! `wasmproc:commands`, one record per invocation, in the format `wasmproc-types` defines
+//! and `wasmproc inspect` reads (`wasmproc_types::commands`), within the bounds it reads.
 //!
 //! Why a declaration rather than a record each provider wrapper makes itself: a static
 //! with a `#[link_section]` inside a wrapper is emitted with the SDK's object code whether
@@ -31,21 +19,7 @@ use quote::quote;
 use syn::LitStr;
 use syn::parse::Parser as _;
 use syn::punctuated::Punctuated;
-
-/// The custom section's name.
-const SECTION: &str = "wasmproc:commands";
-
-/// The version of the record format of the commands of every entry method.
-const VERSION: u8 = 1;
-
-/// The version of the record format of the commands of one entry method.
-const ENTRY_VERSION: u8 = 2;
-
-/// The most commands one declaration may name (the host reads at most as many in all).
-const MAX_COMMANDS: usize = 256;
-
-/// The longest command name, in bytes (the host reads none longer).
-const MAX_NAME: usize = 128;
+use wasmproc_types::commands::{self, MAX_COMMANDS, MAX_NAME, SECTION};
 
 /// A declaration: the entry method it is of (`None`: every one), and its commands.
 struct Uses {
@@ -58,7 +32,7 @@ pub(crate) fn uses(input: TokenStream) -> TokenStream {
         Ok(uses) => uses,
         Err(error) => return error.to_compile_error(),
     };
-    match validate(&uses.names) {
+    match validate(&uses) {
         Ok(()) => expand(&uses),
         Err(error) => error.to_compile_error(),
     }
@@ -85,12 +59,22 @@ fn parse(input: TokenStream) -> syn::Result<Uses> {
     })
 }
 
-fn validate(names: &[LitStr]) -> syn::Result<()> {
+fn validate(uses: &Uses) -> syn::Result<()> {
+    let names = &uses.names;
     let mut errors: Option<syn::Error> = None;
     let mut push = |error: syn::Error| match &mut errors {
         Some(errors) => errors.combine(error),
         None => errors = Some(error),
     };
+    if let Some(entry) = &uses.entry {
+        let name = syn::ext::IdentExt::unraw(entry).to_string();
+        if !commands::is_entry_name(&name) {
+            push(syn::Error::new(
+                entry.span(),
+                format!("`{name}` is not an entry method's name as `uses!` takes it: ASCII letters, digits and `_`"),
+            ));
+        }
+    }
     if names.len() > MAX_COMMANDS {
         push(syn::Error::new(
             names[MAX_COMMANDS].span(),
@@ -118,24 +102,19 @@ fn check_name(name: &str) -> Result<(), String> {
     if name.len() > MAX_NAME {
         return Err(format!("a command name has at most {MAX_NAME} bytes; this one has {}", name.len()));
     }
-    let segments: Vec<&str> = name.split('.').collect();
-    let last = segments.len() - 1;
-    for (i, segment) in segments.iter().enumerate() {
-        let word = !segment.is_empty() && segment.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-        let family = i == last && i > 0 && *segment == "*";
-        if !word && !family {
-            return Err(format!(
-                "`{name}` is not a command name: write a built-in (`sleep`), a family's command (`kv.get`) \
-                 or a whole family (`kv.*`), in letters, digits, `_` and `-`"
-            ));
-        }
+    if !commands::is_command_name(name) {
+        return Err(format!(
+            "`{name}` is not a command name: write a built-in (`sleep`), a family's command (`kv.get`) \
+             or a whole family (`kv.*`), in letters, digits, `_` and `-`"
+        ));
     }
     Ok(())
 }
 
 fn expand(uses: &Uses) -> TokenStream {
     let entry = uses.entry.as_ref().map(|entry| syn::ext::IdentExt::unraw(entry).to_string());
-    let bytes = encode(entry.as_deref(), uses.names.iter().map(LitStr::value));
+    let names: Vec<String> = uses.names.iter().map(LitStr::value).collect();
+    let bytes = commands::encode(entry.as_deref(), &names.iter().map(String::as_str).collect::<Vec<_>>());
     let len = bytes.len();
     let bytes = Literal::byte_string(&bytes);
     quote! {
@@ -147,60 +126,15 @@ fn expand(uses: &Uses) -> TokenStream {
     }
 }
 
-/// One record of the section (see the module docs): of `entry`, or of every entry
-/// method.
-fn encode(entry: Option<&str>, names: impl ExactSizeIterator<Item = String>) -> Vec<u8> {
-    let mut body = Vec::new();
-    if let Some(entry) = entry {
-        leb128(&mut body, entry.len());
-        body.extend_from_slice(entry.as_bytes());
-    }
-    leb128(&mut body, names.len());
-    for name in names {
-        leb128(&mut body, name.len());
-        body.extend_from_slice(name.as_bytes());
-    }
-    let mut record = vec![if entry.is_some() { ENTRY_VERSION } else { VERSION }];
-    leb128(&mut record, body.len());
-    record.extend_from_slice(&body);
-    record
-}
-
-fn leb128(out: &mut Vec<u8>, mut value: usize) {
-    loop {
-        let byte = (value & 0x7f) as u8;
-        value >>= 7;
-        if value == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn errors_of(input: TokenStream) -> Vec<String> {
-        match parse(input).and_then(|uses| validate(&uses.names)) {
+        match parse(input).and_then(|uses| validate(&uses)) {
             Ok(()) => Vec::new(),
             Err(error) => error.into_iter().map(|e| e.to_string()).collect(),
         }
-    }
-
-    #[test]
-    fn encodes_records_of_wasm_names() {
-        let record = encode(None, ["kv.*".to_owned(), "sleep".to_owned()].into_iter());
-        assert_eq!(record, b"\x01\x0c\x02\x04kv.*\x05sleep");
-        assert_eq!(encode(None, std::iter::empty()), [VERSION, 1, 0]);
-        let record = encode(Some("list"), ["kv.get".to_owned()].into_iter());
-        assert_eq!(record, b"\x02\x0d\x04list\x01\x06kv.get");
-        let long = "a".repeat(MAX_NAME);
-        let record = encode(None, std::iter::once(long.clone()));
-        // The rest, 1 (count) + 2 (the name's length) + 128 bytes, takes a two-byte length.
-        assert_eq!(&record[..6], [VERSION, 0x83, 0x01, 1, 0x80, 0x01]);
-        assert_eq!(&record[6..], long.as_bytes());
     }
 
     #[test]
@@ -209,6 +143,7 @@ mod tests {
         assert!(errors_of(TokenStream::new()).is_empty());
         assert!(errors_of(quote! { list: "kv.get", "sleep" }).is_empty());
         assert!(errors_of(quote! { r#type: }).is_empty());
+        assert!(errors_of(quote! { é: "sleep" })[0].contains("is not an entry method's name"));
     }
 
     #[test]

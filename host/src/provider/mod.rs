@@ -25,47 +25,9 @@ use crate::handler::Request;
 use crate::scheduler::Outcome;
 
 pub use crate::scheduler::dispatch::Provider;
-
-/// Why a provider's command failed, as the first word of its error string.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorCode {
-    /// The process was not granted what the command needs (a host outside the
-    /// allow-list, a path outside the granted directories).
-    Denied,
-    /// The input is malformed or names something the command cannot act on.
-    Invalid,
-    /// The command names something that does not exist.
-    NotFound,
-    /// A quota or a size limit would be passed.
-    Limit,
-    /// A compare-and-swap found another version.
-    Conflict,
-    /// The command did not finish in time.
-    Timeout,
-    /// The service behind the provider failed or could not be reached.
-    Unavailable,
-}
-
-impl ErrorCode {
-    /// The code's name on the wire.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::Denied => "denied",
-            ErrorCode::Invalid => "invalid",
-            ErrorCode::NotFound => "not-found",
-            ErrorCode::Limit => "limit",
-            ErrorCode::Conflict => "conflict",
-            ErrorCode::Timeout => "timeout",
-            ErrorCode::Unavailable => "unavailable",
-        }
-    }
-}
-
-impl fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// Why a provider's command failed, as the first word of its error string; the guest SDK
+/// reads it back as the same type.
+pub use wasmproc_types::ErrorCode;
 
 /// A provider command's failure: its code and what went wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -5,16 +5,8 @@
 use super::*;
 
 /// `n` as unsigned LEB128, as the Wasm binary format writes counts and sizes.
-fn leb(mut n: usize, out: &mut Vec<u8>) {
-    loop {
-        let byte = (n & 0x7f) as u8;
-        n >>= 7;
-        if n == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
+fn leb(n: usize, out: &mut Vec<u8>) {
+    wasmproc_types::leb128::write(out, n as u64);
 }
 
 /// A core module of `functions` functions of type `[] -> []`, each with the body `body`

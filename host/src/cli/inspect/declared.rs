@@ -2,47 +2,24 @@
 //! `wasmproc:commands` custom sections of its core modules, and the grant each needs from
 //! `wasmproc run`.
 //!
-//! The section is a sequence of records, one per declaration, since the linker
-//! concatenates the sections of every object it links:
-//!
-//! 1. the format's version, one byte ([`VERSION`] and [`ENTRY_VERSION`] are the ones
-//!    read here);
-//! 2. the length in bytes of the rest of the record, an unsigned LEB128;
-//! 3. for version 1 (`uses!("kv.get")`: what every entry method may yield): the number of
-//!    commands, then each command as a Wasm name (an unsigned LEB128 length, then UTF-8);
-//! 4. for version 2 (`uses!(list: "kv.get")`: what one entry method may yield): the entry
-//!    method's name as a Wasm name, then the same as version 1.
-//!
-//! A record of another version is skipped by its length and counted, so a newer SDK's
-//! declaration does not make an older host's `inspect` fail. The section comes from the
-//! file being inspected, which may be hostile: the reader borrows names from the file's
-//! bytes, reads at most [`MAX_SECTION_BYTES`] of sections, [`MAX_COMMANDS`] distinct
-//! commands of at most [`MAX_NAME`] bytes each, and beyond any bound, or on a record that
-//! does not decode, reports the section unreadable rather than listing part of it.
+//! The section's format is `wasmproc_types::commands`, which the SDK's `uses!` writes with
+//! too. A record of a version this host does not read is skipped by its length and
+//! counted, so a newer SDK's declaration does not make an older host's `inspect` fail.
+//! The section comes from the file being inspected, which may be hostile: the reader
+//! borrows names from the file's bytes, reads at most [`MAX_SECTION_BYTES`] of sections
+//! and [`MAX_COMMANDS`] distinct commands (of at most `commands::MAX_NAME` bytes each),
+//! and beyond any bound, or on a record that does not decode, reports the section
+//! unreadable rather than listing part of it.
 
 use std::collections::BTreeSet;
 
-use wasmparser::{BinaryReader, Parser, Payload};
-
-/// The custom section's name.
-const SECTION: &str = "wasmproc:commands";
-
-/// The record format of the commands every entry method may yield.
-const VERSION: u8 = 1;
-
-/// The record format of the commands one entry method may yield.
-const ENTRY_VERSION: u8 = 2;
+use wasmparser::{Parser, Payload};
+use wasmproc_types::commands::{self, MAX_COMMANDS, Record, SECTION};
 
 /// The most bytes of `wasmproc:commands` sections read, over all core modules: 256
 /// commands of 128 bytes with their lengths come to about 33 KiB; picked with room for
 /// repeats across several modules.
 const MAX_SECTION_BYTES: usize = 64 * 1024;
-
-/// The most distinct commands listed (the SDK's `uses!` names at most as many).
-const MAX_COMMANDS: usize = 256;
-
-/// The longest command name read, in bytes (the SDK's `uses!` accepts none longer).
-const MAX_NAME: usize = 128;
 
 /// What a component's sections say about the commands it yields.
 #[derive(Debug, PartialEq, Eq)]
@@ -140,92 +117,28 @@ impl Found<'_> {
 /// Adds the commands of one section's records to `found`; the number of records skipped
 /// for their version.
 fn read_section<'a>(data: &'a [u8], found: &mut Found<'a>) -> Result<usize, String> {
-    let mut reader = BinaryReader::new(data, 0);
     let mut skipped = 0;
-    while !reader.eof() {
-        let at = reader.original_position();
-        let version = reader.read_u8().map_err(|e| format!("at byte {at}: {}", e.message()))?;
-        let length = reader.read_var_u32().map_err(|e| format!("at byte {at}: {}", e.message()))? as usize;
-        let body_at = reader.original_position();
-        let body = reader
-            .read_bytes(length)
-            .map_err(|_| format!("the record at byte {at} claims {length} bytes; {} are left", data.len() - body_at))?;
-        let read = match version {
-            VERSION => read_record(body, body_at, false, found),
-            ENTRY_VERSION => read_record(body, body_at, true, found),
-            _ => {
-                skipped += 1;
-                continue;
+    for record in commands::records(data) {
+        match record.map_err(|e| e.to_string())? {
+            (at, Record::Commands { entry, commands }) => {
+                for name in commands {
+                    match entry {
+                        None => {
+                            found.every.insert(name);
+                        }
+                        Some(entry) => {
+                            found.by_entry.entry(name).or_default().insert(entry);
+                        }
+                    }
+                }
+                if found.len() > MAX_COMMANDS {
+                    return Err(format!("in the record at byte {at}: more than {MAX_COMMANDS} commands in all"));
+                }
             }
-        };
-        read.map_err(|why| format!("in the record at byte {at}: {why}"))?;
+            (_, Record::Skipped { .. }) => skipped += 1,
+        }
     }
     Ok(skipped)
-}
-
-/// Adds the commands of one record's body, found at byte `at` of its section: of every
-/// entry method (version 1), or, if `scoped` (version 2), of the entry method the body
-/// names first.
-fn read_record<'a>(body: &'a [u8], at: usize, scoped: bool, found: &mut Found<'a>) -> Result<(), String> {
-    let mut reader = BinaryReader::new(body, at);
-    let entry = if scoped { Some(read_name(&mut reader, is_entry_name, "an entry method's name")?) } else { None };
-    let count = reader.read_var_u32().map_err(|e| e.message().to_owned())? as usize;
-    if count > MAX_COMMANDS {
-        return Err(format!("{count} commands, more than the {MAX_COMMANDS} read"));
-    }
-    for _ in 0..count {
-        let name = read_name(&mut reader, is_command_name, "a command name")?;
-        match entry {
-            None => {
-                found.every.insert(name);
-            }
-            Some(entry) => {
-                found.by_entry.entry(name).or_default().insert(entry);
-            }
-        }
-        if found.len() > MAX_COMMANDS {
-            return Err(format!("more than {MAX_COMMANDS} commands in all"));
-        }
-    }
-    if !reader.eof() {
-        return Err(format!("{} bytes past its last command", reader.bytes_remaining()));
-    }
-    Ok(())
-}
-
-/// Reads a Wasm name of at most [`MAX_NAME`] bytes that `fits` (it is `what`).
-fn read_name<'a>(reader: &mut BinaryReader<'a>, fits: fn(&str) -> bool, what: &str) -> Result<&'a str, String> {
-    let length = reader.read_var_u32().map_err(|e| e.message().to_owned())? as usize;
-    if length > MAX_NAME {
-        return Err(format!("a name of {length} bytes, longer than the {MAX_NAME} read"));
-    }
-    let position = reader.original_position();
-    let bytes =
-        reader.read_bytes(length).map_err(|_| format!("a name runs past the record's end at byte {position}"))?;
-    let name = std::str::from_utf8(bytes).map_err(|_| format!("the name at byte {position} is not UTF-8"))?;
-    if !fits(name) {
-        return Err(format!("{name:?} at byte {position} is not {what}"));
-    }
-    Ok(name)
-}
-
-/// The entry method names `uses!` accepts: a Rust function's name, in letters, digits
-/// and `_`. Checked so that what a terminal shows is never a control sequence from the
-/// file.
-fn is_entry_name(name: &str) -> bool {
-    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
-/// The names `uses!` accepts: dot-separated words of letters, digits, `_` and `-`, the
-/// last after a dot possibly `*`. Checked here too so that what a terminal shows is never
-/// a control sequence from the file.
-fn is_command_name(name: &str) -> bool {
-    let segments: Vec<&str> = name.split('.').collect();
-    let last = segments.len() - 1;
-    segments.iter().enumerate().all(|(i, segment)| {
-        (!segment.is_empty() && segment.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'))
-            || (i == last && i > 0 && *segment == "*")
-    })
 }
 
 /// What grants a command to a process of `wasmproc run`: its flag, as the run's denial of
@@ -323,30 +236,13 @@ mod tests {
         wasm
     }
 
-    fn leb(out: &mut Vec<u8>, mut value: usize) {
-        loop {
-            let byte = (value & 0x7f) as u8;
-            value >>= 7;
-            if value == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
+    fn leb(out: &mut Vec<u8>, value: usize) {
+        wasmproc_types::leb128::write(out, value as u64);
     }
 
     /// A version-1 record of `names`, as `uses!` writes it.
     fn record(names: &[&str]) -> Vec<u8> {
-        let mut body = Vec::new();
-        leb(&mut body, names.len());
-        for name in names {
-            leb(&mut body, name.len());
-            body.extend_from_slice(name.as_bytes());
-        }
-        let mut record = vec![VERSION];
-        leb(&mut record, body.len());
-        record.extend_from_slice(&body);
-        record
+        commands::encode(None, names)
     }
 
     fn commands(names: &[&str], skipped: usize) -> Declared {
@@ -356,16 +252,7 @@ mod tests {
     /// A version-2 record of `names` for entry method `entry`, as `uses!(entry: …)`
     /// writes it.
     fn entry_record(entry: &str, names: &[&str]) -> Vec<u8> {
-        let v1 = record(names);
-        let mut body = Vec::new();
-        leb(&mut body, entry.len());
-        body.extend_from_slice(entry.as_bytes());
-        // The version-1 body: past its version byte and its length (one byte here).
-        body.extend_from_slice(&v1[2..]);
-        let mut record = vec![ENTRY_VERSION];
-        leb(&mut record, body.len());
-        record.extend_from_slice(&body);
-        record
+        commands::encode(Some(entry), names)
     }
 
     /// Issue 29, item 22: what each entry method declares, beside what every one does.
@@ -449,7 +336,7 @@ mod tests {
 
     #[test]
     fn oversized_sections_are_unreadable() {
-        let long = "a".repeat(MAX_NAME + 1);
+        let long = "a".repeat(commands::MAX_NAME + 1);
         assert!(unreadable(Declared::read(&module(&[&record(&[&long])]))).contains("longer than the 128 read"));
         // A count far beyond the bytes there are is refused before reading on.
         let claims = [1, 5, 0xff, 0xff, 0xff, 0xff, 0x0f];
