@@ -210,7 +210,7 @@ impl Capabilities {
 }
 
 impl Capabilities {
-    /// Writes the grant set to a journal record.
+    /// Writes the grant set to a journal record or a cluster's spawn.
     pub(crate) fn encode(&self, w: &mut Writer) {
         w.u8(self.builtins);
         match &self.custom {
@@ -230,18 +230,18 @@ impl Capabilities {
 
     /// Reads back what [`Capabilities::encode`] wrote.
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Capabilities, Malformed> {
-        let builtins = r.u8()? & ALL_BUILTINS;
-        let custom = match r.u8()? {
+        let builtins = r.u8("caps")? & ALL_BUILTINS;
+        let custom = match r.u8("caps")? {
             0 => Custom::All,
             1 => {
-                let count = r.count()?;
+                let count = r.count("caps")?;
                 let mut granted = Granted::default();
                 for _ in 0..count {
-                    granted.insert(r.str()?);
+                    granted.insert(r.str("caps")?);
                 }
                 Custom::Only(Arc::new(granted))
             }
-            _ => return Err(Malformed("bad capability set")),
+            other => return Err(r.invalid("caps", format!("unknown kind of capability set {other}"))),
         };
         Ok(Capabilities { builtins, custom })
     }
@@ -310,6 +310,6 @@ mod tests {
         let mut w = Writer::default();
         parent.encode(&mut w);
         let bytes = w.into_bytes();
-        assert_eq!(Capabilities::decode(&mut Reader::new(&bytes)).unwrap(), parent);
+        assert_eq!(Capabilities::decode(&mut Reader::new(&bytes, "capability set")).unwrap(), parent);
     }
 }

@@ -7,8 +7,9 @@
 //! does not verify is dropped before its body is read, so a node acts only on what a
 //! holder of the secret wrote, and only on the subject it was written for: a frame
 //! copied to another node's subject, or given another reply subject, fails. The body is
-//! the journal's compact encoding (varints, length-prefixed bytes); every read is
-//! bounded by the frame, and a malformed body is a [`WireError`], never a panic or an
+//! the crate's encoding (`codec.rs`: varints, length-prefixed bytes), which the journal
+//! is written in too; every read is bounded by the frame, and a malformed body is a
+//! [`WireError`] that names the frame's kind and the field, never a panic or an
 //! allocation larger than the frame.
 //!
 //! The body starts with its sender (node id, 0 for a client, and incarnation: a random
@@ -23,11 +24,10 @@ use std::time::Duration;
 use hmac::{Hmac, Mac as _};
 use sha2::Sha256;
 
+use crate::codec::{Malformed, Reader, Writer};
 use crate::handler::KindLimits;
-use crate::journal::{Malformed, Reader, Writer};
 use crate::scheduler::remote::{RemoteSpawn, RunLimits};
 use crate::{Capabilities, Payload, Pid};
-use wasmproc_types::Format;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -54,12 +54,10 @@ pub(crate) enum WireError {
     Forged,
     #[error("malformed frame: {0}")]
     Malformed(String),
-}
-
-impl From<Malformed> for WireError {
-    fn from(error: Malformed) -> Self {
-        WireError::Malformed(error.to_string())
-    }
+    /// A body that does not decode: the error names the frame's or the item's kind and
+    /// the field.
+    #[error(transparent)]
+    Decode(#[from] Malformed),
 }
 
 /// The cluster's shared secret, as a MAC key.
@@ -121,9 +119,9 @@ fn split(frame: &[u8]) -> Result<(&[u8], &[u8]), WireError> {
 /// decided on this. Never trusted for anything else.
 pub(crate) fn claimed_sender(frame: &[u8]) -> Result<(Peer, u8), WireError> {
     let (_, body) = split(frame)?;
-    let mut r = Reader::new(body);
-    let peer = Peer { node: node_id(r.u64()?)?, incarnation: r.u64()? };
-    Ok((peer, r.u8()?))
+    let mut r = Reader::new(body, "cluster frame");
+    let peer = Peer { node: node_id(r.u64("sender")?)?, incarnation: r.u64("incarnation")? };
+    Ok((peer, r.u8("kind")?))
 }
 
 /// A frame's body, its MAC not checked: only for answering a frame that failed
@@ -357,22 +355,22 @@ fn announce(w: &mut Writer, a: &Announce) {
 }
 
 fn read_announce(r: &mut Reader<'_>) -> Result<Announce, WireError> {
-    let name = r.str()?.to_owned();
-    let load = r.u64()?;
-    let accepts = r.bool()?;
-    let leaving = r.bool()?;
-    let seq = r.u64()?;
-    let echo = r.u64()?;
-    let link_start = r.u64()?;
-    let count = r.count()?;
+    let name = r.str("name")?.to_owned();
+    let load = r.u64("load")?;
+    let accepts = r.bool("accepts")?;
+    let leaving = r.bool("leaving")?;
+    let seq = r.u64("seq")?;
+    let echo = r.u64("echo")?;
+    let link_start = r.u64("link_start")?;
+    let count = r.count("components")?;
     let mut components = Vec::with_capacity(count);
     for _ in 0..count {
-        components.push(r.str()?.to_owned());
+        components.push(r.str("components")?.to_owned());
     }
-    let count = r.count()?;
+    let count = r.count("names")?;
     let mut names = Vec::with_capacity(count);
     for _ in 0..count {
-        names.push((r.str()?.to_owned(), r.str()?.to_owned()));
+        names.push((r.str("names")?.to_owned(), r.str("names")?.to_owned()));
     }
     Ok(Announce { name, load, accepts, components, names, leaving, seq, echo, link_start })
 }
@@ -416,7 +414,7 @@ pub(crate) fn encode(from: Peer, body: &Body) -> Vec<u8> {
                 ClientRequest::Spawn { token, spawn, name } => {
                     w.u8(RUN_SPAWN);
                     w.bytes(&encode_item(&Item::Spawn { token: *token, spawn: spawn.clone() }));
-                    optional_str(&mut w, name.as_deref());
+                    w.optional_str(name.as_deref());
                 }
                 ClientRequest::StopRun { reason, grace } => {
                     w.u8(RUN_STOP);
@@ -482,67 +480,84 @@ pub(crate) fn encode(from: Peer, body: &Body) -> Vec<u8> {
 
 /// Decodes a frame's body.
 pub(crate) fn decode(bytes: &[u8]) -> Result<(Peer, Body), WireError> {
-    let mut r = Reader::new(bytes);
-    let node = node_id(r.u64()?)?;
-    let peer = Peer { node, incarnation: r.u64()? };
-    let body = match r.u8()? {
+    let mut r = Reader::new(bytes, "cluster frame");
+    let node = node_id(r.u64("sender")?)?;
+    let peer = Peer { node, incarnation: r.u64("incarnation")? };
+    let kind = r.u8("kind")?;
+    r.kind(frame_kind(kind));
+    let body = match kind {
         ANNOUNCE => Body::Announce(read_announce(&mut r)?),
-        HELLO => Body::Hello { nonce: r.u64()? },
-        PROBE => Body::Probe { nonce: r.u64()?, link_start: r.u64()? },
-        CLIENT_HELLO => Body::ClientHello { nonce: r.u64()?, inbox: r.str()?.to_owned() },
-        WELCOME => Body::Welcome { announce: read_announce(&mut r)?, echo: r.u64()?, session: r.u64()? },
+        HELLO => Body::Hello { nonce: r.u64("nonce")? },
+        PROBE => Body::Probe { nonce: r.u64("nonce")?, link_start: r.u64("link_start")? },
+        CLIENT_HELLO => Body::ClientHello { nonce: r.u64("nonce")?, inbox: r.str("inbox")?.to_owned() },
+        WELCOME => Body::Welcome { announce: read_announce(&mut r)?, echo: r.u64("echo")?, session: r.u64("session")? },
         RUN => {
-            let (session, seq) = (r.u64()?, r.u64()?);
-            let request = match r.u8()? {
+            let (session, seq) = (r.u64("session")?, r.u64("seq")?);
+            let request = match r.u8("request")? {
                 KEEPALIVE => ClientRequest::Keepalive,
-                RUN_SPAWN => match decode_item(r.bytes()?)? {
+                RUN_SPAWN => match decode_item(r.bytes("request")?)? {
                     Item::Spawn { token, spawn } => {
-                        ClientRequest::Spawn { token, spawn, name: read_optional_str(&mut r)? }
+                        ClientRequest::Spawn { token, spawn, name: r.optional_str("name")?.map(str::to_owned) }
                     }
-                    _ => return Err(WireError::Malformed("a client's spawn request holds another item".into())),
+                    _ => return Err(r.invalid("request", "a client's spawn request holds another item").into()),
                 },
-                RUN_STOP => {
-                    ClientRequest::StopRun { reason: r.str()?.to_owned(), grace: Duration::from_nanos(r.u64()?) }
-                }
-                RUN_TERMINATE => ClientRequest::Terminate { target: Pid::from_u64(r.u64()?) },
+                RUN_STOP => ClientRequest::StopRun {
+                    reason: r.str("reason")?.to_owned(),
+                    grace: Duration::from_nanos(r.u64("grace")?),
+                },
+                RUN_TERMINATE => ClientRequest::Terminate { target: Pid::from_u64(r.u64("target")?) },
                 LEAVE => ClientRequest::Leave,
-                other => return Err(WireError::Malformed(format!("unknown client request {other}"))),
+                other => return Err(r.invalid("request", format!("unknown client request {other}")).into()),
             };
             Body::Run { session, seq, request }
         }
         REPLY => Body::Reply {
-            session: r.u64()?,
-            seq: r.u64()?,
-            item: match r.u8()? {
-                0 => None,
-                1 => Some(decode_item(r.bytes()?)?),
-                other => return Err(WireError::Malformed(format!("reply tag {other}"))),
-            },
+            session: r.u64("session")?,
+            seq: r.u64("seq")?,
+            item: if r.bool("item")? { Some(decode_item(r.bytes("item")?)?) } else { None },
         },
         DATA => {
-            let to_incarnation = r.u64()?;
-            let first = r.u64()?;
-            let ack = r.u64()?;
-            let count = r.count()?;
+            let to_incarnation = r.u64("to_incarnation")?;
+            let first = r.u64("first")?;
+            let ack = r.u64("ack")?;
+            let count = r.count("items")?;
             let mut items = Vec::with_capacity(count);
             for _ in 0..count {
-                items.push(r.bytes()?.to_vec());
+                items.push(r.bytes("items")?.to_vec());
             }
             Body::Data { to_incarnation, first, ack, items }
         }
-        ACK => Body::Ack { to_incarnation: r.u64()?, upto: r.u64()? },
-        CODE_REQUEST => Body::CodeRequest { hash: r.str()?.to_owned(), offset: r.u64()? },
+        ACK => Body::Ack { to_incarnation: r.u64("to_incarnation")?, upto: r.u64("upto")? },
+        CODE_REQUEST => Body::CodeRequest { hash: r.str("hash")?.to_owned(), offset: r.u64("offset")? },
         CODE_CHUNK => Body::CodeChunk {
-            result: match r.u8()? {
-                0 => Ok((r.u64()?, r.bytes()?.to_vec())),
-                1 => Err(r.str()?.to_owned()),
-                other => return Err(WireError::Malformed(format!("code chunk tag {other}"))),
+            result: if r.bool("result")? {
+                Err(r.str("result")?.to_owned())
+            } else {
+                Ok((r.u64("total")?, r.bytes("chunk")?.to_vec()))
             },
         },
-        other => return Err(WireError::Malformed(format!("unknown frame kind {other}"))),
+        other => return Err(r.invalid("kind", format!("unknown frame kind {other}")).into()),
     };
     r.finish()?;
     Ok((peer, body))
+}
+
+/// A frame kind's name, for errors; empty for a kind that is none.
+fn frame_kind(kind: u8) -> &'static str {
+    match kind {
+        ANNOUNCE => "announce",
+        HELLO => "hello",
+        DATA => "data",
+        ACK => "ack",
+        CODE_REQUEST => "code request",
+        CODE_CHUNK => "code chunk",
+        PROBE => "probe",
+        CLIENT_HELLO => "client hello",
+        WELCOME => "welcome",
+        RUN => "run",
+        REPLY => "reply",
+        _ => "",
+    }
 }
 
 /// A sender's node id: 1..=[`Pid::MAX_NODE`] for a node, 0 for a client.
@@ -572,7 +587,7 @@ pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
             w.u64(from.as_u64());
             w.u64(to.as_u64());
             w.str(topic);
-            payload(&mut w, body);
+            w.payload(body);
         }
         Item::Monitor { watcher, target } => {
             w.u8(MONITOR);
@@ -583,16 +598,7 @@ pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
             w.u8(EXIT);
             w.u64(watcher.as_u64());
             w.u64(pid.as_u64());
-            match result {
-                Ok(p) => {
-                    w.u8(0);
-                    payload(&mut w, p);
-                }
-                Err(e) => {
-                    w.u8(1);
-                    w.str(e);
-                }
-            }
+            w.outcome(result);
         }
         Item::Terminate { by, target, token } => {
             w.u8(TERMINATE);
@@ -609,13 +615,10 @@ pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
             w.u8(SPAWN);
             w.u64(*token);
             w.u64(spawn.parent.as_u64());
-            optional_str(&mut w, spawn.kind.as_deref());
-            optional_str(&mut w, spawn.identity.as_deref());
+            w.optional_str(spawn.kind.as_deref());
+            w.optional_str(spawn.identity.as_deref());
             w.str(&spawn.method);
-            w.u64(spawn.input.len() as u64);
-            for p in &spawn.input {
-                payload(&mut w, p);
-            }
+            w.payloads(&spawn.input);
             spawn.caps.encode(&mut w);
             w.u64(spawn.mailbox_capacity as u64);
             w.u64(u64::from(spawn.owner));
@@ -657,48 +660,41 @@ pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
 
 /// Decodes one link item.
 pub(crate) fn decode_item(bytes: &[u8]) -> Result<Item, WireError> {
-    let mut r = Reader::new(bytes);
-    let pid = |r: &mut Reader<'_>| r.u64().map(Pid::from_u64);
-    let item = match r.u8()? {
+    let mut r = Reader::new(bytes, "cluster link item");
+    let pid = |r: &mut Reader<'_>, field| r.u64(field).map(Pid::from_u64);
+    let kind = r.u8("kind")?;
+    r.kind(item_kind(kind));
+    let item = match kind {
         MESSAGE => Item::Message {
-            from: pid(&mut r)?,
-            to: pid(&mut r)?,
-            topic: r.str()?.to_owned(),
-            body: read_payload(&mut r)?,
+            from: pid(&mut r, "from")?,
+            to: pid(&mut r, "to")?,
+            topic: r.str("topic")?.to_owned(),
+            body: r.payload("body")?,
         },
-        MONITOR => Item::Monitor { watcher: pid(&mut r)?, target: pid(&mut r)? },
-        EXIT => {
-            let (watcher, exited) = (pid(&mut r)?, pid(&mut r)?);
-            let result = match r.u8()? {
-                0 => Ok(read_payload(&mut r)?),
-                1 => Err(r.str()?.to_owned()),
-                other => return Err(WireError::Malformed(format!("exit result tag {other}"))),
-            };
-            Item::Exit { watcher, pid: exited, result }
-        }
-        TERMINATE => Item::Terminate { by: pid(&mut r)?, target: pid(&mut r)?, token: r.u64()? },
-        TERMINATE_DONE => Item::TerminateDone { token: r.u64()?, result: read_unit_result(&mut r)? },
+        MONITOR => Item::Monitor { watcher: pid(&mut r, "watcher")?, target: pid(&mut r, "target")? },
+        EXIT => Item::Exit { watcher: pid(&mut r, "watcher")?, pid: pid(&mut r, "pid")?, result: r.outcome("result")? },
+        TERMINATE => Item::Terminate { by: pid(&mut r, "by")?, target: pid(&mut r, "target")?, token: r.u64("token")? },
+        TERMINATE_DONE => Item::TerminateDone {
+            token: r.u64("token")?,
+            result: if r.bool("result")? { Err(r.str("result")?.to_owned()) } else { Ok(()) },
+        },
         SPAWN => {
-            let token = r.u64()?;
-            let parent = pid(&mut r)?;
-            let kind = read_optional_str(&mut r)?;
-            let identity = read_optional_str(&mut r)?;
-            let method = r.str()?.to_owned();
-            let count = r.count()?;
-            let mut input = Vec::with_capacity(count);
-            for _ in 0..count {
-                input.push(read_payload(&mut r)?);
-            }
+            let token = r.u64("token")?;
+            let parent = pid(&mut r, "parent")?;
+            let kind = r.optional_str("kind")?.map(str::to_owned);
+            let identity = r.optional_str("identity")?.map(str::to_owned);
+            let method = r.str("method")?.to_owned();
+            let input = r.payloads("input")?;
             let caps = Capabilities::decode(&mut r)?;
-            let mailbox_capacity = usize::try_from(r.u64()?).unwrap_or(usize::MAX);
-            let owner = match r.u64()? {
+            let mailbox_capacity = usize::try_from(r.u64("mailbox_capacity")?).unwrap_or(usize::MAX);
+            let owner = match r.u64("owner")? {
                 0 => 0,
                 owner => node_id(owner)?,
             };
             let run_limits = read_optional_run_limits(&mut r)?;
             let limits = read_optional_limits(&mut r)?;
-            let monitor = r.bool()?;
-            let scope = r.u64()?;
+            let monitor = r.bool("monitor")?;
+            let scope = r.u64("scope")?;
             Item::Spawn {
                 token,
                 spawn: RemoteSpawn {
@@ -717,51 +713,40 @@ pub(crate) fn decode_item(bytes: &[u8]) -> Result<Item, WireError> {
                 },
             }
         }
-        STOP_RUN => {
-            Item::StopRun { reason: r.str()?.to_owned(), grace: Duration::from_nanos(r.u64()?), scope: r.u64()? }
-        }
-        LOG => {
-            Item::Log { pid: pid(&mut r)?, scope: r.u64()?, source: r.str()?.to_owned(), message: r.str()?.to_owned() }
-        }
-        SPAWN_DONE => {
-            let token = r.u64()?;
-            let result = match r.u8()? {
-                0 => Ok(pid(&mut r)?),
-                1 => Err(r.str()?.to_owned()),
-                other => return Err(WireError::Malformed(format!("spawn result tag {other}"))),
-            };
-            Item::SpawnDone { token, result }
-        }
-        other => return Err(WireError::Malformed(format!("unknown item kind {other}"))),
+        STOP_RUN => Item::StopRun {
+            reason: r.str("reason")?.to_owned(),
+            grace: Duration::from_nanos(r.u64("grace")?),
+            scope: r.u64("scope")?,
+        },
+        LOG => Item::Log {
+            pid: pid(&mut r, "pid")?,
+            scope: r.u64("scope")?,
+            source: r.str("source")?.to_owned(),
+            message: r.str("message")?.to_owned(),
+        },
+        SPAWN_DONE => Item::SpawnDone {
+            token: r.u64("token")?,
+            result: if r.bool("result")? { Err(r.str("result")?.to_owned()) } else { Ok(pid(&mut r, "result")?) },
+        },
+        other => return Err(r.invalid("kind", format!("unknown item kind {other}")).into()),
     };
     r.finish()?;
     Ok(item)
 }
 
-fn payload(w: &mut Writer, p: &Payload) {
-    w.str(p.format.as_str());
-    w.bytes(&p.data);
-}
-
-fn read_payload(r: &mut Reader<'_>) -> Result<Payload, Malformed> {
-    Ok(Payload { format: Format::from_name(r.str()?), data: r.bytes()?.to_vec() })
-}
-
-fn optional_str(w: &mut Writer, s: Option<&str>) {
-    match s {
-        Some(s) => {
-            w.u8(1);
-            w.str(s);
-        }
-        None => w.u8(0),
-    }
-}
-
-fn read_optional_str(r: &mut Reader<'_>) -> Result<Option<String>, WireError> {
-    match r.u8()? {
-        0 => Ok(None),
-        1 => Ok(Some(r.str()?.to_owned())),
-        other => Err(WireError::Malformed(format!("optional tag {other}"))),
+/// An item kind's name, for errors; empty for a kind that is none.
+fn item_kind(kind: u8) -> &'static str {
+    match kind {
+        MESSAGE => "message",
+        MONITOR => "monitor",
+        EXIT => "exit",
+        TERMINATE => "terminate",
+        TERMINATE_DONE => "terminate done",
+        SPAWN => "spawn",
+        SPAWN_DONE => "spawn done",
+        STOP_RUN => "stop run",
+        LOG => "log",
+        _ => "",
     }
 }
 
@@ -807,21 +792,17 @@ fn optional_u64(w: &mut Writer, n: Option<u64>) {
     }
 }
 
-fn read_optional_u64(r: &mut Reader<'_>) -> Result<Option<u64>, WireError> {
-    match r.u8()? {
-        0 => Ok(None),
-        1 => Ok(Some(r.u64()?)),
-        other => Err(WireError::Malformed(format!("optional tag {other}"))),
-    }
+fn read_optional_u64(r: &mut Reader<'_>, field: &'static str) -> Result<Option<u64>, Malformed> {
+    if r.bool(field)? { r.u64(field).map(Some) } else { Ok(None) }
 }
 
 /// As [`read_optional_limits`], values too large for this host saturate.
 fn read_optional_run_limits(r: &mut Reader<'_>) -> Result<Option<Box<RunLimits>>, WireError> {
-    match r.u8()? {
+    match r.u8("run_limits")? {
         0 => Ok(None),
         1 => {
             let mut bound = || -> Result<Option<usize>, WireError> {
-                Ok(read_optional_u64(r)?.map(|n| usize::try_from(n).unwrap_or(usize::MAX)))
+                Ok(read_optional_u64(r, "run_limits")?.map(|n| usize::try_from(n).unwrap_or(usize::MAX)))
             };
             Ok(Some(Box::new(RunLimits {
                 max_children: bound()?,
@@ -839,13 +820,13 @@ fn read_optional_run_limits(r: &mut Reader<'_>) -> Result<Option<Box<RunLimits>>
 /// Values too large for this host saturate: the receiver takes the tighter of these and
 /// its own, so a limit beyond its own range is simply not the tighter one.
 fn read_optional_limits(r: &mut Reader<'_>) -> Result<Option<KindLimits>, WireError> {
-    match r.u8()? {
+    match r.u8("limits")? {
         0 => Ok(None),
         1 => {
-            let max_memory = usize::try_from(r.u64()?).unwrap_or(usize::MAX);
-            let limits = KindLimits::new(max_memory, Duration::from_nanos(r.u64()?));
-            let fuel = read_optional_u64(r)?;
-            let cpu_budget = read_optional_u64(r)?.map(Duration::from_nanos);
+            let max_memory = usize::try_from(r.u64("limits")?).unwrap_or(usize::MAX);
+            let limits = KindLimits::new(max_memory, Duration::from_nanos(r.u64("limits")?));
+            let fuel = read_optional_u64(r, "limits")?;
+            let cpu_budget = read_optional_u64(r, "limits")?.map(Duration::from_nanos);
             Ok(Some(KindLimits { fuel, cpu_budget, ..limits }))
         }
         other => Err(WireError::Malformed(format!("limits tag {other}"))),
@@ -859,14 +840,6 @@ fn unit_result(w: &mut Writer, result: &Result<(), String>) {
             w.u8(1);
             w.str(e);
         }
-    }
-}
-
-fn read_unit_result(r: &mut Reader<'_>) -> Result<Result<(), String>, WireError> {
-    match r.u8()? {
-        0 => Ok(Ok(())),
-        1 => Ok(Err(r.str()?.to_owned())),
-        other => Err(WireError::Malformed(format!("result tag {other}"))),
     }
 }
 
@@ -1082,5 +1055,116 @@ mod tests {
         w.u64(0);
         w.u64(u64::MAX);
         assert!(decode(&w.into_bytes()).is_err());
+    }
+
+    /// The wire's format, pinned: every sample body's bytes (the data body carries every
+    /// sample item), as nodes wrote them before the cluster shared the crate's codec with
+    /// the journal.
+    #[test]
+    fn the_wire_format_is_fixed() {
+        let announce = Announce {
+            name: "a".into(),
+            load: 3,
+            accepts: true,
+            components: vec!["sha256:1".into()],
+            names: vec![("sha256:1".into(), "app.wasm".into())],
+            leaving: false,
+            seq: 9,
+            echo: 77,
+            link_start: 4,
+        };
+        let spawn = match &items()[6] {
+            Item::Spawn { spawn, .. } => spawn.clone(),
+            _ => unreachable!("the seventh item is a spawn"),
+        };
+        let bodies = [
+            Body::Announce(announce.clone()),
+            Body::Hello { nonce: 5 },
+            Body::Probe { nonce: 6, link_start: 2 },
+            Body::Data { to_incarnation: 1, first: 7, ack: 3, items: items().iter().map(encode_item).collect() },
+            Body::Ack { to_incarnation: 1, upto: 6 },
+            Body::CodeRequest { hash: "sha256:1".into(), offset: 10 },
+            Body::CodeChunk { result: Ok((100, vec![1, 2, 3])) },
+            Body::CodeChunk { result: Err("none".into()) },
+            Body::ClientHello { nonce: 8, inbox: "_INBOX_c.x".into() },
+            Body::Welcome { announce, echo: 8, session: 99 },
+            Body::Run { session: 99, seq: 1, request: ClientRequest::Keepalive },
+            Body::Run {
+                session: 99,
+                seq: 2,
+                request: ClientRequest::Spawn { token: 3, spawn, name: Some("a.wasm".into()) },
+            },
+            Body::Run {
+                session: 99,
+                seq: 5,
+                request: ClientRequest::StopRun { reason: "interrupted".into(), grace: Duration::from_millis(9) },
+            },
+            Body::Run { session: 99, seq: 3, request: ClientRequest::Terminate { target: Pid::from_u64(4) } },
+            Body::Run { session: 99, seq: 4, request: ClientRequest::Leave },
+            Body::Reply { session: 99, seq: 1, item: None },
+            Body::Reply { session: 99, seq: 2, item: Some(items()[9].clone()) },
+        ];
+        let golden: &[&[&str]] = &[
+            &["034d010161030100094d0401087368613235363a3101087368613235363a31086170702e7761736d"],
+            &["034d0205"],
+            &["034d070602"],
+            &[
+                "034d030107030e1b01858080808080801889808080808080200174047465787402686911028580808080808018898080",
+                "80808080201f0385808080808080188980808080808020010c6e6f636f6e6e656374696f6e2103858080808080801889",
+                "808080808080200005627974657308040000000000000012048580808080808018898080808080802002030502005406",
+                "088580808080808018010361707001097368613235363a30300673717561726501056279746573080300000000000000",
+                "0f010010000101020000000001ffffffffffffffffff01018080800290a10f0000012a4a060b85808080808080180103",
+                "61707000047370696e001f010002070101000101010301040105010601ffffffffffffffffff01c08db70101ffffffff",
+                "ffffffffff0101808cee891a010025060a85808080808080180000046d61696e001f010001ff1f000000ffffffffffff",
+                "ffffff010b070800898080808080802006070901026e6f13080b696e74657272757074656480cab5ee0100080804676f",
+                "6e6500631709858080808080801803067374646f75740568656c6c6f",
+            ],
+            &["034d040106"],
+            &["034d05087368613235363a310a"],
+            &["034d06006403010203"],
+            &["034d0601046e6f6e65"],
+            &["034d08080a5f494e424f585f632e78"],
+            &["034d090161030100094d0401087368613235363a3101087368613235363a31086170702e7761736d0863"],
+            &["034d0a630100"],
+            &[
+                "034d0a6302015406038580808080808018010361707001097368613235363a3030067371756172650105627974657308",
+                "03000000000000000f010010000101020000000001ffffffffffffffffff01018080800290a10f0000012a0106612e77",
+                "61736d",
+            ],
+            &["034d0a6305040b696e746572727570746564c0a8a504"],
+            &["034d0a63030204"],
+            &["034d0a630403"],
+            &["034d0b630100"],
+            &["034d0b6302010b0708008980808080808020"],
+        ];
+        assert_eq!(bodies.len(), golden.len());
+        for (body, golden) in bodies.iter().zip(golden) {
+            let hex: String = encode(PEER, body).iter().map(|byte| format!("{byte:02x}")).collect();
+            assert_eq!(hex, golden.concat(), "{body:?}");
+        }
+    }
+
+    /// A damaged frame's error names the frame, its kind and the field that did not read
+    /// (it once called any damage "a malformed journal record").
+    #[test]
+    fn damaged_frames_name_their_kind_and_field() {
+        let body = encode(PEER, &Body::Probe { nonce: 6, link_start: 300 });
+        assert_eq!(
+            decode(&body[..body.len() - 1]).unwrap_err().to_string(),
+            "malformed cluster frame of kind `probe`: `link_start` at byte 4: the value ends inside it"
+        );
+        let mut item = encode_item(&items()[0]);
+        item.pop();
+        assert_eq!(
+            decode_item(&item).unwrap_err().to_string(),
+            "malformed cluster link item of kind `message`: `body` at byte 24: a length of 2 bytes, with 1 left"
+        );
+        let frame = encode(PEER, &Body::Data { to_incarnation: 1, first: 1, ack: 0, items: vec![vec![0; 3]] });
+        let error = decode(&frame[..frame.len() - 2]).unwrap_err().to_string();
+        assert!(error.starts_with("malformed cluster frame of kind `data`: `items`"), "{error}");
+        assert_eq!(
+            decode(&[3, 1, 99]).unwrap_err().to_string(),
+            "malformed cluster frame: `kind` at byte 2: unknown frame kind 99"
+        );
     }
 }

@@ -105,7 +105,6 @@ pub(crate) use self::record::{Record, SpawnRecord, StepRecord, now_micros};
 pub use self::runs::{FinishedRun, HeldRun};
 pub use self::store::{Batch, FjallStore, Key, MemoryStore, Store};
 pub use crate::codec::Malformed;
-pub(crate) use crate::codec::{Reader, Writer};
 
 /// The first byte of every record value: a journal written by a later format is refused
 /// rather than misread.

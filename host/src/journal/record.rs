@@ -2,13 +2,13 @@
 //! an exit are written, and read back.
 //!
 //! A value is [`FORMAT_VERSION`], a record tag, then the record's fields in the order
-//! below. Every decode checks what it reads, so a damaged record is a [`Malformed`]
-//! error.
+//! below, in the crate's encoding (`codec.rs`). Every decode checks what it reads, so a
+//! damaged record is a [`Malformed`] error that names the record's kind and the field.
 
 use std::borrow::Cow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use wasmproc_types::{Format, Payload, Pid};
+use wasmproc_types::{Payload, Pid};
 
 use super::FORMAT_VERSION;
 use crate::caps::Capabilities;
@@ -91,22 +91,10 @@ impl Record {
                     }
                     None => w.bool(false),
                 }
-                match &spawn.kind {
-                    Some(kind) => {
-                        w.bool(true);
-                        w.str(kind);
-                    }
-                    None => w.bool(false),
-                }
-                match &spawn.identity {
-                    Some(identity) => {
-                        w.bool(true);
-                        w.str(identity);
-                    }
-                    None => w.bool(false),
-                }
+                w.optional_str(spawn.kind.as_deref());
+                w.optional_str(spawn.identity.as_deref());
                 w.str(&spawn.method);
-                payloads(&mut w, &spawn.input);
+                w.payloads(&spawn.input);
                 spawn.caps.encode(&mut w);
                 w.u64(spawn.mailbox_capacity);
                 w.u64(spawn.at);
@@ -130,7 +118,7 @@ impl Record {
                 for (to, topic, body) in &step.sends {
                     w.u64(to.as_u64());
                     w.str(topic);
-                    payload(&mut w, body);
+                    w.payload(body);
                 }
                 w.u8(match step.status {
                     Status::Blocked => 0,
@@ -141,12 +129,12 @@ impl Record {
             }
             Record::Exit(result) => {
                 w.u8(EXIT);
-                outcome(&mut w, result);
+                w.outcome(result);
             }
             Record::HostMessage { topic, body } => {
                 w.u8(HOST_MESSAGE);
                 w.str(topic);
-                payload(&mut w, body);
+                w.payload(body);
             }
         }
         w.into_bytes()
@@ -156,56 +144,72 @@ impl Record {
     ///
     /// # Errors
     ///
-    /// A value of another format version, or damaged.
+    /// A value of another format version, or damaged: the error names the record's kind
+    /// and the field.
     pub(crate) fn decode(bytes: &[u8]) -> Result<Record, Malformed> {
-        let mut r = Reader::new(bytes);
-        let version = r.u8()?;
+        let mut r = Reader::new(bytes, "journal record");
+        let version = r.u8("version")?;
         if version != FORMAT_VERSION {
-            return Err(Malformed("written by another format version of the journal"));
+            return Err(r.invalid(
+                "version",
+                format!(
+                    "written by another format version of the journal ({version}; this host reads {FORMAT_VERSION})"
+                ),
+            ));
         }
-        let record = match r.u8()? {
-            SPAWN => Record::Spawn(SpawnRecord {
-                parent: Pid::from_u64(r.u64()?),
-                origin: if r.bool()? { Some((r.u64()?, r.u64()?)) } else { None },
-                kind: if r.bool()? { Some(r.str()?.to_owned()) } else { None },
-                identity: if r.bool()? { Some(r.str()?.to_owned()) } else { None },
-                method: r.str()?.to_owned(),
-                input: read_payloads(&mut r)?,
-                caps: Capabilities::decode(&mut r)?,
-                mailbox_capacity: r.u64()?,
-                at: r.u64()?,
-                seed: r.bytes()?.try_into().map_err(|_| Malformed("a seed is not 32 bytes"))?,
-            }),
+        let record = match r.u8("kind")? {
+            SPAWN => {
+                r.kind("spawn");
+                Record::Spawn(SpawnRecord {
+                    parent: Pid::from_u64(r.u64("parent")?),
+                    origin: if r.bool("origin")? { Some((r.u64("origin")?, r.u64("origin")?)) } else { None },
+                    kind: r.optional_str("kind")?.map(str::to_owned),
+                    identity: r.optional_str("identity")?.map(str::to_owned),
+                    method: r.str("method")?.to_owned(),
+                    input: r.payloads("input")?,
+                    caps: Capabilities::decode(&mut r)?,
+                    mailbox_capacity: r.u64("mailbox_capacity")?,
+                    at: r.u64("at")?,
+                    seed: r.bytes("seed")?.try_into().map_err(|_| r.invalid("seed", "a seed is not 32 bytes"))?,
+                })
+            }
             STEP => {
-                let at = r.u64()?;
+                r.kind("step");
+                let at = r.u64("at")?;
                 let events = read_events(&mut r)?;
-                let count = r.count()?;
+                let count = r.count("message_ids")?;
                 let mut message_ids = Vec::with_capacity(count);
                 for _ in 0..count {
-                    message_ids.push((Pid::from_u64(r.u64()?), r.u64()?));
+                    message_ids.push((Pid::from_u64(r.u64("message_ids")?), r.u64("message_ids")?));
                 }
-                let count = r.count()?;
+                let count = r.count("yields")?;
                 let mut yields = Vec::with_capacity(count);
                 for _ in 0..count {
-                    yields.push(Yield { tag: r.u64()?, command: read_command(&mut r)? });
+                    yields.push(Yield { tag: r.u64("yields")?, command: read_command(&mut r)? });
                 }
-                let count = r.count()?;
+                let count = r.count("sends")?;
                 let mut sends = Vec::with_capacity(count);
                 for _ in 0..count {
-                    sends.push((Pid::from_u64(r.u64()?), r.str()?.to_owned(), read_payload(&mut r)?));
+                    sends.push((Pid::from_u64(r.u64("sends")?), r.str("sends")?.to_owned(), r.payload("sends")?));
                 }
-                let status = match r.u8()? {
+                let status = match r.u8("status")? {
                     0 => Status::Blocked,
                     1 => Status::Idle,
                     2 => Status::Continue,
                     3 => Status::Complete(Ok(Payload::empty())),
-                    _ => return Err(Malformed("bad step status")),
+                    other => return Err(r.invalid("status", format!("unknown step status {other}"))),
                 };
                 Record::Step(StepRecord { at, events, message_ids, yields, sends, status })
             }
-            EXIT => Record::Exit(read_outcome(&mut r)?),
-            HOST_MESSAGE => Record::HostMessage { topic: r.str()?.to_owned(), body: read_payload(&mut r)? },
-            _ => return Err(Malformed("unknown record kind")),
+            EXIT => {
+                r.kind("exit");
+                Record::Exit(r.outcome("result")?)
+            }
+            HOST_MESSAGE => {
+                r.kind("host message");
+                Record::HostMessage { topic: r.str("topic")?.to_owned(), body: r.payload("body")? }
+            }
+            other => return Err(r.invalid("kind", format!("unknown record kind {other}"))),
         };
         r.finish()?;
         Ok(record)
@@ -219,18 +223,18 @@ fn events(w: &mut Writer, events: &[Event]) {
             Event::Completion { tag, result } => {
                 w.u8(0);
                 w.u64(*tag);
-                outcome(w, result);
+                w.outcome(result);
             }
             Event::Message { sender, topic, body } => {
                 w.u8(1);
                 w.u64(sender.as_u64());
                 w.str(topic);
-                payload(w, body);
+                w.payload(body);
             }
             Event::Exit { pid, result } => {
                 w.u8(2);
                 w.u64(pid.as_u64());
-                outcome(w, result);
+                w.outcome(result);
             }
             Event::Cancel { reason } => {
                 w.u8(3);
@@ -241,15 +245,19 @@ fn events(w: &mut Writer, events: &[Event]) {
 }
 
 fn read_events(r: &mut Reader<'_>) -> Result<Vec<Event>, Malformed> {
-    let count = r.count()?;
+    let count = r.count("events")?;
     let mut events = Vec::with_capacity(count);
     for _ in 0..count {
-        events.push(match r.u8()? {
-            0 => Event::Completion { tag: r.u64()?, result: read_outcome(r)? },
-            1 => Event::Message { sender: Pid::from_u64(r.u64()?), topic: r.str()?.to_owned(), body: read_payload(r)? },
-            2 => Event::Exit { pid: Pid::from_u64(r.u64()?), result: read_outcome(r)? },
-            3 => Event::Cancel { reason: r.str()?.to_owned() },
-            _ => return Err(Malformed("unknown event kind")),
+        events.push(match r.u8("events")? {
+            0 => Event::Completion { tag: r.u64("events")?, result: r.outcome("events")? },
+            1 => Event::Message {
+                sender: Pid::from_u64(r.u64("events")?),
+                topic: r.str("events")?.to_owned(),
+                body: r.payload("events")?,
+            },
+            2 => Event::Exit { pid: Pid::from_u64(r.u64("events")?), result: r.outcome("events")? },
+            3 => Event::Cancel { reason: r.str("events")?.to_owned() },
+            other => return Err(r.invalid("events", format!("unknown event kind {other}"))),
         });
     }
     Ok(events)
@@ -263,22 +271,16 @@ fn command(w: &mut Writer, command: &Command) {
         }
         Command::Spawn(request) => {
             w.u8(1);
-            match &request.kind {
-                Some(kind) => {
-                    w.bool(true);
-                    w.str(kind);
-                }
-                None => w.bool(false),
-            }
+            w.optional_str(request.kind.as_deref());
             w.str(&request.method);
-            payloads(w, &request.input);
+            w.payloads(&request.input);
             w.bool(request.monitor);
         }
         Command::Send { to, topic, body } => {
             w.u8(2);
             w.u64(to.as_u64());
             w.str(topic);
-            payload(w, body);
+            w.payload(body);
         }
         Command::Monitor(pid) => {
             w.u8(3);
@@ -291,76 +293,36 @@ fn command(w: &mut Writer, command: &Command) {
         Command::Custom { name, payload: input } => {
             w.u8(5);
             w.str(name);
-            payload(w, input);
+            w.payload(input);
         }
     }
 }
 
 fn read_command(r: &mut Reader<'_>) -> Result<Command, Malformed> {
-    Ok(match r.u8()? {
-        0 => Command::Sleep(Duration::from_micros(r.u64()?)),
+    Ok(match r.u8("yields")? {
+        0 => Command::Sleep(Duration::from_micros(r.u64("yields")?)),
         1 => Command::Spawn(SpawnRequest {
-            kind: if r.bool()? { Some(r.str()?.to_owned()) } else { None },
-            method: r.str()?.to_owned(),
-            input: read_payloads(r)?,
-            monitor: r.bool()?,
+            kind: r.optional_str("yields")?.map(str::to_owned),
+            method: r.str("yields")?.to_owned(),
+            input: r.payloads("yields")?,
+            monitor: r.bool("yields")?,
         }),
-        2 => Command::Send { to: Pid::from_u64(r.u64()?), topic: r.str()?.to_owned(), body: read_payload(r)? },
-        3 => Command::Monitor(Pid::from_u64(r.u64()?)),
-        4 => Command::Terminate(Pid::from_u64(r.u64()?)),
-        5 => Command::Custom { name: Cow::Owned(r.str()?.to_owned()), payload: read_payload(r)? },
-        _ => return Err(Malformed("unknown command kind")),
+        2 => Command::Send {
+            to: Pid::from_u64(r.u64("yields")?),
+            topic: r.str("yields")?.to_owned(),
+            body: r.payload("yields")?,
+        },
+        3 => Command::Monitor(Pid::from_u64(r.u64("yields")?)),
+        4 => Command::Terminate(Pid::from_u64(r.u64("yields")?)),
+        5 => Command::Custom { name: Cow::Owned(r.str("yields")?.to_owned()), payload: r.payload("yields")? },
+        other => return Err(r.invalid("yields", format!("unknown command kind {other}"))),
     })
-}
-
-fn payload(w: &mut Writer, payload: &Payload) {
-    w.str(payload.format.as_str());
-    w.bytes(&payload.data);
-}
-
-fn read_payload(r: &mut Reader<'_>) -> Result<Payload, Malformed> {
-    Ok(Payload { format: Format::from_name(r.str()?), data: r.bytes()?.to_vec() })
-}
-
-fn payloads(w: &mut Writer, payloads: &[Payload]) {
-    w.u64(payloads.len() as u64);
-    for p in payloads {
-        payload(w, p);
-    }
-}
-
-fn read_payloads(r: &mut Reader<'_>) -> Result<Vec<Payload>, Malformed> {
-    let count = r.count()?;
-    let mut payloads = Vec::with_capacity(count);
-    for _ in 0..count {
-        payloads.push(read_payload(r)?);
-    }
-    Ok(payloads)
-}
-
-fn outcome(w: &mut Writer, result: &Outcome) {
-    match result {
-        Ok(p) => {
-            w.u8(0);
-            payload(w, p);
-        }
-        Err(error) => {
-            w.u8(1);
-            w.str(error);
-        }
-    }
-}
-
-fn read_outcome(r: &mut Reader<'_>) -> Result<Outcome, Malformed> {
-    match r.u8()? {
-        0 => Ok(Ok(read_payload(r)?)),
-        1 => Ok(Err(r.str()?.to_owned())),
-        _ => Err(Malformed("bad outcome")),
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use wasmproc_types::Format;
+
     use super::*;
 
     fn samples() -> Vec<Record> {
@@ -445,6 +407,54 @@ mod tests {
     fn another_format_version_is_refused() {
         let mut bytes = Record::Exit(Ok(Payload::empty())).encode();
         bytes[0] = FORMAT_VERSION + 1;
-        assert_eq!(Record::decode(&bytes), Err(Malformed("written by another format version of the journal")));
+        let error = Record::decode(&bytes).unwrap_err().to_string();
+        assert!(error.contains("written by another format version of the journal"), "{error}");
+    }
+
+    /// A damaged record's error says it is a journal record, of which kind, and the field
+    /// that did not read.
+    #[test]
+    fn errors_name_the_record_s_kind_and_field() {
+        let step = samples().into_iter().find(|r| matches!(r, Record::Step(_))).unwrap().encode();
+        let error = Record::decode(&step[..step.len() - 1]).unwrap_err().to_string();
+        assert!(error.starts_with("malformed journal record of kind `step`: `status` at byte"), "{error}");
+        let exit = Record::Exit(Err("boom".into())).encode();
+        let mut damaged = exit.clone();
+        damaged[2] = 7;
+        let error = Record::decode(&damaged).unwrap_err().to_string();
+        assert_eq!(error, "malformed journal record of kind `exit`: `result` at byte 2: tag 7, not 0 or 1");
+        let mut damaged = exit;
+        damaged[1] = 9;
+        let error = Record::decode(&damaged).unwrap_err().to_string();
+        assert_eq!(error, "malformed journal record: `kind` at byte 1: unknown record kind 9");
+    }
+
+    /// The journal's format on disk, pinned: every sample record's bytes, as the journal
+    /// wrote them before its values shared the crate's codec with the cluster.
+    #[test]
+    fn the_format_on_disk_is_fixed() {
+        let golden: &[&[&str]] = &[
+            &[
+                "010100010309010361707001097368613235363a3030046d61696e0205627974657308070000000000000005782d7261",
+                "770200ff1f0101066b762e67657480088080f9c0c1c48203200707070707070707070707070707070707070707070707",
+                "070707070707070707",
+            ],
+            &[
+                "0102010400030005627974657300010901740474657874026869020501066e6f70726f63030873687574646f776e0109",
+                "808040060100a09c01020100056368696c640205627974657308070000000000000005782d7261770200ff0103020401",
+                "78056279746573000403040504040605066b762e6765740474657874016b010806646972656374056279746573080100",
+                "00000000000001",
+            ],
+            &["010300056279746573082a00000000000000"],
+            &["0104017404746578740178"],
+            &["01030104626f6f6d"],
+        ];
+        for (mut record, golden) in samples().into_iter().zip(golden) {
+            if let Record::Spawn(spawn) = &mut record {
+                spawn.at = 1_700_000_000_000_000;
+            }
+            let hex: String = record.encode().iter().map(|byte| format!("{byte:02x}")).collect();
+            assert_eq!(hex, golden.concat(), "{record:?}");
+        }
     }
 }
