@@ -2,8 +2,9 @@
 //! pays: it ends with an error that names what it did, and a well-behaved process run
 //! beside it completes with the right result.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use wasmproc::error::{MailboxLimit, SendError};
 use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::wasm::{Component, Config, Runtime};
 use wasmproc::{Payload, Scheduler};
@@ -117,6 +118,68 @@ fn a_preempted_step_resumes_and_then_reads_what_arrived_meanwhile() {
     s.handle().send(busy.pid(), "note", Payload::text("sent mid-step")).expect("the busy process is alive");
     let result = busy.join_timeout(HANG).expect("the busy process ends").expect("and succeeds");
     assert_eq!(result.as_str(), Some("sent mid-step"));
+    s.stop(Duration::from_secs(1));
+}
+
+/// Waits until `s`'s one worker has run `steps` steps (resumptions of a suspended step
+/// count), within [`HANG`].
+fn wait_for_steps(s: &Scheduler, steps: u64) {
+    let deadline = Instant::now() + HANG;
+    while s.handle().stats().workers[0].executed < steps {
+        assert!(Instant::now() < deadline, "the worker did not reach {steps} steps");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Fills the mailbox of a process whose step is suspended (a loop, preempted at every
+/// time slice and resumed on the next turn) with `fill`, lets the step be resumed, and
+/// returns what one more send got. The resumed turns must leave the messages in the
+/// mailbox, where they count against its bounds, rather than hand them to the process.
+fn send_past_a_suspended_step(s: &Scheduler, options: SpawnOptions, fill: &[Payload], more: Payload) -> SendError {
+    let spinner = s.handle().spawn(Spawnable::kind("hostile"), options).expect("the spinner starts");
+    // Its step has begun (and taken the empty inbox) once the worker has run two.
+    wait_for_steps(s, 2);
+    for body in fill {
+        s.handle().send(spinner.pid(), "t", body.clone()).expect("the mailbox takes the first messages");
+    }
+    // A step counted after this look began after the sends: without the bound holding,
+    // its turn would have emptied the mailbox into the process.
+    let seen = s.handle().stats().workers[0].executed;
+    wait_for_steps(s, seen + 2);
+    assert!(spinner.try_result().is_none(), "the loop runs on");
+    let refused = s.handle().send(spinner.pid(), "t", more).expect_err("the mailbox of a suspended step is full");
+    s.handle().terminate(spinner.pid()).expect("the spinner is alive");
+    says(&spinner.join_timeout(HANG).expect("termination ends it").unwrap_err(), "terminated");
+    refused
+}
+
+/// A process whose step is preempted over and over reads no messages meanwhile: its
+/// mailbox fills up, and the sender past the bound gets the mailbox-full error, the
+/// messages held for the process staying counted.
+#[test]
+fn the_mailbox_of_a_preempted_step_fills_up_at_its_bound() {
+    let runtime = runtime(Config::default().time_slice(Duration::from_millis(2)));
+    let s = one_worker(&runtime);
+    let options = SpawnOptions::new("spin").mailbox_capacity(2);
+    let fill = [Payload::u64(1), Payload::u64(2)];
+    let error = send_past_a_suspended_step(&s, options, &fill, Payload::u64(3));
+    assert!(matches!(error, SendError::MailboxFull { limit: MailboxLimit::Messages(2), .. }), "{error}");
+    s.stop(Duration::from_secs(1));
+}
+
+/// As above, for the mailbox's bound in bytes (`mailbox_bytes`).
+#[test]
+fn the_mailbox_of_a_preempted_step_fills_up_at_its_byte_bound() {
+    let runtime = runtime(Config::default().time_slice(Duration::from_millis(2)));
+    let s = Scheduler::builder()
+        .workers(1)
+        .mailbox_bytes(1000)
+        .kind("hostile", load(&runtime, HOSTILE))
+        .build()
+        .expect("the scheduler starts");
+    let fill = [Payload::bytes(vec![0; 600])];
+    let error = send_past_a_suspended_step(&s, SpawnOptions::new("spin"), &fill, Payload::bytes(vec![0; 600]));
+    assert!(matches!(error, SendError::MailboxFull { limit: MailboxLimit::Bytes(1000), .. }), "{error}");
     s.stop(Duration::from_secs(1));
 }
 

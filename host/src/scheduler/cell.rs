@@ -60,6 +60,9 @@ pub(super) struct ProcessCell {
     /// The process itself; `None` once it has been closed. Guarded by the state word,
     /// not by a lock: see [`ProcessCell::with_process`].
     process: UnsafeCell<Option<Box<dyn Process>>>,
+    /// The process's last step was preempted and waits to be resumed
+    /// ([`Decision::Preempted`]). Guarded as `process` is: only its owner reads or writes it.
+    step_suspended: UnsafeCell<bool>,
     pub(super) spec: Spec,
     /// Its parent and the live counts of its process tree.
     pub(super) lineage: Lineage,
@@ -77,6 +80,10 @@ pub(super) enum Decision {
     Wait(Lifecycle),
     /// Run again after others had their turn.
     Continue,
+    /// As `Continue`, for a step stopped part-way to be resumed
+    /// ([`StepOutput::set_preempted`](super::StepOutput::set_preempted)): until it has
+    /// finished, the turns that resume it give it no events (see [`ProcessCell::run_turn`]).
+    Preempted,
     /// Run again now: events for the next step are waiting outside the inbox (the
     /// worker kept completions made during dispatch).
     Rerun,
@@ -97,10 +104,11 @@ pub(super) enum TurnEnd {
     Terminated,
 }
 
-// SAFETY: every field but `process` is `Sync`. `process` is only reached through
-// `with_process`/`take_process`, whose callers own the process by the state word's
-// protocol, so it is never accessed from two threads at once; and the process is `Send`,
-// so moving between the threads that successively own it is fine.
+// SAFETY: every field but `process` and `step_suspended` is `Sync`. `process` is only
+// reached through `with_process`/`take_process`, and `step_suspended` only in
+// `run_turn`, whose callers own the process by the state word's protocol, so neither is
+// ever accessed from two threads at once; and the process is `Send`, so moving between
+// the threads that successively own it is fine.
 unsafe impl Sync for ProcessCell {}
 
 impl ProcessCell {
@@ -110,6 +118,7 @@ impl ProcessCell {
             state: State::new(),
             inbox: Inbox::new(),
             process: UnsafeCell::new(Some(process)),
+            step_suspended: UnsafeCell::new(false),
             spec,
             lineage,
             journal_seq: AtomicU64::new(0),
@@ -192,6 +201,11 @@ impl ProcessCell {
     /// Runs up to `budget` steps back to back while events keep arriving during the
     /// steps (each rerun is what the `WAKEUP` flag asks for). `step` receives the drained
     /// events in `events`, must leave it empty, and says what the process wants next.
+    ///
+    /// A step that was preempted ([`Decision::Preempted`]) is resumed by the process's
+    /// next turn with no events: the inbox is not drained into a process whose step is
+    /// suspended, so what arrives meanwhile stays there, counted against the mailbox's
+    /// bounds, until the step that will see it begins (see `state.rs`, "Suspended steps").
     pub(super) fn run_turn(
         &self,
         budget: u32,
@@ -199,16 +213,27 @@ impl ProcessCell {
         mut step: impl FnMut(&mut Vec<Event>) -> Decision,
     ) -> TurnEnd {
         let mut terminate = self.state.transition_to_running().is_terminate_requested();
-        // Events may have arrived while the process was queued or waiting.
-        let mut drain = true;
+        // SAFETY: this worker owns the process from `transition_to_running` on, until
+        // the turn ends; `step` does not touch the flag.
+        let mut suspended = unsafe { *self.step_suspended.get() };
+        // Whether the inbox may hold events no step has been given: at first, those
+        // that arrived while the process was queued or waiting.
+        let mut undrained = true;
         for _ in 0..budget.max(1) {
             if terminate {
                 return TurnEnd::Terminated;
             }
-            if drain {
+            if undrained && !suspended {
                 self.inbox.drain_into(events);
+                undrained = false;
             }
             let decision = step(events);
+            let preempted = matches!(decision, Decision::Preempted);
+            if preempted != suspended {
+                suspended = preempted;
+                // SAFETY: as above.
+                unsafe { *self.step_suspended.get() = preempted };
+            }
             terminate = self.state.load().is_terminate_requested();
             match decision {
                 Decision::Complete(Ok(result)) => return TurnEnd::Complete(Ok(result)),
@@ -217,15 +242,22 @@ impl ProcessCell {
                 // fails at its next epoch tick), and its error is not the process's.
                 _ if terminate => return TurnEnd::Terminated,
                 Decision::Complete(result) => return TurnEnd::Complete(result),
-                Decision::Continue => {
+                // A suspended step still has work: it is queued again, whatever came.
+                Decision::Continue | Decision::Preempted => {
                     self.state.transition_to_ready_from_running();
                     return TurnEnd::Requeue;
                 }
-                // The inbox needs draining only if a producer flagged a push.
-                Decision::Rerun => drain = self.state.take_wakeup(),
+                // The inbox needs draining if a producer flagged a push, or if this turn
+                // resumed a suspended step and has not drained it yet.
+                Decision::Rerun => undrained = self.state.take_wakeup() || undrained,
+                // A resumed step has finished without seeing what arrived before this
+                // turn (those pushes set no flag): it goes to the next step, never left
+                // in the inbox of a parked process. What arrives after this look sets
+                // `WAKEUP`, as the process is `Running`, and fails the park below.
+                Decision::Wait(_) if undrained && !self.inbox.is_empty() => {}
                 Decision::Wait(target) => match self.state.transition_to_waiting(target) {
                     Waiting::Parked => return TurnEnd::Parked,
-                    Waiting::Rerun => drain = true,
+                    Waiting::Rerun => undrained = true,
                 },
             }
         }
@@ -414,6 +446,46 @@ mod loom_models {
             seen += run_owed_turns(&cell, Lifecycle::Blocked, &schedules, schedules.swap(0, Ordering::SeqCst));
             assert_eq!(seen, 1);
             assert_eq!(cell.inbox.len(), 0);
+        });
+    }
+
+    /// A message racing a step that is preempted and resumed on the next turn: the
+    /// resumed step is given no events (the message waits in the inbox), and once it has
+    /// finished the message is consumed exactly once, by a later step, and never left in
+    /// the inbox of a parked process (`state.rs`, "Suspended steps").
+    #[test]
+    fn loom_send_races_suspended_step() {
+        loom::model(|| {
+            let cell = ready_cell();
+            let schedules = Arc::new(AtomicUsize::new(0));
+            let producer = spawn_producer(&cell, &schedules, message());
+            let mut seen = 0;
+            let mut buf = Vec::new();
+            let first = cell.run_turn(4, &mut buf, |events| {
+                seen += events.drain(..).count();
+                Decision::Preempted
+            });
+            assert!(matches!(first, TurnEnd::Requeue), "a suspended step still has work: {first:?}");
+            let mut resumed = false;
+            let end = cell.run_turn(4, &mut buf, |events| {
+                if !resumed {
+                    resumed = true;
+                    assert!(events.is_empty(), "a resumed step is given no events");
+                }
+                seen += events.drain(..).count();
+                Decision::Wait(Lifecycle::Idle)
+            });
+            let owed = match end {
+                TurnEnd::Parked => 0,
+                TurnEnd::Requeue => 1,
+                other => panic!("unexpected turn end {other:?}"),
+            };
+            seen += run_owed_turns(&cell, Lifecycle::Idle, &schedules, owed);
+            producer.join().unwrap();
+            seen += run_owed_turns(&cell, Lifecycle::Idle, &schedules, schedules.swap(0, Ordering::SeqCst));
+            assert_eq!(seen, 1, "the message must be consumed exactly once");
+            assert_eq!(cell.inbox.len(), 0);
+            assert_eq!(cell.state.load().lifecycle(), Lifecycle::Idle);
         });
     }
 

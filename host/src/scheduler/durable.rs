@@ -387,9 +387,10 @@ pub(super) struct Turn {
 }
 
 /// A step of a durable process as far as its turns have gone: a preempted step spans
-/// several turns. The events given to a resumed turn are kept by the process for its next
-/// step ([`StepOutput::set_preempted`](super::StepOutput::set_preempted)), so they are
-/// carried to that step's record, which then holds exactly what its step began with.
+/// several turns ([`StepOutput::set_preempted`](super::StepOutput::set_preempted)). The
+/// turns that resume it are given no events, so its record holds what it began with;
+/// any a resumed turn were given would be carried to the next step's record, which
+/// would then hold exactly what that step began with.
 pub(super) struct StepInProgress {
     /// The seed of the process's random numbers, drawn at spawn and recorded.
     pub(super) seed: [u8; 32],

@@ -134,6 +134,11 @@ impl<W> Inbox<W> {
         mem::swap(&mut inner.ids, &mut inner.drained_ids);
     }
 
+    /// Whether no event waits to be drained.
+    pub(super) fn is_empty(&self) -> bool {
+        self.inner.lock().events.is_empty()
+    }
+
     /// The identities of the messages the last [`Inbox::drain_into`] took. Only the
     /// consumer calls it, between its drain and the next.
     pub(super) fn take_drained_ids(&self) -> Vec<MessageId> {

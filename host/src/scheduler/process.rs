@@ -155,9 +155,11 @@ impl StepOutput {
     }
 
     /// Marks the step as stopped part-way, at its time slice, to resume where it
-    /// stopped when stepped next (with [`Status::Continue`]): the events given to the
-    /// resumed turns are the process's own to keep for its next step. A durable scheduler
-    /// records the step once it finishes, as one step, and a replay runs it whole.
+    /// stopped when stepped next (with [`Status::Continue`]). Until the step has
+    /// finished, the steps that resume it are given no events: what arrives meanwhile
+    /// waits in the process's mailbox, within its bounds, for the step after. A durable
+    /// scheduler records the step once it finishes, as one step, and a replay runs it
+    /// whole.
     pub fn set_preempted(&mut self) {
         self.preempted = true;
         self.status = Status::Continue;

@@ -645,9 +645,8 @@ fn replay(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<Option<Status>, S
             return differs(format!("recorded port sends {:?}, replay sent {sends:?}", step.sends));
         }
         let status = out.take_status();
-        // Whether a step waits or runs again may differ on replay: a Wasm process runs
-        // again at once when events came while a step was preempted, which replay does
-        // not do. Only finishing is part of the history.
+        // Only finishing is part of the history: whether a step waits or runs again
+        // decides when the process runs next, which replay does not follow.
         let same_status = matches!(status, Status::Complete(_)) == matches!(step.status, Status::Complete(_));
         if !same_status {
             return differs(format!("recorded status {:?}, replay ended with {status:?}", step.status));

@@ -39,6 +39,30 @@
 //! happened and the producer schedules the process itself. Either way the event is
 //! drained by a later step. The loom models at the bottom of `cell.rs` check this.
 //!
+//! # Suspended steps
+//!
+//! A step stopped part-way at its time slice, to be resumed where it stopped
+//! (`Decision::Preempted` in `cell.rs`), is given no events until it has finished: the
+//! turns that resume it skip step 1's drain. What arrives meanwhile stays in the inbox,
+//! where the mailbox's bounds count it and refuse a sender past them; handed to the
+//! process, it would be held where no bound counts it. The argument above holds with
+//! the drain moved, by two rules of the worker's:
+//!
+//! 4. A turn that ends with the step still suspended makes the process `Ready` and
+//!    queues it again, whatever its inbox holds: it has work of its own, and waits for no
+//!    wake.
+//! 5. A turn whose resumed step finishes has not drained the inbox, and the pushes that
+//!    came before its `Ready → Running` set no flag. So before it tries to park the
+//!    process, the worker looks into the inbox (under its lock): if anything is there,
+//!    the process runs again, draining first as in step 1 (or, its turn used up, is
+//!    queued with the events in the inbox). A push the look missed took the inbox lock
+//!    after the look released it, which follows `Ready → Running` in program order, so
+//!    its producer's `wake` reads `Running` (and sets `WAKEUP`, which fails step 3's CAS)
+//!    or a later state (and schedules the process), as for a push step 1's drain missed.
+//!
+//! So no event is left in the inbox of a parked process, suspended steps or not; the
+//! model `loom_send_races_suspended_step` checks it.
+//!
 //! Orderings: the event payloads are published by the inbox mutex and the process itself
 //! by the run queues, so the state word only needs the total order of its own
 //! modifications. CASes still use `AcqRel` so a winner of `Ready` or `Running` sees the
@@ -235,7 +259,9 @@ impl State {
     /// Called by the worker between two steps of one turn that did not try to park:
     /// clears `WAKEUP` and says whether it was set, that is, whether a producer has
     /// pushed into the inbox since the last drain. The worker must drain the inbox when
-    /// this returns true; when it returns false every event pushed so far was drained.
+    /// this returns true; when it returns false every event pushed so far was drained,
+    /// if the turn has drained the inbox since it began (a turn that resumed a suspended
+    /// step has not: see "Suspended steps").
     ///
     /// Why false is safe: a producer pushes before it reads the state word. If its read
     /// came after the last clearing of `WAKEUP` it saw the flag clear and set it (so this

@@ -42,6 +42,16 @@
 //! to continue, or used up its turn) the kept events go into its inbox before it is
 //! queued, while no one else can own it.
 //!
+//! # Preempted steps
+//!
+//! A step that stops part-way at its time slice ([`StepOutput::set_preempted`]) makes
+//! its process `Ready` again and queues it at the back of the global queue, like one
+//! that asked to continue. Its next turns resume the step without draining the inbox:
+//! events wait there, within the mailbox's bounds, until the step that will see them
+//! begins; a sender past the bounds is refused, as for any process that does not read.
+//! Once the resumed step finishes, the turn looks into the inbox before it parks the
+//! process (`state.rs`, "Suspended steps", argues why nothing is left there).
+//!
 //! # Hibernation
 //!
 //! A process that can give memory back while it waits ([`Process::wants_hibernation`])
@@ -62,11 +72,13 @@
 //!    (queued, running elsewhere) is listed afresh.
 //!
 //! So an event is never left in the inbox of a parked process (the same argument as for
-//! a step: the claim is the worker's step transition, the hand-back its park), and the
+//! a step, `state.rs`: the claim is the worker's step transition, the hand-back its park;
+//! a process whose step is suspended is never waiting, so it is never claimed), and the
 //! cost falls only on a worker that had nothing else to do, stopping as soon as work is
 //! queued. The loom model `loom_send_races_hibernate` checks the race.
 //!
 //! [`Process::wants_hibernation`]: super::Process::wants_hibernation
+//! [`StepOutput::set_preempted`]: super::StepOutput::set_preempted
 //! [`Process::hibernate`]: super::Process::hibernate
 
 use std::borrow::Cow;
@@ -576,6 +588,7 @@ impl WorkerLoop<'_> {
             }
             dispatch.cell.set(0);
             let target = match status {
+                Status::Continue if out.is_preempted() => return Decision::Preempted,
                 Status::Continue => return Decision::Continue,
                 _ if !dispatch.early.borrow().is_empty() => return Decision::Rerun,
                 Status::Blocked => Lifecycle::Blocked,

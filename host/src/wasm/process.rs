@@ -7,8 +7,8 @@
 //! the scheduler [`Status::Continue`] (queued again behind everyone waiting) and keeps
 //! the suspended step, which its next turn resumes where it stopped. So a process that
 //! computes for long holds a worker for at most one tick once someone else wants it.
-//! Events that arrive meanwhile wait in the process until the guest asks for them with
-//! its next step. The future is polled with a no-op waker: the scheduler's queue, not a
+//! The scheduler gives a resumed step no events: what arrives meanwhile waits in the
+//! process's mailbox, within its bounds, for the guest's next step. The future is polled with a no-op waker: the scheduler's queue, not a
 //! waker, is what brings the process back. Without preemption a step is a plain call,
 //! cheaper (see `docs/perf/sandbox.md`), and one past its slice is stopped with an error instead.
 //!
@@ -63,8 +63,9 @@ pub struct WasmProcess {
     loaded: Arc<Loaded>,
     limits: ProcessLimits,
     state: State,
-    /// Events not yet handed to the guest: those of this step, or those that arrived
-    /// while a step was suspended. Kept so that steps reuse its allocation.
+    /// Events not yet handed to the guest: those of the step about to start (or any
+    /// given to a suspended one, which the scheduler gives none). Kept so that steps
+    /// reuse its allocation.
     events: Vec<input::Event>,
     /// Epoch ticks the process's steps have run for (see [`Config::cpu_budget`]).
     ///
@@ -237,8 +238,8 @@ impl Process for WasmProcess {
         };
         let limits = &self.limits;
         // The payloads are the guest's now (copied into its memory); free them at once.
-        // Events that came while the step was suspended stay, for the next step, in the
-        // buffer that keeps its allocation.
+        // Events given while the step was suspended (none from the scheduler) stay, for
+        // the next step, in the buffer that keeps its allocation.
         batch.clear();
         let unread = std::mem::replace(&mut self.events, batch);
         self.events.extend(unread);
