@@ -7,5 +7,6 @@
 //! [`Completer`]. A [`Factory`] makes the processes of a kind for `spawn` commands and
 //! [`Spawnable::kind`](crate::scheduler::Spawnable::kind).
 
+pub use crate::limits::KindLimits;
 pub use crate::scheduler::completer::Completer;
-pub use crate::scheduler::dispatch::{Factory, Handler, KindLimits, ReadOnly, Request};
+pub use crate::scheduler::dispatch::{Factory, Handler, ReadOnly, Request};

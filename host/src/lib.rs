@@ -88,15 +88,16 @@ mod codec;
 pub mod error;
 pub mod handler;
 pub mod journal;
+mod limits;
 mod loom;
+mod process;
 pub mod provider;
 pub mod scheduler;
 mod step;
 #[cfg(feature = "wasm")]
 pub mod wasm;
 
-pub use scheduler::{
-    Capabilities, Command, Event, Events, Handle, Outcome, Port, Process, Scheduler, SpawnRequest, Status, StepOutput,
-    Yield,
-};
+pub use process::{Port, Process};
+pub use scheduler::{Capabilities, Handle, Scheduler};
+pub use step::{Command, Event, Events, Outcome, SpawnRequest, Status, StepOutput, Yield};
 pub use wasmproc_types::{Format, Payload, Pid};

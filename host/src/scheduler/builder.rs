@@ -10,6 +10,8 @@ use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex};
 use rustc_hash::FxHashMap;
 
+use wasmproc_types::Pid;
+
 use super::caps::Capabilities;
 use super::cell::ProcessCell;
 use super::dispatch::{Factory, Handler, Provider, Registered, Request};
@@ -17,16 +19,16 @@ use super::durable::Durable;
 use super::handle::Handle;
 use super::hibernation::Hibernating;
 use super::idle::Idle;
-use super::limits::Limits;
-use super::process::Pid;
 use super::recovery::Plan;
 use super::registry::{self, Registry};
 use super::remote::Remote;
 use super::requests::Requests;
 use super::shared::{DenialHint, Settings, Shared};
+use super::shutdown::{Scheduler, Threads};
 use super::timer::Timer;
-use super::{Scheduler, Threads, worker};
+use super::worker;
 use crate::journal::Journal;
+use crate::limits::Limits;
 
 /// Distinguishes schedulers in one OS process, so a worker thread of one never pushes
 /// work into another's deque.
@@ -115,6 +117,13 @@ impl Default for Builder {
             node: 0,
             remote: None,
         }
+    }
+}
+
+impl Scheduler {
+    /// A builder with default settings.
+    pub fn builder() -> Builder {
+        Builder::new()
     }
 }
 

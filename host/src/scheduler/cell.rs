@@ -9,15 +9,18 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
+use wasmproc_types::Pid;
+
 use super::caps::Capabilities;
 use super::completer::Completer;
 use super::durable::StepInProgress;
 use super::handle::ExitSlot;
 use super::inbox::{Inbox, MailboxBound, MessageId, Refused};
-use super::limits::Lineage;
-use super::process::{Event, Outcome, Pid, Process};
 use super::shared::Shared;
 use super::state::{Lifecycle, State, Waiting, Wake};
+use crate::limits::Lineage;
+use crate::process::Process;
+use crate::step::{Event, Outcome};
 
 /// Someone to tell when a process ends.
 pub(super) enum Watcher {
@@ -294,12 +297,13 @@ mod loom_models {
     use loom::thread;
 
     use super::*;
-    use crate::scheduler::process::{Events, Payload, StepOutput};
+    use crate::step::{Events, StepOutput};
+    use wasmproc_types::Payload;
 
     struct Inert;
 
     impl Process for Inert {
-        fn init(&mut self, _: crate::scheduler::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        fn init(&mut self, _: crate::process::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
             Ok(())
         }
 

@@ -5,10 +5,12 @@
 
 use std::sync::Arc;
 
+use wasmproc_types::Pid;
+
 use super::cell::{ProcessCell, Release, Watcher};
-use super::process::{Event, Outcome, Pid};
 use super::state::{Lifecycle, Wake};
 use super::worker;
+use crate::step::{Event, Outcome};
 
 /// What a yield completes with when its completer (or its handler's [`Request`]) is
 /// dropped unanswered.

@@ -18,15 +18,18 @@ use std::borrow::Cow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
+use wasmproc_types::{Payload, Pid};
+
 use super::caps::{Capabilities, family};
 use super::cell::{ProcessCell, Watcher};
 use super::completer::{Completer, DROPPED, complete};
 use super::handle::Handle;
 use super::lifecycle::SpawnArgs;
-use super::limits::Lineage;
-use super::process::{Command, CommandKind, Outcome, Payload, Pid, Process, SpawnRequest, Yield};
 use super::shared::Shared;
 use super::worker::{self, panic_message};
+use crate::limits::{KindLimits, Lineage};
+use crate::process::Process;
+use crate::step::{Command, CommandKind, Outcome, SpawnRequest, Yield};
 
 /// Code that carries out a custom command.
 ///
@@ -131,70 +134,6 @@ pub trait Factory: Send + Sync + 'static {
             "the kind reports limits but cannot make a process under its spawner's `{bound:?}`"
         );
         self.make()
-    }
-}
-
-/// The per-process limits of a kind that sandboxes its processes (a Wasm component's):
-/// what a process runs under, and so what bounds every process it spawns, on this node
-/// or another, to any depth: a child runs under the tighter of these and its own kind's
-/// limits, limit by limit ([`KindLimits::min`]), never looser than its parent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub struct KindLimits {
-    /// Each process's memory cap, in bytes.
-    pub max_memory: usize,
-    /// How long a process runs before it is interrupted and the worker taken back.
-    pub time_slice: std::time::Duration,
-    /// Each process's whole-life fuel budget; `None`: no budget.
-    pub fuel: Option<u64>,
-    /// Each process's whole-life CPU time budget; `None`: no budget.
-    pub cpu_budget: Option<std::time::Duration>,
-}
-
-impl KindLimits {
-    /// A memory cap and a time slice, with no fuel or CPU budget.
-    pub fn new(max_memory: usize, time_slice: std::time::Duration) -> Self {
-        KindLimits { max_memory, time_slice, fuel: None, cpu_budget: None }
-    }
-
-    /// With a whole-life fuel budget of `units`. By default none.
-    #[must_use]
-    pub fn fuel(mut self, units: u64) -> Self {
-        self.fuel = Some(units);
-        self
-    }
-
-    /// With a whole-life CPU time budget. By default none.
-    #[must_use]
-    pub fn cpu_budget(mut self, budget: std::time::Duration) -> Self {
-        self.cpu_budget = Some(budget);
-        self
-    }
-
-    /// The tighter of `self` and `other`, limit by limit; a budget that one side lacks
-    /// is the other's.
-    #[must_use]
-    pub fn min(self, other: KindLimits) -> KindLimits {
-        fn budget<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
-            match (a, b) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            }
-        }
-        KindLimits {
-            max_memory: self.max_memory.min(other.max_memory),
-            time_slice: self.time_slice.min(other.time_slice),
-            fuel: budget(self.fuel, other.fuel),
-            cpu_budget: budget(self.cpu_budget, other.cpu_budget),
-        }
-    }
-
-    /// The tighter of two optional limits: `None` bounds nothing.
-    pub(crate) fn tighter(a: Option<KindLimits>, b: Option<KindLimits>) -> Option<KindLimits> {
-        match (a, b) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
     }
 }
 

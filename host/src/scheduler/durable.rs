@@ -19,11 +19,13 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
+use wasmproc_types::{Payload, Pid};
+
 use super::cell::ProcessCell;
 use super::dispatch::Origin;
 use super::inbox::MessageId;
-use super::process::{Event, Outcome, Payload, Pid, Status, Yield};
 use crate::journal::{CommitError, CommitStats, Committer, Journal, Key, OnCommit, Record, SpawnRecord, StepRecord};
+use crate::step::{Event, Outcome, Status, Yield};
 
 /// A message sent through a port during a step: (to, topic, body).
 pub(super) type PortSend = (Pid, String, Payload);
@@ -507,7 +509,7 @@ impl AfterCommit {
                 if let Some(trees) = shared.durable.as_ref().and_then(Durable::trees) {
                     let mut trees = trees.lock();
                     let to_yields = yields.iter().filter_map(|y| match &y.command {
-                        super::process::Command::Send { to, .. } => Some(*to),
+                        crate::step::Command::Send { to, .. } => Some(*to),
                         _ => None,
                     });
                     for to in sends.iter().map(|(to, _, _)| *to).chain(to_yields) {

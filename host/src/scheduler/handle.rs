@@ -8,15 +8,18 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use wasmproc_types::{Payload, Pid};
+
 use super::caps::Capabilities;
 use super::cell::Watcher;
 use super::lifecycle::SpawnArgs;
-use super::limits::Lineage;
-use super::process::{Event, Outcome, Payload, Pid, Process};
 use super::shared::Shared;
 use super::state::Wake;
 use super::stats::Stats;
 use crate::error::{SendError, SpawnError};
+use crate::limits::Lineage;
+use crate::process::Process;
+use crate::step::{Event, Outcome};
 
 /// Spawns, messages and inspects processes. Cheap to clone; usable from any thread,
 /// including from command handlers.

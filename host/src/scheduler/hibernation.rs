@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::process::Pid;
+use wasmproc_types::Pid;
 
 /// How long a listed process must have waited before it hibernates. A commit of the
 /// journal, or a round trip through another worker, takes well under a millisecond; a

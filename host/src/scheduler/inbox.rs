@@ -12,8 +12,10 @@
 use std::borrow::Cow;
 use std::mem;
 
-use super::process::{Event, Pid, message_size};
+use wasmproc_types::Pid;
+
 use crate::loom::Mutex;
+use crate::step::{Event, message_size};
 
 /// A durable message's identity: its sender, and a number unique among that sender's
 /// messages (see `durable.rs`), so a recovery delivers each exactly once.
@@ -193,7 +195,7 @@ impl<W> Inbox<W> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::scheduler::process::{Payload, Pid};
+    use wasmproc_types::{Payload, Pid};
 
     fn message(n: u64) -> Event {
         Event::Message { sender: Pid::HOST, topic: "t".into(), body: Payload::u64(n) }

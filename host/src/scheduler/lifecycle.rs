@@ -8,19 +8,21 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use wasmproc_types::{Payload, Pid};
+
 use super::caps::Capabilities;
 use super::cell::{ProcessCell, Spec, Watcher};
 use super::durable::{SUSPENDED, StepInProgress, draw_seed};
-use super::inbox::Refused;
-use super::limits::Lineage;
-use super::port::Port;
-use super::process::{Event, Outcome, Payload, Pid, Process};
+use super::port::port;
 use super::registry;
 use super::shared::Shared;
 use super::state::Wake;
 use super::worker;
-use crate::error::{MailboxLimit, SendError, SpawnError};
+use crate::error::{SendError, SpawnError};
 use crate::journal::{SpawnRecord, now_micros};
+use crate::limits::Lineage;
+use crate::process::Process;
+use crate::step::{Event, Outcome};
 
 /// The hibernation list's length below which it is never pruned, so that a scheduler
 /// with few live processes does not prune at every listing. Picked out of thin air: 16
@@ -93,7 +95,7 @@ impl Shared {
         // SAFETY: the process is in `Init`: registered but in no queue, so this spawner
         // is its only owner.
         let init = unsafe {
-            cell.with_process(|p| catch_unwind(AssertUnwindSafe(|| p.init(Port::new(&cell), &method, args.input))))
+            cell.with_process(|p| catch_unwind(AssertUnwindSafe(|| p.init(port(&cell), &method, args.input))))
         }
         .expect("a process in `Init` is not closed");
         let init = match init {
@@ -147,52 +149,6 @@ impl Shared {
         }
         self.count(|c| &c.spawned, count as u64);
         refused
-    }
-
-    /// Delivers a message; `id` is its identity in a durable scheduler (`None` otherwise).
-    pub(super) fn send(
-        &self,
-        from: Pid,
-        to: Pid,
-        topic: String,
-        body: Payload,
-        id: Option<u64>,
-    ) -> Result<(), SendError> {
-        if let Some(remote) = self.remote_for(to) {
-            // A host's own messages leave as its node's.
-            let from = if from == Pid::HOST { Pid::node_host(self.node) } else { from };
-            return remote.send(from, to, topic, body);
-        }
-        let cell = self.registry.get(to).ok_or(SendError::NotFound(to))?;
-        self.deliver_message(&cell, from, topic, body, id)
-    }
-
-    /// Puts a message in `cell`'s mailbox and wakes it.
-    pub(super) fn deliver_message(
-        &self,
-        cell: &Arc<ProcessCell>,
-        from: Pid,
-        topic: String,
-        body: Payload,
-        id: Option<u64>,
-    ) -> Result<(), SendError> {
-        let to = cell.pid();
-        match cell.deliver_identified(Event::Message { sender: from, topic, body }, id.map(|n| (from, n))) {
-            Ok(wake) => {
-                self.count(|c| &c.messages, 1);
-                if wake == Wake::Schedule {
-                    self.schedule(cell.clone());
-                }
-                Ok(())
-            }
-            Err(Refused::Closed) => Err(SendError::Closed(to)),
-            Err(Refused::Full { capacity }) => {
-                Err(SendError::MailboxFull { pid: to, limit: MailboxLimit::Messages(capacity) })
-            }
-            Err(Refused::FullBytes { limit }) => {
-                Err(SendError::MailboxFull { pid: to, limit: MailboxLimit::Bytes(limit) })
-            }
-        }
     }
 
     /// `watcher` gets an [`Event::Exit`] when `target` ends; at once (`Err("noproc")`)
@@ -435,7 +391,7 @@ mod tests {
     struct WaitsOnce(bool);
 
     impl Process for WaitsOnce {
-        fn init(&mut self, _: crate::scheduler::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        fn init(&mut self, _: crate::process::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
             Ok(())
         }
 
@@ -458,7 +414,7 @@ mod tests {
     struct Busy(Arc<AtomicBool>);
 
     impl Process for Busy {
-        fn init(&mut self, _: crate::scheduler::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        fn init(&mut self, _: crate::process::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
             Ok(())
         }
 
@@ -503,7 +459,7 @@ mod tests {
     struct FailsLater(bool);
 
     impl Process for FailsLater {
-        fn init(&mut self, _: crate::scheduler::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        fn init(&mut self, _: crate::process::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
             Ok(())
         }
 
@@ -526,7 +482,7 @@ mod tests {
     }
 
     impl Process for Parent {
-        fn init(&mut self, _: crate::scheduler::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        fn init(&mut self, _: crate::process::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
             Ok(())
         }
 

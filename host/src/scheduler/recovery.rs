@@ -26,18 +26,21 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use wasmproc_types::{Payload, Pid};
+
 use super::caps::Capabilities;
 use super::cell::{ProcessCell, Spec, Watcher};
 use super::completer::complete;
-use super::dispatch::{KindLimits, Origin, make_under};
+use super::dispatch::{Origin, make_under};
 use super::durable::{ReplayingHistory, StepInProgress, port_send_id, replaying};
 use super::handle::{ExitSlot, ProcessHandle};
-use super::limits::Lineage;
-use super::port::Port;
-use super::process::{Command, Event, Payload, Pid, Process, Status, StepOutput, Yield};
+use super::port::port;
 use super::shared::Shared;
 use super::state::{Lifecycle, Waiting};
 use crate::journal::{Journal, Recorded, now_micros};
+use crate::limits::{KindLimits, Lineage};
+use crate::process::Process;
+use crate::step::{Command, Event, Status, StepOutput, Yield};
 
 /// The limits each recorded process ran under: its kind's own, tightened by those its
 /// spawner ran under, up to the embedder (every spawn went through `make_under`).
@@ -603,7 +606,7 @@ fn replay(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<Option<Status>, S
     let init = unsafe {
         cell.with_process(|p| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                p.init(Port::new(cell), &spawn.method, spawn.input.clone())
+                p.init(port(cell), &spawn.method, spawn.input.clone())
             }))
         })
     }
@@ -627,7 +630,7 @@ fn replay(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<Option<Status>, S
             unsafe {
                 cell.with_process(|p| {
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        p.step(super::process::Events::new(step.events.clone().drain(..)), &mut out)
+                        p.step(crate::step::Events::new(step.events.clone().drain(..)), &mut out)
                     }))
                 })
             }

@@ -29,9 +29,11 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use slab::Slab;
 
+use wasmproc_types::Pid;
+
 use super::cell::{ProcessCell, Spec};
-use super::limits::Lineage;
-use super::process::{Pid, Process};
+use crate::limits::Lineage;
+use crate::process::Process;
 
 const INDEX_BITS: u32 = 24;
 const SHARD_BITS: u32 = 8;
@@ -209,12 +211,13 @@ impl Registry {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::scheduler::process::{Events, Payload, StepOutput};
+    use crate::step::{Events, StepOutput};
+    use wasmproc_types::Payload;
 
     struct Inert;
 
     impl Process for Inert {
-        fn init(&mut self, _: crate::scheduler::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        fn init(&mut self, _: crate::process::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
             Ok(())
         }
 

@@ -14,17 +14,20 @@
 
 use std::sync::Arc;
 
+use wasmproc_types::{Payload, Pid};
+
 use super::caps::Capabilities;
 use super::cell::{ProcessCell, Watcher};
 use super::completer::Completer;
-use super::dispatch::{Factory, KindLimits, make_under};
+use super::dispatch::{Factory, make_under};
 use super::handle::Handle;
 use super::lifecycle::SpawnArgs;
-use super::limits::{Lineage, RunBound};
-use super::process::{Event, Outcome, Payload, Pid, SpawnRequest};
 use super::shared::Shared;
 use super::state::Wake;
 use crate::error::{SendError, SpawnError};
+pub use crate::limits::RunLimits;
+use crate::limits::{KindLimits, Lineage, RunBound};
+use crate::step::{Event, Outcome, SpawnRequest};
 
 /// Called once with the pid and result of a process that a remote node watches.
 pub(crate) type Notify = Box<dyn FnOnce(Pid, &Outcome) + Send>;
@@ -56,64 +59,6 @@ pub(crate) trait Remote: Send + Sync + 'static {
     /// (components fetched from other nodes, named by their hash) for processes of
     /// `scope` (a run's, see [`RemoteSpawn::scope`]).
     fn factory(&self, kind: &str, scope: u64) -> Option<Arc<dyn Factory>>;
-}
-
-/// Limits a run sets for its processes, tighter than a node's own (its
-/// [`Builder`](super::Builder)'s), that travel with the spawns of its process trees to
-/// other nodes: each node runs the spawned process, and everything it spawns there,
-/// under the tighter of each of these and its own, and its spawns to further nodes carry
-/// what it runs under. Each unset: the node's own. By default none is set.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RunLimits {
-    pub(crate) max_children: Option<usize>,
-    pub(crate) max_yields_per_step: Option<usize>,
-    pub(crate) max_payload_size: Option<usize>,
-    pub(crate) max_output_per_step: Option<usize>,
-    pub(crate) mailbox_capacity: Option<usize>,
-    pub(crate) mailbox_bytes: Option<usize>,
-}
-
-impl RunLimits {
-    /// None set: the nodes' own.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// As [`Builder::max_children`](super::Builder::max_children).
-    pub fn max_children(mut self, children: usize) -> Self {
-        self.max_children = Some(children);
-        self
-    }
-
-    /// As [`Builder::max_yields_per_step`](super::Builder::max_yields_per_step).
-    pub fn max_yields_per_step(mut self, yields: usize) -> Self {
-        self.max_yields_per_step = Some(yields);
-        self
-    }
-
-    /// As [`Builder::max_payload_size`](super::Builder::max_payload_size).
-    pub fn max_payload_size(mut self, bytes: usize) -> Self {
-        self.max_payload_size = Some(bytes);
-        self
-    }
-
-    /// As [`Builder::max_output_per_step`](super::Builder::max_output_per_step).
-    pub fn max_output_per_step(mut self, bytes: usize) -> Self {
-        self.max_output_per_step = Some(bytes);
-        self
-    }
-
-    /// As [`Builder::mailbox_capacity`](super::Builder::mailbox_capacity).
-    pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
-        self.mailbox_capacity = Some(capacity);
-        self
-    }
-
-    /// As [`Builder::mailbox_bytes`](super::Builder::mailbox_bytes).
-    pub fn mailbox_bytes(mut self, bytes: usize) -> Self {
-        self.mailbox_bytes = Some(bytes);
-        self
-    }
 }
 
 /// A spawn bound for another node, with everything that bounds the child there: its
@@ -153,13 +98,6 @@ pub(crate) struct RemoteSpawn {
 }
 
 impl Shared {
-    /// The remote that takes `pid`, if it names another node: the one compare on the
-    /// local path.
-    #[inline]
-    pub(super) fn remote_for(&self, pid: Pid) -> Option<&Arc<dyn Remote>> {
-        if pid.node() == self.node { None } else { self.remote.as_ref() }
-    }
-
     /// Hands `request` to the cluster when its placement picks another node; gives it
     /// back otherwise.
     pub(super) fn spawn_elsewhere(
@@ -204,12 +142,6 @@ impl Handle {
     /// This scheduler's node (0 outside a cluster).
     pub fn node(&self) -> u16 {
         self.shared.node
-    }
-
-    /// Delivers a message from a process of another node to a local one.
-    pub(crate) fn deliver_remote(&self, from: Pid, to: Pid, topic: String, body: Payload) -> Result<(), SendError> {
-        let cell = self.shared.registry.get(to).ok_or(SendError::NotFound(to))?;
-        self.shared.deliver_message(&cell, from, topic, body, None)
     }
 
     /// Delivers the exit of `pid` (a process of another node) to the local `watcher`.

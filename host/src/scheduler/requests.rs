@@ -2,7 +2,7 @@
 //!
 //! [`Handle::forward`] hands a command to a *serving* process as a message: its sender
 //! is the process that yielded the command, its topic `NAME#ID`, its body the command's
-//! input. The serving process answers with [`Port::respond`]`(ID, result)`, at once or
+//! input. The serving process answers with [`Port::respond`](crate::Port::respond)`(ID, result)`, at once or
 //! steps later, in any order, and that completes the command. This is how a provider
 //! written as Wasm serves a family of commands (`wasmproc run --provider`).
 //!
@@ -15,13 +15,15 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
+use wasmproc_types::Pid;
+
 use super::completer::Completer;
 use super::dispatch::Request;
 use super::handle::Handle;
-use super::limits::payload_limit_exceeded;
-use super::port::Port;
-use super::process::{Outcome, Pid};
+use super::shared::Shared;
 use crate::error::{PortError, SendError};
+use crate::limits::payload_limit_exceeded;
+use crate::step::Outcome;
 
 /// The requests a scheduler's processes have not answered yet.
 #[derive(Default)]
@@ -59,7 +61,7 @@ impl Handle {
     /// Hands the custom command `request` to the process `server` to carry out: a
     /// message from the caller with topic `COMMAND#ID` (`COMMAND#ID#KEY` when the request
     /// has an [idempotency key](Request::idempotency_key)) and the input as body, which
-    /// `server` answers through [`Port::respond`] with the `ID`. The command completes
+    /// `server` answers through [`Port::respond`](crate::Port::respond) with the `ID`. The command completes
     /// with the answer, or, if `server` ends first, with an error that says so.
     ///
     /// # Errors
@@ -97,17 +99,10 @@ impl Handle {
     }
 }
 
-impl Port {
-    /// Answers the request `id` this process was sent (see [`Handle::forward`]).
-    ///
-    /// # Errors
-    ///
-    /// [`PortError::NoRequest`] if no request `id` is waiting for this process: it was
-    /// answered already, or sent to another process. [`PortError::TooLarge`] for an
-    /// answer past the payload limit; the request still waits for an answer.
-    pub fn respond(&self, id: u64, result: Outcome) -> Result<(), PortError> {
-        let max_payload = self.max_payload_size();
-        let shared = self.shared().ok_or(PortError::Ended(self.pid()))?;
+impl Shared {
+    /// Answers the request `id` that the process `server` was sent (see
+    /// [`Port::respond`](crate::Port::respond)), with its payload limit `max_payload`.
+    pub(super) fn respond(&self, server: Pid, max_payload: usize, id: u64, result: Outcome) -> Result<(), PortError> {
         let size = match &result {
             Ok(payload) => payload.data.len() + payload.format.as_str().len(),
             Err(error) => error.len(),
@@ -115,11 +110,11 @@ impl Port {
         if size > max_payload {
             return Err(PortError::TooLarge(payload_limit_exceeded(size, "respond", max_payload)));
         }
-        let mut pending = shared.requests.pending.lock();
+        let mut pending = self.requests.pending.lock();
         match pending.get(&id) {
-            Some(request) if request.server == self.pid() => {
+            Some(request) if request.server == server => {
                 let request = pending.remove(&id).expect("just looked up under the same lock");
-                shared.requests.outstanding.fetch_sub(1, Ordering::AcqRel);
+                self.requests.outstanding.fetch_sub(1, Ordering::AcqRel);
                 drop(pending);
                 request.done.complete(result);
                 Ok(())

@@ -15,7 +15,6 @@ use super::dispatch::{Factory, Registered};
 use super::durable::Durable;
 use super::hibernation::Hibernating;
 use super::idle::Idle;
-use super::limits::Limits;
 use super::registry::Registry;
 use super::remote::Remote;
 use super::requests::Requests;
@@ -23,6 +22,7 @@ use super::slot::Slot;
 use super::stats::Counters;
 use super::timer::Timer;
 use super::worker;
+use crate::limits::Limits;
 
 /// State shared by the workers, the timer, handles and completers.
 pub(super) struct Shared {

@@ -5,9 +5,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::process::{CommandKind, Pid};
+use wasmproc_types::Pid;
+
 use super::shared::Shared;
 use super::worker;
+use crate::step::CommandKind;
 
 /// Scheduler counters; see [`Handle::stats`](super::Handle::stats).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

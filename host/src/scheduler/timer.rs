@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use wasmproc_types::Payload;
+
 use super::completer::Completer;
-use super::process::Payload;
 
 /// The handle to the timer thread, held by the scheduler.
 pub(super) struct Timer {

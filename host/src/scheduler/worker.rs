@@ -90,6 +90,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_deque::{Steal, Worker};
 
+use wasmproc_types::Payload;
+
 use super::caps::Capabilities;
 use super::cell::{Decision, Hibernation, ProcessCell, TurnEnd};
 use super::dispatch::{Origin, Resolution, Resolved};
@@ -97,10 +99,10 @@ use super::durable::PortSend;
 use super::durable::Turn;
 use super::idle::{PARK_AFTER_ROUNDS, Unparked, YIELD_AFTER_ROUNDS};
 use super::inbox::MailboxBound;
-use super::process::{Event, Events, Payload, Status, StepOutput};
 use super::shared::Shared;
 use super::state::Lifecycle;
 use crate::journal::now_micros;
+use crate::step::{Event, Events, Status, StepOutput};
 
 /// How many more processes to move from the global queue into the local deque when
 /// taking one: the value of

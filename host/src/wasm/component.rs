@@ -8,6 +8,8 @@ use anyhow::{Context as _, ensure};
 use wasmtime::Engine;
 use wasmtime::component::{HasSelf, Linker};
 
+use wasmproc_types::Pid;
+
 use super::bindings::handler::wasmproc::process::provider;
 use super::bindings::{HOST_INTERFACE, PROVIDER_INTERFACE, Process as Guest, ProcessIndices, ProcessPre, WORLD};
 use super::config::Config;
@@ -16,7 +18,7 @@ use super::output::{self, Bytes, Capped};
 use super::process::{Loaded, WasmProcess, guest_error, kind_limits};
 use super::store::{ProcessLimits, ProcessState, new_store};
 use crate::handler::{Factory, KindLimits};
-use crate::scheduler::process::{Pid, Process};
+use crate::process::Process;
 
 /// A loaded component: compiled, checked against the `process` world, ready to
 /// instantiate. Cheap to clone (clones share the compiled code).

@@ -11,8 +11,8 @@ use wasmproc_types::{Format, Level, Payload, Pid};
 use super::bindings::wasmproc::process::host;
 use super::bindings::wasmproc::process::types as wit;
 use super::output::{self, Caps};
-use crate::scheduler::process::{Command, Outcome, SpawnRequest, Status};
-use crate::scheduler::{output_limit_exceeded, payload_limit_exceeded, yield_limit_exceeded};
+use crate::limits::{output_limit_exceeded, payload_limit_exceeded, yield_limit_exceeded};
+use crate::step::{Command, Outcome, SpawnRequest, Status};
 
 pub(crate) fn payload_to_wit(payload: Payload) -> wit::Payload {
     wit::Payload { format: payload.format.as_str().to_owned(), data: payload.data }

@@ -20,7 +20,7 @@ use wasmproc_types::Format;
 use wasmtime::component::__internal::{InterfaceType, LowerContext};
 use wasmtime::component::{ComponentType, Lower};
 
-use crate::scheduler::process::{self as host, Outcome};
+use crate::step::{self as host, Outcome};
 
 /// A payload's format, as the canonical ABI carries it: a `string`, its name. Lowered
 /// here from the name; lifted in `output.rs`, where its `ComponentType` (a string's) is

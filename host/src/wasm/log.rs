@@ -24,7 +24,7 @@ use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
 pub use wasmproc_types::Level;
 
-use crate::scheduler::process::Pid;
+use wasmproc_types::Pid;
 
 /// Bytes a guest may write without a newline before they are logged as a line anyway, so
 /// a process that never ends a line cannot make the host buffer without bound. Picked to

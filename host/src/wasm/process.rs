@@ -22,6 +22,8 @@ use std::task::{Context, Poll, Waker};
 use anyhow::{anyhow, bail};
 use wasmtime::{Store, Trap, WasmBacktrace};
 
+use wasmproc_types::Payload;
+
 use super::bindings::wasmproc::process::types as wit;
 use super::bindings::{Process as Guest, ProcessIndices, ProcessPre};
 use super::config::Config;
@@ -35,8 +37,9 @@ use super::stacks;
 use super::store::{ProcessLimits, ProcessState, new_store, refuel};
 use super::watch::{Stopped, Watch, watch};
 use crate::handler::KindLimits;
-use crate::scheduler::Port;
-use crate::scheduler::process::{Events, Payload, Process, Status, StepOutput};
+use crate::process::Port;
+use crate::process::Process;
+use crate::step::{Events, Status, StepOutput};
 
 /// What the processes of one component share: its code, checked against the world, and
 /// the runtime's settings. Made once per component (see `component.rs`).

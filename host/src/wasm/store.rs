@@ -8,6 +8,8 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{Engine, ResourceLimiter, Store, format_err};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
+use wasmproc_types::{Payload, Pid};
+
 use super::bindings::handler::wasmproc::process::provider;
 use super::bindings::wasmproc::process::{host, types};
 use super::config::Config;
@@ -16,8 +18,8 @@ use super::log::{GuestOutput, Level, LogRecord, LogSink, LogSource};
 use super::output::{self, Bytes, Capped};
 use super::watch::Ticks;
 use crate::error::PortError;
-use crate::scheduler::Port;
-use crate::scheduler::process::{Outcome, Payload, Pid};
+use crate::process::Port;
+use crate::step::Outcome;
 
 /// Per-process limits; see [`Config::max_memory`], [`Config::time_slice`],
 /// [`Config::fuel`], [`Config::cpu_budget`] and [`InstanceLimits`].

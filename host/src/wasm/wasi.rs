@@ -41,6 +41,8 @@ use wasmtime_wasi::p2::bindings::sync::{Command as P2Command, CommandIndices};
 use wasmtime_wasi::p2::bindings::{Command as PreemptibleP2Command, CommandIndices as PreemptibleIndices};
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
+use wasmproc_types::{Payload, Pid};
+
 use super::bindings::WORLD;
 use super::config::Config;
 use super::engine::EpochClock;
@@ -48,8 +50,9 @@ use super::log::{GuestOutput, LogSink, LogSource};
 use super::store::{InstanceLimits, MemoryLimiter, fuel_for_instantiation, refuel};
 use super::watch::{Stopped, Ticks, Watch, watch};
 use crate::handler::Factory;
-use crate::scheduler::Port;
-use crate::scheduler::process::{Events, Payload, Pid, Process, Status, StepOutput};
+use crate::process::Port;
+use crate::process::Process;
+use crate::step::{Events, Status, StepOutput};
 
 /// The one entry method of a WASI program.
 pub const COMMAND_ENTRY: &str = "run";

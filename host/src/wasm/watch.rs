@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::scheduler::Port;
+use crate::process::Port;
 
 use wasmtime::{Store, UpdateDeadline};
 

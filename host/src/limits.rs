@@ -1,30 +1,154 @@
-//! Limits on what one process may do, and the live counts of its process tree that
-//! `max_children` and `max_descendants` are checked against.
+//! Limits on what one process may do: those the scheduler checks for every process
+//! ([`Limits`]), those a kind that sandboxes its processes runs them under and hands down
+//! its tree ([`KindLimits`]), those a run carries to other nodes ([`RunLimits`]), and the
+//! live counts of a process tree that `max_children` and `max_descendants` are checked
+//! against ([`Lineage`]). Plain values and counters: nothing here names the scheduler,
+//! which checks them.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use super::dispatch::KindLimits;
-use super::process::{CommandKind, Yield};
-use super::remote::RunLimits;
+use crate::step::{CommandKind, Yield};
+
+/// The per-process limits of a kind that sandboxes its processes (a Wasm component's):
+/// what a process runs under, and so what bounds every process it spawns, on this node
+/// or another, to any depth: a child runs under the tighter of these and its own kind's
+/// limits, limit by limit ([`KindLimits::min`]), never looser than its parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct KindLimits {
+    /// Each process's memory cap, in bytes.
+    pub max_memory: usize,
+    /// How long a process runs before it is interrupted and the worker taken back.
+    pub time_slice: std::time::Duration,
+    /// Each process's whole-life fuel budget; `None`: no budget.
+    pub fuel: Option<u64>,
+    /// Each process's whole-life CPU time budget; `None`: no budget.
+    pub cpu_budget: Option<std::time::Duration>,
+}
+
+impl KindLimits {
+    /// A memory cap and a time slice, with no fuel or CPU budget.
+    pub fn new(max_memory: usize, time_slice: std::time::Duration) -> Self {
+        KindLimits { max_memory, time_slice, fuel: None, cpu_budget: None }
+    }
+
+    /// With a whole-life fuel budget of `units`. By default none.
+    #[must_use]
+    pub fn fuel(mut self, units: u64) -> Self {
+        self.fuel = Some(units);
+        self
+    }
+
+    /// With a whole-life CPU time budget. By default none.
+    #[must_use]
+    pub fn cpu_budget(mut self, budget: std::time::Duration) -> Self {
+        self.cpu_budget = Some(budget);
+        self
+    }
+
+    /// The tighter of `self` and `other`, limit by limit; a budget that one side lacks
+    /// is the other's.
+    #[must_use]
+    pub fn min(self, other: KindLimits) -> KindLimits {
+        fn budget<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        }
+        KindLimits {
+            max_memory: self.max_memory.min(other.max_memory),
+            time_slice: self.time_slice.min(other.time_slice),
+            fuel: budget(self.fuel, other.fuel),
+            cpu_budget: budget(self.cpu_budget, other.cpu_budget),
+        }
+    }
+
+    /// The tighter of two optional limits: `None` bounds nothing.
+    pub(crate) fn tighter(a: Option<KindLimits>, b: Option<KindLimits>) -> Option<KindLimits> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// Limits a run sets for its processes, tighter than a node's own (its
+/// [`Builder`](crate::scheduler::Builder)'s), that travel with the spawns of its process trees to
+/// other nodes: each node runs the spawned process, and everything it spawns there,
+/// under the tighter of each of these and its own, and its spawns to further nodes carry
+/// what it runs under. Each unset: the node's own. By default none is set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunLimits {
+    pub(crate) max_children: Option<usize>,
+    pub(crate) max_yields_per_step: Option<usize>,
+    pub(crate) max_payload_size: Option<usize>,
+    pub(crate) max_output_per_step: Option<usize>,
+    pub(crate) mailbox_capacity: Option<usize>,
+    pub(crate) mailbox_bytes: Option<usize>,
+}
+
+impl RunLimits {
+    /// None set: the nodes' own.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// As [`Builder::max_children`](crate::scheduler::Builder::max_children).
+    pub fn max_children(mut self, children: usize) -> Self {
+        self.max_children = Some(children);
+        self
+    }
+
+    /// As [`Builder::max_yields_per_step`](crate::scheduler::Builder::max_yields_per_step).
+    pub fn max_yields_per_step(mut self, yields: usize) -> Self {
+        self.max_yields_per_step = Some(yields);
+        self
+    }
+
+    /// As [`Builder::max_payload_size`](crate::scheduler::Builder::max_payload_size).
+    pub fn max_payload_size(mut self, bytes: usize) -> Self {
+        self.max_payload_size = Some(bytes);
+        self
+    }
+
+    /// As [`Builder::max_output_per_step`](crate::scheduler::Builder::max_output_per_step).
+    pub fn max_output_per_step(mut self, bytes: usize) -> Self {
+        self.max_output_per_step = Some(bytes);
+        self
+    }
+
+    /// As [`Builder::mailbox_capacity`](crate::scheduler::Builder::mailbox_capacity).
+    pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
+        self.mailbox_capacity = Some(capacity);
+        self
+    }
+
+    /// As [`Builder::mailbox_bytes`](crate::scheduler::Builder::mailbox_bytes).
+    pub fn mailbox_bytes(mut self, bytes: usize) -> Self {
+        self.mailbox_bytes = Some(bytes);
+        self
+    }
+}
 
 /// Limits on what one process may do, checked by the scheduler for every process
 /// (native or Wasm). A process past one of them ends with an error naming it (DESIGN §6):
 /// the limits exist to stop misbehaving processes, not to be negotiated with.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Limits {
-    pub(super) max_yields_per_step: usize,
-    pub(super) max_payload_size: usize,
+    pub(crate) max_yields_per_step: usize,
+    pub(crate) max_payload_size: usize,
     /// The bytes all of one step's commands carry together (see `Builder::max_output_per_step`).
-    pub(super) max_output_per_step: usize,
-    pub(super) max_children: usize,
-    pub(super) max_descendants: usize,
+    pub(crate) max_output_per_step: usize,
+    pub(crate) max_children: usize,
+    pub(crate) max_descendants: usize,
 }
 
 impl Limits {
     /// Checks one step's yields, from a process with the live children and tree of
     /// `lineage`: the error ends the process, and none of the yields is carried out.
-    pub(super) fn check(&self, yields: &[Yield], lineage: &Lineage) -> Result<(), String> {
+    pub(crate) fn check(&self, yields: &[Yield], lineage: &Lineage) -> Result<(), String> {
         if yields.len() > self.max_yields_per_step {
             return Err(yield_limit_exceeded(yields.len(), self.max_yields_per_step));
         }
@@ -66,7 +190,7 @@ impl Limits {
     }
 
     /// Checks a payload of `size` bytes that a process hands to `what`.
-    pub(super) fn check_payload(&self, size: usize, what: &str) -> Result<(), String> {
+    pub(crate) fn check_payload(&self, size: usize, what: &str) -> Result<(), String> {
         if size > self.max_payload_size {
             return Err(payload_limit_exceeded(size, what, self.max_payload_size));
         }
@@ -97,16 +221,16 @@ pub(crate) fn output_limit_exceeded(bytes: usize, max: usize) -> String {
 /// [`RunLimits`], each clamped to this scheduler's. Shared by the whole tree here (a
 /// child takes its parent's), and carried on with the tree's spawns to other nodes.
 #[derive(Debug)]
-pub(super) struct RunBound {
-    pub(super) limits: Limits,
-    pub(super) mailbox_capacity: usize,
-    pub(super) mailbox_bytes: usize,
+pub(crate) struct RunBound {
+    pub(crate) limits: Limits,
+    pub(crate) mailbox_capacity: usize,
+    pub(crate) mailbox_bytes: usize,
 }
 
 impl RunBound {
     /// What `asked` leaves of this scheduler's own `limits` and mailbox bounds: the
     /// tighter of each, never wider than this scheduler's.
-    pub(super) fn clamp(asked: &RunLimits, limits: &Limits, mailbox_capacity: usize, mailbox_bytes: usize) -> Self {
+    pub(crate) fn clamp(asked: &RunLimits, limits: &Limits, mailbox_capacity: usize, mailbox_bytes: usize) -> Self {
         let tighter = |asked: Option<usize>, own: usize| asked.map_or(own, |asked| asked.min(own));
         RunBound {
             limits: Limits {
@@ -122,7 +246,7 @@ impl RunBound {
     }
 
     /// The limits a spawn of this tree carries to another node.
-    pub(super) fn carried(&self) -> RunLimits {
+    pub(crate) fn carried(&self) -> RunLimits {
         RunLimits {
             max_children: Some(self.limits.max_children),
             max_yields_per_step: Some(self.limits.max_yields_per_step),
@@ -137,7 +261,7 @@ impl RunBound {
 /// A process's place in its process tree: the live counts that [`Limits::check`] bounds.
 /// Every count is `Relaxed`: it orders nothing, it only bounds a number.
 #[derive(Default)]
-pub(super) struct Lineage {
+pub(crate) struct Lineage {
     /// The live-children count of the process that spawned this one, which counts this
     /// one until it retires; `None` for a root (spawned by the embedder). The count
     /// alone, not the parent: a child does not keep its parent alive.
@@ -169,7 +293,7 @@ pub(super) struct Lineage {
 
 impl Lineage {
     /// The lineage of a new child of the process whose lineage is `parent`.
-    pub(super) fn child_of(parent: &Lineage) -> Self {
+    pub(crate) fn child_of(parent: &Lineage) -> Self {
         Lineage {
             parent_children: Some(parent.children.get_or_init(Arc::default).clone()),
             children: OnceLock::new(),
@@ -182,53 +306,53 @@ impl Lineage {
     }
 
     /// This lineage, for a process whose run set the limits `bound`.
-    pub(super) fn bounded(mut self, bound: Option<Arc<RunBound>>) -> Self {
+    pub(crate) fn bounded(mut self, bound: Option<Arc<RunBound>>) -> Self {
         self.run = bound;
         self
     }
 
     /// The limits the process's run set, if it set any.
-    pub(super) fn run_bound(&self) -> Option<&RunBound> {
+    pub(crate) fn run_bound(&self) -> Option<&RunBound> {
         self.run.as_deref()
     }
 
     /// This lineage, for a process whose run belongs to node `owner` of a cluster.
-    pub(super) fn owned_by(mut self, owner: u16) -> Self {
+    pub(crate) fn owned_by(mut self, owner: u16) -> Self {
         self.owner = owner;
         self
     }
 
     /// The node whose run the process belongs to; 0 for none.
-    pub(super) fn owner(&self) -> u16 {
+    pub(crate) fn owner(&self) -> u16 {
         self.owner
     }
 
     /// This lineage, for a process of the run `scope`.
-    pub(super) fn in_scope(mut self, scope: u64) -> Self {
+    pub(crate) fn in_scope(mut self, scope: u64) -> Self {
         self.scope = scope;
         self
     }
 
     /// The run the process belongs to (0: this node's own).
-    pub(super) fn scope(&self) -> u64 {
+    pub(crate) fn scope(&self) -> u64 {
         self.scope
     }
 
     /// This lineage, for a process that runs under `sandbox`.
-    pub(super) fn within(mut self, sandbox: Option<KindLimits>) -> Self {
+    pub(crate) fn within(mut self, sandbox: Option<KindLimits>) -> Self {
         self.sandbox = sandbox;
         self
     }
 
     /// The sandbox limits the process runs under, if it was spawned under any.
-    pub(super) fn sandbox(&self) -> Option<KindLimits> {
+    pub(crate) fn sandbox(&self) -> Option<KindLimits> {
         self.sandbox
     }
 
     /// Counts the process in its parent's children and its tree, from its registration
     /// on, so that [`Lineage::leave`] (which every registered process reaches, even one
     /// whose init fails) can always take it back. A root is not counted.
-    pub(super) fn enter(&self) {
+    pub(crate) fn enter(&self) {
         if let Some(siblings) = &self.parent_children {
             siblings.fetch_add(1, Ordering::Relaxed);
             if let Some(tree) = self.tree.get() {
@@ -238,7 +362,7 @@ impl Lineage {
     }
 
     /// Takes back what [`Lineage::enter`] counted, when the process retires.
-    pub(super) fn leave(&self) {
+    pub(crate) fn leave(&self) {
         if let Some(siblings) = &self.parent_children {
             siblings.fetch_sub(1, Ordering::Relaxed);
             if let Some(tree) = self.tree.get() {
@@ -248,12 +372,12 @@ impl Lineage {
     }
 
     /// Live children.
-    pub(super) fn children(&self) -> usize {
+    pub(crate) fn children(&self) -> usize {
         self.children.get().map_or(0, |children| children.load(Ordering::Relaxed))
     }
 
     /// Live descendants of this process's root.
-    pub(super) fn tree_size(&self) -> usize {
+    pub(crate) fn tree_size(&self) -> usize {
         self.tree.get().map_or(0, |tree| tree.load(Ordering::Relaxed))
     }
 }
