@@ -2,14 +2,16 @@
 //!
 //! [`ProcessCell::run_turn`] is the worker's half of the wakeup protocol described in
 //! `state.rs`; [`ProcessCell::deliver`] is the producers' half. Both live here so the
-//! loom models at the bottom exercise exactly the code the scheduler runs.
+//! loom models at the bottom exercise exactly the code the scheduler runs. The cell is
+//! also what a process's [`Port`] reaches ([`PortTarget`]): the port itself is the
+//! crate's `process.rs`, which names nothing of the scheduler's.
 
 use std::cell::UnsafeCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Weak};
 
-use wasmproc_types::Pid;
+use wasmproc_types::{Payload, Pid};
 
 use super::caps::Capabilities;
 use super::completer::Completer;
@@ -18,8 +20,9 @@ use super::handle::ExitSlot;
 use super::inbox::{Inbox, MailboxBound, MessageId, Refused};
 use super::shared::Shared;
 use super::state::{Lifecycle, State, Waiting, Wake};
-use crate::limits::Lineage;
-use crate::process::Process;
+use crate::error::PortError;
+use crate::limits::{Limits, Lineage};
+use crate::process::{Port, PortTarget, Process};
 use crate::step::{Event, Outcome};
 
 /// Someone to tell when a process ends.
@@ -268,6 +271,50 @@ impl ProcessCell {
         // stay in the inbox for the next turn.
         self.state.transition_to_ready_from_running();
         TurnEnd::Requeue
+    }
+}
+
+/// The port of `cell`'s process, handed to it at `init`.
+pub(super) fn port(cell: &Arc<ProcessCell>) -> Port {
+    let target: Weak<dyn PortTarget> = Arc::downgrade(cell) as Weak<ProcessCell>;
+    Port::new(cell.pid(), target)
+}
+
+impl PortTarget for ProcessCell {
+    fn send(&self, to: Pid, topic: String, body: Payload) -> Result<(), PortError> {
+        if self.state.load().lifecycle() != Lifecycle::Running {
+            return Err(PortError::NotInStep);
+        }
+        self.scheduler().send_as(self, to, topic, body, None)
+    }
+
+    fn respond(&self, id: u64, result: Outcome) -> Result<(), PortError> {
+        let scheduler = self.scheduler();
+        scheduler.respond(self.pid(), scheduler.limits_of(self).max_payload_size, id, result)
+    }
+
+    fn parent(&self) -> Pid {
+        self.spec.parent
+    }
+
+    fn limits(&self) -> &Limits {
+        self.scheduler().limits_of(self)
+    }
+
+    fn is_terminate_requested(&self) -> bool {
+        self.state.load().is_terminate_requested()
+    }
+
+    fn has_waiting_work(&self) -> bool {
+        self.scheduler().has_waiting_work()
+    }
+
+    fn step_time_micros(&self) -> Option<u64> {
+        self.durable_step.lock().as_ref().map(|step| step.step_at)
+    }
+
+    fn random_seed(&self) -> Option<[u8; 32]> {
+        self.durable_step.lock().as_ref().map(|step| step.seed)
     }
 }
 

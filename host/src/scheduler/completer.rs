@@ -67,6 +67,12 @@ impl Completer {
     }
 }
 
+impl super::timer::Done for Completer {
+    fn complete(self, result: Outcome) {
+        Completer::complete(self, result);
+    }
+}
+
 impl Drop for Completer {
     fn drop(&mut self) {
         if let Some(cell) = self.target.take() {

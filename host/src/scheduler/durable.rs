@@ -24,7 +24,10 @@ use wasmproc_types::{Payload, Pid};
 use super::cell::ProcessCell;
 use super::dispatch::Origin;
 use super::inbox::MessageId;
-use crate::journal::{CommitError, CommitStats, Committer, Journal, Key, OnCommit, Record, SpawnRecord, StepRecord};
+use super::worker;
+use crate::journal::{
+    CommitError, CommitStats, Committer, Journal, Key, OnCommit, Record, SpawnRecord, StepRecord, now_micros,
+};
 use crate::step::{Event, Outcome, Status, Yield};
 
 /// A message sent through a port during a step: (to, topic, body).
@@ -93,8 +96,20 @@ pub(super) fn replaying<R>(cell: &ProcessCell, step: impl FnOnce() -> R) -> (R, 
     })
 }
 
+/// Keeps a durable process's port send for its step's record: `Err` hands it back if
+/// `cell` is not in a step on this thread (the port was used from elsewhere), nor in a
+/// replayed one.
+pub(super) fn keep_port_send(cell: &ProcessCell, send: PortSend) -> Result<(), PortSend> {
+    if !worker::is_stepping(cell) {
+        return keep_replayed_send(cell, send);
+    }
+    let mut slot = cell.durable_step.lock();
+    slot.get_or_insert_with(|| StepInProgress::new(draw_seed(), now_micros())).sends.push(send);
+    Ok(())
+}
+
 /// Keeps `send` if this thread replays a step of `cell`; hands it back otherwise.
-pub(super) fn keep_replayed_send(cell: &ProcessCell, send: PortSend) -> Result<(), PortSend> {
+fn keep_replayed_send(cell: &ProcessCell, send: PortSend) -> Result<(), PortSend> {
     REPLAY.with(|(replaying, sends)| {
         if replaying.get() == std::ptr::from_ref(cell) as usize {
             sends.borrow_mut().push(send);
@@ -383,9 +398,38 @@ impl Durable {
 /// One turn of a durable process: when it began, the events it was given and the
 /// identities of the messages among them.
 pub(super) struct Turn {
-    pub(super) at: u64,
-    pub(super) events: Vec<Event>,
-    pub(super) ids: Vec<MessageId>,
+    at: u64,
+    events: Vec<Event>,
+    ids: Vec<MessageId>,
+}
+
+/// What the worker calls around a durable process's step, the one way a step reaches
+/// the journal: [`Durable::begin_turn`] before it, [`Durable::end_turn`] after it, and
+/// [`Durable::record_finished`] once its status and yields are known. The worker holds
+/// what these return without looking inside.
+impl Durable {
+    /// Begins a turn of `cell`'s step, given `events` (just drained from its inbox).
+    pub(super) fn begin_turn(&self, cell: &ProcessCell, events: &[Event]) -> Turn {
+        Turn { at: cell.begin_durable_turn(now_micros()), events: events.to_vec(), ids: cell.inbox.take_drained_ids() }
+    }
+
+    /// Ends a turn of `cell`'s step: the step once it has finished (not `preempted`),
+    /// with the messages it sent through its port, for its record.
+    pub(super) fn end_turn(&self, cell: &ProcessCell, turn: Turn, preempted: bool) -> Option<Finished> {
+        cell.durable_turn(turn, preempted)
+    }
+
+    /// Records a finished step that yielded `yields` and ended with `status`: see
+    /// [`Durable::record_step`].
+    pub(super) fn record_finished(
+        &self,
+        cell: &Arc<ProcessCell>,
+        step: Finished,
+        yields: Vec<Yield>,
+        status: Status,
+    ) -> Result<(Option<u64>, Vec<Yield>), String> {
+        self.record_step(cell, step.into_record(yields, status))
+    }
 }
 
 /// A step of a durable process as far as its turns have gone: a preempted step spans
@@ -415,7 +459,7 @@ pub(super) struct Finished {
 }
 
 impl Finished {
-    pub(super) fn into_record(self, yields: Vec<Yield>, status: Status) -> StepRecord {
+    fn into_record(self, yields: Vec<Yield>, status: Status) -> StepRecord {
         StepRecord { at: self.at, events: self.events, message_ids: self.ids, yields, sends: self.sends, status }
     }
 }
@@ -466,9 +510,10 @@ impl ProcessCell {
         step.step_at
     }
 
-    /// Adds a turn to the step under way; the step once it has finished (`preempted`
-    /// false), for its record.
-    pub(super) fn durable_turn(&self, turn: Turn, sends: Vec<PortSend>, preempted: bool) -> Option<Finished> {
+    /// Adds a turn to the step under way (its port sends are kept there as they are
+    /// made, see [`keep_port_send`]); the step once it has finished (`preempted` false),
+    /// for its record.
+    fn durable_turn(&self, turn: Turn, preempted: bool) -> Option<Finished> {
         let mut slot = self.durable_step.lock();
         let step = slot.get_or_insert_with(|| StepInProgress::new(draw_seed(), turn.at));
         match &mut step.started {
@@ -482,7 +527,6 @@ impl ProcessCell {
                 step.carried_ids.extend(turn.ids);
             }
         }
-        step.sends.extend(sends);
         if preempted {
             return None;
         }

@@ -11,9 +11,8 @@ use std::time::Instant;
 use wasmproc_types::{Payload, Pid};
 
 use super::caps::Capabilities;
-use super::cell::{ProcessCell, Spec, Watcher};
+use super::cell::{ProcessCell, Spec, Watcher, port};
 use super::durable::{SUSPENDED, StepInProgress, draw_seed};
-use super::port::port;
 use super::registry;
 use super::shared::Shared;
 use super::state::Wake;

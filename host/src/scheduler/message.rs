@@ -14,12 +14,12 @@ use std::sync::Arc;
 use wasmproc_types::{Payload, Pid};
 
 use super::cell::ProcessCell;
+use super::durable;
 use super::handle::Handle;
 use super::inbox::Refused;
 use super::remote::Remote;
 use super::shared::Shared;
 use super::state::Wake;
-use super::worker;
 use crate::error::{MailboxLimit, PortError, SendError};
 use crate::step::{CommandKind, Event, message_size};
 
@@ -45,7 +45,7 @@ impl Shared {
         if self.durable.is_some() && id.is_none() {
             // Delivered once the step's record is committed: whether the receiver takes
             // it is not known before, so it is not reported (see `durable.rs`).
-            return worker::keep_port_send(cell, (to, topic, body)).map_err(|_| PortError::NotInStep);
+            return durable::keep_port_send(cell, (to, topic, body)).map_err(|_| PortError::NotInStep);
         }
         Ok(self.send(cell.pid(), to, topic, body, id)?)
     }

@@ -20,7 +20,6 @@
 //! - `worker.rs`: the worker loop (local deque, global injector, stealing, hibernation);
 //! - `idle.rs`: searching and parked workers;
 //! - `shared.rs`: what every thread of a scheduler shares, and queueing a process;
-//! - `port.rs`: what a process's [`Port`] reaches;
 //! - `message.rs`: a message's trip, from its sender's checks to a mailbox or the cluster;
 //! - `lifecycle.rs`: spawn, monitor, terminate, retire, drain;
 //! - `dispatch.rs`: carrying out yields, and the embedder's
@@ -34,6 +33,29 @@
 //!   [`crate::journal`]'s: the scheduler imports the journal, never the other way);
 //! - `builder.rs`, `handle.rs`, `stats.rs`: the public API around [`Scheduler`];
 //! - `shutdown.rs`: the [`Scheduler`] itself, and how it stops (read its module docs).
+//!
+//! # Who imports whom
+//!
+//! Below the scheduler's files, and importing none of them: `state.rs`, `inbox.rs`,
+//! `slot.rs`, `idle.rs`, `hibernation.rs`, `stats.rs` and `timer.rs` (which wakes a
+//! parameter, the yield's completer, not a process). Above the circle below, importing
+//! it and imported by none of it: `builder.rs`, `recovery.rs` and `shutdown.rs`; and
+//! `message.rs`, methods of the scheduler that the circle calls without importing.
+//!
+//! In between, one circle of files that import each other, around the cell's
+//! back-pointer: a process's cell holds its scheduler (`Shared`, in `Spec::scheduler`) so
+//! that whoever completes its yield or sends it a message, on any thread, can queue it;
+//! and the scheduler holds every cell (its run queues and `registry.rs`). `cell.rs`,
+//! `shared.rs`, `worker.rs` (a woken cell goes into the waking worker's LIFO slot, a
+//! completion made during dispatch into its buffer) and `completer.rs` (a completer holds
+//! the cell it answers, and cells' watchers hold completers) share that pointer by
+//! nature. The others of the circle are in it because the scheduler holds them and they
+//! name a cell, a completer or a [`Handle`]: the registry, the handlers and their
+//! requests (`dispatch.rs`, `requests.rs`), the cluster's remote (`remote.rs`), the
+//! journal's committer (`durable.rs`), and the embedder's handle (`handle.rs`, whose
+//! exit slots cells' watchers hold), with spawning and ending (`lifecycle.rs`, methods of
+//! the scheduler that dispatch calls). Each could leave it as `timer.rs` did, generic over
+//! what it holds, where that pays.
 
 mod builder;
 pub(crate) use crate::caps;
@@ -47,7 +69,6 @@ mod idle;
 mod inbox;
 mod lifecycle;
 mod message;
-mod port;
 mod recovery;
 mod registry;
 pub(crate) mod remote;

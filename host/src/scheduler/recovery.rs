@@ -29,12 +29,11 @@ use std::time::Duration;
 use wasmproc_types::{Payload, Pid};
 
 use super::caps::Capabilities;
-use super::cell::{ProcessCell, Spec, Watcher};
+use super::cell::{ProcessCell, Spec, Watcher, port};
 use super::completer::complete;
 use super::dispatch::{Origin, make_under};
 use super::durable::{ReplayingHistory, StepInProgress, port_send_id, replaying};
 use super::handle::{ExitSlot, ProcessHandle};
-use super::port::port;
 use super::shared::Shared;
 use super::state::{Lifecycle, Waiting};
 use crate::journal::{Journal, Recorded, now_micros};

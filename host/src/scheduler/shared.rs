@@ -2,15 +2,17 @@
 //! completers), and how a `Ready` process gets into a run queue.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_deque::{Injector, Stealer};
 use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex};
 use rustc_hash::FxHashMap;
+use wasmproc_types::Pid;
 
 use super::caps::Capabilities;
 use super::cell::ProcessCell;
+use super::completer::Completer;
 use super::dispatch::{Factory, Registered};
 use super::durable::Durable;
 use super::hibernation::Hibernating;
@@ -19,10 +21,11 @@ use super::registry::Registry;
 use super::remote::Remote;
 use super::requests::Requests;
 use super::slot::Slot;
-use super::stats::Counters;
+use super::stats::{Counters, Stats, UNOBSERVED_ERROR_LEN, UNOBSERVED_KEPT, WorkerStats, YieldCounts, bump};
 use super::timer::Timer;
 use super::worker;
 use crate::limits::Limits;
+use crate::step::CommandKind;
 
 /// State shared by the workers, the timer, handles and completers.
 pub(super) struct Shared {
@@ -58,7 +61,7 @@ pub(super) struct Shared {
     pub(super) kinds: FxHashMap<Arc<str>, Arc<dyn Factory>>,
     /// Commands handed to processes to answer ([`Handle::forward`](super::Handle::forward)).
     pub(super) requests: Requests,
-    pub(super) timer: Timer,
+    pub(super) timer: Timer<Completer>,
     /// The journal, if processes are durable.
     pub(super) durable: Option<Durable>,
     /// This scheduler's node in a cluster (0 outside one): the node of every pid it makes.
@@ -138,5 +141,92 @@ impl Shared {
     /// should give its worker back ([`Port::should_yield`](super::Port::should_yield)).
     pub(super) fn has_waiting_work(&self) -> bool {
         self.has_queued_work() || self.slots.iter().any(|slot| !slot.is_empty())
+    }
+}
+
+/// The counters (see `stats.rs`): the thread's own slot, and their sum.
+impl Shared {
+    /// Adds `n` to one of this thread's counters: its worker's, or the shared slot for
+    /// other threads.
+    pub(super) fn count(&self, counter: fn(&Counters) -> &AtomicU64, n: u64) {
+        match worker::current_index(self.id) {
+            Some(index) => bump(counter(&self.counters[index]), n, true),
+            None => bump(counter(&self.counters[self.settings.workers]), n, false),
+        }
+    }
+
+    /// Counts one dispatched yield of `kind`.
+    pub(super) fn count_yield(&self, kind: CommandKind) {
+        let slot = kind.slot();
+        match worker::current_index(self.id) {
+            Some(index) => bump(&self.counters[index].yields[slot], 1, true),
+            None => bump(&self.counters[self.settings.workers].yields[slot], 1, false),
+        }
+    }
+
+    /// Counts a process that failed with no one told (see `retire`), keeping its error if
+    /// this thread's slot has kept fewer than [`UNOBSERVED_KEPT`]. Called only on such a
+    /// failure: a process that succeeds, or whose failure is heard, pays nothing here.
+    pub(super) fn count_unobserved(&self, pid: Pid, error: &str) {
+        self.count(|c| &c.unobserved, 1);
+        let slot = worker::current_index(self.id).unwrap_or(self.settings.workers);
+        let mut first = self.counters[slot].first_unobserved.lock();
+        if first.len() < UNOBSERVED_KEPT {
+            let mut end = error.len().min(UNOBSERVED_ERROR_LEN);
+            while !error.is_char_boundary(end) {
+                end -= 1;
+            }
+            first.push((pid, error[..end].to_owned()));
+        }
+    }
+
+    /// Sums the counters; see [`Handle::stats`](super::Handle::stats).
+    pub(super) fn stats(&self) -> Stats {
+        let workers = self.counters[..self.settings.workers]
+            .iter()
+            .map(|c| WorkerStats {
+                executed: c.steps.load(Ordering::Relaxed),
+                steals: c.steals.load(Ordering::Relaxed),
+                stolen: c.stolen.load(Ordering::Relaxed),
+            })
+            .collect();
+        let sum = |f: fn(&Counters) -> &AtomicU64| -> u64 {
+            self.counters.iter().map(|c| f(c).load(Ordering::Relaxed)).sum()
+        };
+        let counted = |kind: CommandKind| -> u64 {
+            self.counters.iter().map(|c| c.yields[kind.slot()].load(Ordering::Relaxed)).sum()
+        };
+        Stats {
+            workers,
+            global_queue: self.injector.len(),
+            live: self.live.load(Ordering::Acquire),
+            peak_live: self.peak_live.load(Ordering::Relaxed),
+            spawned: sum(|c| &c.spawned),
+            completed: sum(|c| &c.completed),
+            yields: CommandKind::ALL.into_iter().map(counted).sum(),
+            yields_by_command: YieldCounts {
+                sleep: counted(CommandKind::Sleep),
+                spawn: counted(CommandKind::Spawn),
+                send: counted(CommandKind::Send),
+                monitor: counted(CommandKind::Monitor),
+                terminate: counted(CommandKind::Terminate),
+                custom: counted(CommandKind::Custom),
+            },
+            messages: sum(|c| &c.messages),
+            undelivered: sum(|c| &c.undelivered),
+            hibernated: sum(|c| &c.hibernated),
+            unobserved_failures: sum(|c| &c.unobserved),
+            first_unobserved: self.first_unobserved(),
+        }
+    }
+
+    /// The slots' kept failures: [`UNOBSERVED_KEPT`] of them, sorted by pid for a stable
+    /// order.
+    fn first_unobserved(&self) -> Vec<(Pid, String)> {
+        let mut all: Vec<(Pid, String)> =
+            self.counters.iter().flat_map(|c| c.first_unobserved.lock().clone()).collect();
+        all.sort_by_key(|(pid, _)| *pid);
+        all.truncate(UNOBSERVED_KEPT);
+        all
     }
 }

@@ -7,8 +7,6 @@ use parking_lot::Mutex;
 
 use wasmproc_types::Pid;
 
-use super::shared::Shared;
-use super::worker;
 use crate::step::CommandKind;
 
 /// Scheduler counters; see [`Handle::stats`](super::Handle::stats).
@@ -114,20 +112,20 @@ pub struct WorkerStats {
 /// the shared last slot uses `fetch_add`.
 #[derive(Default)]
 pub(super) struct Counters {
-    steps: AtomicU64,
-    steals: AtomicU64,
-    stolen: AtomicU64,
+    pub(super) steps: AtomicU64,
+    pub(super) steals: AtomicU64,
+    pub(super) stolen: AtomicU64,
     pub(super) spawned: AtomicU64,
     pub(super) completed: AtomicU64,
     /// Indexed by [`CommandKind::slot`].
-    yields: [AtomicU64; CommandKind::ALL.len()],
+    pub(super) yields: [AtomicU64; CommandKind::ALL.len()],
     pub(super) messages: AtomicU64,
     pub(super) undelivered: AtomicU64,
-    hibernated: AtomicU64,
-    unobserved: AtomicU64,
+    pub(super) hibernated: AtomicU64,
+    pub(super) unobserved: AtomicU64,
     /// The first [`UNOBSERVED_KEPT`] failures this slot counted in `unobserved`. A lock:
     /// taken only when a process fails unobserved (rare), or to read [`Stats`].
-    first_unobserved: Mutex<Vec<(Pid, String)>>,
+    pub(super) first_unobserved: Mutex<Vec<(Pid, String)>>,
 }
 
 impl Counters {
@@ -148,96 +146,10 @@ impl Counters {
     }
 }
 
-fn bump(counter: &AtomicU64, n: u64, single_writer: bool) {
+pub(super) fn bump(counter: &AtomicU64, n: u64, single_writer: bool) {
     if single_writer {
         counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
     } else {
         counter.fetch_add(n, Ordering::Relaxed);
-    }
-}
-
-impl Shared {
-    /// Adds `n` to one of this thread's counters: its worker's, or the shared slot for
-    /// other threads.
-    pub(super) fn count(&self, counter: fn(&Counters) -> &AtomicU64, n: u64) {
-        match worker::current_index(self.id) {
-            Some(index) => bump(counter(&self.counters[index]), n, true),
-            None => bump(counter(&self.counters[self.settings.workers]), n, false),
-        }
-    }
-
-    /// Counts one dispatched yield of `kind`.
-    pub(super) fn count_yield(&self, kind: CommandKind) {
-        let slot = kind.slot();
-        match worker::current_index(self.id) {
-            Some(index) => bump(&self.counters[index].yields[slot], 1, true),
-            None => bump(&self.counters[self.settings.workers].yields[slot], 1, false),
-        }
-    }
-
-    /// Counts a process that failed with no one told (see `retire`), keeping its error if
-    /// this thread's slot has kept fewer than [`UNOBSERVED_KEPT`]. Called only on such a
-    /// failure: a process that succeeds, or whose failure is heard, pays nothing here.
-    pub(super) fn count_unobserved(&self, pid: Pid, error: &str) {
-        self.count(|c| &c.unobserved, 1);
-        let slot = worker::current_index(self.id).unwrap_or(self.settings.workers);
-        let mut first = self.counters[slot].first_unobserved.lock();
-        if first.len() < UNOBSERVED_KEPT {
-            let mut end = error.len().min(UNOBSERVED_ERROR_LEN);
-            while !error.is_char_boundary(end) {
-                end -= 1;
-            }
-            first.push((pid, error[..end].to_owned()));
-        }
-    }
-
-    /// Sums the counters; see [`Handle::stats`](super::Handle::stats).
-    pub(super) fn stats(&self) -> Stats {
-        let workers = self.counters[..self.settings.workers]
-            .iter()
-            .map(|c| WorkerStats {
-                executed: c.steps.load(Ordering::Relaxed),
-                steals: c.steals.load(Ordering::Relaxed),
-                stolen: c.stolen.load(Ordering::Relaxed),
-            })
-            .collect();
-        let sum = |f: fn(&Counters) -> &AtomicU64| -> u64 {
-            self.counters.iter().map(|c| f(c).load(Ordering::Relaxed)).sum()
-        };
-        let counted = |kind: CommandKind| -> u64 {
-            self.counters.iter().map(|c| c.yields[kind.slot()].load(Ordering::Relaxed)).sum()
-        };
-        Stats {
-            workers,
-            global_queue: self.injector.len(),
-            live: self.live.load(Ordering::Acquire),
-            peak_live: self.peak_live.load(Ordering::Relaxed),
-            spawned: sum(|c| &c.spawned),
-            completed: sum(|c| &c.completed),
-            yields: CommandKind::ALL.into_iter().map(counted).sum(),
-            yields_by_command: YieldCounts {
-                sleep: counted(CommandKind::Sleep),
-                spawn: counted(CommandKind::Spawn),
-                send: counted(CommandKind::Send),
-                monitor: counted(CommandKind::Monitor),
-                terminate: counted(CommandKind::Terminate),
-                custom: counted(CommandKind::Custom),
-            },
-            messages: sum(|c| &c.messages),
-            undelivered: sum(|c| &c.undelivered),
-            hibernated: sum(|c| &c.hibernated),
-            unobserved_failures: sum(|c| &c.unobserved),
-            first_unobserved: self.first_unobserved(),
-        }
-    }
-
-    /// The slots' kept failures: [`UNOBSERVED_KEPT`] of them, sorted by pid for a stable
-    /// order.
-    fn first_unobserved(&self) -> Vec<(Pid, String)> {
-        let mut all: Vec<(Pid, String)> =
-            self.counters.iter().flat_map(|c| c.first_unobserved.lock().clone()).collect();
-        all.sort_by_key(|(pid, _)| *pid);
-        all.truncate(UNOBSERVED_KEPT);
-        all
     }
 }

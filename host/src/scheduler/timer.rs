@@ -15,55 +15,62 @@ use parking_lot::{Condvar, Mutex};
 
 use wasmproc_types::Payload;
 
-use super::completer::Completer;
+use crate::step::Outcome;
 
-/// The handle to the timer thread, held by the scheduler.
-pub(super) struct Timer {
-    shared: Arc<TimerShared>,
+/// What a sleep completes: the yield's completer (`completer.rs`). A parameter rather
+/// than the type, so that the timer names nothing of the processes it wakes.
+pub(super) trait Done: Send + 'static {
+    /// Completes the sleep with `result`.
+    fn complete(self, result: Outcome);
 }
 
-struct TimerShared {
-    state: Mutex<TimerState>,
+/// The handle to the timer thread, held by the scheduler.
+pub(super) struct Timer<D> {
+    shared: Arc<TimerShared<D>>,
+}
+
+struct TimerShared<D> {
+    state: Mutex<TimerState<D>>,
     condvar: Condvar,
 }
 
-struct TimerState {
-    heap: BinaryHeap<Entry>,
+struct TimerState<D> {
+    heap: BinaryHeap<Entry<D>>,
     /// Breaks ties between equal deadlines in insertion order.
     next_seq: u64,
     shutdown: bool,
 }
 
-struct Entry {
+struct Entry<D> {
     deadline: Instant,
     seq: u64,
-    done: Completer,
+    done: D,
 }
 
-impl Ord for Entry {
+impl<D> Ord for Entry<D> {
     fn cmp(&self, other: &Self) -> Ordering {
         // Reversed: `BinaryHeap` is a max-heap and the earliest deadline must be on top.
         (other.deadline, other.seq).cmp(&(self.deadline, self.seq))
     }
 }
 
-impl PartialOrd for Entry {
+impl<D> PartialOrd for Entry<D> {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
 
-impl PartialEq for Entry {
+impl<D> PartialEq for Entry<D> {
     fn eq(&self, other: &Self) -> bool {
         self.cmp(other) == Ordering::Equal
     }
 }
 
-impl Eq for Entry {}
+impl<D> Eq for Entry<D> {}
 
-impl Timer {
+impl<D: Done> Timer<D> {
     /// Starts the timer thread.
-    pub(super) fn start(name: &str) -> std::io::Result<(Timer, JoinHandle<()>)> {
+    pub(super) fn start(name: &str) -> std::io::Result<(Timer<D>, JoinHandle<()>)> {
         let shared = Arc::new(TimerShared {
             state: Mutex::new(TimerState { heap: BinaryHeap::new(), next_seq: 0, shutdown: false }),
             condvar: Condvar::new(),
@@ -76,7 +83,7 @@ impl Timer {
     }
 
     /// Completes `done` with an empty payload after `duration`. Zero completes at once.
-    pub(super) fn sleep(&self, duration: Duration, done: Completer) {
+    pub(super) fn sleep(&self, duration: Duration, done: D) {
         if duration.is_zero() {
             return done.complete(Ok(Payload::empty()));
         }
@@ -108,7 +115,7 @@ impl Timer {
     }
 }
 
-impl TimerShared {
+impl<D: Done> TimerShared<D> {
     fn run(&self) {
         let mut due = Vec::new();
         loop {

@@ -95,13 +95,10 @@ use wasmproc_types::Payload;
 use super::caps::Capabilities;
 use super::cell::{Decision, Hibernation, ProcessCell, TurnEnd};
 use super::dispatch::{Origin, Resolution, Resolved};
-use super::durable::PortSend;
-use super::durable::Turn;
 use super::idle::{PARK_AFTER_ROUNDS, Unparked, YIELD_AFTER_ROUNDS};
 use super::inbox::MailboxBound;
 use super::shared::Shared;
 use super::state::Lifecycle;
-use crate::journal::now_micros;
 use crate::step::{Event, Events, Status, StepOutput};
 
 /// How many more processes to move from the global queue into the local deque when
@@ -167,8 +164,6 @@ struct Dispatching {
     early: RefCell<Vec<Event>>,
     /// Address of the cell of the process in a step on this worker; 0 between steps.
     stepping: Cell<usize>,
-    /// A durable process's port sends of the step running, kept for its record.
-    sends: RefCell<Vec<PortSend>>,
 }
 
 /// Runs `f` on this thread's worker if it is one of `scheduler`'s.
@@ -182,20 +177,10 @@ fn with_local<R>(scheduler: usize, f: impl FnOnce(&Local) -> R) -> Option<R> {
     (local.scheduler == scheduler).then(|| f(local))
 }
 
-/// Keeps a durable process's port send for its step's record: `Err` hands it back if
-/// `cell` is not in a step on this thread (the port was used from elsewhere).
-pub(super) fn keep_port_send(cell: &ProcessCell, send: PortSend) -> Result<(), PortSend> {
-    let scheduler = cell.scheduler().id;
-    let mut send = Some(send);
-    with_local(scheduler, |local| {
-        if local.dispatch.stepping.get() == std::ptr::from_ref(cell) as usize {
-            local.dispatch.sends.borrow_mut().extend(send.take());
-        }
-    });
-    match send {
-        Some(send) => super::durable::keep_replayed_send(cell, send),
-        None => Ok(()),
-    }
+/// Whether `cell`'s process is in a step on this thread: a port used during that step.
+pub(super) fn is_stepping(cell: &ProcessCell) -> bool {
+    let address = std::ptr::from_ref(cell) as usize;
+    with_local(cell.scheduler().id, |local| local.dispatch.stepping.get() == address).unwrap_or(false)
 }
 
 /// Keeps `event` for the next step of `cell` if this thread is dispatching `cell`'s
@@ -513,11 +498,7 @@ impl WorkerLoop<'_> {
             out.reset();
             counters.record_step();
             // A durable step's record holds the events it was given.
-            let turn = durable.map(|_| Turn {
-                at: cell.begin_durable_turn(now_micros()),
-                events: events.clone(),
-                ids: cell.inbox.take_drained_ids(),
-            });
+            let turn = durable.map(|durable| durable.begin_turn(&cell, events));
             dispatch.stepping.set(Arc::as_ptr(&cell) as usize);
             // SAFETY: `run_turn` runs this closure only while this worker holds the
             // process in `Running`.
@@ -529,7 +510,7 @@ impl WorkerLoop<'_> {
             dispatch.stepping.set(0);
             // A preempted step is recorded once it finishes, as one step.
             let recorded = match (durable, turn) {
-                (Some(_), Some(turn)) => cell.durable_turn(turn, dispatch.sends.take(), out.is_preempted()),
+                (Some(durable), Some(turn)) => durable.end_turn(&cell, turn, out.is_preempted()),
                 _ => None,
             };
             // A panic in the step was caught above, so this always runs.
@@ -557,8 +538,8 @@ impl WorkerLoop<'_> {
                 if let Some(durable) = durable
                     && let Some(step) = recorded
                 {
-                    let step = step.into_record(Vec::new(), Status::Complete(Ok(Payload::empty())));
-                    if let Err(error) = durable.record_step(&cell, step) {
+                    let status = Status::Complete(Ok(Payload::empty()));
+                    if let Err(error) = durable.record_finished(&cell, step, Vec::new(), status) {
                         return Decision::Complete(Err(error));
                     }
                 }
@@ -574,8 +555,7 @@ impl WorkerLoop<'_> {
             if let Some(durable) = durable
                 && let Some(step) = recorded
             {
-                let step = step.into_record(std::mem::take(yields), status.clone());
-                match durable.record_step(&cell, step) {
+                match durable.record_finished(&cell, step, std::mem::take(yields), status.clone()) {
                     Ok((seq, back)) => {
                         *yields = back;
                         record = seq;
