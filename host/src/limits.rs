@@ -217,6 +217,20 @@ pub(crate) fn output_limit_exceeded(bytes: usize, max: usize) -> String {
     )
 }
 
+/// The run a process belongs to, inherited down its tree and carried with its spawns to
+/// other nodes: when the run is over (its node or client leaves or is lost, or stops
+/// it) its processes end on every node, and only its tree may spawn by hash the
+/// components it brought (see `cluster/`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct RunId {
+    /// The node whose run it is: the node whose embedder started the tree, or that holds
+    /// the session of the client that did. 0: none (outside a cluster); in a spawn for
+    /// another node, the spawning node's own run.
+    pub(crate) node: u16,
+    /// The client's run on that node, drawn for its session; 0 for a node's own run.
+    pub(crate) client: u64,
+}
+
 /// The limits a process tree runs under when its run set its own: a remote spawn's
 /// [`RunLimits`], each clamped to this scheduler's. Shared by the whole tree here (a
 /// child takes its parent's), and carried on with the tree's spawns to other nodes.
@@ -278,17 +292,13 @@ pub(crate) struct Lineage {
     /// makes, here or on another node, is bounded by them. `None` when it runs under
     /// none, or was restored from a journal: its kind's own then (`Shared::sandbox_of`).
     sandbox: Option<KindLimits>,
-    /// The node of the cluster whose run the process belongs to (0: none, a tree this
-    /// node's embedder started), inherited down its tree, here and on other nodes: when
-    /// that node leaves or is lost, the process is ended (see `cluster/node/`), so
-    /// nothing keeps running for a run whose client is gone.
-    owner: u16,
-    /// The run the process belongs to, shared by its whole tree across nodes: what
-    /// components fetched by hash it may spawn (`RemoteSpawn::scope`). 0: this node's own.
-    scope: u64,
+    /// The run the process belongs to, shared by its whole tree, here and on other
+    /// nodes: when the run is over the process is ended (see `cluster/node/`), so
+    /// nothing keeps running for a run whose node or client is gone.
+    run: RunId,
     /// The limits its run set, if it set any (a remote spawn's): they replace the
     /// scheduler's for this process and its tree. `None`: the scheduler's own.
-    run: Option<Arc<RunBound>>,
+    bound: Option<Arc<RunBound>>,
 }
 
 impl Lineage {
@@ -299,43 +309,31 @@ impl Lineage {
             children: OnceLock::new(),
             tree: OnceLock::from(parent.tree.get_or_init(Arc::default).clone()),
             sandbox: None,
-            owner: parent.owner,
-            scope: parent.scope,
-            run: parent.run.clone(),
+            run: parent.run,
+            bound: parent.bound.clone(),
         }
     }
 
     /// This lineage, for a process whose run set the limits `bound`.
     pub(crate) fn bounded(mut self, bound: Option<Arc<RunBound>>) -> Self {
-        self.run = bound;
+        self.bound = bound;
         self
     }
 
     /// The limits the process's run set, if it set any.
     pub(crate) fn run_bound(&self) -> Option<&RunBound> {
-        self.run.as_deref()
+        self.bound.as_deref()
     }
 
-    /// This lineage, for a process whose run belongs to node `owner` of a cluster.
-    pub(crate) fn owned_by(mut self, owner: u16) -> Self {
-        self.owner = owner;
+    /// This lineage, for a process of the run `run`.
+    pub(crate) fn in_run(mut self, run: RunId) -> Self {
+        self.run = run;
         self
     }
 
-    /// The node whose run the process belongs to; 0 for none.
-    pub(crate) fn owner(&self) -> u16 {
-        self.owner
-    }
-
-    /// This lineage, for a process of the run `scope`.
-    pub(crate) fn in_scope(mut self, scope: u64) -> Self {
-        self.scope = scope;
-        self
-    }
-
-    /// The run the process belongs to (0: this node's own).
-    pub(crate) fn scope(&self) -> u64 {
-        self.scope
+    /// The run the process belongs to.
+    pub(crate) fn run(&self) -> RunId {
+        self.run
     }
 
     /// This lineage, for a process that runs under `sandbox`.

@@ -10,7 +10,7 @@
 //!    copy published again is refused), and serves the node the program's bytes by
 //!    hash on `INBOX.code`.
 //! 3. It keeps each session it uses alive every [`HEARTBEAT`]; the node answers each
-//!    keepalive, so a node unheard for [`LOSS_AFTER`] is lost to the client, and a
+//!    keepalive, so a node unheard for [`LOSS_AFTER`](super::LOSS_AFTER) is lost to the client, and a
 //!    client unheard for as long is lost to the node.
 
 use std::sync::Arc;
@@ -23,12 +23,12 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use tokio::sync::mpsc;
 
-use super::config::{ClusterConfig, HEARTBEAT, JOIN_WAIT, LOSS_AFTER, connect};
+use super::config::{ClusterConfig, HEARTBEAT, Heard, JOIN_WAIT, connect};
 use super::process::{RemoteProcess, RemoteSlot, RemoteSpawnOptions};
 use super::shared::{ClusterStats, LineSink, NodeInfo, noconnection};
 use super::store::CodeStore;
 use super::wire::{self, Body, ClientRequest, Item, Key, Peer};
-use crate::scheduler::remote::RemoteSpawn;
+use crate::scheduler::remote::{RemoteSpawn, RunId};
 use crate::{Capabilities, Pid};
 
 /// A client of a cluster: asks its nodes to run processes, and hears how they end.
@@ -268,9 +268,8 @@ impl Client {
             limits,
             run_limits: run_limits.map(Box::new),
             monitor: true,
-            // The node gives the run its owner (itself) and scope.
-            owner: 0,
-            scope: 0,
+            // The node gives the run its id (itself, and the session's client run).
+            run: RunId::default(),
         };
         let slot = Arc::new(RemoteSlot::default());
         self.shared
@@ -332,7 +331,7 @@ struct Open {
     sent: u64,
     /// The last answer's sequence.
     heard: u64,
-    last_heard: Instant,
+    alive: Heard,
     spawning: FxHashMap<u64, Arc<RemoteSlot>>,
     running: FxHashMap<Pid, Arc<RemoteSlot>>,
 }
@@ -397,7 +396,7 @@ impl Task {
                     name: offered.info.name.clone(),
                     sent: 0,
                     heard: 0,
-                    last_heard: Instant::now(),
+                    alive: Heard::at(Instant::now()),
                     spawning: FxHashMap::default(),
                     running: FxHashMap::default(),
                 },
@@ -407,7 +406,7 @@ impl Task {
             open.spawning.insert(token, slot);
         }
         let name = spawn.identity.as_ref().and_then(|hash| self.shared.code.name(hash));
-        self.request(node, ClientRequest::Spawn { token, spawn, name }).await;
+        self.request(node, ClientRequest::Spawn { token, spawn: Box::new(spawn), name }).await;
     }
 
     /// Sends `request` in the session with node `node`.
@@ -438,7 +437,7 @@ impl Task {
             return;
         }
         open.heard = seq;
-        open.last_heard = Instant::now();
+        open.alive.again(Instant::now());
         match item {
             Some(Item::SpawnDone { token, result }) => {
                 let Some(slot) = open.spawning.remove(&token) else { return };
@@ -489,12 +488,8 @@ impl Task {
     /// Keeps the sessions in use alive, and gives up on nodes unheard too long.
     async fn tick(&mut self) {
         let now = Instant::now();
-        let lost: Vec<u16> = self
-            .sessions
-            .iter()
-            .filter(|(_, open)| now.duration_since(open.last_heard) > LOSS_AFTER)
-            .map(|(&node, _)| node)
-            .collect();
+        let lost: Vec<u16> =
+            self.sessions.iter().filter(|(_, open)| open.alive.is_lost(now)).map(|(&node, _)| node).collect();
         for node in lost {
             let Some(open) = self.sessions.remove(&node) else { continue };
             let reason = noconnection(node, Some(&open.name));

@@ -3,7 +3,7 @@
 //! frame, checks them against the hash, and loads them once; concurrent spawns of one
 //! component in one run share the fetch.
 //!
-//! A component is spawnable by hash only within the runs (scopes) that brought it: a
+//! A component is spawnable by hash only within the runs that brought it: a
 //! run whose spawner cannot hand over the bytes does not get to run what another run
 //! brought, though its hash is public (`cluster ls`). A node started with components
 //! shared (`ClusterConfig::share_components`) skips that.
@@ -18,6 +18,7 @@ use sha2::{Digest as _, Sha256};
 use super::shared::{Fetched, Inner, Loader};
 use super::wire::{self, Body, Key, Peer};
 use crate::handler::Factory;
+use crate::scheduler::remote::RunId;
 
 /// The largest component a node fetches: the CLI's default `--max-module-size`.
 pub(super) const MAX_CODE: u64 = 128 << 20;
@@ -78,7 +79,7 @@ pub(super) async fn fetch(
     }
 }
 
-/// The factory of component `hash` for a spawn of run `scope`: the one this node holds
+/// The factory of component `hash` for a spawn of run `run`: the one this node holds
 /// for that run (or for all, with components shared), or fetched now from `source`
 /// (the spawner's code subject) and loaded, once however many spawns of the run ask at
 /// the same time, and once for all runs: a run that brings a component this node has
@@ -90,12 +91,12 @@ pub(super) async fn factory(
     me: Peer,
     (source, from): (&str, Option<u16>),
     hash: &str,
-    scope: u64,
+    run: RunId,
 ) -> anyhow::Result<Arc<dyn Factory>> {
-    if let Some(factory) = inner.factory_in(hash, scope) {
+    if let Some(factory) = inner.factory_in(hash, run) {
         return Ok(factory);
     }
-    let key = (hash.to_owned(), scope);
+    let key = (hash.to_owned(), run.client);
     let cell = inner.fetching.lock().entry(key.clone()).or_default().clone();
     let result = cell
         .get_or_init(|| async {
@@ -115,8 +116,8 @@ pub(super) async fn factory(
             let mut fetched = inner.fetched.write();
             let entry = fetched
                 .entry(hash.to_owned())
-                .or_insert_with(|| Fetched { factory: factory.clone(), scopes: Default::default() });
-            entry.scopes.insert(scope);
+                .or_insert_with(|| Fetched { factory: factory.clone(), runs: Default::default() });
+            entry.runs.insert(run.client);
             inner.code.offer(hash.to_owned(), bytes);
             // The name the node it came from knows it by, as that node last announced.
             let name = inner

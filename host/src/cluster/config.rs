@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
@@ -277,6 +277,29 @@ impl ClusterConfig {
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
         self
+    }
+}
+
+/// When a peer was last heard from: a node by its heartbeats, a client's session (on a
+/// node) and a node's session (on a client) by their keepalives and the answers to
+/// them. Every side judges alike: a peer silent for longer than [`LOSS_AFTER`] is lost.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Heard(Instant);
+
+impl Heard {
+    /// Heard from at `now`.
+    pub(super) fn at(now: Instant) -> Self {
+        Heard(now)
+    }
+
+    /// Heard from again at `now` (or given a fresh allowance then).
+    pub(super) fn again(&mut self, now: Instant) {
+        self.0 = now;
+    }
+
+    /// Whether it has been silent too long at `now`.
+    pub(super) fn is_lost(&self, now: Instant) -> bool {
+        now.duration_since(self.0) > LOSS_AFTER
     }
 }
 

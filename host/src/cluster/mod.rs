@@ -57,8 +57,9 @@
 //!   by what it runs under in turn. So no process of a tree runs under looser limits
 //!   than its root, on whichever node.
 //! - **Runs.** A process belongs to a run: of the node whose embedder started its tree, or
-//!   of a client's session (its scope) on the node that runs its root: the owner
-//!   (and scope), inherited down the tree and carried with every spawn to another node.
+//!   of a client's session on the node that runs its root. One id names it (the node,
+//!   and the client's run there if it is a client's: `RunId`), inherited down the tree
+//!   and carried with every spawn to another node.
 //!   When the run stops ([`Cluster::stop_run`], [`Client::stop_run`]), its node leaves or
 //!   is lost, or its client leaves or goes silent, each node cancels the run's processes
 //!   there (and those a process of a gone node spawned), and terminates what is left
@@ -103,7 +104,7 @@ use anyhow::Context as _;
 use parking_lot::Mutex;
 
 use crate::scheduler::Handle;
-use crate::scheduler::remote::{Notify, Remote, RemoteSpawn};
+use crate::scheduler::remote::{Notify, Remote, RemoteSpawn, RunId};
 use crate::{Capabilities, Pid};
 
 use self::process::RemoteSlot;
@@ -261,8 +262,7 @@ impl Cluster {
             run_limits: run_limits.map(Box::new),
             monitor: true,
             // The spawning node's run: this node owns the process.
-            owner: 0,
-            scope: 0,
+            run: RunId::default(),
         };
         if here {
             let handle = handle.context("this node serves no scheduler: call `Cluster::serve`")?;
@@ -304,10 +304,10 @@ impl Cluster {
     /// none, and the line is this node's to show. A line past [`MAX_LOG_BACKLOG`] is
     /// dropped and counted. For a node's log sink (`wasm::Config::log_sink`).
     pub fn forward_line(&self, pid: Pid, source: &str, message: &str) -> bool {
-        let Some((owner, scope)) = self.inner.handle.get().and_then(|handle| handle.run_of(pid)) else {
+        let Some(run) = self.inner.handle.get().and_then(|handle| handle.run_of(pid)) else {
             return false;
         };
-        if owner == self.inner.node && scope == 0 {
+        if run.node == self.inner.node && run.client == 0 {
             return false;
         }
         if self.inner.log_backlog.fetch_add(1, Ordering::AcqRel) >= MAX_LOG_BACKLOG {
@@ -315,10 +315,10 @@ impl Cluster {
             self.inner.counters.log_lines_dropped.fetch_add(1, Ordering::Relaxed);
             return true;
         }
-        let item = Item::Log { pid, scope, source: source.to_owned(), message: message.to_owned() };
+        let item = Item::Log { pid, scope: run.client, source: source.to_owned(), message: message.to_owned() };
         // A line of a client's run whose session is here goes to the client from here;
         // any other, to the node whose run it is.
-        let cmd = if owner == self.inner.node { Cmd::Line(item) } else { Cmd::Item { node: owner, item } };
+        let cmd = if run.node == self.inner.node { Cmd::Line(item) } else { Cmd::Item { node: run.node, item } };
         if self.inner.queue(cmd).is_err() {
             self.inner.log_backlog.fetch_sub(1, Ordering::AcqRel);
         }

@@ -16,7 +16,7 @@ use super::wire::{Item, Key};
 use crate::error::SendError;
 use crate::handler::{Completer, Factory};
 use crate::scheduler::Handle;
-use crate::scheduler::remote::{Remote, RemoteSpawn};
+use crate::scheduler::remote::{Remote, RemoteSpawn, RunId};
 use crate::{Payload, Pid};
 
 /// Takes a line a process of this node's run wrote on another node: its pid, its source
@@ -153,7 +153,7 @@ pub(super) type Fetch = tokio::sync::OnceCell<anyhow::Result<Arc<dyn Factory>>>;
 /// A component fetched by hash, and the runs that brought it (see `code.rs`).
 pub(crate) struct Fetched {
     pub(super) factory: Arc<dyn Factory>,
-    pub(super) scopes: rustc_hash::FxHashSet<u64>,
+    pub(super) runs: rustc_hash::FxHashSet<u64>,
 }
 
 impl Inner {
@@ -196,13 +196,14 @@ impl Inner {
         self.alive.get(usize::from(node)).is_some_and(|a| a.load(Ordering::Acquire) != 0)
     }
 
-    /// The factory of component `hash` fetched before, if processes of run `scope` may
-    /// spawn it: the run brought it, components are shared, or the process is the
-    /// node's own (scope 0: the embedder's, trusted with all it holds).
-    pub(super) fn factory_in(&self, hash: &str, scope: u64) -> Option<Arc<dyn Factory>> {
+    /// The factory of component `hash` fetched before, if processes of run `run` may
+    /// spawn it: the run brought it, components are shared, or the run is a node's own
+    /// (no client's: the embedders', trusted with all they hold).
+    pub(super) fn factory_in(&self, hash: &str, run: RunId) -> Option<Arc<dyn Factory>> {
         let fetched = self.fetched.read();
         let fetched = fetched.get(hash)?;
-        (self.share_components || scope == 0 || fetched.scopes.contains(&scope)).then(|| fetched.factory.clone())
+        (self.share_components || run.client == 0 || fetched.runs.contains(&run.client))
+            .then(|| fetched.factory.clone())
     }
 }
 
@@ -272,8 +273,8 @@ impl Remote for Inner {
         });
     }
 
-    fn factory(&self, kind: &str, scope: u64) -> Option<Arc<dyn Factory>> {
-        self.factory_in(kind, scope)
+    fn factory(&self, kind: &str, run: RunId) -> Option<Arc<dyn Factory>> {
+        self.factory_in(kind, run)
     }
 }
 

@@ -26,7 +26,7 @@ use sha2::Sha256;
 
 use crate::codec::{Malformed, Reader, Writer};
 use crate::handler::KindLimits;
-use crate::scheduler::remote::{RemoteSpawn, RunLimits};
+use crate::scheduler::remote::{RemoteSpawn, RunId, RunLimits};
 use crate::{Capabilities, Payload, Pid};
 
 type HmacSha256 = Hmac<Sha256>;
@@ -211,7 +211,7 @@ pub(crate) enum Item {
     },
     /// The sender's run is stopping: cancel its processes here with `reason`, and
     /// terminate those left after `grace`. `scope` 0: the sender's whole run (what it
-    /// owns); else only that client's run (`RemoteSpawn::scope`).
+    /// owns); else only that client's run (`RunId::client`).
     StopRun {
         reason: String,
         grace: Duration,
@@ -306,7 +306,7 @@ pub(crate) enum ClientRequest {
     /// Spawn a root process of the client's run, answered by a `SpawnDone` with `token`
     /// and, with `monitor`, an `Exit` when it ends. `name`: the file name of the
     /// component `spawn.identity` names, for `cluster ls`.
-    Spawn { token: u64, spawn: RemoteSpawn, name: Option<String> },
+    Spawn { token: u64, spawn: Box<RemoteSpawn>, name: Option<String> },
     /// Stop the client's run: cancel its processes with `reason`, on every node, and
     /// terminate those left after `grace`.
     StopRun { reason: String, grace: Duration },
@@ -413,7 +413,7 @@ pub(crate) fn encode(from: Peer, body: &Body) -> Vec<u8> {
                 ClientRequest::Keepalive => w.u8(KEEPALIVE),
                 ClientRequest::Spawn { token, spawn, name } => {
                     w.u8(RUN_SPAWN);
-                    w.bytes(&encode_item(&Item::Spawn { token: *token, spawn: spawn.clone() }));
+                    w.bytes(&encode_item(&Item::Spawn { token: *token, spawn: (**spawn).clone() }));
                     w.optional_str(name.as_deref());
                 }
                 ClientRequest::StopRun { reason, grace } => {
@@ -496,9 +496,11 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<(Peer, Body), WireError> {
             let request = match r.u8("request")? {
                 KEEPALIVE => ClientRequest::Keepalive,
                 RUN_SPAWN => match decode_item(r.bytes("request")?)? {
-                    Item::Spawn { token, spawn } => {
-                        ClientRequest::Spawn { token, spawn, name: r.optional_str("name")?.map(str::to_owned) }
-                    }
+                    Item::Spawn { token, spawn } => ClientRequest::Spawn {
+                        token,
+                        spawn: Box::new(spawn),
+                        name: r.optional_str("name")?.map(str::to_owned),
+                    },
                     _ => return Err(r.invalid("request", "a client's spawn request holds another item").into()),
                 },
                 RUN_STOP => ClientRequest::StopRun {
@@ -621,11 +623,11 @@ pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
             w.payloads(&spawn.input);
             spawn.caps.encode(&mut w);
             w.u64(spawn.mailbox_capacity as u64);
-            w.u64(u64::from(spawn.owner));
+            w.u64(u64::from(spawn.run.node));
             optional_run_limits(&mut w, spawn.run_limits.as_deref());
             optional_limits(&mut w, spawn.limits);
             w.bool(spawn.monitor);
-            w.u64(spawn.scope);
+            w.u64(spawn.run.client);
         }
         Item::SpawnDone { token, result } => {
             w.u8(SPAWN_DONE);
@@ -708,8 +710,7 @@ pub(crate) fn decode_item(bytes: &[u8]) -> Result<Item, WireError> {
                     limits,
                     run_limits,
                     monitor,
-                    owner,
-                    scope,
+                    run: RunId { node: owner, client: scope },
                 },
             }
         }
@@ -872,8 +873,7 @@ mod tests {
                     limits: Some(KindLimits::new(4 << 20, Duration::from_micros(250))),
                     run_limits: Some(Box::new(RunLimits::new().max_children(2).mailbox_bytes(usize::MAX))),
                     monitor: true,
-                    owner: 0,
-                    scope: 42,
+                    run: RunId { node: 0, client: 42 },
                 },
             },
             Item::Spawn {
@@ -901,8 +901,7 @@ mod tests {
                             .mailbox_bytes(6),
                     )),
                     monitor: true,
-                    owner: 7,
-                    scope: 0,
+                    run: RunId { node: 7, client: 0 },
                 },
             },
             Item::Spawn {
@@ -918,8 +917,7 @@ mod tests {
                     limits: None,
                     run_limits: None,
                     monitor: false,
-                    owner: Pid::MAX_NODE,
-                    scope: u64::MAX,
+                    run: RunId { node: Pid::MAX_NODE, client: u64::MAX },
                 },
             },
             Item::SpawnDone { token: 8, result: Ok(b) },
@@ -965,7 +963,7 @@ mod tests {
             Body::Run {
                 session: 99,
                 seq: 2,
-                request: ClientRequest::Spawn { token: 3, spawn, name: Some("a.wasm".into()) },
+                request: ClientRequest::Spawn { token: 3, spawn: Box::new(spawn), name: Some("a.wasm".into()) },
             },
             Body::Run {
                 session: 99,
@@ -1092,7 +1090,7 @@ mod tests {
             Body::Run {
                 session: 99,
                 seq: 2,
-                request: ClientRequest::Spawn { token: 3, spawn, name: Some("a.wasm".into()) },
+                request: ClientRequest::Spawn { token: 3, spawn: Box::new(spawn), name: Some("a.wasm".into()) },
             },
             Body::Run {
                 session: 99,

@@ -441,7 +441,7 @@ impl Shared {
             (None, Some(remote)) => {
                 let name = request.kind.as_deref().or(parent.spec.kind.as_deref());
                 fetched =
-                    name.and_then(|name| Some((Arc::<str>::from(name), remote.factory(name, parent.lineage.scope())?)));
+                    name.and_then(|name| Some((Arc::<str>::from(name), remote.factory(name, parent.lineage.run())?)));
                 fetched.as_ref().map(|(name, factory)| (name, factory))
             }
             (kind, _) => kind,
@@ -481,7 +481,7 @@ impl Shared {
             let kind = cell.spec.kind.as_deref()?;
             match self.kinds.get(kind) {
                 Some(factory) => factory.limits(),
-                None => self.remote.as_ref()?.factory(kind, cell.lineage.scope())?.limits(),
+                None => self.remote.as_ref()?.factory(kind, cell.lineage.run())?.limits(),
             }
         })
     }

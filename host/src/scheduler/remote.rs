@@ -25,8 +25,8 @@ use super::lifecycle::SpawnArgs;
 use super::shared::Shared;
 use super::state::Wake;
 use crate::error::{SendError, SpawnError};
-pub use crate::limits::RunLimits;
 use crate::limits::{KindLimits, Lineage, RunBound};
+pub use crate::limits::{RunId, RunLimits};
 use crate::step::{Event, Outcome, SpawnRequest};
 
 /// Called once with the pid and result of a process that a remote node watches.
@@ -57,8 +57,8 @@ pub(crate) trait Remote: Send + Sync + 'static {
 
     /// The factory of a kind this node has no registration for, but the cluster holds
     /// (components fetched from other nodes, named by their hash) for processes of
-    /// `scope` (a run's, see [`RemoteSpawn::scope`]).
-    fn factory(&self, kind: &str, scope: u64) -> Option<Arc<dyn Factory>>;
+    /// the run `run` (see [`RunId`]).
+    fn factory(&self, kind: &str, run: RunId) -> Option<Arc<dyn Factory>>;
 }
 
 /// A spawn bound for another node, with everything that bounds the child there: its
@@ -88,13 +88,9 @@ pub(crate) struct RemoteSpawn {
     pub(crate) run_limits: Option<Box<RunLimits>>,
     /// Whether the parent monitors the child.
     pub(crate) monitor: bool,
-    /// The node whose run the child belongs to (the parent's owner); 0: the spawning
-    /// node's own run, so the spawning node owns it. Its processes end when that node
-    /// leaves or is lost.
-    pub(crate) owner: u16,
-    /// The run the child belongs to (its tree's, across nodes): components fetched by
-    /// hash for one run are spawnable by hash only within it. 0: this node's own.
-    pub(crate) scope: u64,
+    /// The run the child belongs to, its parent's ([`RunId`]); a `node` of 0: the
+    /// spawning node's own run.
+    pub(crate) run: RunId,
 }
 
 impl Shared {
@@ -111,7 +107,7 @@ impl Shared {
         let kind = request.kind.clone().or_else(|| parent.spec.kind.as_deref().map(str::to_owned));
         let factory = kind.as_deref().and_then(|kind| match self.kinds.get(kind) {
             Some(factory) => Some(factory.clone()),
-            None => remote.factory(kind, parent.lineage.scope()),
+            None => remote.factory(kind, parent.lineage.run()),
         });
         let (identity, own) = factory.map_or((None, None), |factory| (factory.identity(), factory.limits()));
         let limits = KindLimits::tighter(self.sandbox_of(parent), own);
@@ -126,8 +122,7 @@ impl Shared {
             limits,
             run_limits: parent.lineage.run_bound().map(|bound| Box::new(bound.carried())),
             monitor: request.monitor,
-            owner: parent.lineage.owner(),
-            scope: parent.lineage.scope(),
+            run: parent.lineage.run(),
         };
         remote.spawn(node, spawn, done());
         Ok(())
@@ -216,11 +211,10 @@ impl Handle {
             watcher: notify.map(Watcher::Notify),
             lineage: Lineage::default()
                 .within(sandbox)
-                .owned_by(match spawn.owner {
-                    0 => spawn.parent.node(),
-                    owner => owner,
+                .in_run(match spawn.run.node {
+                    0 => RunId { node: spawn.parent.node(), ..spawn.run },
+                    _ => spawn.run,
                 })
-                .in_scope(spawn.scope)
                 .bounded(bound),
         };
         let cell = self.shared.spawn_unqueued(process, args)?;
@@ -237,22 +231,23 @@ impl Handle {
         self.cancel_cells(self.owned_by(node), reason)
     }
 
-    /// Delivers a cancel with `reason` to every process of the client's run `scope`
-    /// (`RemoteSpawn::scope`): what a node does when that client leaves, goes silent or
+    /// Delivers a cancel with `reason` to every process of the client's run `client`
+    /// ([`RunId::client`]): what a node does when that client leaves, goes silent or
     /// stops its run. Returns how many it reached.
-    pub(crate) fn cancel_in_scope(&self, scope: u64, reason: &str) -> usize {
-        self.cancel_cells(self.in_scope(scope), reason)
+    pub(crate) fn cancel_client_run(&self, client: u64, reason: &str) -> usize {
+        self.cancel_cells(self.in_client_run(client), reason)
     }
 
-    /// Ends at once, with the error `reason`, every process of the run `scope`.
-    pub(crate) fn terminate_in_scope(&self, scope: u64, reason: &'static str) -> usize {
-        self.in_scope(scope).iter().filter(|cell| self.shared.terminate_cell(cell, reason).is_ok()).count()
+    /// Ends at once, with the error `reason`, every process of the client's run `client`.
+    pub(crate) fn terminate_client_run(&self, client: u64, reason: &'static str) -> usize {
+        self.in_client_run(client).iter().filter(|cell| self.shared.terminate_cell(cell, reason).is_ok()).count()
     }
 
-    /// The live processes of the run `scope` (never 0: that is every node's own).
-    fn in_scope(&self, scope: u64) -> Vec<Arc<ProcessCell>> {
+    /// The live processes of the client's run `client` (never 0: that is every node's
+    /// own).
+    fn in_client_run(&self, client: u64) -> Vec<Arc<ProcessCell>> {
         let mut cells = self.shared.registry.snapshot();
-        cells.retain(|cell| scope != 0 && cell.lineage.scope() == scope);
+        cells.retain(|cell| client != 0 && cell.lineage.run().client == client);
         cells
     }
 
@@ -279,19 +274,14 @@ impl Handle {
     fn owned_by(&self, node: u16) -> Vec<Arc<ProcessCell>> {
         let mut cells = self.shared.registry.snapshot();
         cells.retain(|cell| {
-            cell.lineage.owner() == node || (cell.spec.parent.node() == node && node != self.shared.node)
+            cell.lineage.run().node == node || (cell.spec.parent.node() == node && node != self.shared.node)
         });
         cells
     }
 
-    /// The node whose run process `pid` belongs to, and the run's scope (0: a node's
-    /// own), if it is alive and belongs to one.
-    pub(crate) fn run_of(&self, pid: Pid) -> Option<(u16, u64)> {
-        self.shared
-            .registry
-            .get(pid)
-            .map(|cell| (cell.lineage.owner(), cell.lineage.scope()))
-            .filter(|&(owner, _)| owner != 0)
+    /// The run process `pid` belongs to, if it is alive and belongs to one.
+    pub(crate) fn run_of(&self, pid: Pid) -> Option<RunId> {
+        self.shared.registry.get(pid).map(|cell| cell.lineage.run()).filter(|run| run.node != 0)
     }
 
     /// The factory of the registered kind `kind`, with its name as the registry holds it.
@@ -348,8 +338,7 @@ mod tests {
                 limits: None,
                 run_limits: None,
                 monitor: false,
-                owner: 0,
-                scope: 0,
+                run: RunId::default(),
             };
             let pid = handle.spawn_for_remote(&factory, "idle".into(), spawn, None, |_| {}).expect("spawns");
             let cell = handle.shared.registry.get(pid).expect("alive");
@@ -392,8 +381,7 @@ mod tests {
             limits: None,
             run_limits: Some(Box::new(asked)),
             monitor: false,
-            owner: 0,
-            scope: 0,
+            run: RunId::default(),
         };
         let pid = handle.spawn_for_remote(&factory, "idle".into(), spawn, None, |_| {}).expect("spawns");
         let cell = handle.shared.registry.get(pid).expect("alive");

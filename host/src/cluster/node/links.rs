@@ -277,7 +277,7 @@ fn check(
         Item::TerminateDone { token, .. } => answers(*token, "a termination's end"),
         Item::Spawn { spawn, .. } => own(spawn.parent, "the spawn's parent"),
         Item::Log { pid, .. } => own(*pid, "the line's process"),
-        // A node stops its own run (scope 0: what it owns), or one of its clients'.
+        // A node stops its own run (`scope` 0: what it owns), or one of its clients'.
         Item::StopRun { .. } => Ok(()),
         Item::SpawnDone { token, result } => {
             answers(*token, "a spawn's answer")?;

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::{Actor, Counted, HEARTBEAT, InLink, MAX_ANNOUNCED, Member, Probing, random_u64};
+use crate::cluster::config::Heard;
 use crate::cluster::shared::{NodeInfo, noconnection};
 use crate::cluster::wire::{Announce, Body, Peer};
 
@@ -67,7 +68,7 @@ impl Actor {
                     return self.repeated();
                 }
                 member.last_seq = announce.seq;
-                member.last_seen = Instant::now();
+                member.heard.again(Instant::now());
                 if announce.leaving {
                     self.lose(peer.node, LEFT);
                 } else {
@@ -173,7 +174,7 @@ impl Actor {
         self.inner.placed[usize::from(peer.node)].store(0, Ordering::Relaxed);
         self.inner.alive[usize::from(peer.node)].store(peer.incarnation, Ordering::Release);
         let last_seq = announce.seq;
-        self.members.insert(peer.node, Member { peer, announce, last_seen: now, last_seq });
+        self.members.insert(peer.node, Member { peer, announce, heard: Heard::at(now), last_seq });
     }
 
     pub(super) fn publish_view(&self) {

@@ -59,7 +59,9 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use tokio::sync::mpsc;
 
 use super::code;
-use super::config::{ClusterConfig, ConnectionEvents, HEARTBEAT, JOIN_WAIT, LOSS_AFTER, RETRANSMIT_AFTER, connect};
+use super::config::{
+    ClusterConfig, ConnectionEvents, HEARTBEAT, Heard, JOIN_WAIT, LOSS_AFTER, RETRANSMIT_AFTER, connect,
+};
 use super::process::RemoteSlot;
 use super::shared::{Cmd, Counters, Inner};
 use super::wire::{self, Announce, Body, Item, Key, Peer};
@@ -308,7 +310,7 @@ fn default_name() -> String {
 struct Member {
     peer: Peer,
     announce: Announce,
-    last_seen: Instant,
+    heard: Heard,
     /// The sequence of the last announcement taken from it.
     last_seq: u64,
 }
@@ -329,9 +331,10 @@ struct Session {
     last_seq: u64,
     /// The last answer's sequence.
     sent: u64,
-    last_heard: Instant,
-    /// The run's scope: the processes it spawns, and theirs, share it.
-    scope: u64,
+    heard: Heard,
+    /// Its run's [`RunId::client`](crate::scheduler::remote::RunId): the processes it
+    /// spawns, and theirs, share it.
+    run: u64,
     /// The roots of its run here, which it may terminate.
     roots: FxHashSet<Pid>,
 }
@@ -657,10 +660,10 @@ impl Actor {
                     // heard no one, which says nothing about them.
                     let now = Instant::now();
                     for member in self.members.values_mut() {
-                        member.last_seen = now;
+                        member.heard.again(now);
                     }
                     for session in self.sessions.values_mut() {
-                        session.last_heard = now;
+                        session.heard.again(now);
                     }
                     self.resend_all(now);
                     self.announce(false).await;
@@ -794,21 +797,13 @@ impl Actor {
         self.announce(false).await;
         let now = Instant::now();
         if self.connected {
-            let silent: Vec<u16> = self
-                .members
-                .iter()
-                .filter(|(_, m)| now.duration_since(m.last_seen) > LOSS_AFTER)
-                .map(|(&node, _)| node)
-                .collect();
+            let silent: Vec<u16> =
+                self.members.iter().filter(|(_, m)| m.heard.is_lost(now)).map(|(&node, _)| node).collect();
             for node in silent {
                 self.lose(node, "missed its heartbeats");
             }
-            let gone: Vec<u64> = self
-                .sessions
-                .iter()
-                .filter(|(_, s)| now.duration_since(s.last_heard) > LOSS_AFTER)
-                .map(|(&id, _)| id)
-                .collect();
+            let gone: Vec<u64> =
+                self.sessions.iter().filter(|(_, s)| s.heard.is_lost(now)).map(|(&id, _)| id).collect();
             for id in gone {
                 self.end_session(id, "its client is lost");
             }

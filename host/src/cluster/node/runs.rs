@@ -74,7 +74,7 @@ impl Actor {
             }
             Item::Spawn { token, spawn } => self.spawn_here(Dest::Node(peer.node), token, spawn),
             Item::StopRun { reason, grace, scope: 0 } => self.end_run_of(peer.node, &reason, grace),
-            Item::StopRun { reason, grace, scope } => self.end_scope_here(scope, &reason, grace),
+            Item::StopRun { reason, grace, scope } => self.end_client_run_here(scope, &reason, grace),
             Item::Log { pid, scope, source, message } => self.line(pid, scope, source, message),
             Item::SpawnDone { token, result } => {
                 let Some(pending) = self.pending.remove(&token) else { return true };
@@ -124,7 +124,7 @@ impl Actor {
     /// Spawns what `dest` (a node, or a client's session) asked for on the spawning
     /// thread (`run_spawns`): a registered kind at once, a component once fetched (off
     /// this task) from whoever asked, or answers why not. A component by hash is
-    /// fetched from the asker unless this node holds it for the spawn's scope already:
+    /// fetched from the asker unless this node holds it for the spawn's run already:
     /// a run spawns by hash only what its own tree brought.
     pub(super) fn spawn_here(&mut self, dest: Dest, token: u64, spawn: RemoteSpawn) {
         let answer_now = |actor: &mut Self, error: String| {
@@ -148,7 +148,7 @@ impl Actor {
                 (name, factory)
             }
             (_, Some(hash)) => {
-                if let Some(factory) = self.inner.factory_in(&hash, spawn.scope) {
+                if let Some(factory) = self.inner.factory_in(&hash, spawn.run) {
                     (hash.into(), factory)
                 } else {
                     let (source, from) = match dest {
@@ -161,8 +161,7 @@ impl Actor {
                     let (inner, client, me, jobs) =
                         (self.inner.clone(), self.client.clone(), self.me, self.spawner.clone());
                     tokio::spawn(async move {
-                        let error = match code::factory(&inner, &client, me, (&source, from), &hash, spawn.scope).await
-                        {
+                        let error = match code::factory(&inner, &client, me, (&source, from), &hash, spawn.run).await {
                             Ok(factory) => {
                                 let job = SpawnJob { handle, factory, kind: hash.into(), spawn, notify, dest, token };
                                 if jobs.send(job).is_ok() {
@@ -231,7 +230,7 @@ impl Actor {
     /// is here; else this node's to show.
     pub(super) fn line(&mut self, pid: Pid, scope: u64, source: String, message: String) {
         if scope != 0
-            && let Some((&session, _)) = self.sessions.iter().find(|(_, s)| s.scope == scope)
+            && let Some((&session, _)) = self.sessions.iter().find(|(_, s)| s.run == scope)
         {
             let item = Item::Log { pid, scope, source, message };
             let _ = self.inner.commands.send(Cmd::Reply { session, item });
@@ -243,26 +242,26 @@ impl Actor {
         }
     }
 
-    /// Ends the processes of the client's run `scope` on this node: a cancel with
+    /// Ends the processes of the client's run `client` on this node: a cancel with
     /// `reason` now, and termination of those left after `grace`.
-    pub(super) fn end_scope_here(&self, scope: u64, reason: &str, grace: Duration) {
+    pub(super) fn end_client_run_here(&self, client: u64, reason: &str, grace: Duration) {
         let Some(handle) = self.inner.handle.get().cloned() else { return };
-        if handle.cancel_in_scope(scope, reason) == 0 {
+        if handle.cancel_client_run(client, reason) == 0 {
             return;
         }
         tracing::info!(reason, ?grace, "ending the processes of a client's run");
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            handle.terminate_in_scope(scope, "terminated: the run it belongs to was stopped, or its client left");
+            handle.terminate_client_run(client, "terminated: the run it belongs to was stopped, or its client left");
         });
     }
 
-    /// Ends the processes of the client's run `scope` here and on every other node.
-    pub(super) fn stop_scope(&mut self, scope: u64, reason: &str, grace: Duration) {
-        self.end_scope_here(scope, reason, grace);
+    /// Ends the processes of the client's run `client` here and on every other node.
+    pub(super) fn stop_client_run(&mut self, client: u64, reason: &str, grace: Duration) {
+        self.end_client_run_here(client, reason, grace);
         let nodes: Vec<u16> = self.members.keys().copied().collect();
         for node in nodes {
-            self.queue(node, Item::StopRun { reason: reason.to_owned(), grace, scope });
+            self.queue(node, Item::StopRun { reason: reason.to_owned(), grace, scope: client });
         }
     }
 }

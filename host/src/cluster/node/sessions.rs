@@ -7,7 +7,9 @@ use rustc_hash::FxHashSet;
 
 use super::{Actor, Dest, MAX_SESSIONS, Offer, REFUSALS_ANSWERED, Session, random_u64};
 use crate::Pid;
+use crate::cluster::config::Heard;
 use crate::cluster::wire::{self, Body, ClientRequest, Item, Peer};
+use crate::scheduler::remote::RunId;
 
 impl Actor {
     /// A client asks for a session: offer one, on its inbox.
@@ -61,8 +63,8 @@ impl Actor {
                         inbox: offer.inbox,
                         last_seq: 0,
                         sent: 0,
-                        last_heard: now,
-                        scope: random_u64().max(1),
+                        heard: Heard::at(now),
+                        run: random_u64().max(1),
                         roots: FxHashSet::default(),
                     };
                     self.sessions.insert(id, session);
@@ -78,24 +80,23 @@ impl Actor {
             return self.repeated();
         }
         session.last_seq = seq;
-        session.last_heard = now;
+        session.heard.again(now);
         match request {
             ClientRequest::Keepalive => self.reply(id, None).await,
             ClientRequest::Spawn { token, mut spawn, name } => {
-                // The run's root: its parent is this node's host (so this node owns the
-                // run), its scope the session's, its grants no wider than this node's
-                // (`run_spawns`).
+                // The run's root: its parent is this node's host (so the run is this
+                // node's), its client's run the session's, its grants no wider than this
+                // node's (`run_spawns`).
                 spawn.parent = Pid::node_host(self.me.node);
-                spawn.owner = 0;
-                spawn.scope = session.scope;
+                spawn.run = RunId { node: 0, client: session.run };
                 if let (Some(hash), Some(name)) = (&spawn.identity, name) {
                     self.inner.code.name_if_unnamed(hash, name);
                 }
-                self.spawn_here(Dest::Session(id), token, spawn);
+                self.spawn_here(Dest::Session(id), token, *spawn);
             }
             ClientRequest::StopRun { reason, grace } => {
-                let scope = session.scope;
-                self.stop_scope(scope, &reason, grace);
+                let run = session.run;
+                self.stop_client_run(run, &reason, grace);
             }
             ClientRequest::Terminate { target } => {
                 if !session.roots.contains(&target) {
@@ -134,7 +135,7 @@ impl Actor {
         if let Some(session) = self.sessions.remove(&id) {
             tracing::debug!(session = id, why, roots = session.roots.len(), "a client's session ended");
             let reason = format!("the run's client {why}");
-            self.stop_scope(session.scope, &reason, self.inner.grace);
+            self.stop_client_run(session.run, &reason, self.inner.grace);
         }
     }
 }
