@@ -156,7 +156,7 @@ impl Tap {
     }
 }
 
-/// Item 1: a NATS user without the secret records a client's run and a node's spawn on
+/// A NATS user without the secret records a client's run and a node's spawn on
 /// another node, and publishes every frame again, three times, while the client is
 /// there and after it has left: no process starts again, and each copy is counted.
 #[test]
@@ -223,7 +223,7 @@ fn replayed_frames_start_nothing_again() {
     assert_eq!(a.scheduler.handle().live() + b.scheduler.handle().live(), 0, "a process runs that nobody started");
 }
 
-/// Item 3: the announcements of a node that left, published again (its heartbeats and
+/// The announcements of a node that left, published again (its heartbeats and
 /// its goodbye), bring no ghost back: the others never list it, and a real node of that
 /// name joins. A live node's own announcements published again (its goodbye among
 /// them) do not evict it.
@@ -279,7 +279,7 @@ fn replayed_announcements_bring_no_ghost_back_and_evict_no_one() {
     assert!(a.cluster.stats().frames_repeated > 0, "the copies were counted: {:?}", a.cluster.stats());
 }
 
-/// Item 2: a node with no authentication at all does not start unless `--insecure`,
+/// A node with no authentication at all does not start unless `--insecure`,
 /// which warns once; the library refuses the same.
 #[test]
 fn a_node_with_no_authentication_refuses_to_start_unless_insecure() {
@@ -431,7 +431,7 @@ fn nodes_join_with_nkeys_over_tls() {
     assert!(Cluster::join(bare).is_err());
 }
 
-/// Item 5: 20,000 junk frames and 300 frames of 512 KiB on a node's subject and the
+/// 20,000 junk frames and 300 frames of 512 KiB on a node's subject and the
 /// announcements': the two nodes never declare each other lost, and the flooded `wasmproc
 /// node` logs a line a heartbeat with a count and a sample, not a line a frame.
 #[test]
@@ -478,7 +478,7 @@ fn a_flood_of_junk_costs_no_membership_and_few_log_lines() {
     assert!(stderr.contains("count="), "{stderr}");
 }
 
-/// Item 4: a client terminates only what its own run spawned. Another client's
+/// A client terminates only what its own run spawned. Another client's
 /// termination of the same pid is refused by the node, and the process runs on.
 #[test]
 fn a_client_terminates_only_what_its_run_spawned() {
@@ -504,7 +504,7 @@ fn a_client_terminates_only_what_its_run_spawned() {
     assert_eq!(victim.join_timeout(PATIENCE), Some(Err("terminated".to_owned())));
 }
 
-/// Item 4: a node grants what the CLI grants: a run's `terminate` (its own
+/// A node grants what the CLI grants: a run's `terminate` (its own
 /// `--allow terminate`) is denied on a node started without `--allow terminate`, and
 /// works on one started with it.
 #[test]
@@ -546,7 +546,7 @@ fn a_node_denies_terminate_unless_started_with_it() {
     assert!(stdout.contains("[[4,") && !stdout.contains("permission denied"), "{stdout}");
 }
 
-/// Item 6: a component fetched by hash for one run is spawnable by hash only within
+/// A component fetched by hash for one run is spawnable by hash only within
 /// it: a client that does not hold the bytes cannot spawn it by its (public) hash, and
 /// a guest of another run cannot spawn it as a kind; a node with components shared
 /// lets the guest.
@@ -593,7 +593,7 @@ fn a_component_is_spawnable_by_hash_only_within_the_run_that_brought_it() {
     }
 }
 
-/// Item 9: a client whose secret differs from the nodes' is told that authentication
+/// A client whose secret differs from the nodes' is told that authentication
 /// failed, naming the nodes, not that no node takes spawns; a lost node is named.
 #[test]
 fn a_wrong_secret_says_authentication_failed_and_lost_nodes_are_named() {

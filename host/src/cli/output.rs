@@ -503,7 +503,7 @@ mod tests {
         }
     }
 
-    /// Issue 29, item 24: a line written while the live line is shown starts on a line
+    /// A line written while the live line is shown starts on a line
     /// of its own, the live line erased first.
     #[test]
     fn the_live_line_is_erased_before_the_next_line() {

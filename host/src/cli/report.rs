@@ -451,7 +451,7 @@ impl CompileNotice {
 mod tests {
     use super::*;
 
-    /// Issue 29, item 21: a limit's error names the flag, not the library's setting.
+    /// A limit's error names the flag, not the library's setting.
     #[test]
     fn limit_errors_name_the_flags_that_set_them() {
         assert_eq!(

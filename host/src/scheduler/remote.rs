@@ -319,7 +319,24 @@ mod tests {
         }
     }
 
-    /// Item 7: a remote spawn's mailbox bound, whatever the wire says, is no larger
+    /// A spawn of the `main` method from node 3's host, asking for nothing.
+    fn remote_spawn() -> RemoteSpawn {
+        RemoteSpawn {
+            parent: Pid::node_host(3),
+            kind: None,
+            identity: None,
+            method: "main".into(),
+            input: vec![],
+            caps: Capabilities::default(),
+            mailbox_capacity: 0,
+            limits: None,
+            run_limits: None,
+            monitor: false,
+            run: RunId::default(),
+        }
+    }
+
+    /// A remote spawn's mailbox bound, whatever the wire says, is no larger
     /// than the receiving scheduler's own; 0 asks for that.
     #[test]
     fn a_remote_spawns_mailbox_bound_is_clamped_to_the_schedulers() {
@@ -327,19 +344,7 @@ mod tests {
         let handle = scheduler.handle();
         let factory = || -> anyhow::Result<Box<dyn Process>> { Ok(Box::new(Idle)) };
         for (asked, got) in [(1 << 40, 8), (0, 8), (3, 3)] {
-            let spawn = RemoteSpawn {
-                parent: Pid::node_host(3),
-                kind: None,
-                identity: None,
-                method: "main".into(),
-                input: vec![],
-                caps: Capabilities::default(),
-                mailbox_capacity: asked,
-                limits: None,
-                run_limits: None,
-                monitor: false,
-                run: RunId::default(),
-            };
+            let spawn = RemoteSpawn { mailbox_capacity: asked, ..remote_spawn() };
             let pid = handle.spawn_for_remote(&factory, "idle".into(), spawn, None, |_| {}).expect("spawns");
             let cell = handle.shared.registry.get(pid).expect("alive");
             assert_eq!(cell.spec.mailbox_capacity, got, "asked for {asked}");
@@ -370,19 +375,7 @@ mod tests {
             .max_payload_size(usize::MAX)
             .mailbox_capacity(3)
             .mailbox_bytes(1 << 40);
-        let spawn = RemoteSpawn {
-            parent: Pid::node_host(3),
-            kind: None,
-            identity: None,
-            method: "main".into(),
-            input: vec![],
-            caps: Capabilities::default(),
-            mailbox_capacity: 0,
-            limits: None,
-            run_limits: Some(Box::new(asked)),
-            monitor: false,
-            run: RunId::default(),
-        };
+        let spawn = RemoteSpawn { run_limits: Some(Box::new(asked)), ..remote_spawn() };
         let pid = handle.spawn_for_remote(&factory, "idle".into(), spawn, None, |_| {}).expect("spawns");
         let cell = handle.shared.registry.get(pid).expect("alive");
         let limits = handle.shared.limits_of(&cell);

@@ -390,7 +390,7 @@ mod tests {
         assert_eq!(lines.lock().last().map(String::as_str), Some("[pid 7] stdout: tail"));
     }
 
-    /// Issue 29, item 19: the panic a Rust guest reports on stderr is kept for its
+    /// The panic a Rust guest reports on stderr is kept for its
     /// process's result, in the form of today's std and of Rust before 1.73.
     #[test]
     fn a_panic_reported_on_stderr_is_kept() {
@@ -421,7 +421,7 @@ mod tests {
         assert_eq!(out.panic(), None, "only stderr is read");
     }
 
-    /// Issue 29, item 14: a guest's line cannot start another line, pass for a host line
+    /// A guest's line cannot start another line, pass for a host line
     /// or act on a terminal.
     #[test]
     fn a_record_shows_the_guests_control_characters_escaped_on_one_line() {

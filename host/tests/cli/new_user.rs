@@ -1,8 +1,8 @@
-//! What a new user tripped over and what a hostile guest could print (issue 29, items 14
-//! and 19 to 26): guest text that forges host lines, a panic's message, input of the wrong
-//! shape, limits named by their flags, the ungranted-commands warning, the shorthand with a
-//! process component, what `journal ls` says a waiting parent waits for, and the file a
-//! cache entry was compiled from.
+//! What a new user tripped over and what a hostile guest could print: guest text that
+//! forges host lines, a panic's message, input of the wrong shape, limits named by their
+//! flags, the ungranted-commands warning, the shorthand with a process component, what
+//! `journal ls` says a waiting parent waits for, and the file a cache entry was compiled
+//! from.
 
 use wasmproc_tests::guests::{NOTES, SDK_TOUR};
 
@@ -12,7 +12,7 @@ use super::*;
 /// carriage return, a colour escape, a one-byte CSI and a right-to-left override.
 const FORGED: &str = "ok\nerror: the host was hacked\r[pid 1] info: \u{1b}[31mred\u{9b}2J\u{202e}txt";
 
-/// Issue 29, item 14: what a guest logs, prints or fails with stays on its lines, its
+/// What a guest logs, prints or fails with stays on its lines, its
 /// control characters escaped, in text and in JSON.
 #[test]
 fn a_guest_cannot_forge_host_lines_or_act_on_the_terminal() {
@@ -45,7 +45,7 @@ fn a_guest_cannot_forge_host_lines_or_act_on_the_terminal() {
     assert_eq!(error["message"].as_str(), Some(format!("the process failed: {FORGED}").as_str()));
 }
 
-/// Issue 29, item 19: a panic's message is the process's error; the Wasm backtrace is
+/// A panic's message is the process's error; the Wasm backtrace is
 /// shown with `-v` only.
 #[test]
 fn a_panic_is_reported_by_its_message_and_the_backtrace_only_with_verbose() {
@@ -62,7 +62,7 @@ fn a_panic_is_reported_by_its_message_and_the_backtrace_only_with_verbose() {
     run(&["run", HOSTILE, "--method", "panic"]).expect(1).error_says("panicked at ").error_says("panics on purpose");
 }
 
-/// Issue 29, item 20: input the entry cannot take is a usage error (exit 2), and the
+/// Input the entry cannot take is a usage error (exit 2), and the
 /// place the guest names is in the text the user wrote.
 #[test]
 fn input_of_the_wrong_shape_exits_2_pointing_into_the_users_text() {
@@ -82,7 +82,7 @@ fn input_of_the_wrong_shape_exits_2_pointing_into_the_users_text() {
     assert_eq!(run(&["run", HELLO, "--method", "add", "--input-file", file]).expect(0).stdout, "42\n");
 }
 
-/// Issue 29, item 21: a limit's error names the flag that sets it.
+/// A limit's error names the flag that sets it.
 #[test]
 fn limit_errors_name_the_flags() {
     let ran = run(&["run", FAN_OUT, "--input", "5", "--max-children", "2"]).expect(1);
@@ -95,7 +95,7 @@ fn limit_errors_name_the_flags() {
     assert!(ran.json()["error"].as_str().is_some_and(|e| e.contains("`--max-children` (2)")), "{}", ran.stdout);
 }
 
-/// Issue 29, item 22: the commands a component declares for the entry method run and the
+/// The commands a component declares for the entry method run and the
 /// run does not grant are one line, given only once the command line has passed its
 /// checks.
 #[test]
@@ -132,7 +132,7 @@ fn the_ungranted_commands_warning_is_one_line_after_the_usage_checks() {
     }
 }
 
-/// Issue 29, item 23: `wasmproc APP.wasm --input 5` with a process component says what
+/// `wasmproc APP.wasm --input 5` with a process component says what
 /// the shorthand did and what to write, not a `--` the user never typed.
 #[test]
 fn the_shorthand_with_a_process_component_says_what_to_write() {
@@ -148,7 +148,7 @@ fn the_shorthand_with_a_process_component_says_what_to_write() {
     run(&["run", HELLO, "--method", "greet", "--", "x"]).expect(2).error_says("arguments after `--`");
 }
 
-/// Issue 29, item 25: `journal ls` says that a parent waiting for its child's exit waits
+/// `journal ls` says that a parent waiting for its child's exit waits
 /// for it.
 #[test]
 fn journal_ls_says_a_parent_waits_for_its_childs_exit() {
@@ -178,7 +178,7 @@ fn journal_ls_says_a_parent_waits_for_its_childs_exit() {
     );
 }
 
-/// Issue 29, item 26: `cache ls` shows the file each entry was compiled from beside its
+/// `cache ls` shows the file each entry was compiled from beside its
 /// hash.
 #[test]
 fn cache_ls_shows_the_file_an_entry_was_compiled_from() {

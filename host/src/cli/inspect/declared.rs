@@ -255,7 +255,7 @@ mod tests {
         commands::encode(Some(entry), names)
     }
 
-    /// Issue 29, item 22: what each entry method declares, beside what every one does.
+    /// What each entry method declares, beside what every one does.
     #[test]
     fn reads_what_each_entry_method_declares() {
         let section = [

@@ -294,7 +294,7 @@ mod tests {
     use super::*;
     use crate::Payload;
 
-    /// Item 4: what one node's link says of another node's processes is refused: a
+    /// What one node's link says of another node's processes is refused: a
     /// message from another node's process, an exit of one, an exit nobody waits for,
     /// a termination on behalf of another node's process or of a process elsewhere, an
     /// answer to a question this node did not ask that node.
