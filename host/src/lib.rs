@@ -94,6 +94,8 @@ mod process;
 pub mod provider;
 pub mod scheduler;
 mod step;
+#[cfg(test)]
+mod testing;
 #[cfg(feature = "wasm")]
 pub mod wasm;
 

@@ -5,7 +5,6 @@
 //! Every wait is bounded; nothing asserts on timing.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use wasmproc_tests::nats::Server;
@@ -13,19 +12,10 @@ use wasmproc_tests::nats::Server;
 use super::shared::{Cmd, noconnection};
 use super::wire::{self, Announce, Body, Key, Peer};
 use super::{Cluster, ClusterConfig};
+use crate::testing::{PATIENCE, wait_until};
 use crate::{Command, Event, Events, Outcome, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
 
 const SECRET: &str = "test-secret";
-/// The bound of every wait in these tests.
-const PATIENCE: Duration = Duration::from_secs(60);
-
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !done() {
-        assert!(Instant::now() < deadline, "not within {PATIENCE:?}: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 /// Monitors each of its targets in its first step; every exit it gets goes to `seen` as
 /// it comes, and it completes once it has one of each target.

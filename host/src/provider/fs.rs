@@ -435,12 +435,8 @@ fn io_failure(path: &str, error: io::Error) -> Failure {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
-
-    /// The bound of every wait in these tests.
-    const PATIENCE: Duration = Duration::from_secs(60);
+    use crate::testing::PATIENCE;
 
     /// One job blocks its thread (as a read of a file on a stalled network file system
     /// would) until every job queued behind it has been answered: the pool the file

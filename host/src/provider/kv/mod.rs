@@ -455,24 +455,13 @@ fn shown(key: &str) -> std::borrow::Cow<'_, str> {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use std::time::{Duration, Instant};
 
     use parking_lot::Mutex;
 
     use super::writer::JOB_OVERHEAD;
     use super::*;
+    use crate::testing::{PATIENCE, wait_until};
     use crate::{Capabilities, Command, Event, Events, Outcome, Port, Process, Scheduler, Status, StepOutput};
-
-    /// The bound of every wait in these tests.
-    const PATIENCE: Duration = Duration::from_secs(60);
-
-    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-        let deadline = Instant::now() + PATIENCE;
-        while !done() {
-            assert!(Instant::now() < deadline, "not within {PATIENCE:?}: {what}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
 
     /// Puts `1` under each of its keys in its first step; each answer goes to `answers`
     /// as it comes, with its key's index, and it completes once all are answered.
