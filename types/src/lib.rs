@@ -7,6 +7,8 @@
 //! - [`Level`]: how important a log line is; the WIT `level` enum.
 //! - [`ErrorCode`]: what kind of failure a command met, the first word of its error
 //!   string.
+//! - [`ExitReason`]: why a process ended (normal, error, trap, killed, …); the WIT
+//!   `exit-reason` variant.
 //!
 //! And the formats both sides write and read:
 //!
@@ -42,6 +44,7 @@ extern crate alloc;
 
 pub mod commands;
 mod error_code;
+mod exit;
 mod format;
 #[cfg(feature = "json")]
 mod json;
@@ -51,6 +54,7 @@ mod payload;
 mod pid;
 
 pub use crate::error_code::ErrorCode;
+pub use crate::exit::{ExitReason, Trap, TrapKind};
 pub use crate::format::Format;
 #[cfg(feature = "json")]
 pub use crate::json::DecodeError;
