@@ -65,6 +65,8 @@
 //! - [`error`]: the errors callers match on.
 //! - [`provider`]: families of commands that do real I/O (HTTP, key-value, files,
 //!   environment, time and randomness), each denied until granted.
+//! - [`supervisor`]: the built-in kind `supervisor`, a supervision tree described as data
+//!   ([`supervisor::SupervisorSpec`]): OTP's strategies, restart intensity, backoff.
 //! - [`journal`]: durable processes: a journal given to the builder records every
 //!   process's history ahead of its effects, and a scheduler built on it again resumes
 //!   the unfinished ones; [`journal::Journal`] reads what it holds ([`journal::History`],
@@ -94,6 +96,7 @@ mod process;
 pub mod provider;
 pub mod scheduler;
 mod step;
+pub mod supervisor;
 #[cfg(test)]
 mod testing;
 #[cfg(feature = "wasm")]

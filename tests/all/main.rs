@@ -35,6 +35,8 @@ mod sandbox;
 mod sdk;
 /// Thousands of processes mixing every kind of yield and message (DESIGN 6, 12).
 mod stress;
+/// The built-in supervisor: OTP's supervisor test cases on native children.
+mod supervisor;
 /// Completion order and the wakeup protocol end to end (DESIGN 3, 5, 6, 7, 8).
 mod wakeups;
 /// Wasm processes end to end with the raw guest: loading, caches, world checks, traps, limits.

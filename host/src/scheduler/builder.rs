@@ -273,6 +273,8 @@ impl Builder {
     }
 
     /// Registers a process kind: `spawn` commands and [`Spawnable::kind`](super::Spawnable::kind) name it.
+    /// Every scheduler has the built-in kind `supervisor` ([`crate::supervisor`]) unless
+    /// one is registered under that name.
     pub fn kind(mut self, name: impl Into<String>, factory: impl Factory) -> Self {
         self.kinds.insert(name.into().into(), Arc::new(factory));
         self
@@ -357,12 +359,17 @@ impl Builder {
             }
         }
 
+        let mut kinds = self.kinds;
+        kinds
+            .entry(crate::supervisor::KIND.into())
+            .or_insert_with(|| crate::supervisor::builtin(self.journal.is_some()));
+
         let queues: Vec<Worker<Arc<ProcessCell>>> = (0..workers).map(|_| Worker::new_lifo()).collect();
         let (timer, timer_thread) = Timer::start(&self.thread_name).context("failed to start the timer thread")?;
         let (durable, plan) = match &self.journal {
             Some(journal) => {
                 let plan = Plan::read(journal)?;
-                plan.check(&self.kinds)?;
+                plan.check(&kinds)?;
                 let durable =
                     Durable::start(&self.thread_name, journal).context("failed to start the journal's thread")?;
                 (Some(durable), Some(plan))
@@ -397,7 +404,7 @@ impl Builder {
             handlers,
             families,
             commands,
-            kinds: self.kinds,
+            kinds,
             requests: Requests::default(),
             timer,
             durable,

@@ -344,7 +344,7 @@ impl Shared {
             return;
         }
         let kind = y.command.kind();
-        if !cell.spec.caps.allows_builtin(kind) {
+        if !cell.spec.caps.allows_builtin(kind) && !self.ends_own_child(cell, &y.command) {
             return complete(cell, tag, Err(self.denied(kind.name())));
         }
         self.count_yield(kind);
@@ -390,6 +390,15 @@ impl Shared {
             }
             Command::Custom { .. } => unreachable!("handled above"),
         }
+    }
+
+    /// Whether `command` terminates a child of `cell` on this node: granted whether or
+    /// not `terminate` is, since a process may end what it started (a supervisor stops
+    /// its children so), and a child's pid is its parent's to know.
+    fn ends_own_child(&self, cell: &ProcessCell, command: &Command) -> bool {
+        let Command::Terminate(target) = command else { return false };
+        self.remote_for(*target).is_none()
+            && self.registry.get(*target).is_some_and(|child| child.spec.parent == cell.pid())
     }
 
     /// The answer to a command the process was not granted: `permission denied: NAME`,
