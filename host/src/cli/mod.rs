@@ -24,6 +24,7 @@ mod report;
 mod resume;
 mod run;
 mod stop;
+mod supervise;
 mod units;
 
 use std::ffi::OsString;

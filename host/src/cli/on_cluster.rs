@@ -36,6 +36,8 @@ pub(super) enum HereOnly {
     Progress,
     /// WASI commands run in one process on one host.
     Command,
+    /// A supervisor runs on the host that runs the run.
+    Supervision,
 }
 
 /// The flags of `run` (by clap id, the field's name) that set up this host, and why
@@ -74,6 +76,11 @@ pub(super) const HERE_ONLY: &[(&str, HereOnly)] = &[
     ("replayed_logs", HereOnly::Journal),
     ("progress", HereOnly::Progress),
     ("args", HereOnly::Command),
+    ("supervise", HereOnly::Supervision),
+    ("restart", HereOnly::Supervision),
+    ("restart_intensity", HereOnly::Supervision),
+    ("restart_period", HereOnly::Supervision),
+    ("restart_backoff", HereOnly::Supervision),
 ];
 
 /// The flags of `run` that work with `--cluster` (besides those of [`ClusterArgs`]).
@@ -134,6 +141,7 @@ pub(super) fn refuse_here_only(given: Given<'_>, command: &clap::Command) -> Res
         HereOnly::Journal => "durable processes do not run on a cluster yet".to_owned(),
         HereOnly::Progress => "it draws this host's scheduler, which a run on a cluster does not use".to_owned(),
         HereOnly::Command => "WASI commands do not run on a cluster: it runs process components".to_owned(),
+        HereOnly::Supervision => "supervised runs do not run on a cluster yet".to_owned(),
     };
     Err(Failure::new(Exit::Usage, format!("{named} with --cluster: {why}")))
 }

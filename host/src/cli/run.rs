@@ -12,7 +12,7 @@
 //! reads) is left behind when the host exits.
 
 use std::io::IsTerminal as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,8 +34,10 @@ use super::providers::{FAMILIES, ProviderArgs, Providers, Services, dir_grants, 
 use super::report::{CompileNotice, Progress, Report, Summary, for_stderr};
 use super::resume;
 use super::stop::Signals;
+use super::supervise::{self, SuperviseArgs};
 use super::{ClusterArgs, EngineArgs, Exit, Failure, Given, GrantArgs, LimitArgs, runtime, units};
 use wasmproc::scheduler::Spawnable;
+use wasmproc::supervisor;
 
 /// `run --help`'s text after the flags: examples, and the sandbox's defaults from the
 /// constants the flags default to.
@@ -56,6 +58,8 @@ Examples:
   wasmproc run tool.wasm --dir ./data::/data -- --verbose input.txt   (a WASI command)
   wasmproc run flow.wasm --journal ./flow.journal   (durable: after a crash, the same
                                                     command resumes the run)
+  wasmproc run --supervise tree.toml                (a supervision tree described in a file)
+  wasmproc run server.wasm --restart transient --restart-intensity 3 --restart-period 10s
 
 The result is printed on stdout (JSON as the process gave it); logs and guest output go
 to stderr, tagged with the process id. A WASI command's own stdin/stdout/stderr are
@@ -78,8 +82,8 @@ pub(super) struct Run {
     /// (a wasi:cli/run component or a preview 1 module with _start), or a file made by
     /// `wasmproc compile`. Wasm, or its text format (a .wat file, or one starting with
     /// `(`).
-    #[arg(value_name = "APP.wasm")]
-    app: PathBuf,
+    #[arg(value_name = "APP.wasm", required_unless_present = "supervise")]
+    app: Option<PathBuf>,
     /// The entry method the first process starts in. [default: main; run for a WASI
     /// command]
     #[arg(long, short, value_name = "NAME")]
@@ -121,6 +125,8 @@ pub(super) struct Run {
     providers: ProviderArgs,
     #[command(flatten)]
     durable: JournalArgs,
+    #[command(flatten)]
+    supervision: SuperviseArgs,
     #[command(flatten)]
     output: OutputArgs,
     #[command(flatten)]
@@ -252,6 +258,8 @@ enum Root {
         inputs: Vec<Payload>,
     },
     Command(Box<wasmproc::wasm::WasiProcess>),
+    /// The built-in supervisor (`--supervise`, `--restart`), with its spec.
+    Supervised(SpawnOptions),
     /// Resumed from the journal: already running.
     Resumed(ProcessHandle),
     /// The journal's run had finished before it was reported: its recorded result.
@@ -289,13 +297,14 @@ impl Run {
         }
         let signals = Signals::listen()?;
         self.limits.check()?;
+        self.refuse_with_supervision(given)?;
         let inputs = payloads(&self.inputs, self.input_file.as_deref(), self.limits.max_payload)?;
         if self.cluster.url.is_some() {
             let method = self.method.as_deref().unwrap_or("main");
             let options = SpawnOptions::new(method).input(inputs).capabilities(capabilities(&self, &[])?);
             let run = super::on_cluster::ClusterRun {
                 cluster: &self.cluster,
-                app: &self.app,
+                app: self.app(),
                 options: RemoteSpawnOptions::new(options).limits(self.kind_limits()).run_limits(self.run_limits(given)),
                 max_module_size: self.engine.max_module_size,
                 timeout: self.timeout,
@@ -386,7 +395,10 @@ impl Run {
             .filter_map(|spec| spec.split_once('=').map(|(name, _)| name.to_owned()))
             .collect();
         let caps = capabilities(self, &served)?;
-        let bytes = read_app(&self.app, self.engine.max_module_size as u64)?;
+        let bytes = match &self.supervision.supervise {
+            Some(_) => Vec::new(),
+            None => read_app(self.app(), self.engine.max_module_size as u64)?,
+        };
         let mut ungranted = None;
         let guest_out = out.clone();
         let replayed_logs = self.durable.replayed_logs;
@@ -409,17 +421,20 @@ impl Run {
             config = config.cpu_budget(budget);
         }
         let runtime = runtime(config)?;
-        runtime.name_source(&bytes, &self.app);
+        if let Some(file) = &self.supervision.supervise {
+            return self.prepare_supervised(file, &runtime, caps, out);
+        }
+        runtime.name_source(&bytes, self.app());
         let loading = Instant::now();
         let notice = (!style().quiet && runtime.would_compile(&bytes))
-            .then(|| CompileNotice::start(&self.app, !self.engine.no_cache, self.live_progress(), out));
+            .then(|| CompileNotice::start(self.app(), !self.engine.no_cache, self.live_progress(), out));
         let program = runtime.load_program_bytes(&bytes);
         if let Some(notice) = notice {
             notice.finish();
         }
         let program = program
-            .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{}`: {e:#}", self.app.display())))?;
-        tracing::debug!(app = %self.app.display(), elapsed = ?loading.elapsed(), "loaded the program");
+            .map_err(|e| Failure::new(Exit::BadModule, format!("cannot load `{}`: {e:#}", self.app().display())))?;
+        tracing::debug!(app = %self.app().display(), elapsed = ?loading.elapsed(), "loaded the program");
         let mut builder = self.limits.scheduler(Scheduler::builder());
         if let Some(workers) = self.workers {
             builder = builder.workers(workers as usize);
@@ -469,7 +484,7 @@ impl Run {
                     let held = opened.runs().map_err(|e| {
                         Failure::new(Exit::Host, format!("cannot read the journal in `{}`: {e}", dir.display()))
                     })?;
-                    let asked = resume::Asked { app: &self.app, identity: &identity, method: &method, input: &inputs };
+                    let asked = resume::Asked { app: self.app(), identity: &identity, method: &method, input: &inputs };
                     resume::check(dir, &held, &asked)?;
                     if let Some(run) = held.iter().find(|run| run.result.is_none()) {
                         narrowed = resume::narrowing(&run.caps, &caps);
@@ -479,15 +494,29 @@ impl Run {
                     builder = builder.journal(opened.clone()).resume_within(caps.clone());
                     journal = Some(opened);
                 }
-                Root::Process { method, inputs }
+                let id = self.app().file_stem().map_or_else(|| "app".to_owned(), |s| s.to_string_lossy().into_owned());
+                match self.supervision.restart_options(&id, "app", &method, &inputs)? {
+                    Some(options) => Root::Supervised(options),
+                    None => Root::Process { method, inputs },
+                }
             }
             Program::Wasi(command) => {
+                if self.supervision.supervised() {
+                    return Err(Failure::new(
+                        Exit::Usage,
+                        format!(
+                            "`{}` is a WASI command: {} supervises process components (drop it)",
+                            self.app().display(),
+                            self.supervision.flag()
+                        ),
+                    ));
+                }
                 if self.durable.journal.is_some() {
                     return Err(Failure::new(
                         Exit::Usage,
                         format!(
                             "`{}` is a WASI command: it runs in one step, so --journal cannot make it durable",
-                            self.app.display()
+                            self.app().display()
                         ),
                     ));
                 }
@@ -533,6 +562,119 @@ impl Run {
         Ok(Prepared { scheduler, root, services, journal })
     }
 
+    /// The program: given unless `--supervise` is (clap holds it so), and read only then.
+    fn app(&self) -> &Path {
+        self.app.as_deref().expect("APP.wasm is required unless --supervise is given")
+    }
+
+    /// Refuses the flags that do not go with `--supervise` or `--restart`, saying why.
+    fn refuse_with_supervision(&self, given: Given<'_>) -> Result<(), Failure> {
+        let refuse = |message: String| Err(Failure::new(Exit::Usage, message));
+        if self.supervision.supervise.is_some() {
+            let file = "the file names each child's component, method and input";
+            if let Some(app) = &self.app {
+                return refuse(format!(
+                    "--supervise runs the supervision tree its file describes, and {file}: drop `{}` (make it a \
+                     child's `kind` in the spec)",
+                    app.display()
+                ));
+            }
+            for (id, flag) in [("method", "--method"), ("inputs", "--input"), ("input_file", "--input-file")] {
+                if given.has(id) {
+                    return refuse(format!("{flag} with --supervise: {file}; drop {flag}"));
+                }
+            }
+            if self.supervision.restart.is_some() {
+                return refuse(
+                    "--restart with --supervise: --restart puts one entry process under a supervisor, and the \
+                     file's spec says how each child restarts; drop --restart"
+                        .to_owned(),
+                );
+            }
+        }
+        if self.supervision.supervised() && self.durable.journal.is_some() {
+            return refuse(format!(
+                "{} with --journal: a supervisor does not run in a durable run yet; drop one of them",
+                self.supervision.flag()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The scheduler of `--supervise FILE`, with each component the spec's children name
+    /// registered as a kind under the name the spec gives it, and its supervisor to
+    /// spawn as the entry process.
+    fn prepare_supervised(
+        &self,
+        file: &Path,
+        runtime: &wasm::Runtime,
+        caps: Capabilities,
+        out: &Output,
+    ) -> Result<Prepared, Failure> {
+        let spec = supervise::read_spec(file, self.limits.max_payload as u64)?;
+        let base = file.parent().unwrap_or(Path::new("."));
+        let mut builder = self.limits.scheduler(Scheduler::builder());
+        if let Some(workers) = self.workers {
+            builder = builder.workers(workers as usize);
+        }
+        for (kind, path) in supervise::components(&spec, base) {
+            let bytes = read_app(&path, self.engine.max_module_size as u64).map_err(|failure| {
+                Failure::new(
+                    failure.exit,
+                    format!("the child kind `{kind}` of `{}`: {}", file.display(), failure.message),
+                )
+            })?;
+            runtime.name_source(&bytes, &path);
+            let notice = (!style().quiet && runtime.would_compile(&bytes))
+                .then(|| CompileNotice::start(&path, !self.engine.no_cache, self.live_progress(), out));
+            let program = runtime.load_program_bytes(&bytes);
+            if let Some(notice) = notice {
+                notice.finish();
+            }
+            match program {
+                Ok(Program::Process(component)) => builder = builder.kind(kind, component),
+                Ok(Program::Wasi(_)) => {
+                    return Err(Failure::new(
+                        Exit::Usage,
+                        format!(
+                            "`{}` (the child kind `{kind}`) is a WASI command; a supervisor's children are process \
+                             components",
+                            path.display()
+                        ),
+                    ));
+                }
+                Err(e) => {
+                    return Err(Failure::new(Exit::BadModule, format!("cannot load `{}`: {e:#}", path.display())));
+                }
+            }
+        }
+        let providers = Providers::start(
+            &self.providers,
+            dir_grants(&self.grants.dir, &self.grants.dir_rw)?,
+            env_vars(&self.grants.env)?,
+        )?;
+        let services = Services::start(
+            &self.providers.providers,
+            &self.providers.reads,
+            runtime,
+            &providers,
+            &caps,
+            self.engine.max_module_size as u64,
+        )?;
+        builder = providers
+            .register(builder.capabilities(caps.clone()))
+            .denial_hint(|name| format!("grant it with --allow {name}"));
+        if let Some(services) = &services {
+            builder = services.register(builder);
+        }
+        let scheduler =
+            builder.build().map_err(|e| Failure::new(Exit::Host, format!("cannot start the scheduler: {e:#}")))?;
+        let options = spec
+            .spawn_options()
+            .map_err(|e| Failure::new(Exit::Usage, format!("the supervisor spec `{}`: {e:#}", file.display())))?;
+        Ok(Prepared { scheduler, root: Root::Supervised(options), services, journal: None })
+    }
+
     /// The result of a run the journal holds finished but unreported (the host died
     /// between the two), to report instead of running again.
     fn finished_run(&self, journal: Option<&Journal>, out: &Output) -> Option<Outcome> {
@@ -570,7 +712,7 @@ impl Run {
             by_grant.into_iter().map(|(grant, names)| format!("{} ({grant})", names.join(", "))).collect();
         Some(format!(
             "`{}` declares commands this run does not grant to `{method}`: {}",
-            self.app.display(),
+            self.app().display(),
             missing.join("; ")
         ))
     }
@@ -648,7 +790,7 @@ impl Run {
                 Exit::Usage,
                 format!(
                     "`{}` has no entry method `{method}`: pass --method with one of: {}",
-                    self.app.display(),
+                    self.app().display(),
                     entries.join(", ")
                 ),
             ));
@@ -664,7 +806,7 @@ impl Run {
                 Exit::Usage,
                 format!(
                     "`{}` is a WASI command: it has no entry method `{method}` (drop --method)",
-                    self.app.display()
+                    self.app().display()
                 ),
             ));
         }
@@ -680,7 +822,7 @@ impl Run {
                 format!(
                     "`{}` is a WASI command, whose stdout is its own output: --json would mix an object into it; \
                      drop --json (the program's exit code is wasmproc's, and --stats prints on stderr)",
-                    self.app.display()
+                    self.app().display()
                 ),
             ));
         }
@@ -690,7 +832,7 @@ impl Run {
                 format!(
                     "{flag} gives process components a provider; `{}` is a WASI command, which reaches the outside \
                      through --dir and --env only",
-                    self.app.display()
+                    self.app().display()
                 ),
             ));
         }
@@ -704,6 +846,7 @@ impl Root {
             Root::Process { method, inputs } => {
                 scheduler.handle().spawn(Spawnable::kind("app"), SpawnOptions::new(&method).input(inputs))
             }
+            Root::Supervised(options) => scheduler.handle().spawn(Spawnable::kind(supervisor::KIND), options),
             Root::Resumed(process) => Ok(process),
             Root::Finished(_) => unreachable!("a finished run is reported, not spawned"),
             Root::Command(process) => {
@@ -762,7 +905,7 @@ fn refuse_command_flags(args: &Run) -> Result<(), Failure> {
     if args.args.is_empty() {
         return Ok(());
     }
-    let app = args.app.display();
+    let app = args.app().display();
     if args.shorthand {
         // Flags are `run`'s, written after the program; a bare word is the input the
         // user meant to give.
@@ -802,7 +945,7 @@ fn shell_word(word: &str) -> String {
 }
 
 fn command_options(args: &Run, interrupt: Arc<AtomicBool>) -> Result<WasiOptions, Failure> {
-    let name = args.app.file_name().map_or_else(|| "app".to_owned(), |n| n.to_string_lossy().into_owned());
+    let name = args.app().file_name().map_or_else(|| "app".to_owned(), |n| n.to_string_lossy().into_owned());
     let mut options = WasiOptions::new()
         .args(std::iter::once(name).chain(args.args.iter().cloned()))
         .inherit_stdio()
