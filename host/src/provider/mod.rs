@@ -24,7 +24,7 @@ use crate::Payload;
 use crate::handler::Request;
 use crate::scheduler::Outcome;
 
-pub use crate::scheduler::dispatch::Provider;
+pub use crate::handler::Provider;
 /// Why a provider's command failed, as the first word of its error string; the guest SDK
 /// reads it back as the same type.
 pub use wasmproc_types::ErrorCode;

@@ -14,7 +14,7 @@ use wasmproc_types::Pid;
 
 use super::caps::Capabilities;
 use super::cell::ProcessCell;
-use super::dispatch::{Factory, Handler, Provider, Registered, Request};
+use super::commands::Registered;
 use super::durable::Durable;
 use super::handle::Handle;
 use super::hibernation::Hibernating;
@@ -27,6 +27,7 @@ use super::shared::{DenialHint, Settings, Shared};
 use super::shutdown::{Scheduler, Threads};
 use super::timer::Timer;
 use super::worker;
+use crate::handler::{Factory, Handler, Provider, Request};
 use crate::journal::Journal;
 use crate::limits::Limits;
 

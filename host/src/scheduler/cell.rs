@@ -6,6 +6,7 @@
 //! also what a process's [`Port`] reaches ([`PortTarget`]): the port itself is the
 //! crate's `process.rs`, which names nothing of the scheduler's.
 
+use std::any::Any;
 use std::cell::UnsafeCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::AtomicU64;
@@ -14,13 +15,14 @@ use std::sync::{Arc, Weak};
 use wasmproc_types::{Payload, Pid};
 
 use super::caps::Capabilities;
-use super::completer::Completer;
-use super::durable::StepInProgress;
-use super::handle::ExitSlot;
 use super::inbox::{Inbox, MailboxBound, MessageId, Refused};
+use super::process_handle::ExitSlot;
+use super::registry::Member;
+use super::remote::Notify;
 use super::shared::Shared;
 use super::state::{Lifecycle, State, Waiting, Wake};
 use crate::error::PortError;
+use crate::handler::{Completer, Release};
 use crate::limits::{Limits, Lineage};
 use crate::process::{Port, PortTarget, Process};
 use crate::step::{Event, Outcome};
@@ -34,14 +36,11 @@ pub(super) enum Watcher {
     /// The embedder's [`ProcessHandle`](super::ProcessHandle).
     Handle(Arc<ExitSlot>),
     /// A watcher on another node, through the cluster: called once with the result.
-    Notify(super::remote::Notify),
+    Notify(Notify),
     /// Something that holds resources on the process's behalf (a provider's queue): called
     /// once it has ended, to let them go. Not someone told of its result.
     Release(Release),
 }
-
-/// Called once a process has ended (see [`Watcher::Release`]).
-pub(crate) type Release = Box<dyn FnOnce() + Send>;
 
 /// Where a process belongs, what it was made from and what it may do: fixed at spawn.
 pub(super) struct Spec {
@@ -74,9 +73,12 @@ pub(super) struct ProcessCell {
     pub(super) lineage: Lineage,
     /// The sequence number of its next journal record (durable schedulers only).
     pub(super) journal_seq: AtomicU64,
-    /// The step under way of a durable process (see `durable.rs`); only its owner
-    /// touches it, the lock is uncontended.
-    pub(super) durable_step: parking_lot::Mutex<Option<Box<StepInProgress>>>,
+    /// What a durable scheduler's journal keeps of the process between its turns (its
+    /// step under way, and the seed and time it reads: see `durable.rs`), held here
+    /// without being looked into: only the journal's hook (`Durable`) reads or writes
+    /// it. Only the process's owner and its port during a step touch it, so the lock
+    /// is uncontended.
+    pub(super) journaled: parking_lot::Mutex<Option<Box<dyn Any + Send>>>,
 }
 
 /// What the step closure of [`ProcessCell::run_turn`] decided.
@@ -128,7 +130,7 @@ impl ProcessCell {
             spec,
             lineage,
             journal_seq: AtomicU64::new(0),
-            durable_step: parking_lot::Mutex::new(None),
+            journaled: parking_lot::Mutex::new(None),
         }
     }
 
@@ -274,6 +276,12 @@ impl ProcessCell {
     }
 }
 
+impl Member for ProcessCell {
+    fn pid(&self) -> Pid {
+        self.pid
+    }
+}
+
 /// The port of `cell`'s process, handed to it at `init`.
 pub(super) fn port(cell: &Arc<ProcessCell>) -> Port {
     let target: Weak<dyn PortTarget> = Arc::downgrade(cell) as Weak<ProcessCell>;
@@ -290,7 +298,7 @@ impl PortTarget for ProcessCell {
 
     fn respond(&self, id: u64, result: Outcome) -> Result<(), PortError> {
         let scheduler = self.scheduler();
-        scheduler.respond(self.pid(), scheduler.limits_of(self).max_payload_size, id, result)
+        scheduler.requests.respond(self.pid(), scheduler.limits_of(self).max_payload_size, id, result)
     }
 
     fn parent(&self) -> Pid {
@@ -310,11 +318,11 @@ impl PortTarget for ProcessCell {
     }
 
     fn step_time_micros(&self) -> Option<u64> {
-        self.durable_step.lock().as_ref().map(|step| step.step_at)
+        self.scheduler().durable.as_ref()?.step_time(self)
     }
 
     fn random_seed(&self) -> Option<[u8; 32]> {
-        self.durable_step.lock().as_ref().map(|step| step.seed)
+        self.scheduler().durable.as_ref()?.random_seed(self)
     }
 }
 

@@ -10,6 +10,7 @@
 //! command. A step whose yields only read keeps them and has them carried out at once
 //! (`Durable::record_step`).
 
+use std::any::Any;
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
@@ -22,13 +23,27 @@ use smallvec::SmallVec;
 use wasmproc_types::{Payload, Pid};
 
 use super::cell::ProcessCell;
-use super::dispatch::Origin;
 use super::inbox::MessageId;
 use super::worker;
 use crate::journal::{
     CommitError, CommitStats, Committer, Journal, Key, OnCommit, Record, SpawnRecord, StepRecord, now_micros,
 };
 use crate::step::{Event, Outcome, Status, Yield};
+
+/// Where a yield of a durable process is in its journal: the record of its step, and its
+/// place among that step's yields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Origin {
+    pub(super) seq: u64,
+    pub(super) index: u32,
+}
+
+impl Origin {
+    /// The identity of the message a yielded `send` at this origin carries.
+    pub(super) fn message_id(self) -> u64 {
+        (self.seq << 20) | YIELD_SEND_BIT | u64::from(self.index)
+    }
+}
 
 /// A message sent through a port during a step: (to, topic, body).
 pub(super) type PortSend = (Pid, String, Payload);
@@ -103,8 +118,8 @@ pub(super) fn keep_port_send(cell: &ProcessCell, send: PortSend) -> Result<(), P
     if !worker::is_stepping(cell) {
         return keep_replayed_send(cell, send);
     }
-    let mut slot = cell.durable_step.lock();
-    slot.get_or_insert_with(|| StepInProgress::new(draw_seed(), now_micros())).sends.push(send);
+    let mut slot = cell.journaled.lock();
+    step_or_begin(&mut slot, now_micros).sends.push(send);
     Ok(())
 }
 
@@ -408,6 +423,18 @@ pub(super) struct Turn {
 /// [`Durable::record_finished`] once its status and yields are known. The worker holds
 /// what these return without looking inside.
 impl Durable {
+    /// The time `cell`'s process reads in its step under way (see
+    /// [`Port::step_time`](crate::Port::step_time)), in microseconds since the Unix epoch.
+    pub(super) fn step_time(&self, cell: &ProcessCell) -> Option<u64> {
+        step_in(&mut cell.journaled.lock()).map(|step| step.step_at)
+    }
+
+    /// The recorded seed of `cell`'s process's random numbers (see
+    /// [`Port::random_seed`](crate::Port::random_seed)).
+    pub(super) fn random_seed(&self, cell: &ProcessCell) -> Option<[u8; 32]> {
+        step_in(&mut cell.journaled.lock()).map(|step| step.seed)
+    }
+
     /// Begins a turn of `cell`'s step, given `events` (just drained from its inbox).
     pub(super) fn begin_turn(&self, cell: &ProcessCell, events: &[Event]) -> Turn {
         Turn { at: cell.begin_durable_turn(now_micros()), events: events.to_vec(), ids: cell.inbox.take_drained_ids() }
@@ -437,12 +464,12 @@ impl Durable {
 /// turns that resume it are given no events, so its record holds what it began with;
 /// any a resumed turn were given would be carried to the next step's record, which
 /// would then hold exactly what that step began with.
-pub(super) struct StepInProgress {
+struct StepInProgress {
     /// The seed of the process's random numbers, drawn at spawn and recorded.
-    pub(super) seed: [u8; 32],
+    seed: [u8; 32],
     /// The time of the step under way (of `init` before the first), as recorded: what
     /// the process reads as the time.
-    pub(super) step_at: u64,
+    step_at: u64,
     /// The step under way (begun, preempted, not finished).
     started: Option<(u64, Vec<Event>, Vec<MessageId>)>,
     carried: Vec<Event>,
@@ -465,7 +492,7 @@ impl Finished {
 }
 
 impl StepInProgress {
-    pub(super) fn new(seed: [u8; 32], step_at: u64) -> Box<StepInProgress> {
+    fn new(seed: [u8; 32], step_at: u64) -> Box<StepInProgress> {
         Box::new(StepInProgress {
             seed,
             step_at,
@@ -475,6 +502,22 @@ impl StepInProgress {
             sends: Vec::new(),
         })
     }
+}
+
+/// What a cell's journal slot ([`ProcessCell::journaled`]) holds: only this file fills
+/// it, and only with a [`StepInProgress`].
+type Slot = Option<Box<dyn Any + Send>>;
+
+/// The step under way in `slot`, if the process has one.
+fn step_in(slot: &mut Slot) -> Option<&mut StepInProgress> {
+    slot.as_mut().map(|state| state.downcast_mut().expect("a cell's journal slot holds its step in progress"))
+}
+
+/// The step under way in `slot`, begun (with a fresh seed, at `now`) if the process has
+/// none.
+fn step_or_begin(slot: &mut Slot, now: impl FnOnce() -> u64) -> &mut StepInProgress {
+    let state = slot.get_or_insert_with(|| StepInProgress::new(draw_seed(), now()));
+    state.downcast_mut().expect("a cell's journal slot holds its step in progress")
 }
 
 /// `carried` followed by `fresh`, without a new allocation when nothing was carried (a
@@ -499,11 +542,25 @@ pub(super) fn draw_seed() -> [u8; 32] {
 }
 
 impl ProcessCell {
+    /// Begins the process's journal as its spawn records it (or as recovery reads it
+    /// back): the seed of its random numbers, and the time its `init` reads.
+    pub(super) fn begin_journal(&self, seed: [u8; 32], at: u64) {
+        let state: Box<dyn Any + Send> = StepInProgress::new(seed, at);
+        *self.journaled.lock() = Some(state);
+    }
+
+    /// Sets the time the step about to be replayed reads: the recorded time of that step.
+    pub(super) fn set_replayed_step_time(&self, at: u64) {
+        if let Some(step) = step_in(&mut self.journaled.lock()) {
+            step.step_at = at;
+        }
+    }
+
     /// The time of the turn about to run: now, unless it resumes a preempted step, whose
     /// time is the time the step began. What the process reads as the time meanwhile.
     pub(super) fn begin_durable_turn(&self, now: u64) -> u64 {
-        let mut slot = self.durable_step.lock();
-        let step = slot.get_or_insert_with(|| StepInProgress::new(draw_seed(), now));
+        let mut slot = self.journaled.lock();
+        let step = step_or_begin(&mut slot, || now);
         if step.started.is_none() {
             step.step_at = now;
         }
@@ -514,8 +571,8 @@ impl ProcessCell {
     /// made, see [`keep_port_send`]); the step once it has finished (`preempted` false),
     /// for its record.
     fn durable_turn(&self, turn: Turn, preempted: bool) -> Option<Finished> {
-        let mut slot = self.durable_step.lock();
-        let step = slot.get_or_insert_with(|| StepInProgress::new(draw_seed(), turn.at));
+        let mut slot = self.journaled.lock();
+        let step = step_or_begin(&mut slot, || turn.at);
         match &mut step.started {
             None => {
                 let events = prepend(std::mem::take(&mut step.carried), turn.events);

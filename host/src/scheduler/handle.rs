@@ -1,25 +1,24 @@
-//! The embedder's handles: [`Handle`] to the scheduler (spawn, send, terminate, inspect)
-//! and [`ProcessHandle`] to one process it spawned (its pid and a way to wait for its
-//! result).
+//! The embedder's handle to the scheduler, [`Handle`]: spawn, send, terminate, inspect.
+//! What a spawn returns, a [`ProcessHandle`] to the process, is `process_handle.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-use parking_lot::{Condvar, Mutex};
 
 use wasmproc_types::{Payload, Pid};
 
 use super::caps::Capabilities;
 use super::cell::Watcher;
 use super::lifecycle::SpawnArgs;
+use super::process_handle::{ExitSlot, ProcessHandle};
 use super::shared::Shared;
 use super::state::Wake;
 use super::stats::Stats;
 use crate::error::{SendError, SpawnError};
+use crate::handler::Request;
 use crate::limits::Lineage;
 use crate::process::Process;
-use crate::step::{Event, Outcome};
+use crate::step::Event;
 
 /// Spawns, messages and inspects processes. Cheap to clone; usable from any thread,
 /// including from command handlers.
@@ -122,6 +121,25 @@ impl Handle {
             }
             None => self.shared.send(Pid::HOST, to, topic.into(), body, None),
         }
+    }
+
+    /// Hands the custom command `request` to the process `server` to carry out: a
+    /// message from the caller with topic `COMMAND#ID` (`COMMAND#ID#KEY` when the request
+    /// has an [idempotency key](Request::idempotency_key)) and the input as body, which
+    /// `server` answers through [`Port::respond`](crate::Port::respond) with the `ID`. The
+    /// command completes with the answer, or, if `server` ends first, with an error that
+    /// says so.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Handle::send`]; a durable scheduler does not serve requests (its history
+    /// would have to record them) and refuses with [`SendError::Journal`]. The command is
+    /// completed with the error in every case.
+    pub fn forward(&self, server: Pid, request: Request<'_>) -> Result<(), SendError> {
+        let shared = &self.shared;
+        shared.requests.forward(shared.durable.is_some(), server, request, |caller, server, topic, payload| {
+            shared.send(caller, server, topic, payload, None)
+        })
     }
 
     /// Ends `pid` with the result `Err("terminated")`. Returns once termination is
@@ -287,74 +305,5 @@ impl From<&str> for SpawnOptions {
 impl From<String> for SpawnOptions {
     fn from(method: String) -> Self {
         SpawnOptions::new(method)
-    }
-}
-
-/// Where a process's result lands for the embedder.
-#[derive(Default)]
-pub(super) struct ExitSlot {
-    result: Mutex<Option<Outcome>>,
-    condvar: Condvar,
-}
-
-impl ExitSlot {
-    pub(super) fn set(&self, result: Outcome) {
-        *self.result.lock() = Some(result);
-        self.condvar.notify_all();
-    }
-}
-
-/// A process spawned by the embedder: its pid and, once it ends, its result.
-///
-/// Dropping the handle does not affect the process.
-#[derive(Clone)]
-pub struct ProcessHandle {
-    pid: Pid,
-    slot: Arc<ExitSlot>,
-}
-
-impl ProcessHandle {
-    pub(super) fn new(pid: Pid, slot: Arc<ExitSlot>) -> Self {
-        ProcessHandle { pid, slot }
-    }
-
-    /// The process's id.
-    pub fn pid(&self) -> Pid {
-        self.pid
-    }
-
-    /// Blocks until the process ends and returns its result.
-    pub fn join(&self) -> Outcome {
-        let mut result = self.slot.result.lock();
-        loop {
-            if let Some(r) = result.as_ref() {
-                return r.clone();
-            }
-            self.slot.condvar.wait(&mut result);
-        }
-    }
-
-    /// Like [`ProcessHandle::join`], giving up after `timeout`: `None` if the process is
-    /// still running then.
-    pub fn join_timeout(&self, timeout: Duration) -> Option<Outcome> {
-        let deadline = Instant::now() + timeout;
-        let mut result = self.slot.result.lock();
-        while result.is_none() {
-            if self.slot.condvar.wait_until(&mut result, deadline).timed_out() {
-                break;
-            }
-        }
-        result.clone()
-    }
-
-    /// The result if the process has ended.
-    pub fn try_result(&self) -> Option<Outcome> {
-        self.slot.result.lock().clone()
-    }
-}
-
-impl std::fmt::Debug for ProcessHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProcessHandle").field("pid", &self.pid).field("ended", &self.try_result().is_some()).finish()
     }
 }

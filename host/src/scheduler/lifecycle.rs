@@ -12,7 +12,7 @@ use wasmproc_types::{Payload, Pid};
 
 use super::caps::Capabilities;
 use super::cell::{ProcessCell, Spec, Watcher, port};
-use super::durable::{SUSPENDED, StepInProgress, draw_seed};
+use super::durable::{SUSPENDED, draw_seed};
 use super::registry;
 use super::shared::Shared;
 use super::state::Wake;
@@ -71,9 +71,13 @@ impl Shared {
             mailbox_capacity: args.mailbox_capacity,
             mailbox_bytes: args.lineage.run_bound().map_or(self.settings.mailbox_bytes, |bound| bound.mailbox_bytes),
         };
-        let cell = match self.registry.insert(shard, process, spec, args.lineage) {
+        let parts = (process, spec, args.lineage);
+        let made = self
+            .registry
+            .insert(shard, parts, |pid, (process, spec, lineage)| ProcessCell::new(pid, process, spec, lineage));
+        let cell = match made {
             Ok(cell) => cell,
-            Err(mut process) => {
+            Err((mut process, _, _)) => {
                 self.release_live();
                 close_quietly(&mut *process);
                 return Err(SpawnError::LimitExceeded { limit: registry::MAX_PER_SHARD });
@@ -88,7 +92,7 @@ impl Shared {
         // time it records.
         let durable_start = self.durable.as_ref().map(|durable| {
             let (seed, at) = (draw_seed(), now_micros());
-            *cell.durable_step.lock() = Some(StepInProgress::new(seed, at));
+            cell.begin_journal(seed, at);
             (durable, seed, at, args.input.clone())
         });
         // SAFETY: the process is in `Init`: registered but in no queue, so this spawner

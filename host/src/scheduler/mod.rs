@@ -9,9 +9,11 @@
 //!
 //! Below the scheduler, in files that name nothing of it: the [`Process`] trait and its
 //! [`Port`] (the crate's `process.rs`), what flows into and out of a step ([`Event`],
-//! [`StepOutput`], [`Command`]…, `step.rs`), the limits (`limits.rs`) and the
+//! [`StepOutput`], [`Command`]…, `step.rs`), the limits (`limits.rs`), the
 //! [`Capabilities`] a process yields under (`caps.rs`), so that the journal records them
-//! and the Wasm processes are written against them without naming the scheduler.
+//! and the Wasm processes are written against them without naming the scheduler; and
+//! the embedder's handler API ([`crate::handler`]), whose requests and completers reach
+//! the yielding process through traits its cell implements (`completer.rs`).
 //!
 //! - `state.rs`: the per-process state word and the wakeup protocol (read it first);
 //! - `cell.rs`: one process as the scheduler holds it, and the worker's turn (the loom
@@ -22,53 +24,64 @@
 //! - `shared.rs`: what every thread of a scheduler shares, and queueing a process;
 //! - `message.rs`: a message's trip, from its sender's checks to a mailbox or the cluster;
 //! - `lifecycle.rs`: spawn, monitor, terminate, retire, drain;
-//! - `dispatch.rs`: carrying out yields, and the embedder's
-//!   [`Handler`](crate::handler::Handler)s and [`Factory`](crate::handler::Factory)s;
-//! - `completer.rs`: answering a yield, now or later; `timer.rs`: the `sleep` command;
+//! - `dispatch.rs`: carrying out yields; `commands.rs`: finding a custom command's
+//!   handler;
+//! - `completer.rs`: answering a yield, now or later (the cell's side of the handler
+//!   API); `timer.rs`: the `sleep` command;
 //! - `requests.rs`: commands a process serves ([`Handle::forward`], [`Port::respond`]);
 //! - `registry.rs`: pid → process;
-//! - `remote.rs`: what names a process of another node goes to the cluster;
+//! - `remote.rs`: the seam to the cluster, what names a process of another node;
+//!   `for_cluster.rs`: what the scheduler does for the cluster;
 //! - `durable.rs`: a journal's write-ahead of steps; `recovery.rs`: resuming from it
 //!   (the records, reading them back and the journal's public API are
 //!   [`crate::journal`]'s: the scheduler imports the journal, never the other way);
-//! - `builder.rs`, `handle.rs`, `stats.rs`: the public API around [`Scheduler`];
+//! - `builder.rs`, `handle.rs`, `process_handle.rs`, `stats.rs`: the public API around
+//!   [`Scheduler`];
 //! - `shutdown.rs`: the [`Scheduler`] itself, and how it stops (read its module docs).
 //!
 //! # Who imports whom
 //!
-//! Below the scheduler's files, and importing none of them: `state.rs`, `inbox.rs`,
-//! `slot.rs`, `idle.rs`, `hibernation.rs`, `stats.rs` and `timer.rs` (which wakes a
-//! parameter, the yield's completer, not a process). Above the circle below, importing
-//! it and imported by none of it: `builder.rs`, `recovery.rs` and `shutdown.rs`; and
-//! `message.rs`, methods of the scheduler that the circle calls without importing.
+//! Below the scheduler's circle (next paragraph), importing none of it: `state.rs`,
+//! `inbox.rs`, `slot.rs`, `idle.rs`, `hibernation.rs`, `stats.rs`, and the parts the
+//! scheduler holds, each generic over what it holds or naming only what lies outside the
+//! scheduler: `timer.rs` (what a sleep completes), `registry.rs` (what it registers),
+//! `requests.rs` and `remote.rs` (the handler API's completers), `commands.rs` and
+//! `process_handle.rs`.
 //!
-//! In between, one circle of files that import each other, around the cell's
-//! back-pointer: a process's cell holds its scheduler (`Shared`, in `Spec::scheduler`) so
-//! that whoever completes its yield or sends it a message, on any thread, can queue it;
-//! and the scheduler holds every cell (its run queues and `registry.rs`). `cell.rs`,
-//! `shared.rs`, `worker.rs` (a woken cell goes into the waking worker's LIFO slot, a
-//! completion made during dispatch into its buffer) and `completer.rs` (a completer holds
-//! the cell it answers, and cells' watchers hold completers) share that pointer by
-//! nature. The others of the circle are in it because the scheduler holds them and they
-//! name a cell, a completer or a [`Handle`]: the registry, the handlers and their
-//! requests (`dispatch.rs`, `requests.rs`), the cluster's remote (`remote.rs`), the
-//! journal's committer (`durable.rs`), and the embedder's handle (`handle.rs`, whose
-//! exit slots cells' watchers hold), with spawning and ending (`lifecycle.rs`, methods of
-//! the scheduler that dispatch calls). Each could leave it as `timer.rs` did, generic over
-//! what it holds, where that pays.
+//! One circle of files that import each other is left, around the cell's back-pointer:
+//! a process's cell holds its scheduler (`Shared`, in `Spec::scheduler`) so that
+//! whoever completes its yield or sends it a message, on any thread, can queue it; and
+//! the scheduler holds every cell (its run queues, LIFO slots and registry). Its files:
+//! - `cell.rs` and `shared.rs`, the two ends of that pointer;
+//! - `worker.rs`: a process woken on a worker goes into that worker's LIFO slot, which
+//!   `Shared::schedule` finds through the thread's worker (`worker::push_local`), and the
+//!   worker runs the cells the scheduler queues;
+//! - `durable.rs`: the scheduler holds the journal's committer, whose committed items
+//!   hold cells and carry out a step's effects through their back-pointer, on the
+//!   committer's thread (`AfterCommit::carry_out`); and a durable process's port sends
+//!   are kept for its step only while the worker is in that step (`worker::is_stepping`).
+//!
+//! Above the circle, importing it and imported by none of it: `completer.rs`,
+//! `dispatch.rs`, `lifecycle.rs`, `message.rs`, `handle.rs`, `for_cluster.rs`,
+//! `recovery.rs`, `builder.rs` and `shutdown.rs`. Most are methods of `Shared` or of
+//! [`Handle`], which the circle calls without importing their files (the worker ends a
+//! turn with `Shared::dispatch_from` and `Shared::end`).
 
 mod builder;
 pub(crate) use crate::caps;
 mod cell;
-pub(crate) mod completer;
-pub(crate) mod dispatch;
+mod commands;
+mod completer;
+mod dispatch;
 mod durable;
+mod for_cluster;
 mod handle;
 mod hibernation;
 mod idle;
 mod inbox;
 mod lifecycle;
 mod message;
+mod process_handle;
 mod recovery;
 mod registry;
 pub(crate) mod remote;
@@ -87,7 +100,8 @@ pub use self::builder::{
 };
 pub use self::caps::Capabilities;
 pub(crate) use self::durable::replaying_now;
-pub use self::handle::{Handle, ProcessHandle, SpawnOptions, Spawnable};
+pub use self::handle::{Handle, SpawnOptions, Spawnable};
+pub use self::process_handle::ProcessHandle;
 pub use self::shutdown::{Scheduler, StopReport};
 pub use self::stats::{Stats, WorkerStats, YieldCounts};
 pub use crate::process::{Port, Process};

@@ -31,11 +31,11 @@ use wasmproc_types::{Payload, Pid};
 use super::caps::Capabilities;
 use super::cell::{ProcessCell, Spec, Watcher, port};
 use super::completer::complete;
-use super::dispatch::{Origin, make_under};
-use super::durable::{ReplayingHistory, StepInProgress, port_send_id, replaying};
-use super::handle::{ExitSlot, ProcessHandle};
+use super::durable::{Origin, ReplayingHistory, port_send_id, replaying};
+use super::process_handle::{ExitSlot, ProcessHandle};
 use super::shared::Shared;
 use super::state::{Lifecycle, Waiting};
+use crate::handler::make_under;
 use crate::journal::{Journal, Recorded, now_micros};
 use crate::limits::{KindLimits, Lineage};
 use crate::process::Process;
@@ -170,7 +170,7 @@ impl Plan {
     /// it is, for a host that can.
     pub(super) fn check(
         &self,
-        kinds: &rustc_hash::FxHashMap<Arc<str>, Arc<dyn super::dispatch::Factory>>,
+        kinds: &rustc_hash::FxHashMap<Arc<str>, Arc<dyn crate::handler::Factory>>,
     ) -> anyhow::Result<()> {
         for (pid, saved) in self.saved.iter().filter(|(_, s)| s.exit.is_none()) {
             let Some(kind) = &saved.spawn.kind else { continue };
@@ -599,7 +599,7 @@ fn replay(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<Option<Status>, S
     let pid = cell.pid();
     let spawn = &saved.spawn;
     let _replaying = ReplayingHistory::begin();
-    *cell.durable_step.lock() = Some(StepInProgress::new(spawn.seed, spawn.at));
+    cell.begin_journal(spawn.seed, spawn.at);
     // SAFETY: the process was registered moments ago and is in `Init`, in no queue:
     // this thread is its only owner until it is queued or parked below.
     let init = unsafe {
@@ -621,9 +621,7 @@ fn replay(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<Option<Status>, S
     let mut last = None;
     for (seq, step) in &saved.steps {
         out.reset();
-        if let Some(progress) = cell.durable_step.lock().as_mut() {
-            progress.step_at = step.at;
-        }
+        cell.set_replayed_step_time(step.at);
         let (stepped, sends) = replaying(cell, || {
             // SAFETY: as above; the process is `Running` and owned by this thread.
             unsafe {

@@ -31,10 +31,6 @@ use slab::Slab;
 
 use wasmproc_types::Pid;
 
-use super::cell::{ProcessCell, Spec};
-use crate::limits::Lineage;
-use crate::process::Process;
-
 const INDEX_BITS: u32 = 24;
 const SHARD_BITS: u32 = 8;
 /// The generation's bits on a cluster node: those of the word below the node's (see
@@ -54,8 +50,15 @@ pub(super) fn shard_of(pid: Pid) -> usize {
     ((pid.as_u64() >> INDEX_BITS) & SHARD_MASK) as usize
 }
 
-pub(super) struct Registry {
-    shards: Box<[Mutex<Shard>]>,
+/// What a registry holds: a process's cell, which knows its pid. A parameter rather than
+/// the type, so that the registry names nothing of what it holds.
+pub(super) trait Member: Send + Sync {
+    /// The pid it was registered (or restored) under.
+    fn pid(&self) -> Pid;
+}
+
+pub(super) struct Registry<C> {
+    shards: Box<[Mutex<Shard<C>>]>,
     /// The node's bits of every pid this registry makes, in the generation word.
     node_bits: u32,
     /// The generation's bits of the word: all of them outside a cluster, the ones
@@ -63,18 +66,23 @@ pub(super) struct Registry {
     generation_mask: u32,
 }
 
-#[derive(Default)]
-struct Shard {
-    slots: Slab<Slot>,
+struct Shard<C> {
+    slots: Slab<Slot<C>>,
     next_generation: u32,
 }
 
-struct Slot {
-    generation: u32,
-    cell: Arc<ProcessCell>,
+impl<C> Default for Shard<C> {
+    fn default() -> Self {
+        Shard { slots: Slab::new(), next_generation: 0 }
+    }
 }
 
-impl Registry {
+struct Slot<C> {
+    generation: u32,
+    cell: Arc<C>,
+}
+
+impl<C: Member> Registry<C> {
     /// A registry of `shards` shards making the pids of node `node` (0 outside a cluster,
     /// where the generation has the whole word).
     pub(super) fn new(shards: usize, node: u16) -> Self {
@@ -88,20 +96,14 @@ impl Registry {
         }
     }
 
-    /// Registers `process` under a fresh pid in `shard` (taken modulo the shard count).
-    /// Hands the process back if the shard is full.
-    pub(super) fn insert(
-        &self,
-        shard: usize,
-        process: Box<dyn Process>,
-        spec: Spec,
-        lineage: Lineage,
-    ) -> Result<Arc<ProcessCell>, Box<dyn Process>> {
+    /// Registers the cell `make` makes of `parts` under a fresh pid (its argument) in
+    /// `shard` (taken modulo the shard count). Hands `parts` back if the shard is full.
+    pub(super) fn insert<T>(&self, shard: usize, parts: T, make: impl FnOnce(Pid, T) -> C) -> Result<Arc<C>, T> {
         let shard_index = shard % self.shards.len();
         let mut shard = self.shards[shard_index].lock();
         let index = shard.slots.vacant_key();
         if index >= MAX_PER_SHARD {
-            return Err(process);
+            return Err(parts);
         }
         // Within the generation's bits and never 0; a restored journal's counter may be
         // past them, and continues from its low bits.
@@ -112,7 +114,7 @@ impl Registry {
         let pid = Pid::from_u64(
             (u64::from(generation) << (INDEX_BITS + SHARD_BITS)) | ((shard_index as u64) << INDEX_BITS) | index as u64,
         );
-        let cell = Arc::new(ProcessCell::new(pid, process, spec, lineage));
+        let cell = Arc::new(make(pid, parts));
         shard.slots.insert(Slot { generation, cell: cell.clone() });
         Ok(cell)
     }
@@ -120,8 +122,8 @@ impl Registry {
     /// Registers restored processes under the pids they had (see `recovery.rs`), into an
     /// empty registry. A process whose pid names a shard this registry lacks is handed
     /// back.
-    pub(super) fn restore(&self, cells: Vec<Arc<ProcessCell>>) -> Vec<Arc<ProcessCell>> {
-        let mut by_shard: Vec<Vec<(usize, Slot)>> = (0..self.shards.len()).map(|_| Vec::new()).collect();
+    pub(super) fn restore(&self, cells: Vec<Arc<C>>) -> Vec<Arc<C>> {
+        let mut by_shard: Vec<Vec<(usize, Slot<C>)>> = (0..self.shards.len()).map(|_| Vec::new()).collect();
         let mut refused = Vec::new();
         for cell in cells {
             match self.split(cell.pid()) {
@@ -153,7 +155,7 @@ impl Registry {
         }
     }
 
-    pub(super) fn get(&self, pid: Pid) -> Option<Arc<ProcessCell>> {
+    pub(super) fn get(&self, pid: Pid) -> Option<Arc<C>> {
         let (shard, index, generation) = self.split(pid)?;
         let shard = self.shards[shard].lock();
         match shard.slots.get(index) {
@@ -188,7 +190,7 @@ impl Registry {
     }
 
     /// Every registered process at some moment during the call.
-    pub(super) fn snapshot(&self) -> Vec<Arc<ProcessCell>> {
+    pub(super) fn snapshot(&self) -> Vec<Arc<C>> {
         let mut all = Vec::new();
         for shard in self.shards.iter() {
             all.extend(shard.lock().slots.iter().map(|(_, slot)| slot.cell.clone()));
@@ -211,31 +213,20 @@ impl Registry {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::step::{Events, StepOutput};
-    use wasmproc_types::Payload;
 
-    struct Inert;
+    /// A member that is nothing but its pid.
+    struct Entry(Pid);
 
-    impl Process for Inert {
-        fn init(&mut self, _: crate::process::Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
-            Ok(())
-        }
-
-        fn step(&mut self, _: Events<'_>, _: &mut StepOutput) -> anyhow::Result<()> {
-            Ok(())
+    impl Member for Entry {
+        fn pid(&self) -> Pid {
+            self.0
         }
     }
 
+    type Registry = super::Registry<Entry>;
+
     fn insert(reg: &Registry, shard: usize) -> Pid {
-        let spec = Spec {
-            scheduler: None,
-            parent: Pid::HOST,
-            kind: None,
-            caps: Arc::default(),
-            mailbox_capacity: 1,
-            mailbox_bytes: usize::MAX,
-        };
-        reg.insert(shard, Box::new(Inert), spec, Lineage::default()).ok().unwrap().pid()
+        reg.insert(shard, (), |pid, ()| Entry(pid)).ok().unwrap().pid()
     }
 
     #[test]

@@ -2,32 +2,24 @@
 //!
 //! The scheduler knows nothing of networks. A scheduler built with a [`Remote`] (see
 //! `Builder::cluster`) hands it whatever names a pid of another node: a message
-//! ([`Shared::send`]), a monitor, a termination, and the spawns its placement sends
+//! (`Shared::send`), a monitor, a termination, and the spawns its placement sends
 //! elsewhere. Each is one compare on the pid's node first ([`Pid::node`] against the
 //! scheduler's own), so the local path costs what it did. Without a remote every pid is
 //! local, whatever its node bits say (a journal written before pids had nodes).
 //!
-//! The other half lives here too: what a cluster does to this scheduler on behalf of
-//! another node (deliver a message from a remote sender, an exit to a local watcher, watch
-//! or terminate a local process, spawn one for a remote parent) through `pub(crate)`
-//! methods of [`Handle`].
+//! The other half is `for_cluster.rs`: what a cluster does to this scheduler on behalf
+//! of another node, through `pub(crate)` methods of [`Handle`](super::Handle).
 
 use std::sync::Arc;
 
 use wasmproc_types::{Payload, Pid};
 
 use super::caps::Capabilities;
-use super::cell::{ProcessCell, Watcher};
-use super::completer::Completer;
-use super::dispatch::{Factory, make_under};
-use super::handle::Handle;
-use super::lifecycle::SpawnArgs;
-use super::shared::Shared;
-use super::state::Wake;
-use crate::error::{SendError, SpawnError};
-use crate::limits::{KindLimits, Lineage, RunBound};
+use crate::error::SendError;
+use crate::handler::{Completer, Factory};
+use crate::limits::KindLimits;
 pub use crate::limits::{RunId, RunLimits};
-use crate::step::{Event, Outcome, SpawnRequest};
+use crate::step::Outcome;
 
 /// Called once with the pid and result of a process that a remote node watches.
 pub(crate) type Notify = Box<dyn FnOnce(Pid, &Outcome) + Send>;
@@ -40,8 +32,8 @@ pub(crate) trait Remote: Send + Sync + 'static {
     /// the order they were queued.
     fn send(&self, from: Pid, to: Pid, topic: String, body: Payload) -> Result<(), SendError>;
 
-    /// `watcher` (local) gets an [`Event::Exit`] when `target` (remote) ends, through
-    /// [`Handle::exit_to`]: with `noproc` if there is no such process, `noconnection` if
+    /// `watcher` (local) gets an [`Event::Exit`](crate::Event::Exit) when `target`
+    /// (remote) ends, through [`Handle::exit_to`](super::Handle::exit_to): with `noproc` if there is no such process, `noconnection` if
     /// its node is or becomes unreachable.
     fn monitor(&self, watcher: Pid, target: Pid);
 
@@ -91,310 +83,4 @@ pub(crate) struct RemoteSpawn {
     /// The run the child belongs to, its parent's ([`RunId`]); a `node` of 0: the
     /// spawning node's own run.
     pub(crate) run: RunId,
-}
-
-impl Shared {
-    /// Hands `request` to the cluster when its placement picks another node; gives it
-    /// back otherwise.
-    pub(super) fn spawn_elsewhere(
-        &self,
-        parent: &Arc<ProcessCell>,
-        request: SpawnRequest,
-        done: impl FnOnce() -> Completer,
-    ) -> Result<(), SpawnRequest> {
-        let Some(remote) = &self.remote else { return Err(request) };
-        let Some(node) = remote.place() else { return Err(request) };
-        let kind = request.kind.clone().or_else(|| parent.spec.kind.as_deref().map(str::to_owned));
-        let factory = kind.as_deref().and_then(|kind| match self.kinds.get(kind) {
-            Some(factory) => Some(factory.clone()),
-            None => remote.factory(kind, parent.lineage.run()),
-        });
-        let (identity, own) = factory.map_or((None, None), |factory| (factory.identity(), factory.limits()));
-        let limits = KindLimits::tighter(self.sandbox_of(parent), own);
-        let spawn = RemoteSpawn {
-            parent: parent.pid(),
-            kind,
-            identity,
-            method: request.method,
-            input: request.input,
-            caps: (*parent.spec.caps).clone(),
-            mailbox_capacity: parent.spec.mailbox_capacity,
-            limits,
-            run_limits: parent.lineage.run_bound().map(|bound| Box::new(bound.carried())),
-            monitor: request.monitor,
-            run: parent.lineage.run(),
-        };
-        remote.spawn(node, spawn, done());
-        Ok(())
-    }
-}
-
-#[cfg_attr(
-    not(feature = "cluster"),
-    expect(dead_code, reason = "only a cluster (feature `cluster`) reaches processes of other nodes")
-)]
-impl Handle {
-    /// This scheduler's node (0 outside a cluster).
-    pub fn node(&self) -> u16 {
-        self.shared.node
-    }
-
-    /// Delivers the exit of `pid` (a process of another node) to the local `watcher`.
-    /// False if the watcher has ended.
-    pub(crate) fn exit_to(&self, watcher: Pid, pid: Pid, result: Outcome) -> bool {
-        let Some(cell) = self.shared.registry.get(watcher) else { return false };
-        match cell.deliver(Event::Exit { pid, result }) {
-            Ok(wake) => {
-                if wake == Wake::Schedule {
-                    self.shared.schedule(cell);
-                }
-                true
-            }
-            Err(_) => false,
-        }
-    }
-
-    /// Calls `notify` with `target`'s result when it ends. Hands `notify` back if there
-    /// is no such process, or it is already ending.
-    pub(crate) fn watch(&self, target: Pid, notify: Notify) -> Result<(), Notify> {
-        let Some(cell) = self.shared.registry.get(target) else { return Err(notify) };
-        cell.inbox.watch(Watcher::Notify(notify)).map_err(|watcher| match watcher {
-            Watcher::Notify(notify) => notify,
-            _ => unreachable!("`watch` hands back the watcher it was given"),
-        })
-    }
-
-    /// Terminates `target` on behalf of another node, calling `notify` once it has
-    /// ended. Hands `notify` back with the reason if it cannot.
-    pub(crate) fn terminate_watched(&self, target: Pid, notify: Notify) -> Result<(), (SendError, Notify)> {
-        self.shared.terminate(target, Some(Watcher::Notify(notify))).map_err(|(error, watcher)| match watcher {
-            Some(Watcher::Notify(notify)) => (error, notify),
-            _ => unreachable!("`terminate` hands back the watcher it was given"),
-        })
-    }
-
-    /// Spawns a process for a parent on another node, with the grants and mailbox the
-    /// request carried (never wider than this scheduler's defaults allow: the caller
-    /// intersects them) and under the tighter of the carried limits and `factory`'s own
-    /// ([`Factory::make_within`]), as the root of a process tree here whose spawns are
-    /// bounded by those limits in turn. `notify` hears its result; `spawned` is called
-    /// with its pid before it is queued, so whatever it sends goes before anything the
-    /// process does.
-    pub(crate) fn spawn_for_remote(
-        &self,
-        factory: &dyn Factory,
-        kind: Arc<str>,
-        spawn: RemoteSpawn,
-        notify: Option<Notify>,
-        spawned: impl FnOnce(Pid),
-    ) -> Result<Pid, SpawnError> {
-        let (process, sandbox) = make_under(factory, spawn.limits)
-            .map_err(|source| SpawnError::Factory { kind: kind.to_string(), source })?;
-        let settings = &self.shared.settings;
-        let bound = spawn.run_limits.map(|asked| {
-            Arc::new(RunBound::clamp(&asked, &settings.limits, settings.mailbox_capacity, settings.mailbox_bytes))
-        });
-        let args = SpawnArgs {
-            parent: spawn.parent,
-            origin: None,
-            kind: Some(kind),
-            method: spawn.method,
-            input: spawn.input,
-            caps: Arc::new(spawn.caps),
-            // Whatever the wire says, no larger than this scheduler's own bound, nor the
-            // run's.
-            mailbox_capacity: match spawn.mailbox_capacity {
-                0 => settings.mailbox_capacity,
-                capacity => capacity.min(settings.mailbox_capacity),
-            }
-            .min(bound.as_ref().map_or(usize::MAX, |bound| bound.mailbox_capacity)),
-            watcher: notify.map(Watcher::Notify),
-            lineage: Lineage::default()
-                .within(sandbox)
-                .in_run(match spawn.run.node {
-                    0 => RunId { node: spawn.parent.node(), ..spawn.run },
-                    _ => spawn.run,
-                })
-                .bounded(bound),
-        };
-        let cell = self.shared.spawn_unqueued(process, args)?;
-        let pid = cell.pid();
-        spawned(pid);
-        self.shared.schedule(cell);
-        Ok(pid)
-    }
-
-    /// Delivers a cancel with `reason` to every process of a run node `node` owns, or
-    /// spawned by a process of that node: what a node does when `node` leaves, is lost,
-    /// or asks its run to stop. Returns how many it reached.
-    pub(crate) fn cancel_owned_by(&self, node: u16, reason: &str) -> usize {
-        self.cancel_cells(self.owned_by(node), reason)
-    }
-
-    /// Delivers a cancel with `reason` to every process of the client's run `client`
-    /// ([`RunId::client`]): what a node does when that client leaves, goes silent or
-    /// stops its run. Returns how many it reached.
-    pub(crate) fn cancel_client_run(&self, client: u64, reason: &str) -> usize {
-        self.cancel_cells(self.in_client_run(client), reason)
-    }
-
-    /// Ends at once, with the error `reason`, every process of the client's run `client`.
-    pub(crate) fn terminate_client_run(&self, client: u64, reason: &'static str) -> usize {
-        self.in_client_run(client).iter().filter(|cell| self.shared.terminate_cell(cell, reason).is_ok()).count()
-    }
-
-    /// The live processes of the client's run `client` (never 0: that is every node's
-    /// own).
-    fn in_client_run(&self, client: u64) -> Vec<Arc<ProcessCell>> {
-        let mut cells = self.shared.registry.snapshot();
-        cells.retain(|cell| client != 0 && cell.lineage.run().client == client);
-        cells
-    }
-
-    fn cancel_cells(&self, cells: Vec<Arc<ProcessCell>>, reason: &str) -> usize {
-        let mut reached = 0;
-        for cell in cells {
-            if let Ok(wake) = cell.deliver(Event::Cancel { reason: reason.to_owned() }) {
-                reached += 1;
-                if wake == Wake::Schedule {
-                    self.shared.schedule(cell);
-                }
-            }
-        }
-        reached
-    }
-
-    /// Ends at once, with the error `reason`, every process [`Handle::cancel_owned_by`]
-    /// reaches for `node`; returns how many.
-    pub(crate) fn terminate_owned_by(&self, node: u16, reason: &'static str) -> usize {
-        self.owned_by(node).iter().filter(|cell| self.shared.terminate_cell(cell, reason).is_ok()).count()
-    }
-
-    /// The live processes that belong to node `node`'s run or whose parent runs there.
-    fn owned_by(&self, node: u16) -> Vec<Arc<ProcessCell>> {
-        let mut cells = self.shared.registry.snapshot();
-        cells.retain(|cell| {
-            cell.lineage.run().node == node || (cell.spec.parent.node() == node && node != self.shared.node)
-        });
-        cells
-    }
-
-    /// The run process `pid` belongs to, if it is alive and belongs to one.
-    pub(crate) fn run_of(&self, pid: Pid) -> Option<RunId> {
-        self.shared.registry.get(pid).map(|cell| cell.lineage.run()).filter(|run| run.node != 0)
-    }
-
-    /// The factory of the registered kind `kind`, with its name as the registry holds it.
-    pub(crate) fn registered_kind(&self, kind: &str) -> Option<(Arc<str>, Arc<dyn Factory>)> {
-        self.shared.kinds.get_key_value(kind).map(|(name, factory)| (name.clone(), factory.clone()))
-    }
-
-    /// The registered kinds with their identities.
-    pub(crate) fn kinds(&self) -> Vec<(String, Option<String>)> {
-        self.shared.kinds.iter().map(|(name, factory)| (name.to_string(), factory.identity())).collect()
-    }
-
-    /// What this scheduler's processes may do unless told otherwise: a bound on what a
-    /// remote spawn may grant.
-    pub(crate) fn default_capabilities(&self) -> &Capabilities {
-        &self.shared.settings.capabilities
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{Events, Port, Process, Scheduler, StepOutput};
-
-    struct Idle;
-
-    impl Process for Idle {
-        fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
-            Ok(())
-        }
-
-        fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
-            out.set_status(crate::Status::Idle);
-            Ok(())
-        }
-    }
-
-    /// A spawn of the `main` method from node 3's host, asking for nothing.
-    fn remote_spawn() -> RemoteSpawn {
-        RemoteSpawn {
-            parent: Pid::node_host(3),
-            kind: None,
-            identity: None,
-            method: "main".into(),
-            input: vec![],
-            caps: Capabilities::default(),
-            mailbox_capacity: 0,
-            limits: None,
-            run_limits: None,
-            monitor: false,
-            run: RunId::default(),
-        }
-    }
-
-    /// A remote spawn's mailbox bound, whatever the wire says, is no larger
-    /// than the receiving scheduler's own; 0 asks for that.
-    #[test]
-    fn a_remote_spawns_mailbox_bound_is_clamped_to_the_schedulers() {
-        let scheduler = Scheduler::builder().workers(1).mailbox_capacity(8).build().expect("builds");
-        let handle = scheduler.handle();
-        let factory = || -> anyhow::Result<Box<dyn Process>> { Ok(Box::new(Idle)) };
-        for (asked, got) in [(1 << 40, 8), (0, 8), (3, 3)] {
-            let spawn = RemoteSpawn { mailbox_capacity: asked, ..remote_spawn() };
-            let pid = handle.spawn_for_remote(&factory, "idle".into(), spawn, None, |_| {}).expect("spawns");
-            let cell = handle.shared.registry.get(pid).expect("alive");
-            assert_eq!(cell.spec.mailbox_capacity, got, "asked for {asked}");
-        }
-        scheduler.stop(std::time::Duration::ZERO);
-    }
-
-    /// A remote spawn's run limits, whatever the wire says, are no wider than the
-    /// receiving scheduler's own: each is the tighter of the two, one not asked for is
-    /// the scheduler's, and the process's limits (and its mailbox) are those; its
-    /// spawns to other nodes carry them on.
-    #[test]
-    fn a_remote_spawns_run_limits_are_clamped_to_the_schedulers() {
-        let scheduler = Scheduler::builder()
-            .workers(1)
-            .max_children(10)
-            .max_yields_per_step(20)
-            .max_payload_size(1000)
-            .mailbox_capacity(8)
-            .mailbox_bytes(4096)
-            .build()
-            .expect("builds");
-        let handle = scheduler.handle();
-        let factory = || -> anyhow::Result<Box<dyn Process>> { Ok(Box::new(Idle)) };
-        let asked = RunLimits::new()
-            .max_children(1 << 40)
-            .max_yields_per_step(5)
-            .max_payload_size(usize::MAX)
-            .mailbox_capacity(3)
-            .mailbox_bytes(1 << 40);
-        let spawn = RemoteSpawn { run_limits: Some(Box::new(asked)), ..remote_spawn() };
-        let pid = handle.spawn_for_remote(&factory, "idle".into(), spawn, None, |_| {}).expect("spawns");
-        let cell = handle.shared.registry.get(pid).expect("alive");
-        let limits = handle.shared.limits_of(&cell);
-        assert_eq!(
-            (limits.max_children, limits.max_yields_per_step, limits.max_payload_size, limits.max_output_per_step),
-            (10, 5, 1000, 4000)
-        );
-        assert_eq!((cell.spec.mailbox_capacity, cell.spec.mailbox_bytes), (3, 4096));
-        let carried = cell.lineage.run_bound().expect("bounded").carried();
-        assert_eq!(
-            carried,
-            RunLimits::new()
-                .max_children(10)
-                .max_yields_per_step(5)
-                .max_payload_size(1000)
-                .max_output_per_step(4000)
-                .mailbox_capacity(3)
-                .mailbox_bytes(4096)
-        );
-        scheduler.stop(std::time::Duration::ZERO);
-    }
 }

@@ -1,9 +1,10 @@
 //! Requests: commands carried out by a process instead of a handler.
 //!
-//! [`Handle::forward`] hands a command to a *serving* process as a message: its sender
-//! is the process that yielded the command, its topic `NAME#ID`, its body the command's
-//! input. The serving process answers with [`Port::respond`](crate::Port::respond)`(ID, result)`, at once or
-//! steps later, in any order, and that completes the command. This is how a provider
+//! [`Handle::forward`](super::Handle::forward) hands a command to a *serving* process
+//! as a message: its sender is the process that yielded the command, its topic
+//! `NAME#ID`, its body the command's input. The serving process answers with
+//! [`Port::respond`](crate::Port::respond)`(ID, result)`, at once or steps later, in any
+//! order, and that completes the command. This is how a provider
 //! written as Wasm serves a family of commands (`wasmproc run --provider`).
 //!
 //! Every request is answered exactly once: by its server, or, when the server ends
@@ -15,13 +16,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
-use wasmproc_types::Pid;
+use wasmproc_types::{Payload, Pid};
 
-use super::completer::Completer;
-use super::dispatch::Request;
-use super::handle::Handle;
-use super::shared::Shared;
 use crate::error::{PortError, SendError};
+use crate::handler::{Completer, Request};
 use crate::limits::payload_limit_exceeded;
 use crate::step::Outcome;
 
@@ -57,49 +55,45 @@ impl Requests {
     }
 }
 
-impl Handle {
-    /// Hands the custom command `request` to the process `server` to carry out: a
-    /// message from the caller with topic `COMMAND#ID` (`COMMAND#ID#KEY` when the request
-    /// has an [idempotency key](Request::idempotency_key)) and the input as body, which
-    /// `server` answers through [`Port::respond`](crate::Port::respond) with the `ID`. The command completes
-    /// with the answer, or, if `server` ends first, with an error that says so.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Handle::send`]; a durable scheduler does not serve requests (its history
-    /// would have to record them) and refuses with [`SendError::Journal`]. The command is
-    /// completed with the error in every case.
-    pub fn forward(&self, server: Pid, request: Request<'_>) -> Result<(), SendError> {
+impl Requests {
+    /// Hands the custom command `request` to the process `server` to carry out, through
+    /// `send` (from the caller, to the server): see
+    /// [`Handle::forward`](super::Handle::forward). `durable`: the scheduler has a
+    /// journal, and refuses.
+    pub(super) fn forward(
+        &self,
+        durable: bool,
+        server: Pid,
+        request: Request<'_>,
+        send: impl FnOnce(Pid, Pid, String, Payload) -> Result<(), SendError>,
+    ) -> Result<(), SendError> {
         let key = request.idempotency_key();
         let name = request.name().to_owned();
         let (payload, done) = request.into_parts();
-        if self.shared.durable.is_some() {
+        if durable {
             let error = SendError::Journal("a durable scheduler does not serve requests".to_owned());
             done.complete(Err(format!("unavailable: {error}")));
             return Err(error);
         }
-        let requests = &self.shared.requests;
-        let id = requests.next.fetch_add(1, Ordering::Relaxed);
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
         let caller = done.pid();
         let topic = match key {
             Some(key) => format!("{name}#{id}#{key}"),
             None => format!("{name}#{id}"),
         };
         // Pending before it is sent: the server may answer before `send` returns.
-        requests.outstanding.fetch_add(1, Ordering::AcqRel);
-        requests.pending.lock().insert(id, Pending { server, done });
-        let sent = self.shared.send(caller, server, topic, payload, None);
+        self.outstanding.fetch_add(1, Ordering::AcqRel);
+        self.pending.lock().insert(id, Pending { server, done });
+        let sent = send(caller, server, topic, payload);
         if let Err(error) = &sent
-            && let Some(request) = requests.pending.lock().remove(&id)
+            && let Some(request) = self.pending.lock().remove(&id)
         {
-            requests.outstanding.fetch_sub(1, Ordering::AcqRel);
+            self.outstanding.fetch_sub(1, Ordering::AcqRel);
             request.done.complete(Err(format!("unavailable: {error}")));
         }
         sent
     }
-}
 
-impl Shared {
     /// Answers the request `id` that the process `server` was sent (see
     /// [`Port::respond`](crate::Port::respond)), with its payload limit `max_payload`.
     pub(super) fn respond(&self, server: Pid, max_payload: usize, id: u64, result: Outcome) -> Result<(), PortError> {
@@ -110,11 +104,11 @@ impl Shared {
         if size > max_payload {
             return Err(PortError::TooLarge(payload_limit_exceeded(size, "respond", max_payload)));
         }
-        let mut pending = self.requests.pending.lock();
+        let mut pending = self.pending.lock();
         match pending.get(&id) {
             Some(request) if request.server == server => {
                 let request = pending.remove(&id).expect("just looked up under the same lock");
-                self.requests.outstanding.fetch_sub(1, Ordering::AcqRel);
+                self.outstanding.fetch_sub(1, Ordering::AcqRel);
                 drop(pending);
                 request.done.complete(result);
                 Ok(())

@@ -12,8 +12,7 @@ use wasmproc_types::Pid;
 
 use super::caps::Capabilities;
 use super::cell::ProcessCell;
-use super::completer::Completer;
-use super::dispatch::{Factory, Registered};
+use super::commands::Registered;
 use super::durable::Durable;
 use super::hibernation::Hibernating;
 use super::idle::Idle;
@@ -24,6 +23,7 @@ use super::slot::Slot;
 use super::stats::{Counters, Stats, UNOBSERVED_ERROR_LEN, UNOBSERVED_KEPT, WorkerStats, YieldCounts, bump};
 use super::timer::Timer;
 use super::worker;
+use crate::handler::{Completer, Factory};
 use crate::limits::Limits;
 use crate::step::CommandKind;
 
@@ -36,7 +36,7 @@ pub(super) struct Shared {
     /// Each worker's LIFO slot (see `worker.rs`, "The LIFO slot").
     pub(super) slots: Box<[CachePadded<Slot<ProcessCell>>]>,
     pub(super) idle: Idle,
-    pub(super) registry: Registry,
+    pub(super) registry: Registry<ProcessCell>,
     pub(super) counters: Box<[CachePadded<Counters>]>,
     pub(super) live: AtomicUsize,
     /// Processes that gave their place in `live` back but are still retiring (their

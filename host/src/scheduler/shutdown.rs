@@ -22,7 +22,8 @@ use parking_lot::Mutex;
 use wasmproc_types::Pid;
 
 use super::durable::SUSPENDED;
-use super::handle::{Handle, ProcessHandle};
+use super::handle::Handle;
+use super::process_handle::ProcessHandle;
 use super::worker;
 
 /// The scheduler: owns the worker threads. Dropping it stops it with no grace period

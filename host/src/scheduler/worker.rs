@@ -94,7 +94,8 @@ use wasmproc_types::Payload;
 
 use super::caps::Capabilities;
 use super::cell::{Decision, Hibernation, ProcessCell, TurnEnd};
-use super::dispatch::{Origin, Resolution, Resolved};
+use super::commands::{Resolution, Resolved};
+use super::durable::Origin;
 use super::idle::{PARK_AFTER_ROUNDS, Unparked, YIELD_AFTER_ROUNDS};
 use super::inbox::MailboxBound;
 use super::shared::Shared;
@@ -201,7 +202,10 @@ pub(super) fn deliver_during_dispatch(cell: &Arc<ProcessCell>, event: Event) -> 
 /// this thread's stack.
 #[expect(clippy::ptr_arg, reason = "the `Cow` is kept: a borrowed name stays borrowed")]
 pub(super) fn resolve(shared: &Shared, caps: &Arc<Capabilities>, name: &Cow<'static, str>) -> Option<Resolution> {
-    with_local(shared.id, |local| Some(local.resolved.try_borrow_mut().ok()?.get(shared, caps, name))).flatten()
+    with_local(shared.id, |local| {
+        Some(local.resolved.try_borrow_mut().ok()?.get(caps, name, || shared.resolve(caps, name)))
+    })
+    .flatten()
 }
 
 /// What [`push_local`] did.
