@@ -157,6 +157,8 @@ pub mod guests {
     pub const NOTES: &str = env!("GUEST_NOTES");
     /// `examples-wasm/sdk-tour`.
     pub const SDK_TOUR: &str = env!("GUEST_SDK_TOUR");
+    /// `examples-wasm/supervised`.
+    pub const SUPERVISED: &str = env!("GUEST_SUPERVISED");
     /// `examples-wasm/timers`.
     pub const TIMERS: &str = env!("GUEST_TIMERS");
     /// `examples-wasm/wasi-cli`.

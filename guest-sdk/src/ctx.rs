@@ -218,6 +218,11 @@ impl Ctx {
         Completion { shared: self.shared.clone(), state: State::Unsent(command), what: what.into(), decode }
     }
 
+    /// A spawn's completion that fails with `error` when polled.
+    pub(crate) fn failed(&self, error: Error, what: &'static str) -> Completion<Pid> {
+        Completion { shared: self.shared.clone(), state: State::Failed(error), what: what.into(), decode: decode_pid }
+    }
+
     /// A completion that fails when polled, because its JSON input did not serialise.
     fn unserialisable<T>(
         &self,

@@ -78,6 +78,7 @@ mod host;
 mod logger;
 mod payload;
 mod providers;
+pub mod supervisor;
 
 pub use anyhow;
 

@@ -641,3 +641,26 @@ fn wasm_children_are_supervised_alike() {
     let result = start(&s, &spec).join_timeout(HANG).unwrap().unwrap();
     assert_eq!(result.parse_json::<u32>().unwrap(), 2);
 }
+
+/// The SDK's builder from a Wasm guest (`examples-wasm/supervised`): a supervisor spawned
+/// by a guest gives up on a crashing child and the guest reads its reason; a
+/// `simple_one_for_one` pool is grown by `start_child` and listed by `which_children`.
+#[test]
+fn a_guest_starts_supervisors_with_the_sdk_builder() {
+    use wasmproc::wasm::{Config, Runtime};
+    let runtime = Runtime::new(Config::default().cache_dir(env!("CARGO_TARGET_TMPDIR"))).unwrap();
+    let guest = runtime.load(wasmproc_tests::guests::SUPERVISED).unwrap();
+    let s = Scheduler::builder().workers(2).kind("supervised", guest).build().unwrap();
+    let run = |method: &str, input: Value| {
+        let options = wasmproc::scheduler::SpawnOptions::new(method).input(vec![Payload::json(&input).unwrap()]);
+        s.handle().spawn(Spawnable::kind("supervised"), options).unwrap().join_timeout(HANG).expect("ends")
+    };
+    let reason: String = run("gives_up", json!("supervised")).unwrap().parse_json().unwrap();
+    assert!(
+        reason.contains("3 restarts within 1m (`intensity` 2), the last of child `crasher`, which ended with: boom"),
+        "{reason}"
+    );
+    let (size, values): (usize, Vec<u64>) =
+        run("pool", json!(["supervised", [1, 2, 3]])).unwrap().parse_json().unwrap();
+    assert_eq!((size, values), (3, vec![2, 4, 6]));
+}
