@@ -188,6 +188,10 @@ impl Supervisor {
     /// Counts a restart of the child `key`, whose last end was `result`, and queues it
     /// (with the others its strategy takes along), or gives up past the intensity.
     fn restart(&mut self, key: u64, result: &Outcome) {
+        // Ending: a restart that failed meanwhile is not tried again.
+        if self.ending.is_some() {
+            return;
+        }
         let Some(index) = self.index_of_key(key) else { return };
         let now = Instant::now();
         let period = self.spec.period;
@@ -503,7 +507,7 @@ impl Supervisor {
     fn request(&mut self, sender: Pid, topic: String, body: Payload) {
         let reply = Reply { to: sender, topic };
         let Some(request) = Request::from_message(&reply.topic, &body) else {
-            tracing::warn!(%sender, topic = %reply.topic, "a supervisor ignored a message that is no request");
+            tracing::debug!(%sender, topic = %reply.topic, "a supervisor ignored a message that is no request");
             return;
         };
         let request = match request {
@@ -776,6 +780,35 @@ mod tests {
         let out = step(&mut sup, vec![Event::Exit { pid: Pid::from_u64(16), result: Err("boom".into()) }]);
         let Command::Sleep(delay) = out.yields()[0].command else { panic!() };
         assert!(delay <= Duration::from_millis(100), "the first restart of a new window waits `initial`: {delay:?}");
+    }
+
+    /// Child `pid` ended with the error `error`.
+    fn crashed(pid: u64, error: &str) -> Event {
+        Event::Exit { pid: Pid::from_u64(pid), result: Err(error.to_owned()) }
+    }
+
+    /// A restart whose spawn fails after the supervisor began to end is not tried again:
+    /// the supervisor goes on stopping its children and ends (OTP `hanging_restart_loop`).
+    #[test]
+    fn a_restart_that_fails_while_ending_is_not_tried_again() {
+        let mut spec = SupervisorSpec::new(Strategy::OneForOne);
+        spec.intensity = 5;
+        spec.children = vec![ChildSpec::new("a", "worker", "main"), ChildSpec::new("b", "worker", "main")];
+        let mut sup = Supervisor::new();
+        sup.init(port(), START, vec![Payload::json(&spec).unwrap()]).unwrap();
+        let out = step(&mut sup, Vec::new());
+        let out = spawned(&mut sup, &out, 10);
+        assert!(spawned(&mut sup, &out, 11).yields().is_empty());
+        let restart = step(&mut sup, vec![crashed(10, "boom")]);
+        let [y] = restart.yields() else { panic!("{:?}", restart.yields()) };
+        assert!(matches!(y.command, Command::Spawn(_)));
+        assert!(step(&mut sup, vec![Event::Cancel { reason: "stop".into() }]).yields().is_empty());
+        let failed = step(&mut sup, vec![Event::Completion { tag: y.tag, result: Err("spawn failed".into()) }]);
+        let [stop] = failed.yields() else { panic!("{:?}", failed.yields()) };
+        assert_eq!(stop.command, Command::Terminate(Pid::from_u64(11)), "b is stopped; a is not started again");
+        let done = step(&mut sup, vec![Event::Completion { tag: stop.tag, result: Ok(Payload::empty()) }]);
+        assert_eq!(done.status(), &Status::Complete(Err("cancelled: stop".into())));
+        assert!(done.yields().is_empty());
     }
 
     #[test]

@@ -37,11 +37,14 @@ fn a_supervision_tree_from_json_ends_with_its_significant_childs_result() {
         "auto_shutdown": "any_significant",
         "children": [
             {"id": "greeter", "kind": HELLO, "method": "greet", "input": ["tree"], "restart": "temporary"},
-            {"id": "element", "kind": SDK_TOUR, "method": "element", "input": [1], "restart": "transient",
+            {"id": "element", "kind": "tour.wasm", "method": "element", "input": [1], "restart": "transient",
              "significant": true},
         ],
     });
     let file = spec_file("supervise-json", "tree.json", &spec.to_string());
+    // A relative kind is the path from the spec's directory, wherever the run starts.
+    let dir = std::path::Path::new(&file).parent().expect("a directory");
+    std::fs::copy(SDK_TOUR, dir.join("tour.wasm")).expect("copy the guest");
     let ran = run(&["run", "--supervise", &file, "--json"]).expect(0);
     assert_eq!(ran.json(), serde_json::json!({"ok": 2}));
 }
