@@ -33,8 +33,8 @@ pub(crate) trait Remote: Send + Sync + 'static {
     fn send(&self, from: Pid, to: Pid, topic: String, body: Payload) -> Result<(), SendError>;
 
     /// `watcher` (local) gets an [`Event::Exit`](crate::Event::Exit) when `target`
-    /// (remote) ends, through [`Handle::exit_to`](super::Handle::exit_to): with `noproc` if there is no such process, `noconnection` if
-    /// its node is or becomes unreachable.
+    /// (remote) ends, through [`Handle::exit_to`](super::Handle::exit_to): with `noproc`
+    /// if there is no such process, `noconnection` if its node is or becomes unreachable.
     fn monitor(&self, watcher: Pid, target: Pid);
 
     /// Terminates `target` (remote) for `by` (a local process, or this node's host);
