@@ -16,7 +16,7 @@
 // variant `{ tag, val }`, a result `{ tag: 'ok' | 'err', val }`; an exported function
 // returning `result<_, string>` fails by throwing.
 
-import { log } from 'wasmproc:process/host@0.1.0';
+import { log } from 'wasmproc:process/host@0.2.0';
 
 const ENTRIES = ['main', 'square', 'idle'];
 
@@ -74,7 +74,7 @@ class Main {
       log('info', `spawning ${this.n} children`);
       const yields = [];
       for (let i = 0; i < this.n; i++) {
-        const request = { kind: undefined, method: 'square', input: [payload(i)], monitor: true };
+        const request = { kind: undefined, method: 'square', input: [payload(i)], monitor: true, link: false };
         yields.push({ tag: BigInt(i + 1), command: { tag: 'spawn', val: request } });
       }
       yields.push({ tag: SLEEP_TAG, command: { tag: 'sleep', val: 1_000_000n } });
@@ -102,14 +102,14 @@ class Main {
           break;
         }
         case 'exit': {
-          const { pid, result } = event.val;
-          if (result.tag === 'err') {
-            return fail(`child ${pid} failed: ${result.val}`);
+          const { pid, reason } = event.val;
+          if (reason.tag !== 'normal') {
+            return fail(`child ${pid} ${describe(reason)}`);
           }
           if (this.pids.has(pid)) {
-            this.finish(pid, result.val);
+            this.finish(pid, reason.val);
           } else {
-            this.early.set(pid, result.val);
+            this.early.set(pid, reason.val);
           }
           break;
         }
@@ -128,6 +128,28 @@ class Main {
   finish(pid, result) {
     this.results[this.pids.get(pid)] = decode(result);
     this.pending -= 1;
+  }
+}
+
+// An abnormal exit reason as the end of a sentence, as the host words it.
+function describe(reason) {
+  switch (reason.tag) {
+    case 'error':
+      return `returned an error: ${reason.val}`;
+    case 'trap':
+      return `trapped: ${reason.val.kind}: ${reason.val.message}`;
+    case 'noconnection':
+      return `was lost with its node (noconnection: ${reason.val})`;
+    case 'killed':
+      return 'was killed';
+    case 'shutdown':
+      return 'was shut down';
+    case 'terminated':
+      return 'was terminated';
+    case 'noproc':
+      return 'did not exist (noproc)';
+    default:
+      return 'ended abnormally';
   }
 }
 

@@ -9,7 +9,12 @@ Entries:
   spawns and its sleep at once, so `n + 1` must not pass the host's limit of commands a step
   (`--max-yields`, 1,024);
 - `square`: input `i` (JSON); completes at once with `i * i`;
-- `idle`: waits (status `idle`) for the first message, then completes with its body.
+- `idle`: waits (status `idle`) for the first message, then completes with its body;
+- `fail`: input `message` (JSON); ends at once with the error `message`;
+- `watch`: input `message` (JSON); spawns, monitored, an `idle` child and a `fail` child
+  (with `message`), terminates the `idle` one, and completes with how each ended, as the
+  typed exit reasons of their exit events say: `{"idle": ["terminated"], "fail":
+  ["error", message]}`.
 
 A component runs one process per instance, so the process's state is a module global.
 """
@@ -20,7 +25,7 @@ import wit_world
 from componentize_py_types import Err, Ok
 from wit_world.imports import host, types
 
-ENTRIES = ["main", "square", "idle"]
+ENTRIES = ["main", "square", "idle", "fail", "watch"]
 
 # The tag of the one sleep; spawn tags are 1 + the child's index.
 SLEEP_TAG = 0
@@ -72,7 +77,7 @@ class Main:
                 types.YieldCommand(
                     tag=1 + i,
                     command=types.Command_Spawn(
-                        types.SpawnRequest(kind=None, method="square", input=[payload(i)], monitor=True)
+                        types.SpawnRequest(kind=None, method="square", input=[payload(i)], monitor=True, link=False)
                     ),
                 )
                 for i in range(self.n)
@@ -95,12 +100,12 @@ class Main:
                         self.finish(pid, self.early.pop(pid))
             elif isinstance(event, types.Event_Exit):
                 exit = event.value
-                if isinstance(exit.result, Err):
-                    return fail(f"child {exit.pid} failed: {exit.result.value}")
+                if not isinstance(exit.reason, types.ExitReason_Normal):
+                    return fail(f"child {exit.pid} {describe(exit.reason)}")
                 if exit.pid in self.pids:
-                    self.finish(exit.pid, exit.result.value)
+                    self.finish(exit.pid, exit.reason.value)
                 else:
-                    self.early[exit.pid] = exit.result.value
+                    self.early[exit.pid] = exit.reason.value
             elif isinstance(event, types.Event_Cancel):
                 return fail(f"cancelled: {event.value}")
         if self.pending == 0 and self.slept:
@@ -110,6 +115,85 @@ class Main:
     def finish(self, pid, result):
         self.results[self.pids[pid]] = decode(result)
         self.pending -= 1
+
+
+def describe(reason):
+    """An abnormal exit reason as the end of a sentence, as the host words it."""
+    if isinstance(reason, types.ExitReason_Error):
+        return f"returned an error: {reason.value}"
+    if isinstance(reason, types.ExitReason_Trap):
+        kind = reason.value.kind.name.lower().replace("_", "-")
+        return f"trapped: {kind}: {reason.value.message}"
+    if isinstance(reason, types.ExitReason_Noconnection):
+        return f"was lost with its node (noconnection: {reason.value})"
+    names = {
+        types.ExitReason_Killed: "was killed",
+        types.ExitReason_Shutdown: "was shut down",
+        types.ExitReason_Terminated: "was terminated",
+        types.ExitReason_Noproc: "did not exist (noproc)",
+    }
+    return names.get(type(reason), "ended abnormally")
+
+
+def reason_json(reason):
+    """A typed exit reason as JSON: its name, then what it carries."""
+    if isinstance(reason, types.ExitReason_Normal):
+        return ["normal", decode(reason.value)]
+    if isinstance(reason, (types.ExitReason_Error, types.ExitReason_Noconnection)):
+        return [type(reason).__name__.removeprefix("ExitReason_").lower(), reason.value]
+    if isinstance(reason, types.ExitReason_Trap):
+        return ["trap", reason.value.kind.name.lower().replace("_", "-"), reason.value.message]
+    return [type(reason).__name__.removeprefix("ExitReason_").lower()]
+
+
+class Fail:
+    def __init__(self, message):
+        self.message = str(message)
+
+    def step(self, events):
+        return fail(self.message)
+
+
+class Watch:
+    """Spawns `idle` and `fail` children, terminates the first, and reports both exits."""
+
+    IDLE, FAIL, TERMINATE = 1, 2, 3
+
+    def __init__(self, message):
+        self.message = message
+        self.started = False
+        self.methods = {}  # child pid -> its method
+        self.exits = {}  # child pid -> its reason, as JSON
+        self.idle = None
+
+    def step(self, events):
+        if not self.started:
+            self.started = True
+            spawn = lambda tag, method, value: types.YieldCommand(
+                tag=tag,
+                command=types.Command_Spawn(
+                    types.SpawnRequest(kind=None, method=method, input=[payload(value)], monitor=True, link=False)
+                ),
+            )
+            return output(types.Status_Blocked(), [spawn(self.IDLE, "idle", None), spawn(self.FAIL, "fail", self.message)])
+        yields = []
+        for event in events:
+            if isinstance(event, types.Event_Completion):
+                completion = event.value
+                if isinstance(completion.result, Err):
+                    return fail(f"command {completion.tag} failed: {completion.result.value}")
+                if completion.tag in (self.IDLE, self.FAIL):
+                    pid = int.from_bytes(completion.result.value.data, "little")
+                    self.methods[pid] = "idle" if completion.tag == self.IDLE else "fail"
+                    if completion.tag == self.IDLE:
+                        yields.append(types.YieldCommand(tag=self.TERMINATE, command=types.Command_Terminate(pid)))
+            elif isinstance(event, types.Event_Exit):
+                self.exits[event.value.pid] = reason_json(event.value.reason)
+            elif isinstance(event, types.Event_Cancel):
+                return fail(f"cancelled: {event.value}")
+        if len(self.exits) == 2 and len(self.methods) == 2:
+            return complete({self.methods[pid]: reason for pid, reason in self.exits.items()})
+        return output(types.Status_Blocked(), yields)
 
 
 class Square:
@@ -141,7 +225,7 @@ class WitWorld(wit_world.WitWorld):
 
     def init(self, pid, method, input):
         global state
-        entry = {"main": Main, "square": Square, "idle": Idle}.get(method)
+        entry = {"main": Main, "square": Square, "idle": Idle, "fail": Fail, "watch": Watch}.get(method)
         if entry is None:
             # The host adds the list of entries.
             raise Err(f"unknown entry method `{method}`")

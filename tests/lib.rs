@@ -202,6 +202,21 @@ pub fn good_thousand(s: &wasmproc::Scheduler, phase: u32) -> Vec<Duration> {
 pub const HANG: Duration = Duration::from_secs(20);
 
 /// A completion event's result, if `event` is a completion with `tag`.
+/// The words of an abnormal end, as tests compare them: an error's own text, a trap's
+/// message, or the reason's sentence (`was terminated`) for the others.
+pub fn said(reason: wasmproc::ExitReason) -> String {
+    match reason {
+        wasmproc::ExitReason::Error(error) => error,
+        wasmproc::ExitReason::Trap(trap) => trap.message,
+        other => other.to_string(),
+    }
+}
+
+/// The record of a normal end with `payload`, as a journal's history holds it.
+pub fn normal(payload: Payload) -> Option<wasmproc::Exited> {
+    Some(wasmproc::Exited::new(wasmproc::ExitReason::Normal(payload)))
+}
+
 pub fn completion(event: &Event, tag: u64) -> Option<&wasmproc::Outcome> {
     match event {
         Event::Completion { tag: t, result } if *t == tag => Some(result),

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::Error;
 use crate::executor::{Command, Shared};
-use crate::payload::{Level, Message, Payload, Pid};
+use crate::payload::{ExitReason, Level, Message, Payload, Pid};
 
 /// A process's handle on its host: commands, mailbox, children, cancellation.
 ///
@@ -99,7 +99,8 @@ impl Ctx {
         let what = Cow::Owned(format!("spawning `{method}`"));
         match Payload::json(&input) {
             Ok(input) => {
-                let command = Command::Spawn { kind, method: method.to_owned(), input: vec![input], monitor: true };
+                let command =
+                    Command::Spawn { kind, method: method.to_owned(), input: vec![input], monitor: true, link: false };
                 self.command(command, what, decode_pid)
             }
             Err(error) => self.unserialisable(error, what, decode_pid),
@@ -112,11 +113,34 @@ impl Ctx {
     /// [`Ctx::monitor`]: an exit that arrives before anybody waits for it is kept until
     /// someone does. Each exit is handed to one waiter.
     ///
-    /// Fails if the process ended with an error ([`Error::Failed`]: terminated, trapped,
-    /// or its entry failed), did not exist when monitored ([`Error::NoProc`]), its result
-    /// does not decode into a `T`, or this process is cancelled first.
+    /// Fails if the process ended abnormally ([`Error::Failed`], with its
+    /// [`ExitReason`]: terminated, trapped, or its entry failed), did not exist when
+    /// monitored ([`Error::NoProc`]), its result does not decode into a `T`, or this
+    /// process is cancelled first.
     pub fn wait<T: DeserializeOwned>(&self, pid: Pid) -> Wait<T> {
         Wait { shared: self.shared.clone(), pid, result: PhantomData }
+    }
+
+    /// Why process `pid` ended, once it has: its [`ExitReason`], normal or not, as the
+    /// host reported it (for a process that did not exist when monitored,
+    /// [`ExitReason::Noproc`]). Collects the same exits as [`Ctx::wait`], for a process
+    /// that tells a trap from a termination:
+    ///
+    /// ```
+    /// # use wasmproc_guest::prelude::*;
+    /// async fn supervise(ctx: &Ctx, worker: Pid) -> Result<&'static str> {
+    ///     Ok(match ctx.exit_of(worker).await? {
+    ///         ExitReason::Normal(_) => "done",
+    ///         ExitReason::Trap(trap) if trap.kind == TrapKind::OutOfFuel => "out of fuel",
+    ///         ExitReason::Trap(_) => "crashed",
+    ///         _ => "ended otherwise",
+    ///     })
+    /// }
+    /// ```
+    ///
+    /// Fails only with [`Error::Cancelled`], if this process is cancelled first.
+    pub fn exit_of(&self, pid: Pid) -> ExitOf {
+        ExitOf { shared: self.shared.clone(), pid }
     }
 
     /// Asks for the exit of process `pid`, to collect with [`Ctx::wait`]. A process that
@@ -417,12 +441,27 @@ impl<T: DeserializeOwned> Future for Wait<T> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let pid = self.pid;
         self.shared.poll_exit(pid, cx.waker()).map(|waited| match waited {
-            Ok(Ok(payload)) => {
+            Ok(ExitReason::Normal(payload)) => {
                 payload.decode().map_err(|e| Error::payload(format_args!("bad result from process {pid}"), e))
             }
-            Ok(Err(error)) => Err(Error::exited(pid, error)),
+            Ok(reason) => Err(Error::exited(pid, reason)),
             Err(reason) => Err(Error::Cancelled(reason)),
         })
+    }
+}
+
+/// A [`Ctx::exit_of`] in progress.
+#[must_use = "futures do nothing unless polled"]
+pub struct ExitOf {
+    shared: Rc<Shared>,
+    pid: Pid,
+}
+
+impl Future for ExitOf {
+    type Output = Result<ExitReason, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.shared.poll_exit(self.pid, cx.waker()).map(|waited| waited.map_err(Error::Cancelled))
     }
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 pub use wasmproc_types::ErrorCode;
 
-use crate::payload::Pid;
+use crate::payload::{ExitReason, Pid};
 
 /// Why something a process asked of its host did not happen.
 ///
@@ -52,13 +52,14 @@ pub enum Error {
         /// The host's error.
         message: String,
     },
-    /// A process this one waited for ended with an error (terminated, trapped, or its
-    /// entry failed).
+    /// A process this one waited for ended abnormally: terminated, trapped, or its entry
+    /// failed.
     Failed {
         /// The process.
         pid: Pid,
-        /// Its error result.
-        error: String,
+        /// Why it ended: any [`ExitReason`] but `Normal` (and `Noproc`, which is
+        /// [`Error::NoProc`]).
+        reason: ExitReason,
     },
     /// A value did not serialise, or a payload did not decode into the type asked for.
     Payload(String),
@@ -86,10 +87,13 @@ impl Error {
         }
     }
 
-    /// The error of a process that ended with `error`; `noproc` is the host's exit for a
-    /// process that did not exist when it was monitored.
-    pub(crate) fn exited(pid: Pid, error: String) -> Error {
-        if error == "noproc" { Error::NoProc(pid) } else { Error::Failed { pid, error } }
+    /// The error of a process that ended abnormally with `reason`; `noproc` is the
+    /// host's exit for a process that did not exist when it was monitored.
+    pub(crate) fn exited(pid: Pid, reason: ExitReason) -> Error {
+        match reason {
+            ExitReason::Noproc => Error::NoProc(pid),
+            reason => Error::Failed { pid, reason },
+        }
     }
 
     /// A payload that would not serialise or decode, as `what` says.
@@ -107,7 +111,7 @@ impl fmt::Display for Error {
             Error::MailboxFull(pid) => write!(f, "the mailbox of process {pid} is full"),
             Error::Denied(message) | Error::Limit(message) | Error::Payload(message) => f.write_str(message),
             Error::Command { command, message, .. } => write!(f, "{command} failed: {message}"),
-            Error::Failed { pid, error } => write!(f, "process {pid} failed: {error}"),
+            Error::Failed { pid, reason } => write!(f, "process {pid} {reason}"),
         }
     }
 }
@@ -155,7 +159,9 @@ mod tests {
             Error::send(to, "permission denied: send".into()),
             Error::Denied("send failed: permission denied: send".into())
         );
-        assert_eq!(Error::exited(to, "noproc".into()), Error::NoProc(to));
-        assert_eq!(Error::exited(to, "terminated".into()).to_string(), "process 9 failed: terminated");
+        assert_eq!(Error::exited(to, ExitReason::Noproc), Error::NoProc(to));
+        assert_eq!(Error::exited(to, ExitReason::Terminated).to_string(), "process 9 was terminated");
+        let trap = ExitReason::trap(crate::TrapKind::Panic, "index out of bounds");
+        assert_eq!(Error::exited(to, trap).to_string(), "process 9 trapped: panic: index out of bounds");
     }
 }

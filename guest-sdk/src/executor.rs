@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
-use crate::payload::{Message, Payload, Pid};
+use crate::payload::{ExitReason, Message, Payload, Pid};
 
 /// Polls one step may spend on a task that keeps waking itself before it reports
 /// `continue` and lets other processes run. Picked out of thin air: no future in the SDK
@@ -58,9 +58,16 @@ pub(crate) type Task = Pin<Box<dyn Future<Output = Outcome>>>;
 /// Something the host tells the process at the start of a step.
 #[derive(Debug)]
 pub(crate) enum Event {
-    Completion { tag: u64, result: Outcome },
+    Completion {
+        tag: u64,
+        result: Outcome,
+    },
     Message(Message),
-    Exit { pid: Pid, result: Outcome },
+    /// A monitored process ended (or a linked one while this process traps exits).
+    Exit {
+        pid: Pid,
+        reason: ExitReason,
+    },
     Cancel(String),
 }
 
@@ -75,6 +82,7 @@ pub(crate) enum Command {
         method: String,
         input: Vec<Payload>,
         monitor: bool,
+        link: bool,
     },
     Monitor(Pid),
     Terminate(Pid),
@@ -135,7 +143,7 @@ struct State {
     mailbox: VecDeque<Message>,
     mailbox_waiters: Vec<Waker>,
     /// Exits nobody has waited for yet, by pid.
-    exits: BTreeMap<Pid, Outcome>,
+    exits: BTreeMap<Pid, ExitReason>,
     /// Who waits for which pid's exit: keyed, so that an exit wakes only its own waiters
     /// (a `join_all` over many waits would otherwise be woken, and scanned, in full for
     /// every exit).
@@ -220,9 +228,9 @@ impl Shared {
         Poll::Pending
     }
 
-    /// The result of process `pid` once its exit has arrived (buffered if it came early);
+    /// Why process `pid` ended, once its exit has arrived (buffered if it came early);
     /// `Err(reason)` if it has not by the time the process is cancelled.
-    pub(crate) fn poll_exit(&self, pid: Pid, waker: &Waker) -> Poll<Waited<Outcome>> {
+    pub(crate) fn poll_exit(&self, pid: Pid, waker: &Waker) -> Poll<Waited<ExitReason>> {
         let mut state = self.state.borrow_mut();
         if let Some(outcome) = state.exits.remove(&pid) {
             return Poll::Ready(Ok(outcome));
@@ -275,8 +283,8 @@ impl State {
                 self.mailbox.push_back(message);
                 wake_all(&mut self.mailbox_waiters);
             }
-            Event::Exit { pid, result } => {
-                self.exits.insert(pid, result);
+            Event::Exit { pid, reason } => {
+                self.exits.insert(pid, reason);
                 if let Some(mut waiters) = self.exit_waiters.remove(&pid) {
                     wake_all(&mut waiters);
                 }
@@ -557,12 +565,13 @@ mod tests {
                     method: "square".to_owned(),
                     input: vec![Payload::json(&7).unwrap()],
                     monitor: true,
+                    link: false,
                 },
             }]
         );
         let child = Pid::from_u64(9);
         let pid = Payload::bytes(child.as_u64().to_le_bytes());
-        let exit = Event::Exit { pid: child, result: Ok(Payload::json(&49).unwrap()) };
+        let exit = Event::Exit { pid: child, reason: ExitReason::Normal(Payload::json(&49).unwrap()) };
         // The child finishes before the parent's sleep does.
         let sleeping = executor.step([Event::Completion { tag: 1, result: Ok(pid) }, exit]);
         assert_eq!(tags(&sleeping), [2]);
@@ -588,12 +597,12 @@ mod tests {
         );
         let denied = Event::Completion { tag: 1, result: Err("permission denied: inventory.reserve".to_owned()) };
         assert_eq!(executor.step([denied]).status, Status::Idle);
-        let exit = Event::Exit { pid: Pid::from_u64(5), result: Err("terminated".to_owned()) };
+        let exit = Event::Exit { pid: Pid::from_u64(5), reason: ExitReason::Terminated };
         assert_eq!(
             executor.step([exit]).status,
             json(serde_json::json!([
                 "custom command `inventory.reserve` failed: permission denied: inventory.reserve",
-                "process 5 failed: terminated",
+                "process 5 was terminated",
             ]))
         );
     }

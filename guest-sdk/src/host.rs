@@ -5,7 +5,7 @@
 //! The executor and `Ctx` reach the host only through here.
 
 use crate::executor::{self, Outcome};
-use crate::payload::{Format, Level, Message, Payload, Pid};
+use crate::payload::{ExitReason, Format, Level, Message, Payload, Pid, Trap, TrapKind};
 
 #[doc(hidden)]
 pub mod bindings {
@@ -106,8 +106,37 @@ impl From<wit::Event> for executor::Event {
                 topic: m.topic,
                 body: m.body.into(),
             }),
-            wit::Event::Exit(e) => executor::Event::Exit { pid: Pid::from_u64(e.pid), result: outcome_from(e.result) },
+            wit::Event::Exit(e) => executor::Event::Exit { pid: Pid::from_u64(e.pid), reason: e.reason.into() },
             wit::Event::Cancel(reason) => executor::Event::Cancel(reason),
+        }
+    }
+}
+
+impl From<wit::TrapKind> for TrapKind {
+    fn from(kind: wit::TrapKind) -> Self {
+        match kind {
+            wit::TrapKind::Panic => TrapKind::Panic,
+            wit::TrapKind::Unreachable => TrapKind::Unreachable,
+            wit::TrapKind::OutOfFuel => TrapKind::OutOfFuel,
+            wit::TrapKind::CpuBudget => TrapKind::CpuBudget,
+            wit::TrapKind::MemoryLimit => TrapKind::MemoryLimit,
+            wit::TrapKind::StackOverflow => TrapKind::StackOverflow,
+            wit::TrapKind::Other => TrapKind::Other,
+        }
+    }
+}
+
+impl From<wit::ExitReason> for ExitReason {
+    fn from(reason: wit::ExitReason) -> Self {
+        match reason {
+            wit::ExitReason::Normal(payload) => ExitReason::Normal(payload.into()),
+            wit::ExitReason::Error(error) => ExitReason::Error(error),
+            wit::ExitReason::Trap(trap) => ExitReason::Trap(Trap { kind: trap.kind.into(), message: trap.message }),
+            wit::ExitReason::Killed => ExitReason::Killed,
+            wit::ExitReason::Shutdown => ExitReason::Shutdown,
+            wit::ExitReason::Terminated => ExitReason::Terminated,
+            wit::ExitReason::Noproc => ExitReason::Noproc,
+            wit::ExitReason::Noconnection(node) => ExitReason::Noconnection(node),
         }
     }
 }
@@ -117,11 +146,12 @@ impl From<executor::Command> for wit::Command {
         use executor::Command;
         match command {
             Command::Sleep(nanos) => wit::Command::Sleep(nanos),
-            Command::Spawn { kind, method, input, monitor } => wit::Command::Spawn(wit::SpawnRequest {
+            Command::Spawn { kind, method, input, monitor, link } => wit::Command::Spawn(wit::SpawnRequest {
                 kind,
                 method,
                 input: input.into_iter().map(Into::into).collect(),
                 monitor,
+                link,
             }),
             Command::Monitor(pid) => wit::Command::Monitor(pid.as_u64()),
             Command::Terminate(pid) => wit::Command::Terminate(pid.as_u64()),

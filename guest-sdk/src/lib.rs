@@ -83,9 +83,9 @@ pub mod supervisor;
 pub use anyhow;
 
 pub use crate::combinators::{Either, Join, JoinAll, Select, SelectAny, join, join_all, select, select_any};
-pub use crate::ctx::{Cancellation, Child, Completion, Ctx, Recv, Spawn, Timeout, Wait};
+pub use crate::ctx::{Cancellation, Child, Completion, Ctx, ExitOf, Recv, Spawn, Timeout, Wait};
 pub use crate::error::{Error, ErrorCode};
-pub use crate::payload::{DecodeError, Format, Level, Message, Payload, Pid};
+pub use crate::payload::{DecodeError, ExitReason, Format, Level, Message, Payload, Pid, Trap, TrapKind};
 pub use crate::providers::{
     DirEntry, Fs, Http, Keys, Kv, NextRequest, Request as HttpRequest, Response, ServeRequest, Versioned,
 };
@@ -205,7 +205,8 @@ pub mod prelude {
     pub use anyhow::{Context as _, Result, anyhow, bail, ensure};
 
     pub use crate::{
-        Ctx, Either, Error, Format, Level, Message, Payload, Pid, entry, join, join_all, select, select_any,
+        Ctx, Either, Error, ExitReason, Format, Level, Message, Payload, Pid, TrapKind, entry, join, join_all, select,
+        select_any,
     };
 }
 

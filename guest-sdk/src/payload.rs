@@ -2,7 +2,7 @@
 //! types shared with the host, and [`Message`].
 
 use serde::de::DeserializeOwned;
-pub use wasmproc_types::{DecodeError, Format, Level, Payload, Pid};
+pub use wasmproc_types::{DecodeError, ExitReason, Format, Level, Payload, Pid, Trap, TrapKind};
 
 /// A message from another process's mailbox.
 #[derive(Clone, PartialEq, Eq, Debug)]

@@ -35,8 +35,9 @@ impl Process for Tree {
             return Ok(());
         }
         for event in events {
-            if let Event::Exit { result, .. } = event {
-                self.sum += result.map_err(anyhow::Error::msg)?.parse_json::<u64>()?;
+            if let Event::Exit { reason, .. } = event {
+                // A child that ended abnormally ends this one with its reason.
+                self.sum += reason.into_result()?.parse_json::<u64>()?;
                 self.exits += 1;
             }
         }
@@ -45,7 +46,7 @@ impl Process for Tree {
             let part = self.len / 10;
             for i in 0..10 {
                 let input = vec![Payload::json(&(self.start + i * part, part))?];
-                let request = SpawnRequest { kind: None, method: "sum".into(), input, monitor: true };
+                let request = SpawnRequest { kind: None, method: "sum".into(), input, monitor: true, link: false };
                 out.yield_command(i, Command::Spawn(request));
             }
         }

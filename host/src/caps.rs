@@ -11,7 +11,7 @@ use crate::codec::{Malformed, Reader, Writer};
 use crate::step::{Command, CommandKind};
 
 /// Every built-in's capability bit.
-const ALL_BUILTINS: u8 = {
+const ALL_BUILTINS: u16 = {
     let mut bits = 0;
     let mut i = 0;
     while i < CommandKind::BUILTINS.len() {
@@ -23,8 +23,8 @@ const ALL_BUILTINS: u8 = {
     bits
 };
 
-const BUILTIN_NAMES: [&str; 5] = {
-    let mut names = [""; 5];
+const BUILTIN_NAMES: [&str; CommandKind::BUILTINS.len()] = {
+    let mut names = [""; CommandKind::BUILTINS.len()];
     let mut i = 0;
     while i < names.len() {
         names[i] = CommandKind::BUILTINS[i].name();
@@ -35,13 +35,14 @@ const BUILTIN_NAMES: [&str; 5] = {
 
 /// A set of granted commands.
 ///
-/// By default every built-in command (`sleep`, `spawn`, `send`, `monitor`, `terminate`)
+/// By default every built-in command (`sleep`, `spawn`, `send`, `monitor`, `terminate`,
+/// `link`, `unlink`, `demonitor`, `exit`, `trap-exits`)
 /// is granted and no custom command is: custom commands reach the embedder's code, so
 /// each must be granted by name ([`Capabilities::allow`]), by family (`allow("kv.*")`
 /// grants every `kv.<command>`) or all at once ([`Capabilities::allow_all_custom`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Capabilities {
-    builtins: u8,
+    builtins: u16,
     custom: Custom,
 }
 
@@ -97,7 +98,7 @@ impl Default for Capabilities {
 
 impl Capabilities {
     /// The built-in command names, in the order `--help` lists them.
-    pub const BUILTIN: [&str; 5] = BUILTIN_NAMES;
+    pub const BUILTIN: [&str; CommandKind::BUILTINS.len()] = BUILTIN_NAMES;
 
     /// Nothing granted.
     pub fn none() -> Self {
@@ -212,7 +213,7 @@ impl Capabilities {
 impl Capabilities {
     /// Writes the grant set to a journal record or a cluster's spawn.
     pub(crate) fn encode(&self, w: &mut Writer) {
-        w.u8(self.builtins);
+        w.u64(u64::from(self.builtins));
         match &self.custom {
             Custom::All => w.u8(0),
             Custom::Only(granted) => {
@@ -230,7 +231,8 @@ impl Capabilities {
 
     /// Reads back what [`Capabilities::encode`] wrote.
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Capabilities, Malformed> {
-        let builtins = r.u8("caps")? & ALL_BUILTINS;
+        // Bits of built-ins this host does not know are dropped: they grant nothing here.
+        let builtins = (r.u64("caps")? & u64::from(ALL_BUILTINS)) as u16;
         let custom = match r.u8("caps")? {
             0 => Custom::All,
             1 => {
@@ -252,7 +254,7 @@ pub(crate) fn family(name: &str) -> Option<&str> {
     name.split_once('.').map(|(family, _)| family).filter(|family| !family.is_empty())
 }
 
-fn builtin_bit(name: &str) -> Option<u8> {
+fn builtin_bit(name: &str) -> Option<u16> {
     CommandKind::builtin(name).and_then(CommandKind::capability_bit)
 }
 

@@ -12,7 +12,9 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use wasmproc_types::{Format, Payload, leb128};
+use wasmproc_types::{ExitReason, Format, Payload, Pid, Trap, TrapKind, leb128};
+
+use crate::step::Exited;
 
 /// A value that does not decode: damaged, truncated, or of a newer format. Its text says
 /// what was being decoded, the field, the byte, and why.
@@ -150,6 +152,36 @@ impl Writer {
     }
 }
 
+impl Writer {
+    /// Why a process ended: the index of its name in [`ExitReason::NAMES`], then what the
+    /// reason carries (a payload, a string, or a trap's kind, as its index in
+    /// [`TrapKind::ALL`], and its message).
+    pub(crate) fn exit_reason(&mut self, reason: &ExitReason) {
+        let index = ExitReason::NAMES.iter().position(|name| *name == reason.name()).expect("every reason is named");
+        self.u8(index as u8);
+        match reason {
+            ExitReason::Normal(payload) => self.payload(payload),
+            ExitReason::Error(text) | ExitReason::Noconnection(text) => self.str(text),
+            ExitReason::Trap(Trap { kind, message }) => {
+                let kind = TrapKind::ALL.iter().position(|k| k == kind).expect("every trap kind is listed");
+                self.u8(kind as u8);
+                self.str(message);
+            }
+            _ => {}
+        }
+    }
+
+    /// A process's end: its reason, then the pid whose exit signal ended it (`0`, or `1`
+    /// and the pid).
+    pub(crate) fn exited(&mut self, exited: &Exited) {
+        self.exit_reason(&exited.reason);
+        self.bool(exited.signal_from.is_some());
+        if let Some(from) = exited.signal_from {
+            self.u64(from.as_u64());
+        }
+    }
+}
+
 /// Reads values back in the order they were written, each read naming its field for the
 /// error if it fails.
 pub(crate) struct Reader<'a> {
@@ -276,9 +308,81 @@ impl<'a> Reader<'a> {
     }
 }
 
+impl Reader<'_> {
+    /// What [`Writer::exit_reason`] wrote.
+    pub(crate) fn exit_reason(&mut self, field: &'static str) -> Result<ExitReason, Malformed> {
+        let name = self.u8(field)?;
+        let name = ExitReason::NAMES
+            .get(usize::from(name))
+            .ok_or_else(|| self.invalid(field, format!("unknown exit reason {name}")))?;
+        Ok(match *name {
+            "normal" => ExitReason::Normal(self.payload(field)?),
+            "error" => ExitReason::Error(self.str(field)?.to_owned()),
+            "trap" => {
+                let kind = self.u8(field)?;
+                let kind = *TrapKind::ALL
+                    .get(usize::from(kind))
+                    .ok_or_else(|| self.invalid(field, format!("unknown trap kind {kind}")))?;
+                ExitReason::Trap(Trap { kind, message: self.str(field)?.to_owned() })
+            }
+            "killed" => ExitReason::Killed,
+            "shutdown" => ExitReason::Shutdown,
+            "terminated" => ExitReason::Terminated,
+            "noproc" => ExitReason::Noproc,
+            "noconnection" => ExitReason::Noconnection(self.str(field)?.to_owned()),
+            other => return Err(self.invalid(field, format!("exit reason `{other}` has no encoding"))),
+        })
+    }
+
+    /// What [`Writer::exited`] wrote.
+    pub(crate) fn exited(&mut self, field: &'static str) -> Result<Exited, Malformed> {
+        let reason = self.exit_reason(field)?;
+        let signal_from = if self.bool(field)? { Some(Pid::from_u64(self.u64(field)?)) } else { None };
+        Ok(Exited { reason, signal_from })
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// One of every exit reason and trap kind.
+    pub(crate) fn every_exit_reason() -> Vec<ExitReason> {
+        let mut every = vec![
+            ExitReason::Normal(Payload::text("done")),
+            ExitReason::Error("boom".into()),
+            ExitReason::Killed,
+            ExitReason::Shutdown,
+            ExitReason::Terminated,
+            ExitReason::Noproc,
+            ExitReason::Noconnection("b".into()),
+        ];
+        every.extend(TrapKind::ALL.map(|kind| ExitReason::trap(kind, format!("a {kind} trap"))));
+        every
+    }
+
+    #[test]
+    fn every_exit_reason_reads_back_as_written() {
+        let every = every_exit_reason();
+        let mut w = Writer::new();
+        for reason in &every {
+            w.exit_reason(reason);
+        }
+        w.exited(&Exited::by_signal(ExitReason::Killed, Pid::from_u64(7)));
+        w.exited(&Exited::new(ExitReason::Noproc));
+        let bytes = w.into_bytes();
+        let mut r = Reader::new(&bytes, "test value");
+        for reason in &every {
+            assert_eq!(&r.exit_reason("reason").unwrap(), reason);
+        }
+        assert_eq!(r.exited("exit").unwrap(), Exited::by_signal(ExitReason::Killed, Pid::from_u64(7)));
+        assert_eq!(r.exited("exit").unwrap(), Exited::new(ExitReason::Noproc));
+        r.finish().unwrap();
+        let error = Reader::new(&[8], "test value").exit_reason("reason").unwrap_err();
+        assert!(error.to_string().contains("unknown exit reason 8"), "{error}");
+        let error = Reader::new(&[2, 7, 0], "test value").exit_reason("reason").unwrap_err();
+        assert!(error.to_string().contains("unknown trap kind 7"), "{error}");
+    }
 
     #[test]
     fn values_read_back_as_written() {

@@ -104,5 +104,5 @@ pub mod wasm;
 
 pub use process::{Port, Process};
 pub use scheduler::{Capabilities, Handle, Scheduler};
-pub use step::{Command, Event, Events, Outcome, SpawnRequest, Status, StepOutput, Yield};
-pub use wasmproc_types::{Format, Payload, Pid};
+pub use step::{Command, Event, Events, ExitSignal, Exited, Outcome, SpawnRequest, Status, StepOutput, Yield};
+pub use wasmproc_types::{ExitReason, Format, Payload, Pid, Trap, TrapKind};

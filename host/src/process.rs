@@ -44,7 +44,15 @@ pub trait Process: Send + 'static {
     ///
     /// # Errors
     ///
-    /// An error ends the process with that error as its result; nothing else is affected.
+    /// An error ends the process; nothing else is affected. Its reason is the
+    /// [`ExitReason`](crate::ExitReason) the error is (found by downcasting, under any
+    /// context): so a process reports a trap with
+    /// `Err(ExitReason::trap(TrapKind::Panic, "…").into())`, as a Wasm process does for
+    /// its guest's traps. Any other error ends it with [`ExitReason::Error`] and the
+    /// error's whole chain (`{:#}`); a panic in `step` ends it with a
+    /// [`TrapKind::Panic`](crate::TrapKind::Panic) trap.
+    ///
+    /// [`ExitReason::Error`]: crate::ExitReason::Error
     fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()>;
 
     /// Whether the process, about to wait, holds memory it could give back while it

@@ -9,13 +9,63 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use wasmproc_types::{Payload, Pid};
+use wasmproc_types::{ExitReason, Payload, Pid};
 
-/// The outcome of a yield, or the result of a whole process.
+/// The outcome of a yield.
 ///
 /// Errors are strings because they cross into guests and between processes; the host
-/// formats its own errors with their whole chain (`{:#}`) before they become one.
+/// formats its own errors with their whole chain (`{:#}`) before they become one. A
+/// whole process ends with an [`ExitReason`] instead (and an [`Exited`] for whoever
+/// waits on it).
 pub type Outcome = Result<Payload, String>;
+
+/// How a process ended, as the host records it for whoever waits on it: the
+/// [`ExitReason`], and the process whose exit signal ended it, if one did.
+///
+/// Displays as the end of a sentence about the process (`process 3 …`): its reason's
+/// words (`trapped: panic: index out of bounds`), or, for a process ended by another's
+/// exit signal, `exited because linked process 7 trapped: …`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exited {
+    /// Why it ended.
+    pub reason: ExitReason,
+    /// The process whose exit signal ended it (a linked process's abnormal exit, or an
+    /// `exit` command), when one did; `None` when it ended by itself, was terminated,
+    /// or was stopped by the host.
+    pub signal_from: Option<Pid>,
+}
+
+impl Exited {
+    /// An end of the process's own, with `reason`.
+    pub fn new(reason: ExitReason) -> Exited {
+        Exited { reason, signal_from: None }
+    }
+
+    /// An end by the exit signal of process `from`, with the signal's `reason`.
+    pub fn by_signal(reason: ExitReason, from: Pid) -> Exited {
+        Exited { reason, signal_from: Some(from) }
+    }
+
+    /// The process's result: its payload for a normal exit, otherwise the reason.
+    pub fn into_result(self) -> Result<Payload, ExitReason> {
+        self.reason.into_result()
+    }
+}
+
+impl From<ExitReason> for Exited {
+    fn from(reason: ExitReason) -> Exited {
+        Exited::new(reason)
+    }
+}
+
+impl std::fmt::Display for Exited {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.signal_from {
+            Some(from) => write!(f, "exited because linked process {from} {}", self.reason),
+            None => self.reason.fmt(f),
+        }
+    }
+}
 
 /// Something a process learns at the start of a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,15 +86,19 @@ pub enum Event {
         /// The content.
         body: Payload,
     },
-    /// A monitored process ended with `result`.
+    /// A monitored process ended, or a linked one while this process traps exits.
     ///
     /// Exit events are never refused for a full mailbox: a process can only receive as
-    /// many as it asked for with monitors.
+    /// many as it asked for with monitors and links.
     Exit {
         /// The process that ended.
         pid: Pid,
-        /// Its result. A process that did not exist when monitored reports `Err("noproc")`.
-        result: Outcome,
+        /// Why. A process that did not exist when monitored (or linked to) reports
+        /// [`ExitReason::Noproc`].
+        reason: ExitReason,
+        /// True when it arrived through a link (of a process that traps exits), false
+        /// when through a monitor.
+        linked: bool,
     },
     /// The host asks the process to finish (for example at shutdown). A process that
     /// ignores it is terminated when the host's deadline passes.
@@ -83,8 +137,23 @@ pub enum Command {
     },
     /// Ask for an [`Event::Exit`] when `pid` ends; completes at once with an empty payload.
     Monitor(Pid),
-    /// End `pid` with the result `Err("terminated")`; completes once it has ended.
+    /// End `pid` with the reason [`ExitReason::Terminated`]; completes once it has ended.
     Terminate(Pid),
+    /// Link this process and `pid`, both ways: when either ends abnormally the other ends
+    /// with the same reason, unless it traps exits ([`Command::TrapExits`]), when it gets
+    /// an [`Event::Exit`] with `linked: true` instead. Completes at once.
+    Link(Pid),
+    /// Remove the link between this process and `pid`, both ways. Completes at once.
+    Unlink(Pid),
+    /// Stop monitoring `pid`: no [`Event::Exit`] of it arrives through the monitor
+    /// afterwards. Completes at once.
+    Demonitor(Pid),
+    /// Send an exit signal; completes at once.
+    Exit(ExitSignal),
+    /// Set whether this process traps exits: with `true`, linked processes' abnormal
+    /// exits arrive as [`Event::Exit`]s instead of ending it (an untrappable `kill` still
+    /// ends it). Completes at once.
+    TrapExits(bool),
     /// A command handled by a handler the embedder registered under `name`.
     Custom {
         /// The handler's name.
@@ -112,6 +181,11 @@ impl Command {
             Command::Send { .. } => CommandKind::Send,
             Command::Monitor(_) => CommandKind::Monitor,
             Command::Terminate(_) => CommandKind::Terminate,
+            Command::Link(_) => CommandKind::Link,
+            Command::Unlink(_) => CommandKind::Unlink,
+            Command::Demonitor(_) => CommandKind::Demonitor,
+            Command::Exit(_) => CommandKind::Exit,
+            Command::TrapExits(_) => CommandKind::TrapExits,
             Command::Custom { .. } => CommandKind::Custom,
         }
     }
@@ -123,8 +197,45 @@ impl Command {
             Command::Send { topic, body, .. } => message_size(topic, body),
             Command::Spawn(request) => request.input.iter().map(|p| p.data.len()).sum(),
             Command::Custom { payload, .. } => payload.data.len(),
-            Command::Sleep(_) | Command::Monitor(_) | Command::Terminate(_) => 0,
+            Command::Exit(signal) => signal.payload_size(),
+            Command::Sleep(_)
+            | Command::Monitor(_)
+            | Command::Terminate(_)
+            | Command::Link(_)
+            | Command::Unlink(_)
+            | Command::Demonitor(_)
+            | Command::TrapExits(_) => 0,
         }
+    }
+}
+
+/// An exit signal for another process ([`Command::Exit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitSignal {
+    /// The process it is for.
+    pub to: Pid,
+    /// The reason it carries. [`ExitReason::Normal`] ends no process: one that traps
+    /// exits gets it as an [`Event::Exit`], any other ignores it.
+    pub reason: ExitReason,
+    /// Untrappable: the receiver ends with [`ExitReason::Killed`] whether it traps exits
+    /// or not (Erlang's `kill`).
+    pub kill: bool,
+}
+
+impl ExitSignal {
+    /// The bytes the signal's reason carries, counted against `max_payload_size`.
+    pub(crate) fn payload_size(&self) -> usize {
+        reason_size(&self.reason)
+    }
+}
+
+/// The bytes of an exit reason's own text or payload.
+pub(crate) fn reason_size(reason: &ExitReason) -> usize {
+    match reason {
+        ExitReason::Normal(payload) => payload.data.len(),
+        ExitReason::Error(text) | ExitReason::Noconnection(text) => text.len(),
+        ExitReason::Trap(trap) => trap.message.len(),
+        _ => 0,
     }
 }
 
@@ -149,6 +260,11 @@ pub(crate) enum CommandKind {
     Send,
     Monitor,
     Terminate,
+    Link,
+    Unlink,
+    Demonitor,
+    Exit,
+    TrapExits,
     /// Every custom command, whatever its name.
     Custom,
 }
@@ -156,18 +272,23 @@ pub(crate) enum CommandKind {
 impl CommandKind {
     /// Every kind, in stats-slot order: the built-ins in the order `--help` lists them,
     /// then `Custom`.
-    pub(crate) const ALL: [CommandKind; 6] = [
+    pub(crate) const ALL: [CommandKind; 11] = [
         CommandKind::Sleep,
         CommandKind::Spawn,
         CommandKind::Send,
         CommandKind::Monitor,
         CommandKind::Terminate,
+        CommandKind::Link,
+        CommandKind::Unlink,
+        CommandKind::Demonitor,
+        CommandKind::Exit,
+        CommandKind::TrapExits,
         CommandKind::Custom,
     ];
 
     /// The built-in kinds: every kind but `Custom`.
-    pub(crate) const BUILTINS: [CommandKind; 5] = {
-        let mut builtins = [CommandKind::Custom; 5];
+    pub(crate) const BUILTINS: [CommandKind; 10] = {
+        let mut builtins = [CommandKind::Custom; 10];
         let mut i = 0;
         while i < builtins.len() {
             builtins[i] = CommandKind::ALL[i];
@@ -184,6 +305,11 @@ impl CommandKind {
             CommandKind::Send => "send",
             CommandKind::Monitor => "monitor",
             CommandKind::Terminate => "terminate",
+            CommandKind::Link => "link",
+            CommandKind::Unlink => "unlink",
+            CommandKind::Demonitor => "demonitor",
+            CommandKind::Exit => "exit",
+            CommandKind::TrapExits => "trap-exits",
             CommandKind::Custom => "custom",
         }
     }
@@ -195,10 +321,10 @@ impl CommandKind {
 
     /// The bit that grants a built-in in a capability set; `None` for `Custom`, which is
     /// granted by name.
-    pub(crate) const fn capability_bit(self) -> Option<u8> {
+    pub(crate) const fn capability_bit(self) -> Option<u16> {
         match self {
             CommandKind::Custom => None,
-            builtin => Some(1 << builtin as u8),
+            builtin => Some(1 << builtin as u16),
         }
     }
 
@@ -220,6 +346,9 @@ pub struct SpawnRequest {
     /// Also monitor the child, atomically: its [`Event::Exit`] is sure to arrive even if it
     /// ends before the spawn completes.
     pub monitor: bool,
+    /// Also link to the child, atomically: the link holds from the child's first step
+    /// (see [`Command::Link`]).
+    pub link: bool,
 }
 
 /// What a step asks the scheduler to do next.
@@ -358,7 +487,7 @@ mod tests {
 
     #[test]
     fn command_kinds_agree_on_names_bits_and_slots() {
-        let mut bits = 0u8;
+        let mut bits = 0u16;
         for (slot, kind) in CommandKind::ALL.into_iter().enumerate() {
             assert_eq!(kind.slot(), slot);
             match kind.capability_bit() {

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use common::{Killed, sha256, wasmproc};
 use wasmproc::cluster::{ClusterConfig, Placement};
 use wasmproc::scheduler::{SpawnOptions, Spawnable};
-use wasmproc::{Command as Yielded, Event, Events, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
+use wasmproc::{
+    Command as Yielded, Event, Events, ExitReason, Payload, Pid, Port, Process, Scheduler, Status, StepOutput,
+};
 use wasmproc_tests::nats::{Node, Server, kind};
 use wasmproc_tests::site::Site;
 
@@ -188,10 +190,10 @@ impl Process for Watcher {
             out.yield_command(1, Yielded::Monitor(self.0));
         }
         for event in events {
-            if let Event::Exit { pid, result } = event
+            if let Event::Exit { pid, reason, .. } = event
                 && pid == self.0
             {
-                out.complete(Ok(Payload::text(format!("{result:?}"))));
+                out.complete(Ok(Payload::text(reason.to_string())));
                 return Ok(());
             }
         }
@@ -268,7 +270,7 @@ fn a_killed_node_turns_into_noconnection_and_the_rest_completes() {
     }
     for pong in &pongs {
         let result = pong.join_timeout(PATIENCE).expect("the embedder hears of the loss");
-        assert!(result.as_ref().is_err_and(|e| e.starts_with("noconnection")), "{result:?}");
+        assert!(matches!(result, Err(ExitReason::Noconnection(_))), "{result:?}");
     }
     let sent = sender.join_timeout(PATIENCE).expect("the sender ends").expect("ok");
     let counted = receiver.join_timeout(PATIENCE).expect("the receiver ends").expect("ok");
@@ -342,8 +344,8 @@ impl Process for Terminator {
             match event {
                 Event::Completion { tag: 2, result } => self.terminated = Some(format!("{result:?}")),
                 Event::Completion { tag: 3, result } => self.again = Some(format!("{result:?}")),
-                Event::Exit { pid, result } if pid == self.target => {
-                    self.exit = Some(format!("{result:?}"));
+                Event::Exit { pid, reason, .. } if pid == self.target => {
+                    self.exit = Some(format!("{reason:?}"));
                     out.yield_command(3, Yielded::Terminate(self.target));
                 }
                 _ => {}
@@ -386,11 +388,11 @@ fn terminate_across_nodes_ends_the_process_and_its_monitors_see_why() {
     let results = terminator.join_timeout(PATIENCE).expect("the terminator ends").expect("ok");
     let [terminated, exit, again] = results.decode::<[String; 3]>().unwrap();
     assert_eq!(terminated, format!("{:?}", Ok::<_, String>(Payload::empty())), "the termination completes");
-    assert_eq!(exit, format!("{:?}", Err::<Payload, _>("terminated".to_owned())), "the monitor's exit");
+    assert_eq!(exit, format!("{:?}", ExitReason::Terminated), "the monitor's exit");
     assert!(again.contains(&format!("no process {pid}")), "a second termination: {again}");
 
     let joined = target.join_timeout(PATIENCE).expect("the embedder hears of the exit");
-    assert_eq!(joined, Err("terminated".to_owned()));
+    assert_eq!(joined, Err(ExitReason::Terminated));
 
     a.scheduler.handle().send(pid, "late", Payload::empty()).expect("queued for node `tb`");
     let deadline = Instant::now() + PATIENCE;
@@ -473,8 +475,8 @@ impl Process for Spawner {
                     out.complete(Err(format!("the spawn failed: {error}")));
                     return Ok(());
                 }
-                Event::Exit { pid, result } => {
-                    let error = result.err().unwrap_or_else(|| "ok".to_owned());
+                Event::Exit { pid, reason, .. } => {
+                    let error = if reason.is_normal() { "ok".to_owned() } else { reason.to_string() };
                     out.complete(Ok(Payload::json(&(pid.as_u64(), error)).unwrap()));
                     return Ok(());
                 }
@@ -487,6 +489,7 @@ impl Process for Spawner {
                 method: self.method.to_owned(),
                 input: vec![],
                 monitor: true,
+                link: false,
             };
             out.yield_command(1, Yielded::Spawn(request));
         }
@@ -536,7 +539,8 @@ fn a_spawn_carries_its_kinds_memory_cap_to_the_node_that_runs_it() {
     assert!(error.contains(&format!("past its `max_memory` of {SMALL} bytes")), "{error}");
 
     let local = b.scheduler.handle().spawn(hostile_b.process(), "memory-bomb").expect("spawns");
-    let error = local.join_timeout(PATIENCE).expect("the local child ends").expect_err("it runs out of memory");
+    let error =
+        local.join_timeout(PATIENCE).expect("the local child ends").expect_err("it runs out of memory").to_string();
     assert!(error.contains(&format!("past its `max_memory` of {large} bytes")), "{error}");
 }
 
@@ -633,7 +637,8 @@ fn a_spawn_carries_its_spawners_fuel_budget_to_the_node_that_runs_it() {
     let input = Payload::json(&("hostile", "spin", ())).unwrap();
     let options = SpawnOptions::new("delegate").input(vec![input]);
     let parent = a.scheduler.handle().spawn(Spawnable::kind("fan_out"), options).expect("spawns");
-    let error = parent.join_timeout(PATIENCE).expect("the spawner ends").expect_err("its child runs out of fuel");
+    let error =
+        parent.join_timeout(PATIENCE).expect("the spawner ends").expect_err("its child runs out of fuel").to_string();
     assert!(error.contains(&format!("used all of its {SMALL} units of `fuel`")), "{error}");
 }
 
@@ -737,7 +742,8 @@ fn a_bare_processes_memory_cap_travels_with_its_spawn() {
     let input = Payload::json(&("hostile", "memory-bomb", ())).unwrap();
     let options = SpawnOptions::new("delegate").input(vec![input]);
     let parent = a.scheduler.handle().spawn(delegate.process(), options).expect("spawns");
-    let error = parent.join_timeout(PATIENCE).expect("the spawner ends").expect_err("its child runs out of memory");
+    let error =
+        parent.join_timeout(PATIENCE).expect("the spawner ends").expect_err("its child runs out of memory").to_string();
     assert!(error.contains(&format!("past its `max_memory` of {SMALL} bytes")), "{error}");
 }
 

@@ -110,7 +110,7 @@ fn an_endless_program_is_preempted_so_others_run_on_its_worker() {
     for spinner in &spinners {
         assert!(spinner.try_result().is_none(), "without a limit the program runs on");
         s.handle().terminate(spinner.pid()).expect("the spinner is alive");
-        let error = spinner.join_timeout(HANG).expect("termination ends it").unwrap_err();
+        let error = wasmproc_tests::said(spinner.join_timeout(HANG).expect("termination ends it").unwrap_err());
         assert!(error.contains("terminated"), "{error}");
     }
     s.stop(Duration::from_secs(1));
@@ -124,7 +124,7 @@ fn an_endless_program_is_ended_at_its_time_limit_or_cpu_budget() {
     let s = Scheduler::builder().workers(2).build().expect("the scheduler starts");
     let run = |runtime: &Runtime, options: WasiOptions| {
         let process = s.handle().spawn(command(runtime, &module(SPIN)).process(options), COMMAND_ENTRY).unwrap();
-        process.join_timeout(HANG).expect("the program is stopped").unwrap_err()
+        wasmproc_tests::said(process.join_timeout(HANG).expect("the program is stopped").unwrap_err())
     };
     assert_eq!(
         run(&budget, WasiOptions::new()),

@@ -28,6 +28,16 @@ fn scheduler(kind: &str, path: &str) -> Scheduler {
 
 /// Runs `kind`'s entry `method` with `input` and returns its result.
 fn run(scheduler: &Scheduler, kind: &str, method: &str, input: Vec<Payload>) -> Outcome {
+    run_to_end(scheduler, kind, method, input).map_err(wasmproc_tests::said)
+}
+
+/// As [`run`], with the reason of an abnormal end.
+fn run_to_end(
+    scheduler: &Scheduler,
+    kind: &str,
+    method: &str,
+    input: Vec<Payload>,
+) -> Result<Payload, wasmproc::ExitReason> {
     let process = scheduler
         .handle()
         .spawn(Spawnable::kind(kind), SpawnOptions::new(method).input(input))
@@ -147,7 +157,7 @@ fn children_get_their_parents_grants_and_no_more() {
     assert_eq!(summary, serde_json::json!({"item": "apples", "quantity": 2, "reservation": "R-7", "attempts": 1}));
     // Not granted to the supervisor, it is not granted to its child either, although the
     // scheduler's default grants it: the child's call is denied, and so the supervisor fails.
-    let error = delegate(Capabilities::default()).expect_err("the child may not reserve");
+    let error = wasmproc_tests::said(delegate(Capabilities::default()).expect_err("the child may not reserve"));
     assert!(error.starts_with("the `workflow` child running `main` failed"), "{error}");
     assert!(error.contains("permission denied: inventory.reserve"), "{error}");
 }
@@ -240,7 +250,7 @@ fn a_guest_waiting_in_recv_sees_the_cancel_at_shutdown() {
     std::thread::sleep(Duration::from_millis(50));
     let report = s.stop(Duration::from_secs(10));
     assert_eq!((report.cancelled, report.forced), (1, 0), "{report:?}");
-    assert_eq!(pong.join_timeout(HANG), Some(Err("cancelled: shutdown".to_owned())));
+    assert_eq!(pong.join_timeout(HANG), Some(Err(wasmproc::ExitReason::Error("cancelled: shutdown".to_owned()))));
 }
 
 #[test]
@@ -271,7 +281,7 @@ fn a_send_the_host_function_refuses_fails_the_sender_alone() -> anyhow::Result<(
     let s = scheduler("ping-pong", env!("GUEST_PING_PONG"));
     let pong = s.handle().spawn(Spawnable::kind("ping-pong"), "pong")?;
     s.handle().send(pong.pid(), "ping", Payload::json(&7)?)?;
-    let error = pong.join_timeout(HANG).expect("`pong` ends").unwrap_err();
+    let error = wasmproc_tests::said(pong.join_timeout(HANG).expect("`pong` ends").unwrap_err());
     assert_eq!(error, format!("no process {}: it never existed, has ended or is exiting", wasmproc::Pid::HOST));
     // Others send and receive all the same.
     assert_eq!(run(&s, "ping-pong", "main", vec![Payload::json(&5)?]), Ok(Payload::json(&5)?));
@@ -285,7 +295,8 @@ fn the_send_host_function_needs_the_send_capability() -> anyhow::Result<()> {
     let mute = SpawnOptions::new("pong").capabilities(Capabilities::all().deny("send"));
     let pong = s.handle().spawn(Spawnable::kind("ping-pong"), mute)?;
     s.handle().send(pong.pid(), "ping", Payload::json(&7)?)?;
-    assert_eq!(pong.join_timeout(HANG), Some(Err("send failed: permission denied: send".to_owned())));
+    let denied = wasmproc::ExitReason::Error("send failed: permission denied: send".to_owned());
+    assert_eq!(pong.join_timeout(HANG), Some(Err(denied)));
     Ok(())
 }
 
@@ -297,7 +308,7 @@ fn a_send_over_the_payload_limit_ends_the_sender() -> anyhow::Result<()> {
     let s = Scheduler::builder().kind("ping-pong", load(env!("GUEST_PING_PONG"))).max_payload_size(4).build()?;
     let pong = s.handle().spawn(Spawnable::kind("ping-pong"), "pong")?;
     s.handle().send(pong.pid(), "ping", Payload::json(&12345)?)?;
-    let error = pong.join_timeout(HANG).expect("`pong` ends").unwrap_err();
+    let error = wasmproc_tests::said(pong.join_timeout(HANG).expect("`pong` ends").unwrap_err());
     assert!(
         error.contains("payload limit exceeded: a 9-byte payload for `send` is over `max_payload_size` (4 bytes)"),
         "{error}"
@@ -347,7 +358,7 @@ fn processes_waiting_on_an_idle_worker_hibernate_and_run_on() -> anyhow::Result<
     let completer = requests.recv_timeout(HANG).expect("`workflow` calls `inventory.reserve`");
     hibernated_more_than(before, "workflow");
     completer.complete(Ok(Payload::json(&"R-1")?));
-    let summary = json_text(workflow.join_timeout(HANG).expect("`workflow` ends"));
+    let summary = json_text(workflow.join_timeout(HANG).expect("`workflow` ends").map_err(wasmproc_tests::said));
     assert_eq!(summary, r#"{"item":"apples","quantity":2,"reservation":"R-1","attempts":1}"#);
 
     // And the first one, woken from hibernation, answers.
@@ -382,6 +393,7 @@ fn the_inventory_provider_serves_concurrent_workflows_from_one_stock() {
         match workflow.join_timeout(HANG).expect("the workflow finishes") {
             Ok(summary) => reservations.push(summary.parse_json::<serde_json::Value>().unwrap()["reservation"].clone()),
             Err(error) => {
+                let error = wasmproc_tests::said(error);
                 assert!(error.contains("out of stock: 0 of `apples` left"), "{error}");
                 refusals += 1;
             }

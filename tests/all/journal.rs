@@ -169,7 +169,7 @@ fn nothing_of_a_step_happens_before_its_record_is_committed() {
     assert_eq!(process.parent, Some(wasmproc::Pid::HOST));
     assert_eq!(process.method, "main");
     assert_eq!(process.steps, 2);
-    assert_eq!(process.result, Some(Ok(Payload::text("done"))));
+    assert_eq!(process.result, wasmproc_tests::normal(Payload::text("done")));
     assert_eq!(process.records.len(), 4, "spawn, two steps, exit: {:#?}", process.records);
     scheduler.stop(Duration::from_secs(1));
 }
@@ -256,7 +256,7 @@ fn a_step_that_only_reads_goes_on_before_its_commit_and_one_with_an_effect_does_
     assert_eq!((reads.load(Ordering::SeqCst), effects.load(Ordering::SeqCst)), (21, 1));
     let history = Journal::with_store(store.clone()).history().unwrap();
     let read = history.iter().find(|h| h.pid == reader.pid()).unwrap();
-    assert_eq!((read.steps, read.result.clone()), (21, Some(Ok(Payload::u64(20)))));
+    assert_eq!((read.steps, read.result.clone()), (21, wasmproc_tests::normal(Payload::u64(20))));
     scheduler.stop(Duration::from_secs(1));
 }
 
@@ -336,7 +336,7 @@ fn a_failed_commit_ends_a_process_whose_reads_went_on() {
         Ok(())
     });
     let waiting = scheduler.handle().spawn(waiting, "main").unwrap();
-    let error = waiting.join_timeout(HANG).unwrap().unwrap_err();
+    let error = wasmproc_tests::said(waiting.join_timeout(HANG).unwrap().unwrap_err());
     assert!(error.contains("journal failed: injected sync failure"), "{error}");
     scheduler.stop(Duration::from_secs(1));
 }
@@ -349,7 +349,7 @@ fn a_process_past_its_journal_limit_ends_naming_it_and_the_others_go_on() {
     let (scheduler, effects, _) = counting_with(&store, settings);
     let endless = scheduler.handle().spawn(repeating("effect", usize::MAX), "main").unwrap();
     let short = scheduler.handle().spawn(repeating("effect", 3), "main").unwrap();
-    let error = endless.join_timeout(HANG).unwrap().unwrap_err();
+    let error = wasmproc_tests::said(endless.join_timeout(HANG).unwrap().unwrap_err());
     assert!(
         error.starts_with(&format!("journal limit reached: process {} has 10 records", endless.pid()))
             && error.contains("`max_records_per_process`"),
@@ -362,7 +362,8 @@ fn a_process_past_its_journal_limit_ends_naming_it_and_the_others_go_on() {
     let history = Journal::with_store(store.clone()).history().unwrap();
     let endless = history.iter().find(|h| h.pid == endless.pid()).unwrap();
     assert_eq!(endless.records.len(), 11, "{:#?}", endless.records);
-    assert_eq!(endless.result.as_ref().and_then(|r| r.as_ref().err()), Some(&error));
+    let recorded = endless.result.clone().map(|exited| wasmproc_tests::said(exited.reason));
+    assert_eq!(recorded, Some(error));
     scheduler.stop(Duration::from_secs(1));
 }
 
@@ -406,7 +407,7 @@ fn a_failed_sync_runs_no_effect_ends_the_process_and_refuses_later_spawns() {
     store.fail.store(true, Ordering::SeqCst);
     let process = scheduler.handle().spawn(effect_once(), "main").unwrap();
     let result = process.join_timeout(HANG).unwrap();
-    let error = result.unwrap_err();
+    let error = wasmproc_tests::said(result.unwrap_err());
     assert!(error.contains("journal failed: injected sync failure"), "{error}");
     assert_eq!(effects.load(Ordering::SeqCst), 0);
     let refused = scheduler.handle().spawn(effect_once(), "main").unwrap_err();
@@ -459,7 +460,7 @@ fn each_store_on_disk_keeps_the_history_across_a_reopen() {
         for history in [reopen(open), reopen(|dir| Journal::open(dir))] {
             assert_eq!(history.len(), 1, "{name}");
             assert_eq!(history[0].pid, pid);
-            assert_eq!(history[0].result, Some(Ok(Payload::u64(1))));
+            assert_eq!(history[0].result, wasmproc_tests::normal(Payload::u64(1)));
             let records = &history[0].records;
             assert!(
                 records[0].contains("spawn") && records[0].contains("main(\"in\") by the host"),
@@ -467,7 +468,7 @@ fn each_store_on_disk_keeps_the_history_across_a_reopen() {
             );
             assert!(records[1].contains("1: sleep 5ms → blocked"), "{name}: {records:?}");
             assert!(
-                records.last().unwrap().ends_with("exit   ok (8 bytes: 01 00 00 00 00 00 00 00, u64 1)"),
+                records.last().unwrap().ends_with("exit   normal (8 bytes: 01 00 00 00 00 00 00 00, u64 1)"),
                 "{name}: {records:?}"
             );
         }
@@ -603,6 +604,7 @@ fn workflow(store: Arc<TestStore>, world: Arc<World>) -> Scheduler {
                                 method: "main".into(),
                                 input: vec![Payload::u64(pid)],
                                 monitor: false,
+                                link: false,
                             };
                             t.out.yield_command(2, Command::Spawn(spawn));
                             t.out.yield_command(3, Command::Sleep(Duration::from_millis(30)));
@@ -625,7 +627,7 @@ fn workflow(store: Arc<TestStore>, world: Arc<World>) -> Scheduler {
                                 );
                             }
                         }
-                        Event::Exit { result, .. } => exit = Some(result.clone().unwrap()),
+                        Event::Exit { reason, .. } => exit = Some(reason.clone().into_result().unwrap()),
                         _ => {}
                     }
                 }
@@ -635,6 +637,7 @@ fn workflow(store: Arc<TestStore>, world: Arc<World>) -> Scheduler {
                         method: "main".into(),
                         input: vec![],
                         monitor: true,
+                        link: false,
                     };
                     t.out.yield_command(1, Command::Spawn(spawn));
                 }
@@ -759,7 +762,7 @@ fn a_step_that_differs_on_replay_fails_its_process_naming_the_step() {
     SECOND_RUN.store(true, Ordering::SeqCst);
     let resumed = build(Arc::new(store.copy()));
     let roots = resumed.resumed();
-    let error = roots[0].join_timeout(HANG).unwrap().unwrap_err();
+    let error = wasmproc_tests::said(roots[0].join_timeout(HANG).unwrap().unwrap_err());
     assert!(error.contains("non-determinism in process") && error.contains("at step record 1"), "{error}");
     assert!(error.contains("Sleep(10ms)") && error.contains("Sleep(20ms)"), "{error}");
     resumed.stop(Duration::from_secs(1));
@@ -903,7 +906,7 @@ fn runs_lists_each_run_a_journal_holds_and_forget_run_drops_one_finished_or_not(
     assert_eq!(runs.len(), 2, "{runs:#?}");
     let (done, unfinished) = (&runs[0], &runs[1]);
     assert_eq!((done.root, done.method.as_str(), &done.input[..]), (finished.pid(), "main", &[Payload::u64(1)][..]));
-    assert_eq!(done.result, Some(Ok(Payload::text("done"))));
+    assert_eq!(done.result, wasmproc_tests::normal(Payload::text("done")));
     assert_eq!((done.processes(), done.records()), (1, 4), "spawn, two steps, exit");
     assert_eq!(
         (unfinished.root, &unfinished.input[..], unfinished.result.clone()),
@@ -982,10 +985,10 @@ fn a_terminated_process_has_its_exit_recorded_with_the_reason_its_watchers_get()
         assert!(std::time::Instant::now() < deadline, "it never stepped");
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert_eq!(scheduler.handle().terminate_all("terminated: by the test"), 1);
-    let reason = Err("terminated: by the test".to_owned());
-    assert_eq!(process.join_timeout(HANG), Some(reason.clone()));
+    assert_eq!(scheduler.handle().terminate_all(wasmproc::ExitReason::Killed), 1);
+    assert_eq!(process.join_timeout(HANG), Some(Err(wasmproc::ExitReason::Killed)));
     let history = Journal::with_store(store.clone()).history().unwrap();
-    assert_eq!(history[0].result, Some(reason), "{:#?}", history[0].records);
+    let killed = Some(wasmproc::Exited::new(wasmproc::ExitReason::Killed));
+    assert_eq!(history[0].result, killed, "{:#?}", history[0].records);
     scheduler.stop(Duration::from_secs(1));
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::wasm::{COMMAND_ENTRY, Component, Config, Program, Runtime, WasiOptions, exit_code};
-use wasmproc::{Outcome, Payload, Scheduler};
+use wasmproc::{ExitReason, Payload, Scheduler};
 use wasmproc_tests::HANG;
 use wasmproc_tests::guests::{JS_SQUARES, PY_SQUARES};
 
@@ -38,7 +38,7 @@ fn javascript() -> &'static Component {
 }
 
 /// Runs `method` of `guest` with `input`.
-fn run(guest: &Component, method: &str, input: Payload) -> Result<Outcome, String> {
+fn run(guest: &Component, method: &str, input: Payload) -> Result<Result<Payload, ExitReason>, String> {
     let s = Scheduler::builder().kind("squares", guest.clone()).build().expect("the scheduler starts");
     let spawned = s.handle().spawn(Spawnable::kind("squares"), SpawnOptions::new(method).input(vec![input]));
     let outcome = spawned
@@ -86,6 +86,16 @@ fn answers_a_message(guest: &Component, language: &str) {
 fn python_and_javascript_guests_answer_a_message() {
     answers_a_message(python(), "Python");
     answers_a_message(javascript(), "JavaScript");
+}
+
+/// A Python guest gets the typed exit reasons of its monitored children in their exit
+/// events: the error of one that failed, and `terminated` for one it terminated.
+#[test]
+fn a_python_guest_reads_the_typed_exit_reasons_of_its_children() {
+    let watched = run(python(), "watch", Payload::json(&"no luck").unwrap()).expect("`watch` spawns");
+    let watched = watched.expect("`watch` completes");
+    let expected = serde_json::json!({"idle": ["terminated"], "fail": ["error", "no luck"]});
+    assert_eq!(watched.parse_json::<serde_json::Value>().expect("JSON"), expected);
 }
 
 #[test]

@@ -177,8 +177,9 @@ fn step_error_or_panic_ends_only_that_process() {
     let good = s.handle().spawn(good, "main").unwrap();
     let failing = s.handle().spawn(failing, "main").unwrap();
     let panicking = s.handle().spawn(panicking, "main").unwrap();
-    assert_eq!(failing.join_timeout(HANG), Some(Err("ledger is unbalanced".to_owned())));
-    assert_eq!(panicking.join_timeout(HANG), Some(Err("process panicked: boom".to_owned())));
+    assert_eq!(failing.join_timeout(HANG), Some(Err(wasmproc::ExitReason::Error("ledger is unbalanced".to_owned()))));
+    let panicked = wasmproc::ExitReason::trap(wasmproc::TrapKind::Panic, "process panicked: boom");
+    assert_eq!(panicking.join_timeout(HANG), Some(Err(panicked)));
     s.handle().send(good.pid(), "ping", Payload::text("still here")).unwrap();
     assert_eq!(good.join_timeout(HANG), Some(Ok(Payload::text("still here"))));
     for probe in [failing_probe, panicking_probe, good_probe] {

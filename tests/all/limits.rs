@@ -79,7 +79,7 @@ fn stop_cancels_then_forces_at_the_deadline() {
         assert_eq!(h.try_result(), Some(Ok(Payload::text("cleaned up: shutdown"))));
     }
     for h in &stubborn {
-        assert_eq!(h.try_result(), Some(Err("terminated: shutdown deadline exceeded".to_owned())));
+        assert_eq!(h.try_result(), Some(Err(wasmproc::ExitReason::Killed)));
     }
     assert_eq!(s.handle().live(), 0);
     assert_eq!(s.handle().registered(), 0);
@@ -105,7 +105,7 @@ fn stop_waits_for_a_running_step() {
     started.recv_timeout(HANG).unwrap();
     s.stop(Duration::ZERO);
     assert!(finished.load(Ordering::SeqCst), "stop returned while a step was running");
-    assert_eq!(h.try_result(), Some(Err("terminated: shutdown deadline exceeded".to_owned())));
+    assert_eq!(h.try_result(), Some(Err(wasmproc::ExitReason::Killed)));
 }
 
 // --- per-process limits (DESIGN §6): each ends only the process that passes it ----------
@@ -129,7 +129,8 @@ fn sleeper(n: u64) -> Scripted {
 fn a_step_yielding_more_than_max_yields_per_step_ends_its_process() {
     let s = Scheduler::builder().workers(1).max_yields_per_step(4).build().unwrap();
     s.handle().spawn(sleeper(4), "main").unwrap().join_timeout(HANG).unwrap().expect("4 yields are within the limit");
-    let error = s.handle().spawn(sleeper(5), "main").unwrap().join_timeout(HANG).unwrap().unwrap_err();
+    let error =
+        wasmproc_tests::said(s.handle().spawn(sleeper(5), "main").unwrap().join_timeout(HANG).unwrap().unwrap_err());
     assert!(error.contains("yield limit exceeded: one step yielded 5 commands"), "{error}");
     assert!(error.contains("`max_yields_per_step` (4)"), "{error}");
     assert_eq!(s.handle().stats().yields, 4, "the refused step's yields were not carried out");
@@ -158,7 +159,8 @@ fn payloads_over_max_payload_size_end_the_process_and_are_not_delivered() {
         .0
     };
     s.handle().spawn(sender(100), "main").unwrap().join_timeout(HANG).unwrap().expect("100 bytes are allowed");
-    let error = s.handle().spawn(sender(101), "main").unwrap().join_timeout(HANG).unwrap().unwrap_err();
+    let error =
+        wasmproc_tests::said(s.handle().spawn(sender(101), "main").unwrap().join_timeout(HANG).unwrap().unwrap_err());
     assert!(error.contains("payload limit exceeded: a 101-byte payload for `send`"), "{error}");
     assert!(s.handle().wait_idle(Some(Duration::from_millis(1))) || s.handle().live() == 1);
     let messages = probe.events().iter().filter(|e| matches!(e, Event::Message { .. })).count();
@@ -168,7 +170,8 @@ fn payloads_over_max_payload_size_end_the_process_and_are_not_delivered() {
         t.out.complete(Ok(Payload::bytes(vec![1; 101])));
         Ok(())
     });
-    let error = s.handle().spawn(big_result.0, "main").unwrap().join_timeout(HANG).unwrap().unwrap_err();
+    let error =
+        wasmproc_tests::said(s.handle().spawn(big_result.0, "main").unwrap().join_timeout(HANG).unwrap().unwrap_err());
     assert!(error.contains("for `the result`"), "{error}");
     s.handle().terminate(to).unwrap();
 }
@@ -194,7 +197,8 @@ fn a_step_s_commands_past_max_output_per_step_end_its_process() {
     };
     s.handle().spawn(customs(4), "main").unwrap().join_timeout(HANG).unwrap().expect("400 bytes are allowed");
     let yields = s.handle().stats().yields;
-    let error = s.handle().spawn(customs(5), "main").unwrap().join_timeout(HANG).unwrap().unwrap_err();
+    let error =
+        wasmproc_tests::said(s.handle().spawn(customs(5), "main").unwrap().join_timeout(HANG).unwrap().unwrap_err());
     assert_eq!(
         error,
         "step output limit exceeded: one step's commands and result carry 500 bytes, more than \
@@ -230,7 +234,7 @@ fn spawning_past_max_children_ends_the_parent() {
         Ok(())
     });
     let parent = s.handle().spawn(parent, "main").unwrap();
-    let error = parent.join_timeout(HANG).unwrap().unwrap_err();
+    let error = wasmproc_tests::said(parent.join_timeout(HANG).unwrap().unwrap_err());
     assert!(error.contains("child limit exceeded: 1 more spawns with 2 children alive"), "{error}");
     assert!(error.contains("`max_children` (2)"), "{error}");
     let children: Vec<_> = probe
@@ -264,8 +268,13 @@ fn children_that_end_give_their_room_back() {
     };
     let s = Scheduler::builder().workers(2).max_children(2).kind("quick", quick).build().unwrap();
     let spawn = |t: &mut wasmproc_tests::Turn<'_>, tag| {
-        let request =
-            wasmproc::SpawnRequest { kind: Some("quick".into()), method: "main".into(), input: vec![], monitor: true };
+        let request = wasmproc::SpawnRequest {
+            kind: Some("quick".into()),
+            method: "main".into(),
+            input: vec![],
+            monitor: true,
+            link: false,
+        };
         t.out.yield_command(tag, wasmproc::Command::Spawn(request));
     };
     // Two children at the limit; once both have exited, two more; then done.

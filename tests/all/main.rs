@@ -8,6 +8,8 @@ mod commands;
 mod dispatch;
 /// The SDK-written example guests end to end: results, concurrency, retries, cancellation.
 mod examples;
+/// Exit reasons as data: what monitors and the embedder get for each way a process ends.
+mod exits;
 /// The `http` provider against a real server on loopback: allow-list, redirects, limits.
 mod http;
 /// Durable processes: the journal's records, write-ahead effects, a failing store.

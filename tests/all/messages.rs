@@ -241,13 +241,13 @@ fn terminate_idle_blocked_and_ready_processes() {
     gate.open();
 
     for h in [&ready, &idle, &blocked] {
-        assert_eq!(h.join_timeout(HANG), Some(Err("terminated".to_owned())));
+        assert_eq!(h.join_timeout(HANG), Some(Err(wasmproc::ExitReason::Terminated)));
     }
     assert_eq!(ready_probe.steps(), 0, "terminated before it ever ran");
     holder.join_timeout(HANG).unwrap().unwrap();
     let report = monitor.join_timeout(HANG).unwrap().unwrap();
     let report: String = report.parse_json().unwrap();
-    assert!(report.contains("Err(\"terminated\")"), "{report}");
+    assert!(report.contains("reason: Terminated"), "{report}");
     for h in [&ready, &idle, &blocked] {
         assert_eq!(s.handle().send(h.pid(), "t", Payload::empty()), Err(SendError::NotFound(h.pid())));
         assert_eq!(s.handle().terminate(h.pid()), Err(SendError::NotFound(h.pid())));
@@ -272,7 +272,7 @@ fn terminate_command_completes_after_the_target_is_gone() {
         Ok(())
     });
     s.handle().spawn(killer, "main").unwrap().join_timeout(HANG).unwrap().unwrap();
-    assert_eq!(target.join_timeout(HANG), Some(Err("terminated".to_owned())));
+    assert_eq!(target.join_timeout(HANG), Some(Err(wasmproc::ExitReason::Terminated)));
     let events = probe.events();
     assert_eq!(completion(&events[0], 1), Some(&Ok(Payload::empty())));
     let error = completion(&events[1], 2).unwrap().as_ref().unwrap_err();
@@ -298,8 +298,13 @@ fn monitors_receive_exits_with_results() {
     let nobody = Pid::from_u64(99 << 40);
     let (parent, probe) = Scripted::new(move |t| {
         if t.step == 0 {
-            let request =
-                SpawnRequest { kind: Some("square".into()), method: "square".into(), monitor: true, input: vec![] };
+            let request = SpawnRequest {
+                kind: Some("square".into()),
+                method: "square".into(),
+                monitor: true,
+                input: vec![],
+                link: false,
+            };
             t.out.yield_command(1, Command::Spawn(request));
             t.out.yield_command(2, Command::Monitor(nobody));
         }
@@ -313,7 +318,7 @@ fn monitors_receive_exits_with_results() {
         let exits: Vec<_> = events
             .iter()
             .filter_map(|e| match e {
-                Event::Exit { pid, result } => Some((*pid, result.clone())),
+                Event::Exit { pid, reason, .. } => Some((*pid, reason.clone())),
                 _ => None,
             })
             .collect();
@@ -325,8 +330,8 @@ fn monitors_receive_exits_with_results() {
                 .and_then(Payload::to_u64)
                 .map(Pid::from_u64)
                 .unwrap();
-            assert!(exits.contains(&(child, Ok(Payload::u64(49)))), "{exits:?}");
-            assert!(exits.contains(&(nobody, Err("noproc".to_owned()))), "{exits:?}");
+            assert!(exits.contains(&(child, wasmproc::ExitReason::Normal(Payload::u64(49)))), "{exits:?}");
+            assert!(exits.contains(&(nobody, wasmproc::ExitReason::Noproc)), "{exits:?}");
             // The spawn completion always precedes the child's exit.
             let spawn_at = events.iter().position(|e| completion(e, 1).is_some()).unwrap();
             let exit_at = events.iter().position(|e| matches!(e, Event::Exit { pid, .. } if *pid == child)).unwrap();

@@ -32,7 +32,10 @@ fn misbehave(config: Config, entry: &str) -> String {
         .build()
         .expect("the scheduler starts");
     let outcome = match s.handle().spawn(Spawnable::kind("hostile"), entry) {
-        Ok(process) => process.join_timeout(HANG).unwrap_or_else(|| panic!("`{entry}` was not stopped")),
+        Ok(process) => process
+            .join_timeout(HANG)
+            .unwrap_or_else(|| panic!("`{entry}` was not stopped"))
+            .map_err(wasmproc_tests::said),
         Err(spawn) => Err(spawn.to_string()),
     };
     let good = s
@@ -76,7 +79,7 @@ fn an_infinite_loop_is_preempted_so_others_run_on_its_worker() {
     assert!(spinner.try_result().is_none(), "without a CPU budget the loop runs on");
     assert!(s.handle().stats().workers[0].executed > 20, "the spinner's step was resumed, not restarted");
     s.handle().terminate(spinner.pid()).expect("the spinner is alive");
-    says(&spinner.join_timeout(HANG).expect("termination ends it").unwrap_err(), "terminated");
+    assert_eq!(spinner.join_timeout(HANG).expect("termination ends it"), Err(wasmproc::ExitReason::Terminated));
     s.stop(Duration::from_secs(1));
 }
 
@@ -149,7 +152,7 @@ fn send_past_a_suspended_step(s: &Scheduler, options: SpawnOptions, fill: &[Payl
     assert!(spinner.try_result().is_none(), "the loop runs on");
     let refused = s.handle().send(spinner.pid(), "t", more).expect_err("the mailbox of a suspended step is full");
     s.handle().terminate(spinner.pid()).expect("the spinner is alive");
-    says(&spinner.join_timeout(HANG).expect("termination ends it").unwrap_err(), "terminated");
+    assert_eq!(spinner.join_timeout(HANG).expect("termination ends it"), Err(wasmproc::ExitReason::Terminated));
     refused
 }
 
@@ -208,7 +211,7 @@ fn stack_overflows_trap_without_harming_the_host() {
 
 #[test]
 fn a_panic_and_a_trap_in_init_end_only_their_process() {
-    says(&misbehave(Config::default(), "panic"), "guest `step` panicked at hostile/src/lib.rs:");
+    says(&misbehave(Config::default(), "panic"), "the hostile guest panics on purpose (at hostile/src/lib.rs:");
     let error = misbehave(Config::default(), "trap-in-init");
     says(&error, "guest `init` failed");
     says(&error, "unreachable");
@@ -327,7 +330,9 @@ fn a_thousand_good_processes_beside_every_hostile_guest_at_once() {
     let good = |phase| wasmproc_tests::good_thousand(&s, phase);
     let beside_all = good(0);
     for ((entry, says_what), process) in expected.iter().zip(&hostile) {
-        let error = process.join_timeout(HANG).unwrap_or_else(|| panic!("`{entry}` was not stopped")).unwrap_err();
+        let error = wasmproc_tests::said(
+            process.join_timeout(HANG).unwrap_or_else(|| panic!("`{entry}` was not stopped")).unwrap_err(),
+        );
         let stack = error.contains("call stack exhausted") || error.contains("out of bounds memory access");
         assert!(if says_what.is_empty() { stack } else { error.contains(says_what) }, "`{entry}`: {error}");
     }

@@ -24,6 +24,17 @@ fn tour() -> Scheduler {
 
 /// Runs `kind`'s entry `method` with `input` as JSON, waiting up to `limit`.
 fn run(s: &Scheduler, kind: &str, method: &str, input: serde_json::Value, limit: Duration) -> Outcome {
+    run_to_end(s, kind, method, input, limit).map_err(wasmproc_tests::said)
+}
+
+/// As [`run`], with the reason of an abnormal end.
+fn run_to_end(
+    s: &Scheduler,
+    kind: &str,
+    method: &str,
+    input: serde_json::Value,
+    limit: Duration,
+) -> Result<Payload, wasmproc::ExitReason> {
     let input = vec![Payload::json(&input).expect("serialises")];
     let process = s
         .handle()
@@ -83,7 +94,7 @@ fn a_cancel_ends_every_wait_of_a_sleeping_guest() {
     // its end, and then report "done".
     let report = s.stop(Duration::from_secs(60));
     assert_eq!((report.cancelled, report.forced), (1, 0), "{report:?}");
-    let outcome = patient.join_timeout(HANG).expect("the guest ended");
+    let outcome = patient.join_timeout(HANG).expect("the guest ended").map_err(wasmproc_tests::said);
     let cancelled = "cancelled (shutdown)";
     assert_eq!(value(outcome), serde_json::json!([cancelled, cancelled, cancelled]));
 }

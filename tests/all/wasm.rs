@@ -119,11 +119,13 @@ fn a_trap_ends_only_its_own_process() {
     let healthy =
         s.handle().spawn(Spawnable::kind("raw"), SpawnOptions::new("main").input(vec![Payload::empty()])).unwrap();
     let pid = trapping.pid();
-    let error = trapping.join_timeout(HANG).expect("the trapping process ends").unwrap_err();
-    // The panic's place and message, as std's hook wrote them to the guest's stderr; the
+    let reason = trapping.join_timeout(HANG).expect("the trapping process ends").unwrap_err();
+    let wasmproc::ExitReason::Trap(trap) = reason else { panic!("a panic is a trap: {reason:?}") };
+    // The panic's message and place, as std's hook wrote them to the guest's stderr; the
     // Wasm backtrace is a debug event, not a line of the process's log.
-    assert!(error.starts_with("guest `step` panicked at "), "{error}");
-    assert!(error.ends_with(": swap_remove index (is 0) should be < len (is 0)"), "{error}");
+    assert_eq!(trap.kind, wasmproc::TrapKind::Panic);
+    let error = trap.message;
+    assert!(error.starts_with("swap_remove index (is 0) should be < len (is 0) (at "), "{error}");
     assert!(!logged("wasm backtrace"), "{:?}", LOG.lock());
     eprintln!("{error}");
     assert!(logged(&format!("[pid {pid}] stderr: ")) && logged("panicked"), "{:?}", LOG.lock());
@@ -189,12 +191,33 @@ fn files_that_are_not_components_are_refused_clearly() {
     assert!(format!("{err:#}").contains("failed to read") && format!("{err:#}").contains("no-such-guest.wasm"));
 }
 
+/// A component built for the contract before exit reasons were typed imports its
+/// interfaces at `@0.1.0`: refused by both versions' names, with what to do, instead of
+/// a type mismatch deep in a record.
+#[test]
+fn a_component_of_the_previous_contract_is_refused_naming_both_versions() {
+    let old = wat::parse_str(
+        r#"(component
+            (import "wasmproc:process/host@0.1.0" (instance
+                (export "max-yields" (func (result u32)))
+            ))
+        )"#,
+    )
+    .unwrap();
+    let err = format!("{:#}", runtime().load_bytes(&old).unwrap_err());
+    assert!(
+        err.contains("built for `wasmproc:process@0.1.0`, but this host runs `wasmproc:process@0.2.0`")
+            && err.contains("rebuild it with the current SDK"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_component_of_another_world_is_refused_naming_the_export() {
     let rt = runtime();
     let empty = wat::parse_str("(component)").unwrap();
     let err = format!("{:#}", rt.load_bytes(&empty).unwrap_err());
-    assert!(err.contains("`wasmproc:process/process@0.1.0`") && err.contains("`entries`"), "{err}");
+    assert!(err.contains("`wasmproc:process/process@0.2.0`") && err.contains("`entries`"), "{err}");
 
     // `entries` exported, with the wrong type.
     let wrong = wat::parse_str(
@@ -250,20 +273,31 @@ const RUNAWAY: &str = r#"(component
     (export $completion "completion" (type $completion'))
     (type $message' (record (field "sender" u64) (field "topic" string) (field "body" $payload)))
     (export $message "message" (type $message'))
-    (type $exit' (record (field "pid" u64) (field "result" (result $payload (error string)))))
+    (type $trap-kind' (enum "panic" "unreachable" "out-of-fuel" "cpu-budget" "memory-limit" "stack-overflow"
+                            "other"))
+    (export $trap-kind "trap-kind" (type $trap-kind'))
+    (type $trap' (record (field "kind" $trap-kind) (field "message" string)))
+    (export $trap "trap" (type $trap'))
+    (type $reason' (variant (case "normal" $payload) (case "error" string) (case "trap" $trap) (case "killed")
+                            (case "shutdown") (case "terminated") (case "noproc") (case "noconnection" string)))
+    (export $reason "exit-reason" (type $reason'))
+    (type $exit' (record (field "pid" u64) (field "reason" $reason) (field "linked" bool)))
     (export $exit "exit" (type $exit'))
     (type $event' (variant (case "completion" $completion) (case "message" $message) (case "exit" $exit)
                            (case "cancel" string)))
     (export $event "event" (type $event'))
     (type $spawn' (record (field "kind" (option string)) (field "method" string) (field "input" (list $payload))
-                          (field "monitor" bool)))
+                          (field "monitor" bool) (field "link" bool)))
     (export $spawn "spawn-request" (type $spawn'))
     (type $send' (record (field "to" u64) (field "topic" string) (field "body" $payload)))
     (export $send "send-request" (type $send'))
     (type $custom' (record (field "name" string) (field "payload" $payload)))
     (export $custom "custom-command" (type $custom'))
+    (type $signal' (record (field "to" u64) (field "reason" $reason) (field "kill" bool)))
+    (export $signal "exit-signal" (type $signal'))
     (type $command' (variant (case "sleep" u64) (case "spawn" $spawn) (case "send" $send) (case "monitor" u64)
-                             (case "terminate" u64) (case "custom" $custom)))
+                             (case "terminate" u64) (case "link" u64) (case "unlink" u64) (case "demonitor" u64)
+                             (case "exit" $signal) (case "trap-exits" bool) (case "custom" $custom)))
     (export $command "command" (type $command'))
     (type $yield' (record (field "tag" u64) (field "command" $command)))
     (export $yield "yield-command" (type $yield'))
@@ -332,7 +366,7 @@ fn an_endless_step_is_preempted_and_ended_at_its_cpu_budget() {
     let spinning = s.handle().spawn(Spawnable::kind("spin"), "spin").unwrap();
     let healthy = s.handle().spawn(Spawnable::kind("raw"), "main").unwrap();
     assert!(healthy.join_timeout(HANG).unwrap().is_ok());
-    let error = spinning.join_timeout(HANG).expect("the CPU budget ends the step").unwrap_err();
+    let error = wasmproc_tests::said(spinning.join_timeout(HANG).expect("the CPU budget ends the step").unwrap_err());
     assert_eq!(error, "CPU budget exceeded: the process ran for longer than its `cpu_budget` of 50ms and was stopped");
 }
 
@@ -340,7 +374,9 @@ fn an_endless_step_is_preempted_and_ended_at_its_cpu_budget() {
 fn growing_past_the_memory_cap_ends_the_process_naming_the_limit() {
     let hog = runaway().with_max_memory(1024 * 1024).unwrap();
     let s = Scheduler::builder().workers(1).kind("hog", hog).build().unwrap();
-    let error = s.handle().spawn(Spawnable::kind("hog"), "hog").unwrap().join_timeout(HANG).unwrap().unwrap_err();
-    assert!(error.starts_with("guest `step` failed: memory limit exceeded"), "{error}");
+    let error = wasmproc_tests::said(
+        s.handle().spawn(Spawnable::kind("hog"), "hog").unwrap().join_timeout(HANG).unwrap().unwrap_err(),
+    );
+    assert!(error.starts_with("memory limit exceeded"), "{error}");
     assert!(error.contains("past its `max_memory` of 1048576 bytes"), "{error}");
 }

@@ -225,7 +225,7 @@ fn refused_before_it_is_copied(entry: &str, error: &str) {
     let s = Scheduler::builder().workers(1).kind("hostile", guest).build().expect("the scheduler starts");
     let before = BYTES.load(Ordering::Relaxed);
     let process = s.handle().spawn(Spawnable::kind("hostile"), entry).unwrap();
-    let failed = process.join_timeout(HANG).expect("it ends").expect_err("it fails");
+    let failed = wasmproc_tests::said(process.join_timeout(HANG).expect("it ends").expect_err("it fails"));
     let allocated = BYTES.load(Ordering::Relaxed) - before;
     assert!(failed.contains(error), "{failed}");
     assert!(allocated < 4 << 20, "{allocated} bytes allocated for a refused 32 MiB `{entry}`");
@@ -275,7 +275,7 @@ fn a_step_s_output_is_bounded_as_a_whole() {
     let s = Scheduler::builder().workers(1).kind("hostile", guest).build().expect("the scheduler starts");
     let before = BYTES.load(Ordering::Relaxed);
     let process = s.handle().spawn(Spawnable::kind("hostile"), "output-hoard").unwrap();
-    let failed = process.join_timeout(HANG).expect("it ends").expect_err("it fails");
+    let failed = wasmproc_tests::said(process.join_timeout(HANG).expect("it ends").expect_err("it fails"));
     let allocated = BYTES.load(Ordering::Relaxed) - before;
     let expected = "step output limit exceeded: one step's commands and result carry 100663336 bytes, more than \
                     `max_output_per_step` (67108864 bytes)";

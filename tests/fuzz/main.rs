@@ -339,6 +339,7 @@ fn ends(context: &str, process: &ProcessHandle) -> Result<String, TestCaseError>
             None => "ended: a result".to_owned(),
         }),
         Err(e) => {
+            let e = wasmproc_tests::said(e);
             says_something(context, &e)?;
             Ok(format!("ended: error: {}", kind_of(&e)))
         }

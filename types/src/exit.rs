@@ -171,6 +171,10 @@ impl fmt::Display for ExitReason {
     }
 }
 
+/// An error a native process's step may return to end it with this reason (a trap, say):
+/// the host finds it in the step's error and ends the process with it.
+impl core::error::Error for ExitReason {}
+
 #[cfg(test)]
 mod tests {
     use alloc::string::ToString;

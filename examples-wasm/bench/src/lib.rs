@@ -22,7 +22,7 @@
 use std::cell::RefCell;
 
 // The world's `use` brings `Payload`, `Event` and `StepOutput` into this module.
-use wasmproc::process::types::{Command, CustomCommand, SpawnRequest, Status, YieldCommand};
+use wasmproc::process::types::{Command, CustomCommand, ExitReason, SpawnRequest, Status, YieldCommand};
 
 wit_bindgen::generate!({
     world: "process",
@@ -181,15 +181,15 @@ fn tree(leaves: u64, width: u64, sum: &mut u64, children: &mut u64, ended: &mut 
     }
     for event in events {
         match event {
-            Event::Exit(exit) => match exit.result {
-                Ok(payload) => {
+            Event::Exit(exit) => match exit.reason {
+                ExitReason::Normal(payload) => {
                     let Ok(bytes) = <[u8; 8]>::try_from(payload.data.as_slice()) else {
                         return done(Err(format!("child {} returned {} bytes, not a count", exit.pid, payload.data.len())));
                     };
                     *sum += u64::from_le_bytes(bytes);
                     *ended += 1;
                 }
-                Err(e) => return done(Err(format!("child {} failed: {e}", exit.pid))),
+                other => return done(Err(format!("child {} ended abnormally: {other:?}", exit.pid))),
             },
             Event::Completion(completion) => {
                 if let Err(e) = completion.result {
@@ -210,6 +210,7 @@ fn tree(leaves: u64, width: u64, sum: &mut u64, children: &mut u64, ended: &mut 
                     method: "tree".to_string(),
                     input: vec![u64_payload(share), u64_payload(width)],
                     monitor: true,
+                    link: false,
                 };
                 YieldCommand { tag: i, command: Command::Spawn(spawn) }
             })

@@ -179,6 +179,7 @@ impl Guest for Hostile {
                         method: "spawn-bomb".into(),
                         input: vec![],
                         monitor: false,
+                        link: false,
                     }),
                 };
                 StepOutput { status: Status::Idle, yields: if steps == 1 { vec![spawn(1), spawn(2)] } else { vec![] } }
@@ -191,7 +192,13 @@ impl Guest for Hostile {
                 complete(x)
             }
             "orphan" if steps == 1 => {
-                let spawn = Command::Spawn(SpawnRequest { kind: None, method: "spin".into(), input: vec![], monitor: false });
+                let spawn = Command::Spawn(SpawnRequest {
+                    kind: None,
+                    method: "spin".into(),
+                    input: vec![],
+                    monitor: false,
+                    link: false,
+                });
                 StepOutput { status: Status::Blocked, yields: vec![YieldCommand { tag: 1, command: spawn }] }
             }
             "orphan" => StepOutput {

@@ -30,7 +30,7 @@ async fn gives_up(ctx: Ctx, kind: String) -> Result<String> {
         .child(ChildSpec::new("crasher", kind, "crash").input("boom"));
     let pid = supervisor.spawn(&ctx).await?;
     match ctx.wait::<Value>(pid).await {
-        Err(Error::Failed { error, .. }) => Ok(error),
+        Err(Error::Failed { reason: ExitReason::Error(error), .. }) => Ok(error),
         other => bail!("the supervisor should give up, got {other:?}"),
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use wasmproc::journal::{HeldRun, History, Journal, JournalSettings, LogStore};
 use wasmproc::wasm::{Component, Program};
-use wasmproc::{Capabilities, Pid, Scheduler, Status};
+use wasmproc::{Capabilities, ExitReason, Exited, Pid, Scheduler, Status};
 
 use super::input::read_app;
 use super::output::{Say, print_now, say_now};
@@ -106,8 +106,6 @@ enum Verb {
 /// The reason a run's processes are given by `journal cancel`: an SDK guest's entry ends
 /// with `cancelled: {CANCEL_REASON}`.
 const CANCEL_REASON: &str = "by `wasmproc journal cancel`";
-/// The result of a process `journal cancel` terminated once --grace had passed.
-const TERMINATED: &str = "terminated: by `wasmproc journal cancel` after its grace";
 /// How long the terminated processes have to be gone, and the entry's result to arrive,
 /// once they are terminated: a step is ended at its next epoch tick, so this is slack.
 const AFTER_TERMINATE: Duration = Duration::from_secs(5);
@@ -278,7 +276,8 @@ fn cancel(dir: &Path, app: &Path, grace: Duration, engine: &EngineArgs) -> Resul
     let handle = scheduler.handle();
     let cancelled = handle.cancel_all(CANCEL_REASON);
     let ended = handle.wait_idle(Some(grace));
-    let terminated = if ended { 0 } else { handle.terminate_all(TERMINATED) };
+    // Killed: they did not end within the grace of their cancel.
+    let terminated = if ended { 0 } else { handle.terminate_all(ExitReason::Killed) };
     let gone = ended || handle.wait_idle(Some(AFTER_TERMINATE));
     let mut text = format!("cancelled {}; {terminated} terminated after --grace {grace:?}\n", processes(cancelled));
     for root in &roots {
@@ -286,7 +285,8 @@ fn cancel(dir: &Path, app: &Path, grace: Duration, engine: &EngineArgs) -> Resul
             Some(result) => {
                 let shown = match &result {
                     Ok(payload) => format!("ok {}", String::from_utf8_lossy(&payload.data)),
-                    Err(error) => format!("error {error}"),
+                    Err(ExitReason::Error(error)) => format!("error {error}"),
+                    Err(reason) => reason.to_string(),
                 };
                 text.push_str(&format!("process {}: {shown}\n", root.pid()));
             }
@@ -327,8 +327,7 @@ fn forget(dir: &Path) -> Result<ExitCode, Failure> {
         })?;
         let state = match &run.result {
             None => "unfinished".to_owned(),
-            Some(Ok(_)) => "finished: ok".to_owned(),
-            Some(Err(error)) => format!("failed: {error}"),
+            Some(exited) => ended(exited),
         };
         text.push_str(&format!(
             "forgot the run of process {} ({}), {state}: {}, {} records\n",
@@ -343,6 +342,16 @@ fn forget(dir: &Path) -> Result<ExitCode, Failure> {
     }
     print_now(&text).map_err(|_| Failure::new(Exit::StdoutClosed, "stdout was closed"))?;
     Ok(Exit::Success.into())
+}
+
+/// A finished process's state: `finished: ok`, `failed: ` and its error, or `failed: `
+/// and how else it ended (`failed: trapped: panic: …`, `failed: was killed`).
+fn ended(exited: &Exited) -> String {
+    match &exited.reason {
+        ExitReason::Normal(_) => "finished: ok".to_owned(),
+        ExitReason::Error(error) if exited.signal_from.is_none() => format!("failed: {error}"),
+        _ => format!("failed: {exited}"),
+    }
 }
 
 /// "1 process", "3 processes".
@@ -360,8 +369,7 @@ fn list(history: &[History]) -> String {
         };
         let state = match &process.result {
             None => format!("unfinished: {}", waiting(process, history)),
-            Some(Ok(_)) => "finished: ok".to_owned(),
-            Some(Err(error)) => format!("failed: {error}"),
+            Some(exited) => ended(exited),
         };
         text.push_str(&format!(
             "{:<20} {:<20} {:<12} {:>6}  {state}\n",

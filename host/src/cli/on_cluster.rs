@@ -11,7 +11,7 @@ use wasmproc::cluster::{Client, RemoteSpawnOptions};
 use wasmproc::wasm::{Level, LogRecord, LogSource};
 
 use super::output::{Output, Say};
-use super::report::{Report, Summary};
+use super::report::{Ended, Report, Summary};
 use super::stop::{Signals, Stop};
 use super::{ClusterArgs, Exit, Failure, Given};
 
@@ -195,7 +195,10 @@ pub(super) fn run_on_cluster(
         cluster.spawn(None, None, Some(hash), run.options).map_err(|e| Failure::from_error(Exit::Host, &e))?;
     signals.started();
     let joining = process.clone();
-    signals.forward_result(move || joining.join());
+    signals.forward_result(move || {
+        let result = joining.join();
+        Ended::from_result(joining.pid(), result)
+    });
     let deadline = run.timeout.and_then(|timeout| start.checked_add(timeout));
     let (root, stop) = match signals.wait_for_entry(deadline, run.timeout) {
         Ok(outcome) => (Some(outcome), None),

@@ -13,7 +13,7 @@ use wasmproc::cluster::ClusterStats;
 use wasmproc::journal::CommitStats;
 use wasmproc::scheduler::Stats;
 use wasmproc::wasm::{Escaped, exit_code};
-use wasmproc::{Format, Outcome, Payload, Pid, Scheduler};
+use wasmproc::{ExitReason, Exited, Format, Payload, Pid, Scheduler, TrapKind};
 
 use super::Exit;
 use super::output::{ERASE, Output, Say, style};
@@ -188,16 +188,24 @@ impl<'a> Report<'a> {
     /// Prints the entry process's result (whenever it has one, even if the run was
     /// stopped after it ended) and the summary, waits for the output to be written (until
     /// `flush_by` at the latest), and picks the exit code.
-    pub(super) fn finish(self, root: Option<Outcome>, stop: Option<Stop>, flush_by: Option<Instant>) -> ExitCode {
+    pub(super) fn finish(self, root: Option<Ended>, stop: Option<Stop>, flush_by: Option<Instant>) -> ExitCode {
         let Report { json, out, is_command, summary, unobserved } = self;
         let exit_of_command = |payload: &Payload| exit_code(payload).unwrap_or(1);
-        let root = root.map(|outcome| outcome.map_err(|error| flags_named(&error)));
-        let outcome = root.clone().unwrap_or_else(|| Err(stop.map_or_else(String::new, Stop::reason)));
+        let root = root.map(|ended| match &ended.exited.reason {
+            ExitReason::Normal(payload) => Ok(payload.clone()),
+            _ => Err((flags_named(&ended.sentence()), ended)),
+        });
+        let outcome = match &root {
+            Some(Ok(payload)) => Ok(payload),
+            Some(Err((error, _))) => Err(error.clone()),
+            None => Err(stop.map_or_else(String::new, Stop::reason)),
+        };
         // `run` refuses --json for a WASI command, whose stdout is the program's.
         if json && !is_command {
-            let mut object = match &outcome {
-                Ok(payload) => json!({ "ok": payload_json(payload) }),
-                Err(error) => json!({ "error": error }),
+            let mut object = match (&outcome, &root) {
+                (Ok(payload), _) => json!({ "ok": payload_json(payload) }),
+                (Err(error), Some(Err((_, ended)))) => json!({ "error": error, "exit": ended.json() }),
+                (Err(error), _) => json!({ "error": error }),
             };
             if let Some(stop) = stop {
                 object["stopped"] = json!(stop.name());
@@ -220,7 +228,7 @@ impl<'a> Report<'a> {
             }
             match &root {
                 Some(Ok(payload)) if !is_command => out.stdout(payload_bytes(payload)),
-                Some(Err(error)) => out.say(Say::Error, format!("the process failed: {}", for_stderr(error))),
+                Some(Err((error, _))) => out.say(Say::Error, for_stderr(error)),
                 Some(Ok(_)) | None => {}
             }
         }
@@ -245,6 +253,75 @@ impl<'a> Report<'a> {
             (Ok(_), None) => Exit::Success.into(),
             (Err(_), None) => Exit::ProcessFailed.into(),
         }
+    }
+}
+
+/// The entry process's end, as a run reports it: its pid (`None` when it never started)
+/// and how it ended.
+#[derive(Debug, Clone)]
+pub(super) struct Ended {
+    pub(super) pid: Option<Pid>,
+    pub(super) exited: Exited,
+}
+
+impl Ended {
+    /// The end of process `pid`.
+    pub(super) fn of(pid: Pid, exited: Exited) -> Ended {
+        Ended { pid: Some(pid), exited }
+    }
+
+    /// A process that could not start, with why.
+    pub(super) fn not_started(error: String) -> Ended {
+        Ended { pid: None, exited: Exited::new(ExitReason::Error(error)) }
+    }
+
+    /// The end of process `pid` from its result (a cluster's process).
+    pub(super) fn from_result(pid: Option<Pid>, result: Result<Payload, ExitReason>) -> Ended {
+        let reason = match result {
+            Ok(payload) => ExitReason::Normal(payload),
+            Err(reason) => reason,
+        };
+        Ended { pid, exited: Exited::new(reason) }
+    }
+
+    /// The line an abnormal end is reported with: `process 3 trapped: panic: index out of
+    /// bounds`, `process 3 exited because linked process 7 trapped: …`; `the process
+    /// failed: …` for one that never started.
+    fn sentence(&self) -> String {
+        match (self.pid, &self.exited.reason) {
+            (Some(pid), _) => format!("process {pid} {}", self.exited),
+            (None, ExitReason::Error(error)) => format!("the process failed: {error}"),
+            (None, _) => format!("the process {}", self.exited),
+        }
+    }
+
+    /// The end as `--json` carries it (see docs/cli.md, "Results"): the pid, the
+    /// reason's name, what the reason carries under its own name, and the process whose
+    /// exit signal ended it.
+    fn json(&self) -> Value {
+        let mut object = serde_json::Map::new();
+        if let Some(pid) = self.pid {
+            object.insert("pid".to_owned(), json!(pid.as_u64()));
+        }
+        let reason = &self.exited.reason;
+        object.insert("reason".to_owned(), json!(reason.name()));
+        match reason {
+            ExitReason::Error(error) => {
+                object.insert("error".to_owned(), json!(flags_named(error)));
+            }
+            ExitReason::Trap(trap) => {
+                let kind: TrapKind = trap.kind;
+                object.insert("trap".to_owned(), json!({"kind": kind.as_str(), "message": flags_named(&trap.message)}));
+            }
+            ExitReason::Noconnection(node) => {
+                object.insert("node".to_owned(), json!(node));
+            }
+            _ => {}
+        }
+        if let Some(from) = self.exited.signal_from {
+            object.insert("linked_process".to_owned(), json!(from.as_u64()));
+        }
+        Value::Object(object)
     }
 }
 

@@ -25,13 +25,13 @@ use wasmproc::handler::KindLimits;
 use wasmproc::journal::{self, Journal, JournalSettings};
 use wasmproc::scheduler::{ProcessHandle, SpawnOptions};
 use wasmproc::wasm::{COMMAND_ENTRY, InitRefused, LogRecord, Program, WasiOptions};
-use wasmproc::{Capabilities, Outcome, Payload, Scheduler, wasm};
+use wasmproc::{Capabilities, Payload, Scheduler, wasm};
 
 use super::input::{payloads, read_app};
 use super::inspect::declared::{self, Declared, GrantedBy};
 use super::output::{Output, Say, style};
 use super::providers::{FAMILIES, ProviderArgs, Providers, Services, dir_grants, env_vars};
-use super::report::{CompileNotice, Progress, Report, Summary, for_stderr};
+use super::report::{CompileNotice, Ended, Progress, Report, Summary, for_stderr};
 use super::resume;
 use super::stop::Signals;
 use super::supervise::{self, SuperviseArgs};
@@ -263,7 +263,7 @@ enum Root {
     /// Resumed from the journal: already running.
     Resumed(ProcessHandle),
     /// The journal's run had finished before it was reported: its recorded result.
-    Finished(Outcome),
+    Finished(Ended),
 }
 
 /// A run ready to start: its scheduler, its entry process, the provider components'
@@ -332,7 +332,8 @@ impl Run {
                 if let Some(refused) = input_refused(&e) {
                     return Err(refused);
                 }
-                return Ok(report.finish(Some(Err(format!("the process could not start: {e}"))), None, None));
+                let ended = Ended::not_started(format!("the process could not start: {e}"));
+                return Ok(report.finish(Some(ended), None, None));
             }
         };
         signals.forward_end_of(process);
@@ -677,7 +678,7 @@ impl Run {
 
     /// The result of a run the journal holds finished but unreported (the host died
     /// between the two), to report instead of running again.
-    fn finished_run(&self, journal: Option<&Journal>, out: &Output) -> Option<Outcome> {
+    fn finished_run(&self, journal: Option<&Journal>, out: &Output) -> Option<Ended> {
         let runs = journal?.finished_runs().ok()?;
         let run = runs.into_iter().next()?;
         out.say(
@@ -688,7 +689,7 @@ impl Run {
                 run.root
             ),
         );
-        Some(run.result)
+        Some(Ended::of(run.root, run.result))
     }
 
     /// The warning, given before the run starts, of the commands the component declares

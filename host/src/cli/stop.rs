@@ -8,7 +8,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use wasmproc::scheduler::ProcessHandle;
-use wasmproc::{Outcome, Scheduler};
+use wasmproc::{ExitReason, Scheduler};
+
+use super::report::Ended;
 
 use super::output::{Output, Say};
 use super::units::count;
@@ -33,7 +35,7 @@ const NOTICE_AFTER: Duration = Duration::from_secs(2);
 
 enum Signal {
     /// The entry process ended with this.
-    Done(Outcome),
+    Done(Ended),
     /// SIGINT, SIGTERM or SIGHUP: the first one (a second ends the host at once).
     Stop(i32),
 }
@@ -124,12 +126,12 @@ impl Signals {
     /// process's end (at shutdown at the latest) releases it, and the send to a dropped
     /// channel is ignored.
     pub(super) fn forward_end_of(&self, process: ProcessHandle) {
-        self.forward_result(move || process.join());
+        self.forward_result(move || Ended::of(process.pid(), process.wait()));
     }
 
     /// Sends what `join` returns (the entry process's result, however it is waited for)
     /// to the channel, from a thread that waits for it, as [`Signals::forward_end_of`].
-    pub(super) fn forward_result(&self, join: impl FnOnce() -> Outcome + Send + 'static) {
+    pub(super) fn forward_result(&self, join: impl FnOnce() -> Ended + Send + 'static) {
         let tx = self.tx.clone();
         thread::spawn(move || {
             let _ = tx.send(Signal::Done(join()));
@@ -138,13 +140,13 @@ impl Signals {
 
     /// Waits for the entry process's result, or for what stops the run first (a signal,
     /// or `deadline`, which `timeout` set).
-    pub(super) fn wait_for_entry(&self, deadline: Option<Instant>, timeout: Option<Duration>) -> Result<Outcome, Stop> {
+    pub(super) fn wait_for_entry(&self, deadline: Option<Instant>, timeout: Option<Duration>) -> Result<Ended, Stop> {
         self.wait_for_root(deadline, timeout)
     }
 
     /// The entry process's result if it arrives by `until`; signals meanwhile are
     /// ignored (the run is stopping already, and a second one ends the host at once).
-    pub(super) fn entry_result_by(&self, until: Instant) -> Option<Outcome> {
+    pub(super) fn entry_result_by(&self, until: Instant) -> Option<Ended> {
         loop {
             match self.recv(Some(until)) {
                 Ok(Signal::Done(outcome)) => return Some(outcome),
@@ -163,7 +165,7 @@ impl Signals {
         deadline: Option<Instant>,
         timeout: Option<Duration>,
         out: &Output,
-    ) -> (Option<Outcome>, Option<Stop>) {
+    ) -> (Option<Ended>, Option<Stop>) {
         match self.wait_for_root(deadline, timeout) {
             Ok(outcome) => (Some(outcome), self.wait_for_rest(scheduler, deadline, timeout, out).err()),
             Err(early) => (None, Some(early)),
@@ -177,13 +179,13 @@ impl Signals {
         }
     }
 
-    fn wait_for_root(&self, deadline: Option<Instant>, timeout: Option<Duration>) -> Result<Outcome, Stop> {
+    fn wait_for_root(&self, deadline: Option<Instant>, timeout: Option<Duration>) -> Result<Ended, Stop> {
         match self.recv(deadline) {
             Ok(Signal::Done(outcome)) => Ok(outcome),
             Ok(Signal::Stop(signal)) => Err(Stop::Signal(signal)),
             Err(RecvTimeoutError::Timeout) => Err(Stop::Timeout(timeout.unwrap_or_default())),
             // The joining thread always sends before it ends.
-            Err(RecvTimeoutError::Disconnected) => Ok(Err("the entry process vanished".to_owned())),
+            Err(RecvTimeoutError::Disconnected) => Ok(Ended::not_started("the entry process vanished".to_owned())),
         }
     }
 
@@ -231,8 +233,8 @@ impl Signals {
         stop: Stop,
         grace: Duration,
         out: &Output,
-        mut root: Option<Outcome>,
-    ) -> Option<Outcome> {
+        mut root: Option<Ended>,
+    ) -> Option<Ended> {
         let what = match stop {
             Stop::Timeout(_) => stop.reason(),
             Stop::Signal(_) => format!("{} (again to force)", stop.reason()),
@@ -262,7 +264,7 @@ impl Signals {
             }
         }
         if !ended {
-            let forced = scheduler.handle().terminate_all("terminated: the run was stopped");
+            let forced = scheduler.handle().terminate_all(ExitReason::Killed);
             if forced > 0 {
                 out.say(Say::Notice, format!("terminated {} that did not end when cancelled", processes(forced)));
             }

@@ -25,11 +25,11 @@ use tokio::sync::mpsc;
 
 use super::config::{ClusterConfig, HEARTBEAT, Heard, JOIN_WAIT, connect};
 use super::process::{RemoteProcess, RemoteSlot, RemoteSpawnOptions};
-use super::shared::{ClusterStats, LineSink, NodeInfo, noconnection};
+use super::shared::{ClusterStats, LineSink, NodeInfo};
 use super::store::CodeStore;
 use super::wire::{self, Body, ClientRequest, Item, Key, Peer};
 use crate::scheduler::remote::{RemoteSpawn, RunId};
-use crate::{Capabilities, Pid};
+use crate::{Capabilities, ExitReason, Pid};
 
 /// A client of a cluster: asks its nodes to run processes, and hears how they end.
 /// Made by [`Client::connect`], gone on [`Client::leave`] or drop.
@@ -387,7 +387,7 @@ impl Task {
         let token = self.shared.next_token.fetch_add(1, Ordering::Relaxed);
         if !self.sessions.contains_key(&node) {
             let Some(offered) = self.shared.offered.iter().find(|o| o.info.id == node) else {
-                return slot.set(Err(noconnection(node, None)));
+                return slot.set(Err(super::shared::lost(node, None)));
             };
             self.sessions.insert(
                 node,
@@ -447,13 +447,16 @@ impl Task {
                         *slot.pid.lock() = Some(pid);
                         open.running.insert(pid, slot);
                     }
-                    Ok(pid) => slot.set(Err(format!("node `{}` answered with {pid}, a pid not its own", open.name))),
-                    Err(error) => slot.set(Err(error)),
+                    Ok(pid) => slot.set(Err(ExitReason::Error(format!(
+                        "node `{}` answered with {pid}, a pid not its own",
+                        open.name
+                    )))),
+                    Err(error) => slot.set(Err(ExitReason::Error(error))),
                 }
             }
-            Some(Item::Exit { pid, result, .. }) => {
+            Some(Item::Exit { pid, reason, .. }) => {
                 if let Some(slot) = open.running.remove(&pid) {
-                    slot.set(result);
+                    slot.set(reason.into_result());
                 }
             }
             Some(Item::Log { pid, source, message, .. }) => match self.shared.lines.get() {
@@ -492,7 +495,7 @@ impl Task {
             self.sessions.iter().filter(|(_, open)| open.alive.is_lost(now)).map(|(&node, _)| node).collect();
         for node in lost {
             let Some(open) = self.sessions.remove(&node) else { continue };
-            let reason = noconnection(node, Some(&open.name));
+            let reason = super::shared::lost(node, Some(&open.name));
             for slot in open.spawning.into_values().chain(open.running.into_values()) {
                 slot.set(Err(reason.clone()));
             }

@@ -270,7 +270,7 @@ impl Cluster {
             let (kind, factory) =
                 handle.registered_kind(name).with_context(|| format!("no process kind `{name}` on this node"))?;
             let done = slot.clone();
-            let notify: Notify = Box::new(move |_, result| done.set(result.clone()));
+            let notify: Notify = Box::new(move |_, reason| done.set(reason.clone().into_result()));
             handle.spawn_for_remote(&*factory, kind, spawn, Some(notify), |pid| *slot.pid.lock() = Some(pid))?;
             return Ok(RemoteProcess(slot));
         }

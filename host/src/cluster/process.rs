@@ -10,7 +10,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::handler::KindLimits;
 use crate::scheduler::SpawnOptions;
 use crate::scheduler::remote::RunLimits;
-use crate::{Outcome, Pid};
+use crate::{ExitReason, Payload, Pid};
 
 /// How [`Cluster::spawn`] starts its process: the [`SpawnOptions`] of a local spawn (its
 /// method, input, capabilities and mailbox bound), and the sandbox and scheduler limits
@@ -74,9 +74,10 @@ impl RemoteProcess {
         *self.0.pid.lock()
     }
 
-    /// Blocks until the process ends (or its spawn fails, or its node is lost:
-    /// `Err("noconnection…")`) and returns its result.
-    pub fn join(&self) -> Outcome {
+    /// Blocks until the process ends and returns its result: its payload, or why it
+    /// ended ([`ExitReason`]); [`ExitReason::Error`] if its spawn failed,
+    /// [`ExitReason::Noconnection`] if its node was lost.
+    pub fn join(&self) -> Result<Payload, ExitReason> {
         let mut result = self.0.result.lock();
         loop {
             if let Some(r) = result.as_ref() {
@@ -87,7 +88,7 @@ impl RemoteProcess {
     }
 
     /// As [`RemoteProcess::join`], giving up after `timeout` (`None`).
-    pub fn join_timeout(&self, timeout: Duration) -> Option<Outcome> {
+    pub fn join_timeout(&self, timeout: Duration) -> Option<Result<Payload, ExitReason>> {
         let deadline = std::time::Instant::now() + timeout;
         let mut result = self.0.result.lock();
         while result.is_none() {
@@ -102,12 +103,12 @@ impl RemoteProcess {
 #[derive(Debug, Default)]
 pub(super) struct RemoteSlot {
     pub(super) pid: Mutex<Option<Pid>>,
-    pub(super) result: Mutex<Option<Outcome>>,
+    pub(super) result: Mutex<Option<Result<Payload, ExitReason>>>,
     pub(super) done: Condvar,
 }
 
 impl RemoteSlot {
-    pub(super) fn set(&self, result: Outcome) {
+    pub(super) fn set(&self, result: Result<Payload, ExitReason>) {
         let mut slot = self.result.lock();
         if slot.is_none() {
             *slot = Some(result);

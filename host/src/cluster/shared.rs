@@ -17,7 +17,7 @@ use crate::error::SendError;
 use crate::handler::{Completer, Factory};
 use crate::scheduler::Handle;
 use crate::scheduler::remote::{Remote, RemoteSpawn, RunId};
-use crate::{Payload, Pid};
+use crate::{ExitReason, Payload, Pid};
 
 /// Takes a line a process of this node's run wrote on another node: its pid, its source
 /// (`stdout`, `stderr`, or the level of a `log` call) and the line.
@@ -242,7 +242,8 @@ impl Remote for Inner {
     fn monitor(&self, watcher: Pid, target: Pid) {
         self.queue_bounded(Cmd::Monitor { watcher, target }, |_, why| {
             if let Some(handle) = self.handle.get() {
-                handle.exit_to(watcher, target, Err(format!("noconnection: {why}")));
+                tracing::debug!(%watcher, %target, why, "a monitor of another node's process was not queued");
+                handle.exit_to(watcher, target, lost(target.node(), None));
             }
         });
     }
@@ -323,6 +324,16 @@ pub(crate) enum Cmd {
 /// The reason of an exit or failure because node `node` (named `name`, if known) is
 /// unreachable.
 pub(super) fn noconnection(node: u16, name: Option<&str>) -> String {
+    noconnection_text(node, name)
+}
+
+/// The exit reason of a process of node `node` (named `name`, if known) once the node
+/// is unreachable: [`ExitReason::Noconnection`] with the node's name, or its id.
+pub(super) fn lost(node: u16, name: Option<&str>) -> ExitReason {
+    ExitReason::Noconnection(name.map_or_else(|| node.to_string(), str::to_owned))
+}
+
+fn noconnection_text(node: u16, name: Option<&str>) -> String {
     match name {
         Some(name) => format!("noconnection: node `{name}` (id {node}) is not in the cluster (lost or left)"),
         None => format!("noconnection: node {node} is not in the cluster (lost or never joined)"),

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use wasmproc_tests::nats::Server;
 
-use super::shared::{Cmd, noconnection};
+use super::shared::Cmd;
 use super::wire::{self, Announce, Body, Key, Peer};
 use super::{Cluster, ClusterConfig};
 use crate::testing::{PATIENCE, wait_until};
-use crate::{Command, Event, Events, Outcome, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
+use crate::{Command, Event, Events, ExitReason, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
 
 const SECRET: &str = "test-secret";
 
@@ -22,7 +22,7 @@ const SECRET: &str = "test-secret";
 struct Watcher {
     targets: Vec<Pid>,
     started: bool,
-    seen: Arc<Mutex<Vec<(Pid, Outcome)>>>,
+    seen: Arc<Mutex<Vec<(Pid, ExitReason)>>>,
 }
 
 impl Process for Watcher {
@@ -38,8 +38,8 @@ impl Process for Watcher {
         }
         let mut seen = self.seen.lock();
         for event in events {
-            if let Event::Exit { pid, result } = event {
-                seen.push((pid, result));
+            if let Event::Exit { pid, reason, .. } = event {
+                seen.push((pid, reason));
             }
         }
         if seen.len() == self.targets.len() {
@@ -77,16 +77,17 @@ fn monitors_past_the_queue_bound_are_refused_and_those_queued_carried_out() {
     let watcher = scheduler.handle().spawn(watcher, "main").expect("spawns");
 
     wait_until("the monitors past the bound are refused", || seen.lock().len() >= PAST);
-    let refused = format!("noconnection: {BOUND} commands already wait for the cluster's thread; retry later");
-    let expected: Vec<(Pid, Outcome)> = targets[BOUND..].iter().map(|&pid| (pid, Err(refused.clone()))).collect();
+    // Refused or carried out, the node is unreachable: its id, as it has no name.
+    let lost = ExitReason::Noconnection(absent.to_string());
+    let expected: Vec<(Pid, ExitReason)> = targets[BOUND..].iter().map(|&pid| (pid, lost.clone())).collect();
     assert_eq!(*seen.lock(), expected, "only those past the bound end while the thread is held up");
 
     drop(held);
     assert_eq!(watcher.join_timeout(PATIENCE), Some(Ok(Payload::empty())), "every monitor got its exit");
-    let carried_out = Err(noconnection(absent, None));
+    let carried_out = lost;
     let seen = seen.lock();
     assert_eq!(seen.len(), BOUND + PAST, "{seen:?}");
-    let mut queued: Vec<&(Pid, Outcome)> = seen[PAST..].iter().collect();
+    let mut queued: Vec<&(Pid, ExitReason)> = seen[PAST..].iter().collect();
     queued.sort_by_key(|(pid, _)| *pid);
     for ((pid, result), target) in queued.into_iter().zip(&targets[..BOUND]) {
         assert_eq!((pid, result), (target, &carried_out));

@@ -27,7 +27,7 @@ use sha2::Sha256;
 use crate::codec::{Malformed, Reader, Writer};
 use crate::handler::KindLimits;
 use crate::scheduler::remote::{RemoteSpawn, RunId, RunLimits};
-use crate::{Capabilities, Payload, Pid};
+use crate::{Capabilities, ExitReason, Payload, Pid};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -40,7 +40,7 @@ type HmacSha256 = Hmac<Sha256>;
 // 6: the MAC covers the subjects; announcements carry a sequence and echo nonces;
 //    clients speak a protocol of their own; a spawn carries its run's scope.
 // 7: a spawn carries its run's scheduler limits.
-const VERSION: u8 = 7;
+const VERSION: u8 = 8;
 const MAC_LEN: usize = 32;
 
 /// Why a frame was refused.
@@ -188,7 +188,7 @@ pub(crate) enum Item {
     Exit {
         watcher: Pid,
         pid: Pid,
-        result: Result<Payload, String>,
+        reason: ExitReason,
     },
     /// `token` 0: nobody waits for the end. `by`: the process that asked (or its
     /// node's host).
@@ -596,11 +596,11 @@ pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
             w.u64(watcher.as_u64());
             w.u64(target.as_u64());
         }
-        Item::Exit { watcher, pid, result } => {
+        Item::Exit { watcher, pid, reason } => {
             w.u8(EXIT);
             w.u64(watcher.as_u64());
             w.u64(pid.as_u64());
-            w.outcome(result);
+            w.exit_reason(reason);
         }
         Item::Terminate { by, target, token } => {
             w.u8(TERMINATE);
@@ -674,7 +674,9 @@ pub(crate) fn decode_item(bytes: &[u8]) -> Result<Item, WireError> {
             body: r.payload("body")?,
         },
         MONITOR => Item::Monitor { watcher: pid(&mut r, "watcher")?, target: pid(&mut r, "target")? },
-        EXIT => Item::Exit { watcher: pid(&mut r, "watcher")?, pid: pid(&mut r, "pid")?, result: r.outcome("result")? },
+        EXIT => {
+            Item::Exit { watcher: pid(&mut r, "watcher")?, pid: pid(&mut r, "pid")?, reason: r.exit_reason("reason")? }
+        }
         TERMINATE => Item::Terminate { by: pid(&mut r, "by")?, target: pid(&mut r, "target")?, token: r.u64("token")? },
         TERMINATE_DONE => Item::TerminateDone {
             token: r.u64("token")?,
@@ -856,8 +858,8 @@ mod tests {
         vec![
             Item::Message { from: a, to: b, topic: "t".into(), body: Payload::text("hi") },
             Item::Monitor { watcher: a, target: b },
-            Item::Exit { watcher: a, pid: b, result: Err("noconnection".into()) },
-            Item::Exit { watcher: a, pid: b, result: Ok(Payload::u64(4)) },
+            Item::Exit { watcher: a, pid: b, reason: ExitReason::Noconnection("b".into()) },
+            Item::Exit { watcher: a, pid: b, reason: ExitReason::Normal(Payload::u64(4)) },
             Item::Terminate { by: a, target: b, token: 2 },
             Item::TerminateDone { token: 2, result: Ok(()) },
             Item::Spawn {
@@ -926,6 +928,13 @@ mod tests {
             Item::StopRun { reason: "gone".into(), grace: Duration::ZERO, scope: 99 },
             Item::Log { pid: a, scope: 3, source: "stdout".into(), message: "hello".into() },
         ]
+        .into_iter()
+        .chain(crate::codec::tests::every_exit_reason().into_iter().map(|reason| Item::Exit {
+            watcher: a,
+            pid: b,
+            reason,
+        }))
+        .collect()
     }
 
     /// One body of every kind, the announcement's fields and a spawn among them.
@@ -1070,15 +1079,24 @@ mod tests {
             &["034d0205"],
             &["034d070602"],
             &[
-                "034d030107030e1b01858080808080801889808080808080200174047465787402686911028580808080808018898080",
-                "80808080201f0385808080808080188980808080808020010c6e6f636f6e6e656374696f6e2103858080808080801889",
-                "808080808080200005627974657308040000000000000012048580808080808018898080808080802002030502005406",
-                "088580808080808018010361707001097368613235363a30300673717561726501056279746573080300000000000000",
-                "0f010010000101020000000001ffffffffffffffffff01018080800290a10f0000012a4a060b85808080808080180103",
-                "61707000047370696e001f010002070101000101010301040105010601ffffffffffffffffff01c08db70101ffffffff",
-                "ffffffffff0101808cee891a010025060a85808080808080180000046d61696e001f010001ff1f000000ffffffffffff",
-                "ffffff010b070800898080808080802006070901026e6f13080b696e74657272757074656480cab5ee0100080804676f",
-                "6e6500631709858080808080801803067374646f75740568656c6c6f",
+                "034d030107031c1b01858080808080801889808080808080200174047465787402686911028580808080808018898080",
+                "808080802014038580808080808018898080808080802007016221038580808080808018898080808080802000056279",
+                "746573080400000000000000120485808080808080188980808080808020020305020055060885808080808080180103",
+                "61707001097368613235363a30300673717561726501056279746573080300000000000000ef07010010000101020000",
+                "000001ffffffffffffffffff01018080800290a10f0000012a4b060b8580808080808018010361707000047370696e00",
+                "ff07010002070101000101010301040105010601ffffffffffffffffff01c08db70101ffffffffffffffffff0101808c",
+                "ee891a010026060a85808080808080180000046d61696e00ff07010001ff1f000000ffffffffffffffffff010b070800",
+                "898080808080802006070901026e6f13080b696e74657272757074656480cab5ee0100080804676f6e65006317098580",
+                "80808080801803067374646f75740568656c6c6f1c038580808080808018898080808080802000047465787404646f6e",
+                "651703858080808080801889808080808080200104626f6f6d1203858080808080801889808080808080200312038580",
+                "808080808018898080808080802004120385808080808080188980808080808020051203858080808080801889808080",
+                "808080200614038580808080808018898080808080802007016220038580808080808018898080808080802002000c61",
+                "2070616e696320747261702603858080808080801889808080808080200201126120756e726561636861626c65207472",
+                "617026038580808080808018898080808080802002021261206f75742d6f662d6675656c207472617025038580808080",
+                "808018898080808080802002031161206370752d62756467657420747261702703858080808080801889808080808080",
+                "2002041361206d656d6f72792d6c696d6974207472617029038580808080808018898080808080802002051561207374",
+                "61636b2d6f766572666c6f77207472617020038580808080808018898080808080802002060c61206f74686572207472",
+                "6170",
             ],
             &["034d040106"],
             &["034d05087368613235363a310a"],
@@ -1088,9 +1106,9 @@ mod tests {
             &["034d090161030100094d0401087368613235363a3101087368613235363a31086170702e7761736d0863"],
             &["034d0a630100"],
             &[
-                "034d0a6302015406038580808080808018010361707001097368613235363a3030067371756172650105627974657308",
-                "03000000000000000f010010000101020000000001ffffffffffffffffff01018080800290a10f0000012a0106612e77",
-                "61736d",
+                "034d0a6302015506038580808080808018010361707001097368613235363a3030067371756172650105627974657308",
+                "0300000000000000ef07010010000101020000000001ffffffffffffffffff01018080800290a10f0000012a0106612e",
+                "7761736d",
             ],
             &["034d0a6305040b696e746572727570746564c0a8a504"],
             &["034d0a63030204"],
@@ -1099,6 +1117,7 @@ mod tests {
             &["034d0b6302010b0708008980808080808020"],
         ];
         assert_eq!(bodies.len(), golden.len());
+        assert_eq!(bodies.len(), golden.len(), "a golden value for every sample");
         for (body, golden) in bodies.iter().zip(golden) {
             let hex: String = encode(PEER, body).iter().map(|byte| format!("{byte:02x}")).collect();
             assert_eq!(hex, golden.concat(), "{body:?}");

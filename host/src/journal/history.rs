@@ -13,12 +13,12 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::ops::ControlFlow;
 
-use wasmproc_types::{Format, Payload, Pid};
+use wasmproc_types::{ExitReason, Format, Payload, Pid};
 
 use super::Journal;
 use super::read::Decode;
 use super::record::{Record, SpawnRecord, StepRecord};
-use crate::step::{Command, Event, Outcome, Status};
+use crate::step::{Command, Event, ExitSignal, Exited, Outcome, Status};
 
 /// One process's history as a journal holds it: see [`Journal::history`].
 #[derive(Debug, Clone, PartialEq)]
@@ -34,8 +34,8 @@ pub struct History {
     pub method: String,
     /// Steps recorded.
     pub steps: u64,
-    /// Its result, once its exit is recorded; `None` while it is unfinished.
-    pub result: Option<Outcome>,
+    /// How it ended, once its exit is recorded; `None` while it is unfinished.
+    pub result: Option<Exited>,
     /// Each record, one line of text apiece, in order: its number, its kind, its time
     /// (a step's after the record before), what went in and what came out.
     pub records: Vec<String>,
@@ -140,9 +140,9 @@ fn line(seq: u64, record: &Record, last_at: &mut Option<u64>) -> String {
             stepped(&mut line, step);
             *last_at = Some(step.at);
         }
-        Record::Exit(result) => {
+        Record::Exit(exited) => {
             line.push_str("exit   ");
-            outcome(&mut line, result);
+            ended(&mut line, exited);
         }
         Record::HostMessage { topic, body } => {
             let _ = write!(line, "host   message {topic:?} {} from the host", payload(body));
@@ -210,9 +210,9 @@ fn event_into(line: &mut String, event: &Event) {
         Event::Message { sender, topic, body } => {
             let _ = write!(line, "message {topic:?} {} from {}", payload(body), who(*sender));
         }
-        Event::Exit { pid, result } => {
-            let _ = write!(line, "exit of {pid}: ");
-            outcome(line, result);
+        Event::Exit { pid, reason, linked } => {
+            let _ = write!(line, "exit of {pid}{}: ", if *linked { " (linked)" } else { "" });
+            exit_reason(line, reason);
         }
         Event::Cancel { reason } => {
             let _ = write!(line, "cancel: {}", excerpt(reason));
@@ -232,11 +232,26 @@ fn command(command: &Command) -> String {
             if spawn.monitor {
                 shown.push_str(", monitored");
             }
+            if spawn.link {
+                shown.push_str(", linked");
+            }
             shown
         }
         Command::Send { to, topic, body } => format!("send {topic:?} {} to {}", payload(body), who(*to)),
         Command::Monitor(pid) => format!("monitor {pid}"),
         Command::Terminate(pid) => format!("terminate {pid}"),
+        Command::Link(pid) => format!("link {pid}"),
+        Command::Unlink(pid) => format!("unlink {pid}"),
+        Command::Demonitor(pid) => format!("demonitor {pid}"),
+        Command::Exit(ExitSignal { to, reason, kill }) => {
+            let mut shown = format!("exit {to}: ");
+            exit_reason(&mut shown, reason);
+            if *kill {
+                shown.push_str(", kill");
+            }
+            shown
+        }
+        Command::TrapExits(on) => format!("trap-exits {on}"),
         Command::Custom { name, payload: input } => format!("{name} {}", payload(input)),
     }
 }
@@ -252,6 +267,27 @@ fn outcome(line: &mut String, result: &Outcome) {
         Ok(value) => write!(line, "ok {}", payload(value)),
         Err(error) => write!(line, "error {}", excerpt(error)),
     };
+}
+
+/// A reason as a record's line shows it: `normal 5`, `error "boom"`, `trap panic "…"`,
+/// `killed`.
+fn exit_reason(line: &mut String, reason: &ExitReason) {
+    line.push_str(reason.name());
+    let _ = match reason {
+        ExitReason::Normal(value) => write!(line, " {}", payload(value)),
+        ExitReason::Error(text) | ExitReason::Noconnection(text) => write!(line, " {}", excerpt(text)),
+        ExitReason::Trap(trap) => write!(line, " {} {}", trap.kind, excerpt(&trap.message)),
+        _ => Ok(()),
+    };
+}
+
+/// A process's end as its exit record shows it: its reason, and whose exit signal
+/// ended it.
+fn ended(line: &mut String, exited: &Exited) {
+    exit_reason(line, &exited.reason);
+    if let Some(from) = exited.signal_from {
+        let _ = write!(line, " (exit signal from {from})");
+    }
 }
 
 fn who(pid: Pid) -> String {
@@ -408,7 +444,7 @@ mod tests {
             step(AT + 14_567, vec![message], vec![(parent, 7 << 20)], vec![sleep], Status::Blocked),
             Record::Step(answered.clone()),
             Record::HostMessage { topic: "stop".to_owned(), body: Payload::text("now") },
-            Record::Exit(Ok(json("5"))),
+            Record::Exit(Exited::new(ExitReason::Normal(json("5")))),
         ];
         assert_eq!(
             lines(&records),
@@ -419,7 +455,7 @@ mod tests {
                 "   2  step   +13.9 ms  message \"n\" 1 from 4328521728 (sender's record 7) → 1: sleep 5ms → blocked",
                 "   3  step   +5.2 ms   completion 1: ok (empty) → sends \"answer\" 1 to 4328521728 → idle",
                 "   4  host   message \"stop\" \"now\" from the host",
-                "   5  exit   ok 5",
+                "   5  exit   normal 5",
             ]
         );
         // A history read from its middle shows its first step's time in full.
@@ -441,6 +477,7 @@ mod tests {
             method: "main".to_owned(),
             input: vec![Payload::u64(3), json("[1, 2]")],
             monitor: true,
+            link: false,
         };
         let commands = [
             (
@@ -454,6 +491,12 @@ mod tests {
             (Command::Monitor(pid), "monitor 42"),
             (Command::Terminate(Pid::HOST), "terminate 0"),
             (Command::Custom { name: "kv.get".into(), payload: json("{\n\"k\": 1}") }, "kv.get {\\n\"k\": 1}"),
+            (Command::Link(pid), "link 42"),
+            (
+                Command::Exit(ExitSignal { to: pid, reason: ExitReason::Error("bye".into()), kill: true }),
+                "exit 42: error \"bye\", kill",
+            ),
+            (Command::TrapExits(true), "trap-exits true"),
         ];
         for (command, shown) in commands {
             assert_eq!(super::command(&command), shown);
@@ -464,8 +507,12 @@ mod tests {
                 "completion 3: error \"no such key\"",
             ),
             (
-                Event::Exit { pid, result: Ok(Payload::bytes(vec![0xff; 20])) },
-                "exit of 42: ok (20 bytes: ff ff ff ff ff ff ff ff …)",
+                Event::Exit { pid, reason: ExitReason::Normal(Payload::bytes(vec![0xff; 20])), linked: false },
+                "exit of 42: normal (20 bytes: ff ff ff ff ff ff ff ff …)",
+            ),
+            (
+                Event::Exit { pid, reason: ExitReason::trap(wasmproc_types::TrapKind::Panic, "boom"), linked: true },
+                "exit of 42 (linked): trap panic \"boom\"",
             ),
             (Event::Cancel { reason: "shutdown".to_owned() }, "cancel: \"shutdown\""),
         ];

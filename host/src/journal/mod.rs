@@ -108,7 +108,7 @@ pub use crate::codec::Malformed;
 
 /// The first byte of every record value: a journal written by a later format is refused
 /// rather than misread.
-pub const FORMAT_VERSION: u8 = 1;
+pub const FORMAT_VERSION: u8 = 2;
 
 /// When a committed group is on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -12,7 +12,7 @@ use wasmproc_types::{Payload, Pid};
 
 use super::record::{EXIT, Record, SPAWN, SpawnRecord, StepRecord};
 use super::{Journal, Key};
-use crate::step::Outcome;
+use crate::step::Exited;
 
 /// Which records a read decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +32,7 @@ pub(crate) struct Recorded {
     /// The embedder's messages to it: (record, topic, body); empty unless every record is
     /// decoded.
     pub(crate) host_messages: Vec<(u64, String, Payload)>,
-    pub(crate) exit: Option<Outcome>,
+    pub(crate) exit: Option<Exited>,
     /// The sequence number after its last record: how many records it has.
     pub(crate) next_seq: u64,
 }

@@ -13,7 +13,7 @@ use wasmproc_types::{Payload, Pid};
 use super::FORMAT_VERSION;
 use crate::caps::Capabilities;
 use crate::codec::{Malformed, Reader, Writer};
-use crate::step::{Command, Event, Outcome, SpawnRequest, Status, Yield};
+use crate::step::{Command, Event, ExitSignal, Exited, SpawnRequest, Status, Yield};
 
 pub(super) const SPAWN: u8 = 1;
 const STEP: u8 = 2;
@@ -25,7 +25,7 @@ const HOST_MESSAGE: u8 = 4;
 pub(crate) enum Record {
     Spawn(SpawnRecord),
     Step(StepRecord),
-    Exit(Outcome),
+    Exit(Exited),
     /// A message from the embedder, recorded in its receiver's history before it is
     /// delivered; its identity is ([`Pid::HOST`], the record's sequence number).
     HostMessage {
@@ -127,9 +127,9 @@ impl Record {
                     Status::Complete(_) => 3,
                 });
             }
-            Record::Exit(result) => {
+            Record::Exit(exited) => {
                 w.u8(EXIT);
-                w.outcome(result);
+                w.exited(exited);
             }
             Record::HostMessage { topic, body } => {
                 w.u8(HOST_MESSAGE);
@@ -149,6 +149,15 @@ impl Record {
     pub(crate) fn decode(bytes: &[u8]) -> Result<Record, Malformed> {
         let mut r = Reader::new(bytes, "journal record");
         let version = r.u8("version")?;
+        if version < FORMAT_VERSION {
+            return Err(r.invalid(
+                "version",
+                format!(
+                    "written by an older format version of the journal ({version}; this host reads \
+                     {FORMAT_VERSION}): finish or cancel its processes with the wasmproc that wrote it"
+                ),
+            ));
+        }
         if version != FORMAT_VERSION {
             return Err(r.invalid(
                 "version",
@@ -203,7 +212,7 @@ impl Record {
             }
             EXIT => {
                 r.kind("exit");
-                Record::Exit(r.outcome("result")?)
+                Record::Exit(r.exited("reason")?)
             }
             HOST_MESSAGE => {
                 r.kind("host message");
@@ -231,10 +240,11 @@ fn events(w: &mut Writer, events: &[Event]) {
                 w.str(topic);
                 w.payload(body);
             }
-            Event::Exit { pid, result } => {
+            Event::Exit { pid, reason, linked } => {
                 w.u8(2);
                 w.u64(pid.as_u64());
-                w.outcome(result);
+                w.exit_reason(reason);
+                w.bool(*linked);
             }
             Event::Cancel { reason } => {
                 w.u8(3);
@@ -255,7 +265,11 @@ fn read_events(r: &mut Reader<'_>) -> Result<Vec<Event>, Malformed> {
                 topic: r.str("events")?.to_owned(),
                 body: r.payload("events")?,
             },
-            2 => Event::Exit { pid: Pid::from_u64(r.u64("events")?), result: r.outcome("events")? },
+            2 => Event::Exit {
+                pid: Pid::from_u64(r.u64("events")?),
+                reason: r.exit_reason("events")?,
+                linked: r.bool("events")?,
+            },
             3 => Event::Cancel { reason: r.str("events")?.to_owned() },
             other => return Err(r.invalid("events", format!("unknown event kind {other}"))),
         });
@@ -275,6 +289,7 @@ fn command(w: &mut Writer, command: &Command) {
             w.str(&request.method);
             w.payloads(&request.input);
             w.bool(request.monitor);
+            w.bool(request.link);
         }
         Command::Send { to, topic, body } => {
             w.u8(2);
@@ -295,6 +310,28 @@ fn command(w: &mut Writer, command: &Command) {
             w.str(name);
             w.payload(input);
         }
+        Command::Link(pid) => {
+            w.u8(6);
+            w.u64(pid.as_u64());
+        }
+        Command::Unlink(pid) => {
+            w.u8(7);
+            w.u64(pid.as_u64());
+        }
+        Command::Demonitor(pid) => {
+            w.u8(8);
+            w.u64(pid.as_u64());
+        }
+        Command::Exit(ExitSignal { to, reason, kill }) => {
+            w.u8(9);
+            w.u64(to.as_u64());
+            w.exit_reason(reason);
+            w.bool(*kill);
+        }
+        Command::TrapExits(on) => {
+            w.u8(10);
+            w.bool(*on);
+        }
     }
 }
 
@@ -306,6 +343,7 @@ fn read_command(r: &mut Reader<'_>) -> Result<Command, Malformed> {
             method: r.str("yields")?.to_owned(),
             input: r.payloads("yields")?,
             monitor: r.bool("yields")?,
+            link: r.bool("yields")?,
         }),
         2 => Command::Send {
             to: Pid::from_u64(r.u64("yields")?),
@@ -315,13 +353,22 @@ fn read_command(r: &mut Reader<'_>) -> Result<Command, Malformed> {
         3 => Command::Monitor(Pid::from_u64(r.u64("yields")?)),
         4 => Command::Terminate(Pid::from_u64(r.u64("yields")?)),
         5 => Command::Custom { name: Cow::Owned(r.str("yields")?.to_owned()), payload: r.payload("yields")? },
+        6 => Command::Link(Pid::from_u64(r.u64("yields")?)),
+        7 => Command::Unlink(Pid::from_u64(r.u64("yields")?)),
+        8 => Command::Demonitor(Pid::from_u64(r.u64("yields")?)),
+        9 => Command::Exit(ExitSignal {
+            to: Pid::from_u64(r.u64("yields")?),
+            reason: r.exit_reason("yields")?,
+            kill: r.bool("yields")?,
+        }),
+        10 => Command::TrapExits(r.bool("yields")?),
         other => return Err(r.invalid("yields", format!("unknown command kind {other}"))),
     })
 }
 
 #[cfg(test)]
 mod tests {
-    use wasmproc_types::Format;
+    use wasmproc_types::{ExitReason, Format, TrapKind};
 
     use super::*;
 
@@ -345,7 +392,12 @@ mod tests {
                 events: vec![
                     Event::Completion { tag: 3, result: Ok(Payload::empty()) },
                     Event::Message { sender: Pid::from_u64(9), topic: "t".into(), body: Payload::text("hi") },
-                    Event::Exit { pid: Pid::from_u64(5), result: Err("noproc".into()) },
+                    Event::Exit { pid: Pid::from_u64(5), reason: ExitReason::Noproc, linked: false },
+                    Event::Exit {
+                        pid: Pid::from_u64(6),
+                        reason: ExitReason::trap(TrapKind::Panic, "index out of bounds"),
+                        linked: true,
+                    },
                     Event::Cancel { reason: "shutdown".into() },
                 ],
                 message_ids: vec![(Pid::from_u64(9), 1 << 20)],
@@ -358,6 +410,7 @@ mod tests {
                             method: "child".into(),
                             input,
                             monitor: true,
+                            link: true,
                         }),
                     },
                     Yield {
@@ -367,14 +420,29 @@ mod tests {
                     Yield { tag: 4, command: Command::Monitor(Pid::from_u64(4)) },
                     Yield { tag: 5, command: Command::Terminate(Pid::from_u64(4)) },
                     Yield { tag: 6, command: Command::Custom { name: "kv.get".into(), payload: Payload::text("k") } },
+                    Yield { tag: 7, command: Command::Link(Pid::from_u64(4)) },
+                    Yield { tag: 8, command: Command::Unlink(Pid::from_u64(4)) },
+                    Yield { tag: 9, command: Command::Demonitor(Pid::from_u64(4)) },
+                    Yield {
+                        tag: 10,
+                        command: Command::Exit(ExitSignal {
+                            to: Pid::from_u64(4),
+                            reason: ExitReason::Error("bye".into()),
+                            kill: true,
+                        }),
+                    },
+                    Yield { tag: 11, command: Command::TrapExits(true) },
                 ],
                 sends: vec![(Pid::from_u64(8), "direct".into(), Payload::u64(1))],
                 status: Status::Idle,
             }),
-            Record::Exit(Ok(Payload::u64(42))),
+            Record::Exit(Exited::new(ExitReason::Normal(Payload::u64(42)))),
             Record::HostMessage { topic: "t".into(), body: Payload::text("x") },
-            Record::Exit(Err("boom".into())),
+            Record::Exit(Exited::by_signal(ExitReason::trap(TrapKind::OutOfFuel, "fuel"), Pid::from_u64(7))),
         ]
+        .into_iter()
+        .chain(crate::codec::tests::every_exit_reason().into_iter().map(|reason| Record::Exit(Exited::new(reason))))
+        .collect()
     }
 
     #[test]
@@ -405,10 +473,14 @@ mod tests {
 
     #[test]
     fn another_format_version_is_refused() {
-        let mut bytes = Record::Exit(Ok(Payload::empty())).encode();
+        let mut bytes = Record::Exit(Exited::new(ExitReason::Normal(Payload::empty()))).encode();
         bytes[0] = FORMAT_VERSION + 1;
         let error = Record::decode(&bytes).unwrap_err().to_string();
         assert!(error.contains("written by another format version of the journal"), "{error}");
+        // A journal of the format before exit reasons were typed: refused, never misread.
+        bytes[0] = FORMAT_VERSION - 1;
+        let error = Record::decode(&bytes).unwrap_err().to_string();
+        assert!(error.contains("an older format version of the journal (1; this host reads 2)"), "{error}");
     }
 
     /// A damaged record's error says it is a journal record, of which kind, and the field
@@ -418,37 +490,52 @@ mod tests {
         let step = samples().into_iter().find(|r| matches!(r, Record::Step(_))).unwrap().encode();
         let error = Record::decode(&step[..step.len() - 1]).unwrap_err().to_string();
         assert!(error.starts_with("malformed journal record of kind `step`: `status` at byte"), "{error}");
-        let exit = Record::Exit(Err("boom".into())).encode();
+        let exit = Record::Exit(Exited::new(ExitReason::Error("boom".into()))).encode();
         let mut damaged = exit.clone();
-        damaged[2] = 7;
+        damaged[2] = 9;
         let error = Record::decode(&damaged).unwrap_err().to_string();
-        assert_eq!(error, "malformed journal record of kind `exit`: `result` at byte 2: tag 7, not 0 or 1");
+        assert_eq!(error, "malformed journal record of kind `exit`: `reason` at byte 2: unknown exit reason 9");
         let mut damaged = exit;
         damaged[1] = 9;
         let error = Record::decode(&damaged).unwrap_err().to_string();
         assert_eq!(error, "malformed journal record: `kind` at byte 1: unknown record kind 9");
     }
 
-    /// The journal's format on disk, pinned: every sample record's bytes, as the journal
-    /// wrote them before its values shared the crate's codec with the cluster.
+    /// The journal's format on disk, pinned: every sample record's bytes, of format
+    /// version 2 (exit reasons typed).
     #[test]
     fn the_format_on_disk_is_fixed() {
         let golden: &[&[&str]] = &[
             &[
-                "010100010309010361707001097368613235363a3030046d61696e0205627974657308070000000000000005782d7261",
-                "770200ff1f0101066b762e67657480088080f9c0c1c48203200707070707070707070707070707070707070707070707",
-                "070707070707070707",
+                "020100010309010361707001097368613235363a3030046d61696e0205627974657308070000000000000005782d7261",
+                "770200ffff070101066b762e67657480088080f9c0c1c482032007070707070707070707070707070707070707070707",
+                "07070707070707070707",
             ],
             &[
-                "0102010400030005627974657300010901740474657874026869020501066e6f70726f63030873687574646f776e0109",
-                "808040060100a09c01020100056368696c640205627974657308070000000000000005782d7261770200ff0103020401",
-                "78056279746573000403040504040605066b762e6765740474657874016b010806646972656374056279746573080100",
-                "00000000000001",
+                "0202010500030005627974657300010901740474657874026869020506000206020013696e646578206f7574206f6620",
+                "626f756e647301030873687574646f776e01098080400b0100a09c01020100056368696c640205627974657308070000",
+                "000000000005782d7261770200ff01010302040178056279746573000403040504040605066b762e6765740474657874",
+                "016b0706040807040908040a09040103627965010b0a0101080664697265637405627974657308010000000000000001",
             ],
-            &["010300056279746573082a00000000000000"],
-            &["0104017404746578740178"],
-            &["01030104626f6f6d"],
+            &["020300056279746573082a0000000000000000"],
+            &["0204017404746578740178"],
+            &["02030202046675656c0107"],
+            &["020300047465787404646f6e6500"],
+            &["02030104626f6f6d00"],
+            &["02030300"],
+            &["02030400"],
+            &["02030500"],
+            &["02030600"],
+            &["020307016200"],
+            &["020302000c612070616e6963207472617000"],
+            &["02030201126120756e726561636861626c65207472617000"],
+            &["020302021261206f75742d6f662d6675656c207472617000"],
+            &["020302031161206370752d627564676574207472617000"],
+            &["020302041361206d656d6f72792d6c696d6974207472617000"],
+            &["02030205156120737461636b2d6f766572666c6f77207472617000"],
+            &["020302060c61206f74686572207472617000"],
         ];
+        assert_eq!(samples().len(), golden.len(), "a golden value for every sample");
         for (mut record, golden) in samples().into_iter().zip(golden) {
             if let Record::Spawn(spawn) = &mut record {
                 spawn.at = 1_700_000_000_000_000;

@@ -8,7 +8,7 @@ use wasmproc_types::{Payload, Pid};
 use super::read::{Decode, Recorded};
 use super::{Batch, Journal};
 use crate::caps::Capabilities;
-use crate::step::Outcome;
+use crate::step::Exited;
 
 /// A run the journal holds whose every process has ended: a process the embedder spawned
 /// (its root) and everything spawned under it.
@@ -17,7 +17,7 @@ pub struct FinishedRun {
     /// The process the embedder spawned.
     pub root: Pid,
     /// Its recorded result.
-    pub result: Outcome,
+    pub result: Exited,
     /// Every process of the run, with how many records it has.
     members: Vec<(Pid, u64)>,
 }
@@ -41,7 +41,7 @@ pub struct HeldRun {
     pub caps: Capabilities,
     /// The root's result once every process of the run has ended; `None` while one is
     /// unfinished (it resumes when a scheduler is built on the journal).
-    pub result: Option<Outcome>,
+    pub result: Option<Exited>,
     /// Every process of the run, with how many records it has.
     members: Vec<(Pid, u64)>,
 }

@@ -12,7 +12,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
 
-use wasmproc_types::{Payload, Pid};
+use wasmproc_types::{ExitReason, Payload, Pid};
 
 use super::caps::Capabilities;
 use super::inbox::{Inbox, MailboxBound, MessageId, Refused};
@@ -96,7 +96,7 @@ pub(super) enum Decision {
     /// worker kept completions made during dispatch).
     Rerun,
     /// Finished.
-    Complete(Outcome),
+    Complete(ExitReason),
 }
 
 /// How a turn ended.
@@ -107,7 +107,7 @@ pub(super) enum TurnEnd {
     /// Back to `Ready`: the caller must queue it (asked to continue, or used up its turn).
     Requeue,
     /// Finished by itself; the caller finalises it.
-    Complete(Outcome),
+    Complete(ExitReason),
     /// Termination was requested; the caller finalises it.
     Terminated,
 }
@@ -244,12 +244,12 @@ impl ProcessCell {
             }
             terminate = self.state.load().is_terminate_requested();
             match decision {
-                Decision::Complete(Ok(result)) => return TurnEnd::Complete(Ok(result)),
+                Decision::Complete(reason) if reason.is_normal() => return TurnEnd::Complete(reason),
                 // A terminate request that came during the step wins over any other end
                 // of it: the step may have been cut short by the request (a Wasm step
                 // fails at its next epoch tick), and its error is not the process's.
                 _ if terminate => return TurnEnd::Terminated,
-                Decision::Complete(result) => return TurnEnd::Complete(result),
+                Decision::Complete(reason) => return TurnEnd::Complete(reason),
                 // A suspended step still has work: it is queued again, whatever came.
                 Decision::Continue | Decision::Preempted => {
                     self.state.transition_to_ready_from_running();

@@ -1,7 +1,8 @@
 //! Command dispatch: how the yields a step writes reach the code that carries them out,
 //! and what the embedder registers for it.
 //!
-//! Built-in commands (`sleep`, `spawn`, `send`, `monitor`, `terminate`) are handled by
+//! Built-in commands (`sleep`, `spawn`, `send`, `monitor`, `terminate`, and the links'
+//! `link`, `unlink`, `demonitor`, `exit`, `trap-exits`) are handled by
 //! the scheduler itself; custom commands go to the [`Handler`] the embedder registered
 //! under their name (`commands.rs` finds it); `spawn` makes its process with the
 //! [`Factory`] of the kind it names. Every yield is answered by exactly one completion
@@ -82,6 +83,9 @@ impl Shared {
         match y.command {
             Command::Sleep(duration) if duration.is_zero() => complete(cell, tag, Ok(Payload::empty())),
             Command::Sleep(duration) => self.timer.sleep(duration, completer(cell, tag)),
+            Command::Spawn(request) if request.link => {
+                complete(cell, tag, Err("unknown: `spawn` with `link` is not supported yet by this host".to_owned()))
+            }
             Command::Spawn(request) => {
                 let request = match self.spawn_elsewhere(cell, request, || completer(cell, tag)) {
                     Ok(()) => return,
@@ -118,6 +122,13 @@ impl Shared {
                 {
                     done.complete(Err(error.to_string()));
                 }
+            }
+            Command::Link(_)
+            | Command::Unlink(_)
+            | Command::Demonitor(_)
+            | Command::Exit(_)
+            | Command::TrapExits(_) => {
+                complete(cell, tag, Err(format!("unknown: `{}` is not supported yet by this host", kind.name())));
             }
             Command::Custom { .. } => unreachable!("handled above"),
         }

@@ -11,7 +11,6 @@
 //! (`Durable::record_step`).
 
 use std::any::Any;
-use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,7 +19,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
-use wasmproc_types::{Payload, Pid};
+use wasmproc_types::{ExitReason, Payload, Pid};
 
 use super::cell::ProcessCell;
 use super::inbox::MessageId;
@@ -28,7 +27,7 @@ use super::worker;
 use crate::journal::{
     CommitError, CommitStats, Committer, Journal, Key, OnCommit, Record, SpawnRecord, StepRecord, now_micros,
 };
-use crate::step::{Event, Outcome, Status, Yield};
+use crate::step::{Event, Exited, Status, Yield};
 
 /// Where a yield of a durable process is in its journal: the record of its step, and its
 /// place among that step's yields.
@@ -250,7 +249,7 @@ pub(super) enum AfterCommit {
     /// A message from the embedder, recorded in its receiver's history as record `seq`.
     Deliver { cell: Arc<ProcessCell>, seq: u64, topic: String, body: Payload },
     /// A process's end: `None` is a termination.
-    Exit { cell: Arc<ProcessCell>, result: Option<Outcome> },
+    Exit { cell: Arc<ProcessCell>, result: Option<Exited> },
 }
 
 impl Durable {
@@ -392,7 +391,8 @@ impl Durable {
     /// next start does not try again.
     pub(super) fn record_lost_exit(&self, pid: Pid, seq: u64, reason: String) {
         let key = Key { process: pid.as_u64(), seq };
-        if let Err(error) = self.committer.submit([(key, Record::Exit(Err(reason)).encode())], AfterCommit::Nothing) {
+        let record = Record::Exit(Exited::new(ExitReason::Error(reason)));
+        if let Err(error) = self.committer.submit([(key, record.encode())], AfterCommit::Nothing) {
             tracing::error!(%pid, %error, "the exit of a process that cannot be resumed was not recorded");
         }
     }
@@ -400,11 +400,11 @@ impl Durable {
     /// Records the end of `cell`'s process; the committer finalises it once that is
     /// durable. Hands `result` back if the journal has failed, for the caller to finalise
     /// the process with the failure.
-    pub(super) fn record_exit(&self, cell: &Arc<ProcessCell>, result: Option<Outcome>) -> Result<(), String> {
+    pub(super) fn record_exit(&self, cell: &Arc<ProcessCell>, result: Option<Exited>) -> Result<(), String> {
         // A terminated process's exit is recorded with the reason its watchers are given.
         let recorded = match &result {
             Some(result) => result.clone(),
-            None => Err(cell.inbox.terminate_reason().unwrap_or_else(|| "terminated".to_owned())),
+            None => cell.inbox.terminate_reason().unwrap_or_else(|| Exited::new(ExitReason::Terminated)),
         };
         self.submit(cell, Record::Exit(recorded), |_, _| AfterCommit::Exit { cell: cell.clone(), result })
     }
@@ -654,10 +654,11 @@ impl AfterCommit {
         match self {
             AfterCommit::Nothing | AfterCommit::Deliver { .. } => {}
             AfterCommit::Effects { cell, .. } | AfterCommit::Read { cell } => {
-                let _ = cell.scheduler().clone().terminate_cell_because(&cell, Cow::Owned(reason));
+                let _ = cell.scheduler().clone().terminate_cell(&cell, ExitReason::Error(reason));
             }
             AfterCommit::Exit { cell, .. } => {
-                cell.scheduler().clone().finalize(&cell, Some(Err(format!("{reason}; the result was not recorded"))));
+                let error = format!("{reason}; the result was not recorded");
+                cell.scheduler().clone().finalize(&cell, Some(ExitReason::Error(error).into()));
             }
         }
     }

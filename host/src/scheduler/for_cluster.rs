@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use wasmproc_types::Pid;
+use wasmproc_types::{ExitReason, Pid};
 
 use super::caps::Capabilities;
 use super::cell::{ProcessCell, Watcher};
@@ -18,7 +18,7 @@ use super::state::Wake;
 use crate::error::{SendError, SpawnError};
 use crate::handler::{Completer, Factory, make_under};
 use crate::limits::{KindLimits, Lineage, RunBound, RunId};
-use crate::step::{Event, Outcome, SpawnRequest};
+use crate::step::{Event, SpawnRequest};
 
 impl Shared {
     /// Hands `request` to the cluster when its placement picks another node; gives it
@@ -68,9 +68,9 @@ impl Handle {
 
     /// Delivers the exit of `pid` (a process of another node) to the local `watcher`.
     /// False if the watcher has ended.
-    pub(crate) fn exit_to(&self, watcher: Pid, pid: Pid, result: Outcome) -> bool {
+    pub(crate) fn exit_to(&self, watcher: Pid, pid: Pid, reason: ExitReason) -> bool {
         let Some(cell) = self.shared.registry.get(watcher) else { return false };
-        match cell.deliver(Event::Exit { pid, result }) {
+        match cell.deliver(Event::Exit { pid, reason, linked: false }) {
             Ok(wake) => {
                 if wake == Wake::Schedule {
                     self.shared.schedule(cell);
@@ -165,9 +165,10 @@ impl Handle {
         self.cancel_cells(self.in_client_run(client), reason)
     }
 
-    /// Ends at once, with the error `reason`, every process of the client's run `client`.
-    pub(crate) fn terminate_client_run(&self, client: u64, reason: &'static str) -> usize {
-        self.in_client_run(client).iter().filter(|cell| self.shared.terminate_cell(cell, reason).is_ok()).count()
+    /// Ends at once, with `reason`, every process of the client's run `client`.
+    pub(crate) fn terminate_client_run(&self, client: u64, reason: ExitReason) -> usize {
+        let cells = self.in_client_run(client);
+        cells.iter().filter(|cell| self.shared.terminate_cell(cell, reason.clone()).is_ok()).count()
     }
 
     /// The live processes of the client's run `client` (never 0: that is every node's
@@ -191,10 +192,11 @@ impl Handle {
         reached
     }
 
-    /// Ends at once, with the error `reason`, every process [`Handle::cancel_owned_by`]
+    /// Ends at once, with `reason`, every process [`Handle::cancel_owned_by`]
     /// reaches for `node`; returns how many.
-    pub(crate) fn terminate_owned_by(&self, node: u16, reason: &'static str) -> usize {
-        self.owned_by(node).iter().filter(|cell| self.shared.terminate_cell(cell, reason).is_ok()).count()
+    pub(crate) fn terminate_owned_by(&self, node: u16, reason: ExitReason) -> usize {
+        let cells = self.owned_by(node);
+        cells.iter().filter(|cell| self.shared.terminate_cell(cell, reason.clone()).is_ok()).count()
     }
 
     /// The live processes that belong to node `node`'s run or whose parent runs there.

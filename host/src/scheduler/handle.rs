@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use wasmproc_types::{Payload, Pid};
+use wasmproc_types::{ExitReason, Payload, Pid};
 
 use super::caps::Capabilities;
 use super::cell::Watcher;
@@ -18,7 +18,7 @@ use crate::error::{SendError, SpawnError};
 use crate::handler::Request;
 use crate::limits::Lineage;
 use crate::process::Process;
-use crate::step::Event;
+use crate::step::{Event, Exited};
 
 /// Spawns, messages and inspects processes. Cheap to clone; usable from any thread,
 /// including from command handlers.
@@ -142,7 +142,7 @@ impl Handle {
         })
     }
 
-    /// Ends `pid` with the result `Err("terminated")`. Returns once termination is
+    /// Ends `pid` with the reason [`ExitReason::Terminated`]. Returns once termination is
     /// requested; the process ends when its current step (if any) returns, which its
     /// [`ProcessHandle`] and its monitors observe.
     ///
@@ -155,7 +155,7 @@ impl Handle {
             return Ok(());
         }
         let cell = self.shared.registry.get(pid).ok_or(SendError::NotFound(pid))?;
-        self.shared.terminate_cell(&cell, "terminated")
+        self.shared.terminate_cell(&cell, ExitReason::Terminated)
     }
 
     /// Delivers a cancel event with `reason` to every live process (what [`Scheduler::stop`]
@@ -176,12 +176,19 @@ impl Handle {
         reached
     }
 
-    /// Ends every live process at once with the error `reason` (as [`Handle::terminate`]
-    /// does one), and returns how many it ended. A process in the middle of a step ends
-    /// when the step returns.
-    pub fn terminate_all(&self, reason: &'static str) -> usize {
+    /// Ends every live process at once with `reason` (as [`Handle::terminate`] does one
+    /// with [`ExitReason::Terminated`]), and returns how many it ended: a stop that forces
+    /// what is left after a grace period gives [`ExitReason::Killed`]. A process in the
+    /// middle of a step ends when the step returns.
+    pub fn terminate_all(&self, reason: ExitReason) -> usize {
         let cells = self.shared.registry.snapshot();
-        cells.iter().filter(|cell| self.shared.terminate_cell(cell, reason).is_ok()).count()
+        cells.iter().filter(|cell| self.shared.terminate_cell(cell, reason.clone()).is_ok()).count()
+    }
+
+    /// Ends every live process at once with `exited`; returns how many it ended.
+    pub(super) fn end_all(&self, exited: &Exited) -> usize {
+        let cells = self.shared.registry.snapshot();
+        cells.iter().filter(|cell| self.shared.terminate_cell_because(cell, exited.clone()).is_ok()).count()
     }
 
     /// Processes alive now.

@@ -9,13 +9,12 @@
 //! Watchers (whom to tell when the process ends) are of a type the inbox only stores:
 //! the scheduler's `cell::Watcher`.
 
-use std::borrow::Cow;
 use std::mem;
 
 use wasmproc_types::Pid;
 
 use crate::loom::Mutex;
-use crate::step::{Event, message_size};
+use crate::step::{Event, Exited, message_size};
 
 /// A durable message's identity: its sender, and a number unique among that sender's
 /// messages (see `durable.rs`), so a recovery delivers each exactly once.
@@ -59,7 +58,7 @@ struct InboxState<W> {
     bytes: usize,
     closed: bool,
     watchers: Vec<W>,
-    terminate_reason: Option<Cow<'static, str>>,
+    terminate_reason: Option<Exited>,
 }
 
 /// What is left in an inbox when it closes.
@@ -69,7 +68,7 @@ pub(super) struct Closed<W> {
     /// Everyone to tell about the exit.
     pub(super) watchers: Vec<W>,
     /// Set if the process was terminated rather than finishing by itself.
-    pub(super) terminate_reason: Option<Cow<'static, str>>,
+    pub(super) terminate_reason: Option<Exited>,
 }
 
 impl<W> Inbox<W> {
@@ -159,7 +158,7 @@ impl<W> Inbox<W> {
 
     /// Records why the process is being terminated; the first reason wins. Returns
     /// false if the process has already finished.
-    pub(super) fn set_terminate_reason(&self, reason: Cow<'static, str>) -> bool {
+    pub(super) fn set_terminate_reason(&self, reason: Exited) -> bool {
         let mut inner = self.inner.lock();
         if inner.closed {
             return false;
@@ -169,8 +168,8 @@ impl<W> Inbox<W> {
     }
 
     /// Why the process is being terminated, if it is.
-    pub(super) fn terminate_reason(&self) -> Option<String> {
-        self.inner.lock().terminate_reason.as_deref().map(str::to_owned)
+    pub(super) fn terminate_reason(&self) -> Option<Exited> {
+        self.inner.lock().terminate_reason.clone()
     }
 
     /// Refuses every later push and hands back what is left.
@@ -195,7 +194,7 @@ impl<W> Inbox<W> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use wasmproc_types::{Payload, Pid};
+    use wasmproc_types::{ExitReason, Payload, Pid};
 
     fn message(n: u64) -> Event {
         Event::Message { sender: Pid::HOST, topic: "t".into(), body: Payload::u64(n) }
@@ -247,12 +246,12 @@ mod tests {
     fn closed_inbox_refuses_and_returns_leftovers() {
         let inbox = Inbox::<()>::new();
         inbox.push(message(1), messages(8)).unwrap();
-        assert!(inbox.set_terminate_reason("first".into()));
-        assert!(inbox.set_terminate_reason("second".into()));
+        assert!(inbox.set_terminate_reason(ExitReason::Terminated.into()));
+        assert!(inbox.set_terminate_reason(ExitReason::Killed.into()));
         let closed = inbox.close();
         assert_eq!(closed.undelivered.len(), 1);
-        assert_eq!(closed.terminate_reason.as_deref(), Some("first"));
+        assert_eq!(closed.terminate_reason, Some(ExitReason::Terminated.into()));
         assert_eq!(inbox.push(message(2), messages(8)), Err(Refused::Closed));
-        assert!(!inbox.set_terminate_reason("late".into()));
+        assert!(!inbox.set_terminate_reason(ExitReason::Shutdown.into()));
     }
 }

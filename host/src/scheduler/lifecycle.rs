@@ -2,17 +2,16 @@
 //! messages, monitors and termination requests that reach it, its end (retire), waiting
 //! until none is left (drain), and the list of waiting processes to hibernate.
 
-use std::borrow::Cow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use wasmproc_types::{Payload, Pid};
+use wasmproc_types::{ExitReason, Payload, Pid};
 
 use super::caps::Capabilities;
 use super::cell::{ProcessCell, Spec, Watcher, port};
-use super::durable::{SUSPENDED, draw_seed};
+use super::durable::draw_seed;
 use super::registry;
 use super::shared::Shared;
 use super::state::Wake;
@@ -21,7 +20,7 @@ use crate::error::{SendError, SpawnError};
 use crate::journal::{SpawnRecord, now_micros};
 use crate::limits::Lineage;
 use crate::process::Process;
-use crate::step::{Event, Outcome};
+use crate::step::{Event, Exited};
 
 /// The hibernation list's length below which it is never pruned, so that a scheduler
 /// with few live processes does not prune at every listing. Picked out of thin air: 16
@@ -106,7 +105,7 @@ impl Shared {
             Err(panic) => Err(anyhow::anyhow!("init panicked: {}", worker::panic_message(&*panic))),
         };
         if let Err(source) = init {
-            self.retire(&cell, Some(Err(format!("{source:#}"))), Ending::Unborn);
+            self.retire(&cell, Some(ExitReason::Error(format!("{source:#}")).into()), Ending::Unborn);
             return Err(SpawnError::Init { method, source });
         }
         if let Some((durable, seed, at, input)) = durable_start {
@@ -123,7 +122,7 @@ impl Shared {
                 seed,
             };
             if let Err(reason) = durable.record_spawn(&cell, record) {
-                self.retire(&cell, Some(Err(reason.clone())), Ending::Unborn);
+                self.retire(&cell, Some(ExitReason::Error(reason.clone()).into()), Ending::Unborn);
                 return Err(SpawnError::Journal(reason));
             }
         }
@@ -154,8 +153,8 @@ impl Shared {
         refused
     }
 
-    /// `watcher` gets an [`Event::Exit`] when `target` ends; at once (`Err("noproc")`)
-    /// if it already has.
+    /// `watcher` gets an [`Event::Exit`] when `target` ends; at once
+    /// ([`ExitReason::Noproc`]) if it already has.
     pub(super) fn monitor(&self, watcher: &Arc<ProcessCell>, target: Pid) {
         if let Some(remote) = self.remote_for(target) {
             return remote.monitor(watcher.pid(), target);
@@ -165,7 +164,8 @@ impl Shared {
             None => true,
         };
         if refused
-            && let Ok(Wake::Schedule) = watcher.deliver(Event::Exit { pid: target, result: Err("noproc".to_owned()) })
+            && let Ok(Wake::Schedule) =
+                watcher.deliver(Event::Exit { pid: target, reason: ExitReason::Noproc, linked: false })
         {
             self.schedule(watcher.clone());
         }
@@ -184,20 +184,20 @@ impl Shared {
         }
         // Once the watcher is registered the exit notifies it, even if the process
         // finishes by itself before the request lands.
-        let _ = self.terminate_cell(&cell, "terminated");
+        let _ = self.terminate_cell(&cell, ExitReason::Terminated);
         Ok(())
     }
 
-    pub(super) fn terminate_cell(&self, cell: &Arc<ProcessCell>, reason: &'static str) -> Result<(), SendError> {
-        self.terminate_cell_because(cell, Cow::Borrowed(reason))
+    /// Ends `cell`'s process at once with `reason` (when its current step, if any,
+    /// returns); the first reason given wins.
+    pub(super) fn terminate_cell(&self, cell: &Arc<ProcessCell>, reason: ExitReason) -> Result<(), SendError> {
+        self.terminate_cell_because(cell, Exited::new(reason))
     }
 
-    pub(super) fn terminate_cell_because(
-        &self,
-        cell: &Arc<ProcessCell>,
-        reason: Cow<'static, str>,
-    ) -> Result<(), SendError> {
-        if !cell.inbox.set_terminate_reason(reason) {
+    /// As [`Shared::terminate_cell`], with the whole record of the end: an exit signal
+    /// from a linked process names its sender ([`Exited::signal_from`]).
+    pub(super) fn terminate_cell_because(&self, cell: &Arc<ProcessCell>, exited: Exited) -> Result<(), SendError> {
+        if !cell.inbox.set_terminate_reason(exited) {
             return Err(SendError::Closed(cell.pid()));
         }
         if cell.state.request_terminate() == Wake::Schedule {
@@ -208,15 +208,17 @@ impl Shared {
 
     /// Ends a process whose turn ended it (`None`: terminated). A durable process's exit
     /// is recorded first, and it is finalised once that is committed.
-    pub(super) fn end(&self, cell: &Arc<ProcessCell>, result: Option<Outcome>) {
+    pub(super) fn end(&self, cell: &Arc<ProcessCell>, result: Option<ExitReason>) {
+        let result = result.map(Exited::new);
         match &self.durable {
             // Its exit is not recorded: it resumes on the next start.
             Some(_) if self.suspending.load(Ordering::Acquire) => {
-                self.finalize(cell, Some(Err(SUSPENDED.to_owned())));
+                self.finalize(cell, Some(suspended()));
             }
             Some(durable) => {
                 if let Err(reason) = durable.record_exit(cell, result) {
-                    self.finalize(cell, Some(Err(format!("{reason}; the result was not recorded"))));
+                    let error = format!("{reason}; the result was not recorded");
+                    self.finalize(cell, Some(ExitReason::Error(error).into()));
                 }
             }
             None => self.finalize(cell, result),
@@ -224,8 +226,8 @@ impl Shared {
     }
 
     /// Ends a process that was running (or was dequeued with a terminate request).
-    /// `None` means terminated: the result is the termination reason.
-    pub(super) fn finalize(&self, cell: &Arc<ProcessCell>, result: Option<Outcome>) {
+    /// `None` means terminated: the end is the termination's reason.
+    pub(super) fn finalize(&self, cell: &Arc<ProcessCell>, result: Option<Exited>) {
         // Counted first, so that whoever sees the scheduler drained sees it counted.
         self.count(|c| &c.completed, 1);
         self.retire(cell, result, Ending::Ran);
@@ -240,10 +242,9 @@ impl Shared {
     /// counted.
     ///
     /// [`Stats::unobserved_failures`]: super::Stats::unobserved_failures
-    fn retire(&self, cell: &Arc<ProcessCell>, result: Option<Outcome>, ending: Ending) {
+    fn retire(&self, cell: &Arc<ProcessCell>, result: Option<Exited>, ending: Ending) {
         let closed = cell.inbox.close();
-        let result = result
-            .unwrap_or_else(|| Err(closed.terminate_reason.map_or_else(|| "terminated".to_owned(), Cow::into_owned)));
+        let result = result.or(closed.terminate_reason).unwrap_or_else(|| Exited::new(ExitReason::Terminated));
         cell.state.transition_to_complete();
         // Closed before the pid leaves the registry: while `close` runs (dropping a Wasm
         // store takes a while), senders get `Closed`, not `NotFound`.
@@ -273,7 +274,8 @@ impl Shared {
                 Watcher::Process(_) if suspending => {}
                 Watcher::Process(watching) => {
                     // A watcher that has ended itself refuses the event: it was not told.
-                    let delivered = watching.deliver(Event::Exit { pid: cell.pid(), result: result.clone() });
+                    let exit = Event::Exit { pid: cell.pid(), reason: result.reason.clone(), linked: false };
+                    let delivered = watching.deliver(exit);
                     told |= delivered.is_ok();
                     if let Ok(Wake::Schedule) = delivered {
                         self.schedule(watching);
@@ -289,18 +291,18 @@ impl Shared {
                 }
                 Watcher::Notify(notify) => {
                     told = true;
-                    notify(cell.pid(), &result);
+                    notify(cell.pid(), &result.reason);
                 }
                 Watcher::Release(release) => release(),
             }
         }
         // Only a failure costs anything here; a suspension is no failure.
-        if !told
-            && ending == Ending::Ran
-            && !suspending
-            && let Err(error) = &result
-        {
-            self.count_unobserved(cell.pid(), error);
+        if !told && ending == Ending::Ran && !suspending && !result.reason.is_normal() {
+            // An error in its own words; any other end in the reason's (`trapped: …`).
+            match &result.reason {
+                ExitReason::Error(error) if result.signal_from.is_none() => self.count_unobserved(cell.pid(), error),
+                _ => self.count_unobserved(cell.pid(), &result.to_string()),
+            }
         }
         if self.retiring.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.notify_drained();
@@ -359,6 +361,12 @@ impl Shared {
         }
         true
     }
+}
+
+/// The end a durable process is given when its scheduler stops: it is not ended, and
+/// resumes from its journal (see `durable::SUSPENDED`).
+pub(super) fn suspended() -> Exited {
+    Exited::new(ExitReason::Shutdown)
 }
 
 /// Who hears of a process's end besides its watchers.
@@ -497,6 +505,7 @@ mod tests {
                     method: "main".to_owned(),
                     input: Vec::new(),
                     monitor: self.watch,
+                    link: false,
                 };
                 out.yield_command(0, Command::Spawn(request));
                 out.set_status(Status::Blocked);

@@ -105,4 +105,4 @@ pub use self::process_handle::ProcessHandle;
 pub use self::shutdown::{Scheduler, StopReport};
 pub use self::stats::{Stats, WorkerStats, YieldCounts};
 pub use crate::process::{Port, Process};
-pub use crate::step::{Command, Event, Events, Outcome, SpawnRequest, Status, StepOutput, Yield};
+pub use crate::step::{Command, Event, Events, ExitSignal, Exited, Outcome, SpawnRequest, Status, StepOutput, Yield};

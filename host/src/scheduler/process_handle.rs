@@ -6,19 +6,19 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use wasmproc_types::Pid;
+use wasmproc_types::{ExitReason, Payload, Pid};
 
-use crate::step::Outcome;
+use crate::step::Exited;
 
-/// Where a process's result lands for the embedder.
+/// Where a process's end lands for the embedder.
 #[derive(Default)]
 pub(super) struct ExitSlot {
-    result: Mutex<Option<Outcome>>,
+    result: Mutex<Option<Exited>>,
     condvar: Condvar,
 }
 
 impl ExitSlot {
-    pub(super) fn set(&self, result: Outcome) {
+    pub(super) fn set(&self, result: Exited) {
         *self.result.lock() = Some(result);
         self.condvar.notify_all();
     }
@@ -43,8 +43,26 @@ impl ProcessHandle {
         self.pid
     }
 
-    /// Blocks until the process ends and returns its result.
-    pub fn join(&self) -> Outcome {
+    /// Blocks until the process ends and returns its result: its payload for a normal
+    /// exit, otherwise why it ended ([`ExitReason`]).
+    pub fn join(&self) -> Result<Payload, ExitReason> {
+        self.wait().into_result()
+    }
+
+    /// Like [`ProcessHandle::join`], giving up after `timeout`: `None` if the process is
+    /// still running then.
+    pub fn join_timeout(&self, timeout: Duration) -> Option<Result<Payload, ExitReason>> {
+        self.wait_timeout(timeout).map(Exited::into_result)
+    }
+
+    /// The result if the process has ended.
+    pub fn try_result(&self) -> Option<Result<Payload, ExitReason>> {
+        self.try_exit().map(Exited::into_result)
+    }
+
+    /// Blocks until the process ends and returns the whole record of its end: the
+    /// reason, and the process whose exit signal ended it, if one did.
+    pub fn wait(&self) -> Exited {
         let mut result = self.slot.result.lock();
         loop {
             if let Some(r) = result.as_ref() {
@@ -54,9 +72,9 @@ impl ProcessHandle {
         }
     }
 
-    /// Like [`ProcessHandle::join`], giving up after `timeout`: `None` if the process is
+    /// Like [`ProcessHandle::wait`], giving up after `timeout`: `None` if the process is
     /// still running then.
-    pub fn join_timeout(&self, timeout: Duration) -> Option<Outcome> {
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<Exited> {
         let deadline = Instant::now() + timeout;
         let mut result = self.slot.result.lock();
         while result.is_none() {
@@ -67,8 +85,8 @@ impl ProcessHandle {
         result.clone()
     }
 
-    /// The result if the process has ended.
-    pub fn try_result(&self) -> Option<Outcome> {
+    /// The record of the process's end, if it has ended.
+    pub fn try_exit(&self) -> Option<Exited> {
         self.slot.result.lock().clone()
     }
 }

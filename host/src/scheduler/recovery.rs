@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use wasmproc_types::{Payload, Pid};
+use wasmproc_types::{ExitReason, Payload, Pid};
 
 use super::caps::Capabilities;
 use super::cell::{ProcessCell, Spec, Watcher, port};
@@ -252,7 +252,7 @@ impl Plan {
                             match replay(cell, &saved[pid]) {
                                 Ok(status) => done.push((*pid, status)),
                                 // The process ends here, with its exit recorded like any other.
-                                Err(error) => shared.end(cell, Some(Err(error))),
+                                Err(error) => shared.end(cell, Some(ExitReason::Error(error))),
                             }
                         }
                         done
@@ -489,11 +489,11 @@ impl Plan {
         {
             return;
         }
-        let result = match self.saved.get(&target).and_then(|s| s.exit.clone()) {
-            Some(result) => result,
-            None => Err("noproc".to_owned()),
+        let reason = match self.saved.get(&target).and_then(|s| s.exit.clone()) {
+            Some(exited) => exited.reason,
+            None => ExitReason::Noproc,
         };
-        if let Ok(super::state::Wake::Schedule) = cell.deliver(Event::Exit { pid: target, result }) {
+        if let Ok(super::state::Wake::Schedule) = cell.deliver(Event::Exit { pid: target, reason, linked: false }) {
             shared.schedule(cell.clone());
         }
     }
@@ -574,7 +574,7 @@ fn queue(shared: &Arc<Shared>, cells: &BTreeMap<Pid, Arc<ProcessCell>>, replayed
                 }
                 Err(_) => result,
             };
-            shared.end(cell, Some(result));
+            shared.end(cell, Some(result.into()));
             continue;
         }
         let target = match status {

@@ -12,17 +12,16 @@
 
 use std::sync::Arc;
 
-use wasmproc_types::{Payload, Pid};
+use wasmproc_types::{ExitReason, Payload, Pid};
 
 use super::caps::Capabilities;
 use crate::error::SendError;
 use crate::handler::{Completer, Factory};
 use crate::limits::KindLimits;
 pub use crate::limits::{RunId, RunLimits};
-use crate::step::Outcome;
 
 /// Called once with the pid and result of a process that a remote node watches.
-pub(crate) type Notify = Box<dyn FnOnce(Pid, &Outcome) + Send>;
+pub(crate) type Notify = Box<dyn FnOnce(Pid, &ExitReason) + Send>;
 
 /// What a scheduler hands to the cluster: work for processes of other nodes. Called on
 /// worker threads in the middle of dispatch, so no method may block.

@@ -19,12 +19,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use wasmproc_types::Pid;
+use wasmproc_types::{ExitReason, Pid};
 
-use super::durable::SUSPENDED;
 use super::handle::Handle;
+use super::lifecycle::suspended;
 use super::process_handle::ProcessHandle;
 use super::worker;
+use crate::step::Exited;
 
 /// The scheduler: owns the worker threads. Dropping it stops it with no grace period
 /// (see [`Scheduler::stop`]).
@@ -105,9 +106,10 @@ impl Scheduler {
         if durable || !shared.wait_drained(Some(start + grace)) {
             // Spawns that passed the stopping check before it was set may still be
             // registering: sweep until nothing is left.
-            let reason = if durable { SUSPENDED } else { "terminated: shutdown deadline exceeded" };
+            // Suspended, or killed: the process ignored the cancel until the deadline.
+            let reason = if durable { suspended() } else { Exited::new(ExitReason::Killed) };
             loop {
-                forced += self.handle.terminate_all(reason);
+                forced += self.handle.end_all(&reason);
                 if shared.wait_drained(Some(Instant::now() + Duration::from_millis(50))) {
                     break;
                 }

@@ -71,6 +71,16 @@ pub struct YieldCounts {
     pub monitor: u64,
     /// `terminate` commands.
     pub terminate: u64,
+    /// `link` commands.
+    pub link: u64,
+    /// `unlink` commands.
+    pub unlink: u64,
+    /// `demonitor` commands.
+    pub demonitor: u64,
+    /// `exit` commands (exit signals).
+    pub exit: u64,
+    /// `trap-exits` commands.
+    pub trap_exits: u64,
     /// Custom commands, whatever their names.
     pub custom: u64,
 }
@@ -78,7 +88,7 @@ pub struct YieldCounts {
 impl YieldCounts {
     /// The counts by command name, the built-ins in the order `--help` lists them, then
     /// `custom`: for printing them all.
-    pub fn by_name(&self) -> [(&'static str, u64); 6] {
+    pub fn by_name(&self) -> [(&'static str, u64); CommandKind::ALL.len()] {
         CommandKind::ALL.map(|kind| (kind.name(), self.get(kind)))
     }
 
@@ -89,6 +99,11 @@ impl YieldCounts {
             CommandKind::Send => self.send,
             CommandKind::Monitor => self.monitor,
             CommandKind::Terminate => self.terminate,
+            CommandKind::Link => self.link,
+            CommandKind::Unlink => self.unlink,
+            CommandKind::Demonitor => self.demonitor,
+            CommandKind::Exit => self.exit,
+            CommandKind::TrapExits => self.trap_exits,
             CommandKind::Custom => self.custom,
         }
     }

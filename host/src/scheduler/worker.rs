@@ -90,7 +90,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_deque::{Steal, Worker};
 
-use wasmproc_types::Payload;
+use wasmproc_types::{ExitReason, Payload, TrapKind};
 
 use super::caps::Capabilities;
 use super::cell::{Decision, Hibernation, ProcessCell, TurnEnd};
@@ -522,9 +522,10 @@ impl WorkerLoop<'_> {
             events.clear();
             match stepped {
                 Some(Ok(Ok(()))) => {}
-                Some(Ok(Err(error))) => return Decision::Complete(Err(format!("{error:#}"))),
+                Some(Ok(Err(error))) => return Decision::Complete(step_failed(error)),
                 Some(Err(panic)) => {
-                    return Decision::Complete(Err(format!("process panicked: {}", panic_message(&*panic))));
+                    let message = format!("process panicked: {}", panic_message(&*panic));
+                    return Decision::Complete(ExitReason::trap(TrapKind::Panic, message));
                 }
                 None => unreachable!("process {} closed while running", cell.pid()),
             }
@@ -537,21 +538,21 @@ impl WorkerLoop<'_> {
                 if let Ok(payload) = &result
                     && let Err(error) = limits.check_payload(payload.data.len(), "the result")
                 {
-                    return Decision::Complete(Err(error));
+                    return Decision::Complete(ExitReason::Error(error));
                 }
                 if let Some(durable) = durable
                     && let Some(step) = recorded
                 {
                     let status = Status::Complete(Ok(Payload::empty()));
                     if let Err(error) = durable.record_finished(&cell, step, Vec::new(), status) {
-                        return Decision::Complete(Err(error));
+                        return Decision::Complete(ExitReason::Error(error));
                     }
                 }
-                return Decision::Complete(result);
+                return Decision::Complete(result.into());
             }
             if let Err(error) = limits.check(yields, &cell.lineage) {
                 yields.clear();
-                return Decision::Complete(Err(error));
+                return Decision::Complete(ExitReason::Error(error));
             }
             // A durable step's yields are the committer's to carry out, unless they only
             // read: then they come back, with the step's record, to be carried out now.
@@ -564,7 +565,7 @@ impl WorkerLoop<'_> {
                         *yields = back;
                         record = seq;
                     }
-                    Err(error) => return Decision::Complete(Err(error)),
+                    Err(error) => return Decision::Complete(ExitReason::Error(error)),
                 }
             }
             dispatch.cell.set(Arc::as_ptr(&cell) as usize);
@@ -620,6 +621,17 @@ impl WorkerLoop<'_> {
             TurnEnd::Complete(result) => shared.end(&cell, Some(result)),
             TurnEnd::Terminated => shared.end(&cell, None),
         }
+    }
+}
+
+/// The reason a process whose step failed with `error` ends with: the [`ExitReason`] the
+/// error is (or holds, under context), as a process reports a trap (see
+/// [`Process::step`](crate::Process::step)); otherwise an [`ExitReason::Error`] with the
+/// error's whole chain.
+fn step_failed(error: anyhow::Error) -> ExitReason {
+    match error.downcast::<ExitReason>() {
+        Ok(reason) => reason,
+        Err(error) => ExitReason::Error(format!("{error:#}")),
     }
 }
 

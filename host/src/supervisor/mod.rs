@@ -12,7 +12,7 @@
 //! ```
 //! use wasmproc::supervisor::{ChildSpec, Strategy, SupervisorSpec};
 //! use wasmproc::scheduler::Spawnable;
-//! use wasmproc::{Event, Events, Payload, Port, Process, Scheduler, StepOutput};
+//! use wasmproc::{Event, Events, ExitReason, Payload, Port, Process, Scheduler, StepOutput};
 //!
 //! /// Ends at once with an error: the supervisor restarts it, twice, and gives up.
 //! struct Crasher;
@@ -30,7 +30,7 @@
 //! spec.intensity = 2;
 //! spec.children.push(ChildSpec::new("worker", "crasher", "main"));
 //! let supervisor = scheduler.handle().spawn(Spawnable::kind("supervisor"), spec.spawn_options()?)?;
-//! let reason = supervisor.join().unwrap_err();
+//! let Err(ExitReason::Error(reason)) = supervisor.join() else { panic!("the supervisor escalates") };
 //! assert!(reason.starts_with("restart intensity reached: 3 restarts within 5s"), "{reason}");
 //! assert!(reason.contains("child `worker`, which ended with: boom"), "{reason}");
 //! # scheduler.stop(std::time::Duration::from_secs(1));
@@ -66,7 +66,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use wasmproc_types::{Payload, Pid};
+use wasmproc_types::{ExitReason, Payload, Pid};
 
 use crate::handler::Factory;
 use crate::process::{Port, Process};
@@ -214,7 +214,10 @@ pub fn ask(handle: &Handle, supervisor: Pid, request: &Request, timeout: Duratio
         let _ = handle.terminate(process.pid());
         return Err(format!("supervisor {supervisor} did not answer `{}` within {timeout:?}", request.topic()));
     };
-    let body = answer?;
+    let body = answer.map_err(|reason| match reason {
+        ExitReason::Error(error) => error,
+        other => format!("the asking process {other}"),
+    })?;
     let mut value: Value = body.parse_json().map_err(|e| format!("a supervisor's answer that is not JSON: {e}"))?;
     if let Some(error) = value.get("error") {
         return Err(error.as_str().map_or_else(|| error.to_string(), str::to_owned));
@@ -247,8 +250,8 @@ impl Process for Asker {
                 {
                     out.complete(Ok(body));
                 }
-                Event::Exit { pid, result } if pid == self.supervisor => {
-                    out.complete(Err(format!("supervisor {pid} ended before it answered: {result:?}")));
+                Event::Exit { pid, reason, .. } if pid == self.supervisor => {
+                    out.complete(Err(format!("supervisor {pid} ended before it answered: it {reason}")));
                 }
                 _ => {}
             }

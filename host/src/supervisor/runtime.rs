@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use wasmproc_types::{Payload, Pid};
+use wasmproc_types::{ExitReason, Payload, Pid};
 
 use super::spec::{AutoShutdown, ChildSpec, MAX_CHILDREN, Restart, Strategy, SupervisorSpec, duration_text};
 use super::{Request, START};
@@ -348,6 +348,7 @@ impl Supervisor {
             method: spec.method.clone(),
             input: spec.payloads(&child.extra),
             monitor: true,
+            link: false,
         };
         let tag = self.tag();
         out.yield_command(tag, Command::Spawn(request));
@@ -615,6 +616,16 @@ impl ChildState {
     }
 }
 
+/// A child's end as the supervisor keeps it: its result, or its error's text (an
+/// abnormal reason's words: `was terminated`, `trapped: panic: …`).
+fn outcome(reason: ExitReason) -> Outcome {
+    match reason {
+        ExitReason::Normal(payload) => Ok(payload),
+        ExitReason::Error(error) => Err(error),
+        other => Err(other.to_string()),
+    }
+}
+
 /// Whether a child's end is normal: it returned `Ok`.
 fn is_normal(result: &Outcome) -> bool {
     result.is_ok()
@@ -663,7 +674,8 @@ impl Process for Supervisor {
         for event in events {
             match event {
                 Event::Completion { tag, result } => self.completed(tag, result),
-                Event::Exit { pid, result } => {
+                Event::Exit { pid, reason, .. } => {
+                    let result = outcome(reason);
                     if let Some(index) = self.children.iter().position(|c| c.pid == Some(pid)) {
                         match self.children[index].state {
                             ChildState::Running => self.child_ended(index, result),
@@ -762,7 +774,14 @@ mod tests {
         let out = step(&mut sup, Vec::new());
         assert!(spawned(&mut sup, &out, 10).yields().is_empty());
         for (n, pid) in (1..=6).zip(11..) {
-            let exit = step(&mut sup, vec![Event::Exit { pid: Pid::from_u64(pid - 1), result: Err("boom".into()) }]);
+            let exit = step(
+                &mut sup,
+                vec![Event::Exit {
+                    pid: Pid::from_u64(pid - 1),
+                    reason: ExitReason::Error("boom".into()),
+                    linked: false,
+                }],
+            );
             let [y] = exit.yields() else { panic!("{:?}", exit.yields()) };
             let Command::Sleep(delay) = y.command else { panic!("a sleep before restart {n}, got {y:?}") };
             let base = spec.backoff.base_delay(n);
@@ -777,14 +796,17 @@ mod tests {
         }
         // A period without restarts: the count starts again.
         sup.restarts.iter_mut().for_each(|at| *at -= Duration::from_secs(3601));
-        let out = step(&mut sup, vec![Event::Exit { pid: Pid::from_u64(16), result: Err("boom".into()) }]);
+        let out = step(
+            &mut sup,
+            vec![Event::Exit { pid: Pid::from_u64(16), reason: ExitReason::Error("boom".into()), linked: false }],
+        );
         let Command::Sleep(delay) = out.yields()[0].command else { panic!() };
         assert!(delay <= Duration::from_millis(100), "the first restart of a new window waits `initial`: {delay:?}");
     }
 
     /// Child `pid` ended with the error `error`.
     fn crashed(pid: u64, error: &str) -> Event {
-        Event::Exit { pid: Pid::from_u64(pid), result: Err(error.to_owned()) }
+        Event::Exit { pid: Pid::from_u64(pid), reason: ExitReason::Error(error.to_owned()), linked: false }
     }
 
     /// A restart whose spawn fails after the supervisor began to end is not tried again:

@@ -4,14 +4,30 @@
 //! [`Process::step`], synchronously or on a fiber (which lets a step past its time slice be
 //! suspended and resumed, `process.rs`), with its output lifted by `output.rs`.
 
+/// The version of the `wasmproc:process` package this host runs.
+pub(crate) const VERSION: &str = "0.2.0";
+
 /// The world every process component must target; named in load errors.
-pub(crate) const WORLD: &str = "wasmproc:process/process@0.1.0";
+pub(crate) const WORLD: &str = "wasmproc:process/process@0.2.0";
 
 /// The interface of the host functions (`send`, `log`…), as the linker names it.
-pub(crate) const HOST_INTERFACE: &str = "wasmproc:process/host@0.1.0";
+pub(crate) const HOST_INTERFACE: &str = "wasmproc:process/host@0.2.0";
 
 /// The interface of provider components' `respond`, as the linker names it.
-pub(crate) const PROVIDER_INTERFACE: &str = "wasmproc:process/provider@0.1.0";
+pub(crate) const PROVIDER_INTERFACE: &str = "wasmproc:process/provider@0.2.0";
+
+/// The version of the `wasmproc:process` package a component was built for, when it
+/// imports an interface of another version than [`VERSION`]: a component built for an
+/// earlier contract (or a later one) is refused by name rather than by a type mismatch.
+pub(crate) fn other_version(component: &wasmtime::component::Component) -> Option<String> {
+    let engine = component.engine();
+    let ty = component.component_type();
+    let names = ty.imports(engine).map(|(name, _)| name).chain(ty.exports(engine).map(|(name, _)| name));
+    names
+        .filter_map(|name| name.strip_prefix("wasmproc:process/")?.split_once('@').map(|(_, version)| version))
+        .find(|version| *version != VERSION)
+        .map(str::to_owned)
+}
 
 // The generated items mirror the documented WIT; they are crate-private.
 wasmtime::component::bindgen!({

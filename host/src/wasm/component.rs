@@ -83,6 +83,14 @@ impl Component {
         compiled: wasmtime::component::Component,
         digest: super::cache::Digest,
     ) -> anyhow::Result<Component> {
+        if let Some(version) = super::bindings::other_version(&compiled) {
+            anyhow::bail!(
+                "the component was built for `wasmproc:process@{version}`, but this host runs \
+                 `wasmproc:process@{}` (world `{WORLD}`): rebuild it with the current SDK (`wasmproc-guest`) or \
+                 against this host's `wit/`",
+                super::bindings::VERSION
+            );
+        }
         let not_a_process = || format!("the component does not fit the `{WORLD}` world");
         let pre = linker.instantiate_pre(&compiled).map_err(anyhow::Error::from).with_context(not_a_process)?;
         let pre = ProcessPre::new(pre).map_err(anyhow::Error::from).with_context(not_a_process)?;

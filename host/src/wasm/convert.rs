@@ -6,13 +6,13 @@
 
 use std::time::Duration;
 
-use wasmproc_types::{Format, Level, Payload, Pid};
+use wasmproc_types::{ExitReason, Format, Level, Payload, Pid, Trap};
 
 use super::bindings::wasmproc::process::host;
 use super::bindings::wasmproc::process::types as wit;
 use super::output::{self, Caps};
 use crate::limits::{output_limit_exceeded, payload_limit_exceeded, yield_limit_exceeded};
-use crate::step::{Command, Outcome, SpawnRequest, Status};
+use crate::step::{Command, ExitSignal, Outcome, SpawnRequest, Status};
 
 pub(crate) fn payload_to_wit(payload: Payload) -> wit::Payload {
     wit::Payload { format: payload.format.as_str().to_owned(), data: payload.data }
@@ -131,6 +131,7 @@ pub(crate) fn command_from_output(command: output::Command, caps: Caps) -> Resul
                 method: text_from_output(request.method, "method for `spawn`", caps)?,
                 input: input?,
                 monitor: request.monitor,
+                link: request.link,
             })
         }
         output::Command::Send(request) => {
@@ -139,12 +140,45 @@ pub(crate) fn command_from_output(command: output::Command, caps: Caps) -> Resul
         }
         output::Command::Monitor(pid) => Command::Monitor(Pid::from_u64(pid)),
         output::Command::Terminate(pid) => Command::Terminate(Pid::from_u64(pid)),
+        output::Command::Link(pid) => Command::Link(Pid::from_u64(pid)),
+        output::Command::Unlink(pid) => Command::Unlink(Pid::from_u64(pid)),
+        output::Command::Demonitor(pid) => Command::Demonitor(Pid::from_u64(pid)),
+        output::Command::Exit(signal) => Command::Exit(ExitSignal {
+            to: Pid::from_u64(signal.to),
+            reason: reason_from_output(signal.reason, caps)?,
+            kill: signal.kill,
+        }),
+        output::Command::TrapExits(on) => Command::TrapExits(on),
         output::Command::Custom(custom) => {
             let name = text_from_output(custom.name, "command name", caps)?;
             let size = len_of(&custom.payload.data, Vec::len);
             let payload = payload_from_output(custom.payload, size, &name, caps)?;
             Command::Custom { name: name.into(), payload }
         }
+    })
+}
+
+/// An exit signal's reason as the host's, or the error of the payload limit its payload
+/// or text passed.
+fn reason_from_output(reason: output::ExitReason, caps: Caps) -> Result<ExitReason, String> {
+    let text = |text: output::Capped<String, output::Bytes>| {
+        let size = len_of(&text, String::len);
+        text.value.map_err(|_| payload_limit_exceeded(size, "exit", caps.bytes))
+    };
+    Ok(match reason {
+        output::ExitReason::Normal(payload) => {
+            let size = len_of(&payload.data, Vec::len);
+            ExitReason::Normal(payload_from_output(payload, size, "exit", caps)?)
+        }
+        output::ExitReason::Error(error) => ExitReason::Error(text(error)?),
+        output::ExitReason::Trap(trap) => {
+            ExitReason::Trap(Trap { kind: trap.kind.into(), message: text(trap.message)? })
+        }
+        output::ExitReason::Killed => ExitReason::Killed,
+        output::ExitReason::Shutdown => ExitReason::Shutdown,
+        output::ExitReason::Terminated => ExitReason::Terminated,
+        output::ExitReason::Noproc => ExitReason::Noproc,
+        output::ExitReason::Noconnection(node) => ExitReason::Noconnection(text(node)?),
     })
 }
 
@@ -184,12 +218,29 @@ mod tests {
         let spawn = output::SpawnRequest::new(None, "main", vec![], true);
         assert_eq!(
             command(output::Command::Spawn(spawn)),
-            Ok(Command::Spawn(SpawnRequest { kind: None, method: "main".into(), input: vec![], monitor: true }))
+            Ok(Command::Spawn(SpawnRequest {
+                kind: None,
+                method: "main".into(),
+                input: vec![],
+                monitor: true,
+                link: false
+            }))
         );
         let send = output::SendRequest::new(7, "t", output::Payload::new("bytes", vec![1]));
         assert_eq!(
             command(output::Command::Send(send)),
             Ok(Command::Send { to: Pid::from_u64(7), topic: "t".into(), body: Payload::bytes([1]) })
+        );
+        assert_eq!(command(output::Command::Link(3)), Ok(Command::Link(Pid::from_u64(3))));
+        assert_eq!(command(output::Command::TrapExits(true)), Ok(Command::TrapExits(true)));
+        let signal = output::ExitSignal { to: 4, reason: output::ExitReason::error("bye"), kill: false };
+        assert_eq!(
+            command(output::Command::Exit(signal)),
+            Ok(Command::Exit(ExitSignal {
+                to: Pid::from_u64(4),
+                reason: ExitReason::Error("bye".into()),
+                kill: false
+            }))
         );
     }
 

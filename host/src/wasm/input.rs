@@ -18,7 +18,7 @@ use std::mem::MaybeUninit;
 
 use wasmproc_types::Format;
 use wasmtime::component::__internal::{InterfaceType, LowerContext};
-use wasmtime::component::{ComponentType, Lower};
+use wasmtime::component::{ComponentType, Lift, Lower};
 
 use crate::step::{self as host, Outcome};
 
@@ -72,11 +72,63 @@ pub(crate) struct Message {
     pub(crate) body: Payload,
 }
 
+/// `trap-kind`, both ways: lowered into an exit event, lifted out of an exit signal.
+#[derive(ComponentType, Lower, Lift, Debug, Clone, Copy, PartialEq, Eq)]
+#[component(enum)]
+#[repr(u8)]
+pub(crate) enum TrapKind {
+    #[component(name = "panic")]
+    Panic,
+    #[component(name = "unreachable")]
+    Unreachable,
+    #[component(name = "out-of-fuel")]
+    OutOfFuel,
+    #[component(name = "cpu-budget")]
+    CpuBudget,
+    #[component(name = "memory-limit")]
+    MemoryLimit,
+    #[component(name = "stack-overflow")]
+    StackOverflow,
+    #[component(name = "other")]
+    Other,
+}
+
+/// `trap`.
+#[derive(ComponentType, Lower, Debug)]
+#[component(record)]
+pub(crate) struct Trap {
+    pub(crate) kind: TrapKind,
+    pub(crate) message: String,
+}
+
+/// `exit-reason`.
+#[derive(ComponentType, Lower, Debug)]
+#[component(variant)]
+pub(crate) enum ExitReason {
+    #[component(name = "normal")]
+    Normal(Payload),
+    #[component(name = "error")]
+    Error(String),
+    #[component(name = "trap")]
+    Trap(Trap),
+    #[component(name = "killed")]
+    Killed,
+    #[component(name = "shutdown")]
+    Shutdown,
+    #[component(name = "terminated")]
+    Terminated,
+    #[component(name = "noproc")]
+    Noproc,
+    #[component(name = "noconnection")]
+    Noconnection(String),
+}
+
 #[derive(ComponentType, Lower, Debug)]
 #[component(record)]
 pub(crate) struct Exit {
     pub(crate) pid: u64,
-    pub(crate) result: Result<Payload, String>,
+    pub(crate) reason: ExitReason,
+    pub(crate) linked: bool,
 }
 
 /// `event`.
@@ -103,6 +155,57 @@ fn outcome(outcome: Outcome) -> Result<Payload, String> {
     outcome.map(Payload::from)
 }
 
+impl From<wasmproc_types::TrapKind> for TrapKind {
+    fn from(kind: wasmproc_types::TrapKind) -> TrapKind {
+        use wasmproc_types::TrapKind as Kind;
+        match kind {
+            Kind::Panic => TrapKind::Panic,
+            Kind::Unreachable => TrapKind::Unreachable,
+            Kind::OutOfFuel => TrapKind::OutOfFuel,
+            Kind::CpuBudget => TrapKind::CpuBudget,
+            Kind::MemoryLimit => TrapKind::MemoryLimit,
+            Kind::StackOverflow => TrapKind::StackOverflow,
+            // Kinds a later `wasmproc-types` may add reach a guest of this contract as
+            // the one that covers them.
+            _ => TrapKind::Other,
+        }
+    }
+}
+
+impl From<TrapKind> for wasmproc_types::TrapKind {
+    fn from(kind: TrapKind) -> wasmproc_types::TrapKind {
+        use wasmproc_types::TrapKind as Kind;
+        match kind {
+            TrapKind::Panic => Kind::Panic,
+            TrapKind::Unreachable => Kind::Unreachable,
+            TrapKind::OutOfFuel => Kind::OutOfFuel,
+            TrapKind::CpuBudget => Kind::CpuBudget,
+            TrapKind::MemoryLimit => Kind::MemoryLimit,
+            TrapKind::StackOverflow => Kind::StackOverflow,
+            TrapKind::Other => Kind::Other,
+        }
+    }
+}
+
+impl From<wasmproc_types::ExitReason> for ExitReason {
+    fn from(reason: wasmproc_types::ExitReason) -> ExitReason {
+        use wasmproc_types::ExitReason as Reason;
+        match reason {
+            Reason::Normal(payload) => ExitReason::Normal(payload.into()),
+            Reason::Error(error) => ExitReason::Error(error),
+            Reason::Trap(trap) => ExitReason::Trap(Trap { kind: trap.kind.into(), message: trap.message }),
+            Reason::Killed => ExitReason::Killed,
+            Reason::Shutdown => ExitReason::Shutdown,
+            Reason::Terminated => ExitReason::Terminated,
+            Reason::Noproc => ExitReason::Noproc,
+            Reason::Noconnection(node) => ExitReason::Noconnection(node),
+            // A reason a later `wasmproc-types` may add reaches a guest of this contract
+            // as an error that names it.
+            other => ExitReason::Error(other.to_string()),
+        }
+    }
+}
+
 impl From<host::Event> for Event {
     fn from(event: host::Event) -> Event {
         match event {
@@ -110,7 +213,9 @@ impl From<host::Event> for Event {
             host::Event::Message { sender, topic, body } => {
                 Event::Message(Message { sender: sender.as_u64(), topic, body: body.into() })
             }
-            host::Event::Exit { pid, result } => Event::Exit(Exit { pid: pid.as_u64(), result: outcome(result) }),
+            host::Event::Exit { pid, reason, linked } => {
+                Event::Exit(Exit { pid: pid.as_u64(), reason: reason.into(), linked })
+            }
             host::Event::Cancel { reason } => Event::Cancel(reason),
         }
     }
@@ -124,8 +229,19 @@ mod tests {
 
     #[test]
     fn events_keep_their_fields_and_their_bytes() {
-        let event = Event::from(host::Event::Exit { pid: Pid::from_u64(9), result: Err("noproc".into()) });
-        assert!(matches!(event, Event::Exit(Exit { pid: 9, result: Err(ref e) }) if e == "noproc"));
+        let event = Event::from(host::Event::Exit {
+            pid: Pid::from_u64(9),
+            reason: wasmproc_types::ExitReason::Noproc,
+            linked: true,
+        });
+        assert!(matches!(event, Event::Exit(Exit { pid: 9, reason: ExitReason::Noproc, linked: true })));
+        let trap = wasmproc_types::ExitReason::trap(wasmproc_types::TrapKind::OutOfFuel, "fuel");
+        let event = Event::from(host::Event::Exit { pid: Pid::from_u64(9), reason: trap, linked: false });
+        assert!(matches!(
+            event,
+            Event::Exit(Exit { reason: ExitReason::Trap(Trap { kind: TrapKind::OutOfFuel, ref message }), .. })
+                if message == "fuel"
+        ));
         let body = wasmproc_types::Payload::u64(3);
         let bytes = body.data.as_ptr();
         let event = Event::from(host::Event::Message { sender: Pid::HOST, topic: "t".into(), body });

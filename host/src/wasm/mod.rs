@@ -1,4 +1,4 @@
-//! Wasm processes: components of the `wasmproc:process/process@0.1.0` world (see `wit/`)
+//! Wasm processes: components of the `wasmproc:process/process@0.2.0` world (see `wit/`)
 //! run as [`Process`](crate::Process)es.
 //!
 //! ```no_run

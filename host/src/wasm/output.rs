@@ -39,7 +39,7 @@ use wasmtime::component::__internal::wasmtime_environ::component::StringEncoding
 use wasmtime::component::__internal::{CanonicalAbiInfo, InstanceType, InterfaceType, LiftContext};
 use wasmtime::component::{ComponentType, Lift};
 
-pub(crate) use super::input::FormatName;
+pub(crate) use super::input::{FormatName, TrapKind};
 
 /// The most a step's output may hold, from the scheduler's limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -338,6 +338,7 @@ pub(crate) struct SpawnRequest {
     pub(crate) method: Capped<String, Bytes>,
     pub(crate) input: Capped<Vec<Payload>, InputCount>,
     pub(crate) monitor: bool,
+    pub(crate) link: bool,
 }
 
 #[derive(ComponentType, Lift, Debug)]
@@ -355,6 +356,44 @@ pub(crate) struct CustomCommand {
     pub(crate) payload: Payload,
 }
 
+/// `trap`, with its message capped.
+#[derive(ComponentType, Lift, Debug)]
+#[component(record)]
+pub(crate) struct Trap {
+    pub(crate) kind: TrapKind,
+    pub(crate) message: Capped<String, Bytes>,
+}
+
+/// `exit-reason`, with its payload and strings capped.
+#[derive(ComponentType, Lift, Debug)]
+#[component(variant)]
+pub(crate) enum ExitReason {
+    #[component(name = "normal")]
+    Normal(Payload),
+    #[component(name = "error")]
+    Error(Capped<String, Bytes>),
+    #[component(name = "trap")]
+    Trap(Trap),
+    #[component(name = "killed")]
+    Killed,
+    #[component(name = "shutdown")]
+    Shutdown,
+    #[component(name = "terminated")]
+    Terminated,
+    #[component(name = "noproc")]
+    Noproc,
+    #[component(name = "noconnection")]
+    Noconnection(Capped<String, Bytes>),
+}
+
+#[derive(ComponentType, Lift, Debug)]
+#[component(record)]
+pub(crate) struct ExitSignal {
+    pub(crate) to: u64,
+    pub(crate) reason: ExitReason,
+    pub(crate) kill: bool,
+}
+
 #[derive(ComponentType, Lift, Debug)]
 #[component(variant)]
 pub(crate) enum Command {
@@ -368,6 +407,16 @@ pub(crate) enum Command {
     Monitor(u64),
     #[component(name = "terminate")]
     Terminate(u64),
+    #[component(name = "link")]
+    Link(u64),
+    #[component(name = "unlink")]
+    Unlink(u64),
+    #[component(name = "demonitor")]
+    Demonitor(u64),
+    #[component(name = "exit")]
+    Exit(ExitSignal),
+    #[component(name = "trap-exits")]
+    TrapExits(bool),
     #[component(name = "custom")]
     Custom(CustomCommand),
 }
@@ -496,7 +545,15 @@ impl SpawnRequest {
             method: Capped::lifted(method.to_owned()),
             input: Capped::lifted(input),
             monitor,
+            link: false,
         }
+    }
+}
+
+#[cfg(test)]
+impl ExitReason {
+    pub(crate) fn error(text: &str) -> ExitReason {
+        ExitReason::Error(Capped::lifted(text.to_owned()))
     }
 }
 

@@ -22,7 +22,7 @@ use std::task::{Context, Poll, Waker};
 use anyhow::{anyhow, bail};
 use wasmtime::{Store, Trap, WasmBacktrace};
 
-use wasmproc_types::Payload;
+use wasmproc_types::{ExitReason, Payload, TrapKind};
 
 use super::bindings::wasmproc::process::types as wit;
 use super::bindings::{Process as Guest, ProcessIndices, ProcessPre};
@@ -34,7 +34,7 @@ use super::log::{Escaped, LogSink};
 use super::output::{self, Caps};
 use super::spare;
 use super::stacks;
-use super::store::{ProcessLimits, ProcessState, new_store, refuel};
+use super::store::{MemoryExceeded, ProcessLimits, ProcessState, new_store, refuel};
 use super::watch::{Stopped, Watch, watch};
 use crate::handler::KindLimits;
 use crate::process::Port;
@@ -246,7 +246,7 @@ impl Process for WasmProcess {
         batch.clear();
         let unread = std::mem::replace(&mut self.events, batch);
         self.events.extend(unread);
-        let output = result.map_err(|e| guest_error(e, "step", limits, running.store.data()))?;
+        let output = result.map_err(|e| step_error(e, limits, running.store.data()))?;
         if self.cpu_ticks >= limits.cpu_budget_ticks {
             return Err(cpu_budget_exceeded(limits));
         }
@@ -331,7 +331,8 @@ pub(crate) fn kind_limits(limits: &ProcessLimits) -> KindLimits {
 }
 
 fn cpu_budget_exceeded(limits: &ProcessLimits) -> anyhow::Error {
-    anyhow!("{}", Stopped::CpuBudget(limits.cpu_budget.unwrap_or_default()))
+    let stopped = Stopped::CpuBudget(limits.cpu_budget.unwrap_or_default());
+    anyhow::Error::new(ExitReason::trap(TrapKind::CpuBudget, stopped.to_string()))
 }
 
 /// The error of a failed call to the guest's `export`, in one line: the time slice by
@@ -346,36 +347,84 @@ pub(crate) fn guest_error(
     limits: &ProcessLimits,
     state: &ProcessState,
 ) -> anyhow::Error {
-    if let Some(stopped) = error.downcast_ref::<Stopped>() {
-        return anyhow!("{stopped}");
+    let (_, message) = classify(error, export, limits, state);
+    anyhow!("{message}")
+}
+
+/// The end of a process whose `step` failed with `error`: an [`ExitReason`] (a trap of
+/// its kind, or [`ExitReason::Terminated`] for a step cut short by a terminate request),
+/// as the error the scheduler ends the process with (see [`Process::step`]).
+fn step_error(error: wasmtime::Error, limits: &ProcessLimits, state: &ProcessState) -> anyhow::Error {
+    if let Some(Stopped::Terminated) = error.downcast_ref::<Stopped>() {
+        return anyhow::Error::new(ExitReason::Terminated);
     }
-    match error.downcast_ref::<Trap>() {
+    let (kind, message) = classify(error, "step", limits, state);
+    let message = match kind {
+        // The guest's own words are the trap's message; where it panicked follows them.
+        TrapKind::Panic => message.strip_prefix("guest `step` panicked ").map_or(message.clone(), panic_words),
+        _ => message,
+    };
+    anyhow::Error::new(ExitReason::trap(kind, message))
+}
+
+/// A panic as its hook reported it (`at src/lib.rs:3:5: boom`) as the trap's message:
+/// `boom (at src/lib.rs:3:5)`.
+fn panic_words(panic: &str) -> String {
+    match panic.strip_prefix("at ").and_then(|rest| rest.split_once(": ")) {
+        Some((location, words)) => format!("{words} (at {location})"),
+        None => panic.to_owned(),
+    }
+}
+
+/// What kind of trap `error` is, and its one-line message (see [`guest_error`]).
+fn classify(error: wasmtime::Error, export: &str, limits: &ProcessLimits, state: &ProcessState) -> (TrapKind, String) {
+    if let Some(stopped) = error.downcast_ref::<Stopped>() {
+        let kind = match stopped {
+            Stopped::CpuBudget(_) => TrapKind::CpuBudget,
+            _ => TrapKind::Other,
+        };
+        return (kind, stopped.to_string());
+    }
+    if let Some(exceeded) = error.downcast_ref::<MemoryExceeded>() {
+        return (TrapKind::MemoryLimit, exceeded.to_string());
+    }
+    let trap = error.downcast_ref::<Trap>().copied();
+    match trap {
         Some(Trap::Interrupt) => {
-            return anyhow!(
+            let message = format!(
                 "init time limit exceeded: `{export}` ran longer than the `init_time_limit` of {:?} and was stopped \
                  (raise it with `--init-time-limit`)",
                 limits.init_time_limit
             );
+            return (TrapKind::Other, message);
         }
         Some(Trap::OutOfFuel) => {
-            return anyhow!(
+            let message = format!(
                 "fuel budget exhausted: the process used all of its {} units of `fuel` (in `{export}`)",
                 limits.fuel.unwrap_or_default()
             );
+            return (TrapKind::OutOfFuel, message);
         }
         _ => {}
     }
     // A Rust guest's panic aborts with `unreachable`, after its hook has written the
     // message to stderr; a stale report cannot pass for the cause of another trap.
-    let panicked = match error.downcast_ref::<Trap>() {
+    let panicked = match trap {
         Some(Trap::UnreachableCodeReached) => state.panic(),
         _ => None,
     };
+    let kind = match (trap, &panicked) {
+        (_, Some(_)) => TrapKind::Panic,
+        (Some(Trap::UnreachableCodeReached), None) => TrapKind::Unreachable,
+        (Some(Trap::StackOverflow), _) => TrapKind::StackOverflow,
+        _ => TrapKind::Other,
+    };
     let Some(backtrace) = error.downcast_ref::<WasmBacktrace>() else {
-        return match panicked {
-            Some(panic) => anyhow!("guest `{export}` panicked {panic}"),
-            None => anyhow::Error::from(error).context(format!("guest `{export}` failed")),
+        let message = match panicked {
+            Some(panic) => format!("guest `{export}` panicked {panic}"),
+            None => format!("{:#}", anyhow::Error::from(error).context(format!("guest `{export}` failed"))),
         };
+        return (kind, message);
     };
     // Indented, each line escaped: the frames' names are the guest's, and no frame can
     // pass for a line of the host's.
@@ -386,8 +435,9 @@ pub(crate) fn guest_error(
         "guest `{export}` failed; wasm backtrace:\n{}",
         frames.join("\n")
     );
-    match panicked {
-        Some(panic) => anyhow!("guest `{export}` panicked {panic}"),
-        None => anyhow!("guest `{export}` failed: {}", error.root_cause()),
-    }
+    let message = match panicked {
+        Some(panic) => format!("guest `{export}` panicked {panic}"),
+        None => format!("guest `{export}` failed: {}", error.root_cause()),
+    };
+    (kind, message)
 }

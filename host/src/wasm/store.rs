@@ -371,14 +371,27 @@ impl MemoryLimiter {
     }
 }
 
+/// The trap of a memory growth past `max_memory`: found again by downcasting, to tell a
+/// memory-limit trap from the others.
+#[derive(Debug)]
+pub(crate) struct MemoryExceeded(pub(crate) String);
+
+impl std::fmt::Display for MemoryExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for MemoryExceeded {}
+
 impl ResourceLimiter for MemoryLimiter {
     fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         if desired > self.max_memory {
-            return Err(format_err!(
+            return Err(wasmtime::Error::new(MemoryExceeded(format!(
                 "memory limit exceeded: the process asked to grow its memory from {current} to {desired} bytes, \
                  past its `max_memory` of {} bytes",
                 self.max_memory
-            ));
+            ))));
         }
         Ok(true)
     }

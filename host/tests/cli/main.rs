@@ -120,10 +120,13 @@ fn run_takes_input_from_a_file_and_from_stdin() {
 fn a_failing_process_exits_1_with_its_error() {
     // `add` fails on a sum past an i64.
     let ran = run(&["run", HELLO, "--method", "add", "--input", "[9223372036854775807, 1]"]).expect(1);
-    let ran = ran.error_says("the process failed");
+    let ran = ran.error_says("error: process ").error_says(" returned an error: ");
     assert!(ran.stdout.is_empty(), "no result on stdout: {}", ran.stdout);
     let ran = run(&["run", HELLO, "--method", "add", "--input", "[9223372036854775807, 1]", "--json"]).expect(1);
-    assert!(ran.json()["error"].as_str().is_some_and(|e| !e.is_empty()), "{}", ran.stdout);
+    let json = ran.json();
+    assert!(json["error"].as_str().is_some_and(|e| !e.is_empty()), "{}", ran.stdout);
+    assert_eq!(json["exit"]["reason"], "error", "{json}");
+    assert!(json["exit"]["error"].as_str().is_some_and(|e| !e.is_empty()), "{json}");
 }
 
 #[test]
@@ -253,7 +256,7 @@ fn bad_modules_exit_3() {
     let path = |p: &Path| p.to_str().expect("utf-8").to_owned();
     run(&["run", &path(&text)]).expect(3).error_says("not a WebAssembly file");
     run(&["run", &path(&no_start)]).expect(3).error_says("neither a WASI command nor a process");
-    run(&["run", &path(&other_world)]).expect(3).error_says("does not fit the `wasmproc:process/process@0.1.0` world");
+    run(&["run", &path(&other_world)]).expect(3).error_says("does not fit the `wasmproc:process/process@0.2.0` world");
     run(&["run", &path(&broken)]).expect(3).error_says("failed to compile");
 }
 

@@ -21,7 +21,8 @@ fn a_guest_cannot_forge_host_lines_or_act_on_the_terminal() {
     assert!(!ran.stderr.contains(['\u{1b}', '\r', '\u{9b}', '\u{202e}']), "{:?}", ran.stderr);
     let errors: Vec<&str> = ran.stderr.lines().filter(|l| l.starts_with("error: ")).collect();
     assert_eq!(errors.len(), 1, "the guest's `error:` is no line of its own: {}", ran.stderr);
-    assert!(errors[0].starts_with("error: the process failed: ok\\nerror: the host was hacked\\r"), "{}", errors[0]);
+    assert!(errors[0].starts_with("error: process "), "{}", errors[0]);
+    assert!(errors[0].contains(" returned an error: ok\\nerror: the host was hacked\\r"), "{}", errors[0]);
     assert!(!ran.stderr.lines().any(|l| l.starts_with("[pid 1]")), "{}", ran.stderr);
     let escaped = "error: the host was hacked\\r[pid 1] info: \\u{1b}[31mred\\u{9b}2J\\u{202e}txt";
     let has_line = |tail: String| assert!(ran.stderr.lines().any(|l| l.ends_with(&tail)), "{tail:?}: {}", ran.stderr);
@@ -42,7 +43,11 @@ fn a_guest_cannot_forge_host_lines_or_act_on_the_terminal() {
     let logged = lines.iter().find(|l| l["source"] == "info").expect("the log line");
     assert_eq!(logged["message"], FORGED, "JSON keeps the text, escaped as JSON");
     let error = lines.iter().find(|l| l["level"] == "error").expect("the error");
-    assert_eq!(error["message"].as_str(), Some(format!("the process failed: {FORGED}").as_str()));
+    let message = error["message"].as_str().expect("a message");
+    assert!(
+        message.starts_with("process ") && message.ends_with(&format!(" returned an error: {FORGED}")),
+        "{message}"
+    );
 }
 
 /// A panic's message is the process's error; the Wasm backtrace is
@@ -51,15 +56,27 @@ fn a_guest_cannot_forge_host_lines_or_act_on_the_terminal() {
 fn a_panic_is_reported_by_its_message_and_the_backtrace_only_with_verbose() {
     let out_of_bounds = "index out of bounds: the len is 3 but the index is 5";
     let ran = run(&["run", SDK_TOUR, "--method", "element", "--input", "5"]).expect(1);
-    let ran = ran.error_says("the process failed: guest `step` panicked at ").error_says(out_of_bounds);
+    let ran = ran.error_says(&format!(" trapped: panic: {out_of_bounds} (at ")).error_says("error: process ");
     assert!(!ran.stderr.contains("backtrace:"), "{}", ran.stderr);
     assert!(!ran.stderr.contains("unreachable"), "{}", ran.stderr);
     let ran = run(&["run", SDK_TOUR, "--method", "element", "--input", "5", "--json"]).expect(1);
-    assert!(ran.json()["error"].as_str().is_some_and(|e| e.contains(out_of_bounds)), "{}", ran.stdout);
+    let json = ran.json();
+    assert!(json["error"].as_str().is_some_and(|e| e.contains(out_of_bounds)), "{}", ran.stdout);
+    assert_eq!(
+        (json["exit"]["reason"].as_str(), json["exit"]["trap"]["kind"].as_str()),
+        (Some("trap"), Some("panic")),
+        "{json}"
+    );
+    let message = json["exit"]["trap"]["message"].as_str().expect("the trap's message");
+    assert!(message.starts_with(out_of_bounds), "{json}");
+    assert!(json["exit"]["pid"].as_u64().is_some(), "{json}");
     let verbose = run(&["-v", "run", SDK_TOUR, "--method", "element", "--input", "5"]).expect(1);
     assert!(verbose.stderr.contains("wasm backtrace:"), "{}", verbose.stderr);
     // A guest without the SDK: std's hook on its stderr all the same.
-    run(&["run", HOSTILE, "--method", "panic"]).expect(1).error_says("panicked at ").error_says("panics on purpose");
+    run(&["run", HOSTILE, "--method", "panic"])
+        .expect(1)
+        .error_says("trapped: panic: ")
+        .error_says("panics on purpose");
 }
 
 /// Input the entry cannot take is a usage error (exit 2), and the

@@ -54,7 +54,7 @@ fn logs_follow_rust_log_verbose_quiet_and_json() {
     assert!(quiet.stderr.is_empty(), "-q: errors only: {}", quiet.stderr);
     let overflow = ["-q", "run", HELLO, "--method", "add", "--input", "[9223372036854775807, 1]"];
     let failed = run_in(&home, &overflow, &[]).expect(1);
-    failed.error_says("the process failed");
+    failed.error_says(" returned an error: ");
 
     let json = run_in(&home, &["--log-format", "json", "-v", "run", HELLO, "--method", "nope"], &[]).expect(2);
     let lines: Vec<Value> = json
@@ -249,7 +249,15 @@ fn text_format_programs_run_inspect_and_compile() {
 
     // Components too: this one is valid text but no program.
     std::fs::write(dir.join("empty.wat"), "(component)").expect("write");
-    run(&["run", &path("empty.wat")]).expect(3).error_says("does not fit the `wasmproc:process/process@0.1.0` world");
+    run(&["run", &path("empty.wat")]).expect(3).error_says("does not fit the `wasmproc:process/process@0.2.0` world");
+    // One built for the contract before exit reasons were typed: refused naming both
+    // versions, and what to do.
+    std::fs::write(dir.join("old.wat"), r#"(component (import "wasmproc:process/host@0.1.0" (instance)))"#)
+        .expect("write");
+    run(&["run", &path("old.wat")])
+        .expect(3)
+        .error_says("built for `wasmproc:process@0.1.0`, but this host runs `wasmproc:process@0.2.0`")
+        .error_says("rebuild it with the current SDK");
 
     // An error in the text names its line, on one line.
     std::fs::write(dir.join("broken.wat"), "(module\n  (func\n    (i32.bogus)))\n").expect("write");

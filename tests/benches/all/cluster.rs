@@ -409,8 +409,13 @@ impl Process for Spawner {
         while self.in_flight < IN_FLIGHT && self.left > 0 {
             self.left -= 1;
             self.in_flight += 1;
-            let request =
-                SpawnRequest { kind: Some("brief".into()), method: "main".into(), input: Vec::new(), monitor: false };
+            let request = SpawnRequest {
+                kind: Some("brief".into()),
+                method: "main".into(),
+                input: Vec::new(),
+                monitor: false,
+                link: false,
+            };
             out.yield_command(self.left, Yielded::Spawn(request));
         }
         if self.in_flight == 0 {

@@ -133,8 +133,8 @@ impl Process for Skynet {
         let mut first = true;
         for event in events {
             first = false;
-            if let Event::Exit { result, .. } = event {
-                self.sum += result.map_err(anyhow::Error::msg)?.to_u64().unwrap_or(0);
+            if let Event::Exit { reason, .. } = event {
+                self.sum += reason.into_result()?.to_u64().unwrap_or(0);
                 self.exits += 1;
             }
         }
@@ -146,6 +146,7 @@ impl Process for Skynet {
                     method: "main".into(),
                     input: vec![pair(self.num + i * child, child)],
                     monitor: true,
+                    link: false,
                 };
                 out.yield_command(i, Command::Spawn(request));
             }

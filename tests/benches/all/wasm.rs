@@ -455,8 +455,8 @@ impl Process for Driver {
     fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
         for event in events {
             match event {
-                Event::Exit { result, .. } => {
-                    result.map_err(|e| anyhow::anyhow!("an echo child failed: {e}"))?;
+                Event::Exit { reason, .. } => {
+                    reason.into_result().map_err(|e| anyhow::anyhow!("an echo child {e}"))?;
                     self.ended += 1;
                 }
                 Event::Completion { result: Err(e), .. } => anyhow::bail!("spawn failed: {e}"),
@@ -473,6 +473,7 @@ impl Process for Driver {
                 method: "echo".to_owned(),
                 input: vec![],
                 monitor: true,
+                link: false,
             };
             out.yield_command(self.spawned, Command::Spawn(request));
             self.spawned += 1;
@@ -708,9 +709,8 @@ fn tree_events(spawns: &[(u64, Vec<wit::Payload>)], results: Vec<wit::Payload>) 
         .iter()
         .enumerate()
         .map(|(i, (tag, _))| wit::Event::Completion(wit::Completion { tag: *tag, result: Ok(wit_u64(pid(i))) }));
-    let exits = results
-        .into_iter()
-        .enumerate()
-        .map(|(i, result)| wit::Event::Exit(wit::Exit { pid: pid(i), result: Ok(result) }));
+    let exits = results.into_iter().enumerate().map(|(i, result)| {
+        wit::Event::Exit(wit::Exit { pid: pid(i), reason: wit::ExitReason::Normal(result), linked: false })
+    });
     completions.chain(exits).collect()
 }

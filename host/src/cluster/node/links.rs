@@ -47,7 +47,7 @@ impl Actor {
                 self.inner.backlog.fetch_sub(1, Ordering::AcqRel);
                 self.inner.counters.messages_lost.fetch_add(1, Ordering::Relaxed);
             }
-            Item::Monitor { watcher, target } => self.exit_to(watcher, target, Err(self.noconnection(node))),
+            Item::Monitor { watcher, target } => self.exit_to(watcher, target, self.lost(node)),
             // The other side is gone: nobody waits for these.
             Item::Exit { .. } | Item::TerminateDone { .. } | Item::SpawnDone { .. } => {}
             Item::Terminate { .. } | Item::Spawn { .. } | Item::StopRun { .. } => {}
@@ -306,7 +306,7 @@ mod tests {
         let watched = |watcher: Pid, pid: Pid| watcher == on(here, 10) && pid == on(sender, 20);
         let checked = |item: Item| check(sender, here, &item, asked, watched);
         let message = |from, to| Item::Message { from, to, topic: "t".into(), body: Payload::empty() };
-        let exit = |watcher, pid| Item::Exit { watcher, pid, result: Err("killed".into()) };
+        let exit = |watcher, pid| Item::Exit { watcher, pid, reason: crate::ExitReason::Killed };
 
         assert_eq!(checked(message(on(sender, 1), on(here, 2))), Ok(()));
         assert!(checked(message(on(third, 1), on(here, 2))).unwrap_err().contains("not a process of the sending node"));

@@ -5,8 +5,9 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::{Actor, Counted, HEARTBEAT, InLink, MAX_ANNOUNCED, Member, Probing, random_u64};
+use crate::ExitReason;
 use crate::cluster::config::Heard;
-use crate::cluster::shared::{NodeInfo, noconnection};
+use crate::cluster::shared::{NodeInfo, lost, noconnection};
 use crate::cluster::wire::{Announce, Body, Peer};
 
 impl Actor {
@@ -226,9 +227,10 @@ impl Actor {
             self.dropped.insert(node, (link.incarnation, link.next_seq));
         }
         let reason = noconnection(node, Some(&name));
+        let exit = lost(node, Some(&name));
         for ((watcher, target), count) in self.monitors.remove(&node).unwrap_or_default() {
             for _ in 0..count {
-                self.exit_to(watcher, target, Err(reason.clone()));
+                self.exit_to(watcher, target, exit.clone());
             }
         }
         let tokens: Vec<u64> = self.pending.iter().filter(|(_, p)| p.node == node).map(|(&t, _)| t).collect();
@@ -238,7 +240,7 @@ impl Actor {
                 done.complete(Err(reason.clone()));
             }
             if let Some(slot) = pending.embedded {
-                slot.set(Err(reason.clone()));
+                slot.set(Err(exit.clone()));
             }
         }
         let reason = format!("the run's node `{name}` {why}");
@@ -249,6 +251,11 @@ impl Actor {
     /// Why node `node` cannot be reached, naming it if it is known.
     pub(super) fn noconnection(&self, node: u16) -> String {
         noconnection(node, self.members.get(&node).map(|m| m.announce.name.as_str()))
+    }
+
+    /// The exit reason of a process of node `node`, which cannot be reached.
+    pub(super) fn lost(&self, node: u16) -> ExitReason {
+        lost(node, self.members.get(&node).map(|m| m.announce.name.as_str()))
     }
 }
 

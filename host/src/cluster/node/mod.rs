@@ -65,10 +65,10 @@ use super::config::{
 use super::process::RemoteSlot;
 use super::shared::{Cmd, Counters, Inner};
 use super::wire::{self, Announce, Body, Item, Key, Peer};
-use crate::Pid;
 use crate::handler::{Completer, Factory};
 use crate::scheduler::Handle;
 use crate::scheduler::remote::{Notify, RemoteSpawn};
+use crate::{ExitReason, Pid};
 
 mod links;
 mod membership;
@@ -615,7 +615,7 @@ impl Actor {
                     *self.monitors.entry(node).or_default().entry((watcher, target)).or_default() += 1;
                     self.queue(node, Item::Monitor { watcher, target });
                 } else {
-                    self.exit_to(watcher, target, Err(self.noconnection(node)));
+                    self.exit_to(watcher, target, self.lost(node));
                 }
             }
             Cmd::Terminate { by, target, done } => {
@@ -644,7 +644,7 @@ impl Actor {
                         done.complete(Err(error.clone()));
                     }
                     if let Some(slot) = embedded {
-                        slot.set(Err(error));
+                        slot.set(Err(ExitReason::Error(error)));
                     }
                     return None;
                 }

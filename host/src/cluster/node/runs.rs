@@ -10,7 +10,7 @@ use crate::cluster::code;
 use crate::cluster::shared::Cmd;
 use crate::cluster::wire::{self, Body, Item, Peer};
 use crate::scheduler::remote::RemoteSpawn;
-use crate::{Payload, Pid};
+use crate::{ExitReason, Payload, Pid};
 
 impl Actor {
     /// Carries out one item another node sent. False if it cannot be taken yet: a
@@ -32,16 +32,16 @@ impl Actor {
             }
             Item::Monitor { watcher, target } => {
                 let notify =
-                    self.notifier(Dest::Node(peer.node), move |pid, result| Item::Exit { watcher, pid, result });
+                    self.notifier(Dest::Node(peer.node), move |pid, reason| Item::Exit { watcher, pid, reason });
                 let refused = match &handle {
                     Some(handle) => handle.watch(target, notify).is_err(),
                     None => true,
                 };
                 if refused {
-                    self.queue(peer.node, Item::Exit { watcher, pid: target, result: Err("noproc".to_owned()) });
+                    self.queue(peer.node, Item::Exit { watcher, pid: target, reason: ExitReason::Noproc });
                 }
             }
-            Item::Exit { watcher, pid, result } => {
+            Item::Exit { watcher, pid, reason } => {
                 if let Some(watched) = self.monitors.get_mut(&peer.node)
                     && let Some(count) = watched.get_mut(&(watcher, pid))
                 {
@@ -50,7 +50,7 @@ impl Actor {
                         watched.remove(&(watcher, pid));
                     }
                 }
-                self.exit_to(watcher, pid, result);
+                self.exit_to(watcher, pid, reason);
             }
             Item::Terminate { target, token, .. } => {
                 let notify =
@@ -87,7 +87,7 @@ impl Actor {
                             *slot.pid.lock() = Some(*child);
                             self.embedded.insert(*child, slot);
                         }
-                        Err(error) => slot.set(Err(error.clone())),
+                        Err(error) => slot.set(Err(ExitReason::Error(error.clone()))),
                     }
                 }
                 if let Some(done) = pending.done {
@@ -102,22 +102,22 @@ impl Actor {
     pub(super) fn notifier(
         &self,
         dest: Dest,
-        make: impl FnOnce(Pid, Result<Payload, String>) -> Item + Send + 'static,
+        make: impl FnOnce(Pid, ExitReason) -> Item + Send + 'static,
     ) -> crate::scheduler::remote::Notify {
         let commands = self.inner.commands.clone();
-        Box::new(move |pid, result| {
-            let _ = commands.send(dest.cmd(make(pid, result.clone())));
+        Box::new(move |pid, reason| {
+            let _ = commands.send(dest.cmd(make(pid, reason.clone())));
         })
     }
 
     /// Delivers an exit to a local watcher: a process, or the embedder's spawn.
-    pub(super) fn exit_to(&mut self, watcher: Pid, pid: Pid, result: Result<Payload, String>) {
+    pub(super) fn exit_to(&mut self, watcher: Pid, pid: Pid, reason: ExitReason) {
         if watcher.is_host() {
             if let Some(slot) = self.embedded.remove(&pid) {
-                slot.set(result);
+                slot.set(reason.into_result());
             }
         } else if let Some(handle) = self.inner.handle.get() {
-            handle.exit_to(watcher, pid, result);
+            handle.exit_to(watcher, pid, reason);
         }
     }
 
@@ -140,7 +140,7 @@ impl Actor {
         };
         let notify = spawn.monitor.then(|| {
             let parent = spawn.parent;
-            self.notifier(dest, move |pid, result| Item::Exit { watcher: parent, pid, result })
+            self.notifier(dest, move |pid, reason| Item::Exit { watcher: parent, pid, reason })
         });
         let registered = spawn.kind.as_deref().and_then(|k| handle.registered_kind(k));
         let (kind, factory) = match (registered, spawn.identity.clone()) {
@@ -222,7 +222,8 @@ impl Actor {
         tracing::info!(node, processes = cancelled, reason, ?grace, "ending the processes of a run");
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            handle.terminate_owned_by(node, "terminated: the run it belongs to was stopped, or its node left");
+            // Killed: they did not end when cancelled, within the grace.
+            handle.terminate_owned_by(node, ExitReason::Killed);
         });
     }
 
@@ -252,7 +253,7 @@ impl Actor {
         tracing::info!(reason, ?grace, "ending the processes of a client's run");
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            handle.terminate_client_run(client, "terminated: the run it belongs to was stopped, or its client left");
+            handle.terminate_client_run(client, ExitReason::Killed);
         });
     }
 
