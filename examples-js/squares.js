@@ -9,7 +9,12 @@
 //   spawns and its sleep at once, so `n + 1` must not pass the host's limit of commands a step
 //   (`--max-yields`, 1,024);
 // - `square`: input `i` (JSON); completes at once with `i * i`;
-// - `idle`: waits (status `idle`) for the first message, then completes with its body.
+// - `idle`: waits (status `idle`) for the first message, then completes with its body;
+// - `fail`: input `message` (JSON); ends at once with the error `message`;
+// - `watch`: input `message` (JSON); spawns, monitored, an `idle` child and a `fail` child
+//   (with `message`), terminates the `idle` one, and completes with how each ended, as
+//   the typed exit reasons of their exit events say: `{"idle": ["terminated"], "fail":
+//   ["error", message]}`.
 //
 // A component runs one process per instance, so the process's state is a module global.
 // WIT types as componentize-js gives them: u64 is a BigInt, list<u8> a Uint8Array, a
@@ -18,7 +23,7 @@
 
 import { log } from 'wasmproc:process/host@0.2.0';
 
-const ENTRIES = ['main', 'square', 'idle'];
+const ENTRIES = ['main', 'square', 'idle', 'fail', 'watch'];
 
 // The tag of the one sleep; spawn tags are 1 + the child's index.
 const SLEEP_TAG = 0n;
@@ -153,6 +158,87 @@ function describe(reason) {
   }
 }
 
+// A typed exit reason as JSON: its name, then what it carries.
+function reasonJson(reason) {
+  switch (reason.tag) {
+    case 'normal':
+      return ['normal', decode(reason.val)];
+    case 'error':
+    case 'noconnection':
+      return [reason.tag, reason.val];
+    case 'trap':
+      return ['trap', reason.val.kind, reason.val.message];
+    default:
+      return [reason.tag];
+  }
+}
+
+class Fail {
+  constructor(message) {
+    this.message = String(message);
+  }
+
+  step(_events) {
+    return fail(this.message);
+  }
+}
+
+const IDLE = 1n;
+const FAIL = 2n;
+const TERMINATE = 3n;
+
+// Spawns `idle` and `fail` children, terminates the first, and reports both exits.
+class Watch {
+  constructor(message) {
+    this.message = message;
+    this.started = false;
+    this.methods = new Map(); // child pid -> its method
+    this.exits = new Map(); // child pid -> its reason, as JSON
+  }
+
+  step(events) {
+    if (!this.started) {
+      this.started = true;
+      const spawn = (tag, method, value) => ({
+        tag,
+        command: {
+          tag: 'spawn',
+          val: { kind: undefined, method, input: [payload(value)], monitor: true, link: false },
+        },
+      });
+      return output({ tag: 'blocked' }, [spawn(IDLE, 'idle', null), spawn(FAIL, 'fail', this.message)]);
+    }
+    const yields = [];
+    for (const event of events) {
+      if (event.tag === 'completion') {
+        const { tag, result } = event.val;
+        if (result.tag === 'err') {
+          return fail(`command ${tag} failed: ${result.val}`);
+        }
+        if (tag === IDLE || tag === FAIL) {
+          const pid = pidOf(result.val.data);
+          this.methods.set(pid, tag === IDLE ? 'idle' : 'fail');
+          if (tag === IDLE) {
+            yields.push({ tag: TERMINATE, command: { tag: 'terminate', val: pid } });
+          }
+        }
+      } else if (event.tag === 'exit') {
+        this.exits.set(event.val.pid, reasonJson(event.val.reason));
+      } else if (event.tag === 'cancel') {
+        return fail(`cancelled: ${event.val}`);
+      }
+    }
+    if (this.exits.size === 2 && this.methods.size === 2) {
+      const ended = {};
+      for (const [pid, reason] of this.exits) {
+        ended[this.methods.get(pid)] = reason;
+      }
+      return complete(ended);
+    }
+    return output({ tag: 'blocked' }, yields);
+  }
+}
+
 class Square {
   constructor(i) {
     if (!Number.isInteger(i)) {
@@ -185,7 +271,7 @@ export function entries() {
 }
 
 export function init(_pid, method, input) {
-  const entry = { main: Main, square: Square, idle: Idle }[method];
+  const entry = { main: Main, square: Square, idle: Idle, fail: Fail, watch: Watch }[method];
   if (entry === undefined) {
     // The host adds the list of entries.
     throw `unknown entry method \`${method}\``;

@@ -88,14 +88,19 @@ fn python_and_javascript_guests_answer_a_message() {
     answers_a_message(javascript(), "JavaScript");
 }
 
-/// A Python guest gets the typed exit reasons of its monitored children in their exit
-/// events: the error of one that failed, and `terminated` for one it terminated.
-#[test]
-fn a_python_guest_reads_the_typed_exit_reasons_of_its_children() {
-    let watched = run(python(), "watch", Payload::json(&"no luck").unwrap()).expect("`watch` spawns");
-    let watched = watched.expect("`watch` completes");
+/// A guest gets the typed exit reasons of its monitored children in their exit events:
+/// the error of one that failed, and `terminated` for one it terminated.
+fn reads_typed_exit_reasons(guest: &Component, language: &str) {
+    let watched = run(guest, "watch", Payload::json(&"no luck").unwrap()).expect("`watch` spawns");
+    let watched = watched.unwrap_or_else(|reason| panic!("{language}: `watch` {reason}"));
     let expected = serde_json::json!({"idle": ["terminated"], "fail": ["error", "no luck"]});
-    assert_eq!(watched.parse_json::<serde_json::Value>().expect("JSON"), expected);
+    assert_eq!(watched.parse_json::<serde_json::Value>().expect("JSON"), expected, "{language}");
+}
+
+#[test]
+fn python_and_javascript_guests_read_the_typed_exit_reasons_of_their_children() {
+    reads_typed_exit_reasons(python(), "Python");
+    reads_typed_exit_reasons(javascript(), "JavaScript");
 }
 
 #[test]
