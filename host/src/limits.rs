@@ -143,6 +143,8 @@ pub(crate) struct Limits {
     pub(crate) max_output_per_step: usize,
     pub(crate) max_children: usize,
     pub(crate) max_descendants: usize,
+    /// The most processes one process may be linked to at once (`link` past it fails).
+    pub(crate) max_links: usize,
 }
 
 impl Limits {
@@ -253,6 +255,7 @@ impl RunBound {
                 max_output_per_step: tighter(asked.max_output_per_step, limits.max_output_per_step),
                 max_children: tighter(asked.max_children, limits.max_children),
                 max_descendants: limits.max_descendants,
+                max_links: limits.max_links,
             },
             mailbox_capacity: tighter(asked.mailbox_capacity, mailbox_capacity).max(1),
             mailbox_bytes: tighter(asked.mailbox_bytes, mailbox_bytes).max(1),

@@ -22,6 +22,8 @@ mod languages;
 mod lifecycle;
 /// Process limits and shutdown (DESIGN 13, 14).
 mod limits;
+/// Links and exit signals: propagation, trapping, kill, noproc, ordering, `max_links`.
+mod links;
 /// Send, mailboxes, terminate, monitors (DESIGN 9, 10).
 mod messages;
 /// Providers fs, env, time and random; families; commands served by a process.

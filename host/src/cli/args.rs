@@ -112,6 +112,10 @@ pub(crate) struct LimitArgs {
     /// The most live children one process may have; a spawn past it ends that process.
     #[arg(long, value_name = "N", default_value_t = scheduler::DEFAULT_MAX_CHILDREN)]
     pub(super) max_children: usize,
+    /// The most processes one process may be linked to at once; a link past it fails
+    /// (the `link` command's error names the limit).
+    #[arg(long, value_name = "N", default_value_t = scheduler::DEFAULT_MAX_LINKS)]
+    pub(super) max_links: usize,
     /// The most commands one step may yield; a step past it ends its process.
     #[arg(long, value_name = "N", default_value_t = scheduler::DEFAULT_MAX_YIELDS_PER_STEP, value_parser = units::positive)]
     pub(super) max_yields: usize,
@@ -158,6 +162,7 @@ impl LimitArgs {
         let builder = builder
             .max_processes(self.max_processes as usize)
             .max_children(self.max_children)
+            .max_links(self.max_links)
             .max_yields_per_step(self.max_yields)
             .max_payload_size(self.max_payload)
             .mailbox_capacity(self.mailbox)

@@ -357,6 +357,7 @@ fn say_unobserved(out: &Output, failed: u64, first: &[(Pid, String)]) {
 /// a limit's error names the setting, and a user of the command line knows the flag.
 const SETTING_FLAGS: &[(&str, &str)] = &[
     ("max_children", "--max-children"),
+    ("max_links", "--max-links"),
     ("max_memory", "--memory"),
     ("max_memories", "--max-memories"),
     ("max_yields_per_step", "--max-yields"),

@@ -52,6 +52,9 @@ pub const DEFAULT_OUTPUT_PER_PAYLOAD: usize = 4;
 pub const DEFAULT_MAX_CHILDREN: usize = 10_000;
 /// The default of [`Builder::max_descendants`]: 100,000.
 pub const DEFAULT_MAX_DESCENDANTS: usize = 100_000;
+/// The default of [`Builder::max_links`]: 10,000, as many as a process may have
+/// children, so a process can link to each of its children.
+pub const DEFAULT_MAX_LINKS: usize = 10_000;
 
 /// Configures and starts a [`Scheduler`].
 pub struct Builder {
@@ -105,6 +108,7 @@ impl Default for Builder {
                 max_output_per_step: 0,
                 max_children: DEFAULT_MAX_CHILDREN,
                 max_descendants: DEFAULT_MAX_DESCENDANTS,
+                max_links: DEFAULT_MAX_LINKS,
             },
             max_output_per_step: None,
             capabilities: Capabilities::default(),
@@ -202,6 +206,15 @@ impl Builder {
     /// 10,000.
     pub fn max_children(mut self, children: usize) -> Self {
         self.limits.max_children = children;
+        self
+    }
+
+    /// The most processes one process may be linked to at once: a `link` (or a spawn
+    /// with `link`) past it fails with an error naming this limit, so that a process
+    /// cannot make another hold links without bound. A link ends when either process
+    /// does, or with `unlink`. By default 10,000.
+    pub fn max_links(mut self, links: usize) -> Self {
+        self.limits.max_links = links;
         self
     }
 

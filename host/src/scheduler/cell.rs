@@ -149,6 +149,12 @@ impl ProcessCell {
         self.deliver_identified(event, None)
     }
 
+    /// Delivers the exit of `pid`, with `reason`, that a monitor of this process reports:
+    /// `Ok(None)`, and nothing delivered, if the process has demonitored `pid` since.
+    pub(super) fn deliver_monitor_exit(&self, pid: Pid, reason: ExitReason) -> Result<Option<Wake>, Refused> {
+        Ok(self.inbox.push_monitor_exit(pid, reason)?.then(|| self.state.wake()))
+    }
+
     /// As [`ProcessCell::deliver`], for a message with an identity.
     pub(super) fn deliver_identified(&self, event: Event, id: Option<MessageId>) -> Result<Wake, Refused> {
         let bound = MailboxBound { messages: self.spec.mailbox_capacity, bytes: self.spec.mailbox_bytes };

@@ -83,9 +83,6 @@ impl Shared {
         match y.command {
             Command::Sleep(duration) if duration.is_zero() => complete(cell, tag, Ok(Payload::empty())),
             Command::Sleep(duration) => self.timer.sleep(duration, completer(cell, tag)),
-            Command::Spawn(request) if request.link => {
-                complete(cell, tag, Err("unknown: `spawn` with `link` is not supported yet by this host".to_owned()))
-            }
             Command::Spawn(request) => {
                 let request = match self.spawn_elsewhere(cell, request, || completer(cell, tag)) {
                     Ok(()) => return,
@@ -123,12 +120,21 @@ impl Shared {
                     done.complete(Err(error.to_string()));
                 }
             }
-            Command::Link(_)
-            | Command::Unlink(_)
-            | Command::Demonitor(_)
-            | Command::Exit(_)
-            | Command::TrapExits(_) => {
-                complete(cell, tag, Err(format!("unknown: `{}` is not supported yet by this host", kind.name())));
+            Command::Link(target) => complete(cell, tag, self.link(cell, target).map(|()| Payload::empty())),
+            Command::Unlink(target) => {
+                self.unlink(cell, target);
+                complete(cell, tag, Ok(Payload::empty()));
+            }
+            Command::Demonitor(target) => {
+                self.demonitor(cell, target);
+                complete(cell, tag, Ok(Payload::empty()));
+            }
+            Command::Exit(signal) => {
+                complete(cell, tag, self.exit_signal(cell.pid(), signal).map(|()| Payload::empty()));
+            }
+            Command::TrapExits(trap) => {
+                cell.inbox.set_trap_exits(trap);
+                complete(cell, tag, Ok(Payload::empty()));
             }
             Command::Custom { .. } => unreachable!("handled above"),
         }
@@ -205,6 +211,12 @@ impl Shared {
                 }
             });
         };
+        if request.link {
+            let limit = self.limits_of(parent).max_links;
+            if parent.inbox.link_count() >= limit {
+                return Err(format!("spawn failed: {}", super::links::link_limit(parent.pid(), limit)));
+            }
+        }
         let (process, sandbox) =
             make_under(&**factory, self.sandbox_of(parent)).map_err(|e| format!("spawn failed: {e:#}"))?;
         let args = SpawnArgs {
@@ -219,6 +231,7 @@ impl Shared {
                 .run_bound()
                 .map_or(self.settings.mailbox_capacity, |bound| bound.mailbox_capacity),
             watcher: request.monitor.then(|| Watcher::Process(parent.clone())),
+            linked_to: request.link.then(|| parent.clone()),
             lineage: Lineage::child_of(&parent.lineage).within(sandbox),
         };
         self.spawn_unqueued(process, args).map_err(|e| e.to_string())

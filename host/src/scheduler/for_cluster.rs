@@ -29,6 +29,10 @@ impl Shared {
         request: SpawnRequest,
         done: impl FnOnce() -> Completer,
     ) -> Result<(), SpawnRequest> {
+        // Links do not cross nodes yet: a linked child runs beside its parent.
+        if request.link {
+            return Err(request);
+        }
         let Some(remote) = &self.remote else { return Err(request) };
         let Some(node) = remote.place() else { return Err(request) };
         let kind = request.kind.clone().or_else(|| parent.spec.kind.as_deref().map(str::to_owned));
@@ -70,12 +74,12 @@ impl Handle {
     /// False if the watcher has ended.
     pub(crate) fn exit_to(&self, watcher: Pid, pid: Pid, reason: ExitReason) -> bool {
         let Some(cell) = self.shared.registry.get(watcher) else { return false };
-        match cell.deliver(Event::Exit { pid, reason, linked: false }) {
+        match cell.deliver_monitor_exit(pid, reason) {
             Ok(wake) => {
-                if wake == Wake::Schedule {
+                if wake == Some(Wake::Schedule) {
                     self.shared.schedule(cell);
                 }
-                true
+                wake.is_some()
             }
             Err(_) => false,
         }
@@ -136,6 +140,7 @@ impl Handle {
             }
             .min(bound.as_ref().map_or(usize::MAX, |bound| bound.mailbox_capacity)),
             watcher: notify.map(Watcher::Notify),
+            linked_to: None,
             lineage: Lineage::default()
                 .within(sandbox)
                 .in_run(match spawn.run.node {

@@ -91,6 +91,7 @@ impl Handle {
             caps: options.capabilities.map_or_else(|| shared.settings.capabilities.clone(), Arc::new),
             mailbox_capacity: options.mailbox_capacity.unwrap_or(shared.settings.mailbox_capacity).max(1),
             watcher: Some(Watcher::Handle(slot.clone())),
+            linked_to: None,
             lineage: Lineage::default().within(sandbox),
         };
         let cell = shared.spawn_unqueued(process, args)?;

@@ -8,10 +8,18 @@
 //!
 //! Watchers (whom to tell when the process ends) are of a type the inbox only stores:
 //! the scheduler's `cell::Watcher`.
+//!
+//! The same lock holds the process's side of its links and monitors and its
+//! `trap-exits` flag, so that whether an exit signal ends the process, becomes an event
+//! or is dropped (the link was removed, the monitor demonitored, the process has ended)
+//! is decided in one step with the push, against the state a concurrent `unlink`,
+//! `demonitor` or `close` left: an exit signal never arrives after the `unlink` or
+//! `demonitor` that removed its reason has completed.
 
 use std::mem;
 
-use wasmproc_types::Pid;
+use rustc_hash::{FxHashMap, FxHashSet};
+use wasmproc_types::{ExitReason, Pid};
 
 use crate::loom::Mutex;
 use crate::step::{Event, Exited, message_size};
@@ -59,6 +67,47 @@ struct InboxState<W> {
     closed: bool,
     watchers: Vec<W>,
     terminate_reason: Option<Exited>,
+    /// The processes linked to this one; bounded by `max_links` when linked.
+    links: FxHashSet<Pid>,
+    /// How many monitors this process holds on each pid: an exit of a monitor arriving
+    /// for a pid with none left (demonitored) is dropped.
+    monitoring: FxHashMap<Pid, u32>,
+    /// Exit signals arrive as events instead of ending the process (`trap-exits`).
+    trap_exits: bool,
+}
+
+/// How an exit signal reaches a process ([`Inbox::signal`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Signal {
+    /// A linked process ended: dropped unless the link still holds, which it then ends.
+    Link,
+    /// An exit signal without a link (an `exit` command, a `noproc` for a link to no
+    /// process): trappable.
+    Exit,
+    /// The untrappable `kill`.
+    Kill,
+}
+
+/// What an exit signal did ([`Inbox::signal`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Signalled {
+    /// It was pushed as an [`Event::Exit`]: the caller wakes the process.
+    Event,
+    /// It ends the process (its reason is set, unless an earlier one was): the caller
+    /// requests the termination.
+    Terminate,
+    /// Nothing: a normal reason to a process that does not trap exits, a link that no
+    /// longer holds, or a process that has ended.
+    Dropped,
+}
+
+/// Why a link was refused ([`Inbox::add_link`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum LinkRefused {
+    /// The process has finished or is finishing.
+    Closed,
+    /// It has `limit` links already.
+    Full { limit: usize },
 }
 
 /// What is left in an inbox when it closes.
@@ -69,6 +118,8 @@ pub(super) struct Closed<W> {
     pub(super) watchers: Vec<W>,
     /// Set if the process was terminated rather than finishing by itself.
     pub(super) terminate_reason: Option<Exited>,
+    /// The processes linked to it, to send its exit signal.
+    pub(super) links: FxHashSet<Pid>,
 }
 
 impl<W> Inbox<W> {
@@ -83,6 +134,9 @@ impl<W> Inbox<W> {
                 closed: false,
                 watchers: Vec::new(),
                 terminate_reason: None,
+                links: FxHashSet::default(),
+                monitoring: FxHashMap::default(),
+                trap_exits: false,
             }),
         }
     }
@@ -172,16 +226,111 @@ impl<W> Inbox<W> {
         self.inner.lock().terminate_reason.clone()
     }
 
+    /// Removes the watchers `unwanted` picks; they are not told of the exit.
+    pub(super) fn unwatch(&self, unwanted: impl Fn(&W) -> bool) {
+        self.inner.lock().watchers.retain(|watcher| !unwanted(watcher));
+    }
+
+    /// Links the process to `pid`, unless it has `limit` links already; linking twice is
+    /// linking once.
+    pub(super) fn add_link(&self, pid: Pid, limit: usize) -> Result<(), LinkRefused> {
+        let mut inner = self.inner.lock();
+        if inner.closed {
+            return Err(LinkRefused::Closed);
+        }
+        if inner.links.len() >= limit && !inner.links.contains(&pid) {
+            return Err(LinkRefused::Full { limit });
+        }
+        inner.links.insert(pid);
+        Ok(())
+    }
+
+    /// Removes the link to `pid`, if there is one: its exit signal is dropped from now on.
+    pub(super) fn remove_link(&self, pid: Pid) {
+        self.inner.lock().links.remove(&pid);
+    }
+
+    /// How many processes are linked to this one.
+    pub(super) fn link_count(&self) -> usize {
+        self.inner.lock().links.len()
+    }
+
+    /// Sets whether exit signals arrive as events (see [`Inbox::signal`]).
+    pub(super) fn set_trap_exits(&self, trap: bool) {
+        self.inner.lock().trap_exits = trap;
+    }
+
+    /// Counts one more monitor of `pid`, whose exit [`Inbox::push_monitor_exit`] then
+    /// takes.
+    pub(super) fn add_monitor(&self, pid: Pid) {
+        let mut inner = self.inner.lock();
+        if !inner.closed {
+            *inner.monitoring.entry(pid).or_insert(0) += 1;
+        }
+    }
+
+    /// Pushes the exit of `pid` that one of the process's monitors reports; `Ok(false)`
+    /// (and nothing pushed) if none is left, as after [`Inbox::demonitor`].
+    pub(super) fn push_monitor_exit(&self, pid: Pid, reason: ExitReason) -> Result<bool, Refused> {
+        let mut inner = self.inner.lock();
+        if inner.closed {
+            return Err(Refused::Closed);
+        }
+        match inner.monitoring.get_mut(&pid) {
+            Some(1) => {
+                inner.monitoring.remove(&pid);
+            }
+            Some(count) => *count -= 1,
+            None => return Ok(false),
+        }
+        inner.events.push(Event::Exit { pid, reason, linked: false });
+        Ok(true)
+    }
+
+    /// Removes every monitor the process holds on `pid`, with the exits of theirs that
+    /// wait undelivered: none reaches a step from now on.
+    pub(super) fn demonitor(&self, pid: Pid) {
+        let mut inner = self.inner.lock();
+        if inner.monitoring.remove(&pid).is_some() {
+            inner.events.retain(|event| !matches!(event, Event::Exit { pid: p, linked: false, .. } if *p == pid));
+        }
+    }
+
+    /// An exit signal from `from` with `reason`, as [`Signal`] says it came, decided
+    /// under the lock: a process that traps exits gets an [`Event::Exit`] (`linked`),
+    /// except for `kill`; one that does not is ended by an abnormal reason (`kill`'s is
+    /// [`ExitReason::Killed`]) and ignores a normal one. A [`Signal::Link`] signal also
+    /// removes the link, and is dropped if there was none.
+    pub(super) fn signal(&self, from: Pid, reason: &ExitReason, how: Signal) -> Signalled {
+        let mut inner = self.inner.lock();
+        if inner.closed || (how == Signal::Link && !inner.links.remove(&from)) {
+            return Signalled::Dropped;
+        }
+        let ending = match how {
+            Signal::Kill => ExitReason::Killed,
+            _ if inner.trap_exits => {
+                inner.events.push(Event::Exit { pid: from, reason: reason.clone(), linked: true });
+                return Signalled::Event;
+            }
+            _ if reason.is_normal() => return Signalled::Dropped,
+            _ => reason.clone(),
+        };
+        inner.terminate_reason.get_or_insert(Exited::by_signal(ending, from));
+        Signalled::Terminate
+    }
+
     /// Refuses every later push and hands back what is left.
     pub(super) fn close(&self) -> Closed<W> {
         let mut inner = self.inner.lock();
         inner.closed = true;
         inner.messages = 0;
         inner.bytes = 0;
+        inner.monitoring = FxHashMap::default();
         Closed {
             undelivered: mem::take(&mut inner.events),
             watchers: mem::take(&mut inner.watchers),
             terminate_reason: inner.terminate_reason.take(),
+            links: mem::take(&mut inner.links),
         }
     }
 
@@ -240,6 +389,77 @@ mod tests {
         assert_eq!(inbox.push(message_of(1), bound), Err(Refused::FullBytes { limit: 1000 }));
         inbox.close();
         assert_eq!(inbox.push(message_of(1), bound), Err(Refused::Closed));
+    }
+
+    #[test]
+    fn demonitor_drops_the_exits_of_its_monitors_waiting_or_to_come() {
+        let inbox = Inbox::<()>::new();
+        let (a, b) = (Pid::from_u64(1), Pid::from_u64(2));
+        inbox.add_monitor(a);
+        inbox.add_monitor(a);
+        inbox.add_monitor(b);
+        assert_eq!(inbox.push_monitor_exit(a, ExitReason::Killed), Ok(true));
+        inbox.push(message(1), messages(8)).unwrap();
+        inbox.demonitor(a);
+        assert_eq!(inbox.push_monitor_exit(a, ExitReason::Killed), Ok(false), "the second monitor is gone too");
+        assert_eq!(inbox.push_monitor_exit(b, ExitReason::Killed), Ok(true));
+        assert_eq!(inbox.push_monitor_exit(b, ExitReason::Killed), Ok(false), "one exit a monitor");
+        let mut buf = Vec::new();
+        inbox.drain_into(&mut buf);
+        assert_eq!(buf, [message(1), Event::Exit { pid: b, reason: ExitReason::Killed, linked: false }]);
+    }
+
+    #[test]
+    fn exit_signals_trap_end_or_drop_as_erlang_has_them() {
+        let (from, other) = (Pid::from_u64(7), Pid::from_u64(8));
+        let normal = ExitReason::Normal(Payload::empty());
+        let boom = ExitReason::Error("boom".into());
+
+        let inbox = Inbox::<()>::new();
+        assert_eq!(inbox.signal(from, &boom, Signal::Link), Signalled::Dropped, "no link, no signal");
+        assert_eq!(inbox.signal(from, &normal, Signal::Exit), Signalled::Dropped);
+        inbox.add_link(from, 8).unwrap();
+        assert_eq!(inbox.signal(from, &normal, Signal::Link), Signalled::Dropped, "normal ends nothing");
+        assert_eq!(inbox.link_count(), 0, "the link is gone with its signal");
+        inbox.add_link(from, 8).unwrap();
+        assert_eq!(inbox.signal(from, &boom, Signal::Link), Signalled::Terminate);
+        assert_eq!(inbox.terminate_reason(), Some(Exited::by_signal(boom.clone(), from)));
+        assert_eq!(inbox.signal(other, &ExitReason::Shutdown, Signal::Kill), Signalled::Terminate);
+        assert_eq!(inbox.terminate_reason(), Some(Exited::by_signal(boom.clone(), from)), "the first reason wins");
+
+        let trapping = Inbox::<()>::new();
+        trapping.set_trap_exits(true);
+        trapping.add_link(from, 8).unwrap();
+        assert_eq!(trapping.signal(from, &normal, Signal::Link), Signalled::Event);
+        assert_eq!(trapping.signal(other, &boom, Signal::Exit), Signalled::Event);
+        assert_eq!(trapping.signal(other, &boom, Signal::Kill), Signalled::Terminate);
+        assert_eq!(trapping.terminate_reason(), Some(Exited::by_signal(ExitReason::Killed, other)));
+        let mut buf = Vec::new();
+        trapping.drain_into(&mut buf);
+        assert_eq!(
+            buf,
+            [
+                Event::Exit { pid: from, reason: normal, linked: true },
+                Event::Exit { pid: other, reason: boom.clone(), linked: true }
+            ]
+        );
+        trapping.close();
+        assert_eq!(trapping.signal(other, &boom, Signal::Kill), Signalled::Dropped, "an ended process takes none");
+    }
+
+    #[test]
+    fn links_are_bounded_and_linking_twice_is_linking_once() {
+        let inbox = Inbox::<()>::new();
+        inbox.add_link(Pid::from_u64(1), 2).unwrap();
+        inbox.add_link(Pid::from_u64(1), 2).unwrap();
+        inbox.add_link(Pid::from_u64(2), 2).unwrap();
+        assert_eq!(inbox.add_link(Pid::from_u64(2), 2), Ok(()), "already linked");
+        assert_eq!(inbox.add_link(Pid::from_u64(3), 2), Err(LinkRefused::Full { limit: 2 }));
+        inbox.remove_link(Pid::from_u64(1));
+        assert_eq!(inbox.add_link(Pid::from_u64(3), 2), Ok(()));
+        let closed = inbox.close();
+        assert_eq!(closed.links.len(), 2);
+        assert_eq!(inbox.add_link(Pid::from_u64(4), 2), Err(LinkRefused::Closed));
     }
 
     #[test]

@@ -39,6 +39,8 @@ pub(super) struct SpawnArgs {
     pub(super) caps: Arc<Capabilities>,
     pub(super) mailbox_capacity: usize,
     pub(super) watcher: Option<Watcher>,
+    /// The process to link it to before it first runs (a `spawn` with `link`).
+    pub(super) linked_to: Option<Arc<ProcessCell>>,
     /// Its place in its process tree: a root's when the embedder spawns.
     pub(super) lineage: Lineage,
 }
@@ -126,10 +128,21 @@ impl Shared {
                 return Err(SpawnError::Journal(reason));
             }
         }
-        if let Some(watcher) = args.watcher
-            && cell.inbox.watch(watcher).is_err()
-        {
-            unreachable!("inbox of process {pid} closed during its init");
+        // Linked and watched before it is `Ready`: it cannot end before its partner and
+        // its watcher are sure to hear of it. The partner is the spawner, running the
+        // spawn, so its inbox is open; it was checked against its `max_links` before the
+        // spawn (a link made to it meanwhile may take it one past).
+        if let Some(partner) = args.linked_to {
+            let linked = partner.inbox.add_link(pid, usize::MAX).and_then(|()| cell.inbox.add_link(partner.pid(), 1));
+            debug_assert!(linked.is_ok(), "a spawner's inbox is open during its spawn");
+        }
+        if let Some(watcher) = args.watcher {
+            if let Watcher::Process(watching) = &watcher {
+                watching.inbox.add_monitor(pid);
+            }
+            if cell.inbox.watch(watcher).is_err() {
+                unreachable!("inbox of process {pid} closed during its init");
+            }
         }
         cell.state.transition_to_ready_from_init();
         self.count(|c| &c.spawned, 1);
@@ -156,6 +169,7 @@ impl Shared {
     /// `watcher` gets an [`Event::Exit`] when `target` ends; at once
     /// ([`ExitReason::Noproc`]) if it already has.
     pub(super) fn monitor(&self, watcher: &Arc<ProcessCell>, target: Pid) {
+        watcher.inbox.add_monitor(target);
         if let Some(remote) = self.remote_for(target) {
             return remote.monitor(watcher.pid(), target);
         }
@@ -163,10 +177,7 @@ impl Shared {
             Some(cell) => cell.inbox.watch(Watcher::Process(watcher.clone())).is_err(),
             None => true,
         };
-        if refused
-            && let Ok(Wake::Schedule) =
-                watcher.deliver(Event::Exit { pid: target, reason: ExitReason::Noproc, linked: false })
-        {
+        if refused && let Ok(Some(Wake::Schedule)) = watcher.deliver_monitor_exit(target, ExitReason::Noproc) {
             self.schedule(watcher.clone());
         }
     }
@@ -274,10 +285,10 @@ impl Shared {
                 Watcher::Process(_) if suspending => {}
                 Watcher::Process(watching) => {
                     // A watcher that has ended itself refuses the event: it was not told.
-                    let exit = Event::Exit { pid: cell.pid(), reason: result.reason.clone(), linked: false };
-                    let delivered = watching.deliver(exit);
-                    told |= delivered.is_ok();
-                    if let Ok(Wake::Schedule) = delivered {
+                    // Nor one that demonitored it meanwhile.
+                    let delivered = watching.deliver_monitor_exit(cell.pid(), result.reason.clone());
+                    told |= matches!(delivered, Ok(Some(_)));
+                    if let Ok(Some(Wake::Schedule)) = delivered {
                         self.schedule(watching);
                     }
                 }
@@ -295,6 +306,10 @@ impl Shared {
                 }
                 Watcher::Release(release) => release(),
             }
+        }
+        // After the messages it sent, in its partners' inboxes already: its exit signal.
+        if !suspending && !closed.links.is_empty() {
+            told |= self.signal_links(cell.pid(), &result, closed.links);
         }
         // Only a failure costs anything here; a suspension is no failure.
         if !told && ending == Ending::Ran && !suspending && !result.reason.is_normal() {

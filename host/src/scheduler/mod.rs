@@ -24,6 +24,7 @@
 //! - `shared.rs`: what every thread of a scheduler shares, and queueing a process;
 //! - `message.rs`: a message's trip, from its sender's checks to a mailbox or the cluster;
 //! - `lifecycle.rs`: spawn, monitor, terminate, retire, drain;
+//! - `links.rs`: links, exit signals and `demonitor` (what propagates, what traps);
 //! - `dispatch.rs`: carrying out yields; `commands.rs`: finding a custom command's
 //!   handler;
 //! - `completer.rs`: answering a yield, now or later (the cell's side of the handler
@@ -62,7 +63,7 @@
 //!   are kept for its step only while the worker is in that step (`worker::is_stepping`).
 //!
 //! Above the circle, importing it and imported by none of it: `completer.rs`,
-//! `dispatch.rs`, `lifecycle.rs`, `message.rs`, `handle.rs`, `for_cluster.rs`,
+//! `dispatch.rs`, `lifecycle.rs`, `links.rs`, `message.rs`, `handle.rs`, `for_cluster.rs`,
 //! `recovery.rs`, `builder.rs` and `shutdown.rs`. Most are methods of `Shared` or of
 //! [`Handle`], which the circle calls without importing their files (the worker ends a
 //! turn with `Shared::dispatch_from` and `Shared::end`).
@@ -80,6 +81,7 @@ mod hibernation;
 mod idle;
 mod inbox;
 mod lifecycle;
+mod links;
 mod message;
 mod process_handle;
 mod recovery;
@@ -96,7 +98,8 @@ mod worker;
 
 pub use self::builder::{
     Builder, DEFAULT_MAILBOX_BYTES, DEFAULT_MAILBOX_CAPACITY, DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DESCENDANTS,
-    DEFAULT_MAX_PAYLOAD_SIZE, DEFAULT_MAX_PROCESSES, DEFAULT_MAX_YIELDS_PER_STEP, DEFAULT_OUTPUT_PER_PAYLOAD,
+    DEFAULT_MAX_LINKS, DEFAULT_MAX_PAYLOAD_SIZE, DEFAULT_MAX_PROCESSES, DEFAULT_MAX_YIELDS_PER_STEP,
+    DEFAULT_OUTPUT_PER_PAYLOAD,
 };
 pub use self::caps::Capabilities;
 pub(crate) use self::durable::replaying_now;

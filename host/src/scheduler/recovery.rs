@@ -22,7 +22,7 @@
 //!    registered again, and an exit that happened but was not consumed is delivered.
 //! 4. **Queued** when they can run.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +32,7 @@ use super::caps::Capabilities;
 use super::cell::{ProcessCell, Spec, Watcher, port};
 use super::completer::complete;
 use super::durable::{Origin, ReplayingHistory, port_send_id, replaying};
+use super::inbox::Signal;
 use super::process_handle::{ExitSlot, ProcessHandle};
 use super::shared::Shared;
 use super::state::{Lifecycle, Waiting};
@@ -321,6 +322,7 @@ impl Plan {
             }
             let cell = &cells[pid];
             self.rewire_monitors(shared, cell, saved, &pending, cells);
+            self.rewire_links(shared, cell, &pending, cells, replayed);
             for (origin, y) in pending.outstanding {
                 // A `send` in flight is delivered with the others, in its sender's order.
                 if let Command::Send { to, topic, body } = &y.command
@@ -464,7 +466,7 @@ impl Plan {
             .iter()
             .flat_map(|(_, step)| step.events.iter())
             .filter_map(|event| match event {
-                Event::Exit { pid, .. } => Some(*pid),
+                Event::Exit { pid, linked: false, .. } => Some(*pid),
                 _ => None,
             })
             .collect();
@@ -476,6 +478,35 @@ impl Plan {
         }
     }
 
+    /// Restores `cell`'s links and `trap-exits` flag as its history left them, on both
+    /// sides of each link (a link another process made is in that one's history), and
+    /// sends it the exit signal of each partner that ended without its signal being taken.
+    fn rewire_links(
+        &self,
+        shared: &Arc<Shared>,
+        cell: &Arc<ProcessCell>,
+        pending: &Pending,
+        cells: &BTreeMap<Pid, Arc<ProcessCell>>,
+        replayed: &HashMap<Pid, Option<Status>>,
+    ) {
+        if pending.trap_exits {
+            cell.inbox.set_trap_exits(true);
+        }
+        for &partner in &pending.linked {
+            // Restored links are not bounded again: they were within `max_links` when made.
+            let _ = cell.inbox.add_link(partner, usize::MAX);
+            if replayed.contains_key(&partner) {
+                let _ = cells[&partner].inbox.add_link(cell.pid(), usize::MAX);
+                continue;
+            }
+            let reason = match self.saved.get(&partner).and_then(|s| s.exit.clone()) {
+                Some(exited) => exited.reason,
+                None => ExitReason::Noproc,
+            };
+            shared.signal_cell(cell, partner, &reason, Signal::Link);
+        }
+    }
+
     /// `cell` gets an exit event when `target` ends: now, if it already has.
     fn watch(
         &self,
@@ -484,6 +515,7 @@ impl Plan {
         target: Pid,
         cells: &BTreeMap<Pid, Arc<ProcessCell>>,
     ) {
+        cell.inbox.add_monitor(target);
         if let Some(target_cell) = cells.get(&target)
             && target_cell.inbox.watch(Watcher::Process(cell.clone())).is_ok()
         {
@@ -493,7 +525,7 @@ impl Plan {
             Some(exited) => exited.reason,
             None => ExitReason::Noproc,
         };
-        if let Ok(super::state::Wake::Schedule) = cell.deliver(Event::Exit { pid: target, reason, linked: false }) {
+        if let Ok(Some(super::state::Wake::Schedule)) = cell.deliver_monitor_exit(target, reason) {
             shared.schedule(cell.clone());
         }
     }
@@ -688,16 +720,30 @@ struct Pending {
     outstanding: Vec<(Origin, Yield)>,
     /// Yielded sends that completed successfully (delivered, perhaps not consumed).
     completed_sends: Vec<CompletedSend>,
-    /// Processes it monitors through completed `monitor` yields and monitored spawns.
+    /// Processes it monitors through completed `monitor` yields and monitored spawns,
+    /// less those it demonitored.
     monitored: Vec<Pid>,
+    /// Processes it linked to through completed `link` yields and linked spawns, less
+    /// those it unlinked and those whose exit signal it took (as an event).
+    linked: BTreeSet<Pid>,
+    /// Whether it traps exits, as its last completed `trap-exits` left it.
+    trap_exits: bool,
 }
 
 fn pending_yields(saved: &Recorded) -> Pending {
     let mut open: BTreeMap<u64, Vec<(Origin, Yield)>> = BTreeMap::new();
     let mut completed_sends = Vec::new();
     let mut monitored = Vec::new();
+    let mut linked = BTreeSet::new();
+    let mut trap_exits = false;
+    let mut signals_taken = HashSet::new();
     for (seq, step) in &saved.steps {
         for event in &step.events {
+            // Taken whenever it came: a `noproc` for a link to a process that was gone
+            // comes before the link's completion. A pid is never used twice in a journal.
+            if let Event::Exit { pid, linked: true, .. } = event {
+                signals_taken.insert(*pid);
+            }
             let Event::Completion { tag, result } = event else { continue };
             let Some(waiting) = open.get_mut(tag) else { continue };
             if waiting.is_empty() {
@@ -709,9 +755,22 @@ fn pending_yields(saved: &Recorded) -> Pending {
                     completed_sends.push(CompletedSend { to, id: origin.message_id(), topic, body });
                 }
                 (Command::Monitor(target), Ok(_)) => monitored.push(target),
-                (Command::Spawn(request), Ok(pid)) if request.monitor => {
-                    if let Some(child) = pid.to_u64() {
-                        monitored.push(Pid::from_u64(child));
+                (Command::Demonitor(target), _) => monitored.retain(|pid| *pid != target),
+                (Command::Link(target), Ok(_)) => {
+                    linked.insert(target);
+                }
+                (Command::Unlink(target), _) => {
+                    linked.remove(&target);
+                }
+                (Command::TrapExits(trap), _) => trap_exits = trap,
+                (Command::Spawn(request), Ok(pid)) => {
+                    if let Some(child) = pid.to_u64().map(Pid::from_u64) {
+                        if request.monitor {
+                            monitored.push(child);
+                        }
+                        if request.link {
+                            linked.insert(child);
+                        }
                     }
                 }
                 _ => {}
@@ -723,5 +782,6 @@ fn pending_yields(saved: &Recorded) -> Pending {
     }
     let mut outstanding: Vec<(Origin, Yield)> = open.into_values().flatten().collect();
     outstanding.sort_by_key(|(origin, _)| (origin.seq, origin.index));
-    Pending { outstanding, completed_sends, monitored }
+    linked.retain(|pid| !signals_taken.contains(pid));
+    Pending { outstanding, completed_sends, monitored, linked, trap_exits }
 }
