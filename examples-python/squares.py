@@ -14,7 +14,12 @@ Entries:
 - `watch`: input `message` (JSON); spawns, monitored, an `idle` child and a `fail` child
   (with `message`), terminates the `idle` one, and completes with how each ended, as the
   typed exit reasons of their exit events say: `{"idle": ["terminated"], "fail":
-  ["error", message]}`.
+  ["error", message]}`;
+- `trap`: input `message` (JSON); traps exits, spawns a `fail` child (with `message`)
+  linked and not monitored, and completes with the exit event of the link:
+  `{"child": true, "linked": true, "reason": ["error", message]}`;
+- `linked`: input `message` (JSON); spawns a `fail` child (with `message`) linked,
+  without trapping exits, and waits: the child's error ends it.
 
 A component runs one process per instance, so the process's state is a module global.
 """
@@ -25,7 +30,7 @@ import wit_world
 from componentize_py_types import Err, Ok
 from wit_world.imports import host, types
 
-ENTRIES = ["main", "square", "idle", "fail", "watch"]
+ENTRIES = ["main", "square", "idle", "fail", "watch", "trap", "linked"]
 
 # The tag of the one sleep; spawn tags are 1 + the child's index.
 SLEEP_TAG = 0
@@ -196,6 +201,68 @@ class Watch:
         return output(types.Status_Blocked(), yields)
 
 
+class Trap:
+    """Traps exits, spawns a linked `fail` child, and reports the link's exit event."""
+
+    TRAP, SPAWN = 1, 2
+
+    def __init__(self, message):
+        self.message = message
+        self.started = False
+        self.child = None
+        self.exit = None
+
+    def step(self, events):
+        if not self.started:
+            self.started = True
+            request = types.SpawnRequest(kind=None, method="fail", input=[payload(self.message)], monitor=False, link=True)
+            return output(
+                types.Status_Blocked(),
+                [
+                    types.YieldCommand(tag=self.TRAP, command=types.Command_TrapExits(True)),
+                    types.YieldCommand(tag=self.SPAWN, command=types.Command_Spawn(request)),
+                ],
+            )
+        for event in events:
+            if isinstance(event, types.Event_Completion):
+                completion = event.value
+                if isinstance(completion.result, Err):
+                    return fail(f"command {completion.tag} failed: {completion.result.value}")
+                if completion.tag == self.SPAWN:
+                    self.child = int.from_bytes(completion.result.value.data, "little")
+            elif isinstance(event, types.Event_Exit):
+                self.exit = event.value
+            elif isinstance(event, types.Event_Cancel):
+                return fail(f"cancelled: {event.value}")
+        if self.child is not None and self.exit is not None:
+            return complete(
+                {
+                    "child": self.exit.pid == self.child,
+                    "linked": self.exit.linked,
+                    "reason": reason_json(self.exit.reason),
+                }
+            )
+        return output(types.Status_Blocked())
+
+
+class Linked:
+    """Spawns a linked `fail` child and waits: the child's error ends this process."""
+
+    def __init__(self, message):
+        self.message = message
+        self.started = False
+
+    def step(self, events):
+        if not self.started:
+            self.started = True
+            request = types.SpawnRequest(kind=None, method="fail", input=[payload(self.message)], monitor=False, link=True)
+            return output(types.Status_Idle(), [types.YieldCommand(tag=1, command=types.Command_Spawn(request))])
+        for event in events:
+            if isinstance(event, types.Event_Cancel):
+                return fail(f"cancelled: {event.value}")
+        return output(types.Status_Idle())
+
+
 class Square:
     def __init__(self, i):
         if not isinstance(i, int):
@@ -225,7 +292,15 @@ class WitWorld(wit_world.WitWorld):
 
     def init(self, pid, method, input):
         global state
-        entry = {"main": Main, "square": Square, "idle": Idle, "fail": Fail, "watch": Watch}.get(method)
+        entry = {
+            "main": Main,
+            "square": Square,
+            "idle": Idle,
+            "fail": Fail,
+            "watch": Watch,
+            "trap": Trap,
+            "linked": Linked,
+        }.get(method)
         if entry is None:
             # The host adds the list of entries.
             raise Err(f"unknown entry method `{method}`")

@@ -95,12 +95,37 @@ impl Ctx {
         self.spawn_request(Some(kind.to_owned()), method, input)
     }
 
+    /// Like [`Ctx::spawn`], and links this process to the child before the child first
+    /// runs (see [`Ctx::link`]): an abnormal end of either ends the other, unless it traps
+    /// exits. The child is monitored too, so [`Ctx::wait`] gets its result.
+    /// `#[entry]`'s generated `spawn_link` does the same with the entry's types.
+    ///
+    /// ```
+    /// # use wasmproc_guest::prelude::*;
+    /// async fn run(ctx: &Ctx) -> Result<u64> {
+    ///     ctx.trap_exits(true).await?;
+    ///     let worker = ctx.spawn_link("work", 7).await?;
+    ///     let exit = ctx.recv_exit().await?;
+    ///     ensure!(exit.pid == worker, "an exit of another process: {exit:?}");
+    ///     Ok(ctx.wait::<u64>(worker).await?)
+    /// }
+    /// ```
+    ///
+    /// Fails as [`Ctx::spawn`] does, and past the host's limit of links (`max_links`).
+    pub fn spawn_link(&self, method: &str, input: impl Serialize) -> Completion<Pid> {
+        self.spawn_with(None, method, input, true)
+    }
+
     fn spawn_request(&self, kind: Option<String>, method: &str, input: impl Serialize) -> Completion<Pid> {
+        self.spawn_with(kind, method, input, false)
+    }
+
+    fn spawn_with(&self, kind: Option<String>, method: &str, input: impl Serialize, link: bool) -> Completion<Pid> {
         let what = Cow::Owned(format!("spawning `{method}`"));
         match Payload::json(&input) {
             Ok(input) => {
                 let command =
-                    Command::Spawn { kind, method: method.to_owned(), input: vec![input], monitor: true, link: false };
+                    Command::Spawn { kind, method: method.to_owned(), input: vec![input], monitor: true, link };
                 self.command(command, what, decode_pid)
             }
             Err(error) => self.unserialisable(error, what, decode_pid),
@@ -147,6 +172,93 @@ impl Ctx {
     /// does not exist exits at once, and the wait fails with [`Error::NoProc`].
     pub fn monitor(&self, pid: Pid) -> Completion<()> {
         self.command(Command::Monitor(pid), "monitor", decode_unit)
+    }
+
+    /// Stops monitoring process `pid`: no exit of it arrives through a monitor from now
+    /// on, and one that arrived and was not waited for is dropped. A [`Ctx::wait`] for it
+    /// would then wait until cancelled.
+    pub fn demonitor(&self, pid: Pid) -> Completion<()> {
+        self.shared.forget_exit(pid);
+        self.command(Command::Demonitor(pid), "demonitor", decode_unit)
+    }
+
+    /// Links this process and process `pid`, both ways, as Erlang's `link`: when either
+    /// ends abnormally, the other ends with the same [`ExitReason`] (a normal end ends
+    /// no one), unless it traps exits ([`Ctx::trap_exits`]), when the end arrives as a
+    /// [`LinkedExit`](crate::LinkedExit) for [`Ctx::recv_exit`] instead. Linking to a
+    /// process that does not exist (or has ended) is an exit signal `noproc` at once.
+    ///
+    /// ```
+    /// # use wasmproc_guest::prelude::*;
+    /// async fn pair(ctx: &Ctx, partner: Pid) -> Result<()> {
+    ///     // From here on, if `partner` traps, this process ends with its reason.
+    ///     ctx.link(partner).await?;
+    ///     ctx.recv().await?;
+    ///     Ok(())
+    /// }
+    /// ```
+    ///
+    /// Fails past the host's limit of links (`max_links`), or if `link` is not granted.
+    pub fn link(&self, pid: Pid) -> Completion<()> {
+        self.command(Command::Link(pid), "link", decode_unit)
+    }
+
+    /// Removes the link to process `pid`, both ways: no exit signal of it arrives from
+    /// now on. Unlinking what is not linked does nothing.
+    pub fn unlink(&self, pid: Pid) -> Completion<()> {
+        self.command(Command::Unlink(pid), "unlink", decode_unit)
+    }
+
+    /// Whether this process traps exit signals: with `true`, the ends of linked processes
+    /// (normal ones too) and the signals of [`Ctx::exit`] arrive as
+    /// [`LinkedExit`](crate::LinkedExit)s for [`Ctx::recv_exit`] instead of ending it;
+    /// [`Ctx::kill`] still ends it. Off by default.
+    ///
+    /// ```
+    /// # use wasmproc_guest::prelude::*;
+    /// async fn outlive(ctx: &Ctx, worker: Pid) -> Result<ExitReason> {
+    ///     ctx.trap_exits(true).await?;
+    ///     ctx.link(worker).await?;
+    ///     Ok(ctx.recv_exit().await?.reason)
+    /// }
+    /// ```
+    pub fn trap_exits(&self, trap: bool) -> Completion<()> {
+        self.command(Command::TrapExits(trap), "trap-exits", decode_unit)
+    }
+
+    /// The oldest exit signal this process trapped, once there is one: a linked process
+    /// ended, or another sent one with [`Ctx::exit`]. Use it in a
+    /// [`select`](crate::select) beside [`Ctx::recv`] to take messages and exits as they
+    /// come.
+    ///
+    /// Fails once the process is cancelled and none is queued.
+    pub fn recv_exit(&self) -> RecvExit {
+        RecvExit { shared: self.shared.clone() }
+    }
+
+    /// Sends process `pid` an exit signal with `reason`, as a linked process's end would,
+    /// without a link: a normal `reason` ends nothing, an abnormal one ends `pid` unless
+    /// it traps exits (then it gets a [`LinkedExit`](crate::LinkedExit)). A signal to a
+    /// process that does not exist is dropped.
+    ///
+    /// ```
+    /// # use wasmproc_guest::prelude::*;
+    /// async fn stop(ctx: &Ctx, worker: Pid) -> Result<()> {
+    ///     Ok(ctx.exit(worker, ExitReason::Shutdown).await?)
+    /// }
+    /// ```
+    ///
+    /// Fails if `exit` is not granted.
+    pub fn exit(&self, pid: Pid, reason: ExitReason) -> Completion<()> {
+        self.command(Command::Exit { to: pid, reason, kill: false }, "exit", decode_unit)
+    }
+
+    /// Ends process `pid` with [`ExitReason::Killed`], whether it traps exits or not
+    /// (Erlang's `exit(Pid, kill)`); its linked processes get `killed` in turn.
+    ///
+    /// Fails if `exit` is not granted.
+    pub fn kill(&self, pid: Pid) -> Completion<()> {
+        self.command(Command::Exit { to: pid, reason: ExitReason::Killed, kill: true }, "exit", decode_unit)
     }
 
     /// Puts `body`, as JSON, in the mailbox of process `to` under `topic`, now: the host
@@ -285,6 +397,13 @@ fn decode_pid(payload: Payload) -> Result<Pid, Error> {
 #[doc(hidden)]
 pub fn spawn_entry<T: Serialize, R>(ctx: &Ctx, method: &str, input: T) -> Spawn<R> {
     Spawn { spawning: ctx.spawn(method, input), result: PhantomData }
+}
+
+/// Spawns and links a child of this component running entry `method`, typed: what
+/// `#[entry]`'s generated `spawn_link` calls.
+#[doc(hidden)]
+pub fn spawn_link_entry<T: Serialize, R>(ctx: &Ctx, method: &str, input: T) -> Spawn<R> {
+    Spawn { spawning: ctx.spawn_link(method, input), result: PhantomData }
 }
 
 /// An entry's own `spawn` in progress (`square::spawn(&ctx, 3)` for `#[entry] async fn
@@ -477,6 +596,20 @@ impl Future for Recv {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.shared.poll_message(self.topic.as_deref(), cx.waker()).map(|waited| waited.map_err(Error::Cancelled))
+    }
+}
+
+/// A [`Ctx::recv_exit`] in progress.
+#[must_use = "futures do nothing unless polled"]
+pub struct RecvExit {
+    shared: Rc<Shared>,
+}
+
+impl Future for RecvExit {
+    type Output = Result<crate::LinkedExit, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.shared.poll_signal(cx.waker()).map(|waited| waited.map_err(Error::Cancelled))
     }
 }
 

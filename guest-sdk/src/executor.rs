@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
-use crate::payload::{ExitReason, Message, Payload, Pid};
+use crate::payload::{ExitReason, LinkedExit, Message, Payload, Pid};
 
 /// Polls one step may spend on a task that keeps waking itself before it reports
 /// `continue` and lets other processes run. Picked out of thin air: no future in the SDK
@@ -63,10 +63,11 @@ pub(crate) enum Event {
         result: Outcome,
     },
     Message(Message),
-    /// A monitored process ended (or a linked one while this process traps exits).
+    /// A monitored process ended, or (`linked`) an exit signal this process trapped.
     Exit {
         pid: Pid,
         reason: ExitReason,
+        linked: bool,
     },
     Cancel(String),
 }
@@ -86,6 +87,15 @@ pub(crate) enum Command {
     },
     Monitor(Pid),
     Terminate(Pid),
+    Link(Pid),
+    Unlink(Pid),
+    Demonitor(Pid),
+    Exit {
+        to: Pid,
+        reason: ExitReason,
+        kill: bool,
+    },
+    TrapExits(bool),
     Custom {
         name: String,
         payload: Payload,
@@ -148,6 +158,9 @@ struct State {
     /// (a `join_all` over many waits would otherwise be woken, and scanned, in full for
     /// every exit).
     exit_waiters: BTreeMap<Pid, Vec<Waker>>,
+    /// Exit signals the process trapped, oldest first, for `recv_exit`.
+    signals: VecDeque<LinkedExit>,
+    signal_waiters: Vec<Waker>,
     cancel: Option<String>,
     cancel_waiters: Vec<Waker>,
 }
@@ -242,6 +255,25 @@ impl Shared {
         Poll::Pending
     }
 
+    /// The oldest exit signal the process trapped; with none: `Err(reason)` once the
+    /// process is cancelled, otherwise `waker` is woken when one arrives.
+    pub(crate) fn poll_signal(&self, waker: &Waker) -> Poll<Waited<LinkedExit>> {
+        let mut state = self.state.borrow_mut();
+        if let Some(signal) = state.signals.pop_front() {
+            return Poll::Ready(Ok(signal));
+        }
+        if let Some(reason) = &state.cancel {
+            return Poll::Ready(Err(reason.clone()));
+        }
+        register(&mut state.signal_waiters, waker);
+        Poll::Pending
+    }
+
+    /// Drops the exit of `pid` a monitor buffered and nobody has waited for.
+    pub(crate) fn forget_exit(&self, pid: Pid) {
+        self.state.borrow_mut().exits.remove(&pid);
+    }
+
     /// The cancel reason once the host has asked the process to finish.
     pub(crate) fn poll_cancel(&self, waker: &Waker) -> Poll<String> {
         let mut state = self.state.borrow_mut();
@@ -283,7 +315,11 @@ impl State {
                 self.mailbox.push_back(message);
                 wake_all(&mut self.mailbox_waiters);
             }
-            Event::Exit { pid, reason } => {
+            Event::Exit { pid, reason, linked: true } => {
+                self.signals.push_back(LinkedExit { pid, reason });
+                wake_all(&mut self.signal_waiters);
+            }
+            Event::Exit { pid, reason, linked: false } => {
                 self.exits.insert(pid, reason);
                 if let Some(mut waiters) = self.exit_waiters.remove(&pid) {
                     wake_all(&mut waiters);
@@ -297,6 +333,7 @@ impl State {
                 // Every wait ends with the cancellation: wake them all to see it.
                 wake_all(&mut self.cancel_waiters);
                 wake_all(&mut self.mailbox_waiters);
+                wake_all(&mut self.signal_waiters);
                 for (_, mut waiters) in std::mem::take(&mut self.exit_waiters) {
                     wake_all(&mut waiters);
                 }
@@ -571,11 +608,62 @@ mod tests {
         );
         let child = Pid::from_u64(9);
         let pid = Payload::bytes(child.as_u64().to_le_bytes());
-        let exit = Event::Exit { pid: child, reason: ExitReason::Normal(Payload::json(&49).unwrap()) };
+        let exit = Event::Exit { pid: child, reason: ExitReason::Normal(Payload::json(&49).unwrap()), linked: false };
         // The child finishes before the parent's sleep does.
         let sleeping = executor.step([Event::Completion { tag: 1, result: Ok(pid) }, exit]);
         assert_eq!(tags(&sleeping), [2]);
         assert_eq!(executor.step([done(2)]).status, json(serde_json::json!([9, 49])));
+    }
+
+    #[test]
+    fn a_linked_child_is_linked_at_spawn_and_its_trapped_exit_reaches_recv_exit() {
+        let mut executor = run(|ctx| async move {
+            ctx.trap_exits(true).await?;
+            let child = ctx.spawn_link("square", 7).await?;
+            // Taken from `select` beside a receive, and kept apart from the monitor's exit.
+            let exit = match select(ctx.recv(), ctx.recv_exit()).await {
+                Either::Left(message) => anyhow::bail!("a message first: {message:?}"),
+                Either::Right(exit) => exit?,
+            };
+            let result: u64 = ctx.wait(child).await?;
+            Ok(serde_json::json!([exit.pid, exit.reason.name(), result]))
+        });
+        assert_eq!(executor.step([]).yields, [Yield { tag: 1, command: Command::TrapExits(true) }]);
+        let spawn = executor.step([done(1)]);
+        assert!(
+            matches!(&spawn.yields[..], [Yield { tag: 2, command: Command::Spawn { link: true, monitor: true, .. } }]),
+            "{:?}",
+            spawn.yields
+        );
+        let child = Pid::from_u64(9);
+        let pid = Payload::bytes(child.as_u64().to_le_bytes());
+        let reason = ExitReason::Normal(Payload::json(&49).unwrap());
+        let linked = Event::Exit { pid: child, reason: reason.clone(), linked: true };
+        let monitored = Event::Exit { pid: child, reason, linked: false };
+        let output = executor.step([Event::Completion { tag: 2, result: Ok(pid) }, linked, monitored]);
+        assert_eq!(output.status, json(serde_json::json!([9, "normal", 49])));
+    }
+
+    #[test]
+    fn link_commands_go_out_as_written() {
+        let mut executor = run(|ctx| async move {
+            let (a, b) = (Pid::from_u64(3), Pid::from_u64(4));
+            join_all([ctx.link(a), ctx.unlink(a), ctx.demonitor(b), ctx.exit(b, ExitReason::Shutdown), ctx.kill(a)])
+                .await?;
+            Ok(serde_json::json!(null))
+        });
+        let (a, b) = (Pid::from_u64(3), Pid::from_u64(4));
+        let commands: Vec<Command> = executor.step([]).yields.into_iter().map(|y| y.command).collect();
+        assert_eq!(
+            commands,
+            [
+                Command::Link(a),
+                Command::Unlink(a),
+                Command::Demonitor(b),
+                Command::Exit { to: b, reason: ExitReason::Shutdown, kill: false },
+                Command::Exit { to: a, reason: ExitReason::Killed, kill: true },
+            ]
+        );
     }
 
     #[test]
@@ -597,7 +685,7 @@ mod tests {
         );
         let denied = Event::Completion { tag: 1, result: Err("permission denied: inventory.reserve".to_owned()) };
         assert_eq!(executor.step([denied]).status, Status::Idle);
-        let exit = Event::Exit { pid: Pid::from_u64(5), reason: ExitReason::Terminated };
+        let exit = Event::Exit { pid: Pid::from_u64(5), reason: ExitReason::Terminated, linked: false };
         assert_eq!(
             executor.step([exit]).status,
             json(serde_json::json!([

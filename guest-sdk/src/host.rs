@@ -106,7 +106,9 @@ impl From<wit::Event> for executor::Event {
                 topic: m.topic,
                 body: m.body.into(),
             }),
-            wit::Event::Exit(e) => executor::Event::Exit { pid: Pid::from_u64(e.pid), reason: e.reason.into() },
+            wit::Event::Exit(e) => {
+                executor::Event::Exit { pid: Pid::from_u64(e.pid), reason: e.reason.into(), linked: e.linked }
+            }
             wit::Event::Cancel(reason) => executor::Event::Cancel(reason),
         }
     }
@@ -141,6 +143,40 @@ impl From<wit::ExitReason> for ExitReason {
     }
 }
 
+impl From<TrapKind> for wit::TrapKind {
+    fn from(kind: TrapKind) -> Self {
+        match kind {
+            TrapKind::Panic => wit::TrapKind::Panic,
+            TrapKind::Unreachable => wit::TrapKind::Unreachable,
+            TrapKind::OutOfFuel => wit::TrapKind::OutOfFuel,
+            TrapKind::CpuBudget => wit::TrapKind::CpuBudget,
+            TrapKind::MemoryLimit => wit::TrapKind::MemoryLimit,
+            TrapKind::StackOverflow => wit::TrapKind::StackOverflow,
+            // `TrapKind` is non-exhaustive; a kind this SDK's contract lacks is `other`.
+            _ => wit::TrapKind::Other,
+        }
+    }
+}
+
+impl From<ExitReason> for wit::ExitReason {
+    fn from(reason: ExitReason) -> Self {
+        match reason {
+            ExitReason::Normal(payload) => wit::ExitReason::Normal(payload.into()),
+            ExitReason::Error(error) => wit::ExitReason::Error(error),
+            ExitReason::Trap(trap) => {
+                wit::ExitReason::Trap(wit::Trap { kind: trap.kind.into(), message: trap.message })
+            }
+            ExitReason::Killed => wit::ExitReason::Killed,
+            ExitReason::Shutdown => wit::ExitReason::Shutdown,
+            ExitReason::Terminated => wit::ExitReason::Terminated,
+            ExitReason::Noproc => wit::ExitReason::Noproc,
+            ExitReason::Noconnection(node) => wit::ExitReason::Noconnection(node),
+            // `ExitReason` is non-exhaustive; one this SDK's contract lacks is an error.
+            other => wit::ExitReason::Error(other.to_string()),
+        }
+    }
+}
+
 impl From<executor::Command> for wit::Command {
     fn from(command: executor::Command) -> Self {
         use executor::Command;
@@ -155,6 +191,13 @@ impl From<executor::Command> for wit::Command {
             }),
             Command::Monitor(pid) => wit::Command::Monitor(pid.as_u64()),
             Command::Terminate(pid) => wit::Command::Terminate(pid.as_u64()),
+            Command::Link(pid) => wit::Command::Link(pid.as_u64()),
+            Command::Unlink(pid) => wit::Command::Unlink(pid.as_u64()),
+            Command::Demonitor(pid) => wit::Command::Demonitor(pid.as_u64()),
+            Command::Exit { to, reason, kill } => {
+                wit::Command::Exit(wit::ExitSignal { to: to.as_u64(), reason: reason.into(), kill })
+            }
+            Command::TrapExits(trap) => wit::Command::TrapExits(trap),
             Command::Custom { name, payload } => {
                 wit::Command::Custom(wit::CustomCommand { name, payload: payload.into() })
             }

@@ -83,9 +83,9 @@ pub mod supervisor;
 pub use anyhow;
 
 pub use crate::combinators::{Either, Join, JoinAll, Select, SelectAny, join, join_all, select, select_any};
-pub use crate::ctx::{Cancellation, Child, Completion, Ctx, ExitOf, Recv, Spawn, Timeout, Wait};
+pub use crate::ctx::{Cancellation, Child, Completion, Ctx, ExitOf, Recv, RecvExit, Spawn, Timeout, Wait};
 pub use crate::error::{Error, ErrorCode};
-pub use crate::payload::{DecodeError, ExitReason, Format, Level, Message, Payload, Pid, Trap, TrapKind};
+pub use crate::payload::{DecodeError, ExitReason, Format, Level, LinkedExit, Message, Payload, Pid, Trap, TrapKind};
 pub use crate::providers::{
     DirEntry, Fs, Http, Keys, Kv, NextRequest, Request as HttpRequest, Response, ServeRequest, Versioned,
 };
@@ -205,8 +205,8 @@ pub mod prelude {
     pub use anyhow::{Context as _, Result, anyhow, bail, ensure};
 
     pub use crate::{
-        Ctx, Either, Error, ExitReason, Format, Level, Message, Payload, Pid, TrapKind, entry, join, join_all, select,
-        select_any,
+        Ctx, Either, Error, ExitReason, Format, Level, LinkedExit, Message, Payload, Pid, TrapKind, entry, join,
+        join_all, select, select_any,
     };
 }
 
@@ -276,7 +276,7 @@ pub mod __private {
     pub use serde::Serialize;
 
     pub use crate::component::{Entry, entries, init, start, step};
-    pub use crate::ctx::spawn_entry;
+    pub use crate::ctx::{spawn_entry, spawn_link_entry};
     pub use crate::host::bindings;
     pub use crate::host::bindings::Guest;
     pub use crate::host::bindings::wasmproc::process::types::{

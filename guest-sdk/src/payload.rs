@@ -15,6 +15,18 @@ pub struct Message {
     pub body: Payload,
 }
 
+/// An exit signal the process trapped ([`Ctx::trap_exits`](crate::Ctx::trap_exits)): a
+/// linked process ended, or one sent it [`Ctx::exit`](crate::Ctx::exit). Received with
+/// [`Ctx::recv_exit`](crate::Ctx::recv_exit).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct LinkedExit {
+    /// The process that ended (a link's), or that sent the signal.
+    pub pid: Pid,
+    /// Why: its exit reason, or the one sent. `noproc` for a link to a process that did
+    /// not exist.
+    pub reason: ExitReason,
+}
+
 impl Message {
     /// The body read as a `T`; see [`Payload::decode`].
     ///

@@ -103,6 +103,19 @@ fn python_and_javascript_guests_read_the_typed_exit_reasons_of_their_children() 
     reads_typed_exit_reasons(javascript(), "JavaScript");
 }
 
+/// A Python guest links to a child through the WIT: trapping exits, it gets the child's
+/// error as an exit event with `linked`; not trapping, the child's error ends it.
+#[test]
+fn a_python_guest_links_to_a_child_and_traps_its_exit_or_ends_with_it() {
+    let trapped = run(python(), "trap", Payload::json(&"no luck").unwrap()).expect("`trap` spawns");
+    let trapped = trapped.expect("`trap` completes");
+    let expected = serde_json::json!({"child": true, "linked": true, "reason": ["error", "no luck"]});
+    assert_eq!(trapped.parse_json::<serde_json::Value>().expect("JSON"), expected);
+
+    let linked = run(python(), "linked", Payload::json(&"no luck").unwrap()).expect("`linked` spawns");
+    assert_eq!(linked, Err(ExitReason::Error("no luck".to_owned())), "ended by its linked child's error");
+}
+
 #[test]
 fn a_python_guest_spawns_children_and_gathers_their_results() {
     fans_out(python(), "Python");

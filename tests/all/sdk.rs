@@ -162,3 +162,30 @@ fn the_log_crate_writes_to_the_hosts_log() {
         [(pid, Level::Info, "hello, wasm".to_owned()), (pid, Level::Warn, "a line without arguments".to_owned())]
     );
 }
+
+/// Links from a Rust guest: a trapping process gets the exit of its linked child and a
+/// `noproc` for a link to no process, as events; one that does not trap ends with its
+/// linked child's error, naming the child.
+#[test]
+fn a_guest_links_traps_exits_and_ends_with_its_linked_child() {
+    let s = tour();
+    let nobody = Pid::from_u64(9999 << 32);
+    let (child, exits): (u64, Vec<(u64, String)>) =
+        serde_json::from_value(value(run(&s, TOUR, "trapping", serde_json::json!(nobody.as_u64()), HANG))).unwrap();
+    let mut expected = vec![(child, "error".to_owned()), (nobody.as_u64(), "noproc".to_owned())];
+    expected.sort();
+    assert_eq!(exits, expected);
+
+    let process = s
+        .handle()
+        .spawn(Spawnable::kind(TOUR), SpawnOptions::new("linked_to_failure").input(vec![Payload::json(&()).unwrap()]))
+        .unwrap();
+    let exited = process.wait_timeout(HANG).expect("it ends");
+    assert!(
+        matches!(&exited.reason, wasmproc::ExitReason::Error(error) if error.contains("the linked child failed")),
+        "{exited}"
+    );
+    let child = exited.signal_from.expect("ended by its child's exit signal");
+    assert!(exited.to_string().starts_with(&format!("exited because linked process {child} returned an error")));
+    s.stop(HANG);
+}

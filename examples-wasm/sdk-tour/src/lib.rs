@@ -1,6 +1,6 @@
 //! The guest SDK's features, one entry each, with results the tests check: typed errors,
-//! cancellation of every wait, `ctx.timeout`, `ctx.parent`, `select_any`, typed spawning
-//! and the `log` backend; and what the host shows of a guest's output and panics. (`fan-out`
+//! cancellation of every wait, `ctx.timeout`, `ctx.parent`, `select_any`, typed spawning,
+//! links and trapped exits, and the `log` backend; and what the host shows of a guest's output and panics. (`fan-out`
 //! shows many spawns past the per-step limit.)
 
 use wasmproc_guest::prelude::*;
@@ -116,4 +116,50 @@ async fn element(_ctx: Ctx, i: usize) -> Result<u32> {
     Ok(three[i])
 }
 
-wasmproc_guest::export!(patient, deadline, race, family, whose_child, flood, deaf, chatty, parent_of_deaf, echo, element);
+/// Links: traps exits, spawns a linked `fails` and links to `nobody` (a pid that does not
+/// exist), and reports each trapped exit as it comes, `(pid, reason's name)`, with the
+/// child's pid.
+#[entry]
+async fn trapping(ctx: Ctx, nobody: u64) -> Result<(u64, Vec<(u64, String)>)> {
+    ctx.trap_exits(true).await?;
+    let child = fails::spawn_link(&ctx, "boom".to_owned()).await?;
+    ctx.link(Pid::from_u64(nobody)).await?;
+    let mut exits = Vec::new();
+    while exits.len() < 2 {
+        let exit = ctx.recv_exit().await?;
+        exits.push((exit.pid.as_u64(), exit.reason.name().to_owned()));
+    }
+    exits.sort();
+    Ok((child.pid().as_u64(), exits))
+}
+
+/// Spawns a linked `fails` without trapping exits: the child's error ends this process.
+#[entry]
+async fn linked_to_failure(ctx: Ctx, _: ()) -> Result<()> {
+    let _child = fails::spawn_link(&ctx, "the linked child failed".to_owned()).await?;
+    ctx.recv().await?;
+    bail!("outlived its linked child")
+}
+
+/// Fails with `error` as its error.
+#[entry]
+async fn fails(_ctx: Ctx, error: String) -> Result<()> {
+    bail!("{error}")
+}
+
+wasmproc_guest::export!(
+    patient,
+    deadline,
+    race,
+    family,
+    whose_child,
+    flood,
+    deaf,
+    chatty,
+    parent_of_deaf,
+    echo,
+    element,
+    trapping,
+    linked_to_failure,
+    fails
+);

@@ -150,6 +150,8 @@ fn expand(function: &ItemFn, types: &Types<'_>) -> TokenStream {
          resolves to the child once it runs, whose `join` gives the entry's result. Fails as \
          `Ctx::spawn` does."
     );
+    let spawn_link_doc = "Like `spawn`, and links this process to the child before it first runs (see \
+                          `Ctx::link`). Fails as `Ctx::spawn_link` does.";
     quote! {
         #function
 
@@ -170,6 +172,14 @@ fn expand(function: &ItemFn, types: &Types<'_>) -> TokenStream {
                 for<'__wasmproc> #input: ::#sdk::__private::Serialize,
             {
                 ::#sdk::__private::spawn_entry(ctx, #method, input)
+            }
+
+            #[doc = #spawn_link_doc]
+            pub fn spawn_link(ctx: &::#sdk::Ctx, input: #input) -> ::#sdk::Spawn<#output>
+            where
+                for<'__wasmproc> #input: ::#sdk::__private::Serialize,
+            {
+                ::#sdk::__private::spawn_link_entry(ctx, #method, input)
             }
         }
     }
@@ -283,6 +293,7 @@ mod tests {
             "{expanded}"
         );
         assert!(expanded.contains("spawn_entry (ctx , \"square\" , input)"), "{expanded}");
+        assert!(expanded.contains("spawn_link_entry (ctx , \"square\" , input)"), "{expanded}");
     }
 
     #[test]
