@@ -27,6 +27,8 @@
 //! BENCHMARKS.md). The modules, in the order they run:
 //!
 //! - [`scheduler`]: the scheduler alone, with native processes, against tokio;
+//! - [`links`]: a spawn with `link` against one with `monitor`, and a ring of linked
+//!   processes that fails as one;
 //! - [`wasm`]: Wasm processes against raw wasmtime, and the sandbox against itself;
 //! - [`tail`]: well-behaved processes' latency beside hostile guests, against quiet;
 //! - [`durable`]: Wasm processes with a journal against the same without;
@@ -45,6 +47,7 @@ mod http;
 mod idle;
 mod kv;
 mod languages;
+mod links;
 mod plot;
 mod scheduler;
 mod tail;
@@ -79,6 +82,7 @@ fn main() {
     let mut report = Report::default();
     let mut plots = plot::Plots::default();
     scheduler::run(&options, &mut report);
+    links::run(&options, &mut report);
     wasm::run(&options, &mut report, &mut plots);
     tail::run(&options, &mut report);
     durable::run(&options, &mut report);
