@@ -141,6 +141,22 @@ async fn linked_to_failure(ctx: Ctx, _: ()) -> Result<()> {
     bail!("outlived its linked child")
 }
 
+/// Spawns a linked `fails_after(ms)` and waits for a message that never comes: the
+/// child's failure ends it (a durable run resumed in between included).
+#[entry]
+async fn linked_pair(ctx: Ctx, ms: u64) -> Result<()> {
+    let _child = fails_after::spawn_link(&ctx, ms).await?;
+    ctx.recv().await?;
+    bail!("outlived its linked child")
+}
+
+/// Sleeps `ms` milliseconds, then fails.
+#[entry]
+async fn fails_after(ctx: Ctx, ms: u64) -> Result<()> {
+    ctx.sleep(Duration::from_millis(ms)).await?;
+    bail!("the linked child failed after {ms} ms")
+}
+
 /// Fails with `error` as its error.
 #[entry]
 async fn fails(_ctx: Ctx, error: String) -> Result<()> {
@@ -161,5 +177,7 @@ wasmproc_guest::export!(
     element,
     trapping,
     linked_to_failure,
+    linked_pair,
+    fails_after,
     fails
 );

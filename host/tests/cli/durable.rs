@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use std::collections::HashMap;
 
 use wasmproc_tests::HANG;
-use wasmproc_tests::guests::{DURABLE, LEDGER, TIMERS, WASI_CLI};
+use wasmproc_tests::guests::{DURABLE, LEDGER, SDK_TOUR, TIMERS, WASI_CLI};
 
 use super::hardening::start_running;
 use super::{run, scratch, wasmproc};
@@ -651,4 +651,35 @@ fn replayed_steps_log_nothing_again_unless_asked_and_then_marked() {
     assert_eq!(replayed["replayed"], true, "{replayed}");
     let new = round("30").unwrap_or_else(|| panic!("{}", shown.stderr));
     assert!(new.get("replayed").is_none(), "{new}");
+}
+
+/// A linked pair in a durable run, the host killed with SIGKILL once both run, and the
+/// run resumed by the same command: the link is restored from the journal, so the
+/// child's failure after the resume still ends its parent, which names it.
+#[test]
+fn a_linked_pair_keeps_its_link_when_the_killed_host_resumes() {
+    let dir = scratch("durable-linked");
+    let journal = dir.join("journal");
+    let journal = journal.to_str().unwrap();
+    let args =
+        ["run", SDK_TOUR, "--method", "linked_pair", "--input", "1500", "--journal", journal, "--timeout", "60s"];
+    let mut child = start_running(&args);
+    // Both processes are in the journal: the parent's spawn (with its link) is recorded.
+    let deadline = Instant::now() + HANG;
+    loop {
+        let listed = run(&["journal", "ls", journal]).expect(0);
+        if listed.stdout.matches("unfinished:").count() >= 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the child never started: {}", listed.stdout);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let ran = run(&args);
+    assert_ne!(ran.code, 0, "the parent ends with its child's error; stderr: {}", ran.stderr);
+    assert!(ran.stderr.contains("resuming process"), "{}", ran.stderr);
+    assert!(ran.stderr.contains("exited because linked process"), "{}", ran.stderr);
+    assert!(ran.stderr.contains("the linked child failed after 1500 ms"), "{}", ran.stderr);
 }
