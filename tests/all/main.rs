@@ -18,6 +18,8 @@ mod journal;
 mod kv;
 /// Guests in Python and JavaScript end to end; the instance limits they need.
 mod languages;
+/// The scheduler's import graph: its one circle is the one its module docs name.
+mod layout;
 /// Init, step statuses, step counts, errors, close (DESIGN 1, 2, 4, 12).
 mod lifecycle;
 /// Process limits and shutdown (DESIGN 13, 14).
