@@ -70,8 +70,17 @@ impl Handle {
         self.shared.node
     }
 
-    /// Delivers the exit of `pid` (a process of another node) to the local `watcher`.
-    /// False if the watcher has ended.
+    /// Counts a monitor that local process `watcher` holds on `target` (a child it
+    /// spawned on another node, monitored), so that the exit [`Handle::exit_to`] later
+    /// delivers for it is taken (see `Inbox::push_monitor_exit`).
+    pub(crate) fn count_monitor(&self, watcher: Pid, target: Pid) {
+        if let Some(cell) = self.shared.registry.get(watcher) {
+            cell.inbox.add_monitor(target);
+        }
+    }
+
+    /// Delivers the exit of `pid` (a process of another node) that a monitor of the local
+    /// `watcher` reports. False if the watcher has ended, or no longer monitors `pid`.
     pub(crate) fn exit_to(&self, watcher: Pid, pid: Pid, reason: ExitReason) -> bool {
         let Some(cell) = self.shared.registry.get(watcher) else { return false };
         match cell.deliver_monitor_exit(pid, reason) {

@@ -80,6 +80,10 @@ impl Actor {
                 let Some(pending) = self.pending.remove(&token) else { return true };
                 if let (Ok(child), Some(watcher)) = (&result, pending.monitor) {
                     *self.monitors.entry(pending.node).or_default().entry((watcher, *child)).or_default() += 1;
+                    // Before the child's exit, which comes after this answer on the same link.
+                    if let Some(handle) = self.inner.handle.get() {
+                        handle.count_monitor(watcher, *child);
+                    }
                 }
                 if let Some(slot) = pending.embedded {
                     match &result {
