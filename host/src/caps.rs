@@ -100,6 +100,19 @@ impl Capabilities {
     /// The built-in command names, in the order `--help` lists them.
     pub const BUILTIN: [&str; CommandKind::BUILTINS.len()] = BUILTIN_NAMES;
 
+    /// The built-ins that can end another process: `terminate`, `exit` (an exit signal)
+    /// and `link` (a linked process that fails ends its partners). The CLI grants them
+    /// only when allowed by name; without them a process may still end, signal and link
+    /// its own children (the scheduler checks the target's parent), so a supervisor and a
+    /// `spawn` with `link` need no grant.
+    pub const OVER_OTHERS: [&str; 3] = ["terminate", "exit", "link"];
+
+    /// Every built-in but [`Capabilities::OVER_OTHERS`]: the grants a process gets from
+    /// the CLI before `--allow` and `--deny`.
+    pub fn over_self() -> Self {
+        Capabilities::OVER_OTHERS.into_iter().fold(Capabilities::default(), Capabilities::deny)
+    }
+
     /// Nothing granted.
     pub fn none() -> Self {
         Capabilities { builtins: 0, custom: Custom::Only(Arc::default()) }

@@ -571,53 +571,64 @@ fn the_kind_is_built_in_and_checks_its_spec() {
     );
 }
 
-/// A process denied `terminate` may still end a child of its own (what a supervisor
-/// needs), and no other process.
+/// A process granted none of the commands over other processes (`terminate`, `exit`,
+/// `link`: the CLI's default, [`Capabilities::over_self`]) may still use each on a child
+/// of its own (what a supervisor needs), and on no other process.
 #[test]
-fn terminate_is_granted_for_ones_own_children_only() {
-    let lab = Arc::new(Lab::default());
-    let s = scheduler(&lab);
-    let options = wasmproc::scheduler::SpawnOptions::new("main").input(vec![Payload::json("stranger").unwrap()]);
-    let stranger = s.handle().spawn(Spawnable::kind("worker"), options).unwrap();
-    let stranger_pid = stranger.pid();
-    let mut got: [Option<String>; 2] = [None, None];
-    let (parent, _) = wasmproc_tests::Scripted::new(move |t| {
-        if t.step == 0 {
-            let input = vec![Payload::json("own").unwrap()];
-            let request = wasmproc::SpawnRequest {
-                kind: Some("worker".into()),
-                method: "main".into(),
-                input,
-                monitor: false,
-                link: false,
-            };
-            t.out.yield_command(1, Command::Spawn(request));
-            return Ok(());
-        }
-        for event in &t.events {
-            if let Some(Ok(pid)) = wasmproc_tests::completion(event, 1) {
-                t.out.yield_command(2, Command::Terminate(Pid::from_u64(pid.to_u64().unwrap())));
-                t.out.yield_command(3, Command::Terminate(stranger_pid));
+fn commands_over_other_processes_are_granted_for_ones_own_children_only() {
+    type Over = fn(Pid) -> Command;
+    let commands: [(&str, Over); 3] = [
+        ("terminate", Command::Terminate),
+        ("exit", |to| Command::Exit(wasmproc::ExitSignal { to, reason: wasmproc::ExitReason::Killed, kill: true })),
+        ("link", Command::Link),
+    ];
+    for (name, command) in commands {
+        let lab = Arc::new(Lab::default());
+        let s = scheduler(&lab);
+        let options = wasmproc::scheduler::SpawnOptions::new("main").input(vec![Payload::json("stranger").unwrap()]);
+        let stranger = s.handle().spawn(Spawnable::kind("worker"), options).unwrap();
+        let stranger_pid = stranger.pid();
+        let mut got: [Option<String>; 2] = [None, None];
+        let (parent, _) = wasmproc_tests::Scripted::new(move |t| {
+            if t.step == 0 {
+                let input = vec![Payload::json("own").unwrap()];
+                let request = wasmproc::SpawnRequest {
+                    kind: Some("worker".into()),
+                    method: "main".into(),
+                    input,
+                    monitor: false,
+                    link: false,
+                };
+                t.out.yield_command(1, Command::Spawn(request));
+                t.out.yield_command(4, Command::TrapExits(true));
+                return Ok(());
             }
-            for tag in [2, 3] {
-                if let Some(result) = wasmproc_tests::completion(event, tag) {
-                    got[tag as usize - 2] = Some(format!("{result:?}"));
+            for event in &t.events {
+                if let Some(Ok(pid)) = wasmproc_tests::completion(event, 1) {
+                    t.out.yield_command(2, command(Pid::from_u64(pid.to_u64().unwrap())));
+                    t.out.yield_command(3, command(stranger_pid));
+                }
+                for tag in [2, 3] {
+                    if let Some(result) = wasmproc_tests::completion(event, tag) {
+                        got[tag as usize - 2] = Some(format!("{result:?}"));
+                    }
                 }
             }
+            if let [Some(own), Some(other)] = &got {
+                t.out.complete(Ok(Payload::json(&[own, other]).unwrap()));
+            }
+            Ok(())
+        });
+        let options = wasmproc::scheduler::SpawnOptions::new("main").capabilities(Capabilities::over_self());
+        let result = s.handle().spawn(parent, options).unwrap().join_timeout(HANG).unwrap().unwrap();
+        let outcomes: Vec<String> = result.parse_json().unwrap();
+        assert!(outcomes[0].starts_with("Ok"), "{name}: {outcomes:?}");
+        assert!(outcomes[1].contains(&format!("permission denied: {name}")), "{name}: {outcomes:?}");
+        assert!(stranger.try_result().is_none(), "{name}: the stranger was not touched");
+        if name != "link" {
+            assert_eq!(lab.ended_names(), ["own"], "{name}");
         }
-        if let [Some(own), Some(other)] = &got {
-            t.out.complete(Ok(Payload::json(&[own, other]).unwrap()));
-        }
-        Ok(())
-    });
-    let options =
-        wasmproc::scheduler::SpawnOptions::new("main").capabilities(Capabilities::default().deny("terminate"));
-    let result = s.handle().spawn(parent, options).unwrap().join_timeout(HANG).unwrap().unwrap();
-    let outcomes: Vec<String> = result.parse_json().unwrap();
-    assert!(outcomes[0].starts_with("Ok"), "{outcomes:?}");
-    assert!(outcomes[1].contains("permission denied: terminate"), "{outcomes:?}");
-    assert_eq!(lab.ended_names(), ["own"]);
-    assert!(stranger.try_result().is_none());
+    }
 }
 
 /// Wasm children (the SDK tour's `element`, which panics past the end of its vector):

@@ -264,7 +264,7 @@ fn cancel(dir: &Path, app: &Path, grace: Duration, engine: &EngineArgs) -> Resul
     // Kept once ended: the next `run` reports the cancelled run's result, then drops it.
     let mut settings = JournalSettings::default();
     settings.keep_finished = true;
-    let grants = Capabilities::default().deny("terminate");
+    let grants = Capabilities::over_self();
     let scheduler = Scheduler::builder()
         .kind("app", component)
         .journal(journal.settings(settings))

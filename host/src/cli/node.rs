@@ -42,9 +42,9 @@ pub(super) struct Node {
     /// own `--grace`.
     #[arg(long, value_name = "DURATION", default_value = super::units::duration_text(wasmproc::cluster::GRACE), value_parser = super::units::duration)]
     grace: Duration,
-    /// Grant the processes this node runs a command it does not grant by default
-    /// (repeatable): terminate. A remote spawn gets the grants it asks for intersected
-    /// with these.
+    /// Grant the processes this node runs a command it grants by default only over their
+    /// own children (repeatable): terminate, exit, link. A remote spawn gets the grants it
+    /// asks for intersected with these.
     #[arg(long = "allow", value_name = "COMMAND")]
     allow: Vec<String>,
     /// Join even with no authentication at all (no NATS credentials, TLS client
@@ -97,14 +97,15 @@ impl Node {
                  server can run code on it"
             );
         }
-        let mut granted = Capabilities::default().deny("terminate");
+        let mut granted = Capabilities::over_self();
         for name in &self.allow {
-            if name != "terminate" {
+            if !Capabilities::OVER_OTHERS.contains(&name.as_str()) {
                 return Err(Failure::new(
                     Exit::Usage,
                     format!(
-                        "--allow `{name}`: a node grants its processes every built-in command but `terminate`, and \
-                         the provider families it serves; only `terminate` can be allowed"
+                        "--allow `{name}`: a node grants its processes every built-in command, `terminate`, `exit` \
+                         and `link` over their own children only, and the provider families it serves; only \
+                         `terminate`, `exit` and `link` can be allowed"
                     ),
                 ));
             }
@@ -137,7 +138,7 @@ impl Node {
         let cluster = Cluster::join(config.grace(self.grace)).map_err(|e| Failure::from_error(Exit::Host, &e))?;
         let _ = joined.set(cluster.clone());
         let providers = providers.on_node(cluster.name());
-        // The CLI's grants: the built-ins but `terminate` (unless --allow terminate), and
+        // The CLI's grants: the built-ins but those over other processes (unless allowed), and
         // every provider family, served or standing in with a denial that names this
         // node's flag. A run's own grants narrow these, never widen them.
         let caps = FAMILIES.iter().fold(granted, |caps, family| caps.allow(&format!("{family}.*")));

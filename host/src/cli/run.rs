@@ -44,8 +44,9 @@ use wasmproc::supervisor;
 pub(super) fn after_help() -> String {
     format!(
         "{EXAMPLES}\n\nSandbox defaults: {} of memory for each process, steps preempted every {}, no CPU or\n\
-         fuel limit, no files, no environment, no network; the commands sleep, spawn, send and\n\
-         monitor are granted, terminate is not (--allow terminate).\n\n{PROVIDERS}",
+         fuel limit, no files, no environment, no network; the commands sleep, spawn, send,\n\
+         monitor, unlink, demonitor and trap-exits are granted; terminate, exit and link are\n\
+         granted over a process's own children only (--allow terminate, exit, link: over any).\n\n{PROVIDERS}",
         units::size_text(wasm::DEFAULT_MAX_MEMORY),
         units::duration_text(wasm::DEFAULT_TIME_SLICE),
     )
@@ -179,7 +180,8 @@ struct SandboxArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     max_memories: u32,
     /// Grant a command to every process (repeatable). Granted by default: sleep, spawn,
-    /// send, monitor. Not granted unless allowed: terminate.
+    /// send, monitor, unlink, demonitor, trap-exits. Granted over a process's own
+    /// children only, unless allowed: terminate, exit, link.
     #[arg(long = "allow", value_name = "COMMAND")]
     allow: Vec<String>,
     /// Withdraw a granted command (repeatable), e.g. --deny spawn.
@@ -857,12 +859,12 @@ impl Root {
     }
 }
 
-/// The grant set: the CLI's defaults (the built-ins but `terminate`, and every provider
-/// family of the run, `served` among them), then --allow, then --deny.
+/// The grant set: the CLI's defaults (the built-ins but those over other processes,
+/// [`Capabilities::OVER_OTHERS`], and every provider family of the run, `served` among
+/// them), then --allow, then --deny.
 fn capabilities(args: &Run, served: &[String]) -> Result<Capabilities, Failure> {
     let families = || FAMILIES.iter().copied().chain(served.iter().map(String::as_str));
-    let mut caps =
-        families().fold(Capabilities::default().deny("terminate"), |caps, family| caps.allow(&format!("{family}.*")));
+    let mut caps = families().fold(Capabilities::over_self(), |caps, family| caps.allow(&format!("{family}.*")));
     for (flag, names) in [("--allow", &args.sandbox.allow), ("--deny", &args.sandbox.deny)] {
         for name in names {
             let known = Capabilities::BUILTIN.contains(&name.as_str())

@@ -76,7 +76,7 @@ impl Shared {
             return;
         }
         let kind = y.command.kind();
-        if !cell.spec.caps.allows_builtin(kind) && !self.ends_own_child(cell, &y.command) {
+        if !cell.spec.caps.allows_builtin(kind) && !self.acts_on_own_child(cell, &y.command) {
             return complete(cell, tag, Err(self.denied(kind.name())));
         }
         self.count_yield(kind);
@@ -140,13 +140,20 @@ impl Shared {
         }
     }
 
-    /// Whether `command` terminates a child of `cell` on this node: granted whether or
-    /// not `terminate` is, since a process may end what it started (a supervisor stops
-    /// its children so), and a child's pid is its parent's to know.
-    fn ends_own_child(&self, cell: &ProcessCell, command: &Command) -> bool {
-        let Command::Terminate(target) = command else { return false };
-        self.remote_for(*target).is_none()
-            && self.registry.get(*target).is_some_and(|child| child.spec.parent == cell.pid())
+    /// Whether `command` terminates, signals or links a child of `cell` on this node:
+    /// granted whether or not `terminate`, `exit` or `link` is, since a process may end
+    /// what it started (a supervisor stops its children so), and a child's pid is its
+    /// parent's to know. Over any other process these commands are as strong as
+    /// `terminate` (a process that links to one and then fails ends it), so each needs
+    /// its grant.
+    fn acts_on_own_child(&self, cell: &ProcessCell, command: &Command) -> bool {
+        let target = match command {
+            Command::Terminate(target) | Command::Link(target) => *target,
+            Command::Exit(signal) => signal.to,
+            _ => return false,
+        };
+        self.remote_for(target).is_none()
+            && self.registry.get(target).is_some_and(|child| child.spec.parent == cell.pid())
     }
 
     /// The answer to a command the process was not granted: `permission denied: NAME`,
