@@ -12,7 +12,10 @@ use parking_lot::Mutex;
 use serde_json::{Value, json};
 use wasmproc::scheduler::{ProcessHandle, Spawnable};
 use wasmproc::supervisor::{self, ChildRef, ChildSpec, Request, Restart, Strategy, SupervisorSpec};
-use wasmproc::{Capabilities, Command, Event, Events, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
+use wasmproc::{
+    Capabilities, Command, Event, Events, ExitReason, Payload, Pid, Port, Process, Scheduler, Status, StepOutput,
+    TrapKind,
+};
 use wasmproc_tests::HANG;
 
 /// What the children did, in order.
@@ -46,8 +49,9 @@ impl Lab {
     }
 }
 
-/// A child: its name is its first input; it ends when sent `exit` with `{"ok": V}` or
-/// `{"error": E}`, or at once when its second input says so.
+/// A child: its name is its first input; it ends when sent `exit` with `{"ok": V}`,
+/// `{"error": E}`, `{"trap": MESSAGE}` (a panic) or `{"shutdown": true}`, or at once when
+/// its second input says so.
 struct Worker {
     lab: Arc<Lab>,
     name: String,
@@ -74,7 +78,14 @@ impl Process for Worker {
             if let Event::Message { topic, body, .. } = event
                 && topic == "exit"
             {
-                out.complete(ending(&body.parse_json().unwrap()).map(|v| Payload::json(&v).unwrap()));
+                let end: Value = body.parse_json().unwrap();
+                if let Some(message) = end.get("trap").and_then(Value::as_str) {
+                    return Err(ExitReason::trap(TrapKind::Panic, message).into());
+                }
+                if end.get("shutdown").is_some() {
+                    return Err(ExitReason::Shutdown.into());
+                }
+                out.complete(ending(&end).map(|v| Payload::json(&v).unwrap()));
                 return Ok(());
             }
         }
@@ -183,7 +194,7 @@ fn one_for_one() {
     end_child(&s, &lab, "a", json!({"error": "third"}));
     let reason = sup.join_timeout(HANG).expect("the supervisor gives up").unwrap_err().to_string();
     assert!(
-        reason.contains("3 restarts within 1h (`intensity` 2), the last of child `a`, which ended with: third"),
+        reason.contains("3 restarts within 1h (`intensity` 2), the last of child `a`, which returned an error: third"),
         "{reason}"
     );
     assert_eq!(lab.started_names(), ["a", "b", "a", "b"]);
@@ -542,8 +553,9 @@ fn a_crash_loop_gives_up_at_the_intensity_with_bounded_work() {
     let sup = start(&s, &spec);
     let reason = sup.join_timeout(HANG).unwrap().unwrap_err().to_string();
     assert!(
-        reason
-            .contains("6 restarts within 1h (`intensity` 5), the last of child `c`, which ended with: trapped at once"),
+        reason.contains(
+            "6 restarts within 1h (`intensity` 5), the last of child `c`, which returned an error: trapped at once"
+        ),
         "{reason}"
     );
     let after = s.handle().stats();
@@ -674,10 +686,50 @@ fn a_guest_starts_supervisors_with_the_sdk_builder() {
     };
     let reason: String = run("gives_up", json!("supervised")).unwrap().parse_json().unwrap();
     assert!(
-        reason.contains("3 restarts within 1m (`intensity` 2), the last of child `crasher`, which ended with: boom"),
+        reason.contains(
+            "3 restarts within 1m (`intensity` 2), the last of child `crasher`, which returned an error: boom"
+        ),
         "{reason}"
     );
     let (size, values): (usize, Vec<u64>) =
         run("pool", json!(["supervised", [1, 2, 3]])).unwrap().parse_json().unwrap();
     assert_eq!((size, values), (3, vec![2, 4, 6]));
+}
+
+/// OTP `transient_shutdown` and `transient_abnormal` with typed reasons: a transient
+/// child is restarted after a trap, not after `shutdown`; the escalation's reason says
+/// how the last one ended (`trapped: panic: …`).
+#[test]
+fn transient_children_by_exit_reason() {
+    let lab = Arc::new(Lab::default());
+    let s = scheduler(&lab);
+    let sup =
+        start(&s, &spec(Strategy::OneForOne, 1, vec![child("t", Restart::Transient), child("u", Restart::Transient)]));
+    wait_started(&lab, 2);
+    end_child(&s, &lab, "t", json!({"shutdown": true}));
+    until("t is stopped", || which(&s, &sup)[0].2 == "stopped");
+    assert_eq!(lab.starts("t"), 1, "not restarted after `shutdown`");
+    let before = lab.starts("u");
+    end_child(&s, &lab, "u", json!({"trap": "index out of bounds"}));
+    until("u is restarted", || lab.starts("u") > before);
+    end_child(&s, &lab, "u", json!({"trap": "again"}));
+    let Err(ExitReason::Error(reason)) = sup.join_timeout(HANG).expect("gives up") else { panic!("an error") };
+    assert!(reason.ends_with("the last of child `u`, which trapped: panic: again"), "{reason}");
+}
+
+/// OTP `significant_temporary` with a trap: the supervisor a significant child's end
+/// ends ends with that child's reason, typed.
+#[test]
+fn a_significant_childs_trap_is_the_supervisors_reason() {
+    let lab = Arc::new(Lab::default());
+    let s = scheduler(&lab);
+    let mut children = vec![child("a", Restart::Permanent), child("b", Restart::Temporary)];
+    children[1].significant = true;
+    let mut spec = spec(Strategy::OneForOne, 5, children);
+    spec.auto_shutdown = supervisor::AutoShutdown::AnySignificant;
+    let sup = start(&s, &spec);
+    wait_started(&lab, 2);
+    end_child(&s, &lab, "b", json!({"trap": "boom"}));
+    assert_eq!(sup.join_timeout(HANG), Some(Err(ExitReason::trap(TrapKind::Panic, "boom"))));
+    assert_eq!(lab.ended_names(), ["b", "a"]);
 }

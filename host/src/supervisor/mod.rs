@@ -32,7 +32,7 @@
 //! let supervisor = scheduler.handle().spawn(Spawnable::kind("supervisor"), spec.spawn_options()?)?;
 //! let Err(ExitReason::Error(reason)) = supervisor.join() else { panic!("the supervisor escalates") };
 //! assert!(reason.starts_with("restart intensity reached: 3 restarts within 5s"), "{reason}");
-//! assert!(reason.contains("child `worker`, which ended with: boom"), "{reason}");
+//! assert!(reason.contains("child `worker`, which returned an error: boom"), "{reason}");
 //! # scheduler.stop(std::time::Duration::from_secs(1));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

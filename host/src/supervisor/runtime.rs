@@ -49,7 +49,7 @@ pub(crate) struct Supervisor {
     restarts: VecDeque<Instant>,
     /// Set once the supervisor is ending: what it ends with, once its children are
     /// stopped.
-    ending: Option<Outcome>,
+    ending: Option<ExitReason>,
     rng: u64,
 }
 
@@ -154,7 +154,7 @@ impl Supervisor {
     }
 
     /// Handles the end of the child at `index`, which the supervisor did not ask for.
-    fn child_ended(&mut self, index: usize, result: Outcome) {
+    fn child_ended(&mut self, index: usize, reason: ExitReason) {
         let child = &mut self.children[index];
         child.pid = None;
         if self.ending.is_some() {
@@ -164,7 +164,7 @@ impl Supervisor {
         let spec = &self.spec.children[child.spec];
         let restart = match spec.restart {
             Restart::Permanent => true,
-            Restart::Transient => !is_normal(&result),
+            Restart::Transient => !is_normal(&reason),
             Restart::Temporary => false,
         };
         if !restart {
@@ -176,18 +176,18 @@ impl Supervisor {
                 self.children.remove(index);
             }
             if significant {
-                self.significant_ended(result);
+                self.significant_ended(reason);
             }
             return;
         }
         child.state = ChildState::Down;
         let key = child.key;
-        self.restart(key, &result);
+        self.restart(key, &reason);
     }
 
-    /// Counts a restart of the child `key`, whose last end was `result`, and queues it
+    /// Counts a restart of the child `key`, whose last end was `last`, and queues it
     /// (with the others its strategy takes along), or gives up past the intensity.
-    fn restart(&mut self, key: u64, result: &Outcome) {
+    fn restart(&mut self, key: u64, last: &ExitReason) {
         // Ending: a restart that failed meanwhile is not tried again.
         if self.ending.is_some() {
             return;
@@ -204,13 +204,12 @@ impl Supervisor {
             let id = &self.children[index].id;
             let reason = format!(
                 "restart intensity reached: {n} restarts within {} (`intensity` {}), the last of child `{id}`, which \
-                 {}",
+                 {last}",
                 duration_text::format(period),
                 self.spec.intensity,
-                describe(result)
             );
             tracing::warn!(child = %id, "{reason}");
-            self.shut_down(Err(reason));
+            self.shut_down(ExitReason::Error(reason));
             return;
         }
         let unit = self.draw();
@@ -251,9 +250,9 @@ impl Supervisor {
         }
     }
 
-    /// A significant child ended for good with `result`: ends the supervisor if its
-    /// `auto_shutdown` says so, with that result.
-    fn significant_ended(&mut self, result: Outcome) {
+    /// A significant child ended for good with `reason`: ends the supervisor if its
+    /// `auto_shutdown` says so, with the same reason.
+    fn significant_ended(&mut self, reason: ExitReason) {
         let end = match self.spec.auto_shutdown {
             AutoShutdown::Never => false,
             AutoShutdown::AnySignificant => true,
@@ -263,18 +262,18 @@ impl Supervisor {
             }),
         };
         if end {
-            self.shut_down(result);
+            self.shut_down(reason);
         }
     }
 
-    /// Ends the supervisor with `result` once every child is stopped, in reverse start
+    /// Ends the supervisor with `reason` once every child is stopped, in reverse start
     /// order. Operations queued are dropped (their askers told), and a backoff in flight
     /// is not waited for; a start or stop in flight is.
-    fn shut_down(&mut self, result: Outcome) {
+    fn shut_down(&mut self, reason: ExitReason) {
         if self.ending.is_some() {
             return;
         }
-        self.ending = Some(result);
+        self.ending = Some(reason);
         for op in std::mem::take(&mut self.ops) {
             let reply = match op {
                 Op::Start { why: Why::Asked(reply), .. } => reply,
@@ -291,10 +290,11 @@ impl Supervisor {
         self.ops.push_back(Op::Shutdown);
     }
 
-    /// Carries out queued operations until one waits for a completion, or none is left.
-    fn pump(&mut self, out: &mut StepOutput) {
+    /// Carries out queued operations until one waits for a completion, or none is left;
+    /// returns the supervisor's reason to end once it has stopped its children.
+    fn pump(&mut self, out: &mut StepOutput) -> Option<ExitReason> {
         while self.in_flight.is_none() {
-            let Some(op) = self.ops.pop_front() else { return };
+            let op = self.ops.pop_front()?;
             match op {
                 Op::Start { key, why } => self.start(key, why, out),
                 Op::Stop { key, then, reply } => self.stop(key, then, reply, out),
@@ -315,12 +315,11 @@ impl Supervisor {
                     self.ops.push_back(Op::End);
                 }
                 Op::End => {
-                    let result = self.ending.take().unwrap_or_else(|| Err("the supervisor ended".to_owned()));
-                    out.complete(result);
-                    return;
+                    return Some(self.ending.take().unwrap_or_else(|| ExitReason::Error("ended".to_owned())));
                 }
             }
         }
+        None
     }
 
     fn start(&mut self, key: u64, why: Why, out: &mut StepOutput) {
@@ -451,12 +450,12 @@ impl Supervisor {
         match why {
             Why::Initial => {
                 child.state = ChildState::Stopped;
-                self.shut_down(Err(format!("failed to start child `{id}`: {error}")));
+                self.shut_down(ExitReason::Error(format!("failed to start child `{id}`: {error}")));
             }
             Why::Restart => {
                 child.state = ChildState::Down;
                 let key = child.key;
-                self.restart(key, &Err(format!("failed to restart: {error}")));
+                self.restart(key, &ExitReason::Error(format!("failed to restart: {error}")));
             }
             Why::Asked(reply) => {
                 child.state = ChildState::Stopped;
@@ -616,27 +615,10 @@ impl ChildState {
     }
 }
 
-/// A child's end as the supervisor keeps it: its result, or its error's text (an
-/// abnormal reason's words: `was terminated`, `trapped: panic: …`).
-fn outcome(reason: ExitReason) -> Outcome {
-    match reason {
-        ExitReason::Normal(payload) => Ok(payload),
-        ExitReason::Error(error) => Err(error),
-        other => Err(other.to_string()),
-    }
-}
-
-/// Whether a child's end is normal: it returned `Ok`.
-fn is_normal(result: &Outcome) -> bool {
-    result.is_ok()
-}
-
-/// A child's end, as the end of a sentence about it.
-fn describe(result: &Outcome) -> String {
-    match result {
-        Ok(_) => "ended normally".to_owned(),
-        Err(error) => format!("ended with: {error}"),
-    }
+/// Whether a child's end is one a `transient` child is not restarted after: normal, or
+/// shut down (as OTP's `shutdown`).
+fn is_normal(reason: &ExitReason) -> bool {
+    reason.is_normal() || *reason == ExitReason::Shutdown
 }
 
 fn seed() -> u64 {
@@ -675,22 +657,24 @@ impl Process for Supervisor {
             match event {
                 Event::Completion { tag, result } => self.completed(tag, result),
                 Event::Exit { pid, reason, .. } => {
-                    let result = outcome(reason);
                     if let Some(index) = self.children.iter().position(|c| c.pid == Some(pid)) {
                         match self.children[index].state {
-                            ChildState::Running => self.child_ended(index, result),
+                            ChildState::Running => self.child_ended(index, reason),
                             // The stop in flight finishes it when its `terminate` completes.
                             _ => self.children[index].pid = None,
                         }
                     }
                 }
                 Event::Message { sender, topic, body } => self.request(sender, topic, body),
-                Event::Cancel { reason } => self.shut_down(Err(format!("cancelled: {reason}"))),
+                Event::Cancel { reason } => self.shut_down(ExitReason::Error(format!("cancelled: {reason}"))),
             }
         }
-        self.pump(out);
-        if !matches!(out.status(), Status::Complete(_)) {
-            out.set_status(Status::Idle);
+        match self.pump(out) {
+            None => out.set_status(Status::Idle),
+            Some(ExitReason::Normal(payload)) => out.complete(Ok(payload)),
+            Some(ExitReason::Error(error)) => out.complete(Err(error)),
+            // A significant child's trap, say: the supervisor ends with the same reason.
+            Some(other) => return Err(other.into()),
         }
         Ok(())
     }
