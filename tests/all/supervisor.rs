@@ -733,3 +733,55 @@ fn a_significant_childs_trap_is_the_supervisors_reason() {
     assert_eq!(sup.join_timeout(HANG), Some(Err(ExitReason::trap(TrapKind::Panic, "boom"))));
     assert_eq!(lab.ended_names(), ["b", "a"]);
 }
+
+/// Children are linked to their supervisor (which traps exits): a supervisor ended from
+/// outside, here terminated, takes its children with it (OTP's supervisors are linked
+/// to their children alike).
+#[test]
+fn a_supervisor_ended_from_outside_takes_its_children_with_it() {
+    let lab = Arc::new(Lab::default());
+    let s = scheduler(&lab);
+    let sup =
+        start(&s, &spec(Strategy::OneForOne, 2, vec![child("a", Restart::Permanent), child("b", Restart::Permanent)]));
+    wait_started(&lab, 2);
+    crash(&s, &lab, "a");
+    s.handle().terminate(sup.pid()).unwrap();
+    assert_eq!(sup.join_timeout(HANG), Some(Err(ExitReason::Terminated)));
+    until("the children have ended", || s.handle().live() == 0);
+    let mut ended = lab.ended_names();
+    ended.sort();
+    assert_eq!(ended, ["a", "a", "b"]);
+}
+
+/// A supervisor spawned linked (`spawn_link`) ends when its parent fails, after stopping
+/// its children in reverse order, with the parent's reason.
+#[test]
+fn a_linked_parents_failure_ends_the_supervisor() {
+    let lab = Arc::new(Lab::default());
+    let s = scheduler(&lab);
+    let spec = spec(Strategy::OneForOne, 2, vec![child("a", Restart::Permanent), child("b", Restart::Permanent)]);
+    let input = vec![Payload::json(&spec).unwrap()];
+    let (parent, _) = wasmproc_tests::Scripted::new(move |t| {
+        if t.step == 0 {
+            let request = wasmproc::SpawnRequest {
+                kind: Some(supervisor::KIND.into()),
+                method: supervisor::START.into(),
+                input: input.clone(),
+                monitor: false,
+                link: true,
+            };
+            t.out.yield_command(1, Command::Spawn(request));
+            t.out.set_status(Status::Idle);
+        } else if t.events.iter().any(|e| matches!(e, Event::Message { .. })) {
+            t.out.complete(Err("the parent fails".into()));
+        } else {
+            t.out.set_status(Status::Idle);
+        }
+        Ok(())
+    });
+    let parent = s.handle().spawn(parent, "main").unwrap();
+    wait_started(&lab, 2);
+    s.handle().send(parent.pid(), "fail", Payload::empty()).unwrap();
+    until("the supervisor and its children have ended", || s.handle().live() == 0);
+    assert_eq!(lab.ended_names(), ["b", "a"]);
+}

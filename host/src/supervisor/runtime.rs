@@ -47,6 +47,8 @@ pub(crate) struct Supervisor {
     next_key: u64,
     /// When each restart within the current window was decided, oldest first.
     restarts: VecDeque<Instant>,
+    /// Whether children are spawned linked: once the supervisor traps exits.
+    linking: bool,
     /// Set once the supervisor is ending: what it ends with, once its children are
     /// stopped.
     ending: Option<ExitReason>,
@@ -85,6 +87,8 @@ struct Reply {
 
 #[derive(Debug)]
 enum Op {
+    /// Trap exits, so that children can be linked: first of all.
+    TrapExits,
     Start {
         key: u64,
         why: Why,
@@ -133,6 +137,7 @@ impl Supervisor {
             next_tag: 1,
             next_key: 0,
             restarts: VecDeque::new(),
+            linking: false,
             ending: None,
             rng: seed(),
         }
@@ -298,6 +303,11 @@ impl Supervisor {
             match op {
                 Op::Start { key, why } => self.start(key, why, out),
                 Op::Stop { key, then, reply } => self.stop(key, then, reply, out),
+                Op::TrapExits => {
+                    let tag = self.tag();
+                    out.yield_command(tag, Command::TrapExits(true));
+                    self.in_flight = Some((tag, Op::TrapExits));
+                }
                 Op::Delay(delay) => {
                     let tag = self.tag();
                     out.yield_command(tag, Command::Sleep(delay));
@@ -347,7 +357,7 @@ impl Supervisor {
             method: spec.method.clone(),
             input: spec.payloads(&child.extra),
             monitor: true,
-            link: false,
+            link: self.linking,
         };
         let tag = self.tag();
         out.yield_command(tag, Command::Spawn(request));
@@ -365,8 +375,9 @@ impl Supervisor {
         match (child.state, child.pid) {
             (ChildState::Running, Some(pid)) => {
                 child.state = ChildState::Stopping;
-                // Until exit signals exist, a timeout's polite request is the same as
-                // `brutal`: `terminate` ends the child at its next step or epoch tick.
+                // For now a timeout's polite request is the same as `brutal`: `terminate`
+                // ends the child at its next step or epoch tick (a supervisor may end its
+                // own children without the grant; an exit signal may not be granted).
                 let tag = self.tag();
                 out.yield_command(tag, Command::Terminate(pid));
                 self.in_flight = Some((tag, Op::Stop { key, then, reply }));
@@ -439,6 +450,13 @@ impl Supervisor {
                     self.stopped(index, then, reply);
                 }
             }
+            Op::TrapExits => match result {
+                Ok(_) => self.linking = true,
+                Err(error) => tracing::warn!(
+                    "the supervisor cannot trap exits ({error}): its children are monitored, not linked, and outlive \
+                     it if it is ended from outside"
+                ),
+            },
             Op::Delay(_) | Op::Shutdown | Op::End => {}
         }
     }
@@ -642,6 +660,7 @@ impl Process for Supervisor {
         };
         self.spec = SupervisorSpec::from_json(&spec.data)?;
         self.port = Some(port);
+        self.ops.push_back(Op::TrapExits);
         if self.spec.strategy != Strategy::SimpleOneForOne {
             for index in 0..self.spec.children.len() {
                 let id = self.spec.children[index].id.clone();
@@ -656,7 +675,12 @@ impl Process for Supervisor {
         for event in events {
             match event {
                 Event::Completion { tag, result } => self.completed(tag, result),
-                Event::Exit { pid, reason, .. } => {
+                Event::Exit { pid, reason, linked } => {
+                    // The parent's end, through a link (a `spawn_link`): the supervisor's.
+                    if linked && self.port.as_ref().is_some_and(|port| port.parent() == pid) {
+                        self.shut_down(reason);
+                        continue;
+                    }
                     if let Some(index) = self.children.iter().position(|c| c.pid == Some(pid)) {
                         match self.children[index].state {
                             ChildState::Running => self.child_ended(index, reason),
@@ -731,6 +755,16 @@ mod tests {
         out
     }
 
+    /// The first step: trapping exits (answered), then the first start.
+    fn started(sup: &mut Supervisor) -> StepOutput {
+        let first = step(sup, Vec::new());
+        let [y] = first.yields() else { panic!("one yield expected, got {:?}", first.yields()) };
+        assert_eq!(y.command, Command::TrapExits(true), "the supervisor traps exits before it starts children");
+        let out = step(sup, vec![Event::Completion { tag: y.tag, result: Ok(Payload::empty()) }]);
+        assert!(sup.linking);
+        out
+    }
+
     /// Answers the one spawn yielded with `pid`; returns the next step's output.
     fn spawned(sup: &mut Supervisor, out: &StepOutput, pid: u64) -> StepOutput {
         let [y] = out.yields() else { panic!("one yield expected, got {:?}", out.yields()) };
@@ -755,7 +789,7 @@ mod tests {
         spec.children.push(ChildSpec::new("w", "worker", "main"));
         let mut sup = Supervisor::new();
         sup.init(port(), START, vec![Payload::json(&spec).unwrap()]).unwrap();
-        let out = step(&mut sup, Vec::new());
+        let out = started(&mut sup);
         assert!(spawned(&mut sup, &out, 10).yields().is_empty());
         for (n, pid) in (1..=6).zip(11..) {
             let exit = step(
@@ -802,7 +836,7 @@ mod tests {
         spec.children = vec![ChildSpec::new("a", "worker", "main"), ChildSpec::new("b", "worker", "main")];
         let mut sup = Supervisor::new();
         sup.init(port(), START, vec![Payload::json(&spec).unwrap()]).unwrap();
-        let out = step(&mut sup, Vec::new());
+        let out = started(&mut sup);
         let out = spawned(&mut sup, &out, 10);
         assert!(spawned(&mut sup, &out, 11).yields().is_empty());
         let restart = step(&mut sup, vec![crashed(10, "boom")]);
