@@ -57,6 +57,7 @@ struct Worker {
     name: String,
     pid: Pid,
     end_at_once: Option<Result<Value, String>>,
+    trapping: bool,
 }
 
 impl Process for Worker {
@@ -70,6 +71,11 @@ impl Process for Worker {
     }
 
     fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        // A stubborn child traps exits, so a `shutdown` signal does not end it.
+        if self.name.starts_with("stubborn") && !self.trapping {
+            self.trapping = true;
+            out.yield_command(0, Command::TrapExits(true));
+        }
         if let Some(end) = self.end_at_once.take() {
             out.complete(end.map(|v| Payload::json(&v).unwrap()));
             return Ok(());
@@ -112,8 +118,13 @@ fn scheduler(lab: &Arc<Lab>) -> Scheduler {
     Scheduler::builder()
         .workers(2)
         .kind("worker", move || {
-            Ok(Box::new(Worker { lab: lab.clone(), name: String::new(), pid: Pid::HOST, end_at_once: None })
-                as Box<dyn Process>)
+            Ok(Box::new(Worker {
+                lab: lab.clone(),
+                name: String::new(),
+                pid: Pid::HOST,
+                end_at_once: None,
+                trapping: false,
+            }) as Box<dyn Process>)
         })
         .build()
         .unwrap()
@@ -784,4 +795,30 @@ fn a_linked_parents_failure_ends_the_supervisor() {
     s.handle().send(parent.pid(), "fail", Payload::empty()).unwrap();
     until("the supervisor and its children have ended", || s.handle().live() == 0);
     assert_eq!(lab.ended_names(), ["b", "a"]);
+}
+
+/// OTP `sup_stop_timeout` and `sup_stop_brutal_kill`: a child with a shutdown timeout is
+/// asked to shut down by an exit signal (one that does not trap exits ends at once, long
+/// before its hour-long timeout), one that traps it is killed when its timeout passes,
+/// and a `brutal` one is killed at once; in reverse start order.
+#[test]
+fn shutdown_asks_then_kills_at_the_timeout() {
+    let lab = Arc::new(Lab::default());
+    let s = scheduler(&lab);
+    let mut children = vec![
+        child("polite", Restart::Permanent),
+        child("stubborn", Restart::Permanent),
+        child("brutal", Restart::Permanent),
+    ];
+    children[0].shutdown = supervisor::Shutdown::Timeout(Duration::from_secs(3600));
+    children[1].shutdown = supervisor::Shutdown::Timeout(Duration::from_millis(50));
+    children[2].shutdown = supervisor::Shutdown::Brutal;
+    let sup = start(&s, &spec(Strategy::OneForOne, 2, children));
+    wait_started(&lab, 3);
+    let started = Instant::now();
+    s.handle().cancel_all("stop");
+    assert_eq!(sup.join_timeout(HANG), Some(Err(ExitReason::Error("cancelled: stop".into()))));
+    assert!(started.elapsed() >= Duration::from_millis(50), "the stubborn child had its timeout");
+    assert_eq!(lab.ended_names(), ["brutal", "stubborn", "polite"]);
+    assert_eq!(s.handle().live(), 0);
 }

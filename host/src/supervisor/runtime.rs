@@ -4,8 +4,9 @@
 //! # How it works
 //!
 //! Everything the supervisor does to its children is one *operation* at a time, from a
-//! queue: start a child (a `spawn` yield with `monitor`), stop one (a `terminate`
-//! yield), wait (a `sleep` yield, the backoff). One operation is in flight at most, so
+//! queue: start a child (a `spawn` yield, linked and monitored), stop one (an exit
+//! signal: `kill` for `brutal`, else `shutdown` and `kill` once its timeout passes, the
+//! stop over when the child's exit arrives), wait (a `sleep` yield, the backoff). One operation is in flight at most, so
 //! children start and stop in the order the queue says; between operations, and while
 //! one is in flight, the supervisor goes on reading its mailbox (control requests) and
 //! its children's exits, which add operations. An exit of a child being stopped is the
@@ -27,10 +28,14 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use wasmproc_types::{ExitReason, Payload, Pid};
 
-use super::spec::{AutoShutdown, ChildSpec, MAX_CHILDREN, Restart, Strategy, SupervisorSpec, duration_text};
+use super::spec::{AutoShutdown, ChildSpec, MAX_CHILDREN, Restart, Shutdown, Strategy, SupervisorSpec, duration_text};
 use super::{Request, START};
 use crate::process::{Port, Process};
-use crate::step::{Command, Event, Events, Outcome, SpawnRequest, Status, StepOutput};
+use crate::step::{Command, Event, Events, ExitSignal, Outcome, SpawnRequest, Status, StepOutput};
+
+/// The tag of a stop in flight, which waits for the child's exit rather than for a
+/// completion: no yield has it (tags count up from 1).
+const WAITING_FOR_EXIT: u64 = 0;
 
 /// A supervisor: see the module docs.
 pub(crate) struct Supervisor {
@@ -47,6 +52,13 @@ pub(crate) struct Supervisor {
     next_key: u64,
     /// When each restart within the current window was decided, oldest first.
     restarts: VecDeque<Instant>,
+    /// The exit signal of the stop in flight and the child it is for: if it cannot be
+    /// sent, the child is terminated instead.
+    stop_signal: Option<(u64, Pid)>,
+    /// The shutdown timeout of the stop in flight, and the child it kills when it passes.
+    stop_timer: Option<(u64, Pid)>,
+    /// Commands decided while reading events, yielded before the next operation.
+    urgent: Vec<Command>,
     /// Whether children are spawned linked: once the supervisor traps exits.
     linking: bool,
     /// Set once the supervisor is ending: what it ends with, once its children are
@@ -138,6 +150,9 @@ impl Supervisor {
             next_key: 0,
             restarts: VecDeque::new(),
             linking: false,
+            stop_signal: None,
+            stop_timer: None,
+            urgent: Vec::new(),
             ending: None,
             rng: seed(),
         }
@@ -375,14 +390,39 @@ impl Supervisor {
         match (child.state, child.pid) {
             (ChildState::Running, Some(pid)) => {
                 child.state = ChildState::Stopping;
-                // For now a timeout's polite request is the same as `brutal`: `terminate`
-                // ends the child at its next step or epoch tick (a supervisor may end its
-                // own children without the grant; an exit signal may not be granted).
+                let shutdown = self.spec.children[child.spec].shutdown;
+                // `brutal`: killed at once. A timeout: asked to shut down (an exit signal a
+                // child that traps exits may handle), and killed when the timeout passes.
+                // The stop is over when the child's exit arrives.
+                let signal = match shutdown {
+                    Shutdown::Brutal => ExitSignal { to: pid, reason: ExitReason::Killed, kill: true },
+                    Shutdown::Timeout(_) => ExitSignal { to: pid, reason: ExitReason::Shutdown, kill: false },
+                };
                 let tag = self.tag();
-                out.yield_command(tag, Command::Terminate(pid));
-                self.in_flight = Some((tag, Op::Stop { key, then, reply }));
+                out.yield_command(tag, Command::Exit(signal));
+                self.stop_signal = Some((tag, pid));
+                if let Shutdown::Timeout(timeout) = shutdown {
+                    let tag = self.tag();
+                    out.yield_command(tag, Command::Sleep(timeout));
+                    self.stop_timer = Some((tag, pid));
+                }
+                self.in_flight = Some((WAITING_FOR_EXIT, Op::Stop { key, then, reply }));
             }
             _ => self.stopped(index, then, reply),
+        }
+    }
+
+    /// The child at `index`, being stopped, has ended: the stop in flight is over.
+    fn stop_ended(&mut self, index: usize) {
+        let key = self.children[index].key;
+        self.children[index].pid = None;
+        if let Some((_, Op::Stop { key: stopping, .. })) = &self.in_flight
+            && *stopping == key
+        {
+            let Some((_, Op::Stop { then, reply, .. })) = self.in_flight.take() else { unreachable!("just matched") };
+            self.stop_signal = None;
+            self.stop_timer = None;
+            self.stopped(index, then, reply);
         }
     }
 
@@ -674,7 +714,20 @@ impl Process for Supervisor {
     fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
         for event in events {
             match event {
-                Event::Completion { tag, result } => self.completed(tag, result),
+                Event::Completion { tag, result } => {
+                    if self.stop_timer.is_some_and(|(timer, _)| timer == tag) {
+                        let (_, pid) = self.stop_timer.take().expect("just matched");
+                        self.urgent.push(Command::Exit(ExitSignal { to: pid, reason: ExitReason::Killed, kill: true }));
+                    } else if self.stop_signal.is_some_and(|(signal, _)| signal == tag) {
+                        let (_, pid) = self.stop_signal.take().expect("just matched");
+                        if let Err(error) = result {
+                            tracing::debug!(%pid, "a child's exit signal was refused ({error}): terminated instead");
+                            self.urgent.push(Command::Terminate(pid));
+                        }
+                    } else {
+                        self.completed(tag, result);
+                    }
+                }
                 Event::Exit { pid, reason, linked } => {
                     // The parent's end, through a link (a `spawn_link`): the supervisor's.
                     if linked && self.port.as_ref().is_some_and(|port| port.parent() == pid) {
@@ -684,7 +737,7 @@ impl Process for Supervisor {
                     if let Some(index) = self.children.iter().position(|c| c.pid == Some(pid)) {
                         match self.children[index].state {
                             ChildState::Running => self.child_ended(index, reason),
-                            // The stop in flight finishes it when its `terminate` completes.
+                            ChildState::Stopping => self.stop_ended(index),
                             _ => self.children[index].pid = None,
                         }
                     }
@@ -692,6 +745,11 @@ impl Process for Supervisor {
                 Event::Message { sender, topic, body } => self.request(sender, topic, body),
                 Event::Cancel { reason } => self.shut_down(ExitReason::Error(format!("cancelled: {reason}"))),
             }
+        }
+        for command in self.urgent.drain(..) {
+            let tag = self.next_tag;
+            self.next_tag += 1;
+            out.yield_command(tag, command);
         }
         match self.pump(out) {
             None => out.set_status(Status::Idle),
@@ -844,9 +902,12 @@ mod tests {
         assert!(matches!(y.command, Command::Spawn(_)));
         assert!(step(&mut sup, vec![Event::Cancel { reason: "stop".into() }]).yields().is_empty());
         let failed = step(&mut sup, vec![Event::Completion { tag: y.tag, result: Err("spawn failed".into()) }]);
-        let [stop] = failed.yields() else { panic!("{:?}", failed.yields()) };
-        assert_eq!(stop.command, Command::Terminate(Pid::from_u64(11)), "b is stopped; a is not started again");
-        let done = step(&mut sup, vec![Event::Completion { tag: stop.tag, result: Ok(Payload::empty()) }]);
+        let [signal, timeout] = failed.yields() else { panic!("{:?}", failed.yields()) };
+        let shutdown = ExitSignal { to: Pid::from_u64(11), reason: ExitReason::Shutdown, kill: false };
+        assert_eq!(signal.command, Command::Exit(shutdown), "b is asked to shut down; a is not started again");
+        assert_eq!(timeout.command, Command::Sleep(Duration::from_secs(5)), "and killed past its timeout");
+        let exit = Event::Exit { pid: Pid::from_u64(11), reason: ExitReason::Shutdown, linked: true };
+        let done = step(&mut sup, vec![exit]);
         assert_eq!(done.status(), &Status::Complete(Err("cancelled: stop".into())));
         assert!(done.yields().is_empty());
     }
