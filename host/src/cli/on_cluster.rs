@@ -48,6 +48,7 @@ pub(super) const HERE_ONLY: &[(&str, HereOnly)] = &[
     ("workers", HereOnly::Scheduler),
     ("no_preemption", HereOnly::Scheduler),
     ("max_processes", HereOnly::Processes),
+    ("max_links", HereOnly::Scheduler),
     ("init_time_limit", HereOnly::Scheduler),
     ("max_core_instances", HereOnly::Scheduler),
     ("max_tables", HereOnly::Scheduler),
