@@ -76,6 +76,28 @@ async fn flood(ctx: Ctx, (n, nobody): (u32, u64)) -> Result<Vec<(u32, String)>> 
     Ok(refused)
 }
 
+/// Spawns a `deaf` child and a `terminator` of it, its sibling: what the sibling's
+/// `terminate` answered (a process may end its own children, and others only when
+/// granted `terminate`); then ends the deaf child itself if its sibling could not.
+#[entry]
+async fn sibling_terminates(ctx: Ctx, _: ()) -> Result<String> {
+    let deaf = deaf::spawn(&ctx, ()).await?;
+    let answer = terminator::spawn(&ctx, deaf.pid().as_u64()).await?.join().await?;
+    if answer != "terminated" {
+        ctx.terminate(deaf.pid()).await?;
+    }
+    Ok(answer)
+}
+
+/// Terminates `pid`: `terminated`, or why not.
+#[entry]
+async fn terminator(ctx: Ctx, pid: u64) -> Result<String> {
+    Ok(match ctx.terminate(Pid::from_u64(pid)).await {
+        Ok(()) => "terminated".to_owned(),
+        Err(error) => error.to_string(),
+    })
+}
+
 /// Reads nothing; waits to be cancelled or terminated.
 #[entry]
 async fn deaf(ctx: Ctx, _: ()) -> Result<()> {
@@ -170,6 +192,8 @@ wasmproc_guest::export!(
     family,
     whose_child,
     flood,
+    sibling_terminates,
+    terminator,
     deaf,
     chatty,
     parent_of_deaf,
