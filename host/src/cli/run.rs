@@ -451,25 +451,7 @@ impl Run {
             Program::Process(component) => {
                 let method = self.entry_method(component.entries())?;
                 ungranted = self.ungranted(&bytes, &method, &caps, &served);
-                let providers = Providers::start(
-                    &self.providers,
-                    dir_grants(&self.grants.dir, &self.grants.dir_rw)?,
-                    env_vars(&self.grants.env)?,
-                )?;
-                services = Services::start(
-                    &self.providers.providers,
-                    &self.providers.reads,
-                    &runtime,
-                    &providers,
-                    &caps,
-                    self.engine.max_module_size as u64,
-                )?;
-                builder = providers
-                    .register(builder.capabilities(caps.clone()))
-                    .denial_hint(|name| format!("grant it with --allow {name}"));
-                if let Some(services) = &services {
-                    builder = services.register(builder);
-                }
+                (builder, services) = self.serve(builder, &runtime, &caps)?;
                 let identity = component.hash();
                 builder = builder.kind("app", component);
                 if let Some(dir) = &self.durable.journal {
@@ -651,6 +633,23 @@ impl Run {
                 }
             }
         }
+        let (builder, services) = self.serve(builder, runtime, &caps)?;
+        let scheduler =
+            builder.build().map_err(|e| Failure::new(Exit::Host, format!("cannot start the scheduler: {e:#}")))?;
+        let options = spec
+            .spawn_options()
+            .map_err(|e| Failure::new(Exit::Usage, format!("the supervisor spec `{}`: {e:#}", file.display())))?;
+        Ok(Prepared { scheduler, root: Root::Supervised(options), services, journal: None })
+    }
+
+    /// Starts the run's providers and provider components and registers them on
+    /// `builder`, with the grants `caps`: what every process of the run is served.
+    fn serve(
+        &self,
+        builder: wasmproc::scheduler::Builder,
+        runtime: &wasm::Runtime,
+        caps: &Capabilities,
+    ) -> Result<(wasmproc::scheduler::Builder, Option<Services>), Failure> {
         let providers = Providers::start(
             &self.providers,
             dir_grants(&self.grants.dir, &self.grants.dir_rw)?,
@@ -661,21 +660,16 @@ impl Run {
             &self.providers.reads,
             runtime,
             &providers,
-            &caps,
+            caps,
             self.engine.max_module_size as u64,
         )?;
-        builder = providers
+        let mut builder = providers
             .register(builder.capabilities(caps.clone()))
             .denial_hint(|name| format!("grant it with --allow {name}"));
         if let Some(services) = &services {
             builder = services.register(builder);
         }
-        let scheduler =
-            builder.build().map_err(|e| Failure::new(Exit::Host, format!("cannot start the scheduler: {e:#}")))?;
-        let options = spec
-            .spawn_options()
-            .map_err(|e| Failure::new(Exit::Usage, format!("the supervisor spec `{}`: {e:#}", file.display())))?;
-        Ok(Prepared { scheduler, root: Root::Supervised(options), services, journal: None })
+        Ok((builder, services))
     }
 
     /// The result of a run the journal holds finished but unreported (the host died
