@@ -14,7 +14,18 @@
 // - `watch`: input `message` (JSON); spawns, monitored, an `idle` child and a `fail` child
 //   (with `message`), terminates the `idle` one, and completes with how each ended, as
 //   the typed exit reasons of their exit events say: `{"idle": ["terminated"], "fail":
-//   ["error", message]}`.
+//   ["error", message]}`;
+// - `trap`: input `message` (JSON); traps exits, spawns a `fail` child (with `message`)
+//   linked and not monitored, and completes with the exit event of the link:
+//   `{"child": true, "linked": true, "reason": ["error", message]}`;
+// - `linked`: input `message` (JSON); spawns a `fail` child (with `message`) linked,
+//   without trapping exits, and waits: the child's error ends it;
+// - `supervise`: input `kind` (JSON), the kind this component is registered under (`app`
+//   in `wasmproc run`); starts the host's built-in supervisor (kind `supervisor`, method
+//   `start`, the spec as JSON) over one `fail` child that ends at once, restarted with a
+//   backoff until the supervisor gives up at its intensity, and completes with the
+//   supervisor's exit reason, which names the child: `["error", "restart intensity
+//   reached: …"]`.
 //
 // A component runs one process per instance, so the process's state is a module global.
 // WIT types as componentize-js gives them: u64 is a BigInt, list<u8> a Uint8Array, a
@@ -23,7 +34,7 @@
 
 import { log } from 'wasmproc:process/host@0.2.0';
 
-const ENTRIES = ['main', 'square', 'idle', 'fail', 'watch'];
+const ENTRIES = ['main', 'square', 'idle', 'fail', 'watch', 'trap', 'linked', 'supervise'];
 
 // The tag of the one sleep; spawn tags are 1 + the child's index.
 const SLEEP_TAG = 0n;
@@ -239,6 +250,114 @@ class Watch {
   }
 }
 
+const TRAP_EXITS = 1n;
+const SPAWN = 2n;
+
+// Traps exits, spawns a linked `fail` child, and reports the link's exit event.
+class Trap {
+  constructor(message) {
+    this.message = message;
+    this.started = false;
+    this.child = null;
+    this.exit = null;
+  }
+
+  step(events) {
+    if (!this.started) {
+      this.started = true;
+      const request = { kind: undefined, method: 'fail', input: [payload(this.message)], monitor: false, link: true };
+      return output({ tag: 'blocked' }, [
+        { tag: TRAP_EXITS, command: { tag: 'trap-exits', val: true } },
+        { tag: SPAWN, command: { tag: 'spawn', val: request } },
+      ]);
+    }
+    for (const event of events) {
+      if (event.tag === 'completion') {
+        const { tag, result } = event.val;
+        if (result.tag === 'err') {
+          return fail(`command ${tag} failed: ${result.val}`);
+        }
+        if (tag === SPAWN) {
+          this.child = pidOf(result.val.data);
+        }
+      } else if (event.tag === 'exit') {
+        this.exit = event.val;
+      } else if (event.tag === 'cancel') {
+        return fail(`cancelled: ${event.val}`);
+      }
+    }
+    if (this.child !== null && this.exit !== null) {
+      return complete({
+        child: this.exit.pid === this.child,
+        linked: this.exit.linked,
+        reason: reasonJson(this.exit.reason),
+      });
+    }
+    return output({ tag: 'blocked' });
+  }
+}
+
+// Spawns a linked `fail` child and waits: the child's error ends this process.
+class Linked {
+  constructor(message) {
+    this.message = message;
+    this.started = false;
+  }
+
+  step(events) {
+    if (!this.started) {
+      this.started = true;
+      const request = { kind: undefined, method: 'fail', input: [payload(this.message)], monitor: false, link: true };
+      return output({ tag: 'idle' }, [{ tag: SPAWN, command: { tag: 'spawn', val: request } }]);
+    }
+    for (const event of events) {
+      if (event.tag === 'cancel') {
+        return fail(`cancelled: ${event.val}`);
+      }
+    }
+    return output({ tag: 'idle' });
+  }
+}
+
+// Starts a supervisor over a child in a crash loop and reports how the supervisor ends.
+class Supervise {
+  constructor(kind) {
+    if (typeof kind !== 'string') {
+      throw new Error(`\`supervise\` takes the kind of this component, got ${JSON.stringify(kind)}`);
+    }
+    this.kind = kind;
+    this.started = false;
+  }
+
+  step(events) {
+    if (!this.started) {
+      this.started = true;
+      const spec = {
+        strategy: 'one_for_one',
+        intensity: 2,
+        period: '1m',
+        backoff: { initial: '1ms', max: '10ms', jitter: 0.5 },
+        children: [{ id: 'crasher', kind: this.kind, method: 'fail', input: ['boom'], restart: 'permanent' }],
+      };
+      const request = { kind: 'supervisor', method: 'start', input: [payload(spec)], monitor: true, link: false };
+      return output({ tag: 'blocked' }, [{ tag: SPAWN, command: { tag: 'spawn', val: request } }]);
+    }
+    for (const event of events) {
+      if (event.tag === 'completion' && event.val.result.tag === 'err') {
+        return fail(`the supervisor did not start: ${event.val.result.val}`);
+      }
+      if (event.tag === 'exit') {
+        // The only process this one monitors is its supervisor.
+        return complete(reasonJson(event.val.reason));
+      }
+      if (event.tag === 'cancel') {
+        return fail(`cancelled: ${event.val}`);
+      }
+    }
+    return output({ tag: 'blocked' });
+  }
+}
+
 class Square {
   constructor(i) {
     if (!Number.isInteger(i)) {
@@ -271,7 +390,16 @@ export function entries() {
 }
 
 export function init(_pid, method, input) {
-  const entry = { main: Main, square: Square, idle: Idle, fail: Fail, watch: Watch }[method];
+  const entry = {
+    main: Main,
+    square: Square,
+    idle: Idle,
+    fail: Fail,
+    watch: Watch,
+    trap: Trap,
+    linked: Linked,
+    supervise: Supervise,
+  }[method];
   if (entry === undefined) {
     // The host adds the list of entries.
     throw `unknown entry method \`${method}\``;

@@ -19,7 +19,13 @@ Entries:
   linked and not monitored, and completes with the exit event of the link:
   `{"child": true, "linked": true, "reason": ["error", message]}`;
 - `linked`: input `message` (JSON); spawns a `fail` child (with `message`) linked,
-  without trapping exits, and waits: the child's error ends it.
+  without trapping exits, and waits: the child's error ends it;
+- `supervise`: input `kind` (JSON), the kind this component is registered under (`app`
+  in `wasmproc run`); starts the host's built-in supervisor (kind `supervisor`, method
+  `start`, the spec as JSON) over one `fail` child that ends at once, restarted with a
+  backoff until the supervisor gives up at its intensity, and completes with the
+  supervisor's exit reason, which names the child: `["error", "restart intensity
+  reached: …"]`.
 
 A component runs one process per instance, so the process's state is a module global.
 """
@@ -30,7 +36,7 @@ import wit_world
 from componentize_py_types import Err, Ok
 from wit_world.imports import host, types
 
-ENTRIES = ["main", "square", "idle", "fail", "watch", "trap", "linked"]
+ENTRIES = ["main", "square", "idle", "fail", "watch", "trap", "linked", "supervise"]
 
 # The tag of the one sleep; spawn tags are 1 + the child's index.
 SLEEP_TAG = 0
@@ -263,6 +269,44 @@ class Linked:
         return output(types.Status_Idle())
 
 
+class Supervise:
+    """Starts a supervisor over a child in a crash loop and reports how the supervisor ends."""
+
+    SPAWN = 1
+
+    def __init__(self, kind):
+        if not isinstance(kind, str):
+            raise ValueError(f"`supervise` takes the kind of this component, got {kind!r}")
+        self.kind = kind
+        self.started = False
+
+    def step(self, events):
+        if not self.started:
+            self.started = True
+            spec = {
+                "strategy": "one_for_one",
+                "intensity": 2,
+                "period": "1m",
+                "backoff": {"initial": "1ms", "max": "10ms", "jitter": 0.5},
+                "children": [
+                    {"id": "crasher", "kind": self.kind, "method": "fail", "input": ["boom"], "restart": "permanent"}
+                ],
+            }
+            request = types.SpawnRequest(kind="supervisor", method="start", input=[payload(spec)], monitor=True, link=False)
+            return output(types.Status_Blocked(), [types.YieldCommand(tag=self.SPAWN, command=types.Command_Spawn(request))])
+        for event in events:
+            if isinstance(event, types.Event_Completion):
+                completion = event.value
+                if isinstance(completion.result, Err):
+                    return fail(f"the supervisor did not start: {completion.result.value}")
+            elif isinstance(event, types.Event_Exit):
+                # The only process this one monitors is its supervisor.
+                return complete(reason_json(event.value.reason))
+            elif isinstance(event, types.Event_Cancel):
+                return fail(f"cancelled: {event.value}")
+        return output(types.Status_Blocked())
+
+
 class Square:
     def __init__(self, i):
         if not isinstance(i, int):
@@ -300,6 +344,7 @@ class WitWorld(wit_world.WitWorld):
             "watch": Watch,
             "trap": Trap,
             "linked": Linked,
+            "supervise": Supervise,
         }.get(method)
         if entry is None:
             # The host adds the list of entries.

@@ -103,17 +103,40 @@ fn python_and_javascript_guests_read_the_typed_exit_reasons_of_their_children() 
     reads_typed_exit_reasons(javascript(), "JavaScript");
 }
 
-/// A Python guest links to a child through the WIT: trapping exits, it gets the child's
-/// error as an exit event with `linked`; not trapping, the child's error ends it.
-#[test]
-fn a_python_guest_links_to_a_child_and_traps_its_exit_or_ends_with_it() {
-    let trapped = run(python(), "trap", Payload::json(&"no luck").unwrap()).expect("`trap` spawns");
-    let trapped = trapped.expect("`trap` completes");
+/// A guest links to a child through the WIT: trapping exits, it gets the child's error
+/// as an exit event with `linked`; not trapping, the child's error ends it.
+fn links_to_a_child(guest: &Component, language: &str) {
+    let trapped = run(guest, "trap", Payload::json(&"no luck").unwrap()).expect("`trap` spawns");
+    let trapped = trapped.unwrap_or_else(|reason| panic!("{language}: `trap` {reason}"));
     let expected = serde_json::json!({"child": true, "linked": true, "reason": ["error", "no luck"]});
-    assert_eq!(trapped.parse_json::<serde_json::Value>().expect("JSON"), expected);
+    assert_eq!(trapped.parse_json::<serde_json::Value>().expect("JSON"), expected, "{language}");
 
-    let linked = run(python(), "linked", Payload::json(&"no luck").unwrap()).expect("`linked` spawns");
-    assert_eq!(linked, Err(ExitReason::Error("no luck".to_owned())), "ended by its linked child's error");
+    let linked = run(guest, "linked", Payload::json(&"no luck").unwrap()).expect("`linked` spawns");
+    assert_eq!(linked, Err(ExitReason::Error("no luck".to_owned())), "{language}: ended by its linked child's error");
+}
+
+#[test]
+fn python_and_javascript_guests_link_to_a_child_and_trap_its_exit_or_end_with_it() {
+    links_to_a_child(python(), "Python");
+    links_to_a_child(javascript(), "JavaScript");
+}
+
+/// A guest starts the host's supervisor by spawning the kind `supervisor` with its spec
+/// as JSON: the child, which fails at once, is restarted twice (the intensity) and the
+/// supervisor then gives up with an error naming it.
+fn supervises_a_crashing_child(guest: &Component, language: &str) {
+    let ended = run(guest, "supervise", Payload::json(&"squares").unwrap()).expect("`supervise` spawns");
+    let ended = ended.unwrap_or_else(|reason| panic!("{language}: `supervise` {reason}"));
+    let reason: (String, String) = ended.parse_json().unwrap_or_else(|e| panic!("{language}: {e:#}"));
+    assert_eq!(reason.0, "error", "{language}: {reason:?}");
+    assert!(reason.1.starts_with("restart intensity reached: 3 restarts within 1m"), "{language}: {}", reason.1);
+    assert!(reason.1.contains("child `crasher`, which returned an error: boom"), "{language}: {}", reason.1);
+}
+
+#[test]
+fn python_and_javascript_guests_start_a_supervisor_that_gives_up_on_a_crashing_child() {
+    supervises_a_crashing_child(python(), "Python");
+    supervises_a_crashing_child(javascript(), "JavaScript");
 }
 
 #[test]
