@@ -27,6 +27,20 @@ impl Sample {
         Sample { median: times[times.len() / 2], min: times[0], max: times[times.len() - 1] }
     }
 
+    /// The `q` quantile (0 to 1) of each run's `times`, as a sample over the runs: a
+    /// latency's p50 or p99 with its spread from run to run. Every run needs a time.
+    pub fn quantile(runs: &[Vec<Duration>], q: f64) -> Sample {
+        Sample::of(
+            runs.iter()
+                .map(|times| {
+                    let mut sorted = times.clone();
+                    sorted.sort();
+                    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+                })
+                .collect(),
+        )
+    }
+
     /// This median over `baseline`'s.
     pub fn ratio(&self, baseline: &Sample) -> f64 {
         self.median.as_secs_f64() / baseline.median.as_secs_f64()
@@ -240,6 +254,21 @@ impl Record {
             max: ms(ours.max),
             baseline: theirs.map(|t| ms(t.median)),
             ratio: theirs.map(|t| ours.ratio(t)),
+            goal: Vec::new(),
+        }
+    }
+
+    /// A latency in microseconds against its baseline's sample.
+    pub fn micros(name: impl Into<String>, ours: &Sample, theirs: &Sample) -> Record {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        Record {
+            name: name.into(),
+            unit: "µs".to_owned(),
+            median: us(ours.median),
+            min: us(ours.min),
+            max: us(ours.max),
+            baseline: Some(us(theirs.median)),
+            ratio: Some(ours.ratio(theirs)),
             goal: Vec::new(),
         }
     }

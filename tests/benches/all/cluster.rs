@@ -85,16 +85,18 @@ pub(crate) fn run(options: &Options, report: &mut Report) {
             &mut || raw.round_trips(trips),
         );
         a.scheduler.handle().send(ponger, "stop", Payload::empty()).expect("queued for node B");
-        let [cross, one, nats] = runs.map(|runs| (percentiles(&runs, 0.50), percentiles(&runs, 0.99)));
+        let [cross, one, nats] = runs.map(|runs| (Sample::quantile(&runs, 0.50), Sample::quantile(&runs, 0.99)));
         // A cross-node round trip is the two NATS messages of a request/reply plus, on
         // each node, a hand-off from a worker to the cluster's thread and back: 1.5× the
         // raw exchange allows for those four wake-ups at p50, 2× at p99.
-        report.push(micros(&format!("{rtt}/p50/vs-nats"), &cross.0, &nats.0).goal(Condition::ratio_at_most(1.5)));
-        report.push(micros(&format!("{rtt}/p99/vs-nats"), &cross.1, &nats.1).goal(Condition::ratio_at_most(2.0)));
+        report
+            .push(Record::micros(format!("{rtt}/p50/vs-nats"), &cross.0, &nats.0).goal(Condition::ratio_at_most(1.5)));
+        report
+            .push(Record::micros(format!("{rtt}/p99/vs-nats"), &cross.1, &nats.1).goal(Condition::ratio_at_most(2.0)));
         // Two processes on one node exchange in-memory: this ratio is the network's price,
         // reported without a goal.
-        report.push(micros(&format!("{rtt}/p50/vs-1-node"), &cross.0, &one.0));
-        report.push(micros(&format!("{rtt}/p99/vs-1-node"), &cross.1, &one.1));
+        report.push(Record::micros(format!("{rtt}/p50/vs-1-node"), &cross.0, &one.0));
+        report.push(Record::micros(format!("{rtt}/p99/vs-1-node"), &cross.1, &one.1));
     }
 
     if do_msgs {
@@ -165,34 +167,6 @@ fn alternate<T>(
         out[2].push(nats());
     }
     out
-}
-
-/// The `q` quantile of each run's round trips, as a sample over the runs.
-fn percentiles(runs: &[Vec<Duration>], q: f64) -> Sample {
-    Sample::of(
-        runs.iter()
-            .map(|times| {
-                let mut times = times.clone();
-                times.sort();
-                times[((times.len() - 1) as f64 * q).round() as usize]
-            })
-            .collect(),
-    )
-}
-
-/// A record in microseconds.
-fn micros(name: &str, ours: &Sample, theirs: &Sample) -> Record {
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
-    Record {
-        name: name.to_owned(),
-        unit: "µs".to_owned(),
-        median: us(ours.median),
-        min: us(ours.min),
-        max: us(ours.max),
-        baseline: Some(us(theirs.median)),
-        ratio: Some(ours.ratio(theirs)),
-        goal: Vec::new(),
-    }
 }
 
 /// Node `name` in this process: a scheduler of one worker with the kinds the benchmarks

@@ -29,6 +29,7 @@
 //! - [`scheduler`]: the scheduler alone, with native processes, against tokio;
 //! - [`links`]: a spawn with `link` against one with `monitor`, and a ring of linked
 //!   processes that fails as one;
+//! - [`supervision`]: a supervised child's restart latency against a plain spawn's;
 //! - [`wasm`]: Wasm processes against raw wasmtime, and the sandbox against itself;
 //! - [`tail`]: well-behaved processes' latency beside hostile guests, against quiet;
 //! - [`durable`]: Wasm processes with a journal against the same without;
@@ -50,6 +51,7 @@ mod languages;
 mod links;
 mod plot;
 mod scheduler;
+mod supervision;
 mod tail;
 mod wasm;
 
@@ -83,6 +85,7 @@ fn main() {
     let mut plots = plot::Plots::default();
     scheduler::run(&options, &mut report);
     links::run(&options, &mut report);
+    supervision::run(&options, &mut report);
     wasm::run(&options, &mut report, &mut plots);
     tail::run(&options, &mut report);
     durable::run(&options, &mut report);
