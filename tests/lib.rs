@@ -369,6 +369,8 @@ pub fn with_stash(
 
 /// Measuring for the benchmarks: samples, medians, paired runs.
 pub mod bench;
+/// A file system that stalls every write (frozen), for the providers' tests.
+pub mod frozen;
 /// A real `nats-server` on loopback for the cluster's tests and benchmark.
 pub mod nats;
 /// A real HTTP server on loopback serving a directory.

@@ -6,7 +6,7 @@ use parking_lot::Mutex;
 use wasmproc::handler::Request;
 use wasmproc::provider::clock::{Random, Time};
 use wasmproc::provider::env::Env;
-use wasmproc::provider::fs::{Files, FilesSettings, Grant};
+use wasmproc::provider::fs::{FILE_THREADS, Files, FilesSettings, Grant};
 use wasmproc::provider::{Provider, Served};
 use wasmproc::scheduler::SpawnOptions;
 use wasmproc::{Capabilities, Command, Event, Outcome, Payload, Scheduler, Status};
@@ -113,6 +113,58 @@ fn a_fifo_in_a_grant_is_refused_without_blocking() {
         call(&s, None, "fs.read", json(serde_json::json!({"path": "/data/in.txt"}))),
         Ok(Payload::bytes("hello"))
     );
+}
+
+/// A write to a file whose file system stalls (frozen, as a snapshot tool freezes it:
+/// the write blocks in the kernel, not in anything of ours) holds one file thread; every
+/// other process's file commands, reads and writes of other files, are answered while it
+/// waits, and the stalled write completes once the file system answers again. With one
+/// file thread they would all wait behind it.
+#[test]
+fn one_stalled_file_does_not_hold_up_the_others() {
+    let Some(mount) = wasmproc_tests::frozen::Mount::new(&scratch("stalled")) else { return };
+    let fast = scratch("stalled-fast");
+    std::fs::write(fast.join("in.txt"), "hello").unwrap();
+    let grants = vec![
+        Grant { host: mount.dir().to_path_buf(), guest: "/slow".into(), writable: true },
+        Grant { host: fast.clone(), guest: "/fast".into(), writable: true },
+    ];
+    let s = Scheduler::builder()
+        .workers(1)
+        .provider(Files::new(grants, FilesSettings::default()).unwrap())
+        .capabilities(Capabilities::default().allow("fs.*"))
+        .build()
+        .unwrap();
+    // Thawed before the scheduler is dropped (locals drop in reverse), which joins the
+    // file threads, one of them in the stalled write.
+    let frozen = mount.freeze();
+
+    let (stalled, answer) = std::sync::mpsc::channel();
+    let handle = s.handle().clone();
+    let writer = std::thread::spawn(move || {
+        let input = json(serde_json::json!({"path": "/slow/stalled.txt", "text": "late"}));
+        let command = Command::Custom { name: "fs.write".into(), payload: input };
+        let _ = stalled.send(wasmproc_tests::outcome_of(&handle, None, command));
+    });
+    assert!(
+        wasmproc_tests::frozen::wait_for_thread_blocked("wasmproc-fs", HANG),
+        "no file thread blocked in the write to the frozen file system"
+    );
+
+    for n in 0..2 * FILE_THREADS {
+        let path = format!("/fast/out-{n}.txt");
+        let wrote = call(&s, None, "fs.write", json(serde_json::json!({"path": path, "text": "x"})));
+        assert_eq!(parse(wrote), serde_json::json!({"bytes": 1}), "write {n}");
+        let read = call(&s, None, "fs.read", json(serde_json::json!({"path": "/fast/in.txt"})));
+        assert_eq!(read, Ok(Payload::bytes("hello")), "read {n}");
+    }
+    assert!(answer.try_recv().is_err(), "the write to the frozen file system was answered while it was frozen");
+
+    drop(frozen);
+    let late = answer.recv_timeout(HANG).expect("the stalled write is answered once the file system thaws");
+    assert_eq!(parse(late), serde_json::json!({"bytes": 4}));
+    assert_eq!(std::fs::read_to_string(mount.dir().join("stalled.txt")).unwrap(), "late");
+    writer.join().unwrap();
 }
 
 #[test]
