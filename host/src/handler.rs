@@ -87,6 +87,22 @@ pub trait Provider: Send + Sync + 'static {
     }
 }
 
+/// Kinds resolved when they are asked for rather than registered on the builder
+/// ([`Builder::kind_source`](crate::scheduler::Builder::kind_source)): code that arrives
+/// while the scheduler runs, or kinds that depend on who spawns them. The builder's
+/// registered kinds are looked up first; a name they lack comes here.
+pub trait KindSource: Send + Sync + 'static {
+    /// The kind `name` names for a spawn by a process of kind `spawner` (`None` for the
+    /// embedder's spawns and for a durable process remade on resume): its name as it is
+    /// to be recorded, and its factory; `None` if there is no such kind for that spawner.
+    ///
+    /// The recorded name is what a resume asks for again (with `spawner` `None`), and
+    /// what a process spawning more of its own kind asks for: a source answers its own
+    /// recorded names whoever asks, and may answer other names by the spawner (say, by
+    /// the tenant its kind belongs to).
+    fn resolve(&self, name: &str, spawner: Option<&str>) -> Option<(Arc<str>, Arc<dyn Factory>)>;
+}
+
 /// Makes processes of one registered kind, for `spawn`.
 pub trait Factory: Send + Sync + 'static {
     /// A new, uninitialised process.

@@ -14,6 +14,8 @@ mod exits;
 mod http;
 /// Durable processes: the journal's records, write-ahead effects, a failing store.
 mod journal;
+/// Kinds a `KindSource` resolves on demand, in the spawner's scope and on resume.
+mod kinds;
 /// The `kv` provider: persistence, quotas, compare-and-swap under concurrency.
 mod kv;
 /// Guests in Python and JavaScript end to end; the instance limits they need.

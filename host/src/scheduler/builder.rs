@@ -19,6 +19,7 @@ use super::durable::Durable;
 use super::handle::Handle;
 use super::hibernation::Hibernating;
 use super::idle::Idle;
+use super::kinds::Kinds;
 use super::recovery::Plan;
 use super::registry::{self, Registry};
 use super::remote::Remote;
@@ -27,7 +28,7 @@ use super::shared::{DenialHint, Settings, Shared};
 use super::shutdown::{Scheduler, Threads};
 use super::timer::Timer;
 use super::worker;
-use crate::handler::{Factory, Handler, Provider, Request};
+use crate::handler::{Factory, Handler, KindSource, Provider, Request};
 use crate::journal::Journal;
 use crate::limits::Limits;
 
@@ -69,7 +70,7 @@ pub struct Builder {
     capabilities: Capabilities,
     thread_name: String,
     handlers: FxHashMap<String, Arc<dyn Handler>>,
-    kinds: FxHashMap<Arc<str>, Arc<dyn Factory>>,
+    kinds: Kinds,
     journal: Option<Journal>,
     /// What resumed processes' recorded grants are narrowed to (`Builder::resume_within`).
     resume_within: Option<Capabilities>,
@@ -114,7 +115,7 @@ impl Default for Builder {
             capabilities: Capabilities::default(),
             thread_name: "wasmproc".to_owned(),
             handlers: FxHashMap::default(),
-            kinds: FxHashMap::default(),
+            kinds: Kinds::default(),
             journal: None,
             resume_within: None,
             denial_hint: None,
@@ -294,6 +295,13 @@ impl Builder {
         self
     }
 
+    /// Resolves the kinds no [`Builder::kind`] registered when a spawn (or a resume)
+    /// first asks for them: see [`KindSource`].
+    pub fn kind_source(mut self, source: impl KindSource) -> Self {
+        self.kinds.set_source(Arc::new(source));
+        self
+    }
+
     /// Makes every process durable: its history goes to `journal`, and nothing of a step
     /// takes effect outside its process before the step's record is committed (what only
     /// reads goes on at once). See [`crate::journal`].
@@ -374,9 +382,7 @@ impl Builder {
         }
 
         let mut kinds = self.kinds;
-        kinds
-            .entry(crate::supervisor::KIND.into())
-            .or_insert_with(|| crate::supervisor::builtin(self.journal.is_some()));
+        kinds.insert_if_absent(crate::supervisor::KIND, || crate::supervisor::builtin(self.journal.is_some()));
 
         let queues: Vec<Worker<Arc<ProcessCell>>> = (0..workers).map(|_| Worker::new_lifo()).collect();
         let (timer, timer_thread) = Timer::start(&self.thread_name).context("failed to start the timer thread")?;

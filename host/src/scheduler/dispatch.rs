@@ -195,18 +195,13 @@ impl Shared {
         request: SpawnRequest,
         origin: Option<(u64, u64)>,
     ) -> Result<Arc<ProcessCell>, String> {
-        let kind = match &request.kind {
-            Some(name) => self.kinds.get_key_value(name.as_str()),
-            None => parent.spec.kind.as_ref().and_then(|k| self.kinds.get_key_value(k.as_ref())),
-        };
+        let spawner = parent.spec.kind.as_deref();
+        let name = request.kind.as_deref().or(spawner);
+        let kind = name.and_then(|name| self.kinds.find(name, spawner));
         // A kind this node lacks may be one the cluster fetched (named by its hash).
-        let fetched;
         let kind = match (kind, &self.remote) {
             (None, Some(remote)) => {
-                let name = request.kind.as_deref().or(parent.spec.kind.as_deref());
-                fetched =
-                    name.and_then(|name| Some((Arc::<str>::from(name), remote.factory(name, parent.lineage.run())?)));
-                fetched.as_ref().map(|(name, factory)| (name, factory))
+                name.and_then(|name| Some((Arc::<str>::from(name), remote.factory(name, parent.lineage.run())?)))
             }
             (kind, _) => kind,
         };
@@ -225,11 +220,11 @@ impl Shared {
             }
         }
         let (process, sandbox) =
-            make_under(&**factory, self.sandbox_of(parent)).map_err(|e| format!("spawn failed: {e:#}"))?;
+            make_under(&*factory, self.sandbox_of(parent)).map_err(|e| format!("spawn failed: {e:#}"))?;
         let args = SpawnArgs {
             parent: parent.pid(),
             origin,
-            kind: Some(kind.clone()),
+            kind: Some(kind),
             method: request.method,
             input: request.input,
             caps: parent.spec.caps.clone(),
@@ -250,7 +245,7 @@ impl Shared {
     pub(super) fn sandbox_of(&self, cell: &ProcessCell) -> Option<KindLimits> {
         cell.lineage.sandbox().or_else(|| {
             let kind = cell.spec.kind.as_deref()?;
-            match self.kinds.get(kind) {
+            match self.kinds.factory(kind) {
                 Some(factory) => factory.limits(),
                 None => self.remote.as_ref()?.factory(kind, cell.lineage.run())?.limits(),
             }

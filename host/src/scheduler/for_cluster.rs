@@ -36,8 +36,8 @@ impl Shared {
         let Some(remote) = &self.remote else { return Err(request) };
         let Some(node) = remote.place() else { return Err(request) };
         let kind = request.kind.clone().or_else(|| parent.spec.kind.as_deref().map(str::to_owned));
-        let factory = kind.as_deref().and_then(|kind| match self.kinds.get(kind) {
-            Some(factory) => Some(factory.clone()),
+        let factory = kind.as_deref().and_then(|kind| match self.kinds.factory(kind) {
+            Some(factory) => Some(factory),
             None => remote.factory(kind, parent.lineage.run()),
         });
         let (identity, own) = factory.map_or((None, None), |factory| (factory.identity(), factory.limits()));
@@ -229,12 +229,12 @@ impl Handle {
 
     /// The factory of the registered kind `kind`, with its name as the registry holds it.
     pub(crate) fn registered_kind(&self, kind: &str) -> Option<(Arc<str>, Arc<dyn Factory>)> {
-        self.shared.kinds.get_key_value(kind).map(|(name, factory)| (name.clone(), factory.clone()))
+        self.shared.kinds.find(kind, None)
     }
 
     /// The registered kinds with their identities.
     pub(crate) fn kinds(&self) -> Vec<(String, Option<String>)> {
-        self.shared.kinds.iter().map(|(name, factory)| (name.to_string(), factory.identity())).collect()
+        self.shared.kinds.registered().map(|(name, factory)| (name.to_string(), factory.identity())).collect()
     }
 
     /// What this scheduler's processes may do unless told otherwise: a bound on what a

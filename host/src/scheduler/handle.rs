@@ -66,9 +66,9 @@ impl Handle {
             Source::Process(process) => self.spawn_inner(process, None, options),
             Source::Kind(kind) => {
                 let (name, factory) =
-                    self.shared.kinds.get_key_value(&*kind).ok_or_else(|| SpawnError::UnknownKind(kind.clone()))?;
+                    self.shared.kinds.find(&kind, None).ok_or_else(|| SpawnError::UnknownKind(kind.clone()))?;
                 let process = factory.make().map_err(|source| SpawnError::Factory { kind, source })?;
-                self.spawn_inner(process, Some(name.clone()), options)
+                self.spawn_inner(process, Some(name), options)
             }
         }
     }

@@ -115,7 +115,12 @@ impl Shared {
                 parent: args.parent,
                 origin: args.origin,
                 kind: cell.spec.kind.as_deref().map(str::to_owned),
-                identity: cell.spec.kind.as_deref().and_then(|kind| self.kinds.get(kind)).and_then(|f| f.identity()),
+                identity: cell
+                    .spec
+                    .kind
+                    .as_deref()
+                    .and_then(|kind| self.kinds.factory(kind))
+                    .and_then(|f| f.identity()),
                 method: method.clone(),
                 input,
                 caps: (*cell.spec.caps).clone(),

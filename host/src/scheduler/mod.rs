@@ -80,6 +80,7 @@ mod handle;
 mod hibernation;
 mod idle;
 mod inbox;
+mod kinds;
 mod lifecycle;
 mod links;
 mod message;

@@ -74,7 +74,7 @@ impl<'a> Sandboxes<'a> {
         }
         for pid in chain.into_iter().rev() {
             let kind = self.plan.saved[&pid].spawn.kind.as_deref();
-            let own = kind.and_then(|kind| self.shared.kinds.get(kind)).and_then(|factory| factory.limits());
+            let own = kind.and_then(|kind| self.shared.kinds.factory(kind)).and_then(|factory| factory.limits());
             bound = KindLimits::tighter(own, bound);
             self.known.insert(pid, bound);
         }
@@ -97,11 +97,11 @@ fn make_again(
     let Some(kind) = &saved.spawn.kind else {
         return Err("it was spawned as a value, not by a registered kind, so it cannot be made again".to_owned());
     };
-    let Some((name, factory)) = shared.kinds.get_key_value(kind.as_str()) else {
+    let Some((name, factory)) = shared.kinds.find(kind, None) else {
         return Err(format!("its kind `{kind}` is not registered"));
     };
     let bound = sandboxes.of(saved.spawn.parent);
-    let (process, sandbox) = make_under(&**factory, bound).map_err(|e| format!("cannot be made: {e:#}"))?;
+    let (process, sandbox) = make_under(&*factory, bound).map_err(|e| format!("cannot be made: {e:#}"))?;
     let spec = Spec {
         scheduler: Some(shared.clone()),
         parent: saved.spawn.parent,
@@ -169,13 +169,10 @@ impl Plan {
     /// not registered, or whose kind's factory makes them from something else (a Wasm
     /// component with another hash). Nothing is resumed then and the journal is left as
     /// it is, for a host that can.
-    pub(super) fn check(
-        &self,
-        kinds: &rustc_hash::FxHashMap<Arc<str>, Arc<dyn crate::handler::Factory>>,
-    ) -> anyhow::Result<()> {
+    pub(super) fn check(&self, kinds: &super::kinds::Kinds) -> anyhow::Result<()> {
         for (pid, saved) in self.saved.iter().filter(|(_, s)| s.exit.is_none()) {
             let Some(kind) = &saved.spawn.kind else { continue };
-            let Some(factory) = kinds.get(kind.as_str()) else {
+            let Some(factory) = kinds.factory(kind) else {
                 anyhow::bail!(
                     "the journal holds unfinished process {pid} of kind `{kind}`, which this host does not register"
                 );

@@ -16,6 +16,7 @@ use super::commands::Registered;
 use super::durable::Durable;
 use super::hibernation::Hibernating;
 use super::idle::Idle;
+use super::kinds::Kinds;
 use super::registry::Registry;
 use super::remote::Remote;
 use super::requests::Requests;
@@ -23,7 +24,7 @@ use super::slot::Slot;
 use super::stats::{Counters, Stats, UNOBSERVED_ERROR_LEN, UNOBSERVED_KEPT, WorkerStats, YieldCounts, bump};
 use super::timer::Timer;
 use super::worker;
-use crate::handler::{Completer, Factory};
+use crate::handler::Completer;
 use crate::limits::Limits;
 use crate::step::CommandKind;
 
@@ -58,7 +59,7 @@ pub(super) struct Shared {
     /// Every registered handler, fixed once built: a worker keeps places in it for the
     /// commands it has resolved (see `dispatch::Resolved`).
     pub(super) commands: Vec<Registered>,
-    pub(super) kinds: FxHashMap<Arc<str>, Arc<dyn Factory>>,
+    pub(super) kinds: Kinds,
     /// Commands handed to processes to answer ([`Handle::forward`](super::Handle::forward)).
     pub(super) requests: Requests,
     pub(super) timer: Timer<Completer>,
