@@ -7,6 +7,9 @@
 //!   step and its spawn, and the new child's start. Baseline, in the same run and
 //!   alternated: a plain spawn's latency, from the instant a process yields a `spawn`
 //!   to the instant the child's first step begins. Goal: at most 1.5× at p50 and p99.
+//! - `…/vs-by-hand`: the same restarts against a process that does the least a restart
+//!   does (traps exits, keeps one linked worker, spawns another when it ends): what the
+//!   supervisor's own work adds. No goal.
 //!
 //! Each run gives its p50 and p99; a record is the median of those over the runs.
 //! Quick mode divides the count by 10.
@@ -14,7 +17,7 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use wasmproc::scheduler::Spawnable;
+use wasmproc::scheduler::{ProcessHandle, Spawnable};
 use wasmproc::supervisor::{ChildSpec, Restart, Shutdown, Strategy, SupervisorSpec};
 use wasmproc::{Command, Event, Events, Payload, Pid, Port, Process, Scheduler, SpawnRequest, Status, StepOutput};
 use wasmproc_tests::bench::{Condition, Options, Record, Report, Sample};
@@ -37,17 +40,18 @@ pub fn run(options: &Options, report: &mut Report) {
         })
         .build()
         .expect("the scheduler starts");
+    let by_hand = |s: &Scheduler| s.handle().spawn(Restarter::default(), "main").expect("the restarter starts");
     let spawner = Spawner { probe: Arc::clone(&probe), next_tag: 0 };
     let spawner = scheduler.handle().spawn(spawner, "main").expect("the spawner starts");
-
-    let mut restarts = Vec::new();
-    let mut spawns = Vec::new();
+    let [mut restarts, mut spawns, mut hand] = [Vec::new(), Vec::new(), Vec::new()];
     for round in 0..WARMUP + options.runs {
-        let restart = restart_latencies(&scheduler, &probe, count);
+        let restart = restart_latencies(&scheduler, &probe, count, supervisor);
         let spawn = spawn_latencies(&scheduler, &probe, spawner.pid(), count);
+        let by_hand = restart_latencies(&scheduler, &probe, count, by_hand);
         if round >= WARMUP {
             restarts.push(restart);
             spawns.push(spawn);
+            hand.push(by_hand);
         }
     }
     scheduler.handle().send(spawner.pid(), "stop", Payload::empty()).expect("the spawner takes `stop`");
@@ -56,10 +60,13 @@ pub fn run(options: &Options, report: &mut Report) {
 
     for (q, label) in [(0.50, "p50"), (0.99, "p99")] {
         let ours = Sample::quantile(&restarts, q);
-        let theirs = Sample::quantile(&spawns, q);
+        let spawn = Sample::quantile(&spawns, q);
         report.push(
-            Record::micros(format!("{name}/{label}/vs-spawn"), &ours, &theirs).goal(Condition::ratio_at_most(1.5)),
+            Record::micros(format!("{name}/{label}/vs-spawn"), &ours, &spawn).goal(Condition::ratio_at_most(1.5)),
         );
+        // What the supervisor adds to the least a restart does: no goal.
+        let by_hand = Sample::quantile(&hand, q);
+        report.push(Record::micros(format!("{name}/{label}/vs-by-hand"), &ours, &by_hand));
     }
 }
 
@@ -151,17 +158,28 @@ impl Process for Worker {
     }
 }
 
-/// `count` restarts of a supervised worker; each one's latency.
-fn restart_latencies(s: &Scheduler, probe: &Probe, count: usize) -> Vec<Duration> {
+/// A `one_for_one` supervisor of one permanent worker, without backoff, whose
+/// intensity is never reached.
+fn supervisor(s: &Scheduler) -> ProcessHandle {
     let mut spec = SupervisorSpec::new(Strategy::OneForOne);
     spec.intensity = u32::MAX;
     spec.period = Duration::from_secs(1);
     let mut child = ChildSpec::new("worker", "worker", "main");
     (child.restart, child.shutdown) = (Restart::Permanent, Shutdown::Brutal);
     spec.children.push(child);
-    let before = probe.count();
     let options = spec.spawn_options().expect("the spec is valid");
-    let supervisor = s.handle().spawn(Spawnable::kind("supervisor"), options).expect("the supervisor starts");
+    s.handle().spawn(Spawnable::kind("supervisor"), options).expect("the supervisor starts")
+}
+
+/// `count` restarts of the worker `keeper` keeps; each one's latency.
+fn restart_latencies(
+    s: &Scheduler,
+    probe: &Probe,
+    count: usize,
+    keeper: fn(&Scheduler) -> ProcessHandle,
+) -> Vec<Duration> {
+    let before = probe.count();
+    let keeper = keeper(s);
     let (mut pid, _) = probe.wait_past(before);
     let mut latencies = Vec::with_capacity(count);
     for i in 0..count as u64 {
@@ -170,9 +188,49 @@ fn restart_latencies(s: &Scheduler, probe: &Probe, count: usize) -> Vec<Duration
         latencies.push(latency);
         pid = next;
     }
-    s.handle().terminate(supervisor.pid()).expect("the supervisor is terminated");
-    assert!(supervisor.join().is_err(), "a terminated supervisor ends abnormally");
+    s.handle().terminate(keeper.pid()).expect("the keeper is terminated");
+    assert!(keeper.join().is_err(), "a terminated keeper ends abnormally");
     latencies
+}
+
+/// A restart written by hand, the least a restart can do: traps exits, keeps one linked
+/// worker, and spawns a new one whenever the last one ends.
+#[derive(Default)]
+struct Restarter {
+    started: bool,
+}
+
+impl Process for Restarter {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        let mut ended = u64::from(!self.started);
+        if !self.started {
+            self.started = true;
+            out.yield_command(0, Command::TrapExits(true));
+        }
+        for event in events {
+            match event {
+                Event::Exit { .. } => ended += 1,
+                Event::Completion { result: Err(error), .. } => anyhow::bail!("a command failed: {error}"),
+                _ => {}
+            }
+        }
+        for _ in 0..ended {
+            let request = SpawnRequest {
+                kind: Some("worker".into()),
+                method: "main".into(),
+                input: Vec::new(),
+                monitor: false,
+                link: true,
+            };
+            out.yield_command(1, Command::Spawn(request));
+        }
+        out.set_status(Status::Idle);
+        Ok(())
+    }
 }
 
 /// Yields a `spawn` of a worker for each `spawn` message, and ends on `stop`.
