@@ -87,6 +87,7 @@ pub struct RunLimits {
     pub(crate) max_output_per_step: Option<usize>,
     pub(crate) mailbox_capacity: Option<usize>,
     pub(crate) mailbox_bytes: Option<usize>,
+    pub(crate) max_links: Option<usize>,
 }
 
 impl RunLimits {
@@ -128,6 +129,12 @@ impl RunLimits {
     /// As [`Builder::mailbox_bytes`](crate::scheduler::Builder::mailbox_bytes).
     pub fn mailbox_bytes(mut self, bytes: usize) -> Self {
         self.mailbox_bytes = Some(bytes);
+        self
+    }
+
+    /// As [`Builder::max_links`](crate::scheduler::Builder::max_links).
+    pub fn max_links(mut self, links: usize) -> Self {
+        self.max_links = Some(links);
         self
     }
 }
@@ -255,7 +262,7 @@ impl RunBound {
                 max_output_per_step: tighter(asked.max_output_per_step, limits.max_output_per_step),
                 max_children: tighter(asked.max_children, limits.max_children),
                 max_descendants: limits.max_descendants,
-                max_links: limits.max_links,
+                max_links: tighter(asked.max_links, limits.max_links),
             },
             mailbox_capacity: tighter(asked.mailbox_capacity, mailbox_capacity).max(1),
             mailbox_bytes: tighter(asked.mailbox_bytes, mailbox_bytes).max(1),
@@ -271,6 +278,7 @@ impl RunBound {
             max_output_per_step: Some(self.limits.max_output_per_step),
             mailbox_capacity: Some(self.mailbox_capacity),
             mailbox_bytes: Some(self.mailbox_bytes),
+            max_links: Some(self.limits.max_links),
         }
     }
 }

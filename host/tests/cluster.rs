@@ -676,7 +676,8 @@ fn run_with_cluster_sends_the_runs_limits_with_its_entry() {
 /// naming the flags: with `--max-children 2`, a fan-out of three children on a node
 /// whose own bound is 10,000 ends at its third spawn (and with room for them completes);
 /// a step of 100,000 commands ends at `--max-yields 2`, not the node's 1,024; a result of
-/// 32 MiB at `--max-payload 1MiB`, not the node's 16 MiB.
+/// 32 MiB at `--max-payload 1MiB`, not the node's 16 MiB; a spawn with `link` at
+/// `--max-links 0`, not the node's 10,000.
 #[test]
 fn run_with_cluster_carries_its_scheduler_limits_to_the_node() {
     let server = Server::start().expect("a nats-server on loopback");
@@ -711,6 +712,18 @@ fn run_with_cluster_carries_its_scheduler_limits_to_the_node() {
     let (code, _, stderr) = run(&[hostile, "--method", "giant-payload", "--max-payload", "1MiB"]);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains(&format!("over `--max-payload` ({} bytes)", 1 << 20)), "{stderr}");
+
+    let tour = wasmproc_tests::guests::SDK_TOUR;
+    let linked =
+        |max_links: &str| run(&[tour, "--method", "linked_to_failure", "--input", "null", "--max-links", max_links]);
+    let (code, _, stderr) = linked("0");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("link limit exceeded"), "{stderr}");
+    assert!(stderr.contains("`--max-links` (0)"), "{stderr}");
+    // With room for its link, the same spawn links, and the child's failure ends it.
+    let (code, _, stderr) = linked("1");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("the linked child failed") && !stderr.contains("link limit"), "{stderr}");
 
     let (code, stdout, stderr) = fan_out(&["--max-children", "3", "--mailbox", "3", "--mailbox-bytes", "1MiB"]);
     assert_eq!(code, Some(0), "{stderr}");

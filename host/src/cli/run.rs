@@ -731,7 +731,7 @@ impl Run {
     }
 
     /// The scheduler limits given on the command line (--max-children, --max-yields,
-    /// --max-payload, --max-step-output, --mailbox, --mailbox-bytes): what a run on a
+    /// --max-payload, --max-step-output, --mailbox, --mailbox-bytes, --max-links): what a run on a
     /// cluster carries to the nodes that run its processes, each clamped there to the
     /// node's own. A flag left at its default leaves the node's own.
     fn run_limits(&self, given: Given<'_>) -> RunLimits {
@@ -753,6 +753,9 @@ impl Run {
         }
         if given.has("mailbox_bytes") {
             limits = limits.mailbox_bytes(self.limits.mailbox_bytes);
+        }
+        if given.has("max_links") {
+            limits = limits.max_links(self.limits.max_links);
         }
         limits
     }

@@ -311,6 +311,7 @@ mod tests {
             .max_payload_size(1000)
             .mailbox_capacity(8)
             .mailbox_bytes(4096)
+            .max_links(6)
             .build()
             .expect("builds");
         let handle = scheduler.handle();
@@ -320,7 +321,8 @@ mod tests {
             .max_yields_per_step(5)
             .max_payload_size(usize::MAX)
             .mailbox_capacity(3)
-            .mailbox_bytes(1 << 40);
+            .mailbox_bytes(1 << 40)
+            .max_links(1 << 40);
         let spawn = RemoteSpawn { run_limits: Some(Box::new(asked)), ..remote_spawn() };
         let pid = handle.spawn_for_remote(&factory, "idle".into(), spawn, None, |_| {}).expect("spawns");
         let cell = handle.shared.registry.get(pid).expect("alive");
@@ -329,6 +331,7 @@ mod tests {
             (limits.max_children, limits.max_yields_per_step, limits.max_payload_size, limits.max_output_per_step),
             (10, 5, 1000, 4000)
         );
+        assert_eq!(limits.max_links, 6);
         assert_eq!((cell.spec.mailbox_capacity, cell.spec.mailbox_bytes), (3, 4096));
         let carried = cell.lineage.run_bound().expect("bounded").carried();
         assert_eq!(
@@ -340,6 +343,7 @@ mod tests {
                 .max_output_per_step(4000)
                 .mailbox_capacity(3)
                 .mailbox_bytes(4096)
+                .max_links(6)
         );
         scheduler.stop(std::time::Duration::ZERO);
     }
