@@ -374,12 +374,17 @@ mod loom_models {
     }
 
     fn ready_cell() -> Arc<ProcessCell> {
+        ready_cell_with_mailbox(8)
+    }
+
+    /// A `Ready` cell whose mailbox holds at most `capacity` messages.
+    fn ready_cell_with_mailbox(capacity: usize) -> Arc<ProcessCell> {
         let spec = Spec {
             scheduler: None,
             parent: Pid::HOST,
             kind: None,
             caps: Arc::default(),
-            mailbox_capacity: 8,
+            mailbox_capacity: capacity,
             mailbox_bytes: usize::MAX,
         };
         let cell = Arc::new(ProcessCell::new(Pid::from_u64(1), Box::new(Inert), spec, Lineage::default()));
@@ -409,10 +414,13 @@ mod loom_models {
 
     /// Runs turns the way the scheduler would: `turns_owed` now, and one more for every
     /// producer that reports `Wake::Schedule` meanwhile (each report is one queue entry).
+    /// A process is in at most one queue at a time, so at most one turn is ever owed: two
+    /// would be two workers running it at once.
     fn run_owed_turns(cell: &ProcessCell, target: Lifecycle, schedules: &AtomicUsize, mut turns_owed: usize) -> usize {
         let mut seen = 0;
         let mut buf = Vec::new();
         while turns_owed > 0 {
+            assert_eq!(turns_owed, 1, "process queued twice");
             turns_owed -= 1;
             let end = cell.run_turn(4, &mut buf, |events| {
                 seen += events.drain(..).count();
@@ -426,6 +434,16 @@ mod loom_models {
             turns_owed += schedules.swap(0, Ordering::SeqCst);
         }
         seen
+    }
+
+    /// One turn of a process whose step is suspended and stays so: it must be given no
+    /// events, and it is queued again (`TurnEnd::Requeue`) whatever its inbox holds.
+    fn preempted_turn(cell: &ProcessCell, buf: &mut Vec<Event>) {
+        let end = cell.run_turn(4, buf, |events| {
+            assert!(events.is_empty(), "a suspended step is given no events");
+            Decision::Preempted
+        });
+        assert!(matches!(end, TurnEnd::Requeue), "a suspended step still has work: {end:?}");
     }
 
     /// DESIGN 5 and 6: a completion racing the `Running → Blocked` transition (including
@@ -549,6 +567,71 @@ mod loom_models {
             producer.join().unwrap();
             seen += run_owed_turns(&cell, Lifecycle::Idle, &schedules, schedules.swap(0, Ordering::SeqCst));
             assert_eq!(seen, 1, "the message must be consumed exactly once");
+            assert_eq!(cell.inbox.len(), 0);
+            assert_eq!(cell.state.load().lifecycle(), Lifecycle::Idle);
+        });
+    }
+
+    /// Two messages from one sender racing a step that is preempted, resumed and
+    /// preempted again, then finishes and waits, with a mailbox of one message: the turns
+    /// that resume the step take nothing out of the inbox (so the second message finds
+    /// the mailbox full if the first came while the step was suspended); every message
+    /// taken is consumed exactly once, by a step that began after it arrived; the process
+    /// is never queued twice, and ends parked with its inbox empty (`state.rs`,
+    /// "Suspended steps").
+    #[test]
+    fn loom_sends_race_preempted_turns_at_the_mailbox_bound() {
+        loom::model(|| {
+            let cell = ready_cell_with_mailbox(1);
+            let schedules = Arc::new(AtomicUsize::new(0));
+            let taken = Arc::new(AtomicUsize::new(0));
+            let producer = {
+                let (cell, schedules, taken) = (cell.clone(), schedules.clone(), taken.clone());
+                thread::spawn(move || {
+                    for _ in 0..2 {
+                        match cell.deliver(message()) {
+                            Ok(wake) => {
+                                taken.fetch_add(1, Ordering::SeqCst);
+                                if wake == Wake::Schedule {
+                                    assert_eq!(schedules.fetch_add(1, Ordering::SeqCst), 0, "process queued twice");
+                                }
+                            }
+                            Err(refused) => assert_eq!(refused, Refused::Full { capacity: 1 }),
+                        }
+                    }
+                })
+            };
+            let mut seen = 0;
+            let mut buf = Vec::new();
+            // The step begins (taking what has come so far) and is preempted.
+            let first = cell.run_turn(4, &mut buf, |events| {
+                seen += events.drain(..).count();
+                Decision::Preempted
+            });
+            assert!(matches!(first, TurnEnd::Requeue), "a suspended step still has work: {first:?}");
+            assert_eq!(schedules.load(Ordering::SeqCst), 0, "a suspended process is queued by its worker alone");
+            preempted_turn(&cell, &mut buf);
+            assert_eq!(schedules.load(Ordering::SeqCst), 0, "a suspended process is queued by its worker alone");
+            // The step is resumed and finishes; what came meanwhile goes to the next one.
+            let mut resumed = false;
+            let end = cell.run_turn(4, &mut buf, |events| {
+                if !resumed {
+                    resumed = true;
+                    assert!(events.is_empty(), "a resumed step is given no events");
+                }
+                seen += events.drain(..).count();
+                Decision::Wait(Lifecycle::Idle)
+            });
+            let owed = match end {
+                TurnEnd::Parked => schedules.swap(0, Ordering::SeqCst),
+                TurnEnd::Requeue => 1,
+                other => panic!("unexpected turn end {other:?}"),
+            };
+            seen += run_owed_turns(&cell, Lifecycle::Idle, &schedules, owed);
+            producer.join().unwrap();
+            seen += run_owed_turns(&cell, Lifecycle::Idle, &schedules, schedules.swap(0, Ordering::SeqCst));
+            assert_eq!(seen, taken.load(Ordering::SeqCst), "every message taken is consumed exactly once");
+            assert!(seen >= 1, "an empty mailbox takes a message");
             assert_eq!(cell.inbox.len(), 0);
             assert_eq!(cell.state.load().lifecycle(), Lifecycle::Idle);
         });

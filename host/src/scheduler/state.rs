@@ -276,7 +276,9 @@ impl State {
     }
 
     /// `Running → Ready` for a process that asked to continue or used up its turn; the
-    /// caller queues it. `WAKEUP` is dropped: the next run drains the inbox anyway.
+    /// caller queues it. `WAKEUP` is dropped: the next turn drains the inbox before the
+    /// next step that begins, or, resuming a suspended step, looks into it before it
+    /// parks the process ("Suspended steps").
     pub(super) fn transition_to_ready_from_running(&self) {
         self.update(|s| {
             assert_eq!(s & LIFECYCLE, RUNNING, "requeued process not `Running`; actual = {:?}", Snapshot(s));
