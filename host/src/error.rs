@@ -23,6 +23,16 @@ pub enum SpawnError {
         /// The limit.
         limit: usize,
     },
+    /// A spawn for another node's run, which already runs as many processes here as the
+    /// run allows ([`RunLimits::max_processes`](crate::cluster::RunLimits::max_processes),
+    /// clamped to this scheduler's own).
+    #[error(
+        "process limit reached: {limit} processes of this run are alive on this node, as many as the run's `max_processes` ({limit}) allows"
+    )]
+    RunLimitExceeded {
+        /// The run's limit on this node.
+        limit: usize,
+    },
     /// The scheduler is shutting down and takes no new processes.
     #[error("scheduler is stopping: no new processes are accepted")]
     Stopping,

@@ -1,8 +1,8 @@
 //! Limits on what one process may do: those the scheduler checks for every process
 //! ([`Limits`]), those a kind that sandboxes its processes runs them under and hands down
 //! its tree ([`KindLimits`]), those a run carries to other nodes ([`RunLimits`]), and the
-//! live counts of a process tree that `max_children` and `max_descendants` are checked
-//! against ([`Lineage`]). Plain values and counters: nothing here names the scheduler,
+//! live counts of a process tree (and of a run on this node) that `max_children`,
+//! `max_descendants` (and a run's `max_processes`) are checked against ([`Lineage`]). Plain values and counters: nothing here names the scheduler,
 //! which checks them.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -88,6 +88,7 @@ pub struct RunLimits {
     pub(crate) mailbox_capacity: Option<usize>,
     pub(crate) mailbox_bytes: Option<usize>,
     pub(crate) max_links: Option<usize>,
+    pub(crate) max_processes: Option<usize>,
 }
 
 impl RunLimits {
@@ -135,6 +136,16 @@ impl RunLimits {
     /// As [`Builder::max_links`](crate::scheduler::Builder::max_links).
     pub fn max_links(mut self, links: usize) -> Self {
         self.max_links = Some(links);
+        self
+    }
+
+    /// The most processes of the run alive at once on each node, the entry included: a
+    /// spawn on a node that already runs as many of the run's processes fails. Each node
+    /// counts only the run's processes it runs itself (there is no count across nodes),
+    /// under the tighter of this and its own
+    /// [`Builder::max_processes`](crate::scheduler::Builder::max_processes).
+    pub fn max_processes(mut self, processes: usize) -> Self {
+        self.max_processes = Some(processes);
         self
     }
 }
@@ -195,6 +206,12 @@ impl Limits {
                 self.max_descendants
             ));
         }
+        if let Some(run) = lineage.run_processes() {
+            let live = run.live.load(Ordering::Relaxed);
+            if live + spawns > run.max {
+                return Err(run_process_limit_exceeded(spawns, live, run.max));
+            }
+        }
         Ok(())
     }
 
@@ -205,6 +222,15 @@ impl Limits {
         }
         Ok(())
     }
+}
+
+/// The error of `spawns` more spawns of a run that has `live` processes alive on this
+/// node, over its `max`.
+pub(crate) fn run_process_limit_exceeded(spawns: usize, live: usize, max: usize) -> String {
+    format!(
+        "process limit exceeded: {spawns} more spawns with {live} processes of this run alive on this node would \
+         pass the run's `max_processes` ({max})"
+    )
 }
 
 /// The error that ends a process whose step yielded `yielded` commands, over `max`.
@@ -248,12 +274,34 @@ pub(crate) struct RunBound {
     pub(crate) limits: Limits,
     pub(crate) mailbox_capacity: usize,
     pub(crate) mailbox_bytes: usize,
+    /// The run's live processes here, if the run bounds them.
+    pub(crate) processes: Option<RunProcesses>,
+}
+
+/// The processes of one run alive on this scheduler, against the run's `max_processes`
+/// (the tighter of the run's and the scheduler's): one count for every tree of the run
+/// here, however many remote spawns started them.
+#[derive(Debug)]
+pub(crate) struct RunProcesses {
+    pub(crate) max: usize,
+    /// Counted from each process's registration to its retirement ([`Lineage::enter`],
+    /// [`Lineage::leave`]), roots included. `Relaxed`: it orders nothing, it only bounds
+    /// a number; two trees of the run spawning at once may pass it by their spawns, as
+    /// the tree's count may.
+    pub(crate) live: Arc<AtomicUsize>,
 }
 
 impl RunBound {
     /// What `asked` leaves of this scheduler's own `limits` and mailbox bounds: the
-    /// tighter of each, never wider than this scheduler's.
-    pub(crate) fn clamp(asked: &RunLimits, limits: &Limits, mailbox_capacity: usize, mailbox_bytes: usize) -> Self {
+    /// tighter of each, never wider than this scheduler's. `processes`: the run's count
+    /// here and the scheduler's own `max_processes`, when the run bounds its processes.
+    pub(crate) fn clamp(
+        asked: &RunLimits,
+        limits: &Limits,
+        mailbox_capacity: usize,
+        mailbox_bytes: usize,
+        processes: Option<(Arc<AtomicUsize>, usize)>,
+    ) -> Self {
         let tighter = |asked: Option<usize>, own: usize| asked.map_or(own, |asked| asked.min(own));
         RunBound {
             limits: Limits {
@@ -266,6 +314,10 @@ impl RunBound {
             },
             mailbox_capacity: tighter(asked.mailbox_capacity, mailbox_capacity).max(1),
             mailbox_bytes: tighter(asked.mailbox_bytes, mailbox_bytes).max(1),
+            processes: asked
+                .max_processes
+                .zip(processes)
+                .map(|(asked, (live, own))| RunProcesses { max: asked.min(own), live }),
         }
     }
 
@@ -279,6 +331,7 @@ impl RunBound {
             mailbox_capacity: Some(self.mailbox_capacity),
             mailbox_bytes: Some(self.mailbox_bytes),
             max_links: Some(self.limits.max_links),
+            max_processes: self.processes.as_ref().map(|processes| processes.max),
         }
     }
 }
@@ -336,6 +389,11 @@ impl Lineage {
         self.bound.as_deref()
     }
 
+    /// The count of its run's processes here, if the run bounds them.
+    pub(crate) fn run_processes(&self) -> Option<&RunProcesses> {
+        self.bound.as_deref().and_then(|bound| bound.processes.as_ref())
+    }
+
     /// This lineage, for a process of the run `run`.
     pub(crate) fn in_run(mut self, run: RunId) -> Self {
         self.run = run;
@@ -362,6 +420,9 @@ impl Lineage {
     /// on, so that [`Lineage::leave`] (which every registered process reaches, even one
     /// whose init fails) can always take it back. A root is not counted.
     pub(crate) fn enter(&self) {
+        if let Some(run) = self.run_processes() {
+            run.live.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(siblings) = &self.parent_children {
             siblings.fetch_add(1, Ordering::Relaxed);
             if let Some(tree) = self.tree.get() {
@@ -372,6 +433,9 @@ impl Lineage {
 
     /// Takes back what [`Lineage::enter`] counted, when the process retires.
     pub(crate) fn leave(&self) {
+        if let Some(run) = self.run_processes() {
+            run.live.fetch_sub(1, Ordering::Relaxed);
+        }
         if let Some(siblings) = &self.parent_children {
             siblings.fetch_sub(1, Ordering::Relaxed);
             if let Some(tree) = self.tree.get() {

@@ -674,7 +674,9 @@ fn run_with_cluster_sends_the_runs_limits_with_its_entry() {
 /// `wasmproc run APP --cluster URL` carries the scheduler limits given on its command
 /// line to the node that runs its entry, clamped there to the node's own, the errors
 /// naming the flags: with `--max-children 2`, a fan-out of three children on a node
-/// whose own bound is 10,000 ends at its third spawn (and with room for them completes);
+/// whose own bound is 10,000 ends at its third spawn (and with room for them completes),
+/// and so does the same fan-out at `--max-processes 3` (the entry and three children are
+/// four of the run's processes on the node);
 /// a step of 100,000 commands ends at `--max-yields 2`, not the node's 1,024; a result of
 /// 32 MiB at `--max-payload 1MiB`, not the node's 16 MiB; a spawn with `link` at
 /// `--max-links 0`, not the node's 10,000.
@@ -704,6 +706,11 @@ fn run_with_cluster_carries_its_scheduler_limits_to_the_node() {
     assert!(stderr.contains("child limit exceeded"), "{stderr}");
     assert!(stderr.contains("`--max-children` (2)"), "{stderr}");
 
+    let (code, _, stderr) = fan_out(&["--max-processes", "3"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("process limit exceeded"), "{stderr}");
+    assert!(stderr.contains("the run's `--max-processes` (3)"), "{stderr}");
+
     let hostile = wasmproc_tests::guests::HOSTILE;
     let (code, _, stderr) = run(&[hostile, "--method", "yield-flood", "--max-yields", "2"]);
     assert_eq!(code, Some(1), "{stderr}");
@@ -725,7 +732,8 @@ fn run_with_cluster_carries_its_scheduler_limits_to_the_node() {
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("the linked child failed") && !stderr.contains("link limit"), "{stderr}");
 
-    let (code, stdout, stderr) = fan_out(&["--max-children", "3", "--mailbox", "3", "--mailbox-bytes", "1MiB"]);
+    let (code, stdout, stderr) =
+        fan_out(&["--max-children", "3", "--max-processes", "4", "--mailbox", "3", "--mailbox-bytes", "1MiB"]);
     assert_eq!(code, Some(0), "{stderr}");
     let squares: Vec<u64> = serde_json::from_str(&stdout).expect("a JSON list");
     assert_eq!(squares, [0, 1, 4]);

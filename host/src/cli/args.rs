@@ -107,6 +107,8 @@ impl EngineArgs {
 #[command(next_help_heading = "Limits")]
 pub(crate) struct LimitArgs {
     /// The most processes alive at once; spawns past it fail (in the spawning process).
+    /// With `run --cluster`: the run's processes alive at once on each node (each node
+    /// counts its own, under its own --max-processes).
     #[arg(long, value_name = "N", default_value_t = wasm::DEFAULT_MAX_INSTANCES, value_parser = clap::value_parser!(u32).range(1..))]
     pub(super) max_processes: u32,
     /// The most live children one process may have; a spawn past it ends that process.

@@ -20,8 +20,6 @@ use super::{ClusterArgs, Exit, Failure, Given};
 pub(super) enum HereOnly {
     /// It sets up this host's scheduler or sandbox, which the run does not use.
     Scheduler,
-    /// It bounds the processes alive on one host.
-    Processes,
     /// It sets how this host compiles the program; the node compiles it.
     Compiler,
     /// It gives processes a provider; a node's providers are the node's own flags.
@@ -47,7 +45,6 @@ pub(super) enum HereOnly {
 pub(super) const HERE_ONLY: &[(&str, HereOnly)] = &[
     ("workers", HereOnly::Scheduler),
     ("no_preemption", HereOnly::Scheduler),
-    ("max_processes", HereOnly::Processes),
     ("init_time_limit", HereOnly::Scheduler),
     ("max_core_instances", HereOnly::Scheduler),
     ("max_tables", HereOnly::Scheduler),
@@ -105,6 +102,8 @@ pub(super) const ON_CLUSTER: &[&str] = &[
     "mailbox",
     "mailbox_bytes",
     "max_links",
+    // The run's processes alive on each node, counted by each node apart.
+    "max_processes",
     "allow",
     "deny",
     "stats",
@@ -124,11 +123,6 @@ pub(super) fn refuse_here_only(given: Given<'_>, command: &clap::Command) -> Res
         HereOnly::Scheduler => format!(
             "it sets up this host's scheduler, and a run on a cluster runs on a node's, under the node's own \
              settings: drop {flag}"
-        ),
-        HereOnly::Processes => format!(
-            "it bounds the processes alive on this host, and a run on a cluster spreads over nodes that each \
-             count only their own, with no count of the run's across them: drop {flag}, and bound the run with \
-             --max-children (each process's live children), which its spawns carry to every node"
         ),
         HereOnly::Compiler => format!("the node compiles the program, under its own settings: drop {flag}"),
         HereOnly::Provider => format!(

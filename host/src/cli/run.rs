@@ -731,9 +731,11 @@ impl Run {
     }
 
     /// The scheduler limits given on the command line (--max-children, --max-yields,
-    /// --max-payload, --max-step-output, --mailbox, --mailbox-bytes, --max-links): what a run on a
-    /// cluster carries to the nodes that run its processes, each clamped there to the
-    /// node's own. A flag left at its default leaves the node's own.
+    /// --max-payload, --max-step-output, --mailbox, --mailbox-bytes, --max-links,
+    /// --max-processes): what a run on a cluster carries to the nodes that run its
+    /// processes, each clamped there to the node's own (--max-processes bounds the run's
+    /// processes on each node, counted by each node apart). A flag left at its default
+    /// leaves the node's own.
     fn run_limits(&self, given: Given<'_>) -> RunLimits {
         let mut limits = RunLimits::new();
         if given.has("max_children") {
@@ -756,6 +758,9 @@ impl Run {
         }
         if given.has("max_links") {
             limits = limits.max_links(self.limits.max_links);
+        }
+        if given.has("max_processes") {
+            limits = limits.max_processes(self.limits.max_processes as usize);
         }
         limits
     }

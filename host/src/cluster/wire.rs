@@ -41,7 +41,7 @@ type HmacSha256 = Hmac<Sha256>;
 //    clients speak a protocol of their own; a spawn carries its run's scope.
 // 7: a spawn carries its run's scheduler limits.
 // 8: exits carry typed reasons.
-// 9: a spawn's run limits carry `max_links`.
+// 9: a spawn's run limits carry `max_links` and `max_processes`.
 const VERSION: u8 = 9;
 const MAC_LEN: usize = 32;
 
@@ -780,6 +780,7 @@ fn optional_run_limits(w: &mut Writer, limits: Option<&RunLimits>) {
                 limits.mailbox_capacity,
                 limits.mailbox_bytes,
                 limits.max_links,
+                limits.max_processes,
             ] {
                 optional_u64(w, bound.map(|n| u64::try_from(n).unwrap_or(u64::MAX)));
             }
@@ -818,6 +819,7 @@ fn read_optional_run_limits(r: &mut Reader<'_>) -> Result<Option<Box<RunLimits>>
                 mailbox_capacity: bound()?,
                 mailbox_bytes: bound()?,
                 max_links: bound()?,
+                max_processes: bound()?,
             })))
         }
         other => Err(WireError::Malformed(format!("run limits tag {other}"))),
@@ -905,7 +907,8 @@ mod tests {
                             .max_output_per_step(4)
                             .mailbox_capacity(5)
                             .mailbox_bytes(6)
-                            .max_links(7),
+                            .max_links(7)
+                            .max_processes(8),
                     )),
                     monitor: true,
                     run: RunId { node: 7, client: 0 },
@@ -1086,10 +1089,10 @@ mod tests {
             &[
                 "034d030107031c1b01858080808080801889808080808080200174047465787402686911028580808080808018898080",
                 "808080802014038580808080808018898080808080802007016221038580808080808018898080808080802000056279",
-                "746573080400000000000000120485808080808080188980808080808020020305020056060885808080808080180103",
+                "746573080400000000000000120485808080808080188980808080808020020305020057060885808080808080180103",
                 "61707001097368613235363a30300673717561726501056279746573080300000000000000ef07010010000101020000",
-                "000001ffffffffffffffffff0100018080800290a10f0000012a4d060b8580808080808018010361707000047370696e00",
-                "ff070100020701010001010103010401050106010701ffffffffffffffffff01c08db70101ffffffffffffffffff0101808c",
+                "000001ffffffffffffffffff010000018080800290a10f0000012a4f060b8580808080808018010361707000047370696e00",
+                "ff0701000207010100010101030104010501060107010801ffffffffffffffffff01c08db70101ffffffffffffffffff0101808c",
                 "ee891a010026060a85808080808080180000046d61696e00ff07010001ff1f000000ffffffffffffffffff010b070800",
                 "898080808080802006070901026e6f13080b696e74657272757074656480cab5ee0100080804676f6e65006317098580",
                 "80808080801803067374646f75740568656c6c6f1c038580808080808018898080808080802000047465787404646f6e",
@@ -1111,8 +1114,8 @@ mod tests {
             &["034d090161030100094d0401087368613235363a3101087368613235363a31086170702e7761736d0863"],
             &["034d0a630100"],
             &[
-                "034d0a6302015606038580808080808018010361707001097368613235363a3030067371756172650105627974657308",
-                "0300000000000000ef07010010000101020000000001ffffffffffffffffff0100018080800290a10f0000012a0106612e",
+                "034d0a6302015706038580808080808018010361707001097368613235363a3030067371756172650105627974657308",
+                "0300000000000000ef07010010000101020000000001ffffffffffffffffff010000018080800290a10f0000012a0106612e",
                 "7761736d",
             ],
             &["034d0a6305040b696e746572727570746564c0a8a504"],

@@ -430,6 +430,7 @@ impl Builder {
             durable,
             node: self.node,
             remote: self.remote,
+            run_processes: Mutex::default(),
             suspending: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),

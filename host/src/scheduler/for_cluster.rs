@@ -4,7 +4,8 @@
 //! one for a remote parent, and find or end the processes of a run, through `pub(crate)`
 //! methods of [`Handle`].
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use wasmproc_types::{ExitReason, Pid};
 
@@ -21,6 +22,18 @@ use crate::limits::{KindLimits, Lineage, RunBound, RunId};
 use crate::step::{Event, SpawnRequest};
 
 impl Shared {
+    /// The count of `run`'s live processes here, shared by every tree of the run.
+    fn run_processes(&self, run: RunId) -> Arc<AtomicUsize> {
+        let mut runs = self.run_processes.lock();
+        if let Some(live) = runs.get(&run).and_then(Weak::upgrade) {
+            return live;
+        }
+        runs.retain(|_, live| live.strong_count() > 0);
+        let live = Arc::new(AtomicUsize::new(0));
+        runs.insert(run, Arc::downgrade(&live));
+        live
+    }
+
     /// Hands `request` to the cluster when its placement picks another node; gives it
     /// back otherwise.
     pub(super) fn spawn_elsewhere(
@@ -128,12 +141,28 @@ impl Handle {
         notify: Option<Notify>,
         spawned: impl FnOnce(Pid),
     ) -> Result<Pid, SpawnError> {
-        let (process, sandbox) = make_under(factory, spawn.limits)
-            .map_err(|source| SpawnError::Factory { kind: kind.to_string(), source })?;
+        let run = match spawn.run.node {
+            0 => RunId { node: spawn.parent.node(), ..spawn.run },
+            _ => spawn.run,
+        };
         let settings = &self.shared.settings;
         let bound = spawn.run_limits.map(|asked| {
-            Arc::new(RunBound::clamp(&asked, &settings.limits, settings.mailbox_capacity, settings.mailbox_bytes))
+            let processes = asked.max_processes.map(|_| (self.shared.run_processes(run), settings.max_processes));
+            Arc::new(RunBound::clamp(
+                &asked,
+                &settings.limits,
+                settings.mailbox_capacity,
+                settings.mailbox_bytes,
+                processes,
+            ))
         });
+        if let Some(run) = bound.as_ref().and_then(|bound| bound.processes.as_ref())
+            && run.live.load(Ordering::Relaxed) >= run.max
+        {
+            return Err(SpawnError::RunLimitExceeded { limit: run.max });
+        }
+        let (process, sandbox) = make_under(factory, spawn.limits)
+            .map_err(|source| SpawnError::Factory { kind: kind.to_string(), source })?;
         let args = SpawnArgs {
             parent: spawn.parent,
             origin: None,
@@ -150,13 +179,7 @@ impl Handle {
             .min(bound.as_ref().map_or(usize::MAX, |bound| bound.mailbox_capacity)),
             watcher: notify.map(Watcher::Notify),
             linked_to: None,
-            lineage: Lineage::default()
-                .within(sandbox)
-                .in_run(match spawn.run.node {
-                    0 => RunId { node: spawn.parent.node(), ..spawn.run },
-                    _ => spawn.run,
-                })
-                .bounded(bound),
+            lineage: Lineage::default().within(sandbox).in_run(run).bounded(bound),
         };
         let cell = self.shared.spawn_unqueued(process, args)?;
         let pid = cell.pid();
@@ -312,6 +335,7 @@ mod tests {
             .mailbox_capacity(8)
             .mailbox_bytes(4096)
             .max_links(6)
+            .max_processes(50)
             .build()
             .expect("builds");
         let handle = scheduler.handle();
@@ -322,7 +346,8 @@ mod tests {
             .max_payload_size(usize::MAX)
             .mailbox_capacity(3)
             .mailbox_bytes(1 << 40)
-            .max_links(1 << 40);
+            .max_links(1 << 40)
+            .max_processes(1 << 40);
         let spawn = RemoteSpawn { run_limits: Some(Box::new(asked)), ..remote_spawn() };
         let pid = handle.spawn_for_remote(&factory, "idle".into(), spawn, None, |_| {}).expect("spawns");
         let cell = handle.shared.registry.get(pid).expect("alive");
@@ -332,6 +357,7 @@ mod tests {
             (10, 5, 1000, 4000)
         );
         assert_eq!(limits.max_links, 6);
+        assert_eq!(cell.lineage.run_processes().map(|run| run.max), Some(50));
         assert_eq!((cell.spec.mailbox_capacity, cell.spec.mailbox_bytes), (3, 4096));
         let carried = cell.lineage.run_bound().expect("bounded").carried();
         assert_eq!(
@@ -344,7 +370,36 @@ mod tests {
                 .mailbox_capacity(3)
                 .mailbox_bytes(4096)
                 .max_links(6)
+                .max_processes(50)
         );
+        scheduler.stop(std::time::Duration::ZERO);
+    }
+
+    /// A run's `max_processes` counts the run's processes on this node, whichever remote
+    /// spawn started their tree: a spawn of the run past it is refused naming the limit,
+    /// another run's is not, and a process that ends gives its place back.
+    #[test]
+    fn a_runs_processes_here_are_counted_across_its_spawns() {
+        let scheduler = Scheduler::builder().workers(1).build().expect("builds");
+        let handle = scheduler.handle();
+        let factory = || -> anyhow::Result<Box<dyn Process>> { Ok(Box::new(Idle)) };
+        let spawn = |client: u64| {
+            let spawn = RemoteSpawn {
+                run_limits: Some(Box::new(RunLimits::new().max_processes(2))),
+                run: RunId { node: 3, client },
+                ..remote_spawn()
+            };
+            handle.spawn_for_remote(&factory, "idle".into(), spawn, None, |_| {})
+        };
+        let first = spawn(1).expect("the run's first process");
+        spawn(1).expect("the run's second process");
+        let error = spawn(1).expect_err("a third process of the run");
+        assert!(matches!(error, SpawnError::RunLimitExceeded { limit: 2 }), "{error:?}");
+        assert!(error.to_string().contains("the run's `max_processes` (2)"), "{error}");
+        spawn(2).expect("another run's process");
+
+        handle.terminate(first).expect("terminates");
+        crate::testing::wait_until("the run's spawn takes the place the ended process gave back", || spawn(1).is_ok());
         scheduler.stop(std::time::Duration::ZERO);
     }
 }

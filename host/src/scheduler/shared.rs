@@ -1,8 +1,8 @@
 //! The state every thread of one scheduler shares (its workers, the timer, handles and
 //! completers), and how a `Ready` process gets into a run queue.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use crossbeam_deque::{Injector, Stealer};
 use crossbeam_utils::CachePadded;
@@ -25,7 +25,7 @@ use super::stats::{Counters, Stats, UNOBSERVED_ERROR_LEN, UNOBSERVED_KEPT, Worke
 use super::timer::Timer;
 use super::worker;
 use crate::handler::Completer;
-use crate::limits::Limits;
+use crate::limits::{Limits, RunId};
 use crate::step::CommandKind;
 
 /// State shared by the workers, the timer, handles and completers.
@@ -70,6 +70,10 @@ pub(super) struct Shared {
     /// Where work for processes of other nodes goes (see `remote.rs`); `None` outside a
     /// cluster.
     pub(super) remote: Option<Arc<dyn Remote>>,
+    /// The live-process counts of the runs of other nodes that bound them (a remote
+    /// spawn's `max_processes`), by run: held by the runs' processes, so an entry whose
+    /// run has no process here left is dead, and pruned when a run is added.
+    pub(super) run_processes: Mutex<FxHashMap<RunId, Weak<AtomicUsize>>>,
     /// A durable scheduler is stopping: its processes are suspended, not ended (their
     /// exits are not recorded, so the next start with the journal resumes them).
     pub(super) suspending: AtomicBool,
