@@ -272,6 +272,76 @@ fn each_quota_is_refused_with_limit_and_the_store_stays_usable() {
     s.stop(Duration::from_secs(1));
 }
 
+/// A store whose disk stalls (its file system frozen: the store's thread blocks in the
+/// kernel in the middle of a write, as on a stalled disk) holds writes for it only up to
+/// `max_queued_bytes`: past it, a write fails `limit` at once, naming the setting, while
+/// reads go on; once the disk answers again, every write it took is carried out. Without
+/// the bound every write would wait in memory, however many came.
+#[test]
+fn a_stalled_store_takes_writes_only_up_to_its_queue_bound() {
+    const VALUE: usize = 64 << 10;
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kv-stalled");
+    let Some(mount) = wasmproc_tests::frozen::Mount::new(&dir) else { return };
+    // The write on the stalled disk and three more fit; a fifth would not.
+    let settings = KvSettings { max_queued_bytes: 4 * VALUE + VALUE / 2, ..KvSettings::default() };
+    let kv = Kv::open(&mount.dir().join("store"), settings).unwrap();
+    let s = scheduler(&kv);
+    assert_eq!(one(&s, "kv.put", json!({"key": "before", "value": 1})), Ok(json!({"version": 1})));
+    // Thawed before the scheduler and the store are dropped (locals drop in reverse).
+    let frozen = mount.freeze();
+
+    let (answers, answered) = std::sync::mpsc::channel();
+    let put = |n: usize| {
+        let (handle, answers) = (s.handle().clone(), answers.clone());
+        let put = command("kv.put", json!({"key": format!("k{n}"), "value": "x".repeat(VALUE)}));
+        std::thread::spawn(move || {
+            let _ = answers.send((n, wasmproc_tests::outcome_of(&handle, None, put)));
+        })
+    };
+    let mut writers = vec![put(0)];
+    assert!(
+        wasmproc_tests::frozen::wait_for_thread_blocked("wasmproc-kv", HANG),
+        "the store's thread did not block writing to the frozen file system"
+    );
+    writers.extend((1..10).map(put));
+
+    let mut refused = Vec::new();
+    while refused.len() < 6 {
+        let (n, outcome) = answered.recv_timeout(HANG).expect("writes past the bound are refused at once");
+        let error = outcome.expect_err("only a refusal is answered while the disk stalls");
+        assert!(error.starts_with("limit: the key-value store's queue holds "), "{error}");
+        assert!(error.contains(&format!("would pass `max_queued_bytes` ({})", 4 * VALUE + VALUE / 2)), "{error}");
+        refused.push(n);
+    }
+    assert!(!refused.contains(&0), "{refused:?}");
+    let read = one(&s, "kv.get", json!({"key": "before"})).expect("a read while the disk stalls");
+    assert_eq!(read["value"], json!(1));
+    assert!(answered.try_recv().is_err(), "a write taken was answered while the disk stalled");
+
+    drop(frozen);
+    let mut written: Vec<usize> = (0..4)
+        .map(|_| {
+            let (n, outcome) =
+                answered.recv_timeout(HANG).expect("the writes taken are answered once the disk is back");
+            assert!(outcome.is_ok(), "k{n}: {outcome:?}");
+            n
+        })
+        .collect();
+    written.sort_unstable();
+    refused.sort_unstable();
+    let mut all: Vec<usize> = written.iter().chain(&refused).copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..10).collect::<Vec<_>>(), "each write answered once");
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    for n in written {
+        let stored = one(&s, "kv.get", json!({"key": format!("k{n}")})).unwrap();
+        assert_eq!(stored["value"].as_str().map(str::len), Some(VALUE), "k{n}");
+    }
+    s.stop(Duration::from_secs(1));
+}
+
 #[test]
 fn cas_writes_only_at_the_version_it_names() {
     let dir = scratch("cas");
