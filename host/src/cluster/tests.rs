@@ -13,7 +13,7 @@ use super::shared::Cmd;
 use super::wire::{self, Announce, Body, Key, Peer};
 use super::{Cluster, ClusterConfig};
 use crate::testing::{PATIENCE, wait_until};
-use crate::{Command, Event, Events, ExitReason, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
+use crate::{Command, Event, Events, ExitReason, Outcome, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
 
 const SECRET: &str = "test-secret";
 
@@ -91,6 +91,85 @@ fn monitors_past_the_queue_bound_are_refused_and_those_queued_carried_out() {
     queued.sort_by_key(|(pid, _)| *pid);
     for ((pid, result), target) in queued.into_iter().zip(&targets[..BOUND]) {
         assert_eq!((pid, result), (target, &carried_out));
+    }
+}
+
+/// Yields `commands` in its first step, tagged by their place; every completion goes to
+/// `seen` as it comes, and it completes once it has one for each.
+struct Yielder {
+    commands: Vec<Command>,
+    started: bool,
+    seen: Arc<Mutex<Vec<(u64, Outcome)>>>,
+}
+
+impl Process for Yielder {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        if !std::mem::replace(&mut self.started, true) {
+            for (tag, command) in self.commands.iter().enumerate() {
+                out.yield_command(tag as u64, command.clone());
+            }
+        }
+        let mut seen = self.seen.lock();
+        for event in events {
+            if let Event::Completion { tag, result } = event {
+                seen.push((tag, result.clone()));
+            }
+        }
+        if seen.len() == self.commands.len() {
+            out.complete(Ok(Payload::empty()));
+        } else {
+            out.set_status(Status::Blocked);
+        }
+        Ok(())
+    }
+}
+
+/// Terminations of processes on other nodes wait in the same queue: while the cluster's
+/// thread is held up, one past the bound fails at once with an error that says why (its
+/// `terminate` completes with it); a process that needs nothing of the cluster's thread
+/// runs to its end meanwhile; and those queued are carried out once the thread goes on
+/// (the node they name is no member: they end in its `noconnection`, not the bound's).
+#[test]
+fn a_termination_past_the_queue_bound_fails_saying_why_and_the_rest_runs() {
+    const BOUND: usize = 2;
+    let server = Server::start().expect("a nats-server on loopback");
+    let config = ClusterConfig::new(server.url()).name("a").secret(SECRET).max_queued(BOUND);
+    let cluster = Cluster::join(config).expect("joins");
+    let scheduler = Scheduler::builder().workers(1).cluster(&cluster).build().expect("starts");
+    cluster.serve(scheduler.handle().clone());
+
+    let held = cluster.inner.code.bytes.write();
+    assert!(cluster.inner.commands.send(Cmd::Serve).is_ok());
+    let absent = 77;
+    let targets: Vec<Command> =
+        (1..=BOUND as u64 + 1).map(|n| Command::Terminate(Pid::from_u64(n).with_node(absent))).collect();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let terminator = Yielder { commands: targets, started: false, seen: seen.clone() };
+    let terminator = scheduler.handle().spawn(terminator, "main").expect("spawns");
+
+    wait_until("the termination past the bound fails", || !seen.lock().is_empty());
+    let bound = format!("noconnection: {BOUND} commands already wait for the cluster's thread; retry later");
+    assert_eq!(*seen.lock(), [(BOUND as u64, Err(bound.clone()))], "only the one past the bound ends while held up");
+
+    let sleeper = Yielder {
+        commands: vec![Command::Sleep(std::time::Duration::from_millis(1))],
+        started: false,
+        seen: Arc::default(),
+    };
+    let sleeper = scheduler.handle().spawn(sleeper, "main").expect("spawns");
+    assert_eq!(sleeper.join_timeout(PATIENCE), Some(Ok(Payload::empty())), "a local process runs meanwhile");
+
+    drop(held);
+    assert_eq!(terminator.join_timeout(PATIENCE), Some(Ok(Payload::empty())), "every termination is answered");
+    let seen = seen.lock();
+    assert_eq!(seen.len(), BOUND + 1, "{seen:?}");
+    for (tag, result) in &seen[1..] {
+        let error = result.as_ref().expect_err("the node is no member");
+        assert!((*tag as usize) < BOUND && error.starts_with("noconnection") && *error != bound, "{tag}: {error}");
     }
 }
 
