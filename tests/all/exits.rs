@@ -209,3 +209,27 @@ fn the_handle_gives_the_whole_record_of_an_end() {
     assert_eq!(by_link.to_string(), "exited because linked process 7 trapped: panic: boom");
     s.stop(Duration::from_secs(1));
 }
+
+/// `on_exit` calls back once with the end: registered before the end, from the thread
+/// that ends the process; after it, at once. A cancel reaches one process only.
+#[test]
+fn on_exit_calls_back_with_the_end_before_or_after_it() {
+    use std::sync::mpsc;
+    let s = Scheduler::builder().workers(1).build().unwrap();
+    let waiting = |_: &mut wasmproc_tests::Turn<'_>| Ok(());
+    let (first, _) = Scripted::new(waiting);
+    let (second, _) = Scripted::new(waiting);
+    let first = s.handle().spawn(first, "main").unwrap();
+    let second = s.handle().spawn(second, "main").unwrap();
+    let (ended, endings) = mpsc::channel();
+    let early = ended.clone();
+    first.on_exit(move |exited| early.send(exited.reason.clone()).unwrap());
+    s.handle().cancel(first.pid(), "only this one").unwrap();
+    s.handle().terminate(first.pid()).unwrap();
+    assert_eq!(endings.recv_timeout(HANG), Ok(ExitReason::Terminated));
+    first.on_exit(move |exited| ended.send(exited.reason.clone()).unwrap());
+    assert_eq!(endings.recv_timeout(HANG), Ok(ExitReason::Terminated), "at once, for an ended process");
+    assert!(endings.recv_timeout(Duration::from_millis(50)).is_err(), "each callback once");
+    assert!(second.try_exit().is_none(), "the other process runs on");
+    s.stop(Duration::from_secs(1));
+}

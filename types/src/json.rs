@@ -17,6 +17,25 @@ impl Payload {
         Ok(Payload { format: Format::Json, data: serde_json::to_vec(value)? })
     }
 
+    /// The payload as one JSON value, for reports and APIs: a `json` payload as itself
+    /// (`{"invalid_json": TEXT}` if it does not parse), `text` as a string, and any other
+    /// format as `{"bytes": "<hex>"}`.
+    pub fn to_json_value(&self) -> serde_json::Value {
+        match self.format {
+            Format::Json => serde_json::from_slice(&self.data)
+                .unwrap_or_else(|_| serde_json::json!({ "invalid_json": self.as_str() })),
+            Format::Text => serde_json::json!(self.as_str()),
+            _ => {
+                use core::fmt::Write as _;
+                let mut hex = alloc::string::String::with_capacity(self.data.len() * 2);
+                for byte in &self.data {
+                    let _ = write!(hex, "{byte:02x}");
+                }
+                serde_json::json!({ "bytes": hex })
+            }
+        }
+    }
+
     /// Reads the data as JSON, whatever the declared format.
     ///
     /// # Errors

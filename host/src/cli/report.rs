@@ -203,7 +203,7 @@ impl<'a> Report<'a> {
         // `run` refuses --json for a WASI command, whose stdout is the program's.
         if json && !is_command {
             let mut object = match (&outcome, &root) {
-                (Ok(payload), _) => json!({ "ok": payload_json(payload) }),
+                (Ok(payload), _) => json!({ "ok": Payload::to_json_value(payload) }),
                 (Err(error), Some(Err((_, ended)))) => json!({ "error": error, "exit": ended.json() }),
                 (Err(error), _) => json!({ "error": error }),
             };
@@ -395,17 +395,6 @@ pub(super) fn flags_named(error: &str) -> String {
 /// [`Escaped`], so that it stays on its line (a JSON line escapes it as JSON).
 pub(super) fn for_stderr(error: &str) -> String {
     if style().json { error.to_owned() } else { Escaped(error).to_string() }
-}
-
-/// A result as JSON: JSON as itself, text as a string, bytes as `{"bytes": "<hex>"}`.
-fn payload_json(payload: &Payload) -> Value {
-    match payload.format {
-        Format::Json => {
-            serde_json::from_slice(&payload.data).unwrap_or_else(|_| json!({"invalid_json": payload.as_str()}))
-        }
-        Format::Text => json!(payload.as_str()),
-        _ => json!({ "bytes": &payload.data.iter().map(|b| format!("{b:02x}")).collect::<String>() }),
-    }
 }
 
 /// A result as stdout gets it: JSON and text as lines, bytes raw.

@@ -159,6 +159,25 @@ impl Handle {
         self.shared.terminate_cell(&cell, ExitReason::Terminated)
     }
 
+    /// Delivers a cancel event with `reason` to `pid`, a process of this node: what it
+    /// does with it is its own affair (the guest SDK ends the process unless it handles
+    /// cancellation).
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::NotFound`] or [`SendError::Closed`] if it has ended or is ending.
+    pub fn cancel(&self, pid: Pid, reason: &str) -> Result<(), SendError> {
+        let cell = self.shared.registry.get(pid).ok_or(SendError::NotFound(pid))?;
+        match cell.deliver(Event::Cancel { reason: reason.to_owned() }) {
+            Ok(Wake::Schedule) => {
+                self.shared.schedule(cell);
+                Ok(())
+            }
+            Ok(_) => Ok(()),
+            Err(_) => Err(SendError::Closed(pid)),
+        }
+    }
+
     /// Delivers a cancel event with `reason` to every live process (what [`Scheduler::stop`]
     /// does first), and returns how many it reached. Processes decide what to do: the
     /// guest SDK ends the process unless it handles cancellation.

@@ -10,17 +10,30 @@ use wasmproc_types::{ExitReason, Payload, Pid};
 
 use crate::step::Exited;
 
+/// A function to call with a process's end.
+type OnExit = Box<dyn FnOnce(&Exited) + Send>;
+
 /// Where a process's end lands for the embedder.
 #[derive(Default)]
 pub(super) struct ExitSlot {
     result: Mutex<Option<Exited>>,
     condvar: Condvar,
+    /// Called once the result is in, then dropped: see [`ProcessHandle::on_exit`].
+    on_exit: Mutex<Vec<OnExit>>,
 }
 
 impl ExitSlot {
     pub(super) fn set(&self, result: Exited) {
+        // The result goes in before the callbacks are taken: `on_exit` checks it under
+        // the callbacks' lock, so a callback added meanwhile runs there, never twice.
         *self.result.lock() = Some(result);
+        let callbacks = std::mem::take(&mut *self.on_exit.lock());
         self.condvar.notify_all();
+        if let Some(exited) = (!callbacks.is_empty()).then(|| self.result.lock().clone()).flatten() {
+            for callback in callbacks {
+                callback(&exited);
+            }
+        }
     }
 }
 
@@ -88,6 +101,22 @@ impl ProcessHandle {
     /// The record of the process's end, if it has ended.
     pub fn try_exit(&self) -> Option<Exited> {
         self.slot.result.lock().clone()
+    }
+
+    /// Calls `callback` with the record of the process's end: at once, on this thread,
+    /// if it has ended, and otherwise on the thread that ends it (a worker), which it
+    /// must not hold up: hand anything slow to another thread. A process that never
+    /// ends (a durable scheduler stopped under it suspends it) never calls it.
+    pub fn on_exit(&self, callback: impl FnOnce(&Exited) + Send + 'static) {
+        let mut callbacks = self.slot.on_exit.lock();
+        let ended = self.slot.result.lock().clone();
+        match ended {
+            Some(exited) => {
+                drop(callbacks);
+                callback(&exited);
+            }
+            None => callbacks.push(Box::new(callback)),
+        }
     }
 }
 
