@@ -95,6 +95,10 @@ mod loom;
 mod process;
 pub mod provider;
 pub mod scheduler;
+/// The long-lived service: workflows of many tenants over one data directory, and its
+/// HTTP API.
+#[cfg(feature = "serve")]
+pub mod serve;
 mod step;
 pub mod supervisor;
 #[cfg(test)]

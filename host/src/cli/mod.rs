@@ -1,4 +1,5 @@
-//! The command line: `wasmproc run`, `inspect`, `compile`, `journal` and `cache`.
+//! The command line: `wasmproc run`, `inspect`, `compile`, `journal`, `cache`, `node`,
+//! `cluster`, `serve` and the service's client commands (`service.rs`).
 //!
 //! Each subcommand is a struct of its flags with `execute(self)` (`run.rs`, `inspect.rs`,
 //! `compile.rs`): it parses nothing itself, builds a configuration and calls the library.
@@ -23,6 +24,7 @@ mod providers;
 mod report;
 mod resume;
 mod run;
+mod service;
 mod stop;
 mod supervise;
 mod units;
@@ -147,6 +149,11 @@ enum Command {
     /// Use a cluster: `ls` its nodes, their load and their components; `run` a program
     /// on it (as `run APP --cluster URL`).
     Cluster(Box<node::ClusterCommand>),
+    /// Run the service: durable workflows of many tenants behind an HTTP API, resumed
+    /// after any restart. `deploy`, `start`, `status`, `result`, `ps`… talk to it.
+    Serve(service::Serve),
+    #[command(flatten)]
+    Client(service::ClientCommand),
 }
 
 /// Parses the command line, runs the subcommand, and turns its outcome into an exit code.
@@ -174,6 +181,8 @@ pub(crate) fn main() -> ExitCode {
         Command::Cache(cache) => cache.execute(),
         Command::Node(node) => node.execute(),
         Command::Cluster(cluster) => cluster.execute(Given::of(&matches, &["cluster", "run"])),
+        Command::Serve(serve) => serve.execute(),
+        Command::Client(client) => client.execute(),
     };
     match outcome {
         Ok(code) => code,

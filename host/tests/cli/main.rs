@@ -25,6 +25,7 @@ mod limits;
 mod new_user;
 mod providers;
 mod rough_edges;
+mod service;
 mod supervise;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_wasmproc");

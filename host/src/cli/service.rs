@@ -1,0 +1,540 @@
+//! `wasmproc serve`, the long-lived service, and the client commands that speak its API:
+//! `deploy`, `start`, `status`, `result`, `signal`, `cancel`, `terminate`, `ps`,
+//! `forget` and `tenant`.
+//!
+//! A client command prints what the server answered: a line or a table by default, the
+//! API's JSON with `--json`. Its exit code is `run`'s: 0 for a workflow that completed
+//! (or a request carried out), 1 for one that failed, 2 for a request the server refused
+//! as wrong (unknown id, bad input…), 4 when `result --wait` gave up, 5 when the server
+//! cannot be reached or fails.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+use wasmproc::serve::{Service, ServiceConfig};
+
+use super::output::{Say, say_now};
+use super::{Exit, Failure};
+
+/// Where the service keeps its data when `--data` is not given.
+fn default_data() -> Option<PathBuf> {
+    let base = match std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".local/share"),
+    };
+    Some(base.join("wasmproc"))
+}
+
+/// Run the service: workflows of many tenants, kept in a data directory and resumed
+/// after any restart, controlled through an HTTP API (README, "The service").
+#[derive(Args, Debug)]
+pub(crate) struct Serve {
+    /// The data directory: journal, registry, components and the admin token
+    /// (`DIR/admin.token`, made on the first start). Default: `$XDG_DATA_HOME/wasmproc`,
+    /// else `~/.local/share/wasmproc`.
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+    /// The address to listen on; port 0 picks a free one (the line on stderr says which).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7700")]
+    listen: SocketAddr,
+    /// Worker threads of the scheduler.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    workers: usize,
+    /// How long a cancelled workflow has to end in its own code before it is terminated.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = super::units::duration)]
+    grace: Duration,
+    /// The largest component upload.
+    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = super::units::nonzero_size)]
+    max_upload: usize,
+}
+
+impl Serve {
+    pub(crate) fn execute(self) -> Result<ExitCode, Failure> {
+        let data = self.data.or_else(default_data).ok_or_else(|| {
+            Failure::new(Exit::Usage, "no data directory: give `--data DIR` (neither XDG_DATA_HOME nor HOME is set)")
+        })?;
+        let mut config = ServiceConfig::new(&data);
+        config.workers = self.workers;
+        config.grace = self.grace;
+        config.max_upload = self.max_upload;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("wasmproc-http")
+            .enable_all()
+            .build()
+            .map_err(|e| Failure::new(Exit::Host, format!("cannot start the HTTP server's threads: {e}")))?;
+        let service = Service::open(config).map_err(|e| Failure::from_error(Exit::Host, &e))?;
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind(self.listen))
+            .map_err(|e| Failure::new(Exit::Host, format!("cannot listen on {}: {e}", self.listen)))?;
+        let bound = listener.local_addr().map_err(|e| Failure::new(Exit::Host, format!("no local address: {e}")))?;
+        say_now(
+            Say::Notice,
+            &format!(
+                "listening on http://{bound} (data in {}; {} workflows resumed; admin token in {})",
+                data.display(),
+                service.running(),
+                data.join("admin.token").display()
+            ),
+        );
+        let app = service.router();
+        let served =
+            runtime.block_on(async move { axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await });
+        say_now(Say::Notice, "stopping: running workflows are suspended, and resume with the next `serve`");
+        service.stop();
+        served.map_err(|e| Failure::new(Exit::Host, format!("the HTTP server failed: {e}")))?;
+        Ok(Exit::Success.into())
+    }
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        say_now(Say::Warning, "cannot watch for SIGTERM and SIGINT: stop the server with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// Where the server is and who is asking.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct ClientArgs {
+    /// The server's URL.
+    #[arg(long, value_name = "URL", env = "WASMPROC_SERVER", default_value = "http://127.0.0.1:7700")]
+    server: String,
+    /// The bearer token: a tenant's (or, for `tenant`, the admin's, from `DATA/admin.token`).
+    #[arg(long, value_name = "TOKEN", env = "WASMPROC_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print the server's JSON answer instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A client command: what to ask the server, with where it is and who asks.
+#[derive(Args, Debug)]
+pub(crate) struct Call<T: Args> {
+    #[command(flatten)]
+    client: ClientArgs,
+    #[command(flatten)]
+    what: T,
+}
+
+/// The client commands.
+#[derive(Subcommand, Debug)]
+pub(crate) enum ClientCommand {
+    /// Upload a component to the server, optionally named (and tagged).
+    Deploy(Call<DeployArgs>),
+    /// Start a workflow of a deployed component (a name, `NAME:TAG` or `sha256:…`).
+    Start(Call<StartArgs>),
+    /// Show a workflow: its state, component, times and result.
+    Status(Call<StatusArgs>),
+    /// Print a workflow's result (exit code 1 if it failed); `--wait` waits for it.
+    Result(Call<ResultArgs>),
+    /// Send a workflow a message on TOPIC, with a JSON body.
+    Signal(Call<SignalArgs>),
+    /// Cancel a workflow: a cancel event, then termination after the server's grace.
+    Cancel(Call<CancelArgs>),
+    /// Terminate a workflow at once.
+    Terminate(Call<TerminateArgs>),
+    /// List workflows, by id.
+    Ps(Call<PsArgs>),
+    /// Forget an ended workflow: its record and its history.
+    Forget(Call<ForgetArgs>),
+    /// Manage tenants, with the admin token: `add NAME` (prints its token), `ls`,
+    /// `token NAME` (a new token), `rm NAME`.
+    Tenant(Call<TenantArgs>),
+}
+
+/// The arguments of `deploy`.
+#[derive(Args, Debug)]
+pub(crate) struct DeployArgs {
+    /// The component.
+    pub(crate) app: PathBuf,
+    /// A name to start it by (`start NAME`).
+    #[arg(long)]
+    pub(crate) name: Option<String>,
+    /// A tag for the name (`start NAME:TAG`).
+    #[arg(long)]
+    pub(crate) tag: Option<String>,
+}
+
+/// The arguments of `start`.
+#[derive(Args, Debug)]
+pub(crate) struct StartArgs {
+    /// The component.
+    pub(crate) component: String,
+    /// The workflow's id: starting again with the same id and request returns the
+    /// same workflow; with another request it is refused. Drawn at random if absent.
+    #[arg(long)]
+    pub(crate) id: Option<String>,
+    /// The entry method.
+    #[arg(long, default_value = "main")]
+    pub(crate) method: String,
+    /// The input, as JSON.
+    #[arg(long, value_name = "JSON")]
+    pub(crate) input: Option<String>,
+}
+
+/// The arguments of `status`.
+#[derive(Args, Debug)]
+pub(crate) struct StatusArgs {
+    /// The workflow's id.
+    pub(crate) id: String,
+}
+
+/// The arguments of `result`.
+#[derive(Args, Debug)]
+pub(crate) struct ResultArgs {
+    /// The workflow's id.
+    pub(crate) id: String,
+    /// Wait at most this long for it to end (the server bounds a wait at 60 s; a
+    /// longer wait asks again); exit code 4 if it is still running then.
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "1h", value_parser = super::units::duration)]
+    pub(crate) wait: Option<Duration>,
+}
+
+/// The arguments of `signal`.
+#[derive(Args, Debug)]
+pub(crate) struct SignalArgs {
+    /// The workflow's id.
+    pub(crate) id: String,
+    /// The message's topic.
+    pub(crate) topic: String,
+    /// The body, as JSON (`null` if absent).
+    pub(crate) body: Option<String>,
+}
+
+/// The arguments of `cancel`.
+#[derive(Args, Debug)]
+pub(crate) struct CancelArgs {
+    /// The workflow's id.
+    pub(crate) id: String,
+}
+
+/// The arguments of `terminate`.
+#[derive(Args, Debug)]
+pub(crate) struct TerminateArgs {
+    /// The workflow's id.
+    pub(crate) id: String,
+}
+
+/// The arguments of `ps`.
+#[derive(Args, Debug)]
+pub(crate) struct PsArgs {
+    /// Only those in this state: `running`, `completed`, `failed`.
+    #[arg(long)]
+    pub(crate) state: Option<String>,
+    /// Only those of this component.
+    #[arg(long)]
+    pub(crate) component: Option<String>,
+    /// Only those whose id starts with this.
+    #[arg(long)]
+    pub(crate) prefix: Option<String>,
+    /// At most this many.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) limit: usize,
+}
+
+/// The arguments of `forget`.
+#[derive(Args, Debug)]
+pub(crate) struct ForgetArgs {
+    /// The workflow's id.
+    pub(crate) id: String,
+}
+
+/// The arguments of `tenant`.
+#[derive(Args, Debug)]
+pub(crate) struct TenantArgs {
+    /// `add`, `ls`, `token` or `rm`.
+    pub(crate) action: String,
+    /// The tenant (all but `ls`).
+    pub(crate) name: Option<String>,
+}
+
+/// What the server answered: its status and JSON body.
+struct Answer {
+    status: u16,
+    body: Value,
+}
+
+impl Answer {
+    /// The answer, or the failure its error says: 2 for a request the server refused as
+    /// wrong, 5 for a failing server.
+    fn ok(self) -> Result<Value, Failure> {
+        if self.status < 300 {
+            return Ok(self.body);
+        }
+        let message = self.body["error"]["message"].as_str().unwrap_or("the server gave no reason").to_owned();
+        let exit = if self.status >= 500 { Exit::Host } else { Exit::Usage };
+        Err(Failure::new(exit, format!("the server refused ({}): {message}", self.status)))
+    }
+}
+
+/// The client's connection.
+struct Http {
+    client: reqwest::Client,
+    runtime: tokio::runtime::Runtime,
+    args: ClientArgs,
+}
+
+impl Http {
+    fn new(args: ClientArgs) -> Result<Http, Failure> {
+        let host = |e: String| Failure::new(Exit::Host, e);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| host(format!("cannot configure TLS: {e}")))?;
+        let tls = match rustls_platform_verifier::Verifier::new(provider) {
+            Ok(verifier) => tls.dangerous().with_custom_certificate_verifier(Arc::new(verifier)).with_no_client_auth(),
+            Err(_) => tls.with_root_certificates(rustls::RootCertStore::empty()).with_no_client_auth(),
+        };
+        let client = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls)
+            .no_proxy()
+            .build()
+            .map_err(|e| host(format!("cannot build the HTTP client: {e}")))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| host(format!("cannot start the client's runtime: {e}")))?;
+        Ok(Http { client, runtime, args })
+    }
+
+    fn send(&self, method: reqwest::Method, path: &str, body: Option<reqwest::Body>) -> Result<Answer, Failure> {
+        let url = format!("{}{path}", self.args.server.trim_end_matches('/'));
+        let mut request = self.client.request(method, &url).timeout(Duration::from_secs(90));
+        if let Some(token) = &self.args.token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        self.runtime.block_on(async {
+            let unreachable = |e: reqwest::Error| {
+                Failure::new(Exit::Host, format!("cannot reach the server at {}: {e}", self.args.server))
+            };
+            let response = request.send().await.map_err(unreachable)?;
+            let status = response.status().as_u16();
+            let bytes = response.bytes().await.map_err(unreachable)?;
+            let body =
+                serde_json::from_slice(&bytes).unwrap_or_else(|_| json!({"text": String::from_utf8_lossy(&bytes)}));
+            Ok(Answer { status, body })
+        })
+    }
+
+    fn get(&self, path: &str) -> Result<Answer, Failure> {
+        self.send(reqwest::Method::GET, path, None)
+    }
+
+    fn post(&self, path: &str, body: Value) -> Result<Answer, Failure> {
+        self.send(reqwest::Method::POST, path, Some(body.to_string().into()))
+    }
+}
+
+/// `text` as a path segment or query value.
+fn escape(text: &str) -> String {
+    url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+fn json_arg(what: &str, text: &str) -> Result<Value, Failure> {
+    serde_json::from_str(text).map_err(|e| Failure::new(Exit::Usage, format!("{what} `{text}` is not valid JSON: {e}")))
+}
+
+fn print(line: impl std::fmt::Display) -> Result<(), Failure> {
+    writeln!(std::io::stdout().lock(), "{line}").map_err(|_| Failure::new(Exit::StdoutClosed, "stdout was closed"))
+}
+
+/// One workflow as a line: id, state, and the result or error once ended.
+fn workflow_line(w: &Value) -> String {
+    let end = match (&w["result"]["ok"], &w["result"]["error"]["message"]) {
+        (Value::Null, Value::String(error)) => format!("  {error}"),
+        (Value::Null, _) => String::new(),
+        (ok, _) => format!("  {ok}"),
+    };
+    format!(
+        "{}  {}  {}  {}{end}",
+        w["id"].as_str().unwrap_or("?"),
+        w["state"].as_str().unwrap_or("?"),
+        w["method"].as_str().unwrap_or("?"),
+        w["component"].as_str().unwrap_or("?")
+    )
+}
+
+impl ClientCommand {
+    fn client(&self) -> &ClientArgs {
+        match self {
+            ClientCommand::Deploy(call) => &call.client,
+            ClientCommand::Start(call) => &call.client,
+            ClientCommand::Status(call) => &call.client,
+            ClientCommand::Result(call) => &call.client,
+            ClientCommand::Signal(call) => &call.client,
+            ClientCommand::Cancel(call) => &call.client,
+            ClientCommand::Terminate(call) => &call.client,
+            ClientCommand::Ps(call) => &call.client,
+            ClientCommand::Forget(call) => &call.client,
+            ClientCommand::Tenant(call) => &call.client,
+        }
+    }
+
+    pub(crate) fn execute(self) -> Result<ExitCode, Failure> {
+        let args = self.client().clone();
+        let json_out = args.json;
+        let http = Http::new(args)?;
+        let shown =
+            |value: &Value, text: String| -> Result<(), Failure> { if json_out { print(value) } else { print(text) } };
+        match self {
+            ClientCommand::Deploy(Call { what: DeployArgs { app, name, tag }, .. }) => {
+                let bytes = std::fs::read(&app)
+                    .map_err(|e| Failure::new(Exit::Usage, format!("cannot read `{}`: {e}", app.display())))?;
+                let mut query = Vec::new();
+                if let Some(name) = &name {
+                    query.push(format!("name={}", escape(name)));
+                }
+                if let Some(tag) = &tag {
+                    query.push(format!("tag={}", escape(tag)));
+                }
+                let path = format!("/v1/components{}{}", if query.is_empty() { "" } else { "?" }, query.join("&"));
+                let answer = http.send(reqwest::Method::POST, &path, Some(bytes.into()))?;
+                let status = answer.status;
+                let body = answer.ok()?;
+                let c = &body["component"];
+                let verb = if status == 201 { "deployed" } else { "already deployed" };
+                shown(
+                    &body,
+                    format!(
+                        "{verb} {} ({} bytes; entries: {})",
+                        c["hash"].as_str().unwrap_or("?"),
+                        c["size"],
+                        c["entries"]
+                    ),
+                )?;
+            }
+            ClientCommand::Start(Call { what: StartArgs { component, id, method, input }, .. }) => {
+                let input = input.map(|text| json_arg("--input", &text)).transpose()?;
+                let body = http
+                    .post("/v1/workflows", json!({"id": id, "component": component, "method": method, "input": input}))?
+                    .ok()?;
+                let w = &body["workflow"];
+                shown(&body, format!("started {} (process {})", w["id"].as_str().unwrap_or("?"), w["pid"]))?;
+            }
+            ClientCommand::Status(Call { what: StatusArgs { id }, .. }) => {
+                let body = http.get(&format!("/v1/workflows/{}", escape(&id)))?.ok()?;
+                shown(&body, workflow_line(&body["workflow"]))?;
+            }
+            ClientCommand::Result(Call { what: ResultArgs { id, wait }, .. }) => {
+                return result(&http, &id, wait, json_out);
+            }
+            ClientCommand::Signal(Call { what: SignalArgs { id, topic, body }, .. }) => {
+                let body = body.map(|text| json_arg("the body", &text)).transpose()?.unwrap_or(Value::Null);
+                let answer = http
+                    .post(&format!("/v1/workflows/{}/signal", escape(&id)), json!({"topic": topic, "body": body}))?
+                    .ok()?;
+                shown(&answer, format!("sent `{topic}` to {id}"))?;
+            }
+            ClientCommand::Cancel(Call { what: CancelArgs { id }, .. }) => {
+                let answer = http.post(&format!("/v1/workflows/{}/cancel", escape(&id)), json!({}))?.ok()?;
+                shown(&answer, format!("cancelling {id}"))?;
+            }
+            ClientCommand::Terminate(Call { what: TerminateArgs { id }, .. }) => {
+                let answer = http.post(&format!("/v1/workflows/{}/terminate", escape(&id)), json!({}))?.ok()?;
+                shown(&answer, format!("terminated {id}"))?;
+            }
+            ClientCommand::Ps(Call { what: PsArgs { state, component, prefix, limit }, .. }) => {
+                let mut query = vec![format!("limit={limit}")];
+                for (name, value) in [("state", state), ("component", component), ("prefix", prefix)] {
+                    if let Some(value) = value {
+                        query.push(format!("{name}={}", escape(&value)));
+                    }
+                }
+                let body = http.get(&format!("/v1/workflows?{}", query.join("&")))?.ok()?;
+                if json_out {
+                    print(&body)?;
+                } else {
+                    for w in body["workflows"].as_array().into_iter().flatten() {
+                        print(workflow_line(w))?;
+                    }
+                }
+            }
+            ClientCommand::Forget(Call { what: ForgetArgs { id }, .. }) => {
+                http.send(reqwest::Method::DELETE, &format!("/v1/workflows/{}", escape(&id)), None)?.ok()?;
+                shown(&json!({"forgotten": id}), format!("forgot {id}"))?;
+            }
+            ClientCommand::Tenant(Call { what: TenantArgs { action, name }, .. }) => {
+                let name = || {
+                    name.clone()
+                        .ok_or_else(|| Failure::new(Exit::Usage, format!("`tenant {action}` takes the tenant's name")))
+                };
+                match action.as_str() {
+                    "add" => {
+                        let body = http.post("/v1/tenants", json!({"name": name()?}))?.ok()?;
+                        shown(&body, body["token"].as_str().unwrap_or("?").to_owned())?;
+                    }
+                    "token" => {
+                        let body = http.post(&format!("/v1/tenants/{}/token", escape(&name()?)), json!({}))?.ok()?;
+                        shown(&body, body["token"].as_str().unwrap_or("?").to_owned())?;
+                    }
+                    "ls" => {
+                        let body = http.get("/v1/tenants")?.ok()?;
+                        let names: Vec<&str> =
+                            body["tenants"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+                        shown(&body, names.join("\n"))?;
+                    }
+                    "rm" => {
+                        let name = name()?;
+                        http.send(reqwest::Method::DELETE, &format!("/v1/tenants/{}", escape(&name)), None)?.ok()?;
+                        shown(&json!({"removed": name}), format!("removed tenant {name}"))?;
+                    }
+                    other => {
+                        return Err(Failure::new(
+                            Exit::Usage,
+                            format!("unknown `tenant` action `{other}`: add, ls, token or rm"),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(Exit::Success.into())
+    }
+}
+
+/// `result ID [--wait]`: the result on stdout (JSON), the error on stderr with exit code
+/// 1, or exit code 4 if it is still running when the wait is over.
+fn result(http: &Http, id: &str, wait: Option<Duration>, json_out: bool) -> Result<ExitCode, Failure> {
+    let deadline = wait.map(|wait| std::time::Instant::now() + wait);
+    loop {
+        let left = deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(std::time::Instant::now()));
+        let asked = left.min(Duration::from_secs(60));
+        let path = format!("/v1/workflows/{}/result?wait={}ms", escape(id), asked.as_millis());
+        let answer = http.get(&path)?;
+        let running = answer.status == 202;
+        let body = answer.ok()?;
+        let w = &body["workflow"];
+        if !running {
+            if json_out {
+                print(&body)?;
+            } else if let Some(message) = w["result"]["error"]["message"].as_str() {
+                say_now(Say::Error, &format!("workflow {id} failed: {message}"));
+            } else {
+                print(&w["result"]["ok"])?;
+            }
+            let failed = w["state"] == "failed";
+            return Ok(if failed { Exit::ProcessFailed } else { Exit::Success }.into());
+        }
+        if left <= asked {
+            if json_out {
+                print(&body)?;
+            }
+            return Err(Failure::new(Exit::Timeout, format!("workflow {id} is still running")));
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The tenants' components: their bytes under `DATA/components/<hex>.wasm` (one copy
+//! whoever uploaded them), compiled once and kept loaded, and the kinds they are to the
+//! scheduler: `TENANT/sha256:<hex>`, so that the journal records whose a process is and
+//! a spawn resolves names in its spawner's tenant only.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use sha2::{Digest as _, Sha256};
+
+use super::registry::{ComponentRecord, Registry};
+use crate::handler::{Factory, KindSource};
+use crate::wasm::{Component, Runtime};
+
+/// The components and where they live.
+pub(super) struct Code {
+    dir: PathBuf,
+    runtime: Runtime,
+    registry: Arc<Registry>,
+    /// Loaded components by hash: each is compiled once per server.
+    loaded: Mutex<HashMap<String, Component>>,
+}
+
+/// The hex of `bytes`' SHA-256.
+pub(super) fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `name` may name a component: letters, digits, `-`, `_` and `.`, 1 to 64
+/// characters, not starting with `sha256:` (hashes name themselves).
+pub(super) fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+impl Code {
+    pub(super) fn new(dir: PathBuf, runtime: Runtime, registry: Arc<Registry>) -> Code {
+        Code { dir, runtime, registry, loaded: Mutex::new(HashMap::new()) }
+    }
+
+    fn path(&self, hash: &str) -> PathBuf {
+        self.dir.join(format!("{}.wasm", hash.trim_start_matches("sha256:")))
+    }
+
+    /// Validates and compiles `bytes`, keeps them, and records them as `tenant`'s.
+    ///
+    /// # Errors
+    ///
+    /// Bytes that are not a component of the `process` world (the load's own error), or
+    /// a failure to write them.
+    pub(super) fn add(&self, tenant: &str, bytes: &[u8], now_ms: u64) -> anyhow::Result<(ComponentRecord, bool)> {
+        let hash = format!("sha256:{}", sha256_hex(bytes));
+        if let Some(record) = self.registry.component(tenant, &hash)? {
+            return Ok((record, false));
+        }
+        let component = match self.loaded.lock().get(&hash) {
+            Some(component) => component.clone(),
+            None => self.runtime.load_bytes(bytes)?,
+        };
+        let path = self.path(&hash);
+        if !path.exists() {
+            // Written whole under another name, then renamed: a crash leaves no torn file
+            // under the name a load reads.
+            let partial = path.with_extension("partial");
+            let mut file = std::fs::OpenOptions::new();
+            file.write(true).create(true).truncate(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut file, 0o600);
+            let mut file = file.open(&partial)?;
+            file.write_all(bytes)?;
+            file.sync_all()?;
+            std::fs::rename(&partial, &path)?;
+        }
+        let record = ComponentRecord {
+            hash: hash.clone(),
+            size: bytes.len() as u64,
+            entries: component.entries().to_vec(),
+            uploaded_ms: now_ms,
+        };
+        self.registry.put_component(tenant, &record)?;
+        self.loaded.lock().insert(hash, component);
+        Ok((record, true))
+    }
+
+    /// The component of `hash`, loaded once.
+    pub(super) fn component(&self, hash: &str) -> anyhow::Result<Component> {
+        if let Some(component) = self.loaded.lock().get(hash) {
+            return Ok(component.clone());
+        }
+        let bytes = std::fs::read(self.path(hash))
+            .map_err(|e| anyhow::anyhow!("component `{hash}` is missing from the data directory: {e}"))?;
+        let component = self.runtime.load_bytes(&bytes)?;
+        self.loaded.lock().insert(hash.to_owned(), component.clone());
+        Ok(component)
+    }
+
+    /// The hash `reference` names for `tenant`: `sha256:<hex>` of one of its components,
+    /// or a name (`NAME`, `NAME:TAG`) it gave one.
+    pub(super) fn find(&self, tenant: &str, reference: &str) -> anyhow::Result<Option<String>> {
+        if reference.starts_with("sha256:") {
+            return Ok(self.registry.component(tenant, reference)?.map(|record| record.hash));
+        }
+        self.registry.name(tenant, reference)
+    }
+}
+
+/// The scheduler's view of the components: see the module's docs.
+pub(super) struct Kinds(pub(super) Arc<Code>);
+
+impl KindSource for Kinds {
+    fn resolve(&self, name: &str, spawner: Option<&str>) -> Option<(Arc<str>, Arc<dyn Factory>)> {
+        let spawner_tenant = spawner.and_then(|kind| kind.split_once('/')).map(|(tenant, _)| tenant);
+        let (tenant, hash) = match name.split_once('/') {
+            // A recorded name: only within its own tenant.
+            Some((tenant, hash)) => {
+                if spawner_tenant.is_some_and(|spawner| spawner != tenant) {
+                    return None;
+                }
+                (tenant.to_owned(), self.0.find(tenant, hash).ok()??)
+            }
+            None => {
+                let tenant = spawner_tenant?;
+                (tenant.to_owned(), self.0.find(tenant, name).ok()??)
+            }
+        };
+        match self.0.component(&hash) {
+            Ok(component) => Some((format!("{tenant}/{hash}").into(), Arc::new(component))),
+            Err(error) => {
+                tracing::error!("cannot load component `{hash}` of tenant `{tenant}`: {error:#}");
+                None
+            }
+        }
+    }
+}

@@ -1,0 +1,733 @@
+//! The long-lived service (`wasmproc serve`): one data directory, many tenants, workflows
+//! that outlive the server process, and an HTTP API over them ([`Service::router`], an
+//! axum router an embedder may mount in a server of its own).
+//!
+//! A workflow is a root process of one durable scheduler, started through the API with
+//! an id unique within its tenant. Everything a workflow does goes to the journal in
+//! `DATA/journal` before it takes effect, so a `kill -9` of the server loses nothing:
+//! the next server on the data directory resumes every unfinished workflow where its
+//! journal left it, timers included. What the API keeps beside the journal (tenants,
+//! components, workflow ids and results) is in `DATA/registry`, synced before each
+//! answer.
+//!
+//! The data directory:
+//!
+//! | path | what |
+//! | --- | --- |
+//! | `journal/` | every workflow's history (kept after it ends, until it is forgotten) |
+//! | `registry/` | tenants (token hashes), components, names, workflows and results |
+//! | `components/<hex>.wasm` | uploaded components, by the SHA-256 of their bytes |
+//! | `admin.token` | the admin's bearer token (mode 0600), made on the first start |
+
+mod api;
+mod code;
+mod registry;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use parking_lot::{Mutex, RwLock};
+use wasmproc_types::{ExitReason, Payload, Pid};
+
+use self::code::{Code, Kinds, sha256_hex};
+use self::registry::Registry;
+pub use self::registry::{ComponentRecord, State, Tenant, WorkflowRecord};
+use crate::caps::Capabilities;
+use crate::journal::{Journal, JournalSettings};
+use crate::scheduler::{Handle, ProcessHandle, Scheduler, SpawnOptions, Spawnable};
+use crate::step::Exited;
+use crate::wasm::{Config, Runtime};
+
+/// How a [`Service`] runs.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// The data directory (see the module's docs).
+    pub data: PathBuf,
+    /// Worker threads of the scheduler.
+    pub workers: usize,
+    /// The largest component upload, in bytes.
+    pub max_upload: usize,
+    /// The largest other request body, in bytes.
+    pub max_body: usize,
+    /// The longest a `result` request waits for a workflow to end.
+    pub max_wait: Duration,
+    /// How long a cancelled workflow has to end in its own code before it is terminated.
+    pub grace: Duration,
+    /// The grants of every workflow.
+    pub grants: Capabilities,
+}
+
+impl ServiceConfig {
+    /// The defaults for `data`: 2 workers, uploads up to 64 MiB, other bodies up to
+    /// 1 MiB, waits up to 60 s, a 5 s grace, and the CLI's default grants.
+    pub fn new(data: impl Into<PathBuf>) -> ServiceConfig {
+        ServiceConfig {
+            data: data.into(),
+            workers: 2,
+            max_upload: 64 << 20,
+            max_body: 1 << 20,
+            max_wait: Duration::from_secs(60),
+            grace: Duration::from_secs(5),
+            grants: Capabilities::over_self(),
+        }
+    }
+}
+
+/// Why a request to the service was refused: what the API answers with its HTTP status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The HTTP status.
+    pub status: u16,
+    /// A stable code (`not_found`, `conflict`, `invalid`, …).
+    pub code: &'static str,
+    /// What is wrong and, where it helps, how to fix it.
+    pub message: String,
+}
+
+impl Refusal {
+    fn new(status: u16, code: &'static str, message: impl Into<String>) -> Refusal {
+        Refusal { status, code, message: message.into() }
+    }
+
+    fn invalid(message: impl Into<String>) -> Refusal {
+        Refusal::new(400, "invalid", message)
+    }
+
+    fn not_found(what: impl std::fmt::Display) -> Refusal {
+        Refusal::new(404, "not_found", format!("no {what}"))
+    }
+
+    fn internal(error: &anyhow::Error) -> Refusal {
+        tracing::error!("the service failed a request: {error:#}");
+        Refusal::new(500, "internal", format!("the server failed: {error:#}"))
+    }
+}
+
+impl From<anyhow::Error> for Refusal {
+    fn from(error: anyhow::Error) -> Refusal {
+        Refusal::internal(&error)
+    }
+}
+
+/// What starting a workflow asks for.
+#[derive(Debug, Clone, serde::Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StartRequest {
+    /// The workflow's id; drawn at random when absent. Starting again with the same id
+    /// and the same request answers with the existing workflow; with another request
+    /// it is a conflict.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// The component: `sha256:<hex>`, or a name given at upload (`NAME` or `NAME:TAG`).
+    pub component: String,
+    /// The entry method; `main` when absent.
+    #[serde(default)]
+    pub method: Option<String>,
+    /// The input, as one JSON value; none when absent.
+    #[serde(default)]
+    pub input: Option<serde_json::Value>,
+}
+
+/// A workflow that is running: its handle, and a flag raised once it has ended and its
+/// record says so, for those waiting on its result.
+struct Live {
+    handle: ProcessHandle,
+    ended: tokio::sync::watch::Sender<bool>,
+}
+
+/// The service: see the module's docs.
+#[derive(Clone)]
+pub struct Service {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ServiceConfig,
+    registry: Arc<Registry>,
+    code: Arc<Code>,
+    journal: Journal,
+    scheduler: Mutex<Option<Scheduler>>,
+    handle: Handle,
+    /// Running workflows by tenant and id.
+    live: Mutex<HashMap<(String, String), Live>>,
+    /// Tenants by the hash of their token.
+    tokens: RwLock<HashMap<String, String>>,
+    admin_token_sha256: String,
+    /// Starts, one at a time: an id's check and its record are one step.
+    starting: Mutex<()>,
+    /// Set once the service stops: ends seen from then on are suspensions, not ends.
+    stopping: AtomicBool,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A new secret: 32 random bytes as hex, after `prefix`.
+fn secret(prefix: &str) -> anyhow::Result<String> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness for a token: {e}"))?;
+    Ok(format!("{prefix}{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+}
+
+/// Creates `dir` (mode 0700) if it is missing.
+fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir).with_context(|| format!("cannot create `{}`", dir.display()))
+}
+
+/// The admin token of `data`: read from `admin.token`, or made and written there.
+fn admin_token(data: &Path) -> anyhow::Result<String> {
+    let path = data.join("admin.token");
+    match std::fs::read_to_string(&path) {
+        Ok(token) => Ok(token.trim().to_owned()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            let token = secret("wpa_")?;
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create_new(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+            let mut file = options.open(&path).with_context(|| format!("cannot create `{}`", path.display()))?;
+            std::io::Write::write_all(&mut file, format!("{token}\n").as_bytes())?;
+            file.sync_all()?;
+            tracing::info!("made the admin token, in {}", path.display());
+            Ok(token)
+        }
+        Err(error) => Err(error).with_context(|| format!("cannot read `{}`", path.display())),
+    }
+}
+
+/// A workflow's result as its record keeps it.
+fn result_json(exited: &Exited) -> serde_json::Value {
+    match &exited.reason {
+        ExitReason::Normal(payload) => serde_json::json!({ "ok": payload.to_json_value() }),
+        reason => serde_json::json!({ "error": { "reason": reason.name(), "message": reason.to_string() } }),
+    }
+}
+
+impl Service {
+    /// Opens the data directory and starts the scheduler on its journal: every
+    /// unfinished workflow resumes.
+    ///
+    /// # Errors
+    ///
+    /// The directory cannot be made or read, another server has it open, or the journal
+    /// cannot be resumed.
+    pub fn open(config: ServiceConfig) -> anyhow::Result<Service> {
+        let data = &config.data;
+        private_dir(data)?;
+        for dir in ["journal", "registry", "components"] {
+            private_dir(&data.join(dir))?;
+        }
+        let admin = admin_token(data)?;
+        let registry = Arc::new(Registry::open(&data.join("registry"))?);
+        let runtime_config = Config::default().cache_dir(data.join("cache"));
+        let runtime = Runtime::new(runtime_config).context("cannot start the Wasm runtime")?;
+        let code = Arc::new(Code::new(data.join("components"), runtime, registry.clone()));
+        let journal = Journal::open(data.join("journal"))
+            .with_context(|| format!("cannot open the journal in `{}`", data.join("journal").display()))?;
+        let settings = JournalSettings { keep_finished: true, ..JournalSettings::default() };
+        let journal = journal.settings(settings);
+        let scheduler = Scheduler::builder()
+            .workers(config.workers.max(1))
+            .thread_name("wasmproc-serve")
+            .journal(journal.clone())
+            .capabilities(config.grants.clone())
+            .resume_within(config.grants.clone())
+            .kind_source(Kinds(code.clone()))
+            .build()
+            .context("cannot start the scheduler on the journal")?;
+        let tokens = registry.tenants()?.into_iter().map(|t| (t.token_sha256, t.name)).collect();
+        let inner = Arc::new(Inner {
+            handle: scheduler.handle().clone(),
+            scheduler: Mutex::new(Some(scheduler)),
+            admin_token_sha256: sha256_hex(admin.as_bytes()),
+            config,
+            registry,
+            code,
+            journal,
+            live: Mutex::new(HashMap::new()),
+            tokens: RwLock::new(tokens),
+            starting: Mutex::new(()),
+            stopping: AtomicBool::new(false),
+        });
+        let service = Service { inner };
+        service.reattach()?;
+        Ok(service)
+    }
+
+    /// Watches again the workflows the journal resumed, and settles those that ended
+    /// while no server ran (their end is in the journal).
+    fn reattach(&self) -> anyhow::Result<()> {
+        let inner = &self.inner;
+        let resumed: HashMap<Pid, ProcessHandle> = {
+            let scheduler = inner.scheduler.lock();
+            let scheduler = scheduler.as_ref().expect("the scheduler runs while the service is open");
+            scheduler.resumed().into_iter().map(|handle| (handle.pid(), handle)).collect()
+        };
+        let mut runs = None;
+        for (tenant, record) in inner.registry.all_workflows()? {
+            if record.state != State::Running {
+                continue;
+            }
+            let pid = Pid::from_u64(record.pid);
+            if let Some(handle) = resumed.get(&pid) {
+                self.watch(&tenant, &record.id, handle.clone());
+                continue;
+            }
+            let runs = match &runs {
+                Some(runs) => runs,
+                None => runs.insert(inner.journal.runs().context("cannot read the journal's runs")?),
+            };
+            let ended = runs.iter().find(|run| run.root == pid).and_then(|run| run.result.clone());
+            let exited = ended.unwrap_or_else(|| {
+                Exited::new(ExitReason::Error("lost: the journal holds no end and no history of it".to_owned()))
+            });
+            settle(inner, &tenant, &record.id, &exited)?;
+        }
+        Ok(())
+    }
+
+    /// Records `handle`'s end when it comes, and wakes those waiting for it.
+    fn watch(&self, tenant: &str, id: &str, handle: ProcessHandle) {
+        let (ended, _) = tokio::sync::watch::channel(false);
+        let key = (tenant.to_owned(), id.to_owned());
+        self.inner.live.lock().insert(key.clone(), Live { handle: handle.clone(), ended });
+        let inner = Arc::downgrade(&self.inner);
+        handle.on_exit(move |exited| {
+            let Some(inner) = inner.upgrade() else { return };
+            if inner.stopping.load(Ordering::Acquire) {
+                // A stop suspends: the next server resumes it, or finds its end in the
+                // journal if it did end.
+                return;
+            }
+            // Recording is a synced write: off the worker that ended the process.
+            let exited = exited.clone();
+            let spawned = std::thread::Builder::new().name("wasmproc-serve-end".to_owned()).spawn(move || {
+                if let Err(error) = settle(&inner, &key.0, &key.1, &exited) {
+                    tracing::error!("cannot record the end of workflow `{}` of tenant `{}`: {error:#}", key.1, key.0);
+                }
+            });
+            if let Err(error) = spawned {
+                tracing::error!("cannot start a thread to record a workflow's end: {error}");
+            }
+        });
+    }
+
+    /// The tenant whose token is `token`, or `None`.
+    pub fn tenant_of(&self, token: &str) -> Option<String> {
+        self.inner.tokens.read().get(&sha256_hex(token.as_bytes())).cloned()
+    }
+
+    /// Whether `token` is the admin's.
+    pub fn is_admin(&self, token: &str) -> bool {
+        sha256_hex(token.as_bytes()) == self.inner.admin_token_sha256
+    }
+
+    /// Adds tenant `name`; its token, which is kept only hashed.
+    ///
+    /// # Errors
+    ///
+    /// An invalid name, or one taken.
+    pub fn add_tenant(&self, name: &str) -> Result<String, Refusal> {
+        if !code::valid_name(name) {
+            return Err(Refusal::invalid(format!(
+                "invalid tenant name `{name}`: 1 to 64 letters, digits, `-`, `_` or `.`"
+            )));
+        }
+        let _one_at_a_time = self.inner.starting.lock();
+        if self.inner.registry.tenants()?.iter().any(|t| t.name == name) {
+            return Err(Refusal::new(409, "conflict", format!("tenant `{name}` exists already")));
+        }
+        self.issue_token(name)
+    }
+
+    /// A new token for tenant `name`; the old one stops working.
+    ///
+    /// # Errors
+    ///
+    /// No such tenant.
+    pub fn new_token(&self, name: &str) -> Result<String, Refusal> {
+        let _one_at_a_time = self.inner.starting.lock();
+        if !self.inner.registry.tenants()?.iter().any(|t| t.name == name) {
+            return Err(Refusal::not_found(format_args!("tenant `{name}`")));
+        }
+        self.issue_token(name)
+    }
+
+    fn issue_token(&self, name: &str) -> Result<String, Refusal> {
+        let token = secret("wpt_")?;
+        let tenant = Tenant { name: name.to_owned(), token_sha256: sha256_hex(token.as_bytes()) };
+        self.inner.registry.put_tenant(&tenant)?;
+        let mut tokens = self.inner.tokens.write();
+        tokens.retain(|_, tenant| tenant != name);
+        tokens.insert(tenant.token_sha256, name.to_owned());
+        Ok(token)
+    }
+
+    /// The tenants' names.
+    ///
+    /// # Errors
+    ///
+    /// The registry cannot be read.
+    pub fn tenants(&self) -> Result<Vec<String>, Refusal> {
+        Ok(self.inner.registry.tenants()?.into_iter().map(|t| t.name).collect())
+    }
+
+    /// Removes tenant `name`, which must have no running workflow.
+    ///
+    /// # Errors
+    ///
+    /// No such tenant, or one with running workflows.
+    pub fn remove_tenant(&self, name: &str) -> Result<(), Refusal> {
+        let _one_at_a_time = self.inner.starting.lock();
+        if !self.inner.registry.tenants()?.iter().any(|t| t.name == name) {
+            return Err(Refusal::not_found(format_args!("tenant `{name}`")));
+        }
+        let running = self.inner.live.lock().keys().filter(|(tenant, _)| tenant == name).count();
+        if running > 0 {
+            return Err(Refusal::new(
+                409,
+                "conflict",
+                format!("tenant `{name}` has {running} running workflows; cancel them first"),
+            ));
+        }
+        self.inner.registry.remove_tenant(name)?;
+        self.inner.tokens.write().retain(|_, tenant| tenant != name);
+        Ok(())
+    }
+
+    /// Adds a component for `tenant`, named `name` (and `name:tag`) if given; its record
+    /// and whether it is new to the tenant.
+    ///
+    /// # Errors
+    ///
+    /// Bytes that are not a component of the `process` world, or an invalid name.
+    pub fn deploy(
+        &self,
+        tenant: &str,
+        bytes: &[u8],
+        name: Option<&str>,
+        tag: Option<&str>,
+    ) -> Result<(ComponentRecord, bool), Refusal> {
+        for (what, value) in [("name", name), ("tag", tag)] {
+            if let Some(value) = value
+                && !code::valid_name(value)
+            {
+                return Err(Refusal::invalid(format!(
+                    "invalid {what} `{value}`: 1 to 64 letters, digits, `-`, `_` or `.`"
+                )));
+            }
+        }
+        if tag.is_some() && name.is_none() {
+            return Err(Refusal::invalid("a tag needs a name: give `name` too"));
+        }
+        let (record, new) = self
+            .inner
+            .code
+            .add(tenant, bytes, now_ms())
+            .map_err(|e| Refusal::new(422, "invalid_component", format!("not a wasmproc component: {e:#}")))?;
+        if let Some(name) = name {
+            self.inner.registry.put_name(tenant, name, &record.hash)?;
+            if let Some(tag) = tag {
+                self.inner.registry.put_name(tenant, &format!("{name}:{tag}"), &record.hash)?;
+            }
+        }
+        Ok((record, new))
+    }
+
+    /// `tenant`'s components, with the names that stand for each.
+    ///
+    /// # Errors
+    ///
+    /// The registry cannot be read.
+    pub fn components(&self, tenant: &str) -> Result<Vec<(ComponentRecord, Vec<String>)>, Refusal> {
+        let names = self.inner.registry.names(tenant)?;
+        Ok(self
+            .inner
+            .registry
+            .components(tenant)?
+            .into_iter()
+            .map(|record| {
+                let named = names.iter().filter(|(_, hash)| *hash == record.hash).map(|(n, _)| n.clone()).collect();
+                (record, named)
+            })
+            .collect())
+    }
+
+    /// `tenant`'s component `reference` (a hash or a name).
+    ///
+    /// # Errors
+    ///
+    /// No such component for the tenant.
+    pub fn component(&self, tenant: &str, reference: &str) -> Result<(ComponentRecord, Vec<String>), Refusal> {
+        let hash = self.inner.code.find(tenant, reference)?;
+        let hash = hash.ok_or_else(|| Refusal::not_found(format_args!("component `{reference}`")))?;
+        self.components(tenant)?
+            .into_iter()
+            .find(|(record, _)| record.hash == hash)
+            .ok_or_else(|| Refusal::not_found(format_args!("component `{reference}`")))
+    }
+
+    /// Starts a workflow for `tenant`; its record, and whether it is new (`false`: the
+    /// same request started it before).
+    ///
+    /// # Errors
+    ///
+    /// An unknown component or method, an id taken by another request (409), or a spawn
+    /// the scheduler refuses.
+    pub fn start(&self, tenant: &str, request: StartRequest) -> Result<(WorkflowRecord, bool), Refusal> {
+        let inner = &self.inner;
+        let id = match request.id {
+            Some(id) if code::valid_name(&id) => id,
+            Some(id) => {
+                return Err(Refusal::invalid(format!(
+                    "invalid workflow id `{id}`: 1 to 64 letters, digits, `-`, `_` or `.`"
+                )));
+            }
+            None => secret("")?[..20].to_owned(),
+        };
+        let hash = inner
+            .code
+            .find(tenant, &request.component)?
+            .ok_or_else(|| Refusal::not_found(format_args!("component `{}`", request.component)))?;
+        let method = request.method.unwrap_or_else(|| "main".to_owned());
+        let _one_at_a_time = inner.starting.lock();
+        if let Some(existing) = inner.registry.workflow(tenant, &id)? {
+            if existing.component == hash && existing.method == method && existing.input == request.input {
+                return Ok((existing, false));
+            }
+            return Err(Refusal::new(
+                409,
+                "conflict",
+                format!(
+                    "workflow `{id}` exists, started as `{}` of `{}` with another request; choose another id, or \
+                     forget it once it has ended",
+                    existing.method, existing.component
+                ),
+            ));
+        }
+        let component = inner.code.component(&hash)?;
+        if !component.entries().contains(&method) {
+            return Err(Refusal::invalid(format!(
+                "component `{}` has no entry `{method}`; it has: {}",
+                request.component,
+                component.entries().join(", ")
+            )));
+        }
+        let input = match &request.input {
+            Some(value) => vec![Payload::json(value).map_err(|e| Refusal::invalid(format!("input: {e}")))?],
+            None => Vec::new(),
+        };
+        let kind = format!("{tenant}/{hash}");
+        let options = SpawnOptions::new(&method).input(input);
+        let handle = inner
+            .handle
+            .spawn(Spawnable::kind(kind), options)
+            .map_err(|e| Refusal::new(422, "spawn_failed", format!("the workflow did not start: {e}")))?;
+        let record = WorkflowRecord {
+            id: id.clone(),
+            component: hash,
+            method,
+            input: request.input,
+            pid: handle.pid().as_u64(),
+            state: State::Running,
+            started_ms: now_ms(),
+            ended_ms: None,
+            result: None,
+        };
+        inner.registry.put_workflow(tenant, &record)?;
+        self.watch(tenant, &id, handle);
+        Ok((record, true))
+    }
+
+    /// `tenant`'s workflow `id`.
+    ///
+    /// # Errors
+    ///
+    /// No such workflow for the tenant.
+    pub fn workflow(&self, tenant: &str, id: &str) -> Result<WorkflowRecord, Refusal> {
+        self.inner.registry.workflow(tenant, id)?.ok_or_else(|| Refusal::not_found(format_args!("workflow `{id}`")))
+    }
+
+    /// `tenant`'s workflows, in id order: those whose id starts with `prefix`, after
+    /// `after`, in `state` and of `component` if given, at most `limit`.
+    ///
+    /// # Errors
+    ///
+    /// The registry cannot be read.
+    pub fn workflows(&self, tenant: &str, filter: &Filter) -> Result<Vec<WorkflowRecord>, Refusal> {
+        let component = match &filter.component {
+            Some(reference) => Some(self.inner.code.find(tenant, reference)?.unwrap_or_default()),
+            None => None,
+        };
+        let prefix = filter.prefix.as_deref().unwrap_or("");
+        Ok(self
+            .inner
+            .registry
+            .workflows(tenant, prefix)?
+            .into_iter()
+            .filter(|w| filter.after.as_deref().is_none_or(|after| w.id.as_str() > after))
+            .filter(|w| filter.state.is_none_or(|state| w.state == state))
+            .filter(|w| component.as_deref().is_none_or(|hash| w.component == hash))
+            .take(filter.limit.unwrap_or(100).clamp(1, 1000))
+            .collect())
+    }
+
+    /// Waits at most `wait` (bounded by the service's `max_wait`) for workflow `id` to
+    /// end; its record then.
+    ///
+    /// # Errors
+    ///
+    /// No such workflow for the tenant.
+    pub async fn wait(&self, tenant: &str, id: &str, wait: Duration) -> Result<WorkflowRecord, Refusal> {
+        let record = self.workflow(tenant, id)?;
+        if record.state != State::Running || wait.is_zero() {
+            return Ok(record);
+        }
+        let receiver = self.inner.live.lock().get(&(tenant.to_owned(), id.to_owned())).map(|l| l.ended.subscribe());
+        if let Some(mut receiver) = receiver {
+            let wait = wait.min(self.inner.config.max_wait);
+            let _ = tokio::time::timeout(wait, receiver.wait_for(|ended| *ended)).await;
+        }
+        self.workflow(tenant, id)
+    }
+
+    /// Sends workflow `id` a message on `topic` with `body` (JSON), from the host.
+    ///
+    /// # Errors
+    ///
+    /// No such workflow, one that has ended, or a full mailbox.
+    pub fn signal(&self, tenant: &str, id: &str, topic: &str, body: &serde_json::Value) -> Result<(), Refusal> {
+        let pid = self.running_pid(tenant, id)?;
+        let body = Payload::json(body).map_err(|e| Refusal::invalid(format!("body: {e}")))?;
+        self.inner.handle.send(pid, topic, body).map_err(|e| Refusal::new(409, "not_running", e.to_string()))
+    }
+
+    /// Cancels workflow `id`: a cancel event now, and a termination if it has not ended
+    /// when the grace has passed.
+    ///
+    /// # Errors
+    ///
+    /// No such workflow, or one that has ended.
+    pub fn cancel(&self, tenant: &str, id: &str) -> Result<(), Refusal> {
+        let pid = self.running_pid(tenant, id)?;
+        self.inner
+            .handle
+            .cancel(pid, "cancelled through the API")
+            .map_err(|e| Refusal::new(409, "not_running", e.to_string()))?;
+        let handle = self.inner.live.lock().get(&(tenant.to_owned(), id.to_owned())).map(|l| l.handle.clone());
+        let (scheduler, grace) = (self.inner.handle.clone(), self.inner.config.grace);
+        if let Some(handle) = handle {
+            let spawned = std::thread::Builder::new().name("wasmproc-serve-grace".to_owned()).spawn(move || {
+                if handle.wait_timeout(grace).is_none() {
+                    let _ = scheduler.terminate(handle.pid());
+                }
+            });
+            spawned.map_err(|e| Refusal::internal(&anyhow::anyhow!("cannot start the grace's thread: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Terminates workflow `id` at once.
+    ///
+    /// # Errors
+    ///
+    /// No such workflow, or one that has ended.
+    pub fn terminate(&self, tenant: &str, id: &str) -> Result<(), Refusal> {
+        let pid = self.running_pid(tenant, id)?;
+        self.inner.handle.terminate(pid).map_err(|e| Refusal::new(409, "not_running", e.to_string()))
+    }
+
+    /// Forgets workflow `id`, which has ended: its record and its history.
+    ///
+    /// # Errors
+    ///
+    /// No such workflow, or one still running.
+    pub fn forget(&self, tenant: &str, id: &str) -> Result<(), Refusal> {
+        let _one_at_a_time = self.inner.starting.lock();
+        let record = self.workflow(tenant, id)?;
+        if record.state == State::Running {
+            return Err(Refusal::new(409, "running", format!("workflow `{id}` is running; cancel it first")));
+        }
+        let runs = self.inner.journal.runs().context("cannot read the journal's runs")?;
+        if let Some(run) = runs.iter().find(|run| run.root.as_u64() == record.pid) {
+            self.inner.journal.forget_run(run).context("cannot forget the workflow's history")?;
+        }
+        self.inner.registry.remove_workflow(tenant, id)?;
+        Ok(())
+    }
+
+    fn running_pid(&self, tenant: &str, id: &str) -> Result<Pid, Refusal> {
+        let record = self.workflow(tenant, id)?;
+        if record.state != State::Running {
+            return Err(Refusal::new(
+                409,
+                "not_running",
+                format!("workflow `{id}` has ended ({})", record.state.as_str()),
+            ));
+        }
+        Ok(Pid::from_u64(record.pid))
+    }
+
+    /// How many workflows run now.
+    pub fn running(&self) -> usize {
+        self.inner.live.lock().len()
+    }
+
+    /// The service's limits on requests.
+    pub fn config(&self) -> &ServiceConfig {
+        &self.inner.config
+    }
+
+    /// Stops the service: the scheduler suspends every running workflow, which the next
+    /// service on the data directory resumes. Returns once the journal has what it needs.
+    pub fn stop(&self) {
+        self.inner.stopping.store(true, Ordering::Release);
+        if let Some(scheduler) = self.inner.scheduler.lock().take() {
+            scheduler.stop(Duration::from_secs(1));
+        }
+    }
+
+    /// The HTTP API over this service (see `api.rs` and README's table).
+    pub fn router(&self) -> axum::Router {
+        api::router(self.clone())
+    }
+}
+
+/// Which workflows [`Service::workflows`] lists.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Filter {
+    /// Only those in this state.
+    pub state: Option<State>,
+    /// Only those of this component (a hash or a name).
+    pub component: Option<String>,
+    /// Only those whose id starts with this.
+    pub prefix: Option<String>,
+    /// Only those whose id comes after this one (the last of the previous page).
+    pub after: Option<String>,
+    /// At most this many (1 to 1,000; 100 by default).
+    pub limit: Option<usize>,
+}
+
+/// Records workflow `id`'s end and wakes those waiting for it.
+fn settle(inner: &Inner, tenant: &str, id: &str, exited: &Exited) -> anyhow::Result<()> {
+    if let Some(mut record) = inner.registry.workflow(tenant, id)? {
+        record.state = if matches!(exited.reason, ExitReason::Normal(_)) { State::Completed } else { State::Failed };
+        record.ended_ms = Some(now_ms());
+        record.result = Some(result_json(exited));
+        inner.registry.put_workflow(tenant, &record)?;
+    }
+    if let Some(live) = inner.live.lock().remove(&(tenant.to_owned(), id.to_owned())) {
+        live.ended.send_replace(true);
+    }
+    Ok(())
+}

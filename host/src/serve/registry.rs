@@ -1,0 +1,228 @@
+//! What the service keeps beside the journal, in one fjall database under `DATA/registry`:
+//! tenants (by the hash of their token), each tenant's components and names for them,
+//! and each tenant's workflows. Every write is synced before it is answered.
+//!
+//! Keys are `TENANT \0 …`, so a tenant's records are one prefix and no lookup can reach
+//! another tenant's. Values are JSON.
+
+use std::path::Path;
+
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// A tenant: a name and the SHA-256 of its bearer token (the token itself is never kept).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Tenant {
+    /// Its name: what it is known by in the admin API and the data directory.
+    pub name: String,
+    /// The hex SHA-256 of its token.
+    pub token_sha256: String,
+}
+
+/// A component a tenant uploaded.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ComponentRecord {
+    /// `sha256:<hex>` of its bytes.
+    pub hash: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its entry methods.
+    pub entries: Vec<String>,
+    /// When it was uploaded, in milliseconds since the Unix epoch.
+    pub uploaded_ms: u64,
+}
+
+/// Where a workflow is in its life.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Started and not ended (it may be waiting: a timer, a message, a child).
+    Running,
+    /// Ended normally, with a result.
+    Completed,
+    /// Ended otherwise: an error, a trap, a cancel that ended it, a termination.
+    Failed,
+}
+
+impl State {
+    /// `running`, `completed` or `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Running => "running",
+            State::Completed => "completed",
+            State::Failed => "failed",
+        }
+    }
+}
+
+/// A workflow: one root process of the journal, started through the API.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WorkflowRecord {
+    /// Its id, unique within the tenant: the caller's, or drawn at random.
+    pub id: String,
+    /// The component's `sha256:<hex>`.
+    pub component: String,
+    /// The entry method.
+    pub method: String,
+    /// The input, as the caller gave it.
+    pub input: Option<serde_json::Value>,
+    /// The root process.
+    pub pid: u64,
+    /// Where it is in its life.
+    pub state: State,
+    /// When it was started, in milliseconds since the Unix epoch.
+    pub started_ms: u64,
+    /// When it ended.
+    pub ended_ms: Option<u64>,
+    /// Its result once ended: `{"ok": VALUE}` or `{"error": {"reason": NAME, "message": TEXT}}`.
+    pub result: Option<serde_json::Value>,
+}
+
+/// The service's records.
+pub(super) struct Registry {
+    db: Database,
+    tenants: Keyspace,
+    components: Keyspace,
+    names: Keyspace,
+    workflows: Keyspace,
+}
+
+fn failed(error: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("the service's registry: {error}")
+}
+
+fn key(tenant: &str, rest: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(tenant.len() + 1 + rest.len());
+    key.extend_from_slice(tenant.as_bytes());
+    key.push(0);
+    key.extend_from_slice(rest.as_bytes());
+    key
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> anyhow::Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| failed(format!("a damaged record: {e}")))
+}
+
+impl Registry {
+    /// Opens (or creates) the registry in `dir`.
+    ///
+    /// # Errors
+    ///
+    /// Another host has it open, or it cannot be read.
+    pub(super) fn open(dir: &Path) -> anyhow::Result<Registry> {
+        let db = Database::builder(dir).open().map_err(|error| match error {
+            fjall::Error::Locked => anyhow::anyhow!(
+                "the data directory's registry ({}) is in use by another `wasmproc serve`; one server owns a data \
+                 directory",
+                dir.display()
+            ),
+            other => failed(other),
+        })?;
+        let keyspace = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default).map_err(failed);
+        Ok(Registry {
+            tenants: keyspace("tenants")?,
+            components: keyspace("components")?,
+            names: keyspace("names")?,
+            workflows: keyspace("workflows")?,
+            db,
+        })
+    }
+
+    fn put(&self, keyspace: &Keyspace, key: Vec<u8>, value: &impl Serialize) -> anyhow::Result<()> {
+        let mut batch = self.db.batch().durability(Some(PersistMode::SyncData));
+        batch.insert(keyspace, key, serde_json::to_vec(value).map_err(failed)?);
+        batch.commit().map_err(failed)
+    }
+
+    fn remove(&self, keyspace: &Keyspace, key: Vec<u8>) -> anyhow::Result<()> {
+        let mut batch = self.db.batch().durability(Some(PersistMode::SyncData));
+        batch.remove(keyspace, key);
+        batch.commit().map_err(failed)
+    }
+
+    fn get<T: DeserializeOwned>(&self, keyspace: &Keyspace, key: &[u8]) -> anyhow::Result<Option<T>> {
+        keyspace.get(key).map_err(failed)?.map(|bytes| decode(&bytes)).transpose()
+    }
+
+    fn scan<T: DeserializeOwned>(&self, keyspace: &Keyspace, prefix: &[u8]) -> anyhow::Result<Vec<T>> {
+        let mut found = Vec::new();
+        for guard in keyspace.prefix(prefix) {
+            let value = guard.value().map_err(failed)?;
+            found.push(decode(&value)?);
+        }
+        Ok(found)
+    }
+
+    pub(super) fn tenants(&self) -> anyhow::Result<Vec<Tenant>> {
+        self.scan(&self.tenants, b"")
+    }
+
+    pub(super) fn put_tenant(&self, tenant: &Tenant) -> anyhow::Result<()> {
+        self.put(&self.tenants, tenant.name.as_bytes().to_vec(), tenant)
+    }
+
+    pub(super) fn remove_tenant(&self, name: &str) -> anyhow::Result<()> {
+        self.remove(&self.tenants, name.as_bytes().to_vec())
+    }
+
+    pub(super) fn component(&self, tenant: &str, hash: &str) -> anyhow::Result<Option<ComponentRecord>> {
+        self.get(&self.components, &key(tenant, hash))
+    }
+
+    pub(super) fn components(&self, tenant: &str) -> anyhow::Result<Vec<ComponentRecord>> {
+        self.scan(&self.components, &key(tenant, ""))
+    }
+
+    pub(super) fn put_component(&self, tenant: &str, record: &ComponentRecord) -> anyhow::Result<()> {
+        self.put(&self.components, key(tenant, &record.hash), record)
+    }
+
+    /// The hash a tenant's `name` (`NAME` or `NAME:TAG`) stands for.
+    pub(super) fn name(&self, tenant: &str, name: &str) -> anyhow::Result<Option<String>> {
+        self.get(&self.names, &key(tenant, name))
+    }
+
+    /// Every name of a tenant's, with the hash it stands for.
+    pub(super) fn names(&self, tenant: &str) -> anyhow::Result<Vec<(String, String)>> {
+        let prefix = key(tenant, "");
+        let mut found = Vec::new();
+        for guard in self.names.prefix(&prefix) {
+            let (name, hash) = guard.into_inner().map_err(failed)?;
+            found.push((String::from_utf8_lossy(&name[prefix.len()..]).into_owned(), decode(&hash)?));
+        }
+        Ok(found)
+    }
+
+    pub(super) fn put_name(&self, tenant: &str, name: &str, hash: &str) -> anyhow::Result<()> {
+        self.put(&self.names, key(tenant, name), &hash)
+    }
+
+    pub(super) fn workflow(&self, tenant: &str, id: &str) -> anyhow::Result<Option<WorkflowRecord>> {
+        self.get(&self.workflows, &key(tenant, id))
+    }
+
+    /// A tenant's workflows whose ids start with `prefix`, in id order.
+    pub(super) fn workflows(&self, tenant: &str, prefix: &str) -> anyhow::Result<Vec<WorkflowRecord>> {
+        self.scan(&self.workflows, &key(tenant, prefix))
+    }
+
+    /// Every tenant's workflows, with the tenant.
+    pub(super) fn all_workflows(&self) -> anyhow::Result<Vec<(String, WorkflowRecord)>> {
+        let mut found = Vec::new();
+        for guard in self.workflows.iter() {
+            let (key, value) = guard.into_inner().map_err(failed)?;
+            let tenant = key.split(|b| *b == 0).next().unwrap_or_default();
+            found.push((String::from_utf8_lossy(tenant).into_owned(), decode(&value)?));
+        }
+        Ok(found)
+    }
+
+    pub(super) fn put_workflow(&self, tenant: &str, record: &WorkflowRecord) -> anyhow::Result<()> {
+        self.put(&self.workflows, key(tenant, &record.id), record)
+    }
+
+    pub(super) fn remove_workflow(&self, tenant: &str, id: &str) -> anyhow::Result<()> {
+        self.remove(&self.workflows, key(tenant, id))
+    }
+}
