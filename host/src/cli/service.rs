@@ -52,6 +52,10 @@ pub(crate) struct Serve {
     /// The largest component upload.
     #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = super::units::nonzero_size)]
     max_upload: usize,
+    /// How long an ended workflow (its record, result and history) is kept before it is
+    /// forgotten; `0s` keeps it until `forget`.
+    #[arg(long, value_name = "DURATION", default_value = "7days", value_parser = super::units::duration)]
+    retention: Duration,
 }
 
 impl Serve {
@@ -63,6 +67,7 @@ impl Serve {
         config.workers = self.workers;
         config.grace = self.grace;
         config.max_upload = self.max_upload;
+        config.retention = (!self.retention.is_zero()).then_some(self.retention);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("wasmproc-http")
@@ -140,6 +145,9 @@ pub(crate) enum ClientCommand {
     Status(Call<StatusArgs>),
     /// Print a workflow's result (exit code 1 if it failed); `--wait` waits for it.
     Result(Call<ResultArgs>),
+    /// Show a workflow's history: each of its processes, its journal's records, and what
+    /// it waits for.
+    History(Call<HistoryArgs>),
     /// Send a workflow a message on TOPIC, with a JSON body.
     Signal(Call<SignalArgs>),
     /// Cancel a workflow: a cancel event, then termination after the server's grace.
@@ -201,6 +209,13 @@ pub(crate) struct ResultArgs {
     /// longer wait asks again); exit code 4 if it is still running then.
     #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "1h", value_parser = super::units::duration)]
     pub(crate) wait: Option<Duration>,
+}
+
+/// The arguments of `history`.
+#[derive(Args, Debug)]
+pub(crate) struct HistoryArgs {
+    /// The workflow's id.
+    pub(crate) id: String,
 }
 
 /// The arguments of `signal`.
@@ -377,6 +392,7 @@ impl ClientCommand {
             ClientCommand::Start(call) => &call.client,
             ClientCommand::Status(call) => &call.client,
             ClientCommand::Result(call) => &call.client,
+            ClientCommand::History(call) => &call.client,
             ClientCommand::Signal(call) => &call.client,
             ClientCommand::Cancel(call) => &call.client,
             ClientCommand::Terminate(call) => &call.client,
@@ -433,6 +449,27 @@ impl ClientCommand {
             }
             ClientCommand::Result(Call { what: ResultArgs { id, wait }, .. }) => {
                 return result(&http, &id, wait, json_out);
+            }
+            ClientCommand::History(Call { what: HistoryArgs { id }, .. }) => {
+                let body = http.get(&format!("/v1/workflows/{}/history", escape(&id)))?.ok()?;
+                if json_out {
+                    print(&body)?;
+                }
+                for p in body["processes"].as_array().into_iter().flatten().filter(|_| !json_out) {
+                    let ended = p["ended"]["message"].as_str().map_or_else(|| "running".to_owned(), str::to_owned);
+                    print(format_args!(
+                        "process {} ({}, {} steps, {ended})",
+                        p["pid"],
+                        p["method"].as_str().unwrap_or("?"),
+                        p["steps"]
+                    ))?;
+                    for line in p["records"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+                        print(format_args!("  {line}"))?;
+                    }
+                    for line in p["waiting_for"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+                        print(format_args!("  waits for {line}"))?;
+                    }
+                }
             }
             ClientCommand::Signal(Call { what: SignalArgs { id, topic, body }, .. }) => {
                 let body = body.map(|text| json_arg("the body", &text)).transpose()?.unwrap_or(Value::Null);

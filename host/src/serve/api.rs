@@ -5,6 +5,7 @@
 //! | method and path | what |
 //! | --- | --- |
 //! | `GET /healthz`, `GET /readyz` | the server is up / takes requests |
+//! | `GET /metrics` | (admin) Prometheus' text format: requests, latencies, workflows, steps, commits |
 //! | `POST /v1/tenants` `{"name"}` | (admin) adds a tenant; answers its token, shown once |
 //! | `GET /v1/tenants` | (admin) the tenants |
 //! | `POST /v1/tenants/{name}/token` | (admin) a new token for a tenant; the old one stops working |
@@ -15,6 +16,7 @@
 //! | `GET /v1/workflows?state=&component=&prefix=&after=&limit=` | lists workflows by id, a page at a time |
 //! | `GET /v1/workflows/{id}` | describes one |
 //! | `GET /v1/workflows/{id}/result?wait=30s` | its result: 200 once ended, 202 while running after the wait |
+//! | `GET /v1/workflows/{id}/history` | its journal: each process of it, its records and what it waits for |
 //! | `POST /v1/workflows/{id}/signal` `{"topic", "body"?}` | sends it a message |
 //! | `POST /v1/workflows/{id}/cancel` | a cancel event, then termination after the grace |
 //! | `POST /v1/workflows/{id}/terminate` | ends it at once |
@@ -139,14 +141,22 @@ pub(super) fn router(service: Service) -> Router {
         .route("/v1/workflows", post(start).get(list_workflows).layer(body))
         .route("/v1/workflows/{id}", get(describe_workflow).delete(forget))
         .route("/v1/workflows/{id}/result", get(result))
+        .route("/v1/workflows/{id}/history", get(history))
         .route("/v1/workflows/{id}/signal", post(signal).layer(body))
         .route("/v1/workflows/{id}/cancel", post(cancel))
         .route("/v1/workflows/{id}/terminate", post(terminate))
+        .route("/metrics", get(scrape_metrics))
+        .route_layer(axum::middleware::from_fn_with_state(service.clone(), super::metrics::measure))
         .fallback(|| async { Refusal::not_found("such endpoint: see the API's table in README.md") })
         .method_not_allowed_fallback(|| async {
             Refusal::new(405, "method_not_allowed", "this path takes another method")
         })
         .with_state(service)
+}
+
+async fn scrape_metrics(State(service): State<Service>, headers: HeaderMap) -> Answer {
+    admin(&service, &headers)?;
+    Ok(super::metrics::scrape(State(service)).await)
 }
 
 #[derive(Deserialize)]
@@ -290,6 +300,33 @@ async fn result(
     let record = service.wait(&tenant, &id, wait).await?;
     let status = if record.result.is_some() { StatusCode::OK } else { StatusCode::ACCEPTED };
     answer(status, json!({"workflow": workflow_json(&record)}))
+}
+
+async fn history(
+    State(service): State<Service>,
+    headers: HeaderMap,
+    id: Result<Path<String>, PathRejection>,
+) -> Answer {
+    let tenant = tenant(&service, &headers)?;
+    let id = path(id)?;
+    let processes = blocking(move || service.history(&tenant, &id)).await?;
+    let processes: Vec<Value> = processes
+        .iter()
+        .map(|h| {
+            json!({
+                "pid": h.pid.as_u64(),
+                "parent": h.parent.map(|p| p.as_u64()),
+                // The kind without its tenant: the component's hash, or a built-in kind.
+                "kind": h.kind.as_deref().map(|k| k.split_once('/').map_or(k, |(_, hash)| hash)),
+                "method": h.method,
+                "steps": h.steps,
+                "ended": h.result.as_ref().map(|e| json!({"reason": e.reason.name(), "message": e.reason.to_string()})),
+                "records": h.records,
+                "waiting_for": h.waiting_for,
+            })
+        })
+        .collect();
+    answer(StatusCode::OK, json!({"processes": processes}))
 }
 
 #[derive(Deserialize)]

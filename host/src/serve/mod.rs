@@ -21,6 +21,7 @@
 
 mod api;
 mod code;
+mod metrics;
 mod registry;
 
 use std::collections::HashMap;
@@ -59,11 +60,15 @@ pub struct ServiceConfig {
     pub grace: Duration,
     /// The grants of every workflow.
     pub grants: Capabilities,
+    /// How long an ended workflow's record, result and history are kept before they are
+    /// forgotten; `None` keeps them until `forget`.
+    pub retention: Option<Duration>,
 }
 
 impl ServiceConfig {
     /// The defaults for `data`: 2 workers, uploads up to 64 MiB, other bodies up to
-    /// 1 MiB, waits up to 60 s, a 5 s grace, and the CLI's default grants.
+    /// 1 MiB, waits up to 60 s, a 5 s grace, the CLI's default grants, and ended
+    /// workflows kept 7 days.
     pub fn new(data: impl Into<PathBuf>) -> ServiceConfig {
         ServiceConfig {
             data: data.into(),
@@ -73,6 +78,7 @@ impl ServiceConfig {
             max_wait: Duration::from_secs(60),
             grace: Duration::from_secs(5),
             grants: Capabilities::over_self(),
+            retention: Some(Duration::from_secs(7 * 24 * 3600)),
         }
     }
 }
@@ -161,6 +167,7 @@ struct Inner {
     starting: Mutex<()>,
     /// Set once the service stops: ends seen from then on are suspensions, not ends.
     stopping: AtomicBool,
+    metrics: metrics::Metrics,
 }
 
 fn now_ms() -> u64 {
@@ -257,10 +264,37 @@ impl Service {
             tokens: RwLock::new(tokens),
             starting: Mutex::new(()),
             stopping: AtomicBool::new(false),
+            metrics: metrics::Metrics::new(),
         });
         let service = Service { inner };
         service.reattach()?;
+        if let Some(retention) = service.inner.config.retention {
+            let weak = Arc::downgrade(&service.inner);
+            std::thread::Builder::new()
+                .name("wasmproc-serve-purge".to_owned())
+                .spawn(move || purge_every(&weak, retention))
+                .context("cannot start the thread that purges ended workflows")?;
+        }
         Ok(service)
+    }
+
+    /// Forgets every workflow that ended more than `retention` ago; how many.
+    ///
+    /// # Errors
+    ///
+    /// The registry or the journal cannot be read or written.
+    pub fn purge(&self, retention: Duration) -> anyhow::Result<usize> {
+        let cutoff = now_ms().saturating_sub(retention.as_millis() as u64);
+        let mut purged = 0;
+        for (tenant, record) in self.inner.registry.all_workflows()? {
+            if record.ended_ms.is_some_and(|ended| ended <= cutoff) {
+                match self.forget(&tenant, &record.id) {
+                    Ok(()) => purged += 1,
+                    Err(refusal) => tracing::warn!("cannot purge workflow `{}`: {}", record.id, refusal.message),
+                }
+            }
+        }
+        Ok(purged)
     }
 
     /// Watches again the workflows the journal resumed, and settles those that ended
@@ -544,6 +578,7 @@ impl Service {
             result: None,
         };
         inner.registry.put_workflow(tenant, &record)?;
+        inner.metrics.started();
         self.watch(tenant, &id, handle);
         Ok((record, true))
     }
@@ -665,6 +700,35 @@ impl Service {
         Ok(())
     }
 
+    /// Workflow `id`'s history as its journal holds it: its root process and every
+    /// process spawned under it, in pid order, each with its records as text lines
+    /// and, while it runs, what it waits for.
+    ///
+    /// # Errors
+    ///
+    /// No such workflow, or a journal that cannot be read.
+    pub fn history(&self, tenant: &str, id: &str) -> Result<Vec<crate::journal::History>, Refusal> {
+        let record = self.workflow(tenant, id)?;
+        let all = self.inner.journal.history().context("cannot read the journal")?;
+        let parents: HashMap<Pid, Pid> = all.iter().filter_map(|h| Some((h.pid, h.parent?))).collect();
+        let root = Pid::from_u64(record.pid);
+        // A process belongs to the workflow if its chain of parents reaches the root; a
+        // chain longer than the journal's processes is a damaged journal's cycle.
+        let belongs = |mut pid: Pid| {
+            for _ in 0..=parents.len() {
+                if pid == root {
+                    return true;
+                }
+                match parents.get(&pid) {
+                    Some(parent) => pid = *parent,
+                    None => return false,
+                }
+            }
+            false
+        };
+        Ok(all.into_iter().filter(|h| belongs(h.pid)).collect())
+    }
+
     fn running_pid(&self, tenant: &str, id: &str) -> Result<Pid, Refusal> {
         let record = self.workflow(tenant, id)?;
         if record.state != State::Running {
@@ -718,6 +782,22 @@ pub struct Filter {
     pub limit: Option<usize>,
 }
 
+/// Purges what `retention` lets go, a few times a retention (at most every minute, at
+/// least every second), until the service is gone.
+fn purge_every(service: &std::sync::Weak<Inner>, retention: Duration) {
+    let every = (retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    loop {
+        std::thread::sleep(every);
+        let Some(inner) = service.upgrade() else { return };
+        if inner.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        if let Err(error) = (Service { inner }).purge(retention) {
+            tracing::error!("cannot purge ended workflows: {error:#}");
+        }
+    }
+}
+
 /// Records workflow `id`'s end and wakes those waiting for it.
 fn settle(inner: &Inner, tenant: &str, id: &str, exited: &Exited) -> anyhow::Result<()> {
     if let Some(mut record) = inner.registry.workflow(tenant, id)? {
@@ -725,6 +805,7 @@ fn settle(inner: &Inner, tenant: &str, id: &str, exited: &Exited) -> anyhow::Res
         record.ended_ms = Some(now_ms());
         record.result = Some(result_json(exited));
         inner.registry.put_workflow(tenant, &record)?;
+        inner.metrics.ended(record.state.as_str());
     }
     if let Some(live) = inner.live.lock().remove(&(tenant.to_owned(), id.to_owned())) {
         live.ended.send_replace(true);

@@ -23,8 +23,14 @@ struct Server {
 
 impl Server {
     fn start(data: &Path) -> Server {
+        Server::start_with(data, &[])
+    }
+
+    fn start_with(data: &Path, flags: &[&str]) -> Server {
         let data_arg = data.to_str().expect("a UTF-8 path");
-        let mut child = wasmproc(&["serve", "--data", data_arg, "--listen", "127.0.0.1:0", "--grace", "1s"])
+        let mut args = vec!["serve", "--data", data_arg, "--listen", "127.0.0.1:0", "--grace", "1s"];
+        args.extend_from_slice(flags);
+        let mut child = wasmproc(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -70,6 +76,21 @@ impl Server {
 
     /// A raw request: its status and JSON body.
     fn http(&self, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> (u16, Value) {
+        let answer = self.exchange(method, path, token, body);
+        let status =
+            answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status in {answer:?}"));
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+        (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    }
+
+    /// A raw request's body, as text.
+    fn raw(&self, method: &str, path: &str, token: Option<&str>) -> String {
+        let answer = self.exchange(method, path, token, b"");
+        answer.split_once("\r\n\r\n").map_or(String::new(), |(_, body)| body.to_owned())
+    }
+
+    /// A request over a connection of its own: the whole answer, head and body.
+    fn exchange(&self, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> String {
         let mut stream = TcpStream::connect(&self.address).expect("the server accepts");
         stream.set_read_timeout(Some(HANG)).expect("a read timeout");
         let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
@@ -81,10 +102,7 @@ impl Server {
         stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(body)).expect("the request is sent");
         let mut answer = String::new();
         stream.read_to_string(&mut answer).expect("an answer");
-        let status =
-            answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status in {answer:?}"));
-        let body = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body);
-        (status, serde_json::from_str(body).unwrap_or(Value::Null))
+        answer
     }
 
     fn kill(mut self) {
@@ -128,6 +146,8 @@ fn a_workflow_lives_through_the_api_from_start_to_forget() {
         (status["workflow"]["state"].as_str(), status["workflow"]["component"].as_str()),
         (Some("running"), Some(hash.as_str()))
     );
+    let metrics = server.raw("GET", "/metrics", Some(&server.admin_token()));
+    assert!(metrics.contains("wasmproc_workflows_running{tenant=\"acme\"} 1"), "{metrics}");
     // Not ended yet: `result` without a wait says so with exit code 4.
     assert_eq!(server.client(&token, &["result", "w1"]).code, 4);
 
@@ -152,6 +172,26 @@ fn a_workflow_lives_through_the_api_from_start_to_forget() {
     let ids: Vec<&str> = listed["workflows"].as_array().unwrap().iter().filter_map(|w| w["id"].as_str()).collect();
     assert_eq!(ids, ["w1"]);
     assert_eq!(json_out(&server.client(&token, &["ps", "--state", "running", "--json"]))["workflows"], json!([]));
+
+    // Its history: the root's records, from its spawn to its end.
+    let history = json_out(&server.client(&token, &["history", "w1", "--json"]));
+    let root = &history["processes"][0];
+    assert_eq!((root["method"].as_str(), root["kind"].as_str()), (Some("deadline"), Some(hash.as_str())), "{history}");
+    assert!(root["steps"].as_u64() >= Some(2) && root["records"].as_array().is_some_and(|r| r.len() >= 3), "{history}");
+    assert_eq!(root["ended"]["reason"], "normal", "{history}");
+    let shown = server.client(&token, &["history", "w1"]);
+    assert!(shown.stdout.starts_with(&format!("process {} (deadline", status["workflow"]["pid"])), "{}", shown.stdout);
+
+    // The metrics, for the admin only: the start, the end, and the requests by route.
+    assert_eq!(server.http("GET", "/metrics", Some(&token), b"").0, 403);
+    let metrics = server.raw("GET", "/metrics", Some(&server.admin_token()));
+    for line in [
+        "wasmproc_workflows_started_total 1",
+        "wasmproc_workflows_ended_total{state=\"completed\"} 1",
+        "wasmproc_http_requests_total{method=\"POST\",route=\"/v1/workflows/{id}/signal\",status=\"202\"} 1",
+    ] {
+        assert!(metrics.contains(line), "no `{line}` in:\n{metrics}");
+    }
 
     assert_eq!(server.client(&token, &["forget", "w1"]).code, 0);
     let gone = server.client(&token, &["status", "w1"]);
@@ -288,4 +328,28 @@ fn a_sleeping_workflow_is_woken_on_time_across_three_kill_9_restarts() {
     let woken = server.client(&token, &["result", "sleeper", "--wait", "30s"]);
     assert_eq!((woken.code, woken.stdout.trim()), (0, "\"timeout (4s)\""), "{}", woken.stderr);
     assert!(begun.elapsed() >= Duration::from_secs(4), "woken no earlier than its timer");
+}
+
+#[test]
+fn ended_workflows_are_purged_after_the_retention_and_running_ones_are_not() {
+    let server = Server::start_with(&scratch("serve-retention"), &["--retention", "1s"]);
+    let token = server.tenant("acme");
+    deploy_tour(&server, &token);
+    assert_eq!(
+        server.client(&token, &["start", "tour", "--id", "short", "--method", "deadline", "--input", "1"]).code,
+        0
+    );
+    assert_eq!(
+        server.client(&token, &["start", "tour", "--id", "long", "--method", "deadline", "--input", "60000"]).code,
+        0
+    );
+    assert_eq!(server.client(&token, &["result", "short", "--wait", "20s"]).code, 0);
+    let begun = Instant::now();
+    while server.http("GET", "/v1/workflows/short", Some(&token), b"").0 != 404 {
+        assert!(begun.elapsed() < HANG, "the ended workflow is never purged");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let history = server.http("GET", "/v1/workflows/short/history", Some(&token), b"");
+    assert_eq!(history.0, 404, "its history went with it");
+    assert_eq!(json_out(&server.client(&token, &["status", "long", "--json"]))["workflow"]["state"], "running");
 }
