@@ -56,6 +56,14 @@ pub(crate) struct Serve {
     /// forgotten; `0s` keeps it until `forget`.
     #[arg(long, value_name = "DURATION", default_value = "7days", value_parser = super::units::duration)]
     retention: Duration,
+    /// The most workflows one tenant may have running at once; past it a start is
+    /// refused (429).
+    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = super::units::positive)]
+    max_running: usize,
+    /// Requests a second one tenant may make (bursts of a second's worth pass); past it
+    /// requests are refused (429).
+    #[arg(long, value_name = "N", default_value_t = 1_000)]
+    rate: u32,
 }
 
 impl Serve {
@@ -68,6 +76,11 @@ impl Serve {
         config.grace = self.grace;
         config.max_upload = self.max_upload;
         config.retention = (!self.retention.is_zero()).then_some(self.retention);
+        config.max_running = self.max_running;
+        if self.rate == 0 {
+            return Err(Failure::new(Exit::Usage, "--rate must be at least 1 request a second"));
+        }
+        config.rate = self.rate;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("wasmproc-http")

@@ -67,11 +67,22 @@ fn token(headers: &HeaderMap) -> Result<&str, Refusal> {
 /// The tenant `headers`' token names.
 fn tenant(service: &Service, headers: &HeaderMap) -> Result<String, Refusal> {
     let token = token(headers)?;
-    service.tenant_of(token).ok_or_else(|| {
+    let tenant = service.tenant_of(token).ok_or_else(|| {
         let admin = service.is_admin(token);
         let why = if admin { "the admin token manages tenants only; use a tenant's token" } else { "unknown token" };
         Refusal::new(401, "unauthorized", why)
-    })
+    })?;
+    if !service.admit(&tenant) {
+        return Err(Refusal::new(
+            429,
+            "rate",
+            format!(
+                "tenant `{tenant}` is past its {} requests a second (the server's `--rate`); slow down",
+                service.config().rate
+            ),
+        ));
+    }
+    Ok(tenant)
 }
 
 fn admin(service: &Service, headers: &HeaderMap) -> Result<(), Refusal> {

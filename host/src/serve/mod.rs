@@ -63,12 +63,18 @@ pub struct ServiceConfig {
     /// How long an ended workflow's record, result and history are kept before they are
     /// forgotten; `None` keeps them until `forget`.
     pub retention: Option<Duration>,
+    /// The most workflows one tenant may have running at once.
+    pub max_running: usize,
+    /// Requests a second one tenant may make, on average; bursts of up to a second's
+    /// worth pass at once.
+    pub rate: u32,
 }
 
 impl ServiceConfig {
     /// The defaults for `data`: 2 workers, uploads up to 64 MiB, other bodies up to
-    /// 1 MiB, waits up to 60 s, a 5 s grace, the CLI's default grants, and ended
-    /// workflows kept 7 days.
+    /// 1 MiB, waits up to 60 s, a 5 s grace, the CLI's default grants, ended workflows
+    /// kept 7 days, and for each tenant 10,000 running workflows and 1,000 requests a
+    /// second.
     pub fn new(data: impl Into<PathBuf>) -> ServiceConfig {
         ServiceConfig {
             data: data.into(),
@@ -79,6 +85,8 @@ impl ServiceConfig {
             grace: Duration::from_secs(5),
             grants: Capabilities::over_self(),
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
+            max_running: 10_000,
+            rate: 1_000,
         }
     }
 }
@@ -168,6 +176,8 @@ struct Inner {
     /// Set once the service stops: ends seen from then on are suspensions, not ends.
     stopping: AtomicBool,
     metrics: metrics::Metrics,
+    /// Each tenant's request allowance: tokens left and when they were counted.
+    buckets: Mutex<HashMap<String, (f64, std::time::Instant)>>,
 }
 
 fn now_ms() -> u64 {
@@ -265,6 +275,7 @@ impl Service {
             starting: Mutex::new(()),
             stopping: AtomicBool::new(false),
             metrics: metrics::Metrics::new(),
+            buckets: Mutex::new(HashMap::new()),
         });
         let service = Service { inner };
         service.reattach()?;
@@ -358,6 +369,22 @@ impl Service {
     /// The tenant whose token is `token`, or `None`.
     pub fn tenant_of(&self, token: &str) -> Option<String> {
         self.inner.tokens.read().get(&sha256_hex(token.as_bytes())).cloned()
+    }
+
+    /// Takes one request from `tenant`'s allowance; `false` past its rate.
+    pub fn admit(&self, tenant: &str) -> bool {
+        let rate = f64::from(self.inner.config.rate.max(1));
+        let now = std::time::Instant::now();
+        let mut buckets = self.inner.buckets.lock();
+        let (tokens, at) = buckets.entry(tenant.to_owned()).or_insert((rate, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * rate).min(rate);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
     }
 
     /// Whether `token` is the admin's.
@@ -545,6 +572,17 @@ impl Service {
                     "workflow `{id}` exists, started as `{}` of `{}` with another request; choose another id, or \
                      forget it once it has ended",
                     existing.method, existing.component
+                ),
+            ));
+        }
+        let running = inner.live.lock().keys().filter(|(of, _)| of == tenant).count();
+        if running >= inner.config.max_running {
+            return Err(Refusal::new(
+                429,
+                "quota",
+                format!(
+                    "tenant `{tenant}` has {running} workflows running, its most (the server's \
+                     `--max-running`); wait for some to end"
                 ),
             ));
         }

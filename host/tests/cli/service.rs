@@ -353,3 +353,26 @@ fn ended_workflows_are_purged_after_the_retention_and_running_ones_are_not() {
     assert_eq!(history.0, 404, "its history went with it");
     assert_eq!(json_out(&server.client(&token, &["status", "long", "--json"]))["workflow"]["state"], "running");
 }
+
+#[test]
+fn a_tenant_past_its_quota_or_its_rate_is_refused_and_others_go_on() {
+    let server = Server::start_with(&scratch("serve-quotas"), &["--max-running", "1", "--rate", "5"]);
+    let (acme, globex) = (server.tenant("acme"), server.tenant("globex"));
+    deploy_tour(&server, &acme);
+    assert_eq!(
+        server.client(&acme, &["start", "tour", "--id", "one", "--method", "deadline", "--input", "60000"]).code,
+        0
+    );
+    let body = br#"{"id": "two", "component": "tour", "method": "deadline", "input": 60000}"#;
+    let (status, answer) = server.http("POST", "/v1/workflows", Some(&acme), body);
+    assert_eq!((status, answer["error"]["code"].as_str()), (429, Some("quota")), "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("`--max-running`"), "{answer}");
+    // Past 5 requests a second: refused, naming the flag; another tenant is not.
+    let refused = (0..30)
+        .map(|_| server.http("GET", "/v1/workflows", Some(&acme), b""))
+        .find(|(status, _)| *status == 429)
+        .expect("a burst past the rate is refused");
+    assert_eq!(refused.1["error"]["code"], "rate", "{}", refused.1);
+    assert!(refused.1["error"]["message"].as_str().unwrap().contains("`--rate`"), "{}", refused.1);
+    assert_eq!(server.http("GET", "/v1/workflows", Some(&globex), b"").0, 200);
+}
