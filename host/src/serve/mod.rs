@@ -178,6 +178,16 @@ struct Inner {
     metrics: metrics::Metrics,
     /// Each tenant's request allowance: tokens left and when they were counted.
     buckets: Mutex<HashMap<String, (f64, std::time::Instant)>>,
+    /// Work for the chores' thread ([`chores`]).
+    chores: std::sync::mpsc::Sender<Chore>,
+}
+
+/// What the chores' thread does off the workers and the API's threads.
+enum Chore {
+    /// Record a workflow's end.
+    Ended { tenant: String, id: String, exited: Exited },
+    /// Terminate a cancelled workflow still running at `until`.
+    Grace { handle: ProcessHandle, until: std::time::Instant },
 }
 
 fn now_ms() -> u64 {
@@ -262,6 +272,7 @@ impl Service {
             .build()
             .context("cannot start the scheduler on the journal")?;
         let tokens = registry.tenants()?.into_iter().map(|t| (t.token_sha256, t.name)).collect();
+        let (chores_to, chores_from) = std::sync::mpsc::channel();
         let inner = Arc::new(Inner {
             handle: scheduler.handle().clone(),
             scheduler: Mutex::new(Some(scheduler)),
@@ -276,7 +287,13 @@ impl Service {
             stopping: AtomicBool::new(false),
             metrics: metrics::Metrics::new(),
             buckets: Mutex::new(HashMap::new()),
+            chores: chores_to,
         });
+        let weak = Arc::downgrade(&inner);
+        std::thread::Builder::new()
+            .name("wasmproc-serve-chores".to_owned())
+            .spawn(move || chores(&weak, &chores_from))
+            .context("cannot start the service's chores' thread")?;
         let service = Service { inner };
         service.reattach()?;
         if let Some(retention) = service.inner.config.retention {
@@ -335,7 +352,7 @@ impl Service {
             let exited = ended.unwrap_or_else(|| {
                 Exited::new(ExitReason::Error("lost: the journal holds no end and no history of it".to_owned()))
             });
-            settle(inner, &tenant, &record.id, &exited)?;
+            settle(inner, &[(tenant, record.id, exited)])?;
         }
         Ok(())
     }
@@ -353,15 +370,13 @@ impl Service {
                 // journal if it did end.
                 return;
             }
-            // Recording is a synced write: off the worker that ended the process.
-            let exited = exited.clone();
-            let spawned = std::thread::Builder::new().name("wasmproc-serve-end".to_owned()).spawn(move || {
-                if let Err(error) = settle(&inner, &key.0, &key.1, &exited) {
-                    tracing::error!("cannot record the end of workflow `{}` of tenant `{}`: {error:#}", key.1, key.0);
-                }
-            });
-            if let Err(error) = spawned {
-                tracing::error!("cannot start a thread to record a workflow's end: {error}");
+            // Recording is a synced write: off the worker that ended the process, on the
+            // chores' thread, which writes the ends that come together in one batch.
+            let ended = Chore::Ended { tenant: key.0, id: key.1, exited: exited.clone() };
+            if inner.chores.send(ended).is_err() {
+                tracing::error!(
+                    "the service's chores' thread is gone: a workflow's end goes unrecorded until a restart"
+                );
             }
         });
     }
@@ -697,14 +712,12 @@ impl Service {
             .cancel(pid, "cancelled through the API")
             .map_err(|e| Refusal::new(409, "not_running", e.to_string()))?;
         let handle = self.inner.live.lock().get(&(tenant.to_owned(), id.to_owned())).map(|l| l.handle.clone());
-        let (scheduler, grace) = (self.inner.handle.clone(), self.inner.config.grace);
         if let Some(handle) = handle {
-            let spawned = std::thread::Builder::new().name("wasmproc-serve-grace".to_owned()).spawn(move || {
-                if handle.wait_timeout(grace).is_none() {
-                    let _ = scheduler.terminate(handle.pid());
-                }
-            });
-            spawned.map_err(|e| Refusal::internal(&anyhow::anyhow!("cannot start the grace's thread: {e}")))?;
+            let until = std::time::Instant::now() + self.inner.config.grace;
+            self.inner
+                .chores
+                .send(Chore::Grace { handle, until })
+                .map_err(|_| Refusal::internal(&anyhow::anyhow!("the service's chores' thread is gone")))?;
         }
         Ok(())
     }
@@ -836,17 +849,71 @@ fn purge_every(service: &std::sync::Weak<Inner>, retention: Duration) {
     }
 }
 
-/// Records workflow `id`'s end and wakes those waiting for it.
-fn settle(inner: &Inner, tenant: &str, id: &str, exited: &Exited) -> anyhow::Result<()> {
-    if let Some(mut record) = inner.registry.workflow(tenant, id)? {
-        record.state = if matches!(exited.reason, ExitReason::Normal(_)) { State::Completed } else { State::Failed };
-        record.ended_ms = Some(now_ms());
-        record.result = Some(result_json(exited));
-        inner.registry.put_workflow(tenant, &record)?;
-        inner.metrics.ended(record.state.as_str());
+/// The chores' thread: records the ends that arrive together in one synced batch, and
+/// terminates cancelled workflows whose grace has passed; ends with the service.
+fn chores(service: &std::sync::Weak<Inner>, work: &std::sync::mpsc::Receiver<Chore>) {
+    use std::sync::mpsc::RecvTimeoutError;
+    let mut graces: Vec<(std::time::Instant, ProcessHandle)> = Vec::new();
+    loop {
+        let next = graces.iter().map(|(until, _)| *until).min();
+        let wait =
+            next.map_or(Duration::from_secs(60), |until| until.saturating_duration_since(std::time::Instant::now()));
+        let first = match work.recv_timeout(wait) {
+            Ok(chore) => Some(chore),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        let mut ended = Vec::new();
+        for chore in first.into_iter().chain(work.try_iter()) {
+            match chore {
+                Chore::Ended { tenant, id, exited } => ended.push((tenant, id, exited)),
+                Chore::Grace { handle, until } => graces.push((until, handle)),
+            }
+        }
+        let Some(inner) = service.upgrade() else { return };
+        if !ended.is_empty()
+            && let Err(error) = settle(&inner, &ended)
+        {
+            tracing::error!("cannot record the end of {} workflows: {error:#}", ended.len());
+        }
+        let now = std::time::Instant::now();
+        graces.retain(|(until, handle)| {
+            if *until > now {
+                return true;
+            }
+            if handle.try_exit().is_none() {
+                let _ = inner.handle.terminate(handle.pid());
+            }
+            false
+        });
     }
-    if let Some(live) = inner.live.lock().remove(&(tenant.to_owned(), id.to_owned())) {
-        live.ended.send_replace(true);
+}
+
+/// Records the workflows' ends in one synced batch, then wakes those waiting for them.
+fn settle(inner: &Inner, ended: &[(String, String, Exited)]) -> anyhow::Result<()> {
+    let mut records = Vec::with_capacity(ended.len());
+    for (tenant, id, exited) in ended {
+        if let Some(mut record) = inner.registry.workflow(tenant, id)? {
+            record.state =
+                if matches!(exited.reason, ExitReason::Normal(_)) { State::Completed } else { State::Failed };
+            record.ended_ms = Some(now_ms());
+            record.result = Some(result_json(exited));
+            records.push((tenant.as_str(), record));
+        }
+    }
+    inner.registry.put_workflows(&records)?;
+    let mut live = inner.live.lock();
+    for (tenant, record) in &records {
+        inner.metrics.ended(record.state.as_str());
+        if let Some(live) = live.remove(&((*tenant).to_owned(), record.id.clone())) {
+            live.ended.send_replace(true);
+        }
+    }
+    // An end whose record was missing (forgotten meanwhile) still wakes its waiters.
+    for (tenant, id, _) in ended {
+        if let Some(live) = live.remove(&(tenant.clone(), id.clone())) {
+            live.ended.send_replace(true);
+        }
     }
     Ok(())
 }

@@ -222,6 +222,15 @@ impl Registry {
         self.put(&self.workflows, key(tenant, &record.id), record)
     }
 
+    /// Puts every `(tenant, record)` in one synced batch.
+    pub(super) fn put_workflows(&self, records: &[(&str, WorkflowRecord)]) -> anyhow::Result<()> {
+        let mut batch = self.db.batch().durability(Some(PersistMode::SyncData));
+        for (tenant, record) in records {
+            batch.insert(&self.workflows, key(tenant, &record.id), serde_json::to_vec(record).map_err(failed)?);
+        }
+        batch.commit().map_err(failed)
+    }
+
     pub(super) fn remove_workflow(&self, tenant: &str, id: &str) -> anyhow::Result<()> {
         self.remove(&self.workflows, key(tenant, id))
     }
