@@ -28,7 +28,7 @@ use super::process::{RemoteProcess, RemoteSlot, RemoteSpawnOptions};
 use super::shared::{ClusterStats, LineSink, NodeInfo};
 use super::store::CodeStore;
 use super::wire::{self, Body, ClientRequest, Item, Key, Peer};
-use crate::scheduler::remote::{RemoteSpawn, RunId};
+use crate::scheduler::remote::{RemoteSpawn, RunId, Verdict};
 use crate::{Capabilities, ExitReason, Pid};
 
 /// A client of a cluster: asks its nodes to run processes, and hears how they end.
@@ -268,6 +268,7 @@ impl Client {
             limits,
             run_limits: run_limits.map(Box::new),
             monitor: true,
+            link: false,
             // The node gives the run its id (itself, and the session's client run).
             run: RunId::default(),
         };
@@ -277,6 +278,15 @@ impl Client {
             .send(Cmd::Spawn { node: target, spawn, slot: slot.clone() })
             .map_err(|_| anyhow::anyhow!("this client has left the cluster"))?;
         Ok(RemoteProcess(slot))
+    }
+
+    /// Sends `spawn` to node `node` as it is, whatever it asks: what a client that forges
+    /// its requests could send (`tests.rs`).
+    #[cfg(test)]
+    pub(super) fn spawn_as_is(&self, node: u16, spawn: RemoteSpawn) -> RemoteProcess {
+        let slot = Arc::new(RemoteSlot::default());
+        let _ = self.shared.commands.send(Cmd::Spawn { node, spawn, slot: slot.clone() });
+        RemoteProcess(slot)
     }
 
     /// Terminates `pid`, a process this client spawned; what becomes of it is its
@@ -463,7 +473,7 @@ impl Task {
                 Some(sink) => sink(pid, &source, &message),
                 None => tracing::info!(target: "wasmproc::guest", %pid, source = %source, message = %message),
             },
-            Some(Item::TerminateDone { result: Err(error), .. }) => {
+            Some(Item::Done { verdict: Verdict::Failed(error), .. }) => {
                 tracing::warn!(node = %open.name, %error, "a termination was refused");
             }
             _ => {}

@@ -261,6 +261,7 @@ impl Cluster {
             limits,
             run_limits: run_limits.map(Box::new),
             monitor: true,
+            link: false,
             // The spawning node's run: this node owns the process.
             run: RunId::default(),
         };

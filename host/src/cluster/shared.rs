@@ -16,7 +16,7 @@ use super::wire::{Item, Key};
 use crate::error::SendError;
 use crate::handler::{Completer, Factory};
 use crate::scheduler::Handle;
-use crate::scheduler::remote::{Remote, RemoteSpawn, RunId};
+use crate::scheduler::remote::{ChildOnly, Remote, RemoteSignal, RemoteSpawn, RunId};
 use crate::{ExitReason, Payload, Pid};
 
 /// Takes a line a process of this node's run wrote on another node: its pid, its source
@@ -125,8 +125,8 @@ pub(crate) struct Inner {
     pub(super) grace: Duration,
     /// Where lines of this node's run that other nodes forward go.
     pub(super) lines: OnceLock<LineSink>,
-    /// Monitors, terminations and spawns queued for the cluster's thread (bounded by
-    /// `max_queued`).
+    /// Monitors, terminations, spawns, links and exit signals of processes queued for
+    /// the cluster's thread (bounded by `max_queued`).
     pub(super) queued: AtomicUsize,
     /// [`MAX_QUEUED`], but for tests (`ClusterConfig::max_queued`).
     pub(super) max_queued: usize,
@@ -248,12 +248,44 @@ impl Remote for Inner {
         });
     }
 
-    fn terminate(&self, by: Pid, target: Pid, done: Option<Completer>) {
-        self.queue_bounded(Cmd::Terminate { by, target, done }, |cmd, why| {
+    fn terminate(&self, by: Pid, target: Pid, child_only: ChildOnly, done: Option<Completer>) {
+        self.queue_bounded(Cmd::Terminate { by, target, child_only, done }, |cmd, why| {
             if let Cmd::Terminate { done: Some(done), .. } = cmd {
                 done.complete(Err(format!("noconnection: {why}")));
             }
         });
+    }
+
+    fn link(&self, from: Pid, target: Pid, child_only: ChildOnly, done: Completer) {
+        self.queue_bounded(Cmd::Link { from, target, child_only, done }, |cmd, why| {
+            if let Cmd::Link { done, .. } = cmd {
+                if let Some(handle) = self.handle.get() {
+                    handle.unlink_local(from, target);
+                }
+                done.complete(Err(format!("noconnection: {why}")));
+            }
+        });
+    }
+
+    fn unlink(&self, from: Pid, target: Pid) {
+        // Not bounded: the process's half is gone already, and the other must follow;
+        // there is one unlink at most for each link made, and those are bounded.
+        let _ = self.queue(Cmd::Item { node: target.node(), item: Item::Unlink { from, to: target } });
+    }
+
+    fn signal(&self, from: Pid, target: Pid, signal: RemoteSignal, done: Option<(Completer, ChildOnly)>) {
+        match done {
+            Some(done) => {
+                self.queue_bounded(Cmd::Signal { from, target, signal, done: Some(done) }, |cmd, why| {
+                    if let Cmd::Signal { done: Some((done, _)), .. } = cmd {
+                        done.complete(Err(format!("noconnection: {why}")));
+                    }
+                });
+            }
+            // A linked process's end: never dropped while the link to its node lives,
+            // and bounded by its links (`max_links`).
+            None => drop(self.queue(Cmd::Signal { from, target, signal, done: None })),
+        }
     }
 
     fn place(&self) -> Option<u16> {
@@ -300,7 +332,22 @@ pub(crate) enum Cmd {
     Terminate {
         by: Pid,
         target: Pid,
+        child_only: ChildOnly,
         done: Option<Completer>,
+    },
+    /// `from`'s half of the link is made: have `target`'s node make the other.
+    Link {
+        from: Pid,
+        target: Pid,
+        child_only: ChildOnly,
+        done: Completer,
+    },
+    /// `done`: an `exit` command's completer; `None` for a linked process's end.
+    Signal {
+        from: Pid,
+        target: Pid,
+        signal: RemoteSignal,
+        done: Option<(Completer, ChildOnly)>,
     },
     /// `done`: the spawning process's completer; `None` for the embedder's spawn
     /// (`Inner::embedded` under `token`).

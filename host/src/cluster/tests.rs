@@ -227,3 +227,50 @@ fn an_oversize_announcement_is_refused_unread_and_evicts_no_one() {
     publish(b_leaves((1 << 40) + 1, 0));
     wait_until("a takes the same announcement under the size", || a.stats().nodes_lost > before.nodes_lost);
 }
+
+/// A client is no process: a spawn it asks for with `link` (which its own `spawn` never
+/// does, but a client that forges its requests could) is refused by the node, naming
+/// why, and nothing starts.
+#[test]
+fn a_clients_spawn_with_link_is_refused() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let cluster = Cluster::join(ClusterConfig::new(server.url()).name("a").secret(SECRET)).expect("joins");
+    let factory = || -> anyhow::Result<Box<dyn Process>> { Ok(Box::new(Idle)) };
+    let scheduler = Scheduler::builder().workers(1).kind("idle", factory).cluster(&cluster).build().expect("starts");
+    cluster.serve(scheduler.handle().clone());
+    let client = super::Client::connect(ClusterConfig::new(server.url()).secret(SECRET)).expect("connects");
+    let spawn = crate::scheduler::remote::RemoteSpawn {
+        parent: Pid::HOST,
+        kind: Some("idle".into()),
+        identity: None,
+        method: "main".into(),
+        input: vec![],
+        caps: crate::Capabilities::default(),
+        mailbox_capacity: 0,
+        limits: None,
+        run_limits: None,
+        monitor: true,
+        link: true,
+        run: Default::default(),
+    };
+    let spawned = client.spawn_as_is(cluster.node(), spawn);
+    assert_eq!(
+        spawned.join_timeout(PATIENCE),
+        Some(Err(ExitReason::Error("spawn failed: a client's spawn cannot link".into())))
+    );
+    assert_eq!(scheduler.handle().live(), 0, "nothing started");
+}
+
+/// Waits for ever.
+struct Idle;
+
+impl Process for Idle {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        out.set_status(Status::Idle);
+        Ok(())
+    }
+}

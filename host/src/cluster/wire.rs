@@ -26,7 +26,7 @@ use sha2::Sha256;
 
 use crate::codec::{Malformed, Reader, Writer};
 use crate::handler::KindLimits;
-use crate::scheduler::remote::{RemoteSpawn, RunId, RunLimits};
+use crate::scheduler::remote::{RemoteSignal, RemoteSpawn, RunId, RunLimits, Signal, Verdict};
 use crate::{Capabilities, ExitReason, Payload, Pid};
 
 type HmacSha256 = Hmac<Sha256>;
@@ -42,7 +42,9 @@ type HmacSha256 = Hmac<Sha256>;
 // 7: a spawn carries its run's scheduler limits.
 // 8: exits carry typed reasons.
 // 9: a spawn's run limits carry `max_links` and `max_processes`.
-const VERSION: u8 = 9;
+// 10: links and exit signals between processes of two nodes, and a spawn with `link`;
+//     one answer (`Done`) for terminations, links and exit signals.
+const VERSION: u8 = 10;
 const MAC_LEN: usize = 32;
 
 /// Why a frame was refused.
@@ -193,15 +195,40 @@ pub(crate) enum Item {
         reason: ExitReason,
     },
     /// `token` 0: nobody waits for the end. `by`: the process that asked (or its
-    /// node's host).
+    /// node's host). `child_only`: carried out only if `target` is a child of `by`
+    /// (see [`ChildOnly`](crate::scheduler::remote::ChildOnly)).
     Terminate {
         by: Pid,
         target: Pid,
         token: u64,
+        child_only: bool,
     },
-    TerminateDone {
+    /// The answer to a termination, a link or an exit signal that asked with `token`.
+    Done {
         token: u64,
-        result: Result<(), String>,
+        verdict: Verdict,
+    },
+    /// `from` (the sender's) has linked to `to` (the receiver's): make `to`'s half of
+    /// the link, and answer with `token`.
+    Link {
+        from: Pid,
+        to: Pid,
+        token: u64,
+        child_only: bool,
+    },
+    /// `from` has removed its link to `to`: remove `to`'s half.
+    Unlink {
+        from: Pid,
+        to: Pid,
+    },
+    /// An exit signal from `from` to `to`; `token` 0: nobody waits for an answer (a
+    /// linked process's end).
+    Signal {
+        from: Pid,
+        to: Pid,
+        signal: RemoteSignal,
+        token: u64,
+        child_only: bool,
     },
     Spawn {
         token: u64,
@@ -576,11 +603,14 @@ const MESSAGE: u8 = 1;
 const MONITOR: u8 = 2;
 const EXIT: u8 = 3;
 const TERMINATE: u8 = 4;
-const TERMINATE_DONE: u8 = 5;
+const DONE: u8 = 5;
 const SPAWN: u8 = 6;
 const SPAWN_DONE: u8 = 7;
 const STOP_RUN: u8 = 8;
 const LOG: u8 = 9;
+const LINK: u8 = 10;
+const UNLINK: u8 = 11;
+const SIGNAL: u8 = 12;
 
 /// Encodes one link item.
 pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
@@ -604,16 +634,50 @@ pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
             w.u64(pid.as_u64());
             w.exit_reason(reason);
         }
-        Item::Terminate { by, target, token } => {
+        Item::Terminate { by, target, token, child_only } => {
             w.u8(TERMINATE);
             w.u64(by.as_u64());
             w.u64(target.as_u64());
             w.u64(*token);
+            w.bool(*child_only);
         }
-        Item::TerminateDone { token, result } => {
-            w.u8(TERMINATE_DONE);
+        Item::Done { token, verdict } => {
+            w.u8(DONE);
             w.u64(*token);
-            unit_result(&mut w, result);
+            match verdict {
+                Verdict::Done => w.u8(0),
+                Verdict::Noproc => w.u8(1),
+                Verdict::NotChild => w.u8(2),
+                Verdict::Failed(error) => {
+                    w.u8(3);
+                    w.str(error);
+                }
+            }
+        }
+        Item::Link { from, to, token, child_only } => {
+            w.u8(LINK);
+            w.u64(from.as_u64());
+            w.u64(to.as_u64());
+            w.u64(*token);
+            w.bool(*child_only);
+        }
+        Item::Unlink { from, to } => {
+            w.u8(UNLINK);
+            w.u64(from.as_u64());
+            w.u64(to.as_u64());
+        }
+        Item::Signal { from, to, signal, token, child_only } => {
+            w.u8(SIGNAL);
+            w.u64(from.as_u64());
+            w.u64(to.as_u64());
+            w.exit_reason(&signal.reason);
+            w.u8(match signal.how {
+                Signal::Link => 0,
+                Signal::Exit => 1,
+                Signal::Kill => 2,
+            });
+            w.u64(*token);
+            w.bool(*child_only);
         }
         Item::Spawn { token, spawn } => {
             w.u8(SPAWN);
@@ -630,6 +694,7 @@ pub(crate) fn encode_item(item: &Item) -> Vec<u8> {
             optional_limits(&mut w, spawn.limits);
             w.bool(spawn.monitor);
             w.u64(spawn.run.client);
+            w.bool(spawn.link);
         }
         Item::SpawnDone { token, result } => {
             w.u8(SPAWN_DONE);
@@ -679,11 +744,46 @@ pub(crate) fn decode_item(bytes: &[u8]) -> Result<Item, WireError> {
         EXIT => {
             Item::Exit { watcher: pid(&mut r, "watcher")?, pid: pid(&mut r, "pid")?, reason: r.exit_reason("reason")? }
         }
-        TERMINATE => Item::Terminate { by: pid(&mut r, "by")?, target: pid(&mut r, "target")?, token: r.u64("token")? },
-        TERMINATE_DONE => Item::TerminateDone {
+        TERMINATE => Item::Terminate {
+            by: pid(&mut r, "by")?,
+            target: pid(&mut r, "target")?,
             token: r.u64("token")?,
-            result: if r.bool("result")? { Err(r.str("result")?.to_owned()) } else { Ok(()) },
+            child_only: r.bool("child_only")?,
         },
+        DONE => Item::Done {
+            token: r.u64("token")?,
+            verdict: match r.u8("verdict")? {
+                0 => Verdict::Done,
+                1 => Verdict::Noproc,
+                2 => Verdict::NotChild,
+                3 => Verdict::Failed(r.str("verdict")?.to_owned()),
+                other => return Err(r.invalid("verdict", format!("unknown verdict {other}")).into()),
+            },
+        },
+        LINK => Item::Link {
+            from: pid(&mut r, "from")?,
+            to: pid(&mut r, "to")?,
+            token: r.u64("token")?,
+            child_only: r.bool("child_only")?,
+        },
+        UNLINK => Item::Unlink { from: pid(&mut r, "from")?, to: pid(&mut r, "to")? },
+        SIGNAL => {
+            let (from, to) = (pid(&mut r, "from")?, pid(&mut r, "to")?);
+            let reason = r.exit_reason("reason")?;
+            let how = match r.u8("how")? {
+                0 => Signal::Link,
+                1 => Signal::Exit,
+                2 => Signal::Kill,
+                other => return Err(r.invalid("how", format!("unknown exit signal {other}")).into()),
+            };
+            Item::Signal {
+                from,
+                to,
+                signal: RemoteSignal { reason, how },
+                token: r.u64("token")?,
+                child_only: r.bool("child_only")?,
+            }
+        }
         SPAWN => {
             let token = r.u64("token")?;
             let parent = pid(&mut r, "parent")?;
@@ -701,6 +801,7 @@ pub(crate) fn decode_item(bytes: &[u8]) -> Result<Item, WireError> {
             let limits = read_optional_limits(&mut r)?;
             let monitor = r.bool("monitor")?;
             let scope = r.u64("scope")?;
+            let link = r.bool("link")?;
             Item::Spawn {
                 token,
                 spawn: RemoteSpawn {
@@ -714,6 +815,7 @@ pub(crate) fn decode_item(bytes: &[u8]) -> Result<Item, WireError> {
                     limits,
                     run_limits,
                     monitor,
+                    link,
                     run: RunId { node: owner, client: scope },
                 },
             }
@@ -746,7 +848,10 @@ fn item_kind(kind: u8) -> &'static str {
         MONITOR => "monitor",
         EXIT => "exit",
         TERMINATE => "terminate",
-        TERMINATE_DONE => "terminate done",
+        DONE => "done",
+        LINK => "link",
+        UNLINK => "unlink",
+        SIGNAL => "exit signal",
         SPAWN => "spawn",
         SPAWN_DONE => "spawn done",
         STOP_RUN => "stop run",
@@ -842,16 +947,6 @@ fn read_optional_limits(r: &mut Reader<'_>) -> Result<Option<KindLimits>, WireEr
     }
 }
 
-fn unit_result(w: &mut Writer, result: &Result<(), String>) {
-    match result {
-        Ok(()) => w.u8(0),
-        Err(e) => {
-            w.u8(1);
-            w.str(e);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -866,8 +961,8 @@ mod tests {
             Item::Monitor { watcher: a, target: b },
             Item::Exit { watcher: a, pid: b, reason: ExitReason::Noconnection("b".into()) },
             Item::Exit { watcher: a, pid: b, reason: ExitReason::Normal(Payload::u64(4)) },
-            Item::Terminate { by: a, target: b, token: 2 },
-            Item::TerminateDone { token: 2, result: Ok(()) },
+            Item::Terminate { by: a, target: b, token: 2, child_only: false },
+            Item::Done { token: 2, verdict: Verdict::Done },
             Item::Spawn {
                 token: 8,
                 spawn: RemoteSpawn {
@@ -881,6 +976,7 @@ mod tests {
                     limits: Some(KindLimits::new(4 << 20, Duration::from_micros(250))),
                     run_limits: Some(Box::new(RunLimits::new().max_children(2).mailbox_bytes(usize::MAX))),
                     monitor: true,
+                    link: false,
                     run: RunId { node: 0, client: 42 },
                 },
             },
@@ -911,6 +1007,7 @@ mod tests {
                             .max_processes(8),
                     )),
                     monitor: true,
+                    link: true,
                     run: RunId { node: 7, client: 0 },
                 },
             },
@@ -927,6 +1024,7 @@ mod tests {
                     limits: None,
                     run_limits: None,
                     monitor: false,
+                    link: false,
                     run: RunId { node: Pid::MAX_NODE, client: u64::MAX },
                 },
             },
@@ -935,6 +1033,34 @@ mod tests {
             Item::StopRun { reason: "interrupted".into(), grace: Duration::from_millis(500), scope: 0 },
             Item::StopRun { reason: "gone".into(), grace: Duration::ZERO, scope: 99 },
             Item::Log { pid: a, scope: 3, source: "stdout".into(), message: "hello".into() },
+            Item::Terminate { by: a, target: b, token: 3, child_only: true },
+            Item::Done { token: 4, verdict: Verdict::Noproc },
+            Item::Done { token: 5, verdict: Verdict::NotChild },
+            Item::Done { token: 6, verdict: Verdict::Failed("link limit exceeded".into()) },
+            Item::Link { from: a, to: b, token: 7, child_only: false },
+            Item::Link { from: a, to: b, token: 8, child_only: true },
+            Item::Unlink { from: a, to: b },
+            Item::Signal {
+                from: a,
+                to: b,
+                signal: RemoteSignal { reason: ExitReason::Error("boom".into()), how: Signal::Link },
+                token: 0,
+                child_only: false,
+            },
+            Item::Signal {
+                from: a,
+                to: b,
+                signal: RemoteSignal { reason: ExitReason::Shutdown, how: Signal::Exit },
+                token: 9,
+                child_only: true,
+            },
+            Item::Signal {
+                from: a,
+                to: b,
+                signal: RemoteSignal { reason: ExitReason::Killed, how: Signal::Kill },
+                token: 10,
+                child_only: false,
+            },
         ]
         .into_iter()
         .chain(crate::codec::tests::every_exit_reason().into_iter().map(|reason| Item::Exit {
@@ -1052,8 +1178,9 @@ mod tests {
         let spawn =
             items().into_iter().find(|item| matches!(item, Item::Spawn { spawn, .. } if spawn.limits.is_none()));
         let mut bytes = encode_item(&spawn.unwrap());
-        // The limits tag comes before the monitor flag and the scope (u64::MAX: ten bytes).
-        let at = bytes.len() - 12;
+        // The limits tag comes before the monitor flag, the scope (u64::MAX: ten bytes)
+        // and the link flag.
+        let at = bytes.len() - 13;
         assert_eq!(bytes[at], 0);
         bytes[at] = 2;
         assert_eq!(decode_item(&bytes), Err(WireError::Malformed("limits tag 2".into())));
@@ -1087,24 +1214,28 @@ mod tests {
             &["034d0205"],
             &["034d070602"],
             &[
-                "034d030107031c1b01858080808080801889808080808080200174047465787402686911028580808080808018898080",
+                "034d03010703261b01858080808080801889808080808080200174047465787402686911028580808080808018898080",
                 "808080802014038580808080808018898080808080802007016221038580808080808018898080808080802000056279",
-                "746573080400000000000000120485808080808080188980808080808020020305020057060885808080808080180103",
-                "61707001097368613235363a30300673717561726501056279746573080300000000000000ef07010010000101020000",
-                "000001ffffffffffffffffff010000018080800290a10f0000012a4f060b8580808080808018010361707000047370696e00",
-                "ff0701000207010100010101030104010501060107010801ffffffffffffffffff01c08db70101ffffffffffffffffff0101808c",
-                "ee891a010026060a85808080808080180000046d61696e00ff07010001ff1f000000ffffffffffffffffff010b070800",
-                "898080808080802006070901026e6f13080b696e74657272757074656480cab5ee0100080804676f6e65006317098580",
-                "80808080801803067374646f75740568656c6c6f1c038580808080808018898080808080802000047465787404646f6e",
-                "651703858080808080801889808080808080200104626f6f6d1203858080808080801889808080808080200312038580",
-                "808080808018898080808080802004120385808080808080188980808080808020051203858080808080801889808080",
-                "808080200614038580808080808018898080808080802007016220038580808080808018898080808080802002000c61",
-                "2070616e696320747261702603858080808080801889808080808080200201126120756e726561636861626c65207472",
-                "617026038580808080808018898080808080802002021261206f75742d6f662d6675656c207472617025038580808080",
-                "808018898080808080802002031161206370752d62756467657420747261702703858080808080801889808080808080",
-                "2002041361206d656d6f72792d6c696d6974207472617029038580808080808018898080808080802002051561207374",
-                "61636b2d6f766572666c6f77207472617020038580808080808018898080808080802002060c61206f74686572207472",
-                "6170",
+                "746573080400000000000000130485808080808080188980808080808020020003050200580608858080808080801801",
+                "0361707001097368613235363a30300673717561726501056279746573080300000000000000ef070100100001010200",
+                "00000001ffffffffffffffffff010000018080800290a10f0000012a0050060b85808080808080180103617070000473",
+                "70696e00ff0701000207010100010101030104010501060107010801ffffffffffffffffff01c08db70101ffffffffff",
+                "ffffffff0101808cee891a01000127060a85808080808080180000046d61696e00ff07010001ff1f000000ffffffffff",
+                "ffffffff01000b070800898080808080802006070901026e6f13080b696e74657272757074656480cab5ee0100080804",
+                "676f6e6500631709858080808080801803067374646f75740568656c6c6f130485808080808080188980808080808020",
+                "0301030504010305050217050603136c696e6b206c696d6974206578636565646564130a858080808080801889808080",
+                "808080200700130a858080808080801889808080808080200801110b858080808080801889808080808080201a0c8580",
+                "80808080801889808080808080200104626f6f6d000000150c8580808080808018898080808080802004010901150c85",
+                "80808080808018898080808080802003020a001c038580808080808018898080808080802000047465787404646f6e65",
+                "1703858080808080801889808080808080200104626f6f6d120385808080808080188980808080808020031203858080",
+                "808080801889808080808080200412038580808080808018898080808080802005120385808080808080188980808080",
+                "8080200614038580808080808018898080808080802007016220038580808080808018898080808080802002000c6120",
+                "70616e696320747261702603858080808080801889808080808080200201126120756e726561636861626c6520747261",
+                "7026038580808080808018898080808080802002021261206f75742d6f662d6675656c20747261702503858080808080",
+                "8018898080808080802002031161206370752d6275646765742074726170270385808080808080188980808080808020",
+                "02041361206d656d6f72792d6c696d697420747261702903858080808080801889808080808080200205156120737461",
+                "636b2d6f766572666c6f77207472617020038580808080808018898080808080802002060c61206f7468657220747261",
+                "70",
             ],
             &["034d040106"],
             &["034d05087368613235363a310a"],
@@ -1114,9 +1245,9 @@ mod tests {
             &["034d090161030100094d0401087368613235363a3101087368613235363a31086170702e7761736d0863"],
             &["034d0a630100"],
             &[
-                "034d0a6302015706038580808080808018010361707001097368613235363a3030067371756172650105627974657308",
-                "0300000000000000ef07010010000101020000000001ffffffffffffffffff010000018080800290a10f0000012a0106612e",
-                "7761736d",
+                "034d0a6302015806038580808080808018010361707001097368613235363a3030067371756172650105627974657308",
+                "0300000000000000ef07010010000101020000000001ffffffffffffffffff010000018080800290a10f0000012a0001",
+                "06612e7761736d",
             ],
             &["034d0a6305040b696e746572727570746564c0a8a504"],
             &["034d0a63030204"],

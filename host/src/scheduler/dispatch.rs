@@ -32,12 +32,23 @@ use super::commands::Resolution;
 use super::completer::{complete, completer};
 use super::durable::Origin;
 use super::handle::Handle;
+use super::inbox::Signal;
 use super::lifecycle::SpawnArgs;
+use super::remote::RemoteSignal;
 use super::shared::Shared;
 use super::worker::{self, panic_message};
 use crate::handler::{KindLimits, Request, make_under};
 use crate::limits::Lineage;
 use crate::step::{Command, CommandKind, SpawnRequest, Yield};
+
+/// What the target of a command over another process is to the process
+/// ([`Shared::target_of`]).
+enum Target {
+    OwnChild,
+    /// A process of another node.
+    Remote,
+    Other,
+}
 
 impl Request<'_> {
     /// The scheduler, to spawn, send or terminate on the caller's behalf.
@@ -76,14 +87,27 @@ impl Shared {
             return;
         }
         let kind = y.command.kind();
-        if !cell.spec.caps.allows_builtin(kind) && !self.acts_on_own_child(cell, &y.command) {
-            return complete(cell, tag, Err(self.denied(kind.name())));
+        let mut child_only = None;
+        if !cell.spec.caps.allows_builtin(kind) {
+            match self.target_of(cell, &y.command) {
+                Target::OwnChild => {}
+                // Its node knows whether it is a child of this process.
+                Target::Remote => child_only = Some(self.denied(kind.name())),
+                Target::Other => return complete(cell, tag, Err(self.denied(kind.name()))),
+            }
         }
         self.count_yield(kind);
         match y.command {
             Command::Sleep(duration) if duration.is_zero() => complete(cell, tag, Ok(Payload::empty())),
             Command::Sleep(duration) => self.timer.sleep(duration, completer(cell, tag)),
             Command::Spawn(request) => {
+                if request.link {
+                    let limit = self.limits_of(cell).max_links;
+                    if cell.inbox.link_count() >= limit {
+                        let error = format!("spawn failed: {}", super::links::link_limit(cell.pid(), limit));
+                        return complete(cell, tag, Err(error));
+                    }
+                }
                 let request = match self.spawn_elsewhere(cell, request, || completer(cell, tag)) {
                     Ok(()) => return,
                     Err(request) => request,
@@ -110,7 +134,7 @@ impl Shared {
             }
             Command::Terminate(target) => {
                 if let Some(remote) = self.remote_for(target) {
-                    return remote.terminate(cell.pid(), target, Some(completer(cell, tag)));
+                    return remote.terminate(cell.pid(), target, child_only, Some(completer(cell, tag)));
                 }
                 // Completes once the target has ended: its exit notifies the completer.
                 let watcher = Watcher::Yield(completer(cell, tag));
@@ -120,7 +144,10 @@ impl Shared {
                     done.complete(Err(error.to_string()));
                 }
             }
-            Command::Link(target) => complete(cell, tag, self.link(cell, target).map(|()| Payload::empty())),
+            Command::Link(target) => match self.remote_for(target) {
+                Some(remote) => self.link_remote(cell, target, remote, child_only, completer(cell, tag)),
+                None => complete(cell, tag, self.link(cell, target).map(|()| Payload::empty())),
+            },
             Command::Unlink(target) => {
                 self.unlink(cell, target);
                 complete(cell, tag, Ok(Payload::empty()));
@@ -129,9 +156,17 @@ impl Shared {
                 self.demonitor(cell, target);
                 complete(cell, tag, Ok(Payload::empty()));
             }
-            Command::Exit(signal) => {
-                complete(cell, tag, self.exit_signal(cell.pid(), signal).map(|()| Payload::empty()));
-            }
+            Command::Exit(signal) => match self.remote_for(signal.to) {
+                Some(remote) => {
+                    let how = if signal.kill { Signal::Kill } else { Signal::Exit };
+                    let remote_signal = RemoteSignal { reason: signal.reason, how };
+                    remote.signal(cell.pid(), signal.to, remote_signal, Some((completer(cell, tag), child_only)));
+                }
+                None => {
+                    self.exit_signal(cell.pid(), signal);
+                    complete(cell, tag, Ok(Payload::empty()));
+                }
+            },
             Command::TrapExits(trap) => {
                 cell.inbox.set_trap_exits(trap);
                 complete(cell, tag, Ok(Payload::empty()));
@@ -140,20 +175,25 @@ impl Shared {
         }
     }
 
-    /// Whether `command` terminates, signals or links a child of `cell` on this node:
-    /// granted whether or not `terminate`, `exit` or `link` is, since a process may end
-    /// what it started (a supervisor stops its children so), and a child's pid is its
-    /// parent's to know. Over any other process these commands are as strong as
-    /// `terminate` (a process that links to one and then fails ends it), so each needs
-    /// its grant.
-    fn acts_on_own_child(&self, cell: &ProcessCell, command: &Command) -> bool {
+    /// Whether `command` terminates, signals or links a child of `cell`: granted whether
+    /// or not `terminate`, `exit` or `link` is, since a process may end what it started
+    /// (a supervisor stops its children so), and a child's pid is its parent's to know.
+    /// Over any other process these commands are as strong as `terminate` (a process
+    /// that links to one and then fails ends it), so each needs its grant. For a process
+    /// of another node, that node decides ([`ChildOnly`](super::remote::ChildOnly)).
+    fn target_of(&self, cell: &ProcessCell, command: &Command) -> Target {
         let target = match command {
             Command::Terminate(target) | Command::Link(target) => *target,
             Command::Exit(signal) => signal.to,
-            _ => return false,
+            _ => return Target::Other,
         };
-        self.remote_for(target).is_none()
-            && self.registry.get(target).is_some_and(|child| child.spec.parent == cell.pid())
+        if self.remote_for(target).is_some() {
+            Target::Remote
+        } else if self.registry.get(target).is_some_and(|child| child.spec.parent == cell.pid()) {
+            Target::OwnChild
+        } else {
+            Target::Other
+        }
     }
 
     /// The answer to a command the process was not granted: `permission denied: NAME`,
@@ -213,12 +253,6 @@ impl Shared {
                 }
             });
         };
-        if request.link {
-            let limit = self.limits_of(parent).max_links;
-            if parent.inbox.link_count() >= limit {
-                return Err(format!("spawn failed: {}", super::links::link_limit(parent.pid(), limit)));
-            }
-        }
         let (process, sandbox) =
             make_under(&*factory, self.sandbox_of(parent)).map_err(|e| format!("spawn failed: {e:#}"))?;
         let args = SpawnArgs {

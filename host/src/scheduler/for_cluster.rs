@@ -1,8 +1,9 @@
 //! What a scheduler does for a cluster (see `remote.rs`, the seam between the two): hand
 //! a spawn that its placement sends elsewhere to the cluster, and, on behalf of another
-//! node, deliver an exit to a local watcher, watch or terminate a local process, spawn
-//! one for a remote parent, and find or end the processes of a run, through `pub(crate)`
-//! methods of [`Handle`].
+//! node, deliver an exit to a local watcher, watch or terminate a local process, make or
+//! remove a local process's half of a link to one of that node, deliver its exit
+//! signals, spawn one for a remote parent, and find or end the processes of a run,
+//! through `pub(crate)` methods of [`Handle`].
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -12,8 +13,10 @@ use wasmproc_types::{ExitReason, Pid};
 use super::caps::Capabilities;
 use super::cell::{ProcessCell, Watcher};
 use super::handle::Handle;
+use super::inbox::{LinkRefused, Signal};
 use super::lifecycle::SpawnArgs;
-use super::remote::{Notify, RemoteSpawn};
+use super::links::link_limit;
+use super::remote::{Notify, RemoteSignal, RemoteSpawn, Verdict};
 use super::shared::Shared;
 use super::state::Wake;
 use crate::error::{SendError, SpawnError};
@@ -42,10 +45,6 @@ impl Shared {
         request: SpawnRequest,
         done: impl FnOnce() -> Completer,
     ) -> Result<(), SpawnRequest> {
-        // Links do not cross nodes yet: a linked child runs beside its parent.
-        if request.link {
-            return Err(request);
-        }
         let Some(remote) = &self.remote else { return Err(request) };
         let Some(node) = remote.place() else { return Err(request) };
         let kind = request.kind.clone().or_else(|| parent.spec.kind.as_deref().map(str::to_owned));
@@ -66,6 +65,7 @@ impl Shared {
             limits,
             run_limits: parent.lineage.run_bound().map(|bound| Box::new(bound.carried())),
             monitor: request.monitor,
+            link: request.link,
             run: parent.lineage.run(),
         };
         remote.spawn(node, spawn, done());
@@ -183,9 +183,78 @@ impl Handle {
         };
         let cell = self.shared.spawn_unqueued(process, args)?;
         let pid = cell.pid();
+        // Before it first runs, and before its pid is told to anyone who could end it:
+        // its inbox is open. Its parent's half is made when the parent's node hears of
+        // the spawn.
+        if spawn.link && !spawn.parent.is_host() {
+            let linked = cell.inbox.add_link(spawn.parent, usize::MAX);
+            debug_assert!(linked.is_ok(), "a process spawned and not yet queued has an open inbox");
+        }
         spawned(pid);
         self.shared.schedule(cell);
         Ok(pid)
+    }
+
+    /// Links local `target` to `from` (a process of another node, whose side of the link
+    /// its node made), unless `child_only` and `target` is no child of `from`.
+    pub(crate) fn link_from_remote(&self, from: Pid, target: Pid, child_only: bool) -> Verdict {
+        let cell = match self.shared.registry.get(target) {
+            Some(cell) if !child_only || cell.spec.parent == from => cell,
+            _ if child_only => return Verdict::NotChild,
+            _ => return Verdict::Noproc,
+        };
+        match cell.inbox.add_link(from, self.shared.limits_of(&cell).max_links) {
+            Ok(()) => Verdict::Done,
+            Err(LinkRefused::Full { limit }) => Verdict::Failed(link_limit(target, limit)),
+            Err(LinkRefused::Closed) => Verdict::Noproc,
+        }
+    }
+
+    /// Removes local process `local`'s half of its link to `partner` (of another node).
+    pub(crate) fn unlink_local(&self, local: Pid, partner: Pid) {
+        if let Some(cell) = self.shared.registry.get(local) {
+            cell.inbox.remove_link(partner);
+        }
+    }
+
+    /// Delivers an exit signal from `from` (a process of another node) to local
+    /// `target`, unless `child_only` and `target` is no child of `from`. A
+    /// [`Signal::Link`] signal acts only if `target` holds a link to `from`.
+    pub(crate) fn signal_from_remote(&self, from: Pid, target: Pid, signal: RemoteSignal, child_only: bool) -> Verdict {
+        match self.shared.registry.get(target) {
+            Some(cell) if !child_only || cell.spec.parent == from => {
+                self.shared.signal_cell(&cell, from, &signal.reason, signal.how);
+                Verdict::Done
+            }
+            _ if child_only => Verdict::NotChild,
+            _ => Verdict::Noproc,
+        }
+    }
+
+    /// Makes `parent`'s half of its link to `child`, which it spawned with `link` on
+    /// another node (whose half is made). False if `parent` has ended meanwhile.
+    pub(crate) fn link_child(&self, parent: Pid, child: Pid) -> bool {
+        // One past `max_links` at most: the spawn was checked against it.
+        self.shared.registry.get(parent).is_some_and(|cell| cell.inbox.add_link(child, usize::MAX).is_ok())
+    }
+
+    /// Whether local `target` is a child of `parent`.
+    pub(crate) fn is_child_of(&self, target: Pid, parent: Pid) -> bool {
+        self.shared.registry.get(target).is_some_and(|cell| cell.spec.parent == parent)
+    }
+
+    /// Sends every local process linked to a process of node `node` a [`Signal::Link`]
+    /// signal from that process with `reason`: what a node does when `node` is lost.
+    /// Returns how many links it ended.
+    pub(crate) fn signal_links_to_node(&self, node: u16, reason: &ExitReason) -> usize {
+        let mut ended = 0;
+        for cell in self.shared.registry.snapshot() {
+            for partner in cell.inbox.links_on(node) {
+                self.shared.signal_cell(&cell, partner, reason, Signal::Link);
+                ended += 1;
+            }
+        }
+        ended
     }
 
     /// Delivers a cancel with `reason` to every process of a run node `node` owns, or
@@ -301,6 +370,7 @@ mod tests {
             limits: None,
             run_limits: None,
             monitor: false,
+            link: false,
             run: RunId::default(),
         }
     }

@@ -152,7 +152,7 @@ impl Handle {
     /// [`SendError::NotFound`] or [`SendError::Closed`] if it has ended or is ending.
     pub fn terminate(&self, pid: Pid) -> Result<(), SendError> {
         if let Some(remote) = self.shared.remote_for(pid) {
-            remote.terminate(Pid::node_host(self.shared.node), pid, None);
+            remote.terminate(Pid::node_host(self.shared.node), pid, None, None);
             return Ok(());
         }
         let cell = self.shared.registry.get(pid).ok_or(SendError::NotFound(pid))?;

@@ -78,7 +78,7 @@ struct InboxState<W> {
 
 /// How an exit signal reaches a process ([`Inbox::signal`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Signal {
+pub(crate) enum Signal {
     /// A linked process ended: dropped unless the link still holds, which it then ends.
     Link,
     /// An exit signal without a link (an `exit` command, a `noproc` for a link to no
@@ -245,14 +245,20 @@ impl<W> Inbox<W> {
         Ok(())
     }
 
-    /// Removes the link to `pid`, if there is one: its exit signal is dropped from now on.
-    pub(super) fn remove_link(&self, pid: Pid) {
-        self.inner.lock().links.remove(&pid);
+    /// Removes the link to `pid`, if there is one (true): its exit signal is dropped from
+    /// now on.
+    pub(super) fn remove_link(&self, pid: Pid) -> bool {
+        self.inner.lock().links.remove(&pid)
     }
 
     /// How many processes are linked to this one.
     pub(super) fn link_count(&self) -> usize {
         self.inner.lock().links.len()
+    }
+
+    /// The processes of node `node` linked to this one.
+    pub(super) fn links_on(&self, node: u16) -> Vec<Pid> {
+        self.inner.lock().links.iter().copied().filter(|pid| pid.node() == node).collect()
     }
 
     /// Sets whether exit signals arrive as events (see [`Inbox::signal`]).

@@ -29,6 +29,19 @@
 //! removes the target from the linker's set first: a signal of the target's that arrives
 //! later finds no link on the linker's side and is dropped (a [`Signal::Link`] signal
 //! needs the link on the receiver's side, and removes it).
+//!
+//! # Across nodes
+//!
+//! A link to a process of another node is made the same way, each half by its own
+//! node: the linker's half here first, then the target's by its node ([`Remote::link`]),
+//! which answers; a refusal takes the linker's half back, and no such process gives the
+//! linker a `noproc` signal from the target as it would here. An exit signal to a
+//! process of another node travels on the one ordered link between the two nodes that
+//! the messages take, so it arrives after the messages its sender sent before it; a
+//! [`Signal::Link`] signal there still needs the link on the receiver's side, so a node
+//! can end only processes that linked to one of its own. When a node is lost, every
+//! process here linked to one of its processes gets a `noconnection` signal from that
+//! process ([`Handle::signal_links_to_node`](super::Handle::signal_links_to_node)).
 
 use std::sync::Arc;
 
@@ -36,21 +49,18 @@ use wasmproc_types::{ExitReason, Pid};
 
 use super::cell::{ProcessCell, Watcher};
 use super::inbox::{LinkRefused, Signal, Signalled};
+use super::remote::{ChildOnly, Remote, RemoteSignal};
 use super::shared::Shared;
 use super::state::Wake;
+use crate::handler::Completer;
 use crate::step::{ExitSignal, Exited};
 
 impl Shared {
-    /// Links `cell`'s process and `target` (see the module's docs); `Err` past
-    /// `max_links` on either side.
+    /// Links `cell`'s process and `target`, a process of this node (see the module's
+    /// docs); `Err` past `max_links` on either side.
     pub(super) fn link(&self, cell: &Arc<ProcessCell>, target: Pid) -> Result<(), String> {
         if target == cell.pid() {
             return Ok(());
-        }
-        if self.remote_for(target).is_some() {
-            return Err(format!(
-                "cannot link to process {target}: links to processes of other nodes are not supported yet"
-            ));
         }
         let limit = self.limits_of(cell).max_links;
         if let Err(LinkRefused::Full { limit }) = cell.inbox.add_link(target, limit) {
@@ -74,9 +84,34 @@ impl Shared {
         Ok(())
     }
 
+    /// Links `cell`'s process and `target`, a process of another node: this half now
+    /// (counted against `max_links` here), the other by `target`'s node, which answers
+    /// `done` (see [`Remote::link`]).
+    pub(super) fn link_remote(
+        &self,
+        cell: &Arc<ProcessCell>,
+        target: Pid,
+        remote: &Arc<dyn Remote>,
+        child_only: ChildOnly,
+        done: Completer,
+    ) {
+        let limit = self.limits_of(cell).max_links;
+        if let Err(LinkRefused::Full { limit }) = cell.inbox.add_link(target, limit) {
+            return done.complete(Err(link_limit(cell.pid(), limit)));
+        }
+        remote.link(cell.pid(), target, child_only, done);
+    }
+
     /// Removes the link between `cell`'s process and `target`, both ways.
     pub(super) fn unlink(&self, cell: &ProcessCell, target: Pid) {
-        cell.inbox.remove_link(target);
+        let linked = cell.inbox.remove_link(target);
+        if let Some(remote) = self.remote_for(target) {
+            // Only a link made (and bounded) before goes to the other node.
+            if linked {
+                remote.unlink(cell.pid(), target);
+            }
+            return;
+        }
         if let Some(partner) = self.registry.get(target) {
             partner.inbox.remove_link(cell.pid());
         }
@@ -92,28 +127,26 @@ impl Shared {
         }
     }
 
-    /// Sends `signal` from `from`; one to a process that does not exist is dropped.
-    pub(super) fn exit_signal(&self, from: Pid, signal: ExitSignal) -> Result<(), String> {
-        if self.remote_for(signal.to).is_some() {
-            return Err(format!(
-                "cannot send an exit signal to process {}: exit signals to processes of other nodes are not \
-                 supported yet",
-                signal.to
-            ));
-        }
+    /// Sends `signal` from `from` to a process of this node; one to a process that does
+    /// not exist is dropped.
+    pub(super) fn exit_signal(&self, from: Pid, signal: ExitSignal) {
         if let Some(target) = self.registry.get(signal.to) {
             let how = if signal.kill { Signal::Kill } else { Signal::Exit };
             self.signal_cell(&target, from, &signal.reason, how);
         }
-        Ok(())
     }
 
     /// Sends the exit signal of a process that ended with `exited` to each of its
-    /// partners `links`; whether any took it (was ended by it, or got its event).
+    /// partners `links`; whether any took it (was ended by it, or got its event), or it
+    /// went to another node.
     pub(super) fn signal_links(&self, from: Pid, exited: &Exited, links: impl IntoIterator<Item = Pid>) -> bool {
         let mut taken = false;
         for partner in links {
-            if let Some(cell) = self.registry.get(partner) {
+            if let Some(remote) = self.remote_for(partner) {
+                let signal = RemoteSignal { reason: exited.reason.clone(), how: Signal::Link };
+                remote.signal(from, partner, signal, None);
+                taken = true;
+            } else if let Some(cell) = self.registry.get(partner) {
                 taken |= self.signal_cell(&cell, from, &exited.reason, Signal::Link) != Signalled::Dropped;
             }
         }

@@ -3,7 +3,7 @@
 //! The scheduler knows nothing of networks. A scheduler built with a [`Remote`] (see
 //! `Builder::cluster`) hands it whatever names a pid of another node: a message
 //! (`Shared::send`), a monitor, a termination, and the spawns its placement sends
-//! elsewhere. Each is one compare on the pid's node first ([`Pid::node`] against the
+//! elsewhere, a link or an exit signal. Each is one compare on the pid's node first ([`Pid::node`] against the
 //! scheduler's own), so the local path costs what it did. Without a remote every pid is
 //! local, whatever its node bits say (a journal written before pids had nodes).
 //!
@@ -23,6 +23,28 @@ pub use crate::limits::{RunId, RunLimits};
 /// Called once with the pid and result of a process that a remote node watches.
 pub(crate) type Notify = Box<dyn FnOnce(Pid, &ExitReason) + Send>;
 
+pub(crate) use super::inbox::Signal;
+
+/// A command over a process of another node that needs a grant the process does not
+/// hold (`terminate`, `exit`, `link`, see [`Capabilities::OVER_OTHERS`]), which a process
+/// may still use on its own children: the target's node carries it out only if the
+/// target is a child of the process, and otherwise it completes with this text, the
+/// denial the process's own node words (`None`: the process holds the grant).
+pub(crate) type ChildOnly = Option<String>;
+
+/// What another node answers a link, an exit signal or a termination with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Carried out.
+    Done,
+    /// There is no such process (it has ended, or never was).
+    Noproc,
+    /// Asked for with [`ChildOnly`], and the target is no child of the asker.
+    NotChild,
+    /// Refused, with the error to complete with (a link past `max_links`, say).
+    Failed(String),
+}
+
 /// What a scheduler hands to the cluster: work for processes of other nodes. Called on
 /// worker threads in the middle of dispatch, so no method may block.
 pub(crate) trait Remote: Send + Sync + 'static {
@@ -38,7 +60,25 @@ pub(crate) trait Remote: Send + Sync + 'static {
 
     /// Terminates `target` (remote) for `by` (a local process, or this node's host);
     /// `done` completes once it has ended, or with the reason it could not be.
-    fn terminate(&self, by: Pid, target: Pid, done: Option<Completer>);
+    fn terminate(&self, by: Pid, target: Pid, child_only: ChildOnly, done: Option<Completer>);
+
+    /// Links `target` (remote) to `from` (local), whose own side of the link is made
+    /// already. `done` completes once `target`'s node has answered: `Ok` when linked, and
+    /// also when there is no such process or node, which `from` then hears as an exit
+    /// signal from `target` (`noproc`, `noconnection`); an error (past `target`'s
+    /// `max_links`, or [`ChildOnly`]) once `from`'s side is taken back
+    /// ([`Handle::unlink_local`](super::Handle::unlink_local)).
+    fn link(&self, from: Pid, target: Pid, child_only: ChildOnly, done: Completer);
+
+    /// Removes `target`'s side of its link to `from` (whose side is removed already).
+    fn unlink(&self, from: Pid, target: Pid);
+
+    /// Sends `target` (remote) an exit signal from `from` (local): an `exit` command,
+    /// whose `done` completes once `target`'s node has taken it (`Ok` also when there
+    /// is no such process, as on one node), or, with `done` `None`, the end of `from`
+    /// told to a linked `target` ([`Signal::Link`]). Signals and messages from one
+    /// process to another arrive in the order they were queued.
+    fn signal(&self, from: Pid, target: Pid, signal: RemoteSignal, done: Option<(Completer, ChildOnly)>);
 
     /// The node the next spawn goes to, if not this one (the placement policy's choice).
     fn place(&self) -> Option<u16>;
@@ -50,6 +90,13 @@ pub(crate) trait Remote: Send + Sync + 'static {
     /// (components fetched from other nodes, named by their hash) for processes of
     /// the run `run` (see [`RunId`]).
     fn factory(&self, kind: &str, run: RunId) -> Option<Arc<dyn Factory>>;
+}
+
+/// An exit signal bound for another node.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RemoteSignal {
+    pub(crate) reason: ExitReason,
+    pub(crate) how: Signal,
 }
 
 /// A spawn bound for another node, with everything that bounds the child there: its
@@ -79,6 +126,8 @@ pub(crate) struct RemoteSpawn {
     pub(crate) run_limits: Option<Box<RunLimits>>,
     /// Whether the parent monitors the child.
     pub(crate) monitor: bool,
+    /// Whether the child is linked to the parent before it first runs.
+    pub(crate) link: bool,
     /// The run the child belongs to, its parent's ([`RunId`]); a `node` of 0: the
     /// spawning node's own run.
     pub(crate) run: RunId,

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::{ACK_DELAY, ACK_EVERY, Acks, Actor, BATCH_BYTES, BATCH_ITEMS, Counted, OutLink, PendingAck};
+use super::{ACK_DELAY, ACK_EVERY, Acks, Actor, Asked, BATCH_BYTES, BATCH_ITEMS, Counted, OutLink, PendingAck};
 use crate::Pid;
 use crate::cluster::shared::Inner;
 use crate::cluster::wire::{self, Body, Item, Peer};
@@ -48,9 +48,13 @@ impl Actor {
                 self.inner.counters.messages_lost.fetch_add(1, Ordering::Relaxed);
             }
             Item::Monitor { watcher, target } => self.exit_to(watcher, target, self.lost(node)),
-            // The other side is gone: nobody waits for these.
-            Item::Exit { .. } | Item::TerminateDone { .. } | Item::SpawnDone { .. } => {}
-            Item::Terminate { .. } | Item::Spawn { .. } | Item::StopRun { .. } => {}
+            // The other side is gone: nobody waits for these, and its processes heard
+            // `noconnection` from this node's linked to them.
+            Item::Exit { .. } | Item::Done { .. } | Item::SpawnDone { .. } => {}
+            Item::Unlink { .. } | Item::Signal { token: 0, .. } => {}
+            // Asked only of a member, in the same turn: its loss answers them.
+            Item::Terminate { .. } | Item::Spawn { .. } | Item::Link { .. } | Item::Signal { .. } => {}
+            Item::StopRun { .. } => {}
             Item::Log { .. } => {
                 self.inner.log_backlog.fetch_sub(1, Ordering::AcqRel);
             }
@@ -213,7 +217,11 @@ impl Actor {
             peer.node,
             self.me.node,
             item,
-            |token| self.pending.get(&token).is_some_and(|pending| pending.node == peer.node),
+            |token, spawn| {
+                self.pending.get(&token).is_some_and(|pending| {
+                    pending.node == peer.node && matches!(pending.asked, Asked::Spawn { .. }) == spawn
+                })
+            },
             |watcher, pid| {
                 self.monitors.get(&peer.node).is_some_and(|m| m.contains_key(&(watcher, pid)))
                     || (watcher.is_host() && self.embedded.contains_key(&pid))
@@ -244,13 +252,15 @@ impl OutLink {
 /// Whether node `sender` may have sent `item` to node `here`: the processes it speaks
 /// for are its own, those it names here are this node's, an exit is one a local watcher
 /// waits for (`watched(watcher, pid)`), and an answer answers what this node asked of
-/// that node (`asked(token)`). A node's link carries what its processes did, never what
-/// another node's did.
+/// that node (`asked(token, spawn)`: a spawn, or `spawn` false, a termination, link or
+/// exit signal). A node's link carries what its processes did, never what another
+/// node's did. An exit signal of a link (`Signal::Link`) acts only on a process here
+/// that holds a link to its sender, which its own node checks.
 fn check(
     sender: u16,
     here: u16,
     item: &Item,
-    asked: impl Fn(u64) -> bool,
+    asked: impl Fn(u64, bool) -> bool,
     watched: impl Fn(Pid, Pid) -> bool,
 ) -> Result<(), String> {
     let own = |pid: Pid, what: &str| {
@@ -259,8 +269,8 @@ fn check(
     let local = |pid: Pid, what: &str| {
         if pid.node() == here { Ok(()) } else { Err(format!("{what} {pid} is not a process of this node")) }
     };
-    let answers = |token: u64, what: &str| {
-        if asked(token) { Ok(()) } else { Err(format!("{what} answers nothing this node asked the sender")) }
+    let answers = |token: u64, spawn: bool, what: &str| {
+        if asked(token, spawn) { Ok(()) } else { Err(format!("{what} answers nothing this node asked the sender")) }
     };
     match item {
         Item::Message { from, to, .. } => own(*from, "the message's sender").and(local(*to, "its receiver")),
@@ -274,13 +284,20 @@ fn check(
             }
         }
         Item::Terminate { by, target, .. } => own(*by, "the terminating process").and(local(*target, "the target")),
-        Item::TerminateDone { token, .. } => answers(*token, "a termination's end"),
+        Item::Done { token, .. } => answers(*token, false, "an answer"),
+        Item::Link { from, to, .. } | Item::Unlink { from, to } => {
+            own(*from, "the linking process").and(local(*to, "the linked"))
+        }
+        Item::Signal { from, to, .. } => own(*from, "the exit signal's sender").and(local(*to, "its receiver")),
+        Item::Spawn { spawn, .. } if spawn.link && spawn.parent.is_host() => {
+            Err(format!("a spawn linked to {}, a node's host, which no link can name", spawn.parent))
+        }
         Item::Spawn { spawn, .. } => own(spawn.parent, "the spawn's parent"),
         Item::Log { pid, .. } => own(*pid, "the line's process"),
         // A node stops its own run (`scope` 0: what it owns), or one of its clients'.
         Item::StopRun { .. } => Ok(()),
         Item::SpawnDone { token, result } => {
-            answers(*token, "a spawn's answer")?;
+            answers(*token, true, "a spawn's answer")?;
             match result {
                 Ok(child) => own(*child, "the spawned process"),
                 Err(_) => Ok(()),
@@ -293,6 +310,7 @@ fn check(
 mod tests {
     use super::*;
     use crate::Payload;
+    use crate::scheduler::remote::{RemoteSignal, Signal, Verdict};
 
     /// What one node's link says of another node's processes is refused: a
     /// message from another node's process, an exit of one, an exit nobody waits for,
@@ -302,7 +320,7 @@ mod tests {
     fn a_node_speaks_only_for_its_own_processes() {
         let (sender, here, third) = (3, 5, 7);
         let on = |node: u16, n: u64| Pid::from_u64(n).with_node(node);
-        let asked = |token: u64| token == 1;
+        let asked = |token: u64, spawn: bool| token == 1 && spawn || token == 2 && !spawn;
         let watched = |watcher: Pid, pid: Pid| watcher == on(here, 10) && pid == on(sender, 20);
         let checked = |item: Item| check(sender, here, &item, asked, watched);
         let message = |from, to| Item::Message { from, to, topic: "t".into(), body: Payload::empty() };
@@ -316,15 +334,35 @@ mod tests {
         assert!(checked(exit(on(here, 10), on(third, 20))).is_err(), "an exit of another node's process");
         assert!(checked(exit(on(here, 11), on(sender, 20))).unwrap_err().contains("does not wait for"));
 
-        let terminate = |by, target| Item::Terminate { by, target, token: 0 };
+        let terminate = |by, target| Item::Terminate { by, target, token: 0, child_only: false };
         assert_eq!(checked(terminate(on(sender, 1), on(here, 2))), Ok(()));
         assert!(checked(terminate(on(third, 1), on(here, 2))).is_err(), "on behalf of another node's process");
         assert!(checked(terminate(on(sender, 1), on(third, 2))).is_err(), "of a process elsewhere");
 
         assert_eq!(checked(Item::SpawnDone { token: 1, result: Ok(on(sender, 4)) }), Ok(()));
-        assert!(checked(Item::SpawnDone { token: 2, result: Ok(on(sender, 4)) }).is_err(), "not asked");
+        assert!(checked(Item::SpawnDone { token: 3, result: Ok(on(sender, 4)) }).is_err(), "not asked");
+        assert!(checked(Item::SpawnDone { token: 2, result: Ok(on(sender, 4)) }).is_err(), "asked, not a spawn");
         assert!(checked(Item::SpawnDone { token: 1, result: Ok(on(third, 4)) }).is_err(), "a pid of another node");
-        assert!(checked(Item::TerminateDone { token: 9, result: Ok(()) }).is_err());
+        assert_eq!(checked(Item::Done { token: 2, verdict: Verdict::Done }), Ok(()));
+        assert!(checked(Item::Done { token: 9, verdict: Verdict::Done }).is_err());
+        assert!(checked(Item::Done { token: 1, verdict: Verdict::Done }).is_err(), "a spawn's answer is no `Done`");
+
+        // Links and exit signals: from the sender's own processes, to this node's.
+        let link = |from, to| Item::Link { from, to, token: 0, child_only: false };
+        assert_eq!(checked(link(on(sender, 1), on(here, 2))), Ok(()));
+        assert!(checked(link(on(third, 1), on(here, 2))).is_err(), "on behalf of another node's process");
+        assert!(checked(link(on(sender, 1), on(third, 2))).is_err(), "to a process elsewhere");
+        assert!(checked(Item::Unlink { from: on(third, 1), to: on(here, 2) }).is_err());
+        let signal = |from, to| Item::Signal {
+            from,
+            to,
+            signal: RemoteSignal { reason: crate::ExitReason::Killed, how: Signal::Kill },
+            token: 0,
+            child_only: false,
+        };
+        assert_eq!(checked(signal(on(sender, 1), on(here, 2))), Ok(()));
+        assert!(checked(signal(on(third, 1), on(here, 2))).unwrap_err().contains("not a process of the sending node"));
+        assert!(checked(signal(on(sender, 1), on(third, 2))).is_err());
         assert!(checked(Item::Monitor { watcher: on(third, 1), target: on(here, 2) }).is_err());
     }
 }

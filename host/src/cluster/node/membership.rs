@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::{Actor, Counted, HEARTBEAT, InLink, MAX_ANNOUNCED, Member, Probing, random_u64};
+use super::{Actor, Asked, Counted, HEARTBEAT, InLink, MAX_ANNOUNCED, Member, Probing, random_u64};
 use crate::ExitReason;
 use crate::cluster::config::Heard;
 use crate::cluster::shared::{NodeInfo, lost, noconnection};
@@ -203,8 +203,9 @@ impl Actor {
         *self.inner.view.write() = view;
     }
 
-    /// Forgets node `node`: its monitors get `noconnection`, what waits on it fails,
-    /// and its unacknowledged messages are counted lost.
+    /// Forgets node `node`: its monitors and the processes linked to its processes get
+    /// `noconnection`, what waits on it fails, and its unacknowledged messages are
+    /// counted lost.
     pub(super) fn lose(&mut self, node: u16, why: &str) {
         let Some(member) = self.members.remove(&node) else { return };
         let name = member.announce.name;
@@ -233,14 +234,28 @@ impl Actor {
                 self.exit_to(watcher, target, exit.clone());
             }
         }
+        // Before the links waiting on it complete: their `noconnection` comes first.
+        if let Some(handle) = self.inner.handle.get() {
+            let ended = handle.signal_links_to_node(node, &exit);
+            if ended > 0 {
+                tracing::info!(node, name, links = ended, "links to the lost node's processes ended");
+            }
+        }
         let tokens: Vec<u64> = self.pending.iter().filter(|(_, p)| p.node == node).map(|(&t, _)| t).collect();
         for token in tokens {
             let Some(pending) = self.pending.remove(&token) else { continue };
-            if let Some(done) = pending.done {
-                done.complete(Err(reason.clone()));
-            }
-            if let Some(slot) = pending.embedded {
-                slot.set(Err(exit.clone()));
+            match pending.asked {
+                Asked::Spawn { done, embedded, .. } => {
+                    if let Some(done) = done {
+                        done.complete(Err(reason.clone()));
+                    }
+                    if let Some(slot) = embedded {
+                        slot.set(Err(exit.clone()));
+                    }
+                }
+                Asked::Terminate { done, .. } | Asked::Exit { done, .. } => done.complete(Err(reason.clone())),
+                // As a link to a process that is gone: the signal above said why.
+                Asked::Link { done, .. } => done.complete(Ok(crate::Payload::empty())),
             }
         }
         let reason = format!("the run's node `{name}` {why}");

@@ -68,7 +68,7 @@ use super::wire::{self, Announce, Body, Item, Key, Peer};
 use crate::handler::{Completer, Factory};
 use crate::scheduler::Handle;
 use crate::scheduler::remote::{Notify, RemoteSpawn};
-use crate::{ExitReason, Pid};
+use crate::{ExitReason, Payload, Pid};
 
 mod links;
 mod membership;
@@ -418,13 +418,31 @@ enum Acks {
     All,
 }
 
-/// A spawn or termination waiting for another node's answer.
+/// A request waiting for another node's answer.
 struct Pending {
     node: u16,
-    done: Option<Completer>,
-    /// The watcher the answer's pid is monitored by (a spawn with `monitor`).
-    monitor: Option<Pid>,
-    embedded: Option<Arc<RemoteSlot>>,
+    asked: Asked,
+}
+
+/// What a [`Pending`] request asked, and who waits for the answer.
+enum Asked {
+    /// A spawn, answered by a `SpawnDone`.
+    Spawn {
+        /// The spawning process's completion; `None` for the embedder's spawn.
+        done: Option<Completer>,
+        /// The watcher the answer's pid is monitored by (a spawn with `monitor`).
+        monitor: Option<Pid>,
+        /// The parent the answer's pid is linked to (a spawn with `link`).
+        link: Option<Pid>,
+        embedded: Option<Arc<RemoteSlot>>,
+    },
+    /// A termination, answered by a `Done`; `denied`: the denial of a
+    /// [`ChildOnly`](crate::scheduler::remote::ChildOnly) request.
+    Terminate { done: Completer, denied: Option<String> },
+    /// A link of `from` (local) to `to`, answered by a `Done`.
+    Link { from: Pid, to: Pid, done: Completer, denied: Option<String> },
+    /// An `exit` command's signal, answered by a `Done`.
+    Exit { done: Completer, denied: Option<String> },
 }
 
 /// Which subscription a frame came on: what it may be.
@@ -598,7 +616,12 @@ impl Actor {
 
     /// Carries out one command; `Some` to leave.
     async fn command(&mut self, command: Cmd) -> Option<std::sync::mpsc::Sender<()>> {
-        if let Cmd::Monitor { .. } | Cmd::Terminate { .. } | Cmd::Spawn { done: Some(_), .. } = command {
+        if let Cmd::Monitor { .. }
+        | Cmd::Terminate { .. }
+        | Cmd::Link { .. }
+        | Cmd::Signal { done: Some(_), .. }
+        | Cmd::Spawn { done: Some(_), .. } = command
+        {
             self.inner.queued.fetch_sub(1, Ordering::AcqRel);
         }
         match command {
@@ -618,7 +641,7 @@ impl Actor {
                     self.exit_to(watcher, target, self.lost(node));
                 }
             }
-            Cmd::Terminate { by, target, done } => {
+            Cmd::Terminate { by, target, child_only, done } => {
                 let node = target.node();
                 if !self.members.contains_key(&node) {
                     if let Some(done) = done {
@@ -626,15 +649,43 @@ impl Actor {
                     }
                     return None;
                 }
+                let child_only_asked = child_only.is_some();
                 let token = match done {
-                    Some(done) => {
-                        let token = self.inner.next_token.fetch_add(1, Ordering::Relaxed);
-                        self.pending.insert(token, Pending { node, done: Some(done), monitor: None, embedded: None });
-                        token
-                    }
+                    Some(done) => self.ask(node, Asked::Terminate { done, denied: child_only }),
                     None => 0,
                 };
-                self.queue(node, Item::Terminate { by, target, token });
+                self.queue(node, Item::Terminate { by, target, token, child_only: child_only_asked });
+            }
+            Cmd::Link { from, target, child_only, done } => {
+                let node = target.node();
+                if !self.members.contains_key(&node) {
+                    // As a link to a process that is gone: its signal says why.
+                    self.lost_link(from, target, self.lost(node));
+                    done.complete(Ok(Payload::empty()));
+                    return None;
+                }
+                let child_only_asked = child_only.is_some();
+                let token = self.ask(node, Asked::Link { from, to: target, done, denied: child_only });
+                self.queue(node, Item::Link { from, to: target, token, child_only: child_only_asked });
+            }
+            Cmd::Signal { from, target, signal, done } => {
+                let node = target.node();
+                if !self.members.contains_key(&node) {
+                    // A linked process's end, to a node that is gone: its processes
+                    // heard `noconnection` from this node's when it went.
+                    if let Some((done, _)) = done {
+                        done.complete(Err(self.noconnection(node)));
+                    }
+                    return None;
+                }
+                let (token, child_only) = match done {
+                    Some((done, denied)) => {
+                        let child_only = denied.is_some();
+                        (self.ask(node, Asked::Exit { done, denied }), child_only)
+                    }
+                    None => (0, false),
+                };
+                self.queue(node, Item::Signal { from, to: target, signal, token, child_only });
             }
             Cmd::Spawn { node, spawn, token, done } => {
                 let embedded = if done.is_none() { self.inner.embedded.lock().remove(&token) } else { None };
@@ -649,7 +700,8 @@ impl Actor {
                     return None;
                 }
                 let monitor = spawn.monitor.then_some(spawn.parent);
-                self.pending.insert(token, Pending { node, done, monitor, embedded });
+                let link = spawn.link.then_some(spawn.parent);
+                self.pending.insert(token, Pending { node, asked: Asked::Spawn { done, monitor, link, embedded } });
                 self.queue(node, Item::Spawn { token, spawn });
             }
             Cmd::Serve => self.announce(false).await,
@@ -678,6 +730,13 @@ impl Actor {
             Cmd::Leave(done) => return Some(done),
         }
         None
+    }
+
+    /// Records a request to `node` that waits for its answer; the token to ask with.
+    fn ask(&mut self, node: u16, asked: Asked) -> u64 {
+        let token = self.inner.next_token.fetch_add(1, Ordering::Relaxed);
+        self.pending.insert(token, Pending { node, asked });
+        token
     }
 
     async fn publish(&self, subject: String, body: &Body) {

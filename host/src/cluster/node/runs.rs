@@ -5,11 +5,11 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{Actor, Dest, SpawnJob};
+use super::{Actor, Asked, Dest, SpawnJob};
 use crate::cluster::code;
 use crate::cluster::shared::Cmd;
 use crate::cluster::wire::{self, Body, Item, Peer};
-use crate::scheduler::remote::RemoteSpawn;
+use crate::scheduler::remote::{RemoteSignal, RemoteSpawn, Signal, Verdict};
 use crate::{ExitReason, Payload, Pid};
 
 impl Actor {
@@ -52,24 +52,55 @@ impl Actor {
                 }
                 self.exit_to(watcher, pid, reason);
             }
-            Item::Terminate { target, token, .. } => {
-                let notify =
-                    self.notifier(Dest::Node(peer.node), move |_, _| Item::TerminateDone { token, result: Ok(()) });
-                let result = match &handle {
-                    Some(handle) => handle.terminate_watched(target, notify).map_err(|(error, _)| error.to_string()),
-                    None => Err(format!("no process {target}: node `{}` runs no scheduler", self.inner.name)),
+            Item::Terminate { by, target, token, child_only } => {
+                let Some(handle) = handle else {
+                    let error = format!("no process {target}: node `{}` runs no scheduler", self.inner.name);
+                    self.answer(peer.node, token, Verdict::Failed(error));
+                    return true;
                 };
-                if let Err(error) = result
-                    && token != 0
-                {
-                    self.queue(peer.node, Item::TerminateDone { token, result: Err(error) });
+                if child_only && !handle.is_child_of(target, by) {
+                    self.answer(peer.node, token, Verdict::NotChild);
+                    return true;
+                }
+                let notify =
+                    self.notifier(Dest::Node(peer.node), move |_, _| Item::Done { token, verdict: Verdict::Done });
+                if let Err((error, _)) = handle.terminate_watched(target, notify) {
+                    self.answer(peer.node, token, Verdict::Failed(error.to_string()));
                 }
             }
-            Item::TerminateDone { token, result } => {
-                if let Some(pending) = self.pending.remove(&token)
-                    && let Some(done) = pending.done
-                {
-                    done.complete(result.map(|()| Payload::empty()));
+            Item::Link { from, to, token, child_only } => {
+                let verdict = handle.map_or(Verdict::Noproc, |handle| handle.link_from_remote(from, to, child_only));
+                self.answer(peer.node, token, verdict);
+            }
+            Item::Unlink { from, to } => {
+                if let Some(handle) = handle {
+                    handle.unlink_local(to, from);
+                }
+            }
+            Item::Signal { from, to, signal, token, child_only } => {
+                let verdict =
+                    handle.map_or(Verdict::Noproc, |handle| handle.signal_from_remote(from, to, signal, child_only));
+                self.answer(peer.node, token, verdict);
+            }
+            Item::Done { token, verdict } => {
+                let Some(pending) = self.pending.remove(&token) else { return true };
+                match pending.asked {
+                    Asked::Terminate { done, denied } => done.complete(answered(verdict, denied, "terminate")),
+                    Asked::Exit { done, denied } => done.complete(answered(verdict, denied, "exit")),
+                    Asked::Link { from, to, done, denied } => {
+                        match &verdict {
+                            Verdict::Done => {}
+                            Verdict::Noproc => self.lost_link(from, to, ExitReason::Noproc),
+                            Verdict::NotChild | Verdict::Failed(_) => {
+                                if let Some(handle) = &handle {
+                                    handle.unlink_local(from, to);
+                                }
+                            }
+                        }
+                        done.complete(answered(verdict, denied, "link"));
+                    }
+                    // `check` lets through only the answer a request asked for.
+                    Asked::Spawn { .. } => unreachable!("a spawn is answered by `SpawnDone`"),
                 }
             }
             Item::Spawn { token, spawn } => self.spawn_here(Dest::Node(peer.node), token, spawn),
@@ -78,14 +109,29 @@ impl Actor {
             Item::Log { pid, scope, source, message } => self.line(pid, scope, source, message),
             Item::SpawnDone { token, result } => {
                 let Some(pending) = self.pending.remove(&token) else { return true };
-                if let (Ok(child), Some(watcher)) = (&result, pending.monitor) {
+                let Asked::Spawn { done, monitor, link, embedded } = pending.asked else {
+                    unreachable!("`check` lets through only the answer a request asked for")
+                };
+                // Both before the spawn completes, and before the child's exit, which
+                // comes after this answer on the same link.
+                if let (Ok(child), Some(parent)) = (&result, link)
+                    && !handle.as_ref().is_some_and(|handle| handle.link_child(parent, *child))
+                {
+                    // The parent ended before it heard of its child: the child hears
+                    // `noproc` from it, as a link to a process that is gone gives.
+                    let signal = RemoteSignal { reason: ExitReason::Noproc, how: Signal::Link };
+                    self.queue(
+                        pending.node,
+                        Item::Signal { from: parent, to: *child, signal, token: 0, child_only: false },
+                    );
+                }
+                if let (Ok(child), Some(watcher)) = (&result, monitor) {
                     *self.monitors.entry(pending.node).or_default().entry((watcher, *child)).or_default() += 1;
-                    // Before the child's exit, which comes after this answer on the same link.
-                    if let Some(handle) = self.inner.handle.get() {
+                    if let Some(handle) = &handle {
                         handle.count_monitor(watcher, *child);
                     }
                 }
-                if let Some(slot) = pending.embedded {
+                if let Some(slot) = embedded {
                     match &result {
                         Ok(child) => {
                             *slot.pid.lock() = Some(*child);
@@ -94,12 +140,27 @@ impl Actor {
                         Err(error) => slot.set(Err(ExitReason::Error(error.clone()))),
                     }
                 }
-                if let Some(done) = pending.done {
+                if let Some(done) = done {
                     done.complete(result.map(|child| Payload::u64(child.as_u64())));
                 }
             }
         }
         true
+    }
+
+    /// Answers the request node `node` asked with `token` (0: nobody waits).
+    fn answer(&mut self, node: u16, token: u64, verdict: Verdict) {
+        if token != 0 {
+            self.queue(node, Item::Done { token, verdict });
+        }
+    }
+
+    /// Ends local `from`'s link to `to` (of another node) with an exit signal from `to`
+    /// with `reason`: there is no such process (`noproc`), or its node is gone.
+    pub(super) fn lost_link(&self, from: Pid, to: Pid, reason: ExitReason) {
+        if let Some(handle) = self.inner.handle.get() {
+            handle.signal_from_remote(to, from, RemoteSignal { reason, how: Signal::Link }, false);
+        }
     }
 
     /// A notifier that sends the item `make` builds to `dest`, from any thread.
@@ -268,5 +329,17 @@ impl Actor {
         for node in nodes {
             self.queue(node, Item::StopRun { reason: reason.to_owned(), grace, scope: client });
         }
+    }
+}
+
+/// What a process's termination, link or exit signal completes with, given its node's
+/// verdict: `denied` (its own node's words) for a [`Verdict::NotChild`].
+fn answered(verdict: Verdict, denied: Option<String>, command: &str) -> Result<Payload, String> {
+    match verdict {
+        // A signal to a process that does not exist is dropped, as on one node; a link
+        // to one is answered by its `noproc` signal.
+        Verdict::Done | Verdict::Noproc => Ok(Payload::empty()),
+        Verdict::NotChild => Err(denied.unwrap_or_else(|| format!("permission denied: {command}"))),
+        Verdict::Failed(error) => Err(error),
     }
 }

@@ -9,7 +9,7 @@ use super::{Actor, Dest, MAX_SESSIONS, Offer, REFUSALS_ANSWERED, Session, random
 use crate::Pid;
 use crate::cluster::config::Heard;
 use crate::cluster::wire::{self, Body, ClientRequest, Item, Peer};
-use crate::scheduler::remote::RunId;
+use crate::scheduler::remote::{RunId, Verdict};
 
 impl Actor {
     /// A client asks for a session: offer one, on its inbox.
@@ -83,6 +83,11 @@ impl Actor {
         session.heard.again(now);
         match request {
             ClientRequest::Keepalive => self.reply(id, None).await,
+            ClientRequest::Spawn { token, spawn, .. } if spawn.link => {
+                // Only a process links, and a client is none.
+                let item = Item::SpawnDone { token, result: Err("spawn failed: a client's spawn cannot link".into()) };
+                self.reply(id, Some(item)).await;
+            }
             ClientRequest::Spawn { token, mut spawn, name } => {
                 // The run's root: its parent is this node's host (so the run is this
                 // node's), its client's run the session's, its grants no wider than this
@@ -100,9 +105,11 @@ impl Actor {
             }
             ClientRequest::Terminate { target } => {
                 if !session.roots.contains(&target) {
-                    let item = Item::TerminateDone {
+                    let item = Item::Done {
                         token: 0,
-                        result: Err(format!("permission denied: {target} is not a process this run spawned")),
+                        verdict: Verdict::Failed(format!(
+                            "permission denied: {target} is not a process this run spawned"
+                        )),
                     };
                     return self.reply(id, Some(item)).await;
                 }
