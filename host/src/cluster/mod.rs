@@ -31,7 +31,8 @@
 //!   by answering a nonce (see `node/mod.rs`), so a copy of an old announcement brings no
 //!   departed node back, and evicts no live one.
 //! - **Links.** Everything between two nodes (messages, monitors, exits, terminations,
-//!   spawns and their answers) travels on one ordered, reliable link per direction,
+//!   process links and exit signals, spawns and their answers) travels on one ordered,
+//!   reliable link per direction,
 //!   subject `PREFIX.node.ID`: items carry a sequence number, the receiver acknowledges
 //!   the highest it has applied in order (inside its next data frame to the sender, or
 //!   alone if none goes within a few milliseconds: an answer carries the ack of its
@@ -41,7 +42,8 @@
 //!   both nodes live, across restarts of the server; messages still unacknowledged when
 //!   their receiver's node is lost are counted in [`ClusterStats::messages_lost`].
 //! - **Loss.** When a node is lost, every local monitor of one of its processes gets an
-//!   exit with reason `noconnection`, spawns and terminations waiting on it fail with
+//!   exit with reason `noconnection`, every local process linked to one of them an exit
+//!   signal `noconnection` from it, spawns and terminations waiting on it fail with
 //!   `noconnection`, and sends to its pids fail at once ([`SendError::NoNode`]).
 //! - **Placement and code.** With [`Placement::LeastLoaded`], each `spawn` goes to the
 //!   node with the fewest live processes (as last announced, plus what this node placed
