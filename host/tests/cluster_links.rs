@@ -649,3 +649,60 @@ fn processes_linked_to_a_client_runs_process_hear_its_end_when_the_client_leaves
     partners.scheduler.handle().terminate(trapping.pid()).unwrap();
     ended(&trapping);
 }
+
+/// A Rust guest on two `wasmproc node`s, run by a client (`run --cluster --allow link`,
+/// on nodes started with `--allow link`): the sdk-tour's `trapping` entry traps exits,
+/// spawns a linked child that fails (placed by load on the other node, as its own node
+/// runs the entry) and links to a pid of the other node that names no process; both
+/// exits come to it as events, the child's error and `noproc`.
+#[test]
+fn a_rust_guest_traps_the_exits_of_its_linked_child_and_of_a_dead_pid_on_another_node() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let _nodes: Vec<Killed> = ["wa", "wb"]
+        .iter()
+        .map(|name| {
+            let child = wasmproc()
+                .args(["node", "--cluster", &server.url(), "--name", name, "--cluster-secret", SECRET])
+                .args(["--workers", "1", "--allow", "link"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("wasmproc node starts");
+            Killed(child)
+        })
+        .collect();
+    let deadline = Instant::now() + PATIENCE;
+    let ids: Vec<u16> = loop {
+        let out = wasmproc()
+            .args(["cluster", "ls", "--json", "--cluster", &server.url(), "--cluster-secret", SECRET])
+            .output()
+            .expect("cluster ls runs");
+        let accepting: Vec<u16> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|node| node["accepts"] == true)
+            .filter_map(|node| node["id"].as_u64().and_then(|id| u16::try_from(id).ok()))
+            .collect();
+        if accepting.len() == 2 {
+            break accepting;
+        }
+        assert!(Instant::now() < deadline, "only {accepting:?} take spawns");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // The client places the entry on the less loaded node, the lower id of two idle ones:
+    // its child goes to the other, and so does the dead pid.
+    let other = *ids.iter().max().expect("two nodes");
+    let nobody = Pid::from_u64(999_999).with_node(other);
+    let out = wasmproc()
+        .args(["run", wasmproc_tests::guests::SDK_TOUR, "--method", "trapping", "--input", &nobody.to_string()])
+        .args(["--allow", "link", "--cluster", &server.url(), "--cluster-secret", SECRET])
+        .output()
+        .expect("run --cluster runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (child, exits): (u64, Vec<(u64, String)>) = serde_json::from_slice(&out.stdout).expect("the entry's result");
+    let child = Pid::from_u64(child);
+    assert_eq!(child.node(), other, "the linked child ran on the other node");
+    let mut expected = vec![(child.as_u64(), "error".to_owned()), (nobody.as_u64(), "noproc".to_owned())];
+    expected.sort();
+    assert_eq!(exits, expected);
+}
