@@ -706,3 +706,37 @@ fn a_rust_guest_traps_the_exits_of_its_linked_child_and_of_a_dead_pid_on_another
     expected.sort();
     assert_eq!(exits, expected);
 }
+
+/// A link refused for want of its grant takes back only what it made: a process of
+/// another node that linked to the refused process first stays linked, and the refused
+/// process's failure ends it.
+#[test]
+fn a_refused_link_leaves_a_link_the_other_side_made_before() {
+    let server = Server::start().expect("a nats-server on loopback");
+    let (a, b) = two_nodes(&server);
+    let (linker, probe) = Scripted::new(|t| {
+        let target = t.events.iter().find_map(|e| match e {
+            Event::Message { body, .. } => body.to_u64(),
+            _ => None,
+        });
+        if let Some(target) = target {
+            t.out.yield_command(0, Command::Link(Pid::from_u64(target)));
+        }
+        if t.events.iter().any(|e| completion(e, 0).is_some()) {
+            t.out.complete(Err("the linker fails".into()));
+        } else {
+            t.out.set_status(Status::Idle);
+        }
+        Ok(())
+    });
+    let options = SpawnOptions::new("main").capabilities(Capabilities::over_self());
+    let linker = a.scheduler.handle().spawn(linker, options).unwrap();
+    let (partner, _) = started(&b, false, Some(linker.pid()));
+
+    a.scheduler.handle().send(linker.pid(), "link", Payload::u64(partner.pid().as_u64())).unwrap();
+    assert_eq!(ended(&linker).reason, ExitReason::Error("the linker fails".into()));
+    let refused = probe.events().iter().find_map(|e| completion(e, 0).cloned()).expect("the link completed");
+    assert!(refused.as_ref().is_err_and(|e| e.starts_with("permission denied: link")), "{refused:?}");
+    let exited = ended(&partner);
+    assert_eq!((exited.reason, exited.signal_from), (ExitReason::Error("the linker fails".into()), Some(linker.pid())));
+}

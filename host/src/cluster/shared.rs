@@ -256,10 +256,10 @@ impl Remote for Inner {
         });
     }
 
-    fn link(&self, from: Pid, target: Pid, child_only: ChildOnly, done: Completer) {
-        self.queue_bounded(Cmd::Link { from, target, child_only, done }, |cmd, why| {
+    fn link(&self, from: Pid, target: Pid, fresh: bool, child_only: ChildOnly, done: Completer) {
+        self.queue_bounded(Cmd::Link { from, target, fresh, child_only, done }, |cmd, why| {
             if let Cmd::Link { done, .. } = cmd {
-                if let Some(handle) = self.handle.get() {
+                if let Some(handle) = self.handle.get().filter(|_| fresh) {
                     handle.unlink_local(from, target);
                 }
                 done.complete(Err(format!("noconnection: {why}")));
@@ -335,10 +335,12 @@ pub(crate) enum Cmd {
         child_only: ChildOnly,
         done: Option<Completer>,
     },
-    /// `from`'s half of the link is made: have `target`'s node make the other.
+    /// `from`'s half of the link is made (`fresh`: by this link): have `target`'s node
+    /// make the other.
     Link {
         from: Pid,
         target: Pid,
+        fresh: bool,
         child_only: ChildOnly,
         done: Completer,
     },

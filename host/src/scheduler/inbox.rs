@@ -251,6 +251,11 @@ impl<W> Inbox<W> {
         self.inner.lock().links.remove(&pid)
     }
 
+    /// Whether the process is linked to `pid`.
+    pub(super) fn has_link(&self, pid: Pid) -> bool {
+        self.inner.lock().links.contains(&pid)
+    }
+
     /// How many processes are linked to this one.
     pub(super) fn link_count(&self) -> usize {
         self.inner.lock().links.len()

@@ -96,10 +96,13 @@ impl Shared {
         done: Completer,
     ) {
         let limit = self.limits_of(cell).max_links;
+        // A link that was there before (made by the target) is not taken back if this
+        // one is refused.
+        let fresh = !cell.inbox.has_link(target);
         if let Err(LinkRefused::Full { limit }) = cell.inbox.add_link(target, limit) {
             return done.complete(Err(link_limit(cell.pid(), limit)));
         }
-        remote.link(cell.pid(), target, child_only, done);
+        remote.link(cell.pid(), target, fresh, child_only, done);
     }
 
     /// Removes the link between `cell`'s process and `target`, both ways.

@@ -63,12 +63,13 @@ pub(crate) trait Remote: Send + Sync + 'static {
     fn terminate(&self, by: Pid, target: Pid, child_only: ChildOnly, done: Option<Completer>);
 
     /// Links `target` (remote) to `from` (local), whose own side of the link is made
-    /// already. `done` completes once `target`'s node has answered: `Ok` when linked, and
-    /// also when there is no such process or node, which `from` then hears as an exit
-    /// signal from `target` (`noproc`, `noconnection`); an error (past `target`'s
-    /// `max_links`, or [`ChildOnly`]) once `from`'s side is taken back
+    /// already (`fresh`: by this link; otherwise it was there before). `done` completes
+    /// once `target`'s node has answered: `Ok` when linked, and also when there is no such
+    /// process or node, which `from` then hears as an exit signal from `target` (`noproc`,
+    /// `noconnection`); an error (past `target`'s `max_links`, or [`ChildOnly`]) once
+    /// `from`'s side, if `fresh`, is taken back
     /// ([`Handle::unlink_local`](super::Handle::unlink_local)).
-    fn link(&self, from: Pid, target: Pid, child_only: ChildOnly, done: Completer);
+    fn link(&self, from: Pid, target: Pid, fresh: bool, child_only: ChildOnly, done: Completer);
 
     /// Removes `target`'s side of its link to `from` (whose side is removed already).
     fn unlink(&self, from: Pid, target: Pid);

@@ -439,8 +439,9 @@ enum Asked {
     /// A termination, answered by a `Done`; `denied`: the denial of a
     /// [`ChildOnly`](crate::scheduler::remote::ChildOnly) request.
     Terminate { done: Completer, denied: Option<String> },
-    /// A link of `from` (local) to `to`, answered by a `Done`.
-    Link { from: Pid, to: Pid, done: Completer, denied: Option<String> },
+    /// A link of `from` (local) to `to`, answered by a `Done`; `fresh`: `from`'s half was
+    /// made by it, and is taken back if it is refused.
+    Link { from: Pid, to: Pid, fresh: bool, done: Completer, denied: Option<String> },
     /// An `exit` command's signal, answered by a `Done`.
     Exit { done: Completer, denied: Option<String> },
 }
@@ -656,7 +657,7 @@ impl Actor {
                 };
                 self.queue(node, Item::Terminate { by, target, token, child_only: child_only_asked });
             }
-            Cmd::Link { from, target, child_only, done } => {
+            Cmd::Link { from, target, fresh, child_only, done } => {
                 let node = target.node();
                 if !self.members.contains_key(&node) {
                     // As a link to a process that is gone: its signal says why.
@@ -665,7 +666,7 @@ impl Actor {
                     return None;
                 }
                 let child_only_asked = child_only.is_some();
-                let token = self.ask(node, Asked::Link { from, to: target, done, denied: child_only });
+                let token = self.ask(node, Asked::Link { from, to: target, fresh, done, denied: child_only });
                 self.queue(node, Item::Link { from, to: target, token, child_only: child_only_asked });
             }
             Cmd::Signal { from, target, signal, done } => {

@@ -87,12 +87,12 @@ impl Actor {
                 match pending.asked {
                     Asked::Terminate { done, denied } => done.complete(answered(verdict, denied, "terminate")),
                     Asked::Exit { done, denied } => done.complete(answered(verdict, denied, "exit")),
-                    Asked::Link { from, to, done, denied } => {
+                    Asked::Link { from, to, fresh, done, denied } => {
                         match &verdict {
                             Verdict::Done => {}
                             Verdict::Noproc => self.lost_link(from, to, ExitReason::Noproc),
                             Verdict::NotChild | Verdict::Failed(_) => {
-                                if let Some(handle) = &handle {
+                                if let Some(handle) = handle.as_ref().filter(|_| fresh) {
                                     handle.unlink_local(from, to);
                                 }
                             }
