@@ -679,7 +679,8 @@ fn run_with_cluster_sends_the_runs_limits_with_its_entry() {
 /// four of the run's processes on the node);
 /// a step of 100,000 commands ends at `--max-yields 2`, not the node's 1,024; a result of
 /// 32 MiB at `--max-payload 1MiB`, not the node's 16 MiB; a spawn with `link` at
-/// `--max-links 0`, not the node's 10,000.
+/// `--max-links 0`, not the node's 10,000; messages to a child that never reads them
+/// past `--mailbox 3` or `--mailbox-bytes 18`, not the node's 1,024 messages and 64 MiB.
 #[test]
 fn run_with_cluster_carries_its_scheduler_limits_to_the_node() {
     let server = Server::start().expect("a nats-server on loopback");
@@ -731,6 +732,20 @@ fn run_with_cluster_carries_its_scheduler_limits_to_the_node() {
     let (code, _, stderr) = linked("1");
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("the linked child failed") && !stderr.contains("link limit"), "{stderr}");
+
+    // Five messages of 6 bytes (topic `noise`, body `1` to `5`) to a child that never
+    // reads them: the node's own bounds take all five, the run's take three.
+    let refused = |flags: &[&str]| {
+        let mut args = vec![tour, "--method", "flood", "--input", "[5, 999]"];
+        args.extend_from_slice(flags);
+        let (code, stdout, stderr) = run(&args);
+        assert_eq!(code, Some(0), "{stderr}");
+        let refused: Vec<(u32, String)> = serde_json::from_str(&stdout).expect("a JSON list");
+        refused.into_iter().filter(|(_, why)| why == "mailbox full").map(|(n, _)| n).collect::<Vec<u32>>()
+    };
+    assert_eq!(refused(&[]), [0u32; 0]);
+    assert_eq!(refused(&["--mailbox", "3"]), [4, 5]);
+    assert_eq!(refused(&["--mailbox-bytes", "18"]), [4, 5]);
 
     let (code, stdout, stderr) =
         fan_out(&["--max-children", "3", "--max-processes", "4", "--mailbox", "3", "--mailbox-bytes", "1MiB"]);
