@@ -2,8 +2,8 @@
 //! ([`Limits`]), those a kind that sandboxes its processes runs them under and hands down
 //! its tree ([`KindLimits`]), those a run carries to other nodes ([`RunLimits`]), and the
 //! live counts of a process tree (and of a run on this node) that `max_children`,
-//! `max_descendants` (and a run's `max_processes`) are checked against ([`Lineage`]). Plain values and counters: nothing here names the scheduler,
-//! which checks them.
+//! `max_descendants` (and a run's `max_processes`) are checked against ([`Lineage`]).
+//! Plain values and counters: nothing here names the scheduler, which checks them.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -418,7 +418,8 @@ impl Lineage {
 
     /// Counts the process in its parent's children and its tree, from its registration
     /// on, so that [`Lineage::leave`] (which every registered process reaches, even one
-    /// whose init fails) can always take it back. A root is not counted.
+    /// whose init fails) can always take it back. A root is not counted in a tree; every
+    /// process, roots included, counts in its run's count here when the run bounds it.
     pub(crate) fn enter(&self) {
         if let Some(run) = self.run_processes() {
             run.live.fetch_add(1, Ordering::Relaxed);
