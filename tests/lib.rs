@@ -367,6 +367,16 @@ pub fn with_stash(
     (builder, stashed)
 }
 
+/// A child process killed (and waited for) on drop: a node or a client a test started.
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Measuring for the benchmarks: samples, medians, paired runs.
 pub mod bench;
 /// A file system that stalls every write (frozen), for the providers' tests.

@@ -11,7 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Killed, sha256, wasmproc};
+use common::{sha256, wasmproc};
+use wasmproc_tests::Killed;
 use wasmproc::cluster::{ClusterConfig, Placement};
 use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::{

@@ -14,11 +14,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Killed, sha256, wasmproc};
+use common::{sha256, wasmproc};
 use futures_util::StreamExt as _;
 use parking_lot::Mutex;
 use wasmproc::cluster::{Client, Cluster, ClusterConfig, Placement};
 use wasmproc::{Events, Payload, Port, Process, Scheduler, Status, StepOutput};
+use wasmproc_tests::Killed;
 use wasmproc_tests::nats::{CLIENT_INBOX, CLIENT_PASSWORD, NODE_PASSWORD, Node, Secured, Server, kind};
 
 const SECRET: &str = "test-secret";

@@ -1,18 +1,9 @@
-//! What the cluster's test binaries (`cluster.rs`, `cluster_auth.rs`) share: the
-//! `wasmproc` binary they run, which only this package's tests can name
-//! (`CARGO_BIN_EXE_wasmproc`), so it is here rather than in `wasmproc_tests`.
+//! What the cluster's test binaries (`cluster.rs`, `cluster_auth.rs`) share besides
+//! `wasmproc_tests` (`Killed`): the `wasmproc` binary they run, which only this package's
+//! tests can name (`CARGO_BIN_EXE_wasmproc`), and a component's hash, in the host's own
+//! `sha2`.
 
-use std::process::{Child, Command};
-
-/// A child process killed on drop.
-pub struct Killed(pub Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use std::process::Command;
 
 /// The `wasmproc` binary this package builds.
 pub fn wasmproc() -> Command {
