@@ -56,5 +56,33 @@ async fn main(ctx: Ctx, job: Job) -> Result<Fetched> {
     }
 }
 
-wasmproc_guest::export!(main);
+/// What [`flaky`] fetches.
+#[derive(Deserialize)]
+struct Flaky {
+    /// Fetched first, once: an effect of the run's first steps.
+    before: String,
+    /// Fetched next; it must answer 200.
+    url: String,
+}
+
+/// Fetches `before`, then `url`, and panics unless `url` answers 200. Run durably with
+/// `--restart transient`, the panic is retried from the last journaled step: the fetch
+/// of `url`, whose answer the journal never took, is made again, and `before` is not.
+///
+/// ```text
+/// wasmproc run fetcher.wasm --method flaky --journal ./journal --restart transient \
+///     --restart-intensity 3 --allow-host 127.0.0.1:8080 \
+///     --input '{"before": "http://127.0.0.1:8080/a", "url": "http://127.0.0.1:8080/b"}'
+/// ```
+#[entry]
+async fn flaky(ctx: Ctx, job: Flaky) -> Result<String> {
+    ctx.http().get(&job.before).await.context("fetching `before`")?;
+    let response = ctx.http().get(&job.url).await.context("fetching the page")?;
+    if response.status != 200 {
+        panic!("the server answered {}", response.status);
+    }
+    Ok(String::from_utf8_lossy(&response.body).into_owned())
+}
+
+wasmproc_guest::export!(main, flaky);
 wasmproc_guest::uses!("http.request", "kv.get", "kv.cas");

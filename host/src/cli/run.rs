@@ -23,7 +23,7 @@ use wasmproc::cluster::{RemoteSpawnOptions, RunLimits};
 use wasmproc::error::SpawnError;
 use wasmproc::handler::KindLimits;
 use wasmproc::journal::{self, Journal, JournalSettings};
-use wasmproc::scheduler::{ProcessHandle, SpawnOptions};
+use wasmproc::scheduler::{ProcessHandle, Retry, RetryPolicy, Retrying, SpawnOptions};
 use wasmproc::wasm::{COMMAND_ENTRY, InitRefused, LogRecord, Program, WasiOptions};
 use wasmproc::{Capabilities, Payload, Scheduler, wasm};
 
@@ -317,58 +317,97 @@ impl Run {
             return super::on_cluster::run_on_cluster(run, &out, &signals, start);
         }
         let interrupt = Arc::new(AtomicBool::new(false));
-        let Prepared { scheduler, root, services, journal } = self.prepare(inputs, &out, &interrupt)?;
+        let retry = self.supervision.retry(self.durable.journal.is_some());
+        // A deadline past what `Instant` holds is no deadline.
+        let deadline = self.timeout.and_then(|timeout| start.checked_add(timeout));
+        let mut prepared = self.prepare(inputs.clone(), &out, &interrupt, retry.as_ref())?;
         signals.started();
-        let is_command = matches!(root, Root::Command(_));
-        let report = Report::new(self.output.json, &out, is_command);
-        if let Root::Finished(result) = root {
-            scheduler.stop(Duration::ZERO);
-            let code = report.finish(Some(result), None, None);
+        loop {
+            let Prepared { scheduler, root, services, journal } = prepared;
+            let is_command = matches!(root, Root::Command(_));
+            let report = Report::new(self.output.json, &out, is_command);
+            if let Root::Finished(result) = root {
+                scheduler.stop(Duration::ZERO);
+                let code = report.finish(Some(result), None, None);
+                self.forget_finished(journal.as_ref(), &out);
+                return Ok(code);
+            }
+            let process = match root.spawn(&scheduler) {
+                Ok(process) => process,
+                Err(e) => {
+                    scheduler.stop(Duration::ZERO);
+                    if let Some(refused) = input_refused(&e) {
+                        return Err(refused);
+                    }
+                    let ended = Ended::not_started(format!("the process could not start: {e}"));
+                    return Ok(report.finish(Some(ended), None, None));
+                }
+            };
+            signals.forward_end_of(process);
+            // A WASI command writes to the terminal itself, where no line of ours can be
+            // erased before its output.
+            let progress = (self.live_progress() && !is_command).then(|| Progress::start(&scheduler, &out, start));
+            let (root, stop) = match &retry {
+                None => signals.wait(&scheduler, deadline, self.timeout, &out),
+                Some(retry) => match signals.wait_for_entry(deadline, self.timeout) {
+                    Err(stop) => (None, Some(stop)),
+                    Ok(ended) => match retry.take() {
+                        None => (Some(ended), signals.wait_for_rest(&scheduler, deadline, self.timeout, &out).err()),
+                        Some(retrying) => {
+                            // Suspended as a crash at the trap would leave it: the next
+                            // scheduler on the journal resumes the run.
+                            scheduler.stop(Duration::ZERO);
+                            drop((scheduler, journal));
+                            if let Some(services) = services {
+                                services.stop(self.grace);
+                            }
+                            if let Some(progress) = progress {
+                                progress.finish();
+                            }
+                            out.say(Say::Notice, retrying_notice(&retrying, &retry.policy()));
+                            if let Err(stop) = signals.pause(retrying.delay, deadline, self.timeout) {
+                                out.say(
+                                    Say::Notice,
+                                    format!(
+                                        "{}: the run is suspended; run the same command again to resume",
+                                        stop.reason()
+                                    ),
+                                );
+                                return Ok(report.finish(None, Some(stop), None));
+                            }
+                            prepared = self.prepare(inputs.clone(), &out, &interrupt, Some(retry))?;
+                            continue;
+                        }
+                    },
+                },
+            };
+            let root = match stop {
+                Some(stop) => {
+                    interrupt.store(true, Ordering::Relaxed);
+                    signals.stop_gracefully(&scheduler, stop, self.grace, &out, root)
+                }
+                None => root,
+            };
+            let stats = scheduler.handle().stats();
+            let journal_stats = scheduler.handle().journal_stats();
+            super::stop::shut_down(scheduler, stop.is_some(), &out);
+            if let Some(services) = services {
+                services.stop(self.grace);
+            }
+            if let Some(progress) = progress {
+                progress.finish();
+            }
+            // A stopped run's processes failed because it was stopped: no news.
+            let report = if stop.is_none() { report.with_unobserved(&stats) } else { report };
+            let summary = self
+                .output
+                .stats
+                .then(|| Summary::new(stats, start.elapsed(), out.dropped()).with_journal(journal_stats));
+            let flush_by = stop.map(|_| Instant::now() + super::stop::FLUSH_AFTER_STOP).or(deadline);
+            let code = report.with_summary(summary).finish(root, stop, flush_by);
             self.forget_finished(journal.as_ref(), &out);
             return Ok(code);
         }
-        let process = match root.spawn(&scheduler) {
-            Ok(process) => process,
-            Err(e) => {
-                scheduler.stop(Duration::ZERO);
-                if let Some(refused) = input_refused(&e) {
-                    return Err(refused);
-                }
-                let ended = Ended::not_started(format!("the process could not start: {e}"));
-                return Ok(report.finish(Some(ended), None, None));
-            }
-        };
-        signals.forward_end_of(process);
-        // A WASI command writes to the terminal itself, where no line of ours can be
-        // erased before its output.
-        let progress = (self.live_progress() && !is_command).then(|| Progress::start(&scheduler, &out, start));
-        // A deadline past what `Instant` holds is no deadline.
-        let deadline = self.timeout.and_then(|timeout| start.checked_add(timeout));
-        let (root, stop) = signals.wait(&scheduler, deadline, self.timeout, &out);
-        let root = match stop {
-            Some(stop) => {
-                interrupt.store(true, Ordering::Relaxed);
-                signals.stop_gracefully(&scheduler, stop, self.grace, &out, root)
-            }
-            None => root,
-        };
-        let stats = scheduler.handle().stats();
-        let journal_stats = scheduler.handle().journal_stats();
-        super::stop::shut_down(scheduler, stop.is_some(), &out);
-        if let Some(services) = services {
-            services.stop(self.grace);
-        }
-        if let Some(progress) = progress {
-            progress.finish();
-        }
-        // A stopped run's processes failed because it was stopped: no news.
-        let report = if stop.is_none() { report.with_unobserved(&stats) } else { report };
-        let summary =
-            self.output.stats.then(|| Summary::new(stats, start.elapsed(), out.dropped()).with_journal(journal_stats));
-        let flush_by = stop.map(|_| Instant::now() + super::stop::FLUSH_AFTER_STOP).or(deadline);
-        let code = report.with_summary(summary).finish(root, stop, flush_by);
-        self.forget_finished(journal.as_ref(), &out);
-        Ok(code)
     }
 
     /// Removes the journal's finished runs once their results are reported (unless
@@ -390,7 +429,13 @@ impl Run {
 
     /// Reads and loads the program, and builds the scheduler that runs it, with the
     /// entry process to spawn on it.
-    fn prepare(&self, inputs: Vec<Payload>, out: &Output, interrupt: &Arc<AtomicBool>) -> Result<Prepared, Failure> {
+    fn prepare(
+        &self,
+        inputs: Vec<Payload>,
+        out: &Output,
+        interrupt: &Arc<AtomicBool>,
+        retry: Option<&Retry>,
+    ) -> Result<Prepared, Failure> {
         let served: Vec<String> = self
             .providers
             .providers
@@ -454,33 +499,19 @@ impl Run {
                 (builder, services) = self.serve(builder, &runtime, &caps)?;
                 let identity = component.hash();
                 builder = builder.kind("app", component);
-                if let Some(dir) = &self.durable.journal {
-                    // The host keeps finished runs; the run removes them once it has
-                    // reported their results (`forget_finished`).
-                    let mut settings = JournalSettings::default();
-                    settings.keep_finished = true;
-                    settings.durability = match self.durable.durability.unwrap_or_default() {
-                        Durability::Sync => journal::Durability::Sync,
-                        Durability::Buffered => journal::Durability::Buffered,
-                    };
-                    settings.max_records_per_process = self.durable.journal_limit;
-                    let opened = Journal::open(dir).map_err(|e| Failure::new(Exit::Host, format!("{e}")))?;
-                    let opened = opened.settings(settings);
-                    let held = opened.runs().map_err(|e| {
-                        Failure::new(Exit::Host, format!("cannot read the journal in `{}`: {e}", dir.display()))
-                    })?;
-                    let asked = resume::Asked { app: self.app(), identity: &identity, method: &method, input: &inputs };
-                    resume::check(dir, &held, &asked)?;
-                    if let Some(run) = held.iter().find(|run| run.result.is_none()) {
-                        narrowed = resume::narrowing(&run.caps, &caps);
-                        let recorded = run.caps.clone();
-                        builder = builder.denial_hint(move |name| resume::denial_hint(&recorded, name));
-                    }
-                    builder = builder.journal(opened.clone()).resume_within(caps.clone());
-                    journal = Some(opened);
+                let asked = resume::Asked { app: self.app(), identity: &identity, method: &method, input: &inputs };
+                (builder, journal, narrowed) = self.open_journal(builder, &caps, &asked)?;
+                if let Some(retry) = retry {
+                    builder = builder.retry(retry.clone());
                 }
                 let id = self.app().file_stem().map_or_else(|| "app".to_owned(), |s| s.to_string_lossy().into_owned());
-                match self.supervision.restart_options(&id, "app", &method, &inputs)? {
+                // A durable run's --restart retries the process in place (`retry`).
+                let supervised = if journal.is_some() {
+                    None
+                } else {
+                    self.supervision.restart_options(&id, "app", &method, &inputs)?
+                };
+                match supervised {
                     Some(options) => Root::Supervised(options),
                     None => Root::Process { method, inputs },
                 }
@@ -512,12 +543,62 @@ impl Run {
         };
         let scheduler =
             builder.build().map_err(|e| Failure::new(Exit::Host, format!("cannot start the scheduler: {e:#}")))?;
+        let root = self.resumed_root(&scheduler, root, journal.as_ref(), narrowed, out)?;
+        // Said once the command line has passed every check, so that a usage error is
+        // the one thing a wrong command line shows.
+        if let Some(warning) = ungranted {
+            out.say(Say::Warning, warning);
+        }
+        Ok(Prepared { scheduler, root, services, journal })
+    }
+
+    /// With --journal: opens the journal on `builder`, after checking that the run it
+    /// holds is the one `asked` for; with the notice of the grants a resume narrows.
+    fn open_journal(
+        &self,
+        builder: wasmproc::scheduler::Builder,
+        caps: &Capabilities,
+        asked: &resume::Asked<'_>,
+    ) -> Result<(wasmproc::scheduler::Builder, Option<Journal>, Option<String>), Failure> {
+        let Some(dir) = &self.durable.journal else { return Ok((builder, None, None)) };
+        // The host keeps finished runs; the run removes them once it has reported their
+        // results (`forget_finished`).
+        let mut settings = JournalSettings::default();
+        settings.keep_finished = true;
+        settings.durability = match self.durable.durability.unwrap_or_default() {
+            Durability::Sync => journal::Durability::Sync,
+            Durability::Buffered => journal::Durability::Buffered,
+        };
+        settings.max_records_per_process = self.durable.journal_limit;
+        let opened = Journal::open(dir).map_err(|e| Failure::new(Exit::Host, format!("{e}")))?;
+        let opened = opened.settings(settings);
+        let held = opened
+            .runs()
+            .map_err(|e| Failure::new(Exit::Host, format!("cannot read the journal in `{}`: {e}", dir.display())))?;
+        resume::check(dir, &held, asked)?;
+        let mut builder = builder;
+        let mut narrowed = None;
+        if let Some(run) = held.iter().find(|run| run.result.is_none()) {
+            narrowed = resume::narrowing(&run.caps, caps);
+            let recorded = run.caps.clone();
+            builder = builder.denial_hint(move |name| resume::denial_hint(&recorded, name));
+        }
+        Ok((builder.journal(opened.clone()).resume_within(caps.clone()), Some(opened), narrowed))
+    }
+
+    /// The run's entry process: the one `scheduler` resumed from the journal, or the
+    /// result of the journal's finished run, or else `root`, to spawn.
+    fn resumed_root(
+        &self,
+        scheduler: &Scheduler,
+        root: Root,
+        journal: Option<&Journal>,
+        narrowed: Option<String>,
+        out: &Output,
+    ) -> Result<Root, Failure> {
         let mut resumed = scheduler.resumed();
-        let root = match resumed.len() {
-            0 => match self.finished_run(journal.as_ref(), out) {
-                Some(result) => Root::Finished(result),
-                None => root,
-            },
+        match resumed.len() {
+            0 => Ok(self.finished_run(journal, out).map_or(root, Root::Finished)),
             1 => {
                 let process = resumed.remove(0);
                 if let Some(dir) = &self.durable.journal {
@@ -529,22 +610,16 @@ impl Run {
                 if let Some(narrowed) = narrowed {
                     out.say(Say::Notice, narrowed);
                 }
-                Root::Resumed(process)
+                Ok(Root::Resumed(process))
             }
             n => {
                 scheduler.stop(Duration::ZERO);
-                return Err(Failure::new(
+                Err(Failure::new(
                     Exit::Usage,
                     format!("the journal holds {n} unfinished runs; one journal directory serves one run at a time"),
-                ));
+                ))
             }
-        };
-        // Said once the command line has passed every check, so that a usage error is
-        // the one thing a wrong command line shows.
-        if let Some(warning) = ungranted {
-            out.say(Say::Warning, warning);
         }
-        Ok(Prepared { scheduler, root, services, journal })
     }
 
     /// The program: given unless `--supervise` is (clap holds it so), and read only then.
@@ -577,11 +652,12 @@ impl Run {
                 );
             }
         }
-        if self.supervision.supervised() && self.durable.journal.is_some() {
-            return refuse(format!(
-                "{} with --journal: a supervisor does not run in a durable run yet; drop one of them",
-                self.supervision.flag()
-            ));
+        if self.supervision.restart == Some(supervise::RestartPolicy::Permanent) && self.durable.journal.is_some() {
+            return refuse(
+                "--restart permanent with --journal: a durable process that ends has finished its run, and is not \
+                 started again; --restart transient retries its traps from its last journaled step"
+                    .to_owned(),
+            );
         }
         Ok(())
     }
@@ -634,12 +710,18 @@ impl Run {
             }
         }
         let (builder, services) = self.serve(builder, runtime, &caps)?;
+        let refused =
+            |e: anyhow::Error| Failure::new(Exit::Usage, format!("the supervisor spec `{}`: {e:#}", file.display()));
+        let options = spec.spawn_options().map_err(refused)?;
+        let input = [Payload::json(&spec).map_err(|e| refused(e.into()))?];
+        // The supervisor's kind is built in: its spec, its input, says what it runs, and
+        // the children's kinds are checked against their components on resume.
+        let asked = resume::Asked { app: file, identity: "", method: supervisor::START, input: &input };
+        let (builder, journal, narrowed) = self.open_journal(builder, &caps, &asked)?;
         let scheduler =
             builder.build().map_err(|e| Failure::new(Exit::Host, format!("cannot start the scheduler: {e:#}")))?;
-        let options = spec
-            .spawn_options()
-            .map_err(|e| Failure::new(Exit::Usage, format!("the supervisor spec `{}`: {e:#}", file.display())))?;
-        Ok(Prepared { scheduler, root: Root::Supervised(options), services, journal: None })
+        let root = self.resumed_root(&scheduler, Root::Supervised(options), journal.as_ref(), narrowed, out)?;
+        Ok(Prepared { scheduler, root, services, journal })
     }
 
     /// Starts the run's providers and provider components and registers them on
@@ -947,6 +1029,20 @@ fn refuse_command_flags(args: &Run) -> Result<(), Failure> {
 fn shell_word(word: &str) -> String {
     let plain = !word.is_empty() && word.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./:=@%+,".contains(&b));
     if plain { word.to_owned() } else { format!("'{}'", word.replace('\'', r"'\''")) }
+}
+
+/// The notice of a retry: what the process trapped with, and when and how often it is
+/// retried.
+fn retrying_notice(retrying: &Retrying, policy: &RetryPolicy) -> String {
+    format!(
+        "process {} {}: retrying it from its last journaled step in {} (retry {} of at most {} within {})",
+        retrying.pid,
+        retrying.reason,
+        units::duration_text(retrying.delay),
+        retrying.attempt,
+        policy.intensity,
+        units::duration_text(policy.period),
+    )
 }
 
 fn command_options(args: &Run, interrupt: Arc<AtomicBool>) -> Result<WasiOptions, Failure> {

@@ -189,8 +189,32 @@ impl Signals {
         }
     }
 
+    /// Waits `delay` (a retry's backoff), or until what stops the run first.
+    pub(super) fn pause(
+        &self,
+        delay: Duration,
+        deadline: Option<Instant>,
+        timeout: Option<Duration>,
+    ) -> Result<(), Stop> {
+        let until = Instant::now().checked_add(delay);
+        let (until, timed_out) = match (until, deadline) {
+            (Some(until), Some(deadline)) if deadline < until => (Some(deadline), true),
+            (None, deadline) => (deadline, deadline.is_some()),
+            (until, _) => (until, false),
+        };
+        loop {
+            match self.recv(until) {
+                Ok(Signal::Stop(signal)) => return Err(Stop::Signal(signal)),
+                // A result of a scheduler that has stopped: none is forwarded after it.
+                Ok(Signal::Done(_)) => {}
+                Err(RecvTimeoutError::Timeout) if timed_out => return Err(Stop::Timeout(timeout.unwrap_or_default())),
+                Err(_) => return Ok(()),
+            }
+        }
+    }
+
     /// Waits for the processes the entry process left behind; `Ok` when all have ended.
-    fn wait_for_rest(
+    pub(super) fn wait_for_rest(
         &self,
         scheduler: &Scheduler,
         deadline: Option<Instant>,

@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use wasmproc::Payload;
 use wasmproc::scheduler::SpawnOptions;
+use wasmproc::scheduler::{Retry, RetryPolicy};
 use wasmproc::supervisor::{self, AutoShutdown, Backoff, ChildSpec, Restart, Strategy, SupervisorSpec};
 
 use super::{Exit, Failure, units};
@@ -24,14 +25,18 @@ pub(super) struct SuperviseArgs {
     /// supervisor is the entry process; the run ends when it ends, printing its result.
     /// A child's `kind` is a component's path, relative to FILE's directory, or
     /// `supervisor` for a nested supervisor (its spec its one input). Takes no APP.wasm,
-    /// --method or --input: the file says what runs.
+    /// --method or --input: the file says what runs. With --journal the tree is durable:
+    /// after a crash the same command resumes it by replay, restarting no child.
     #[arg(long, value_name = "FILE")]
     pub(super) supervise: Option<PathBuf>,
     /// Run the entry process under a supervisor that restarts it: `permanent` whenever it
     /// ends, `transient` when it fails (an error or a trap), `temporary` never. Past
     /// --restart-intensity restarts within --restart-period, the run ends with an error
     /// naming the last failure; a transient or temporary entry that ends for good ends
-    /// the run with its result.
+    /// the run with its result. With --journal, `transient` retries the process's traps
+    /// from its last journaled step instead (the steps before the trap are replayed, not
+    /// done again), and past the intensity the process fails with its trap; `permanent`
+    /// is refused with --journal.
     #[arg(long, value_name = "POLICY", value_enum)]
     pub(super) restart: Option<RestartPolicy>,
     /// With --restart: the most restarts within --restart-period.
@@ -68,6 +73,26 @@ impl SuperviseArgs {
         if self.supervise.is_some() { "--supervise" } else { "--restart" }
     }
 
+    /// The retry of a durable run's entry process (`--restart transient` with --journal):
+    /// its traps retried from its last journaled step, as the --restart flags say.
+    pub(super) fn retry(&self, durable: bool) -> Option<Retry> {
+        if !durable || self.restart != Some(RestartPolicy::Transient) {
+            return None;
+        }
+        let backoff = self.backoff().unwrap_or_default();
+        Some(Retry::new(RetryPolicy { intensity: self.restart_intensity, period: self.restart_period, backoff }))
+    }
+
+    /// --restart-backoff's backoff.
+    fn backoff(&self) -> Option<Backoff> {
+        self.restart_backoff.map(|initial| Backoff {
+            initial,
+            max: initial.max(Duration::from_secs(30)),
+            multiplier: 2.0,
+            jitter: 0.1,
+        })
+    }
+
     /// The options that spawn the supervisor of `--restart`: one child, `id`, of the
     /// kind `kind` (the run's component) in `method` with `inputs`.
     pub(super) fn restart_options(
@@ -98,8 +123,8 @@ impl SuperviseArgs {
         }
         spec.intensity = self.restart_intensity;
         spec.period = self.restart_period;
-        if let Some(initial) = self.restart_backoff {
-            spec.backoff = Backoff { initial, max: initial.max(Duration::from_secs(30)), multiplier: 2.0, jitter: 0.1 };
+        if let Some(backoff) = self.backoff() {
+            spec.backoff = backoff;
         }
         spec.children.push(child);
         spec.spawn_options()

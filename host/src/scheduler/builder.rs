@@ -24,6 +24,7 @@ use super::recovery::Plan;
 use super::registry::{self, Registry};
 use super::remote::Remote;
 use super::requests::Requests;
+use super::retry::Retry;
 use super::shared::{DenialHint, Settings, Shared};
 use super::shutdown::{Scheduler, Threads};
 use super::timer::Timer;
@@ -80,6 +81,8 @@ pub struct Builder {
     /// The node in a cluster and where work for other nodes goes (`Builder::cluster`).
     node: u16,
     remote: Option<Arc<dyn Remote>>,
+    /// How its durable roots' traps are retried (`Builder::retry`).
+    retry: Option<Retry>,
 }
 
 /// A provider as the handler of its family.
@@ -122,6 +125,7 @@ impl Default for Builder {
             verifying: false,
             node: 0,
             remote: None,
+            retry: None,
         }
     }
 }
@@ -310,6 +314,16 @@ impl Builder {
         self
     }
 
+    /// Retries a durable root (a process the embedder spawned) that traps from its last
+    /// journaled step, as `retry`'s policy admits: the scheduler suspends as a crash at
+    /// the trap would, and the embedder builds a scheduler on the journal again after the
+    /// retry's delay ([`Retry::take`]); past the policy the trap is the root's end. Needs
+    /// a journal. See [`Retry`]. By default a trap ends the process.
+    pub fn retry(mut self, retry: Retry) -> Self {
+        self.retry = Some(retry);
+        self
+    }
+
     /// Makes this scheduler node `node`, handing what names a process of another node to
     /// `remote` (see `remote.rs`); the public face is `Builder::cluster`, in the cluster
     /// module, which the scheduler does not depend on.
@@ -351,6 +365,10 @@ impl Builder {
             None => limits.max_payload_size.saturating_mul(DEFAULT_OUTPUT_PER_PAYLOAD),
         };
         ensure!(
+            self.retry.is_none() || self.journal.is_some(),
+            "`retry` retries a durable process from its last journaled step, and this scheduler has no journal"
+        );
+        ensure!(
             self.remote.is_none() || self.journal.is_none(),
             "a scheduler cannot be both durable (a journal) and a cluster node: durable processes do not cross nodes yet"
         );
@@ -382,7 +400,7 @@ impl Builder {
         }
 
         let mut kinds = self.kinds;
-        kinds.insert_if_absent(crate::supervisor::KIND, || crate::supervisor::builtin(self.journal.is_some()));
+        kinds.insert_if_absent(crate::supervisor::KIND, || Arc::new(crate::supervisor::SupervisorKind));
 
         let queues: Vec<Worker<Arc<ProcessCell>>> = (0..workers).map(|_| Worker::new_lifo()).collect();
         let (timer, timer_thread) = Timer::start(&self.thread_name).context("failed to start the timer thread")?;
@@ -431,6 +449,7 @@ impl Builder {
             node: self.node,
             remote: self.remote,
             run_processes: Mutex::default(),
+            retry: self.retry,
             suspending: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),

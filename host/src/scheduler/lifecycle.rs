@@ -231,6 +231,13 @@ impl Shared {
             Some(_) if self.suspending.load(Ordering::Acquire) => {
                 self.finalize(cell, Some(suspended()));
             }
+            Some(_) if self.retries(cell, result.as_ref()) => {
+                // As a crash at the trap: nothing after it is recorded, and the next
+                // scheduler on the journal resumes the root from its last recorded step
+                // (see `retry.rs`).
+                self.suspending.store(true, Ordering::SeqCst);
+                self.finalize(cell, Some(suspended()));
+            }
             Some(durable) => {
                 if let Err(reason) = durable.record_exit(cell, result) {
                     let error = format!("{reason}; the result was not recorded");
@@ -239,6 +246,17 @@ impl Shared {
             }
             None => self.finalize(cell, result),
         }
+    }
+
+    /// Whether `cell`'s end with `result` is retried rather than recorded: it is a root's
+    /// own trap, and this scheduler's [`Retry`](super::Retry) admits another attempt.
+    fn retries(&self, cell: &ProcessCell, result: Option<&Exited>) -> bool {
+        let Some(retry) = &self.retry else { return false };
+        let Some(exited) = result else { return false };
+        cell.spec.parent == Pid::HOST
+            && exited.signal_from.is_none()
+            && matches!(exited.reason, ExitReason::Trap(_))
+            && retry.admit(cell.pid(), &exited.reason)
     }
 
     /// Ends a process that was running (or was dequeued with a terminate request).

@@ -20,6 +20,7 @@ use super::kinds::Kinds;
 use super::registry::Registry;
 use super::remote::Remote;
 use super::requests::Requests;
+use super::retry::Retry;
 use super::slot::Slot;
 use super::stats::{Counters, Stats, UNOBSERVED_ERROR_LEN, UNOBSERVED_KEPT, WorkerStats, YieldCounts, bump};
 use super::timer::Timer;
@@ -74,6 +75,8 @@ pub(super) struct Shared {
     /// spawn's `max_processes`), by run: held by the runs' processes, so an entry whose
     /// run has no process here left is dead, and pruned when a run is added.
     pub(super) run_processes: Mutex<FxHashMap<RunId, Weak<AtomicUsize>>>,
+    /// How durable roots' traps are retried (`Builder::retry`).
+    pub(super) retry: Option<Retry>,
     /// A durable scheduler is stopping: its processes are suspended, not ended (their
     /// exits are not recorded, so the next start with the journal resumes them).
     pub(super) suspending: AtomicBool,

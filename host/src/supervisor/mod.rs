@@ -99,21 +99,6 @@ impl Factory for SupervisorKind {
     }
 }
 
-/// The kind under [`KIND`] in a durable scheduler, which refuses: a supervisor decides by
-/// the clock and at random (backoff), so a replay would not decide as the run did.
-struct NotDurable;
-
-impl Factory for NotDurable {
-    fn make(&self) -> anyhow::Result<Box<dyn Process>> {
-        anyhow::bail!("the built-in kind `{KIND}` does not run in a durable scheduler (one with a journal) yet")
-    }
-}
-
-/// The built-in kind for a scheduler, durable or not.
-pub(crate) fn builtin(durable: bool) -> std::sync::Arc<dyn Factory> {
-    if durable { std::sync::Arc::new(NotDurable) } else { std::sync::Arc::new(SupervisorKind) }
-}
-
 impl SupervisorSpec {
     /// The options that spawn a supervisor of this spec: entry method [`START`], the
     /// spec as JSON its input.

@@ -21,9 +21,21 @@
 //! child, the count, the period and the child's last exit. The `n`th restart within the
 //! window waits `backoff.delay(n)` first; a window without restarts starts the count
 //! again.
+//!
+//! # In a durable run
+//!
+//! A supervisor decides by the time (its restart window) and at random (the backoff's
+//! jitter). In a durable scheduler both come from its journal, so that a replay after a
+//! host crash decides as the run did: the time is the recorded time of the step under
+//! way ([`Port::step_time`]), and the jitter is drawn from the seed recorded at its spawn
+//! ([`Port::random_seed`]). Its backoff is a `sleep` yield, which the journal re-arms
+//! for what is left of it. So a resumed supervisor holds the children, the restart
+//! counts and the operations in flight it held before the crash, and a crash restarts
+//! no child and counts as no restart. Elsewhere it reads the monotonic clock and draws
+//! from a seed of the system's.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 use wasmproc_types::{ExitReason, Payload, Pid};
@@ -50,8 +62,10 @@ pub(crate) struct Supervisor {
     /// The next key of a child, never reused, so an operation queued for a child that has
     /// gone since finds nothing rather than another child.
     next_key: u64,
-    /// When each restart within the current window was decided, oldest first.
-    restarts: VecDeque<Instant>,
+    /// When each restart within the current window was decided, oldest first, as
+    /// [`Clock::now`] reads it.
+    restarts: VecDeque<Duration>,
+    clock: Clock,
     /// The exit signal of the stop in flight and the child it is for: if it cannot be
     /// sent, the child is terminated instead.
     stop_signal: Option<(u64, Pid)>,
@@ -65,6 +79,17 @@ pub(crate) struct Supervisor {
     /// stopped.
     ending: Option<ExitReason>,
     rng: u64,
+}
+
+/// Where a supervisor reads the time.
+enum Clock {
+    /// The monotonic clock, from when the supervisor was made.
+    Monotonic(Instant),
+    /// The journal's time of the step under way (a durable process's).
+    Journaled,
+    /// A time the test sets.
+    #[cfg(test)]
+    Manual(Duration),
 }
 
 struct Child {
@@ -149,6 +174,7 @@ impl Supervisor {
             next_tag: 1,
             next_key: 0,
             restarts: VecDeque::new(),
+            clock: Clock::Monotonic(Instant::now()),
             linking: false,
             stop_signal: None,
             stop_timer: None,
@@ -213,9 +239,9 @@ impl Supervisor {
             return;
         }
         let Some(index) = self.index_of_key(key) else { return };
-        let now = Instant::now();
+        let now = self.now();
         let period = self.spec.period;
-        while self.restarts.front().is_some_and(|&at| now.duration_since(at) > period) {
+        while self.restarts.front().is_some_and(|&at| now.saturating_sub(at) > period) {
             self.restarts.pop_front();
         }
         self.restarts.push_back(now);
@@ -325,7 +351,7 @@ impl Supervisor {
                 }
                 Op::Delay(delay) => {
                     let tag = self.tag();
-                    out.yield_command(tag, Command::Sleep(delay));
+                    out.yield_command(tag, Command::Sleep(whole_micros(delay)));
                     self.in_flight = Some((tag, Op::Delay(delay)));
                 }
                 Op::Shutdown => {
@@ -403,7 +429,7 @@ impl Supervisor {
                 self.stop_signal = Some((tag, pid));
                 if let Shutdown::Timeout(timeout) = shutdown {
                     let tag = self.tag();
-                    out.yield_command(tag, Command::Sleep(timeout));
+                    out.yield_command(tag, Command::Sleep(whole_micros(timeout)));
                     self.stop_timer = Some((tag, pid));
                 }
                 self.in_flight = Some((WAITING_FOR_EXIT, Op::Stop { key, then, reply }));
@@ -524,6 +550,22 @@ impl Supervisor {
                     self.answer(&reply, Err(format!("failed to start child `{id}`: {error}")));
                 }
             }
+        }
+    }
+
+    /// The time, as a duration since an origin fixed for the supervisor's life: the Unix
+    /// epoch for a durable one (the journal's time), its making otherwise.
+    fn now(&self) -> Duration {
+        match &self.clock {
+            Clock::Monotonic(origin) => origin.elapsed(),
+            Clock::Journaled => self
+                .port
+                .as_ref()
+                .and_then(Port::step_time)
+                .and_then(|at| at.duration_since(UNIX_EPOCH).ok())
+                .unwrap_or_default(),
+            #[cfg(test)]
+            Clock::Manual(now) => *now,
         }
     }
 
@@ -679,6 +721,13 @@ fn is_normal(reason: &ExitReason) -> bool {
     reason.is_normal() || *reason == ExitReason::Shutdown
 }
 
+/// `duration` rounded up to whole microseconds, a journal's precision for a `sleep`: a
+/// durable supervisor's replay yields the sleeps its record holds.
+fn whole_micros(duration: Duration) -> Duration {
+    let micros = duration.as_nanos().div_ceil(1_000);
+    Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX))
+}
+
 fn seed() -> u64 {
     let mut bytes = [0u8; 8];
     if getrandom::fill(&mut bytes).is_err() {
@@ -699,6 +748,11 @@ impl Process for Supervisor {
             anyhow::bail!("a supervisor takes one input, its spec as JSON, got {} inputs", input.len());
         };
         self.spec = SupervisorSpec::from_json(&spec.data)?;
+        if let Some(seed) = port.random_seed() {
+            let (word, _) = seed.split_at(8);
+            self.rng = u64::from_le_bytes(word.try_into().expect("8 bytes")) | 1;
+            self.clock = Clock::Journaled;
+        }
         self.port = Some(port);
         self.ops.push_back(Op::TrapExits);
         if self.spec.strategy != Strategy::SimpleOneForOne {
@@ -847,6 +901,7 @@ mod tests {
         spec.children.push(ChildSpec::new("w", "worker", "main"));
         let mut sup = Supervisor::new();
         sup.init(port(), START, vec![Payload::json(&spec).unwrap()]).unwrap();
+        sup.clock = Clock::Manual(Duration::ZERO);
         let out = started(&mut sup);
         assert!(spawned(&mut sup, &out, 10).yields().is_empty());
         for (n, pid) in (1..=6).zip(11..) {
@@ -871,7 +926,7 @@ mod tests {
             assert!(spawned(&mut sup, &slept, pid).yields().is_empty());
         }
         // A period without restarts: the count starts again.
-        sup.restarts.iter_mut().for_each(|at| *at -= Duration::from_secs(3601));
+        sup.clock = Clock::Manual(Duration::from_secs(3601));
         let out = step(
             &mut sup,
             vec![Event::Exit { pid: Pid::from_u64(16), reason: ExitReason::Error("boom".into()), linked: false }],
