@@ -136,7 +136,11 @@ pub(super) fn refuse_here_only(given: Given<'_>, command: &clap::Command) -> Res
         HereOnly::Journal => "durable processes do not run on a cluster yet".to_owned(),
         HereOnly::Progress => "it draws this host's scheduler, which a run on a cluster does not use".to_owned(),
         HereOnly::Command => "WASI commands do not run on a cluster: it runs process components".to_owned(),
-        HereOnly::Supervision => "supervised runs do not run on a cluster yet".to_owned(),
+        HereOnly::Supervision => "supervised runs do not run on a cluster yet: the supervisor would run on a \
+                                  node and start its children there, and a spec names each child by a component \
+                                  path on this host, while a run on a cluster brings only its one program to the \
+                                  nodes; run the tree on one host, without --cluster"
+            .to_owned(),
     };
     Err(Failure::new(Exit::Usage, format!("{named} with --cluster: {why}")))
 }

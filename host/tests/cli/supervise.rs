@@ -99,9 +99,12 @@ fn bad_spec_files_and_conflicting_flags_are_refused_saying_why() {
     run(&["run", HELLO, "--restart", "permanent", "--journal", journal.to_str().expect("utf-8")])
         .expect(2)
         .error_says("--restart permanent with --journal: a durable process that ends has finished its run");
-    run(&["run", "--supervise", &good, "--cluster", "nats://127.0.0.1:1"])
+    run(&["run", "--supervise", &good, "--cluster", "nats://127.0.0.1:1"]).expect(2).error_says(
+        "`--supervise` with --cluster: supervised runs do not run on a cluster yet: the supervisor would run",
+    );
+    run(&["run", HELLO, "--restart", "transient", "--cluster", "nats://127.0.0.1:1"])
         .expect(2)
-        .error_says("`--supervise` with --cluster: supervised runs do not run on a cluster yet");
+        .error_says("a run on a cluster brings only its one program to the nodes");
     let ran = run(&["run", HELLO, "--restart-intensity", "3"]).expect(2);
     assert!(ran.stderr.contains("--restart"), "{}", ran.stderr);
     run(&["run"]).expect(2);
