@@ -31,6 +31,7 @@ use serde::Serialize;
 /// The JSON values of specs and answers.
 pub use serde_json::Value;
 use serde_json::{Map, json};
+use wasmproc_types::supervisor::duration_text;
 
 use crate::ctx::{Completion, Ctx};
 use crate::error::Error;
@@ -39,80 +40,7 @@ use crate::payload::Pid;
 /// The name of the host's built-in supervisor kind.
 pub const KIND: &str = "supervisor";
 
-/// Which children a child's restart takes with it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Strategy {
-    /// Only the child that ended.
-    OneForOne,
-    /// Every child: the others stopped in reverse start order, all started again.
-    OneForAll,
-    /// The child that ended and those started after it.
-    RestForOne,
-    /// A pool of children of one template, added by [`SupervisorRef::start_child`].
-    SimpleOneForOne,
-}
-
-/// When a child that ended is started again.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Restart {
-    /// Always (the default).
-    #[default]
-    Permanent,
-    /// Only after it failed (an error or a trap).
-    Transient,
-    /// Never.
-    Temporary,
-}
-
-/// How a child is stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shutdown {
-    /// At once.
-    Brutal,
-    /// Asked first, ended at once past this long (the default: 5 s).
-    Timeout(Duration),
-}
-
-/// Whether the end of significant children ends the supervisor.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum AutoShutdown {
-    /// Never (the default).
-    #[default]
-    Never,
-    /// When any significant child ends for good.
-    AnySignificant,
-    /// When every significant child has ended for good.
-    AllSignificant,
-}
-
-/// The delay before each restart: `min(max, initial × multiplier^(n−1))` before the
-/// `n`th within the period, less up to `jitter` of it at random.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Backoff {
-    initial: Duration,
-    max: Duration,
-    multiplier: f64,
-    jitter: f64,
-}
-
-impl Backoff {
-    /// Starts at `initial`, doubles up to `max`, no jitter.
-    pub fn new(initial: Duration, max: Duration) -> Self {
-        Backoff { initial, max, multiplier: 2.0, jitter: 0.0 }
-    }
-
-    /// What each restart multiplies the delay by; at least 1 (the host refuses less).
-    pub fn multiplier(mut self, multiplier: f64) -> Self {
-        self.multiplier = multiplier;
-        self
-    }
-
-    /// The fraction of each delay, between 0 and 1, taken off at random.
-    pub fn jitter(mut self, jitter: f64) -> Self {
-        self.jitter = jitter;
-        self
-    }
-}
+pub use wasmproc_types::supervisor::{AutoShutdown, Backoff, Restart, Shutdown, Strategy};
 
 /// One child of a supervisor: what to start, and how to restart and stop it.
 #[derive(Clone, Debug)]
@@ -178,18 +106,9 @@ impl ChildSpec {
         child.insert("kind".into(), json!(self.kind));
         child.insert("method".into(), json!(self.method));
         child.insert("input".into(), Value::Array(self.input.clone()));
-        let restart = match self.restart {
-            Restart::Permanent => "permanent",
-            Restart::Transient => "transient",
-            Restart::Temporary => "temporary",
-        };
-        child.insert("restart".into(), json!(restart));
+        child.insert("restart".into(), json!(self.restart.name()));
         if let Some(shutdown) = self.shutdown {
-            let text = match shutdown {
-                Shutdown::Brutal => "brutal".to_owned(),
-                Shutdown::Timeout(timeout) => duration(timeout),
-            };
-            child.insert("shutdown".into(), json!(text));
+            child.insert("shutdown".into(), json!(shutdown));
         }
         child.insert("significant".into(), json!(self.significant));
         Value::Object(child)
@@ -267,35 +186,16 @@ impl Supervisor {
 
     /// The spec as the host reads it.
     pub fn to_json(&self) -> Value {
-        let strategy = match self.strategy {
-            Strategy::OneForOne => "one_for_one",
-            Strategy::OneForAll => "one_for_all",
-            Strategy::RestForOne => "rest_for_one",
-            Strategy::SimpleOneForOne => "simple_one_for_one",
-        };
         let mut spec = Map::new();
-        spec.insert("strategy".into(), json!(strategy));
+        spec.insert("strategy".into(), json!(self.strategy.name()));
         if let Some((intensity, period)) = self.intensity {
             spec.insert("intensity".into(), json!(intensity));
-            spec.insert("period".into(), json!(duration(period)));
+            spec.insert("period".into(), json!(duration_text::format(period)));
         }
         if let Some(backoff) = self.backoff {
-            spec.insert(
-                "backoff".into(),
-                json!({
-                    "initial": duration(backoff.initial),
-                    "max": duration(backoff.max),
-                    "multiplier": backoff.multiplier,
-                    "jitter": backoff.jitter,
-                }),
-            );
+            spec.insert("backoff".into(), json!(backoff));
         }
-        let auto_shutdown = match self.auto_shutdown {
-            AutoShutdown::Never => "never",
-            AutoShutdown::AnySignificant => "any_significant",
-            AutoShutdown::AllSignificant => "all_significant",
-        };
-        spec.insert("auto_shutdown".into(), json!(auto_shutdown));
+        spec.insert("auto_shutdown".into(), json!(self.auto_shutdown));
         spec.insert("children".into(), Value::Array(self.children.iter().map(ChildSpec::to_json).collect()));
         Value::Object(spec)
     }
@@ -368,12 +268,6 @@ impl SupervisorRef {
     }
 }
 
-/// `duration` as the host reads it: whole milliseconds, or nanoseconds.
-fn duration(duration: Duration) -> String {
-    let nanos = duration.as_nanos();
-    if nanos.is_multiple_of(1_000_000) { format!("{}ms", nanos / 1_000_000) } else { format!("{nanos}ns") }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,14 +288,14 @@ mod tests {
         assert_eq!(
             spec.to_json(),
             json!({
-                "strategy": "rest_for_one", "intensity": 3, "period": "5000ms",
-                "backoff": {"initial": "100ms", "max": "2000ms", "multiplier": 2.0, "jitter": 0.5},
+                "strategy": "rest_for_one", "intensity": 3, "period": "5s",
+                "backoff": {"initial": "100ms", "max": "2s", "multiplier": 2.0, "jitter": 0.5},
                 "auto_shutdown": "any_significant",
                 "children": [
                     {"id": "db", "kind": "store", "method": "serve", "input": [{"port": 1}],
                      "restart": "permanent", "significant": false},
                     {"id": "web", "kind": "app", "method": "main", "input": [], "restart": "transient",
-                     "shutdown": "1500000ns", "significant": true},
+                     "shutdown": "1ms 500us", "significant": true},
                 ],
             })
         );

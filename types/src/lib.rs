@@ -33,7 +33,8 @@
 //!
 //! None is on by default, and without them the crate has no dependencies.
 //!
-//! - `serde`: `Serialize` and `Deserialize` for [`Pid`] (a plain number).
+//! - `serde`: `Serialize` and `Deserialize` for [`Pid`] (a plain number), and the
+//!   [`supervisor`] spec's parts, which the host reads and the SDK writes.
 //! - `json` (implies `serde`): `Payload::json`, `Payload::parse_json` and
 //!   `Payload::decode`, through `serde_json`.
 
@@ -52,6 +53,8 @@ pub mod leb128;
 mod level;
 mod payload;
 mod pid;
+#[cfg(feature = "serde")]
+pub mod supervisor;
 
 pub use crate::error_code::ErrorCode;
 pub use crate::exit::{ExitReason, Trap, TrapKind};

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use wasmproc_types::{ExitReason, Pid};
 
-use crate::supervisor::Backoff;
+use crate::supervisor::{self, Backoff};
 
 /// How often a durable root is retried: at most `intensity` retries within any `period`,
 /// each after the backoff's delay (the `n`th within the period waits `backoff.delay(n)`).
@@ -88,7 +88,7 @@ struct State {
 impl Retry {
     /// A retry of `policy`, with no retry counted yet.
     pub fn new(policy: RetryPolicy) -> Retry {
-        let state = State { policy, retries: VecDeque::new(), pending: None, rng: seed() };
+        let state = State { policy, retries: VecDeque::new(), pending: None, rng: supervisor::seed() };
         Retry { state: Arc::new(Mutex::new(state)) }
     }
 
@@ -118,32 +118,11 @@ impl Retry {
         }
         state.retries.push_back(now);
         let attempt = u32::try_from(state.retries.len()).unwrap_or(u32::MAX);
-        let unit = state.draw();
+        let unit = supervisor::draw(&mut state.rng);
         let delay = state.policy.backoff.delay(attempt, unit);
         state.pending = Some(Retrying { pid, reason: reason.clone(), attempt, delay });
         true
     }
-}
-
-impl State {
-    /// A draw in `[0, 1)` for the backoff's jitter (xorshift64*: spread, not secrecy).
-    fn draw(&mut self) -> f64 {
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-fn seed() -> u64 {
-    let mut bytes = [0u8; 8];
-    if getrandom::fill(&mut bytes).is_err() {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        bytes = (nanos.as_nanos() as u64).to_le_bytes();
-    }
-    u64::from_le_bytes(bytes) | 1
 }
 
 #[cfg(test)]

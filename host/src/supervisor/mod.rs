@@ -79,6 +79,7 @@ mod runtime;
 pub mod spec;
 
 pub use self::runtime::ChildRef;
+pub(crate) use self::runtime::{draw, seed};
 pub use self::spec::{AutoShutdown, Backoff, ChildSpec, MAX_CHILDREN, Restart, Shutdown, Strategy, SupervisorSpec};
 
 /// The name of the built-in kind.

@@ -575,15 +575,9 @@ impl Supervisor {
         tag
     }
 
-    /// A draw in `[0, 1)` for the backoff's jitter (xorshift64*: a supervisor needs
-    /// spread, not secrecy).
+    /// A draw in `[0, 1)` for the backoff's jitter.
     fn draw(&mut self) -> f64 {
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+        draw(&mut self.rng)
     }
 
     /// Answers a control request; a request from the embedder ([`Pid::HOST`]) has no
@@ -728,7 +722,19 @@ fn whole_micros(duration: Duration) -> Duration {
     Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX))
 }
 
-fn seed() -> u64 {
+/// A draw in `[0, 1)` from the generator `state` (xorshift64*: a backoff's jitter needs
+/// spread, not secrecy), which it advances.
+pub(crate) fn draw(state: &mut u64) -> f64 {
+    let mut x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// A seed for [`draw`] from the system (never 0, which xorshift never leaves).
+pub(crate) fn seed() -> u64 {
     let mut bytes = [0u8; 8];
     if getrandom::fill(&mut bytes).is_err() {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();

@@ -3,14 +3,20 @@
 //! into the same structs, and checked by [`SupervisorSpec::validate`] before anything
 //! starts.
 //!
+//! The spec's parts the guest SDK writes too ([`Strategy`], [`Restart`], [`Shutdown`],
+//! [`AutoShutdown`], [`Backoff`]) are defined once, in `wasmproc_types::supervisor`,
+//! and re-exported here.
+//!
 //! Durations are written as text, a number and a unit: `"500ms"`, `"5s"`, `"1m 30s"`.
 //! Every field but `strategy` and the children's `id` and `kind` has a default, the same
 //! as OTP's where OTP has one.
 
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use wasmproc_types::Payload;
+pub(crate) use wasmproc_types::supervisor::duration_text;
+pub use wasmproc_types::supervisor::{AutoShutdown, Backoff, Restart, Shutdown, Strategy};
 
 /// The most children one supervisor holds: the static children of its spec, or the
 /// children a `simple_one_for_one` supervisor has started and not yet lost. The
@@ -45,116 +51,6 @@ pub struct SupervisorSpec {
     /// time (`start_child`).
     #[serde(default)]
     pub children: Vec<ChildSpec>,
-}
-
-/// Which children a child's restart takes with it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Strategy {
-    /// Only the child that ended is restarted.
-    OneForOne,
-    /// Every other child is stopped (in reverse start order), then all are started again
-    /// in order.
-    OneForAll,
-    /// The children started after the one that ended are stopped (in reverse order),
-    /// then it and they are started again in order.
-    RestForOne,
-    /// A pool of children of one template, added at run time by `start_child`, each
-    /// restarted on its own as in `one_for_one`.
-    SimpleOneForOne,
-}
-
-/// When a child that ended is started again.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Restart {
-    /// Always.
-    #[default]
-    Permanent,
-    /// Only after an abnormal end (not after it returned `Ok`).
-    Transient,
-    /// Never; its spec is forgotten once it has ended.
-    Temporary,
-}
-
-/// How a child is stopped: by the supervisor's end, a strategy's restart or
-/// `terminate_child`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shutdown {
-    /// Ended at once.
-    Brutal,
-    /// Asked to end, and ended at once if it has not within this long.
-    Timeout(Duration),
-}
-
-impl Default for Shutdown {
-    /// A 5 s timeout, as OTP's default for a worker.
-    fn default() -> Self {
-        Shutdown::Timeout(Duration::from_secs(5))
-    }
-}
-
-/// Whether the end of significant children ends the supervisor (OTP's `auto_shutdown`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AutoShutdown {
-    /// Never: no child may be significant.
-    #[default]
-    Never,
-    /// When any significant child ends and is not restarted.
-    AnySignificant,
-    /// When every significant child has ended and none is restarted.
-    AllSignificant,
-}
-
-/// The delay before a restart: `min(max, initial × multiplier^(n-1))` before the `n`th
-/// restart within the current `period`, shortened at random by up to `jitter` of itself,
-/// so that restarts of many children spread out. The count starts again once a `period`
-/// passes without restarts.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Backoff {
-    /// The delay before the first restart. By default 0: no delay.
-    #[serde(with = "duration_text")]
-    pub initial: Duration,
-    /// The longest delay. By default 30 s.
-    #[serde(with = "duration_text")]
-    pub max: Duration,
-    /// What each restart multiplies the delay by; at least 1. By default 2.
-    pub multiplier: f64,
-    /// The fraction of a delay, between 0 and 1, that may be taken off it at random: a
-    /// delay `d` becomes one between `d × (1 − jitter)` and `d`. By default 0.
-    pub jitter: f64,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff { initial: Duration::ZERO, max: Duration::from_secs(30), multiplier: 2.0, jitter: 0.0 }
-    }
-}
-
-impl Backoff {
-    /// The delay before restart `n` (1 for the first within the period) before jitter.
-    pub fn base_delay(&self, n: u32) -> Duration {
-        if self.initial.is_zero() {
-            return Duration::ZERO;
-        }
-        let exponent = i32::try_from(n.saturating_sub(1)).unwrap_or(i32::MAX);
-        let factor = self.multiplier.powi(exponent);
-        let secs = self.initial.as_secs_f64() * factor;
-        if !secs.is_finite() || secs >= self.max.as_secs_f64() {
-            return self.max;
-        }
-        Duration::from_secs_f64(secs).min(self.max)
-    }
-
-    /// The delay before restart `n`, jittered by `unit` (a draw in `[0, 1)`): between
-    /// `base × (1 − jitter)` and the base.
-    pub fn delay(&self, n: u32, unit: f64) -> Duration {
-        let base = self.base_delay(n);
-        let cut = (self.jitter * unit.clamp(0.0, 1.0)).clamp(0.0, 1.0);
-        base.mul_f64(1.0 - cut)
-    }
 }
 
 /// One child: what to start, and how to restart and stop it.
@@ -312,80 +208,6 @@ impl SupervisorSpec {
     }
 }
 
-impl Strategy {
-    /// The strategy's name as the spec writes it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Strategy::OneForOne => "one_for_one",
-            Strategy::OneForAll => "one_for_all",
-            Strategy::RestForOne => "rest_for_one",
-            Strategy::SimpleOneForOne => "simple_one_for_one",
-        }
-    }
-}
-
-impl Restart {
-    /// The restart type's name as the spec writes it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Restart::Permanent => "permanent",
-            Restart::Transient => "transient",
-            Restart::Temporary => "temporary",
-        }
-    }
-}
-
-impl Serialize for Shutdown {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Shutdown::Brutal => serializer.serialize_str("brutal"),
-            Shutdown::Timeout(timeout) => serializer.serialize_str(&duration_text::format(*timeout)),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Shutdown {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        if text == "brutal" {
-            return Ok(Shutdown::Brutal);
-        }
-        duration_text::parse(&text).map(Shutdown::Timeout).map_err(|_| {
-            serde::de::Error::custom(format!(
-                "invalid shutdown `{text}`: expected \"brutal\" or a timeout like \"500ms\" or \"5s\""
-            ))
-        })
-    }
-}
-
-/// Durations as text (`"500ms"`, `"5s"`), the way the CLI's flags take them.
-pub(crate) mod duration_text {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    /// `text` as a duration: a number and a unit (`ms`, `s`, `m`, `h`, …), or several.
-    pub(crate) fn parse(text: &str) -> Result<Duration, String> {
-        humantime::parse_duration(text.trim()).map_err(|e| {
-            format!("invalid duration `{text}` ({e}): expected a number and a unit, like \"500ms\" or \"5s\"")
-        })
-    }
-
-    /// `duration` as [`parse`] reads it.
-    pub(crate) fn format(duration: Duration) -> String {
-        if duration.is_zero() { "0s".to_owned() } else { humantime::format_duration(duration).to_string() }
-    }
-
-    pub(crate) fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&format(*duration))
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        parse(&text).map_err(serde::de::Error::custom)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,23 +291,5 @@ mod tests {
   "children": [{"id": "a", "kind": 7}]}"#,
         );
         assert!(misplaced.contains("line 2"), "a JSON error says where: {misplaced}");
-    }
-
-    #[test]
-    fn the_backoff_schedule_grows_to_its_max_and_jitter_only_shortens() {
-        let backoff =
-            Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(1), multiplier: 2.0, jitter: 0.25 };
-        let base: Vec<u64> = (1..=6).map(|n| backoff.base_delay(n).as_millis() as u64).collect();
-        assert_eq!(base, [100, 200, 400, 800, 1000, 1000]);
-        assert_eq!(backoff.base_delay(u32::MAX), Duration::from_secs(1), "no overflow past the max");
-        for n in 1..=6 {
-            let base = backoff.base_delay(n);
-            assert_eq!(backoff.delay(n, 0.0), base);
-            assert_eq!(backoff.delay(n, 1.0), base.mul_f64(0.75));
-            let mid = backoff.delay(n, 0.5);
-            assert!(mid >= base.mul_f64(0.75) && mid <= base);
-        }
-        let flat = Backoff { multiplier: 1.0, ..backoff };
-        assert_eq!(flat.base_delay(5), Duration::from_millis(100));
     }
 }
