@@ -40,7 +40,7 @@
 //! The supervisor's result: the error of its escalation (above), of a child that failed
 //! to start when the supervisor started (`failed to start child `db`: …`), or of its
 //! cancellation; or, when significant children end it (`auto_shutdown`), the result of
-//! the one whose end did. It traps exits and spawns its children linked (and monitored),
+//! the one whose end did. It traps exits and spawns its children linked (not monitored),
 //! so a supervisor ended from outside takes its children with it, and the end of a
 //! parent that spawned it linked ends it (after it has stopped its children). If
 //! `trap-exits` is denied it monitors its children only.

@@ -1,10 +1,11 @@
 //! The supervisor as a native [`Process`]: starts its children, watches them through
-//! monitors, restarts them per its [`SupervisorSpec`], and stops them in reverse order.
+//! links (monitors if it may not trap exits), restarts them per its [`SupervisorSpec`],
+//! and stops them in reverse order.
 //!
 //! # How it works
 //!
 //! Everything the supervisor does to its children is one *operation* at a time, from a
-//! queue: start a child (a `spawn` yield, linked and monitored), stop one (an exit
+//! queue: start a child (a `spawn` yield, linked, or monitored if it may not trap exits), stop one (an exit
 //! signal: `kill` for `brutal`, else `shutdown` and `kill` once its timeout passes, the
 //! stop over when the child's exit arrives), wait (a `sleep` yield, the backoff). One operation is in flight at most, so
 //! children start and stop in the order the queue says; between operations, and while
@@ -397,7 +398,9 @@ impl Supervisor {
             kind: Some(spec.kind.clone()),
             method: spec.method.clone(),
             input: spec.payloads(&child.extra),
-            monitor: true,
+            // Linked, with exits trapped, its end arrives as the link's exit event; a
+            // monitor as well would only bring the same end twice.
+            monitor: !self.linking,
             link: self.linking,
         };
         let tag = self.tag();
