@@ -14,12 +14,13 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Killed, sha256, wasmproc};
+use common::{sha256, wasmproc};
 use wasmproc::cluster::{Client, ClusterConfig, Placement};
 use wasmproc::scheduler::{ProcessHandle, SpawnOptions};
 use wasmproc::{
     Capabilities, Command, Event, ExitReason, ExitSignal, Exited, Payload, Pid, Scheduler, SpawnRequest, Status,
 };
+use wasmproc_tests::Killed;
 use wasmproc_tests::nats::{Node, Server, kind};
 use wasmproc_tests::{Probe, Scripted, completion};
 
