@@ -992,3 +992,39 @@ fn a_terminated_process_has_its_exit_recorded_with_the_reason_its_watchers_get()
     assert_eq!(history[0].result, killed, "{:#?}", history[0].records);
     scheduler.stop(Duration::from_secs(1));
 }
+
+/// A sleep shorter than a microsecond (or not a whole number of them) is recorded in
+/// whole microseconds; a replay of the step compares it at that precision, so the
+/// process resumes instead of failing as non-deterministic.
+#[test]
+fn a_sleep_of_a_fraction_of_a_microsecond_replays() {
+    let store = Arc::new(MemoryStore::new());
+    let kind = || {
+        let (process, _) = Scripted::new(|t| {
+            match t.step {
+                0 => t.out.yield_command(1, Command::Sleep(Duration::from_nanos(1_500))),
+                _ => t.out.set_status(Status::Idle),
+            }
+            Ok(())
+        });
+        Ok(Box::new(process) as Box<dyn wasmproc::Process>)
+    };
+    let first = Scheduler::builder()
+        .workers(1)
+        .journal(Journal::with_store(store.clone()))
+        .kind("sleeper", kind)
+        .build()
+        .unwrap();
+    first.handle().spawn(wasmproc::scheduler::Spawnable::kind("sleeper"), "main").unwrap();
+    let slept = || Journal::with_store(store.clone()).history().unwrap().first().is_some_and(|h| h.steps >= 2);
+    let begun = std::time::Instant::now();
+    while !slept() {
+        assert!(begun.elapsed() < wasmproc_tests::HANG, "the sleeper never slept");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    first.stop(Duration::from_secs(1));
+    let verdicts =
+        Scheduler::builder().journal(Journal::with_store(store)).kind("sleeper", kind).verify_journal().unwrap();
+    assert_eq!(verdicts.len(), 1, "{verdicts:?}");
+    assert!(matches!(verdicts[0].1, Ok(steps) if steps >= 2), "{verdicts:?}");
+}

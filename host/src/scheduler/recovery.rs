@@ -667,7 +667,7 @@ fn replay(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<Option<Status>, S
             Some(Ok(Err(error))) => return differs(format!("the step failed on replay ({error:#})")),
             Some(Err(_)) | None => return differs("the step panicked on replay".to_owned()),
         }
-        if out.yields() != step.yields.as_slice() {
+        if !same_as_recorded(out.yields(), &step.yields) {
             return differs(format!("recorded yields {:?}, replay yielded {:?}", step.yields, out.yields()));
         }
         if sends != step.sends {
@@ -683,6 +683,22 @@ fn replay(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<Option<Status>, S
         last = Some(status);
     }
     Ok(last)
+}
+
+/// Whether a replayed step's `yields` are the `recorded` ones as the journal keeps them: a
+/// `sleep` is recorded in whole microseconds, so a replayed one is compared at that
+/// precision.
+fn same_as_recorded(yields: &[Yield], recorded: &[Yield]) -> bool {
+    yields.len() == recorded.len()
+        && yields.iter().zip(recorded).all(|(now, then)| {
+            now.tag == then.tag
+                && match (&now.command, &then.command) {
+                    (Command::Sleep(now), Command::Sleep(then)) => {
+                        now.as_micros().min(u128::from(u64::MAX)) == then.as_micros()
+                    }
+                    (now, then) => now == then,
+                }
+        })
 }
 
 /// The messages to deliver again, by receiver, each sender's in the order it sent them.
