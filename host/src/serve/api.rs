@@ -26,8 +26,9 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -93,6 +94,47 @@ fn admin(service: &Service, headers: &HeaderMap) -> Result<(), Refusal> {
     }
 }
 
+/// A request of a tenant's: the service, and the tenant its bearer token names (a request
+/// past the tenant's rate is refused here).
+struct Asker {
+    service: Service,
+    tenant: String,
+}
+
+impl FromRequestParts<Service> for Asker {
+    type Rejection = Refusal;
+
+    async fn from_request_parts(parts: &mut Parts, service: &Service) -> Result<Asker, Refusal> {
+        Ok(Asker { tenant: tenant(service, &parts.headers)?, service: service.clone() })
+    }
+}
+
+/// A request with the admin's token: the service.
+struct Admin(Service);
+
+impl FromRequestParts<Service> for Admin {
+    type Rejection = Refusal;
+
+    async fn from_request_parts(parts: &mut Parts, service: &Service) -> Result<Admin, Refusal> {
+        admin(service, &parts.headers)?;
+        Ok(Admin(service.clone()))
+    }
+}
+
+/// The path's one parameter (an id, a name, a reference); a 400 if it cannot be read.
+struct Segment(String);
+
+impl FromRequestParts<Service> for Segment {
+    type Rejection = Refusal;
+
+    async fn from_request_parts(parts: &mut Parts, service: &Service) -> Result<Segment, Refusal> {
+        let Path(segment) = Path::<String>::from_request_parts(parts, service)
+            .await
+            .map_err(|e| Refusal::invalid(format!("invalid path: {}", e.body_text())))?;
+        Ok(Segment(segment))
+    }
+}
+
 /// `body` as JSON of shape `T`; a 400 naming the line and column of what is wrong.
 fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
     serde_json::from_slice(body).map_err(|e| Refusal::invalid(format!("invalid JSON body: {e}")))
@@ -100,10 +142,6 @@ fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
 
 fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Refusal> {
     query.map(|Query(q)| q).map_err(|e| Refusal::invalid(format!("invalid query: {}", e.body_text())))
-}
-
-fn path<T>(path: Result<Path<T>, PathRejection>) -> Result<T, Refusal> {
-    path.map(|Path(p)| p).map_err(|e| Refusal::invalid(format!("invalid path: {}", e.body_text())))
 }
 
 /// Runs `work` on a thread that may block (synced writes, compiling a component).
@@ -165,8 +203,7 @@ pub(super) fn router(service: Service) -> Router {
         .with_state(service)
 }
 
-async fn scrape_metrics(State(service): State<Service>, headers: HeaderMap) -> Answer {
-    admin(&service, &headers)?;
+async fn scrape_metrics(Admin(service): Admin) -> Answer {
     Ok(super::metrics::scrape(State(service)).await)
 }
 
@@ -176,8 +213,7 @@ struct NewTenant {
     name: String,
 }
 
-async fn add_tenant(State(service): State<Service>, headers: HeaderMap, body: Bytes) -> Answer {
-    admin(&service, &headers)?;
+async fn add_tenant(Admin(service): Admin, body: Bytes) -> Answer {
     let NewTenant { name } = json_body(&body)?;
     let token = blocking({
         let (service, name) = (service.clone(), name.clone());
@@ -187,29 +223,16 @@ async fn add_tenant(State(service): State<Service>, headers: HeaderMap, body: By
     answer(StatusCode::CREATED, json!({"name": name, "token": token}))
 }
 
-async fn list_tenants(State(service): State<Service>, headers: HeaderMap) -> Answer {
-    admin(&service, &headers)?;
+async fn list_tenants(Admin(service): Admin) -> Answer {
     answer(StatusCode::OK, json!({"tenants": service.tenants()?}))
 }
 
-async fn remove_tenant(
-    State(service): State<Service>,
-    headers: HeaderMap,
-    name: Result<Path<String>, PathRejection>,
-) -> Answer {
-    admin(&service, &headers)?;
-    let name = path(name)?;
+async fn remove_tenant(Admin(service): Admin, Segment(name): Segment) -> Answer {
     blocking(move || service.remove_tenant(&name)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn new_token(
-    State(service): State<Service>,
-    headers: HeaderMap,
-    name: Result<Path<String>, PathRejection>,
-) -> Answer {
-    admin(&service, &headers)?;
-    let name = path(name)?;
+async fn new_token(Admin(service): Admin, Segment(name): Segment) -> Answer {
     let token = blocking({
         let (service, name) = (service.clone(), name.clone());
         move || service.new_token(&name)
@@ -226,12 +249,10 @@ struct Naming {
 }
 
 async fn deploy(
-    State(service): State<Service>,
-    headers: HeaderMap,
+    Asker { service, tenant }: Asker,
     naming: Result<Query<Naming>, QueryRejection>,
     body: Bytes,
 ) -> Answer {
-    let tenant = tenant(&service, &headers)?;
     let naming = query(naming)?;
     let (service2, tenant2) = (service.clone(), tenant.clone());
     let (record, new) =
@@ -241,38 +262,26 @@ async fn deploy(
     answer(status, json!({"component": component_json(&(record, names))}))
 }
 
-async fn list_components(State(service): State<Service>, headers: HeaderMap) -> Answer {
-    let tenant = tenant(&service, &headers)?;
+async fn list_components(Asker { service, tenant }: Asker) -> Answer {
     let components: Vec<Value> = service.components(&tenant)?.iter().map(component_json).collect();
     answer(StatusCode::OK, json!({"components": components}))
 }
 
-async fn describe_component(
-    State(service): State<Service>,
-    headers: HeaderMap,
-    reference: Result<Path<String>, PathRejection>,
-) -> Answer {
-    let tenant = tenant(&service, &headers)?;
-    let component = service.component(&tenant, &path(reference)?)?;
+async fn describe_component(Asker { service, tenant }: Asker, Segment(reference): Segment) -> Answer {
+    let component = service.component(&tenant, &reference)?;
     answer(StatusCode::OK, json!({"component": component_json(&component)}))
 }
 
-async fn start(State(service): State<Service>, headers: HeaderMap, body: Bytes) -> Answer {
-    let tenant = tenant(&service, &headers)?;
+async fn start(Asker { service, tenant }: Asker, body: Bytes) -> Answer {
     let request: StartRequest = json_body(&body)?;
     let (record, new) = blocking(move || service.start(&tenant, request)).await?;
     let status = if new { StatusCode::CREATED } else { StatusCode::OK };
     answer(status, json!({"workflow": workflow_json(&record)}))
 }
 
-async fn list_workflows(
-    State(service): State<Service>,
-    headers: HeaderMap,
-    filter: Result<Query<Filter>, QueryRejection>,
-) -> Answer {
-    let tenant = tenant(&service, &headers)?;
+async fn list_workflows(Asker { service, tenant }: Asker, filter: Result<Query<Filter>, QueryRejection>) -> Answer {
     let filter = query(filter)?;
-    let limit = filter.limit.unwrap_or(100).clamp(1, 1000);
+    let limit = filter.page_size();
     let found = service.workflows(&tenant, &filter)?;
     // A full page may have more after it: its last id is where the next page starts.
     let next = (found.len() == limit).then(|| found.last().map(|w| w.id.clone())).flatten();
@@ -280,13 +289,8 @@ async fn list_workflows(
     answer(StatusCode::OK, json!({"workflows": workflows, "next": next}))
 }
 
-async fn describe_workflow(
-    State(service): State<Service>,
-    headers: HeaderMap,
-    id: Result<Path<String>, PathRejection>,
-) -> Answer {
-    let tenant = tenant(&service, &headers)?;
-    answer(StatusCode::OK, json!({"workflow": workflow_json(&service.workflow(&tenant, &path(id)?)?)}))
+async fn describe_workflow(Asker { service, tenant }: Asker, Segment(id): Segment) -> Answer {
+    answer(StatusCode::OK, json!({"workflow": workflow_json(&service.workflow(&tenant, &id)?)}))
 }
 
 #[derive(Deserialize)]
@@ -296,13 +300,10 @@ struct Wait {
 }
 
 async fn result(
-    State(service): State<Service>,
-    headers: HeaderMap,
-    id: Result<Path<String>, PathRejection>,
+    Asker { service, tenant }: Asker,
+    Segment(id): Segment,
     wait: Result<Query<Wait>, QueryRejection>,
 ) -> Answer {
-    let tenant = tenant(&service, &headers)?;
-    let id = path(id)?;
     let wait = match query(wait)?.wait {
         Some(text) => humantime::parse_duration(&text)
             .map_err(|e| Refusal::invalid(format!("invalid `wait` `{text}` ({e}): a duration such as `30s`")))?,
@@ -313,13 +314,7 @@ async fn result(
     answer(status, json!({"workflow": workflow_json(&record)}))
 }
 
-async fn history(
-    State(service): State<Service>,
-    headers: HeaderMap,
-    id: Result<Path<String>, PathRejection>,
-) -> Answer {
-    let tenant = tenant(&service, &headers)?;
-    let id = path(id)?;
+async fn history(Asker { service, tenant }: Asker, Segment(id): Segment) -> Answer {
     let processes = blocking(move || service.history(&tenant, &id)).await?;
     let processes: Vec<Value> = processes
         .iter()
@@ -348,14 +343,7 @@ struct Signal {
     body: Value,
 }
 
-async fn signal(
-    State(service): State<Service>,
-    headers: HeaderMap,
-    id: Result<Path<String>, PathRejection>,
-    body: Bytes,
-) -> Answer {
-    let tenant = tenant(&service, &headers)?;
-    let id = path(id)?;
+async fn signal(Asker { service, tenant }: Asker, Segment(id): Segment, body: Bytes) -> Answer {
     let Signal { topic, body } = json_body(&body)?;
     if topic.is_empty() {
         return Err(Refusal::invalid("`topic` must not be empty"));
@@ -364,25 +352,17 @@ async fn signal(
     answer(StatusCode::ACCEPTED, json!({"sent": true}))
 }
 
-async fn cancel(State(service): State<Service>, headers: HeaderMap, id: Result<Path<String>, PathRejection>) -> Answer {
-    let tenant = tenant(&service, &headers)?;
-    service.cancel(&tenant, &path(id)?)?;
+async fn cancel(Asker { service, tenant }: Asker, Segment(id): Segment) -> Answer {
+    service.cancel(&tenant, &id)?;
     answer(StatusCode::ACCEPTED, json!({"cancelled": true}))
 }
 
-async fn terminate(
-    State(service): State<Service>,
-    headers: HeaderMap,
-    id: Result<Path<String>, PathRejection>,
-) -> Answer {
-    let tenant = tenant(&service, &headers)?;
-    service.terminate(&tenant, &path(id)?)?;
+async fn terminate(Asker { service, tenant }: Asker, Segment(id): Segment) -> Answer {
+    service.terminate(&tenant, &id)?;
     answer(StatusCode::ACCEPTED, json!({"terminated": true}))
 }
 
-async fn forget(State(service): State<Service>, headers: HeaderMap, id: Result<Path<String>, PathRejection>) -> Answer {
-    let tenant = tenant(&service, &headers)?;
-    let id = path(id)?;
+async fn forget(Asker { service, tenant }: Asker, Segment(id): Segment) -> Answer {
     blocking(move || service.forget(&tenant, &id)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -665,7 +665,7 @@ impl Service {
             .filter(|w| filter.after.as_deref().is_none_or(|after| w.id.as_str() > after))
             .filter(|w| filter.state.is_none_or(|state| w.state == state))
             .filter(|w| component.as_deref().is_none_or(|hash| w.component == hash))
-            .take(filter.limit.unwrap_or(100).clamp(1, 1000))
+            .take(filter.page_size())
             .collect())
     }
 
@@ -886,6 +886,13 @@ fn chores(service: &std::sync::Weak<Inner>, work: &std::sync::mpsc::Receiver<Cho
             }
             false
         });
+    }
+}
+
+impl Filter {
+    /// How many a page holds: `limit`, bounded to 1 to 1,000; 100 when not given.
+    pub fn page_size(&self) -> usize {
+        self.limit.unwrap_or(100).clamp(1, 1000)
     }
 }
 
