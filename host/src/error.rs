@@ -43,6 +43,11 @@ pub enum SpawnError {
     /// record limit): the process never ran.
     #[error("spawn not recorded: {0}")]
     Journal(String),
+    /// The embedder's admission of the new pid failed
+    /// ([`Handle::spawn_admitted`](crate::scheduler::Handle::spawn_admitted)): the process
+    /// never ran, and nothing of it was recorded.
+    #[error("spawn refused: {0}")]
+    Refused(String),
     /// The kind's factory failed to make a process.
     #[error("could not create a process of kind `{kind}`: {source:#}")]
     Factory {

@@ -1,9 +1,11 @@
 //! Kinds a `KindSource` resolves when they are asked for: by the embedder, by a process
-//! (in the spawner's scope), and again when a durable scheduler resumes.
+//! (in the spawner's scope), and again when a durable scheduler resumes; and spawns the
+//! embedder admits before they are journaled.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use wasmproc::error::SpawnError;
 use wasmproc::handler::{Factory, KindSource};
 use wasmproc::journal::{Journal, MemoryStore};
 use wasmproc::scheduler::Spawnable;
@@ -133,6 +135,48 @@ fn a_durable_scheduler_remakes_source_kinds_on_resume() {
     let resumed = second.resumed();
     assert_eq!(resumed.iter().map(|h| h.pid()).collect::<Vec<_>>(), vec![pid], "the waiting process resumes");
     second.handle().send(pid, "go", Payload::text("resumed")).unwrap();
+    assert_eq!(resumed[0].join_timeout(HANG), Some(Ok(Payload::text("resumed"))));
+    second.stop(Duration::from_secs(1));
+}
+
+/// The embedder sees the pid before the spawn is journaled: one it refuses is dropped
+/// without a trace in the journal, one it admits is journaled and resumes.
+#[test]
+fn a_spawn_reaches_the_journal_only_once_the_embedder_admits_it() {
+    let store = Arc::new(MemoryStore::new());
+    let build = || {
+        let journal = Journal::with_store(store.clone());
+        Scheduler::builder().workers(1).journal(journal).kind_source(Tenants).build().unwrap()
+    };
+    let first = build();
+    let mut offered = None;
+    let refused = first.handle().spawn_admitted(Spawnable::kind("acme/app"), "wait", |pid| {
+        offered = Some(pid);
+        Err("no room for its record".to_owned())
+    });
+    assert!(matches!(&refused, Err(SpawnError::Refused(why)) if why == "no room for its record"), "{refused:?}");
+    assert!(offered.is_some(), "the pid was offered");
+    let mut admitted_pid = None;
+    let admitted = first
+        .handle()
+        .spawn_admitted(Spawnable::kind("acme/app"), "wait", |pid| {
+            admitted_pid = Some(pid);
+            Ok(())
+        })
+        .expect("admitted");
+    assert_eq!(admitted_pid, Some(admitted.pid()), "the pid offered is the process's");
+    first.stop(Duration::from_secs(1));
+
+    let runs = Journal::with_store(store.clone()).runs().expect("the journal reads");
+    assert_eq!(
+        runs.iter().map(|run| run.root).collect::<Vec<_>>(),
+        vec![admitted.pid()],
+        "the refused one left no run"
+    );
+    let second = build();
+    let resumed = second.resumed();
+    assert_eq!(resumed.iter().map(|h| h.pid()).collect::<Vec<_>>(), vec![admitted.pid()]);
+    second.handle().send(admitted.pid(), "go", Payload::text("resumed")).unwrap();
     assert_eq!(resumed[0].join_timeout(HANG), Some(Ok(Payload::text("resumed"))));
     second.stop(Duration::from_secs(1));
 }

@@ -9,7 +9,7 @@ use wasmproc_types::{ExitReason, Payload, Pid};
 
 use super::caps::Capabilities;
 use super::cell::Watcher;
-use super::lifecycle::SpawnArgs;
+use super::lifecycle::{Admit, SpawnArgs};
 use super::process_handle::{ExitSlot, ProcessHandle};
 use super::shared::Shared;
 use super::state::Wake;
@@ -19,6 +19,9 @@ use crate::handler::Request;
 use crate::limits::Lineage;
 use crate::process::Process;
 use crate::step::{Event, Exited};
+
+/// A process to spawn, and the name its kind is recorded under.
+type Made = (Box<dyn Process>, Option<Arc<str>>);
 
 /// Spawns, messages and inspects processes. Cheap to clone; usable from any thread,
 /// including from command handlers.
@@ -61,23 +64,49 @@ impl Handle {
         what: impl Into<Spawnable>,
         options: impl Into<SpawnOptions>,
     ) -> Result<ProcessHandle, SpawnError> {
-        let options = options.into();
-        match what.into().0 {
-            Source::Process(process) => self.spawn_inner(process, None, options),
+        let (process, kind) = self.make(what.into())?;
+        self.spawn_with(process, kind, options.into(), None)
+    }
+
+    /// As [`Handle::spawn`], handing the new process's pid to `admit` first: after its
+    /// `init` has succeeded, before its spawn is journaled and before it can run. An
+    /// embedder that keeps its own record of what it spawned writes it here, so that a
+    /// crash at any point leaves either both that record and the process, or the record
+    /// alone (a process the journal never held), never a process nobody knows of.
+    ///
+    /// # Errors
+    ///
+    /// As [`Handle::spawn`]; [`SpawnError::Refused`] with `admit`'s error, when the process
+    /// is dropped without running and without a record in the journal.
+    pub fn spawn_admitted(
+        &self,
+        what: impl Into<Spawnable>,
+        options: impl Into<SpawnOptions>,
+        mut admit: impl FnMut(Pid) -> Result<(), String>,
+    ) -> Result<ProcessHandle, SpawnError> {
+        let (process, kind) = self.make(what.into())?;
+        self.spawn_with(process, kind, options.into(), Some(&mut admit))
+    }
+
+    /// The process `what` is, and its kind's recorded name.
+    fn make(&self, what: Spawnable) -> Result<Made, SpawnError> {
+        match what.0 {
+            Source::Process(process) => Ok((process, None)),
             Source::Kind(kind) => {
                 let (name, factory) =
                     self.shared.kinds.find(&kind, None).ok_or_else(|| SpawnError::UnknownKind(kind.clone()))?;
                 let process = factory.make().map_err(|source| SpawnError::Factory { kind, source })?;
-                self.spawn_inner(process, Some(name), options)
+                Ok((process, Some(name)))
             }
         }
     }
 
-    fn spawn_inner(
+    fn spawn_with(
         &self,
         process: Box<dyn Process>,
         kind: Option<Arc<str>>,
         options: SpawnOptions,
+        admit: Option<Admit<'_>>,
     ) -> Result<ProcessHandle, SpawnError> {
         let shared = &self.shared;
         let slot = Arc::new(ExitSlot::default());
@@ -94,7 +123,7 @@ impl Handle {
             linked_to: None,
             lineage: Lineage::default().within(sandbox),
         };
-        let cell = shared.spawn_unqueued(process, args)?;
+        let cell = shared.spawn_admitted(process, args, admit)?;
         let handle = ProcessHandle::new(cell.pid(), slot);
         shared.schedule(cell);
         Ok(handle)

@@ -27,6 +27,10 @@ use crate::step::{Event, Exited};
 /// KiB of pids.
 const HIBERNATION_LIST_FLOOR: usize = 2048;
 
+/// The embedder's admission of a new pid, before its spawn is journaled: an error
+/// refuses the spawn.
+pub(super) type Admit<'a> = &'a mut dyn FnMut(Pid) -> Result<(), String>;
+
 /// Everything a spawn needs besides the process.
 pub(super) struct SpawnArgs {
     /// The spawner: [`Pid::HOST`] for the embedder.
@@ -51,6 +55,18 @@ impl Shared {
         self: &Arc<Self>,
         process: Box<dyn Process>,
         args: SpawnArgs,
+    ) -> Result<Arc<ProcessCell>, SpawnError> {
+        self.spawn_admitted(process, args, None)
+    }
+
+    /// As [`Shared::spawn_unqueued`], handing the pid to `admit` once `init` has
+    /// succeeded, before the spawn is recorded or the process can run: if it refuses, the
+    /// process is retired unborn and nothing of it reaches the journal.
+    pub(super) fn spawn_admitted(
+        self: &Arc<Self>,
+        process: Box<dyn Process>,
+        args: SpawnArgs,
+        admit: Option<Admit<'_>>,
     ) -> Result<Arc<ProcessCell>, SpawnError> {
         if self.stopping.load(Ordering::Acquire) {
             return Err(SpawnError::Stopping);
@@ -109,6 +125,12 @@ impl Shared {
         if let Err(source) = init {
             self.retire(&cell, Some(ExitReason::Error(format!("{source:#}")).into()), Ending::Unborn);
             return Err(SpawnError::Init { method, source });
+        }
+        if let Some(admit) = admit
+            && let Err(reason) = admit(pid)
+        {
+            self.retire(&cell, Some(ExitReason::Error(reason.clone()).into()), Ending::Unborn);
+            return Err(SpawnError::Refused(reason));
         }
         if let Some((durable, seed, at, input)) = durable_start {
             let record = SpawnRecord {
