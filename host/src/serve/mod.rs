@@ -24,7 +24,7 @@ mod code;
 mod metrics;
 mod registry;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -171,8 +171,11 @@ struct Inner {
     /// Tenants by the hash of their token.
     tokens: RwLock<HashMap<String, String>>,
     admin_token_sha256: String,
-    /// Starts, one at a time: an id's check and its record are one step.
-    starting: Mutex<()>,
+    /// The workflows being started now, by tenant and id. Taken to check an id and claim
+    /// it, and by what must not interleave with that (forget, tenants).
+    starting: Mutex<HashSet<(String, String)>>,
+    /// Signalled when a start ends, for a start of the same id waiting on it.
+    started: parking_lot::Condvar,
     /// Set once the service stops: ends seen from then on are suspensions, not ends.
     stopping: AtomicBool,
     metrics: metrics::Metrics,
@@ -283,7 +286,8 @@ impl Service {
             journal,
             live: Mutex::new(HashMap::new()),
             tokens: RwLock::new(tokens),
-            starting: Mutex::new(()),
+            starting: Mutex::new(HashSet::new()),
+            started: parking_lot::Condvar::new(),
             stopping: AtomicBool::new(false),
             metrics: metrics::Metrics::new(),
             buckets: Mutex::new(HashMap::new()),
@@ -325,8 +329,9 @@ impl Service {
         Ok(purged)
     }
 
-    /// Watches again the workflows the journal resumed, and settles those that ended
-    /// while no server ran (their end is in the journal).
+    /// Watches again the workflows the journal resumed, settles those that ended while no
+    /// server ran (their end is in the journal), and starts those whose record was
+    /// written but whose spawn never reached the journal.
     fn reattach(&self) -> anyhow::Result<()> {
         let inner = &self.inner;
         let resumed: HashMap<Pid, ProcessHandle> = {
@@ -348,11 +353,26 @@ impl Service {
                 Some(runs) => runs,
                 None => runs.insert(inner.journal.runs().context("cannot read the journal's runs")?),
             };
-            let ended = runs.iter().find(|run| run.root == pid).and_then(|run| run.result.clone());
-            let exited = ended.unwrap_or_else(|| {
-                Exited::new(ExitReason::Error("lost: the journal holds no end and no history of it".to_owned()))
-            });
-            settle(inner, &[(tenant, record.id, exited)])?;
+            match runs.iter().find(|run| run.root == pid) {
+                Some(run) => {
+                    let exited = run.result.clone().unwrap_or_else(|| {
+                        Exited::new(ExitReason::Error("lost: the journal holds no end of it".to_owned()))
+                    });
+                    settle(inner, &[(tenant, record.id, exited)])?;
+                }
+                // Its record was written and its spawn never reached the journal (the
+                // server stopped between the two): nothing of it ran for good, so it
+                // starts now, as it was asked to.
+                None => {
+                    let id = record.id.clone();
+                    match self.spawn_workflow(&tenant, record) {
+                        Ok((record, handle)) => self.watch(&tenant, &record.id, handle),
+                        Err(refusal) => {
+                            tracing::error!("workflow `{id}` of tenant `{tenant}` did not start: {}", refusal.message);
+                        }
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -575,32 +595,6 @@ impl Service {
             .find(tenant, &request.component)?
             .ok_or_else(|| Refusal::not_found(format_args!("component `{}`", request.component)))?;
         let method = request.method.unwrap_or_else(|| "main".to_owned());
-        let _one_at_a_time = inner.starting.lock();
-        if let Some(existing) = inner.registry.workflow(tenant, &id)? {
-            if existing.component == hash && existing.method == method && existing.input == request.input {
-                return Ok((existing, false));
-            }
-            return Err(Refusal::new(
-                409,
-                "conflict",
-                format!(
-                    "workflow `{id}` exists, started as `{}` of `{}` with another request; choose another id, or \
-                     forget it once it has ended",
-                    existing.method, existing.component
-                ),
-            ));
-        }
-        let running = inner.live.lock().keys().filter(|(of, _)| of == tenant).count();
-        if running >= inner.config.max_running {
-            return Err(Refusal::new(
-                429,
-                "quota",
-                format!(
-                    "tenant `{tenant}` has {running} workflows running, its most (the server's \
-                     `--max-running`); wait for some to end"
-                ),
-            ));
-        }
         let component = inner.code.component(&hash)?;
         if !component.entries().contains(&method) {
             return Err(Refusal::invalid(format!(
@@ -609,31 +603,87 @@ impl Service {
                 component.entries().join(", ")
             )));
         }
-        let input = match &request.input {
-            Some(value) => vec![Payload::json(value).map_err(|e| Refusal::invalid(format!("input: {e}")))?],
-            None => Vec::new(),
-        };
-        let kind = format!("{tenant}/{hash}");
-        let options = SpawnOptions::new(&method).input(input);
-        let handle = inner
-            .handle
-            .spawn(Spawnable::kind(kind), options)
-            .map_err(|e| Refusal::new(422, "spawn_failed", format!("the workflow did not start: {e}")))?;
         let record = WorkflowRecord {
-            id: id.clone(),
+            id,
             component: hash,
             method,
             input: request.input,
-            pid: handle.pid().as_u64(),
+            pid: 0,
             state: State::Running,
             started_ms: now_ms(),
             ended_ms: None,
             result: None,
         };
-        inner.registry.put_workflow(tenant, &record)?;
+        let key = (tenant.to_owned(), record.id.clone());
+        {
+            let mut starting = inner.starting.lock();
+            // A start of the same id in progress: its outcome decides this one's.
+            while starting.contains(&key) {
+                inner.started.wait(&mut starting);
+            }
+            if let Some(existing) = inner.registry.workflow(tenant, &record.id)? {
+                return same_request(existing, &record);
+            }
+            let busy = starting.iter().filter(|(of, _)| of == tenant).count();
+            let running = busy + inner.live.lock().keys().filter(|(of, _)| of == tenant).count();
+            if running >= inner.config.max_running {
+                return Err(Refusal::new(
+                    429,
+                    "quota",
+                    format!(
+                        "tenant `{tenant}` has {running} workflows running, its most (the server's \
+                         `--max-running`); wait for some to end"
+                    ),
+                ));
+            }
+            starting.insert(key.clone());
+        }
+        let started = self.spawn_workflow(tenant, record);
+        inner.starting.lock().remove(&key);
+        inner.started.notify_all();
+        let (record, handle) = started?;
         inner.metrics.started();
-        self.watch(tenant, &id, handle);
+        self.watch(tenant, &record.id, handle);
         Ok((record, true))
+    }
+
+    /// Spawns `record`'s workflow, writing its record with the new pid before the spawn
+    /// is journaled or the workflow runs ([`Handle::spawn_admitted`]): a crash leaves its
+    /// record with its process, or its record alone, which the next server starts again
+    /// (see [`Service::reattach`]); never a process no record names. The record, and the
+    /// running workflow's handle.
+    fn spawn_workflow(
+        &self,
+        tenant: &str,
+        mut record: WorkflowRecord,
+    ) -> Result<(WorkflowRecord, ProcessHandle), Refusal> {
+        let inner = &self.inner;
+        let input = match &record.input {
+            Some(value) => vec![Payload::json(value).map_err(|e| Refusal::invalid(format!("input: {e}")))?],
+            None => Vec::new(),
+        };
+        let kind = format!("{tenant}/{}", record.component);
+        let options = SpawnOptions::new(&record.method).input(input);
+        let mut written = false;
+        let spawned = inner.handle.spawn_admitted(Spawnable::kind(kind), options, |pid| {
+            record.pid = pid.as_u64();
+            inner.registry.put_workflow(tenant, &record).map_err(|e| format!("{e:#}"))?;
+            written = true;
+            Ok(())
+        });
+        match spawned {
+            Ok(handle) => Ok((record, handle)),
+            Err(error) => {
+                let refusal = Refusal::new(422, "spawn_failed", format!("the workflow did not start: {error}"));
+                if written {
+                    // Its record is written, its process gone: the record says how it
+                    // ended, so a retry of the same start finds it ended.
+                    let exited = Exited::new(ExitReason::Error(format!("the workflow did not start: {error}")));
+                    settle(inner, &[(tenant.to_owned(), record.id.clone(), exited)])?;
+                }
+                Err(refusal)
+            }
+        }
     }
 
     /// `tenant`'s workflow `id`.
@@ -894,6 +944,23 @@ impl Filter {
     pub fn page_size(&self) -> usize {
         self.limit.unwrap_or(100).clamp(1, 1000)
     }
+}
+
+/// The answer to a start of an id that has a workflow: that workflow if `asked` is the
+/// same request, else a conflict.
+fn same_request(existing: WorkflowRecord, asked: &WorkflowRecord) -> Result<(WorkflowRecord, bool), Refusal> {
+    if existing.component == asked.component && existing.method == asked.method && existing.input == asked.input {
+        return Ok((existing, false));
+    }
+    Err(Refusal::new(
+        409,
+        "conflict",
+        format!(
+            "workflow `{}` exists, started as `{}` of `{}` with another request; choose another id, or forget it \
+             once it has ended",
+            asked.id, existing.method, existing.component
+        ),
+    ))
 }
 
 /// Records the workflows' ends in one synced batch, then wakes those waiting for them.

@@ -4,10 +4,21 @@
 //!
 //! Keys are `TENANT \0 …`, so a tenant's records are one prefix and no lookup can reach
 //! another tenant's. Values are JSON.
+//!
+//! # Grouped writes
+//!
+//! Workflow records written at once share one synced batch, as the journal's steps do
+//! (group commit): a writer queues its records, and the first writer to find no batch
+//! being committed takes everything queued, commits it, and hands each writer the
+//! outcome. Those who queued meanwhile wait for the batch after it, which the first of
+//! them to wake commits. So no write waits for a window, none is answered before its
+//! batch is synced, and the syncs a second are bounded by the disk, not by the writers.
 
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use parking_lot::{Condvar, Mutex};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -86,6 +97,25 @@ pub(super) struct Registry {
     components: Keyspace,
     names: Keyspace,
     workflows: Keyspace,
+    /// Workflow records waiting for a batch (see the module's docs).
+    group: Mutex<Group>,
+    /// Signalled when a batch is committed.
+    committed: Condvar,
+}
+
+/// The writes queued for the next batch of workflow records.
+#[derive(Default)]
+struct Group {
+    queued: Vec<Queued>,
+    /// Whether a writer is committing a batch now.
+    committing: bool,
+}
+
+/// One queued record: its key, its value, and where its batch's outcome is put.
+struct Queued {
+    key: Vec<u8>,
+    value: Vec<u8>,
+    outcome: Arc<OnceLock<Result<(), String>>>,
 }
 
 fn failed(error: impl std::fmt::Display) -> anyhow::Error {
@@ -126,6 +156,8 @@ impl Registry {
             names: keyspace("names")?,
             workflows: keyspace("workflows")?,
             db,
+            group: Mutex::new(Group::default()),
+            committed: Condvar::new(),
         })
     }
 
@@ -219,16 +251,45 @@ impl Registry {
     }
 
     pub(super) fn put_workflow(&self, tenant: &str, record: &WorkflowRecord) -> anyhow::Result<()> {
-        self.put(&self.workflows, key(tenant, &record.id), record)
+        self.put_workflows(&[(tenant, record.clone())])
     }
 
-    /// Puts every `(tenant, record)` in one synced batch.
+    /// Puts every `(tenant, record)`, synced, in a batch shared with the other writers
+    /// of the moment (see the module's docs); returns once it is synced.
     pub(super) fn put_workflows(&self, records: &[(&str, WorkflowRecord)]) -> anyhow::Result<()> {
-        let mut batch = self.db.batch().durability(Some(PersistMode::SyncData));
+        let outcome = Arc::new(OnceLock::new());
+        let mut queued = Vec::with_capacity(records.len());
         for (tenant, record) in records {
-            batch.insert(&self.workflows, key(tenant, &record.id), serde_json::to_vec(record).map_err(failed)?);
+            let value = serde_json::to_vec(record).map_err(failed)?;
+            queued.push(Queued { key: key(tenant, &record.id), value, outcome: outcome.clone() });
         }
-        batch.commit().map_err(failed)
+        let mut group = self.group.lock();
+        group.queued.extend(queued);
+        loop {
+            if let Some(outcome) = outcome.get() {
+                return outcome.clone().map_err(failed);
+            }
+            if group.committing {
+                self.committed.wait(&mut group);
+                continue;
+            }
+            group.committing = true;
+            let batch = std::mem::take(&mut group.queued);
+            let result = parking_lot::MutexGuard::unlocked(&mut group, || {
+                let mut commit = self.db.batch().durability(Some(PersistMode::SyncData));
+                for write in &batch {
+                    commit.insert(&self.workflows, write.key.as_slice(), write.value.as_slice());
+                }
+                commit.commit().map_err(|e| e.to_string())
+            });
+            for write in batch {
+                // Each writer's records share one outcome: the first set wins, and
+                // every other is the same.
+                let _ = write.outcome.set(result.clone());
+            }
+            group.committing = false;
+            self.committed.notify_all();
+        }
     }
 
     pub(super) fn remove_workflow(&self, tenant: &str, id: &str) -> anyhow::Result<()> {

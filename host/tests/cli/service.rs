@@ -330,6 +330,40 @@ fn a_sleeping_workflow_is_woken_on_time_across_three_kill_9_restarts() {
     assert!(begun.elapsed() >= Duration::from_secs(4), "woken no earlier than its timer");
 }
 
+/// A start writes the workflow's record, synced, before its spawn is journaled: a
+/// `kill -9` between the two leaves the record of a workflow the journal never held.
+/// Made here by killing the server and dropping the journal's runs: the next server
+/// starts that workflow from its record, as it was asked to, rather than losing it.
+#[test]
+fn a_workflow_whose_spawn_never_reached_the_journal_starts_from_its_record() {
+    let data = scratch("serve-record-first");
+    let server = Server::start(&data);
+    let token = server.tenant("acme");
+    deploy_tour(&server, &token);
+    let started =
+        server.client(&token, &["start", "tour", "--id", "early", "--method", "race", "--input", "[60000, 5000]"]);
+    assert_eq!(started.code, 0, "{}", started.stderr);
+    let before = json_out(&server.client(&token, &["status", "early", "--json"]));
+    server.kill();
+    let journal = data.join("journal");
+    let forgot = finish(
+        wasmproc(&["journal", "forget", journal.to_str().expect("a UTF-8 path")])
+            .output()
+            .expect("`journal forget` runs"),
+    );
+    assert_eq!(forgot.code, 0, "{}", forgot.stderr);
+
+    let server = Server::start(&data);
+    let status = json_out(&server.client(&token, &["status", "early", "--json"]));
+    assert_eq!(status["workflow"]["state"], "running", "started again, not lost: {status}");
+    assert_eq!(status["workflow"]["started_ms"], before["workflow"]["started_ms"], "the same workflow: {status}");
+    // The shorter of its two sleeps wins: index 1.
+    let result = server.client(&token, &["result", "early", "--wait", "30s"]);
+    assert_eq!((result.code, result.stdout.trim()), (0, "1"), "{}", result.stderr);
+    let history = json_out(&server.client(&token, &["history", "early", "--json"]));
+    assert_eq!(history["processes"][0]["pid"], status["workflow"]["pid"], "its journal is the new process's");
+}
+
 #[test]
 fn ended_workflows_are_purged_after_the_retention_and_running_ones_are_not() {
     let server = Server::start_with(&scratch("serve-retention"), &["--retention", "1s"]);
