@@ -60,6 +60,10 @@ pub struct Server {
     config: Option<Configured>,
     /// `nats` or `tls`.
     scheme: &'static str,
+    /// More arguments (JetStream's, a cluster's routes).
+    args: Vec<String>,
+    /// A directory of its own (JetStream's store), removed on drop.
+    dir: Option<PathBuf>,
 }
 
 impl Server {
@@ -77,7 +81,22 @@ impl Server {
             .and_then(|listener| listener.local_addr())
             .map_err(|e| format!("no free loopback port: {e}"))?
             .port();
-        let mut server = Server { port, process: None, config, scheme };
+        let mut server = Server { port, process: None, config, scheme, args: Vec::new(), dir: None };
+        server.restart()?;
+        Ok(server)
+    }
+
+    /// Starts one with JetStream, its store in a directory of its own under the target
+    /// directory, and waits until it takes connections.
+    ///
+    /// # Errors
+    ///
+    /// As [`Server::start`].
+    pub fn start_jetstream() -> Result<Server, String> {
+        let port = free_port()?;
+        let dir = store_dir(port)?;
+        let args = vec!["-js".to_owned(), "-sd".to_owned(), dir.display().to_string()];
+        let mut server = Server { port, process: None, config: None, scheme: "nats", args, dir: Some(dir) };
         server.restart()?;
         Ok(server)
     }
@@ -122,6 +141,7 @@ impl Server {
         }
         let child = command
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -141,6 +161,98 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .map_err(|e| format!("no free loopback port: {e}"))
+}
+
+/// A fresh directory for the JetStream store of the server on `port`.
+fn store_dir(port: u16) -> Result<PathBuf, String> {
+    let dir =
+        PathBuf::from(env!("WASMPROC_TARGET_DIR")).join("tmp").join(format!("jetstream-{}-{port}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// NATS servers with JetStream joined in one cluster (`wasmproc-tests`), each on
+/// loopback ports of its own with a store of its own: streams of up to `count`
+/// replicas. Each server is a [`Server`], stopped and restarted on its own.
+pub struct JetStreamCluster {
+    /// The servers, in the order started.
+    pub servers: Vec<Server>,
+}
+
+impl JetStreamCluster {
+    /// Starts `count` servers and waits until their cluster has a JetStream leader.
+    ///
+    /// # Errors
+    ///
+    /// As [`Server::start`], or the cluster did not elect a leader within the patience.
+    pub fn start(count: usize) -> Result<JetStreamCluster, String> {
+        let ports: Vec<(u16, u16)> =
+            (0..count).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<_, String>>()?;
+        let routes = ports.iter().map(|(_, route)| format!("nats://127.0.0.1:{route}")).collect::<Vec<_>>().join(",");
+        let mut servers = Vec::with_capacity(count);
+        for (index, &(port, route)) in ports.iter().enumerate() {
+            let dir = store_dir(port)?;
+            let args = [
+                "-js",
+                "-sd",
+                &dir.display().to_string(),
+                "--server_name",
+                &format!("s{index}"),
+                "--cluster_name",
+                "wasmproc-tests",
+                "--cluster",
+                &format!("nats://127.0.0.1:{route}"),
+                "--routes",
+                &routes,
+            ]
+            .map(str::to_owned)
+            .to_vec();
+            let mut server = Server { port, process: None, config: None, scheme: "nats", args, dir: Some(dir) };
+            server.restart()?;
+            servers.push(server);
+        }
+        let cluster = JetStreamCluster { servers };
+        cluster.wait_for_leader()?;
+        Ok(cluster)
+    }
+
+    /// Waits until the cluster answers JetStream's account information (it has a meta
+    /// leader), through its first running server.
+    ///
+    /// # Errors
+    ///
+    /// No answer within the patience.
+    pub fn wait_for_leader(&self) -> Result<(), String> {
+        let server = self.servers.iter().find(|s| s.process.is_some()).ok_or("no server runs")?;
+        let url = server.url();
+        let deadline = Instant::now() + PATIENCE;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        runtime.block_on(async {
+            loop {
+                if let Ok(client) = async_nats::connect(url.as_str()).await {
+                    let context = async_nats::jetstream::new(client);
+                    if context.query_account().await.is_ok() {
+                        return Ok(());
+                    }
+                }
+                if Instant::now() > deadline {
+                    return Err(format!("the JetStream cluster elected no leader within {PATIENCE:?}"));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
     }
 }
 

