@@ -41,7 +41,6 @@
 //! configuration; `always` for an `fsync` before every acknowledgement): replication is
 //! what makes an acknowledged record survive the loss of a machine.
 
-use std::future::Future;
 use std::io;
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -51,6 +50,7 @@ use async_nats::jetstream::{self, stream};
 use futures_util::StreamExt;
 use parking_lot::Mutex;
 
+use super::blocking::Io;
 use super::config::{ClusterConfig, connect};
 use crate::journal::{Batch, Key, Store};
 
@@ -151,53 +151,6 @@ impl std::fmt::Debug for JetStreamStore {
     }
 }
 
-/// A tokio runtime of the store's own: the journal calls a store from plain threads
-/// (its committer, a recovery) and from within other runtimes (the service's handlers),
-/// so work goes to this runtime and the caller waits on a channel, never on a runtime.
-struct Io {
-    runtime: Option<tokio::runtime::Runtime>,
-}
-
-impl Io {
-    fn new() -> io::Result<Io> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("wasmproc-jetstream")
-            .enable_all()
-            .build()?;
-        Ok(Io { runtime: Some(runtime) })
-    }
-
-    fn run<F>(&self, work: F) -> io::Result<F::Output>
-    where
-        F: Future + Send + 'static,
-        F::Output: Send + 'static,
-    {
-        let runtime = self.runtime.as_ref().ok_or_else(|| io::Error::other("the JetStream store is closed"))?;
-        let (done, result) = std::sync::mpsc::sync_channel(1);
-        runtime.spawn(async move {
-            let _ = done.send(tokio::time::timeout(PATIENCE, work).await);
-        });
-        match result.recv() {
-            Ok(Ok(output)) => Ok(output),
-            Ok(Err(_)) => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("the NATS server did not answer within {PATIENCE:?}"),
-            )),
-            Err(_) => Err(io::Error::other("the JetStream store's runtime stopped")),
-        }
-    }
-}
-
-impl Drop for Io {
-    fn drop(&mut self) {
-        // Dropping a runtime inside another would block there; this lets its threads go.
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
-    }
-}
-
 fn other(what: impl std::fmt::Display) -> io::Error {
     io::Error::other(what.to_string())
 }
@@ -221,7 +174,7 @@ impl JetStreamStore {
             options.stream
         );
         anyhow::ensure!((1..=5).contains(&options.replicas), "a stream has 1 to 5 replicas, not {}", options.replicas);
-        let io = Io::new()?;
+        let io = Io::new("wasmproc-jetstream", PATIENCE)?;
         let subjects = format!("{}.journal.*", config.prefix);
         let subject = format!("{}.journal.{}", config.prefix, options.shard);
         let stream_config = stream::Config {

@@ -79,10 +79,12 @@
 //!
 //! [`SendError::NoNode`]: crate::error::SendError::NoNode
 
+mod blocking;
 mod client;
 mod code;
 mod config;
 mod journal;
+mod lease;
 mod node;
 mod process;
 mod shared;
@@ -96,6 +98,7 @@ pub use self::config::{
     ClusterConfig, GRACE, HEARTBEAT, LOSS_AFTER, MAX_BACKLOG, MAX_LOG_BACKLOG, MAX_QUEUED, Placement, RETRANSMIT_AFTER,
 };
 pub use self::journal::{DEFAULT_STREAM, JetStreamOptions, JetStreamStore};
+pub use self::lease::{DEFAULT_BUCKET, Lease, LeaseOptions, Leases, Renewal};
 pub use self::process::{RemoteProcess, RemoteSpawnOptions};
 pub use self::shared::{ClusterStats, LineSink, Loader, NodeInfo};
 pub use crate::scheduler::remote::RunLimits;

