@@ -9,7 +9,9 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use wasmproc::cluster::{ClusterConfig, JetStreamOptions, JetStreamStore, LeaseOptions, Leases, Renewal};
+use wasmproc::cluster::{
+    ClusterConfig, JetStreamOptions, JetStreamStore, LeaseOptions, Leases, Renewal, ShardHost, ShardOptions, shard_node,
+};
 use wasmproc::journal::{Batch, Journal, JournalSettings, Key, Store};
 use wasmproc::scheduler::Spawnable;
 use wasmproc::{Command, Payload, Scheduler, Status};
@@ -295,4 +297,116 @@ fn a_lease_not_renewed_passes_to_another() {
     a.release(stale).unwrap();
     assert_eq!(b.owners().unwrap().get(&0).map(String::as_str), Some("b"));
     b.release(taken).unwrap();
+}
+
+/// Steps of the processes that live long enough to see their shard move.
+const LONG_STEPS: u64 = 100;
+
+fn long_sleeper() -> anyhow::Result<Box<dyn wasmproc::Process>> {
+    let (process, _) = Scripted::new(|t| {
+        if (t.step as u64) < LONG_STEPS {
+            t.out.yield_command(t.step as u64, Command::Sleep(Duration::from_millis(30)));
+        } else {
+            t.out.set_status(Status::Complete(Ok(Payload::u64(t.step as u64))));
+        }
+        Ok(())
+    });
+    Ok(Box::new(process))
+}
+
+type Resumed = Arc<std::sync::Mutex<Vec<wasmproc::scheduler::ProcessHandle>>>;
+
+/// A shard host of `node` on `server`, whose shards' schedulers run `long_sleeper`s and
+/// put the processes they resume in `resumed`.
+fn shard_host(server: &Server, node: &str, shards: u32, resumed: &Resumed) -> ShardHost {
+    let resumed = resumed.clone();
+    let options = ShardOptions::new(shards)
+        .journal(JetStreamOptions::new().stream("SHARDS"))
+        .leases(LeaseOptions::new().bucket("SHARD_LEASES").ttl(Duration::from_secs(1)));
+    ShardHost::start(&config(server), node, options, move |_, builder| {
+        let scheduler = builder.workers(1).kind("sleeper", long_sleeper).build()?;
+        resumed.lock().unwrap().extend(scheduler.resumed());
+        Ok(scheduler)
+    })
+    .unwrap()
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what} did not happen within {PATIENCE:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The result each process ended with: the one handle (first run or a resumption) that
+/// saw it end, not suspended.
+fn ends(handles: &[wasmproc::scheduler::ProcessHandle]) -> std::collections::BTreeMap<wasmproc::Pid, Vec<String>> {
+    let mut ends: std::collections::BTreeMap<wasmproc::Pid, Vec<String>> = std::collections::BTreeMap::new();
+    for handle in handles {
+        let result = handle.join_timeout(PATIENCE).expect("every copy of a process ends");
+        ends.entry(handle.pid()).or_default().push(match result {
+            Ok(payload) => format!("ok {payload:?}"),
+            Err(reason) => format!("error {reason}"),
+        });
+    }
+    ends
+}
+
+/// Two nodes share the shards fairly: the first takes them all, gives half back when the
+/// second joins (suspending their processes, which the second resumes), and takes them
+/// back when the second drains. Every process ends once, with its result.
+#[test]
+fn shards_move_between_nodes_without_losing_a_process() {
+    let server = Server::start_jetstream().unwrap();
+    let resumed: Resumed = Arc::default();
+    let a = shard_host(&server, "a", 2, &resumed);
+    wait_until("node a taking both shards", || a.held() == vec![0, 1]);
+    let mut handles = Vec::new();
+    for shard in [0, 1] {
+        for _ in 0..3 {
+            handles.push(a.handle(shard).unwrap().spawn(Spawnable::kind("sleeper"), "main").unwrap());
+        }
+    }
+    let b = shard_host(&server, "b", 2, &resumed);
+    wait_until("the shards being shared", || a.held().len() == 1 && b.held().len() == 1);
+    b.drain();
+    wait_until("node a taking both shards back", || a.held() == vec![0, 1]);
+    handles.extend(resumed.lock().unwrap().drain(..));
+    let ends = ends(&handles);
+    assert_eq!(ends.len(), 6);
+    for pid in ends.keys() {
+        assert!([shard_node(0), shard_node(1)].contains(&pid.node()), "{pid:?} names its shard");
+    }
+    for (pid, ends) in ends {
+        let finished: Vec<_> = ends.iter().filter(|end| end.starts_with("ok")).collect();
+        assert_eq!(finished, vec![&format!("ok {:?}", Payload::u64(LONG_STEPS))], "{pid:?}: {ends:?}");
+    }
+    drop(a);
+}
+
+/// Split brain in small: a node that stops renewing (frozen, cut off) while its
+/// schedulers run on loses its shard when the lease passes; the node that takes it opens
+/// its journal, which fences the first, whose copies stop with an error; the processes
+/// end once, on the new owner, with their results.
+#[test]
+fn a_frozen_node_loses_its_shard_and_writes_nothing_more() {
+    let server = Server::start_jetstream().unwrap();
+    let resumed: Resumed = Arc::default();
+    let a = shard_host(&server, "a", 1, &resumed);
+    wait_until("node a taking the shard", || a.held() == vec![0]);
+    let handles: Vec<_> =
+        (0..3).map(|_| a.handle(0).unwrap().spawn(Spawnable::kind("sleeper"), "main").unwrap()).collect();
+    a.abandon();
+    let b = shard_host(&server, "b", 1, &resumed);
+    wait_until("node b taking the shard once its lease passed", || b.held() == vec![0]);
+    let resumed: Vec<_> = resumed.lock().unwrap().drain(..).collect();
+    assert_eq!(resumed.len(), 3, "every process of the shard resumes on b");
+    for handle in &resumed {
+        assert_eq!(handle.join_timeout(PATIENCE).unwrap(), Ok(Payload::u64(LONG_STEPS)));
+    }
+    for handle in &handles {
+        let error = handle.join_timeout(PATIENCE).unwrap().expect_err("the frozen node's copy cannot finish");
+        assert!(error.to_string().contains("no longer owns"), "{error}");
+    }
 }

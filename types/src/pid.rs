@@ -15,7 +15,9 @@ use core::fmt;
 /// A pid of a cluster node names the node its process lives on: the top
 /// [`Pid::NODE_BITS`] bits are the node's id ([`Pid::node`]), the rest the process on
 /// that node, and a node decides whether a pid is its own with one compare of
-/// [`Pid::node`]. The layout of the lower bits is the host's business: its registry
+/// [`Pid::node`]. The top 1,024 ids below [`Pid::MAX_NODE`] name *shards* of durable
+/// processes rather than nodes (`wasmproc::cluster::shard_node`): a durable process's pid
+/// names its shard, and stays valid when another node takes the shard over. The layout of the lower bits is the host's business: its registry
 /// packs `generation word:32 | shard:8 | index:24`, and the node's bits are the top of
 /// the generation word.
 ///
@@ -32,8 +34,8 @@ use core::fmt;
 /// the same shard and slot), so only the node's bits could. They stay 12 because a
 /// joining node draws its id at random among the free ones, and nodes that join within
 /// the same moment do not see each other's draw (a clash is only reported): with `k`
-/// nodes started together the chance of a clash is about `k²/2` over the ids, 5% for 20
-/// nodes among 4,094 but more than half among 254 (8 bits). Fewer node bits are sound
+/// nodes started together the chance of a clash is about `k²/2` over the ids, 7% for 20
+/// nodes among the 3,070 below the shards' but more than half among 254 (8 bits). Fewer node bits are sound
 /// once ids are handed out without clashes (a claim round at join, or a compare-and-set
 /// on the server); 8 would then give the generation 24 (2^24 spawns a shard), and 254
 /// nodes is about what heartbeats from every node to every node carry.

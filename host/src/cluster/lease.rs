@@ -136,7 +136,10 @@ impl Leases {
             "a lease lasts whole seconds, at least one, not {:?}",
             options.ttl
         );
-        anyhow::ensure!(!node.is_empty(), "a lease needs its node's name");
+        anyhow::ensure!(
+            !node.is_empty() && node.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            "invalid node name `{node}` for a lease: letters, digits, `-` and `_`"
+        );
         let io = Io::new("wasmproc-leases", PATIENCE)?;
         let bucket_config = kv::Config {
             bucket: options.bucket.clone(),
@@ -229,6 +232,56 @@ impl Leases {
                 Err(error) if error.kind() == kv::DeleteErrorKind::WrongLastRevision => Ok(()),
                 Err(error) => Err(anyhow::anyhow!("cannot give up the lease of shard {}: {error}", lease.shard)),
             }
+        })?
+    }
+
+    /// Says this node takes part (the key `node.NAME`, living two leases' time): how
+    /// hosts count each other to share the shards fairly. Said again well within that.
+    ///
+    /// # Errors
+    ///
+    /// The server did not answer or refused.
+    pub fn announce(&self) -> anyhow::Result<()> {
+        let context = self.context.clone();
+        let subject = format!("$KV.{}.node.{}", self.bucket, self.node);
+        let ttl = self.ttl * 2;
+        self.io.run(async move {
+            let mut headers = HeaderMap::new();
+            headers.insert("Nats-TTL", ttl.as_secs().to_string().as_str());
+            context.publish_with_headers(subject, headers, bytes::Bytes::new()).await?.await?;
+            Ok::<_, jetstream::context::PublishError>(())
+        })??;
+        Ok(())
+    }
+
+    /// Says this node takes part no more.
+    ///
+    /// # Errors
+    ///
+    /// The server did not answer or refused.
+    pub fn leave(&self) -> anyhow::Result<()> {
+        let store = self.store.clone();
+        let name = format!("node.{}", self.node);
+        self.io.run(async move { store.delete(name).await })??;
+        Ok(())
+    }
+
+    /// How many nodes take part now (each announced within two leases' time).
+    ///
+    /// # Errors
+    ///
+    /// The server did not answer.
+    pub fn nodes(&self) -> anyhow::Result<usize> {
+        let store = self.store.clone();
+        self.io.run(async move {
+            let mut keys = store.keys().await.map_err(|e| anyhow::anyhow!("cannot list the nodes: {e}"))?;
+            let mut count = 0;
+            while let Some(name) = keys.next().await {
+                if name.map_err(|e| anyhow::anyhow!("cannot list the nodes: {e}"))?.starts_with("node.") {
+                    count += 1;
+                }
+            }
+            Ok(count)
         })?
     }
 

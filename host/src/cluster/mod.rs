@@ -87,6 +87,7 @@ mod journal;
 mod lease;
 mod node;
 mod process;
+mod shards;
 mod shared;
 mod store;
 #[cfg(all(test, not(loom)))]
@@ -100,6 +101,7 @@ pub use self::config::{
 pub use self::journal::{DEFAULT_STREAM, JetStreamOptions, JetStreamStore};
 pub use self::lease::{DEFAULT_BUCKET, Lease, LeaseOptions, Leases, Renewal};
 pub use self::process::{RemoteProcess, RemoteSpawnOptions};
+pub use self::shards::{BuildShard, FIRST_SHARD_NODE, MAX_SHARDS, ShardHost, ShardOptions, shard_node};
 pub use self::shared::{ClusterStats, LineSink, Loader, NodeInfo};
 pub use crate::scheduler::remote::RunLimits;
 

@@ -324,6 +324,15 @@ impl Builder {
         self
     }
 
+    /// Makes this scheduler's pids carry `node` in their node bits without making it a
+    /// cluster node: a shard's durable scheduler, whose pids name their shard wherever it
+    /// runs (see `cluster/shards.rs`).
+    #[cfg_attr(not(feature = "cluster"), expect(dead_code, reason = "only a cluster has shards"))]
+    pub(crate) fn pid_node(mut self, node: u16) -> Self {
+        self.node = node;
+        self
+    }
+
     /// Makes this scheduler node `node`, handing what names a process of another node to
     /// `remote` (see `remote.rs`); the public face is `Builder::cluster`, in the cluster
     /// module, which the scheduler does not depend on.

@@ -282,16 +282,18 @@ async fn discover(client: &async_nats::Client, config: &ClusterConfig, incarnati
 }
 
 /// A node id no member holds, drawn at random so that two nodes joining at once are
-/// unlikely to pick the same (a clash is reported when their announcements meet). Never
-/// [`Pid::MAX_NODE`]: a greeting says it is that node, and a node of that id would take
-/// greetings for its own frames and answer none.
+/// unlikely to pick the same (a clash is reported when their announcements meet). Below
+/// the ids that name shards ([`super::shards::FIRST_SHARD_NODE`]), so never
+/// [`Pid::MAX_NODE`] either: a greeting says it is that node, and a node of that id would
+/// take greetings for its own frames and answer none.
 fn draw_node(members: &Members) -> Option<u16> {
-    let free = (1..Pid::MAX_NODE).filter(|n| !members.contains_key(n)).count();
+    let ids = 1..super::shards::FIRST_SHARD_NODE;
+    let free = ids.clone().filter(|n| !members.contains_key(n)).count();
     if free == 0 {
         return None;
     }
     let pick = (random_u64() % free as u64) as usize;
-    (1..Pid::MAX_NODE).filter(|n| !members.contains_key(n)).nth(pick)
+    ids.filter(|n| !members.contains_key(n)).nth(pick)
 }
 
 fn random_u64() -> u64 {
