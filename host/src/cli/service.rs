@@ -16,8 +16,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use serde::Deserialize as _;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use wasmproc::serve::{Service, ServiceConfig};
+use wasmproc::serve::wire::{
+    ComponentAnswer, ErrorBody, History, Outcome, State, TenantToken, Tenants, Workflow, WorkflowAnswer, WorkflowPage,
+};
+use wasmproc::serve::{Service, ServiceConfig, StartRequest};
 
 use super::output::{Say, say_now};
 use super::{Exit, Failure};
@@ -64,10 +69,21 @@ pub(crate) struct Serve {
     /// requests are refused (429).
     #[arg(long, value_name = "N", default_value_t = 1_000)]
     rate: u32,
+    /// Print the API's OpenAPI document (what `GET /v1/openapi.json` serves, and
+    /// `docs/openapi.json` in the repository) and exit, without serving.
+    #[arg(long, exclusive = true)]
+    openapi: bool,
 }
 
 impl Serve {
     pub(crate) fn execute(self) -> Result<ExitCode, Failure> {
+        if self.openapi {
+            let document = wasmproc::serve::openapi()
+                .to_pretty_json()
+                .map_err(|e| Failure::new(Exit::Host, format!("cannot write the OpenAPI document: {e}")))?;
+            print(document)?;
+            return Ok(Exit::Success.into());
+        }
         let data = self.data.or_else(default_data).ok_or_else(|| {
             Failure::new(Exit::Usage, "no data directory: give `--data DIR` (neither XDG_DATA_HOME nor HOME is set)")
         })?;
@@ -302,9 +318,19 @@ impl Answer {
         if self.status < 300 {
             return Ok(self.body);
         }
-        let message = self.body["error"]["message"].as_str().unwrap_or("the server gave no reason").to_owned();
+        let message = ErrorBody::deserialize(&self.body)
+            .map_or_else(|_| "the server gave no reason".to_owned(), |refused| refused.error.message);
         let exit = if self.status >= 500 { Exit::Host } else { Exit::Usage };
         Err(Failure::new(exit, format!("the server refused ({}): {message}", self.status)))
+    }
+
+    /// The answer as `T` (see [`Answer::ok`]), beside its JSON as the server sent it.
+    fn read<T: DeserializeOwned>(self) -> Result<(T, Value), Failure> {
+        let body = self.ok()?;
+        let typed = T::deserialize(&body).map_err(|e| {
+            Failure::new(Exit::Host, format!("the server's answer is not what this client understands ({e}): {body}"))
+        })?;
+        Ok((typed, body))
     }
 }
 
@@ -338,14 +364,20 @@ impl Http {
         Ok(Http { client, runtime, args })
     }
 
-    fn send(&self, method: reqwest::Method, path: &str, body: Option<reqwest::Body>) -> Result<Answer, Failure> {
+    /// A request with `body` of its content type, if any.
+    fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<(reqwest::Body, &'static str)>,
+    ) -> Result<Answer, Failure> {
         let url = format!("{}{path}", self.args.server.trim_end_matches('/'));
         let mut request = self.client.request(method, &url).timeout(Duration::from_secs(90));
         if let Some(token) = &self.args.token {
             request = request.bearer_auth(token);
         }
-        if let Some(body) = body {
-            request = request.body(body);
+        if let Some((body, kind)) = body {
+            request = request.header(reqwest::header::CONTENT_TYPE, kind).body(body);
         }
         self.runtime.block_on(async {
             let unreachable = |e: reqwest::Error| {
@@ -365,7 +397,7 @@ impl Http {
     }
 
     fn post(&self, path: &str, body: Value) -> Result<Answer, Failure> {
-        self.send(reqwest::Method::POST, path, Some(body.to_string().into()))
+        self.send(reqwest::Method::POST, path, Some((body.to_string().into(), "application/json")))
     }
 }
 
@@ -383,19 +415,13 @@ fn print(line: impl std::fmt::Display) -> Result<(), Failure> {
 }
 
 /// One workflow as a line: id, state, and the result or error once ended.
-fn workflow_line(w: &Value) -> String {
-    let end = match (&w["result"]["ok"], &w["result"]["error"]["message"]) {
-        (Value::Null, Value::String(error)) => format!("  {error}"),
-        (Value::Null, _) => String::new(),
-        (ok, _) => format!("  {ok}"),
+fn workflow_line(w: &Workflow) -> String {
+    let end = match &w.result {
+        Some(Outcome::Ok(value)) => format!("  {value}"),
+        Some(Outcome::Error(ended)) => format!("  {}", ended.message),
+        None => String::new(),
     };
-    format!(
-        "{}  {}  {}  {}{end}",
-        w["id"].as_str().unwrap_or("?"),
-        w["state"].as_str().unwrap_or("?"),
-        w["method"].as_str().unwrap_or("?"),
-        w["component"].as_str().unwrap_or("?")
-    )
+    format!("{}  {}  {}  {}{end}", w.id, w.state.as_str(), w.method, w.component)
 }
 
 impl ClientCommand {
@@ -433,53 +459,40 @@ impl ClientCommand {
                     query.push(format!("tag={}", escape(tag)));
                 }
                 let path = format!("/v1/components{}{}", if query.is_empty() { "" } else { "?" }, query.join("&"));
-                let answer = http.send(reqwest::Method::POST, &path, Some(bytes.into()))?;
+                let answer =
+                    http.send(reqwest::Method::POST, &path, Some((bytes.into(), "application/octet-stream")))?;
                 let status = answer.status;
-                let body = answer.ok()?;
-                let c = &body["component"];
+                let (ComponentAnswer { component: c }, body) = answer.read()?;
                 let verb = if status == 201 { "deployed" } else { "already deployed" };
-                shown(
-                    &body,
-                    format!(
-                        "{verb} {} ({} bytes; entries: {})",
-                        c["hash"].as_str().unwrap_or("?"),
-                        c["size"],
-                        c["entries"]
-                    ),
-                )?;
+                shown(&body, format!("{verb} {} ({} bytes; entries: {})", c.hash, c.size, c.entries.join(", ")))?;
             }
             ClientCommand::Start(Call { what: StartArgs { component, id, method, input }, .. }) => {
                 let input = input.map(|text| json_arg("--input", &text)).transpose()?;
-                let body = http
-                    .post("/v1/workflows", json!({"id": id, "component": component, "method": method, "input": input}))?
-                    .ok()?;
-                let w = &body["workflow"];
-                shown(&body, format!("started {} (process {})", w["id"].as_str().unwrap_or("?"), w["pid"]))?;
+                let request = StartRequest { id, component, method: Some(method), input };
+                let (WorkflowAnswer { workflow: w }, body) = http.post("/v1/workflows", json!(request))?.read()?;
+                shown(&body, format!("started {} (process {})", w.id, w.pid))?;
             }
             ClientCommand::Status(Call { what: StatusArgs { id }, .. }) => {
-                let body = http.get(&format!("/v1/workflows/{}", escape(&id)))?.ok()?;
-                shown(&body, workflow_line(&body["workflow"]))?;
+                let (WorkflowAnswer { workflow }, body) =
+                    http.get(&format!("/v1/workflows/{}", escape(&id)))?.read()?;
+                shown(&body, workflow_line(&workflow))?;
             }
             ClientCommand::Result(Call { what: ResultArgs { id, wait }, .. }) => {
                 return result(&http, &id, wait, json_out);
             }
             ClientCommand::History(Call { what: HistoryArgs { id }, .. }) => {
-                let body = http.get(&format!("/v1/workflows/{}/history", escape(&id)))?.ok()?;
+                let (History { processes }, body) =
+                    http.get(&format!("/v1/workflows/{}/history", escape(&id)))?.read()?;
                 if json_out {
                     print(&body)?;
                 }
-                for p in body["processes"].as_array().into_iter().flatten().filter(|_| !json_out) {
-                    let ended = p["ended"]["message"].as_str().map_or_else(|| "running".to_owned(), str::to_owned);
-                    print(format_args!(
-                        "process {} ({}, {} steps, {ended})",
-                        p["pid"],
-                        p["method"].as_str().unwrap_or("?"),
-                        p["steps"]
-                    ))?;
-                    for line in p["records"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+                for p in processes.iter().filter(|_| !json_out) {
+                    let ended = p.ended.as_ref().map_or("running", |ended| ended.message.as_str());
+                    print(format_args!("process {} ({}, {} steps, {ended})", p.pid, p.method, p.steps))?;
+                    for line in &p.records {
                         print(format_args!("  {line}"))?;
                     }
-                    for line in p["waiting_for"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+                    for line in &p.waiting_for {
                         print(format_args!("  waits for {line}"))?;
                     }
                 }
@@ -506,11 +519,12 @@ impl ClientCommand {
                         query.push(format!("{name}={}", escape(&value)));
                     }
                 }
-                let body = http.get(&format!("/v1/workflows?{}", query.join("&")))?.ok()?;
+                let (WorkflowPage { workflows, .. }, body) =
+                    http.get(&format!("/v1/workflows?{}", query.join("&")))?.read()?;
                 if json_out {
                     print(&body)?;
                 } else {
-                    for w in body["workflows"].as_array().into_iter().flatten() {
+                    for w in &workflows {
                         print(workflow_line(w))?;
                     }
                 }
@@ -526,18 +540,18 @@ impl ClientCommand {
                 };
                 match action.as_str() {
                     "add" => {
-                        let body = http.post("/v1/tenants", json!({"name": name()?}))?.ok()?;
-                        shown(&body, body["token"].as_str().unwrap_or("?").to_owned())?;
+                        let (TenantToken { token, .. }, body) =
+                            http.post("/v1/tenants", json!({"name": name()?}))?.read()?;
+                        shown(&body, token)?;
                     }
                     "token" => {
-                        let body = http.post(&format!("/v1/tenants/{}/token", escape(&name()?)), json!({}))?.ok()?;
-                        shown(&body, body["token"].as_str().unwrap_or("?").to_owned())?;
+                        let (TenantToken { token, .. }, body) =
+                            http.post(&format!("/v1/tenants/{}/token", escape(&name()?)), json!({}))?.read()?;
+                        shown(&body, token)?;
                     }
                     "ls" => {
-                        let body = http.get("/v1/tenants")?.ok()?;
-                        let names: Vec<&str> =
-                            body["tenants"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-                        shown(&body, names.join("\n"))?;
+                        let (Tenants { tenants }, body) = http.get("/v1/tenants")?.read()?;
+                        shown(&body, tenants.join("\n"))?;
                     }
                     "rm" => {
                         let name = name()?;
@@ -567,17 +581,17 @@ fn result(http: &Http, id: &str, wait: Option<Duration>, json_out: bool) -> Resu
         let path = format!("/v1/workflows/{}/result?wait={}ms", escape(id), asked.as_millis());
         let answer = http.get(&path)?;
         let running = answer.status == 202;
-        let body = answer.ok()?;
-        let w = &body["workflow"];
+        let (WorkflowAnswer { workflow: w }, body) = answer.read()?;
         if !running {
-            if json_out {
-                print(&body)?;
-            } else if let Some(message) = w["result"]["error"]["message"].as_str() {
-                say_now(Say::Error, &format!("workflow {id} failed: {message}"));
-            } else {
-                print(&w["result"]["ok"])?;
+            match (&w.result, json_out) {
+                (_, true) => print(&body)?,
+                (Some(Outcome::Error(ended)), false) => {
+                    say_now(Say::Error, &format!("workflow {id} failed: {}", ended.message));
+                }
+                (Some(Outcome::Ok(value)), false) => print(value)?,
+                (None, false) => print(Value::Null)?,
             }
-            let failed = w["state"] == "failed";
+            let failed = w.state == State::Failed;
             return Ok(if failed { Exit::ProcessFailed } else { Exit::Success }.into());
         }
         if left <= asked {

@@ -1,17 +1,25 @@
 //! The HTTP API, version 1: JSON in and out, a bearer token on every request but the
-//! health checks. Every error is `{"error": {"code": CODE, "message": TEXT}}` with its
-//! status; what belongs to another tenant is answered as if it did not exist (404).
+//! health checks and the API's document. Every error is `{"error": {"code": CODE,
+//! "message": TEXT}}` with its status; what belongs to another tenant is answered as if
+//! it did not exist (404).
+//!
+//! Each handler carries its `#[utoipa::path]` (method, path, parameters, body, every
+//! status it answers) and is routed through `routes!`, which takes the path from that
+//! annotation: the OpenAPI document ([`openapi`], `GET /v1/openapi.json`,
+//! `docs/openapi.json`) is made from the routes themselves, so a route cannot be served
+//! without being described.
 //!
 //! | method and path | what |
 //! | --- | --- |
 //! | `GET /healthz`, `GET /readyz` | the server is up / takes requests |
 //! | `GET /metrics` | (admin) Prometheus' text format: requests, latencies, workflows, steps, commits |
+//! | `GET /v1/openapi.json` | the API's OpenAPI 3.1 document |
 //! | `POST /v1/tenants` `{"name"}` | (admin) adds a tenant; answers its token, shown once |
 //! | `GET /v1/tenants` | (admin) the tenants |
 //! | `POST /v1/tenants/{name}/token` | (admin) a new token for a tenant; the old one stops working |
 //! | `DELETE /v1/tenants/{name}` | (admin) removes a tenant without running workflows |
 //! | `POST /v1/components?name=N&tag=T` | uploads a component (the body is its bytes) |
-//! | `GET /v1/components`, `GET /v1/components/{ref}` | the tenant's components; one by hash or name |
+//! | `GET /v1/components`, `GET /v1/components/{reference}` | the tenant's components; one by hash or name |
 //! | `POST /v1/workflows` `{"id"?, "component", "method"?, "input"?}` | starts a workflow (201; 200 if the same request started it) |
 //! | `GET /v1/workflows?state=&component=&prefix=&after=&limit=` | lists workflows by id, a page at a time |
 //! | `GET /v1/workflows/{id}` | describes one |
@@ -22,33 +30,121 @@
 //! | `POST /v1/workflows/{id}/terminate` | ends it at once |
 //! | `DELETE /v1/workflows/{id}` | forgets an ended workflow and its history |
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::{Json, Router};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{IntoParams, IntoResponses, OpenApi};
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt as _};
+use utoipa_axum::routes;
 
-use super::{ComponentRecord, Filter, Refusal, Service, StartRequest, WorkflowRecord};
+use super::wire::{
+    Cancelling, Component, ComponentAnswer, Components, Ended, ErrorBody, ErrorDetail, History, NewTenant, Outcome,
+    ProcessHistory, Sent, SignalRequest, TenantToken, Tenants, Terminated, Workflow, WorkflowAnswer, WorkflowPage,
+};
+use super::{ComponentRecord, Filter, Refusal, Service, ServiceConfig, StartRequest, WorkflowRecord};
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, axum::Json(json!({"error": {"code": self.code, "message": self.message}}))).into_response()
+        let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message } };
+        (status, Json(body)).into_response()
     }
 }
 
 type Answer = Result<Response, Refusal>;
 
-fn answer(status: StatusCode, body: Value) -> Answer {
-    Ok((status, axum::Json(body)).into_response())
+fn answer(status: StatusCode, body: impl serde::Serialize) -> Answer {
+    Ok((status, Json(body)).into_response())
+}
+
+/// The API's description, beside what the routes' annotations add.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "wasmproc",
+        description = "The HTTP API of `wasmproc serve`: tenants deploy components and start, watch and control \
+                       durable workflows. Every request but the health checks and this document carries a bearer \
+                       token: a tenant's, or for `/v1/tenants` and `/metrics` the admin's (`DATA/admin.token`). \
+                       Every error is `{\"error\": {\"code\", \"message\"}}`.",
+        license(name = "Apache-2.0 WITH LLVM-exception", identifier = "Apache-2.0 WITH LLVM-exception"),
+    ),
+    modifiers(&BearerScheme),
+    components(schemas(ErrorBody)),
+    tags(
+        (name = "operations", description = "Health, metrics and this document"),
+        (name = "tenants", description = "Tenants and their tokens (the admin's token)"),
+        (name = "components", description = "A tenant's deployed components"),
+        (name = "workflows", description = "A tenant's workflows"),
+    ),
+)]
+struct ApiDoc;
+
+/// The `bearer` security scheme every protected route names.
+struct BearerScheme;
+
+impl utoipa::Modify for BearerScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let scheme = HttpBuilder::new()
+            .scheme(HttpAuthScheme::Bearer)
+            .description(Some("A tenant's token (`wpt_…`), or the admin's (`wpa_…`) for the admin's routes"))
+            .build();
+        openapi
+            .components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme("bearer", SecurityScheme::Http(scheme));
+    }
+}
+
+/// What any request with a tenant's token may be refused with.
+#[derive(IntoResponses)]
+#[expect(dead_code, reason = "never built: it only documents the statuses every tenant's route may answer")]
+enum AsTenant {
+    /// `unauthorized`: no token, an unknown one, or the admin's.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// `rate`: the tenant is past its requests a second (the server's `--rate`).
+    #[response(status = 429)]
+    Rate(ErrorBody),
+    /// `internal`: the server failed.
+    #[response(status = 500)]
+    Internal(ErrorBody),
+}
+
+/// What any request of the admin's may be refused with.
+#[derive(IntoResponses)]
+#[expect(dead_code, reason = "never built: it only documents the statuses every admin's route may answer")]
+enum AsAdmin {
+    /// `unauthorized`: no token, or not a bearer token.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// `forbidden`: a token that is not the admin's.
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
+    /// `internal`: the server failed.
+    #[response(status = 500)]
+    Internal(ErrorBody),
+}
+
+/// What any request with a JSON body may be refused with, beside a malformed body (400).
+#[derive(IntoResponses)]
+#[expect(dead_code, reason = "never built: it only documents the statuses every JSON body may get")]
+enum WithJson {
+    /// `too_large`: a body past the server's bound for a request.
+    #[response(status = 413)]
+    TooLarge(ErrorBody),
+    /// `unsupported_media_type`: a `Content-Type` other than `application/json`.
+    #[response(status = 415)]
+    UnsupportedMediaType(ErrorBody),
 }
 
 /// The bearer token of `headers`.
@@ -135,9 +231,53 @@ impl FromRequestParts<Service> for Segment {
     }
 }
 
-/// `body` as JSON of shape `T`; a 400 naming the line and column of what is wrong.
-fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
-    serde_json::from_slice(body).map_err(|e| Refusal::invalid(format!("invalid JSON body: {e}")))
+/// The request's body as bytes, within the route's bound: a 413 naming `bound` past it.
+async fn bytes(request: Request, service: &Service, bound: usize, flag: &str) -> Result<Bytes, Refusal> {
+    Bytes::from_request(request, service).await.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Refusal::new(413, "too_large", format!("the body is over {bound} bytes, the most this server takes{flag}"))
+        } else {
+            Refusal::invalid(format!("cannot read the body: {}", rejection.body_text()))
+        }
+    })
+}
+
+/// A JSON body of shape `T`: at most the server's bound for a request body (413 past
+/// it), `application/json` if it says what it is (415 otherwise; a body that does not
+/// say is read as JSON), and well-formed (400 naming the line and column of what is
+/// wrong).
+struct JsonBody<T>(T);
+
+impl<T: DeserializeOwned> FromRequest<Service> for JsonBody<T> {
+    type Rejection = Refusal;
+
+    async fn from_request(request: Request, service: &Service) -> Result<JsonBody<T>, Refusal> {
+        if let Some(kind) = request.headers().get(header::CONTENT_TYPE) {
+            let text = kind.to_str().unwrap_or("?");
+            let essence = text.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+            if essence != "application/json" && !essence.ends_with("+json") {
+                return Err(Refusal::new(
+                    415,
+                    "unsupported_media_type",
+                    format!("the body is `{text}`; send JSON, as `Content-Type: application/json`"),
+                ));
+            }
+        }
+        let body = bytes(request, service, service.config().max_body, "").await?;
+        serde_json::from_slice(&body).map(JsonBody).map_err(|e| Refusal::invalid(format!("invalid JSON body: {e}")))
+    }
+}
+
+/// A component's bytes: at most the server's bound for an upload (413 past it).
+struct Upload(Bytes);
+
+impl FromRequest<Service> for Upload {
+    type Rejection = Refusal;
+
+    async fn from_request(request: Request, service: &Service) -> Result<Upload, Refusal> {
+        let bound = service.config().max_upload;
+        Ok(Upload(bytes(request, service, bound, " for a component (the server's `--max-upload`)").await?))
+    }
 }
 
 fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Refusal> {
@@ -151,107 +291,197 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, Refusal> +
         .unwrap_or_else(|e| Err(Refusal::internal(&anyhow::anyhow!("a request's work failed: {e}"))))
 }
 
-fn component_json((record, names): &(ComponentRecord, Vec<String>)) -> Value {
-    json!({
-        "hash": record.hash,
-        "size": record.size,
-        "entries": record.entries,
-        "uploaded_ms": record.uploaded_ms,
-        "names": names,
+fn component_view((record, names): (ComponentRecord, Vec<String>)) -> Component {
+    Component { hash: record.hash, size: record.size, entries: record.entries, uploaded_ms: record.uploaded_ms, names }
+}
+
+fn workflow_view(record: WorkflowRecord) -> Result<Workflow, Refusal> {
+    let result = record
+        .result
+        .map(serde_json::from_value::<Outcome>)
+        .transpose()
+        .map_err(|e| Refusal::internal(&anyhow::anyhow!("workflow `{}` has a damaged result: {e}", record.id)))?;
+    Ok(Workflow {
+        id: record.id,
+        component: record.component,
+        method: record.method,
+        input: record.input,
+        pid: record.pid,
+        state: record.state,
+        started_ms: record.started_ms,
+        ended_ms: record.ended_ms,
+        result,
     })
 }
 
-fn workflow_json(record: &WorkflowRecord) -> Value {
-    json!({
-        "id": record.id,
-        "component": record.component,
-        "method": record.method,
-        "input": record.input,
-        "pid": record.pid,
-        "state": record.state.as_str(),
-        "started_ms": record.started_ms,
-        "ended_ms": record.ended_ms,
-        "result": record.result,
-    })
+/// The routes, each with its part of the document; `limits` bound the bodies (a
+/// request's, an upload's).
+fn routes(limits: &ServiceConfig) -> OpenApiRouter<Service> {
+    let upload = DefaultBodyLimit::max(limits.max_upload);
+    let body = DefaultBodyLimit::max(limits.max_body);
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(scrape_metrics))
+        .routes(routes!(openapi_json))
+        .routes(routes!(add_tenant, list_tenants).layer(body))
+        .routes(routes!(remove_tenant))
+        .routes(routes!(new_token))
+        .routes(routes!(deploy, list_components).layer(upload))
+        .routes(routes!(describe_component))
+        .routes(routes!(start, list_workflows).layer(body))
+        .routes(routes!(describe_workflow, forget))
+        .routes(routes!(result))
+        .routes(routes!(history))
+        .routes(routes!(signal).layer(body))
+        .routes(routes!(cancel))
+        .routes(routes!(terminate))
+}
+
+/// The API's OpenAPI 3.1 document, as `GET /v1/openapi.json` serves it.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    routes(&ServiceConfig::new("")).into_openapi()
 }
 
 /// The router of the API over `service`.
 pub(super) fn router(service: Service) -> Router {
-    let upload = DefaultBodyLimit::max(service.config().max_upload);
-    let body = DefaultBodyLimit::max(service.config().max_body);
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(|| async { "ready\n" }))
-        .route("/v1/tenants", post(add_tenant).get(list_tenants).layer(body))
-        .route("/v1/tenants/{name}", axum::routing::delete(remove_tenant))
-        .route("/v1/tenants/{name}/token", post(new_token))
-        .route("/v1/components", post(deploy).get(list_components).layer(upload))
-        .route("/v1/components/{reference}", get(describe_component))
-        .route("/v1/workflows", post(start).get(list_workflows).layer(body))
-        .route("/v1/workflows/{id}", get(describe_workflow).delete(forget))
-        .route("/v1/workflows/{id}/result", get(result))
-        .route("/v1/workflows/{id}/history", get(history))
-        .route("/v1/workflows/{id}/signal", post(signal).layer(body))
-        .route("/v1/workflows/{id}/cancel", post(cancel))
-        .route("/v1/workflows/{id}/terminate", post(terminate))
-        .route("/metrics", get(scrape_metrics))
+    let (router, _) = routes(service.config()).split_for_parts();
+    router
         .route_layer(axum::middleware::from_fn_with_state(service.clone(), super::metrics::measure))
-        .fallback(|| async { Refusal::not_found("such endpoint: see the API's table in README.md") })
+        .fallback(|| async { Refusal::not_found("such endpoint: see `GET /v1/openapi.json`") })
         .method_not_allowed_fallback(|| async {
-            Refusal::new(405, "method_not_allowed", "this path takes another method")
+            Refusal::new(405, "method_not_allowed", "this path takes another method: see `GET /v1/openapi.json`")
         })
         .with_state(service)
 }
 
+/// The server is up.
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "`ok`", body = String, content_type = "text/plain")))]
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// The server takes requests.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses((status = 200, description = "`ready`", body = String, content_type = "text/plain")))]
+async fn readyz() -> &'static str {
+    "ready\n"
+}
+
+/// The server's metrics, in Prometheus' text format: requests and latencies by route,
+/// workflows by state and tenant, the scheduler's steps and the journal's commits.
+#[utoipa::path(get, path = "/metrics", tag = "operations", security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The metrics", body = String, content_type = "application/openmetrics-text"),
+        AsAdmin,
+    ))]
 async fn scrape_metrics(Admin(service): Admin) -> Answer {
     Ok(super::metrics::scrape(State(service)).await)
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NewTenant {
-    name: String,
+/// This document.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "operations",
+    responses(
+        (status = 200, description = "The API's OpenAPI 3.1 document", body = serde_json::Value),
+        (status = 500, description = "`internal`: the server failed", body = ErrorBody),
+    ))]
+async fn openapi_json() -> Answer {
+    static DOCUMENT: OnceLock<Result<String, String>> = OnceLock::new();
+    let document = DOCUMENT.get_or_init(|| openapi().to_pretty_json().map_err(|e| e.to_string()));
+    match document {
+        Ok(text) => Ok(([(header::CONTENT_TYPE, "application/json")], text.clone()).into_response()),
+        Err(error) => Err(Refusal::internal(&anyhow::anyhow!("cannot write the OpenAPI document: {error}"))),
+    }
 }
 
-async fn add_tenant(Admin(service): Admin, body: Bytes) -> Answer {
-    let NewTenant { name } = json_body(&body)?;
+/// Adds a tenant; its token is in the answer only.
+#[utoipa::path(post, path = "/v1/tenants", tag = "tenants", security(("bearer" = [])),
+    request_body = NewTenant,
+    responses(
+        (status = 201, description = "Added", body = TenantToken),
+        (status = 400, description = "`invalid`: malformed JSON, or an invalid name", body = ErrorBody),
+        (status = 409, description = "`conflict`: the name is taken", body = ErrorBody),
+        WithJson,
+        AsAdmin,
+    ))]
+async fn add_tenant(Admin(service): Admin, JsonBody(NewTenant { name }): JsonBody<NewTenant>) -> Answer {
     let token = blocking({
         let (service, name) = (service.clone(), name.clone());
         move || service.add_tenant(&name)
     })
     .await?;
-    answer(StatusCode::CREATED, json!({"name": name, "token": token}))
+    answer(StatusCode::CREATED, TenantToken { name, token })
 }
 
+/// The tenants.
+#[utoipa::path(get, path = "/v1/tenants", tag = "tenants", security(("bearer" = [])),
+    responses((status = 200, description = "The tenants' names", body = Tenants), AsAdmin))]
 async fn list_tenants(Admin(service): Admin) -> Answer {
-    answer(StatusCode::OK, json!({"tenants": service.tenants()?}))
+    answer(StatusCode::OK, Tenants { tenants: service.tenants()? })
 }
 
+/// Removes a tenant that has no running workflow.
+#[utoipa::path(delete, path = "/v1/tenants/{name}", tag = "tenants", security(("bearer" = [])),
+    params(("name" = String, Path, description = "The tenant")),
+    responses(
+        (status = 204, description = "Removed"),
+        (status = 400, description = "`invalid`: an unreadable path", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such tenant", body = ErrorBody),
+        (status = 409, description = "`conflict`: it has running workflows", body = ErrorBody),
+        AsAdmin,
+    ))]
 async fn remove_tenant(Admin(service): Admin, Segment(name): Segment) -> Answer {
     blocking(move || service.remove_tenant(&name)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// A new token for a tenant; the old one stops working.
+#[utoipa::path(post, path = "/v1/tenants/{name}/token", tag = "tenants", security(("bearer" = [])),
+    params(("name" = String, Path, description = "The tenant")),
+    responses(
+        (status = 200, description = "Its new token", body = TenantToken),
+        (status = 400, description = "`invalid`: an unreadable path", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such tenant", body = ErrorBody),
+        AsAdmin,
+    ))]
 async fn new_token(Admin(service): Admin, Segment(name): Segment) -> Answer {
     let token = blocking({
         let (service, name) = (service.clone(), name.clone());
         move || service.new_token(&name)
     })
     .await?;
-    answer(StatusCode::OK, json!({"name": name, "token": token}))
+    answer(StatusCode::OK, TenantToken { name, token })
 }
 
-#[derive(Deserialize)]
+/// How an upload names its component.
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct Naming {
+    /// A name to start it by: 1 to 64 letters, digits, `-`, `_` or `.`.
     name: Option<String>,
+    /// A tag for the name (`NAME:TAG`); takes `name`.
     tag: Option<String>,
 }
 
+/// Uploads a component: validated, compiled once, and kept by the SHA-256 of its bytes.
+#[utoipa::path(post, path = "/v1/components", tag = "components", security(("bearer" = [])),
+    params(Naming),
+    request_body(content = Vec<u8>, description = "The component's bytes (a `process` world component)",
+        content_type = "application/octet-stream"),
+    responses(
+        (status = 201, description = "Deployed", body = ComponentAnswer),
+        (status = 200, description = "The tenant had deployed it already", body = ComponentAnswer),
+        (status = 400, description = "`invalid`: an invalid name or tag, or a tag without a name", body = ErrorBody),
+        (status = 413, description = "`too_large`: past the server's `--max-upload`", body = ErrorBody),
+        (status = 422, description = "`invalid_component`: not a wasmproc component", body = ErrorBody),
+        AsTenant,
+    ))]
 async fn deploy(
     Asker { service, tenant }: Asker,
     naming: Result<Query<Naming>, QueryRejection>,
-    body: Bytes,
+    Upload(body): Upload,
 ) -> Answer {
     let naming = query(naming)?;
     let (service2, tenant2) = (service.clone(), tenant.clone());
@@ -259,46 +489,106 @@ async fn deploy(
         blocking(move || service2.deploy(&tenant2, &body, naming.name.as_deref(), naming.tag.as_deref())).await?;
     let names = service.component(&tenant, &record.hash)?.1;
     let status = if new { StatusCode::CREATED } else { StatusCode::OK };
-    answer(status, json!({"component": component_json(&(record, names))}))
+    answer(status, ComponentAnswer { component: component_view((record, names)) })
 }
 
+/// The tenant's components.
+#[utoipa::path(get, path = "/v1/components", tag = "components", security(("bearer" = [])),
+    responses((status = 200, description = "Its components, by hash", body = Components), AsTenant))]
 async fn list_components(Asker { service, tenant }: Asker) -> Answer {
-    let components: Vec<Value> = service.components(&tenant)?.iter().map(component_json).collect();
-    answer(StatusCode::OK, json!({"components": components}))
+    let components = service.components(&tenant)?.into_iter().map(component_view).collect();
+    answer(StatusCode::OK, Components { components })
 }
 
+/// One of the tenant's components.
+#[utoipa::path(get, path = "/v1/components/{reference}", tag = "components", security(("bearer" = [])),
+    params(("reference" = String, Path, description = "`sha256:<hex>`, `NAME` or `NAME:TAG`")),
+    responses(
+        (status = 200, description = "The component", body = ComponentAnswer),
+        (status = 400, description = "`invalid`: an unreadable path", body = ErrorBody),
+        (status = 404, description = "`not_found`: the tenant has no such component", body = ErrorBody),
+        AsTenant,
+    ))]
 async fn describe_component(Asker { service, tenant }: Asker, Segment(reference): Segment) -> Answer {
     let component = service.component(&tenant, &reference)?;
-    answer(StatusCode::OK, json!({"component": component_json(&component)}))
+    answer(StatusCode::OK, ComponentAnswer { component: component_view(component) })
 }
 
-async fn start(Asker { service, tenant }: Asker, body: Bytes) -> Answer {
-    let request: StartRequest = json_body(&body)?;
+/// Starts a workflow; idempotent by its id.
+#[utoipa::path(post, path = "/v1/workflows", tag = "workflows", security(("bearer" = [])),
+    request_body = StartRequest,
+    // The sets first: this route's own 429 describes more than theirs.
+    responses(
+        AsTenant,
+        WithJson,
+        (status = 201, description = "Started", body = WorkflowAnswer),
+        (status = 200, description = "The same request started it before: that workflow", body = WorkflowAnswer),
+        (status = 400, description = "`invalid`: malformed JSON, an invalid id, an unknown method, an input that \
+            is not a payload", body = ErrorBody),
+        (status = 404, description = "`not_found`: the tenant has no such component", body = ErrorBody),
+        (status = 409, description = "`conflict`: the id is taken by another request", body = ErrorBody),
+        (status = 422, description = "`spawn_failed`: the scheduler refused the workflow", body = ErrorBody),
+        (status = 429, description = "`quota`: the tenant runs as many workflows as it may (the server's \
+            `--max-running`); `rate`: past its requests a second", body = ErrorBody),
+    ))]
+async fn start(Asker { service, tenant }: Asker, JsonBody(request): JsonBody<StartRequest>) -> Answer {
     let (record, new) = blocking(move || service.start(&tenant, request)).await?;
     let status = if new { StatusCode::CREATED } else { StatusCode::OK };
-    answer(status, json!({"workflow": workflow_json(&record)}))
+    answer(status, WorkflowAnswer { workflow: workflow_view(record)? })
 }
 
+/// The tenant's workflows, by id, a page at a time.
+#[utoipa::path(get, path = "/v1/workflows", tag = "workflows", security(("bearer" = [])),
+    params(Filter),
+    responses(
+        (status = 200, description = "A page of workflows", body = WorkflowPage),
+        (status = 400, description = "`invalid`: an unreadable query", body = ErrorBody),
+        AsTenant,
+    ))]
 async fn list_workflows(Asker { service, tenant }: Asker, filter: Result<Query<Filter>, QueryRejection>) -> Answer {
     let filter = query(filter)?;
     let limit = filter.page_size();
     let found = service.workflows(&tenant, &filter)?;
     // A full page may have more after it: its last id is where the next page starts.
     let next = (found.len() == limit).then(|| found.last().map(|w| w.id.clone())).flatten();
-    let workflows: Vec<Value> = found.iter().map(workflow_json).collect();
-    answer(StatusCode::OK, json!({"workflows": workflows, "next": next}))
+    let workflows = found.into_iter().map(workflow_view).collect::<Result<_, _>>()?;
+    answer(StatusCode::OK, WorkflowPage { workflows, next })
 }
 
+/// One of the tenant's workflows.
+#[utoipa::path(get, path = "/v1/workflows/{id}", tag = "workflows", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The workflow's id")),
+    responses(
+        (status = 200, description = "The workflow", body = WorkflowAnswer),
+        (status = 400, description = "`invalid`: an unreadable path", body = ErrorBody),
+        (status = 404, description = "`not_found`: the tenant has no such workflow", body = ErrorBody),
+        AsTenant,
+    ))]
 async fn describe_workflow(Asker { service, tenant }: Asker, Segment(id): Segment) -> Answer {
-    answer(StatusCode::OK, json!({"workflow": workflow_json(&service.workflow(&tenant, &id)?)}))
+    answer(StatusCode::OK, WorkflowAnswer { workflow: workflow_view(service.workflow(&tenant, &id)?)? })
 }
 
-#[derive(Deserialize)]
+/// How long a request for a result waits.
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct Wait {
+    /// Wait at most this long for the workflow to end (`30s`, `500ms`; the server bounds
+    /// it at 60 s); no wait when absent.
     wait: Option<String>,
 }
 
+/// A workflow's result, waiting for it if asked.
+#[utoipa::path(get, path = "/v1/workflows/{id}/result", tag = "workflows", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The workflow's id"), Wait),
+    responses(
+        (status = 200, description = "It has ended: its result is in `result`", body = WorkflowAnswer),
+        (status = 202, description = "It is still running after the wait", body = WorkflowAnswer),
+        (status = 400, description = "`invalid`: an unreadable path, or a `wait` that is no duration",
+            body = ErrorBody),
+        (status = 404, description = "`not_found`: the tenant has no such workflow", body = ErrorBody),
+        AsTenant,
+    ))]
 async fn result(
     Asker { service, tenant }: Asker,
     Segment(id): Segment,
@@ -311,57 +601,103 @@ async fn result(
     };
     let record = service.wait(&tenant, &id, wait).await?;
     let status = if record.result.is_some() { StatusCode::OK } else { StatusCode::ACCEPTED };
-    answer(status, json!({"workflow": workflow_json(&record)}))
+    answer(status, WorkflowAnswer { workflow: workflow_view(record)? })
 }
 
+/// A workflow's history: each of its processes, its journal's records, and what it
+/// waits for.
+#[utoipa::path(get, path = "/v1/workflows/{id}/history", tag = "workflows", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The workflow's id")),
+    responses(
+        (status = 200, description = "Its history", body = History),
+        (status = 400, description = "`invalid`: an unreadable path", body = ErrorBody),
+        (status = 404, description = "`not_found`: the tenant has no such workflow", body = ErrorBody),
+        AsTenant,
+    ))]
 async fn history(Asker { service, tenant }: Asker, Segment(id): Segment) -> Answer {
     let processes = blocking(move || service.history(&tenant, &id)).await?;
-    let processes: Vec<Value> = processes
-        .iter()
-        .map(|h| {
-            json!({
-                "pid": h.pid.as_u64(),
-                "parent": h.parent.map(|p| p.as_u64()),
-                // The kind without its tenant: the component's hash, or a built-in kind.
-                "kind": h.kind.as_deref().map(|k| k.split_once('/').map_or(k, |(_, hash)| hash)),
-                "method": h.method,
-                "steps": h.steps,
-                "ended": h.result.as_ref().map(|e| json!({"reason": e.reason.name(), "message": e.reason.to_string()})),
-                "records": h.records,
-                "waiting_for": h.waiting_for,
-            })
+    let processes = processes
+        .into_iter()
+        .map(|h| ProcessHistory {
+            pid: h.pid.as_u64(),
+            parent: h.parent.map(|p| p.as_u64()),
+            // The kind without its tenant: the component's hash, or a built-in kind.
+            kind: h.kind.map(|k| k.split_once('/').map_or(k.as_str(), |(_, hash)| hash).to_owned()),
+            method: h.method,
+            steps: h.steps,
+            ended: h.result.map(|e| Ended { reason: e.reason.name().to_owned(), message: e.reason.to_string() }),
+            records: h.records,
+            waiting_for: h.waiting_for,
         })
         .collect();
-    answer(StatusCode::OK, json!({"processes": processes}))
+    answer(StatusCode::OK, History { processes })
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Signal {
-    topic: String,
-    #[serde(default)]
-    body: Value,
-}
-
-async fn signal(Asker { service, tenant }: Asker, Segment(id): Segment, body: Bytes) -> Answer {
-    let Signal { topic, body } = json_body(&body)?;
+/// Sends a workflow a message on a topic.
+#[utoipa::path(post, path = "/v1/workflows/{id}/signal", tag = "workflows", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The workflow's id")),
+    request_body = SignalRequest,
+    responses(
+        (status = 202, description = "In its mailbox", body = Sent),
+        (status = 400, description = "`invalid`: an unreadable path, malformed JSON, an empty topic", body = ErrorBody),
+        (status = 404, description = "`not_found`: the tenant has no such workflow", body = ErrorBody),
+        (status = 409, description = "`not_running`: it has ended, or its mailbox is full", body = ErrorBody),
+        WithJson,
+        AsTenant,
+    ))]
+async fn signal(
+    Asker { service, tenant }: Asker,
+    Segment(id): Segment,
+    JsonBody(SignalRequest { topic, body }): JsonBody<SignalRequest>,
+) -> Answer {
     if topic.is_empty() {
         return Err(Refusal::invalid("`topic` must not be empty"));
     }
     service.signal(&tenant, &id, &topic, &body)?;
-    answer(StatusCode::ACCEPTED, json!({"sent": true}))
+    answer(StatusCode::ACCEPTED, Sent { sent: true })
 }
 
+/// Cancels a workflow: a cancel event now, and termination if it has not ended after
+/// the server's grace.
+#[utoipa::path(post, path = "/v1/workflows/{id}/cancel", tag = "workflows", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The workflow's id")),
+    responses(
+        (status = 202, description = "Cancelling", body = Cancelling),
+        (status = 400, description = "`invalid`: an unreadable path", body = ErrorBody),
+        (status = 404, description = "`not_found`: the tenant has no such workflow", body = ErrorBody),
+        (status = 409, description = "`not_running`: it has ended", body = ErrorBody),
+        AsTenant,
+    ))]
 async fn cancel(Asker { service, tenant }: Asker, Segment(id): Segment) -> Answer {
     service.cancel(&tenant, &id)?;
-    answer(StatusCode::ACCEPTED, json!({"cancelled": true}))
+    answer(StatusCode::ACCEPTED, Cancelling { cancelled: true })
 }
 
+/// Terminates a workflow at once.
+#[utoipa::path(post, path = "/v1/workflows/{id}/terminate", tag = "workflows", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The workflow's id")),
+    responses(
+        (status = 202, description = "Terminated", body = Terminated),
+        (status = 400, description = "`invalid`: an unreadable path", body = ErrorBody),
+        (status = 404, description = "`not_found`: the tenant has no such workflow", body = ErrorBody),
+        (status = 409, description = "`not_running`: it has ended", body = ErrorBody),
+        AsTenant,
+    ))]
 async fn terminate(Asker { service, tenant }: Asker, Segment(id): Segment) -> Answer {
     service.terminate(&tenant, &id)?;
-    answer(StatusCode::ACCEPTED, json!({"terminated": true}))
+    answer(StatusCode::ACCEPTED, Terminated { terminated: true })
 }
 
+/// Forgets an ended workflow: its record, its result and its history.
+#[utoipa::path(delete, path = "/v1/workflows/{id}", tag = "workflows", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The workflow's id")),
+    responses(
+        (status = 204, description = "Forgotten"),
+        (status = 400, description = "`invalid`: an unreadable path", body = ErrorBody),
+        (status = 404, description = "`not_found`: the tenant has no such workflow", body = ErrorBody),
+        (status = 409, description = "`running`: it has not ended; cancel it first", body = ErrorBody),
+        AsTenant,
+    ))]
 async fn forget(Asker { service, tenant }: Asker, Segment(id): Segment) -> Answer {
     blocking(move || service.forget(&tenant, &id)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())

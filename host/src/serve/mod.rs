@@ -23,6 +23,7 @@ mod api;
 mod code;
 mod metrics;
 mod registry;
+pub mod wire;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -34,6 +35,7 @@ use anyhow::Context as _;
 use parking_lot::{Mutex, RwLock};
 use wasmproc_types::{ExitReason, Payload, Pid};
 
+pub use self::api::openapi;
 use self::code::{Code, Kinds, sha256_hex};
 use self::registry::Registry;
 pub use self::registry::{ComponentRecord, State, Tenant, WorkflowRecord};
@@ -128,7 +130,7 @@ impl From<anyhow::Error> for Refusal {
 }
 
 /// What starting a workflow asks for.
-#[derive(Debug, Clone, serde::Deserialize, PartialEq)]
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StartRequest {
     /// The workflow's id; drawn at random when absent. Starting again with the same id
@@ -868,8 +870,9 @@ impl Service {
 }
 
 /// Which workflows [`Service::workflows`] lists.
-#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[derive(Debug, Clone, Default, serde::Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct Filter {
     /// Only those in this state.
     pub state: Option<State>,

@@ -45,7 +45,7 @@ pub struct ComponentRecord {
 }
 
 /// Where a workflow is in its life.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
     /// Started and not ended (it may be waiting: a timer, a message, a child).

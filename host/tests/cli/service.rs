@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use wasmproc_tests::HANG;
 use wasmproc_tests::guests::SDK_TOUR;
 
-use super::{Ran, finish, scratch, wasmproc};
+use super::{Ran, finish, run, scratch, wasmproc};
 
 /// A `wasmproc serve` on a free loopback port, killed (SIGKILL) when dropped.
 struct Server {
@@ -76,7 +76,13 @@ impl Server {
 
     /// A raw request: its status and JSON body.
     fn http(&self, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> (u16, Value) {
-        let answer = self.exchange(method, path, token, body);
+        self.http_with(method, path, token, "", body)
+    }
+
+    /// A raw request with `headers` (whole lines, each ending in `\r\n`) beside the token
+    /// and the length: its status and JSON body.
+    fn http_with(&self, method: &str, path: &str, token: Option<&str>, headers: &str, body: &[u8]) -> (u16, Value) {
+        let answer = self.exchange_with(method, path, token, headers, body);
         let status =
             answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status in {answer:?}"));
         let body = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body);
@@ -91,18 +97,43 @@ impl Server {
 
     /// A request over a connection of its own: the whole answer, head and body.
     fn exchange(&self, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> String {
+        self.exchange_with(method, path, token, "", body)
+    }
+
+    /// [`Server::exchange`] with `headers`; a `Content-Length` among them replaces the
+    /// body's own.
+    fn exchange_with(&self, method: &str, path: &str, token: Option<&str>, headers: &str, body: &[u8]) -> String {
         let mut stream = TcpStream::connect(&self.address).expect("the server accepts");
         stream.set_read_timeout(Some(HANG)).expect("a read timeout");
         let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+        let length = if headers.to_ascii_lowercase().contains("content-length:") {
+            String::new()
+        } else {
+            format!("Content-Length: {}\r\n", body.len())
+        };
         let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\n{auth}{headers}{length}Connection: close\r\n\r\n",
             self.address,
-            body.len()
         );
         stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(body)).expect("the request is sent");
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).expect("an answer");
-        answer
+        // The answer's head, then as much body as it says: a server that answers before
+        // reading a body it refused may keep the connection open for the rest.
+        let mut answer = Vec::new();
+        let mut byte = [0u8; 1];
+        while !answer.ends_with(b"\r\n\r\n") {
+            match stream.read(&mut byte).expect("an answer") {
+                0 => break,
+                _ => answer.push(byte[0]),
+            }
+        }
+        let head = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+        let length = head.lines().find_map(|line| line.strip_prefix("content-length:")?.trim().parse::<u64>().ok());
+        match length {
+            Some(length) => (&mut stream).take(length).read_to_end(&mut answer).map(drop),
+            None => stream.read_to_end(&mut answer).map(drop),
+        }
+        .expect("the answer's body");
+        String::from_utf8_lossy(&answer).into_owned()
     }
 
     fn kill(mut self) {
@@ -407,4 +438,127 @@ fn a_tenant_past_its_quota_or_its_rate_is_refused_and_others_go_on() {
     assert_eq!(refused.1["error"]["code"], "rate", "{}", refused.1);
     assert!(refused.1["error"]["message"].as_str().unwrap().contains("`--rate`"), "{}", refused.1);
     assert_eq!(server.http("GET", "/v1/workflows", Some(&globex), b"").0, 200);
+}
+
+/// Every `$ref` under `value`.
+fn references<'a>(value: &'a Value, found: &mut Vec<&'a str>) {
+    match value {
+        Value::Object(map) => {
+            if let Some(Value::String(target)) = map.get("$ref") {
+                found.push(target);
+            }
+            map.values().for_each(|v| references(v, found));
+        }
+        Value::Array(items) => items.iter().for_each(|v| references(v, found)),
+        _ => {}
+    }
+}
+
+#[test]
+fn the_checked_in_openapi_document_is_the_one_the_server_makes_and_serves() {
+    let generated = run(&["serve", "--openapi"]);
+    assert_eq!(generated.code, 0, "{}", generated.stderr);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");
+    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        generated.stdout == checked_in,
+        "`docs/openapi.json` is not the document the server makes: after changing the API, regenerate it with\n    \
+         cargo run -p wasmproc -- serve --openapi > docs/openapi.json\nand commit it"
+    );
+    let document: Value = serde_json::from_str(&generated.stdout).expect("the document is JSON");
+    assert_eq!(document["openapi"], "3.1.0");
+
+    // Whole: every reference resolves, every path parameter is declared, every route
+    // names its success and its errors (JSON, of the one error shape), and every route
+    // behind a token says so and answers 401 without one.
+    let mut found = Vec::new();
+    references(&document, &mut found);
+    for target in found {
+        let name = target.strip_prefix("#/components/schemas/").unwrap_or_else(|| panic!("a reference `{target}`"));
+        assert!(document["components"]["schemas"].get(name).is_some(), "`{target}` does not resolve");
+    }
+    let paths = document["paths"].as_object().expect("paths");
+    for (path, item) in paths {
+        for (method, operation) in item.as_object().expect("a path item") {
+            let route = format!("{method} {path}");
+            let parameters = operation["parameters"].as_array().cloned().unwrap_or_default();
+            for name in path.split('{').skip(1).filter_map(|rest| rest.split_once('}')).map(|(name, _)| name) {
+                assert!(
+                    parameters.iter().any(|p| p["name"] == name && p["in"] == "path" && p["required"] == true),
+                    "{route}: no path parameter `{name}`"
+                );
+            }
+            assert!(operation["tags"].as_array().is_some_and(|t| !t.is_empty()), "{route}: no tag");
+            assert!(operation["summary"].is_string(), "{route}: no summary (the handler's doc comment)");
+            let responses = operation["responses"].as_object().expect("responses");
+            assert!(responses.keys().any(|status| status.starts_with('2')), "{route}: no success");
+            for (status, response) in responses.iter().filter(|(status, _)| !status.starts_with('2')) {
+                assert_eq!(
+                    response["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/ErrorBody",
+                    "{route} {status}: not the error body"
+                );
+            }
+            let guarded = operation["security"].as_array().is_some_and(|s| s.iter().any(|s| s.get("bearer").is_some()));
+            let open = ["/healthz", "/readyz", "/v1/openapi.json"].contains(&path.as_str());
+            assert_eq!(guarded, !open, "{route}: takes a token: {}", !open);
+            assert_eq!(responses.contains_key("401"), guarded, "{route}: answers 401 without a token");
+        }
+    }
+    let bearer = &document["components"]["securitySchemes"]["bearer"];
+    assert_eq!((&bearer["type"], &bearer["scheme"]), (&json!("http"), &json!("bearer")), "{bearer}");
+
+    // Served as made, without a token; routes the document names answer as it says.
+    let server = Server::start(&scratch("serve-openapi"));
+    let (status, served) = server.http("GET", "/v1/openapi.json", None, b"");
+    assert_eq!(status, 200);
+    assert!(served == document, "the served document differs from `serve --openapi`'s");
+    assert_eq!(server.http("GET", "/v1/workflows", None, b"").1["error"]["code"], "unauthorized");
+}
+
+#[test]
+fn every_error_is_json_with_a_stable_code_and_its_status() {
+    let server = Server::start_with(&scratch("serve-errors"), &["--max-upload", "1KiB"]);
+    let token = server.tenant("acme");
+    let code = |(status, answer): (u16, Value)| (status, answer["error"]["code"].as_str().map(str::to_owned));
+    let message = |answer: &Value| answer["error"]["message"].as_str().unwrap_or_default().to_owned();
+
+    // Malformed JSON: where it goes wrong.
+    let (status, answer) = server.http("POST", "/v1/workflows/w/signal", Some(&token), b"{\n  \"topic\": \"a\",\n  ]");
+    assert_eq!(code((status, answer.clone())), (400, Some("invalid".to_owned())));
+    assert!(message(&answer).contains("line 3 column 3"), "{answer}");
+    let (status, answer) = server.http("POST", "/v1/tenants", Some(&server.admin_token()), br#"{"name": 7}"#);
+    assert!(status == 400 && message(&answer).contains("expected a string at line 1 column 10"), "{answer}");
+
+    // A body that says it is not JSON: 415, naming what it said and what to send.
+    let text = "Content-Type: text/plain\r\n";
+    let (status, answer) = server.http_with("POST", "/v1/workflows", Some(&token), text, br#"{"component": "x"}"#);
+    assert_eq!(code((status, answer.clone())), (415, Some("unsupported_media_type".to_owned())));
+    assert!(message(&answer).contains("`text/plain`") && message(&answer).contains("application/json"), "{answer}");
+    // JSON by another name passes.
+    let json = "Content-Type: application/json; charset=utf-8\r\n";
+    let (status, _) = server.http_with("POST", "/v1/workflows", Some(&token), json, br#"{"component": "x"}"#);
+    assert_eq!(status, 404, "no component `x`, but the body was read");
+
+    // Bodies one byte past their bound: 413, naming it.
+    let (status, answer) = server.http("POST", "/v1/workflows", Some(&token), &[b' '; (1 << 20) + 1]);
+    assert_eq!(code((status, answer.clone())), (413, Some("too_large".to_owned())));
+    assert!(message(&answer).contains("over 1048576 bytes"), "{answer}");
+    let (status, answer) = server.http("POST", "/v1/components", Some(&token), &[0; 1025]);
+    assert_eq!(code((status, answer.clone())), (413, Some("too_large".to_owned())));
+    assert!(message(&answer).contains("over 1024 bytes") && message(&answer).contains("`--max-upload`"), "{answer}");
+
+    // Routes that do not exist, and methods a route does not take.
+    for path in ["/v2/workflows", "/v1/workflows/a/b/c", "/"] {
+        let (status, answer) = server.http("GET", path, Some(&token), b"");
+        assert_eq!(code((status, answer.clone())), (404, Some("not_found".to_owned())), "{path}: {answer}");
+        assert!(message(&answer).contains("openapi.json"), "{answer}");
+    }
+    let (status, answer) = server.http("PUT", "/v1/workflows", Some(&token), b"");
+    assert_eq!(code((status, answer)), (405, Some("method_not_allowed".to_owned())));
+    // A path segment that is not UTF-8 once decoded.
+    let (status, answer) = server.http("GET", "/v1/workflows/%FF", Some(&token), b"");
+    assert_eq!(code((status, answer)), (400, Some("invalid".to_owned())));
+
+    // And the server goes on.
+    assert_eq!(server.http("GET", "/v1/workflows", Some(&token), b"").0, 200);
 }

@@ -1,0 +1,204 @@
+//! The API's bodies as types: what the handlers answer, what the OpenAPI document
+//! (`GET /v1/openapi.json`, `docs/openapi.json`) describes, and what a client such as
+//! the `wasmproc` CLI reads back. Each field's doc comment is its description in the
+//! document.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+pub use super::registry::State;
+
+/// Every error the API answers, with its HTTP status.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// An error: a stable code to match on and a message for people.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ErrorDetail {
+    /// A stable code: `invalid` (400: a malformed body, query or path; the message names
+    /// what and where), `unauthorized` (401), `forbidden` (403), `not_found` (404, also
+    /// for what belongs to another tenant), `method_not_allowed` (405), `conflict`,
+    /// `not_running`, `running` (409), `too_large` (413), `unsupported_media_type`
+    /// (415), `invalid_component`, `spawn_failed` (422), `quota`, `rate` (429),
+    /// `internal` (500).
+    pub code: String,
+    /// What is wrong and, where it helps, how to fix it.
+    pub message: String,
+}
+
+/// A tenant's name and bearer token, shown once: only its hash is kept.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct TenantToken {
+    /// The tenant.
+    pub name: String,
+    /// Its bearer token (`wpt_…`); an older one no longer works.
+    pub token: String,
+}
+
+/// The tenants.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct Tenants {
+    /// Their names, in order.
+    pub tenants: Vec<String>,
+}
+
+/// What adding a tenant asks for.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewTenant {
+    /// Its name: 1 to 64 letters, digits, `-`, `_` or `.`.
+    pub name: String,
+}
+
+/// A deployed component.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct Component {
+    /// `sha256:<hex>` of its bytes.
+    pub hash: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its entry methods.
+    pub entries: Vec<String>,
+    /// When the tenant uploaded it, in milliseconds since the Unix epoch.
+    pub uploaded_ms: u64,
+    /// The names (`NAME`, `NAME:TAG`) the tenant gave it.
+    pub names: Vec<String>,
+}
+
+/// One component.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ComponentAnswer {
+    /// The component.
+    pub component: Component,
+}
+
+/// The tenant's components.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct Components {
+    /// Each, by hash.
+    pub components: Vec<Component>,
+}
+
+/// How a workflow ended.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// It completed, with this result.
+    Ok(serde_json::Value),
+    /// It failed.
+    Error(Ended),
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct Ended {
+    /// `normal`, `error`, `trap`, `killed`, `shutdown`, `terminated`, `noproc` or
+    /// `noconnection`.
+    pub reason: String,
+    /// The reason as text.
+    pub message: String,
+}
+
+/// A workflow.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Workflow {
+    /// Its id, unique within the tenant.
+    pub id: String,
+    /// Its component's `sha256:<hex>`.
+    pub component: String,
+    /// Its entry method.
+    pub method: String,
+    /// Its input, as it was given (`null`: none).
+    pub input: Option<serde_json::Value>,
+    /// Its root process.
+    pub pid: u64,
+    /// Where it is in its life.
+    pub state: State,
+    /// When it was started, in milliseconds since the Unix epoch.
+    pub started_ms: u64,
+    /// When it ended (`null` while running).
+    pub ended_ms: Option<u64>,
+    /// Its result once ended (`null` while running).
+    pub result: Option<Outcome>,
+}
+
+/// One workflow.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct WorkflowAnswer {
+    /// The workflow.
+    pub workflow: Workflow,
+}
+
+/// A page of workflows, in id order.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct WorkflowPage {
+    /// The workflows.
+    pub workflows: Vec<Workflow>,
+    /// The id to ask for the next page after (`after=`), if the page was full; `null`
+    /// when there is no more.
+    pub next: Option<String>,
+}
+
+/// A workflow's history, as its journal holds it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct History {
+    /// The workflow's root process and every process spawned under it, in pid order.
+    pub processes: Vec<ProcessHistory>,
+}
+
+/// One process of a workflow's history.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct ProcessHistory {
+    /// The process.
+    pub pid: u64,
+    /// Its spawner (`null` if its spawn record is missing).
+    pub parent: Option<u64>,
+    /// What it was made from: a component's `sha256:<hex>`, or a built-in kind.
+    pub kind: Option<String>,
+    /// Its entry method.
+    pub method: String,
+    /// Steps recorded.
+    pub steps: u64,
+    /// How it ended (`null` while it runs).
+    pub ended: Option<Ended>,
+    /// Its journal's records, one line of text each, in order.
+    pub records: Vec<String>,
+    /// What it waits for, one line each: the commands it yielded that are not
+    /// completed yet. Empty once it has ended.
+    pub waiting_for: Vec<String>,
+}
+
+/// A message for a workflow.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    /// The message's topic (not empty).
+    pub topic: String,
+    /// Its body, any JSON (`null` when absent).
+    #[serde(default)]
+    pub body: serde_json::Value,
+}
+
+/// A signal was delivered to the workflow's mailbox.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct Sent {
+    /// Always `true`.
+    pub sent: bool,
+}
+
+/// A cancel was delivered; termination follows after the server's grace.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct Cancelling {
+    /// Always `true`.
+    pub cancelled: bool,
+}
+
+/// A termination was ordered.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct Terminated {
+    /// Always `true`.
+    pub terminated: bool,
+}
