@@ -460,8 +460,10 @@ async fn new_token(Admin(service): Admin, Segment(name): Segment) -> Answer {
 #[into_params(parameter_in = Query)]
 struct Naming {
     /// A name to start it by: 1 to 64 letters, digits, `-`, `_` or `.`.
+    #[param(pattern = r"^[A-Za-z0-9._-]{1,64}$")]
     name: Option<String>,
-    /// A tag for the name (`NAME:TAG`); takes `name`.
+    /// A tag for the name (`NAME:TAG`), of the same letters; takes `name`.
+    #[param(pattern = r"^[A-Za-z0-9._-]{1,64}$")]
     tag: Option<String>,
 }
 

@@ -133,10 +133,11 @@ impl From<anyhow::Error> for Refusal {
 #[derive(Debug, Clone, serde::Deserialize, serde::Serialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StartRequest {
-    /// The workflow's id; drawn at random when absent. Starting again with the same id
-    /// and the same request answers with the existing workflow; with another request
-    /// it is a conflict.
+    /// The workflow's id (1 to 64 letters, digits, `-`, `_` or `.`); drawn at random
+    /// when absent. Starting again with the same id and the same request answers with
+    /// the existing workflow; with another request it is a conflict.
     #[serde(default)]
+    #[schema(pattern = r"^[A-Za-z0-9._-]{1,64}$")]
     pub id: Option<String>,
     /// The component: `sha256:<hex>`, or a name given at upload (`NAME` or `NAME:TAG`).
     pub component: String,

@@ -50,6 +50,7 @@ pub struct Tenants {
 #[serde(deny_unknown_fields)]
 pub struct NewTenant {
     /// Its name: 1 to 64 letters, digits, `-`, `_` or `.`.
+    #[schema(pattern = r"^[A-Za-z0-9._-]{1,64}$")]
     pub name: String,
 }
 
@@ -176,6 +177,7 @@ pub struct ProcessHistory {
 #[serde(deny_unknown_fields)]
 pub struct SignalRequest {
     /// The message's topic (not empty).
+    #[schema(min_length = 1)]
     pub topic: String,
     /// Its body, any JSON (`null` when absent).
     #[serde(default)]

@@ -5,7 +5,7 @@
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -561,4 +561,149 @@ fn every_error_is_json_with_a_stable_code_and_its_status() {
 
     // And the server goes on.
     assert_eq!(server.http("GET", "/v1/workflows", Some(&token), b"").0, 200);
+}
+
+/// The schemathesis (PyPI) the API is fuzzed with: pinned, so that a new release's new
+/// checks land as a change of this line and not as a failure out of nowhere.
+const SCHEMATHESIS: &str = "4.32.5";
+
+/// `schemathesis`: the one on `PATH` if it is [`SCHEMATHESIS`], else the one installed
+/// once with pip under the target directory (never into the repository or the system).
+fn schemathesis() -> Command {
+    let on_path = Command::new("schemathesis").arg("--version").output();
+    if on_path.is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(SCHEMATHESIS)) {
+        return Command::new("schemathesis");
+    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("schemathesis-{SCHEMATHESIS}"));
+    let script = dir.join("bin/schemathesis");
+    if !script.exists() {
+        // Installed aside and renamed once whole: an interrupted install is not taken
+        // for a complete one.
+        let partial = dir.with_extension("partial");
+        let _ = std::fs::remove_dir_all(&partial);
+        let status = Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
+            .arg(&partial)
+            .arg(format!("schemathesis=={SCHEMATHESIS}"))
+            .stdin(Stdio::null())
+            .status()
+            .expect("python3 runs, to install schemathesis with pip");
+        assert!(
+            status.success(),
+            "pip could not install schemathesis {SCHEMATHESIS} into {} ({status})",
+            partial.display()
+        );
+        std::fs::rename(&partial, &dir).expect("the installed schemathesis is moved in place");
+    }
+    let mut command = Command::new("python3");
+    command.arg(script).env("PYTHONPATH", &dir);
+    command
+}
+
+/// Runs `command` to its end, at most `within`; its exit status and its output (stdout,
+/// then stderr). Killed, and the test failed, past `within`.
+fn bounded(mut command: Command, within: Duration) -> (std::process::ExitStatus, String) {
+    let mut child =
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("it starts");
+    let (mut stdout, mut stderr) = (child.stdout.take().expect("stdout"), child.stderr.take().expect("stderr"));
+    let out = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let err = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let begun = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("its status") {
+            break status;
+        }
+        if begun.elapsed() > within {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("still running after {within:?}, killed:\n{}{}", out.join().unwrap(), err.join().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    (status, format!("{}{}", out.join().expect("stdout read"), err.join().expect("stderr read")))
+}
+
+#[test]
+fn schemathesis_finds_no_server_error_and_no_answer_the_document_does_not_describe() {
+    let dir = scratch("serve-schemathesis");
+    let server = Server::start(&dir.join("data"));
+    let token = server.tenant("acme");
+    let hash = deploy_tour(&server, &token);
+    // Data to reach past the 404s: one running, one completed, one failed.
+    for (id, method, input) in [("w1", "deadline", "600000"), ("w2", "deadline", "1"), ("w3", "fails", "\"boom\"")] {
+        let started = server.client(&token, &["start", "tour", "--id", id, "--method", method, "--input", input]);
+        assert_eq!(started.code, 0, "{}", started.stderr);
+    }
+    for id in ["w2", "w3"] {
+        assert_ne!(server.client(&token, &["result", id, "--wait", "20s"]).code, 4, "{id} ends");
+    }
+    // The real ids and names, used for about half the values schemathesis makes for them.
+    let config = dir.join("schemathesis.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[dictionaries.workflows]
+values = ["w1", "w2", "w3"]
+[dictionaries.components]
+values = ["tour", "{hash}"]
+[dictionaries.methods]
+values = ["deadline", "echo", "fails"]
+[dictionaries.inputs]
+values = [1, 600000]
+[dictionaries.tenants]
+values = ["acme"]
+[parameters]
+"path.id" = {{ dictionary = "workflows", probability = 0.5 }}
+"path.reference" = {{ dictionary = "components", probability = 0.5 }}
+"path.name" = {{ dictionary = "tenants", probability = 0.3 }}
+"query.component" = {{ dictionary = "components", probability = 0.5 }}
+"body.component" = {{ dictionary = "components", probability = 0.8 }}
+"body.method" = {{ dictionary = "methods", probability = 0.8 }}
+"body.input" = {{ dictionary = "inputs", probability = 0.5 }}
+"#
+        ),
+    )
+    .expect("the configuration is written");
+
+    // The tenant's routes with its token, then the admin's with the admin's (which may
+    // rotate the tenant's token: last).
+    let admin = server.admin_token();
+    for (who, bearer, tags) in
+        [("tenant", token.as_str(), ["components", "workflows"]), ("admin", admin.as_str(), ["tenants", "operations"])]
+    {
+        let mut command = schemathesis();
+        command.current_dir(&dir).arg("--no-color").arg("--config-file").arg(&config).args([
+            "run",
+            &format!("{}/v1/openapi.json", server.url()),
+            "--header",
+            &format!("Authorization: Bearer {bearer}"),
+            "--include-tag",
+            tags[0],
+            "--include-tag",
+            tags[1],
+            "--checks",
+            "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,\
+             response_headers_conformance",
+            "--max-examples",
+            "30",
+            "--seed",
+            "1",
+            "--workers",
+            "2",
+            "--request-timeout",
+            "20",
+        ]);
+        let (status, report) = bounded(command, Duration::from_secs(120));
+        assert!(status.success(), "schemathesis, as the {who}, found answers the document does not allow:\n{report}");
+        assert!(report.contains("passed"), "schemathesis, as the {who}, ran no test:\n{report}");
+    }
+    assert_eq!(server.http("GET", "/healthz", None, b"").0, 200, "the server goes on");
 }
