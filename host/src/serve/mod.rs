@@ -1,6 +1,7 @@
 //! The long-lived service (`wasmproc serve`): one data directory, many tenants, workflows
 //! that outlive the server process, and an HTTP API over them ([`Service::router`], an
-//! axum router an embedder may mount in a server of its own).
+//! axum router an embedder may mount in a server of its own, described by the OpenAPI
+//! document [`openapi`] makes, with its bodies' types in [`wire`]).
 //!
 //! A workflow is a root process of one durable scheduler, started through the API with
 //! an id unique within its tenant. Everything a workflow does goes to the journal in

@@ -18,15 +18,56 @@ pub struct ErrorBody {
 /// An error: a stable code to match on and a message for people.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct ErrorDetail {
-    /// A stable code: `invalid` (400: a malformed body, query or path; the message names
-    /// what and where), `unauthorized` (401), `forbidden` (403), `not_found` (404, also
-    /// for what belongs to another tenant), `method_not_allowed` (405), `conflict`,
-    /// `not_running`, `running` (409), `too_large` (413), `unsupported_media_type`
-    /// (415), `invalid_component`, `spawn_failed` (422), `quota`, `rate` (429),
-    /// `internal` (500).
+    /// A stable code, one of `ErrorCode`'s.
+    // Text, so that a client reads a code newer than itself.
+    #[schema(value_type = ErrorCode)]
     pub code: String,
     /// What is wrong and, where it helps, how to fix it.
     pub message: String,
+}
+
+/// The stable codes of errors, with their statuses: `invalid` (400: a malformed body,
+/// query or path; the message names what and where), `unauthorized` (401), `forbidden`
+/// (403), `not_found` (404, also for what belongs to another tenant),
+/// `method_not_allowed` (405), `conflict`, `not_running`, `running` (409), `too_large`
+/// (413), `unsupported_media_type` (415), `invalid_component`, `spawn_failed` (422),
+/// `quota`, `rate` (429), `internal` (500).
+// A new code is a new variant here: the document lists them, and the API's fuzzing fails
+// on a code it does not list.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// 400: a malformed body, query or path, or a value the request may not have.
+    Invalid,
+    /// 401: no token, an unknown one, or one of the wrong kind.
+    Unauthorized,
+    /// 403: a tenant's token where the admin's is needed.
+    Forbidden,
+    /// 404: no such thing, or another tenant's.
+    NotFound,
+    /// 405: the path takes other methods.
+    MethodNotAllowed,
+    /// 409: the name or id is taken, or the tenant still has running workflows.
+    Conflict,
+    /// 409: the workflow has ended (or its mailbox is full).
+    NotRunning,
+    /// 409: the workflow has not ended.
+    Running,
+    /// 413: a body past its bound.
+    TooLarge,
+    /// 415: a body that says it is not JSON.
+    UnsupportedMediaType,
+    /// 422: the bytes are not a wasmproc component.
+    InvalidComponent,
+    /// 422: the scheduler refused the workflow.
+    SpawnFailed,
+    /// 429: the tenant runs as many workflows as it may.
+    Quota,
+    /// 429: the tenant is past its requests a second.
+    Rate,
+    /// 500: the server failed.
+    Internal,
 }
 
 /// A tenant's name and bearer token, shown once: only its hash is kept.
