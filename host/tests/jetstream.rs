@@ -410,3 +410,41 @@ fn a_frozen_node_loses_its_shard_and_writes_nothing_more() {
         assert!(error.to_string().contains("no longer owns"), "{error}");
     }
 }
+
+/// `wasmproc journal ls` and `show` read a journal on JetStream while its host writes it,
+/// without taking it from that host.
+#[test]
+fn the_journal_command_reads_a_journal_on_jetstream_without_taking_it() {
+    let server = Server::start_jetstream().unwrap();
+    let options = JetStreamOptions::new().stream("SHOWN").shard(2);
+    let scheduler = scheduler_on(JetStreamStore::open(&config(&server), &options).unwrap());
+    let done = scheduler.handle().spawn(Spawnable::kind("sleeper"), "main").unwrap();
+    assert_eq!(done.join_timeout(PATIENCE).unwrap(), Ok(Payload::u64(STEPS)));
+    let wasmproc = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wasmproc"))
+            .args(["journal"])
+            .args(args)
+            .args(["--cluster", &server.url(), "--stream", "SHOWN", "--shard", "2"])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, listed, errors) = wasmproc(&["ls"]);
+    assert_eq!(code, Some(0), "{errors}");
+    let pid = done.pid().as_u64().to_string();
+    assert!(listed.contains(&pid), "{listed}");
+    let (code, shown, errors) = wasmproc(&["show", &pid]);
+    assert_eq!(code, Some(0), "{errors}");
+    assert!(shown.contains("sleep 20ms"), "{shown}");
+    let (code, _, errors) = wasmproc(&["show", "12345"]);
+    assert_eq!(code, Some(2), "{errors}");
+    assert!(errors.contains("holds no process 12345"), "{errors}");
+    // The host still owns its journal: reading it claimed nothing.
+    let again = scheduler.handle().spawn(Spawnable::kind("sleeper"), "main").unwrap();
+    assert_eq!(again.join_timeout(PATIENCE).unwrap(), Ok(Payload::u64(STEPS)));
+    scheduler.stop(Duration::from_secs(1));
+}

@@ -11,7 +11,7 @@ use wasmproc::{Capabilities, ExitReason, Exited, Pid, Scheduler, Status};
 
 use super::input::read_app;
 use super::output::{Say, print_now, say_now};
-use super::{EngineArgs, Exit, Failure, runtime, units};
+use super::{ClusterArgs, EngineArgs, Exit, Failure, runtime, units};
 
 /// `wasmproc journal`'s subcommands.
 #[derive(Args, Debug)]
@@ -29,10 +29,15 @@ enum Verb {
     /// leaves it waiting for (a message, or the commands whose completions are not
     /// recorded), which it goes on waiting for when the run resumes. A journal a host is
     /// running is read as it is now.
+    #[command(after_help = "Examples:
+  wasmproc journal ls ./flow.journal
+  wasmproc journal ls --cluster nats://127.0.0.1:4222 --shard 3")]
     Ls {
-        /// The journal's directory (what `run --journal` was given).
-        #[arg(value_name = "DIR")]
-        dir: PathBuf,
+        /// The journal's directory (what `run --journal` was given); or --cluster.
+        #[arg(value_name = "DIR", required_unless_present = "url")]
+        dir: Option<PathBuf>,
+        #[command(flatten)]
+        on: OnJetStream,
     },
     /// Replay every unfinished process of a journal against its records, offline, with
     /// the program that wrote it: what resuming would find, without resuming. Exits 1 if
@@ -51,13 +56,18 @@ enum Verb {
     /// input), every step (its time after the one before, the events it was given, what
     /// it sent and yielded, how it ended) and its exit. Payloads are shown as their text
     /// (JSON as written, text quoted), or as their size and first bytes.
+    #[command(after_help = "Examples:
+  wasmproc journal show ./flow.journal 1
+  wasmproc journal show --cluster nats://127.0.0.1:4222 --shard 3 18441463290690650113")]
     Show {
-        /// The journal's directory.
-        #[arg(value_name = "DIR")]
-        dir: PathBuf,
+        /// The journal's directory; or --cluster, and the pid alone.
+        #[arg(value_name = "DIR", required_unless_present = "url")]
+        dir: Option<PathBuf>,
         /// The process, as `journal ls` lists it.
         #[arg(value_name = "PID")]
-        pid: u64,
+        pid: Option<u64>,
+        #[command(flatten)]
+        on: OnJetStream,
         /// Only its last N records (numbered as in the whole history): what a long-running
         /// process has been doing lately.
         #[arg(long, value_name = "N")]
@@ -103,6 +113,33 @@ enum Verb {
     },
 }
 
+/// Where a journal on a cluster's JetStream is: read only, so the node writing it goes on.
+#[derive(Args, Debug)]
+struct OnJetStream {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// The shard whose journal to read (with --cluster).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "url")]
+    shard: u32,
+    /// The JetStream stream of the journals (with --cluster).
+    #[arg(long, value_name = "NAME", default_value = wasmproc::cluster::DEFAULT_STREAM, requires = "url")]
+    stream: String,
+}
+
+impl OnJetStream {
+    /// The journal it names, if --cluster is given, and how to name it in messages.
+    fn open(&self) -> Result<Option<(Journal, String)>, Failure> {
+        if self.cluster.url.is_none() {
+            return Ok(None);
+        }
+        let config = self.cluster.config()?;
+        let options = wasmproc::cluster::JetStreamOptions::new().stream(&self.stream).shard(self.shard);
+        let store = wasmproc::cluster::JetStreamStore::read_only(&config, &options)
+            .map_err(|e| Failure::new(Exit::Host, format!("cannot read the journal of shard {}: {e:#}", self.shard)))?;
+        Ok(Some((Journal::with_store(store), format!("shard {} of stream `{}`", self.shard, self.stream))))
+    }
+}
+
 /// The reason a run's processes are given by `journal cancel`: an SDK guest's entry ends
 /// with `cancelled: {CANCEL_REASON}`.
 const CANCEL_REASON: &str = "by `wasmproc journal cancel`";
@@ -112,38 +149,44 @@ const AFTER_TERMINATE: Duration = Duration::from_secs(5);
 
 impl JournalCommand {
     pub(super) fn execute(self) -> Result<ExitCode, Failure> {
-        let (dir, pid, last) = match &self.command {
-            Verb::Ls { dir } => (dir, None, None),
-            Verb::Show { dir, pid, last } => (dir, Some(Pid::from_u64(*pid)), *last),
+        let (dir, pid, last, on) = match &self.command {
+            Verb::Ls { dir, on } => (dir.as_deref(), None, None, on),
+            Verb::Show { dir, pid, last, on } => {
+                // With --cluster there is no directory: a lone number is the pid.
+                let (dir, pid) = match (dir, pid, on.cluster.url.is_some()) {
+                    (Some(dir), None, true) => match dir.to_str().and_then(|d| d.parse::<u64>().ok()) {
+                        Some(pid) => (None, Some(pid)),
+                        None => (Some(dir.as_path()), None),
+                    },
+                    (dir, pid, _) => (dir.as_deref(), *pid),
+                };
+                let pid = pid.ok_or_else(|| Failure::new(Exit::Usage, "`journal show` needs the PID to show"))?;
+                (dir, Some(Pid::from_u64(pid)), *last, on)
+            }
             Verb::Verify { dir, app, engine } => return verify(dir, app, engine),
             Verb::Cancel { dir, app, grace, engine } => return cancel(dir, app, *grace, engine),
             Verb::Forget { dir } => return forget(dir),
         };
-        if !dir.is_dir() {
-            return Err(Failure::new(Exit::Usage, format!("no journal in `{}`: not a directory", dir.display())));
-        }
-        let history = match Journal::open(dir) {
-            Ok(journal) => journal.history(),
-            // A host is running it: a log is read as it is now, without its lock (a
-            // journal in fjall cannot be, and the refusal stands).
-            Err(busy) if busy.kind() == std::io::ErrorKind::ResourceBusy => match LogStore::read_now(dir) {
-                Ok(store) => {
-                    say_now(Say::Notice, "a host is running this journal: what follows is as of now");
-                    Journal::with_store(store).history()
-                }
-                Err(_) => Err(busy),
-            },
-            Err(error) => Err(error),
+        let (history, name) = match (on.open()?, dir) {
+            (Some(_), Some(dir)) => {
+                return Err(Failure::new(
+                    Exit::Usage,
+                    format!("`{}` and --cluster both name a journal: give one", dir.display()),
+                ));
+            }
+            (Some((journal, name)), None) => (journal.history(), name),
+            (None, Some(dir)) => (local_history(dir)?, format!("`{}`", dir.display())),
+            (None, None) => return Err(Failure::new(Exit::Usage, "name the journal: its DIR, or --cluster URL")),
         };
-        let history = history
-            .map_err(|e| Failure::new(Exit::Host, format!("cannot read the journal in `{}`: {e}", dir.display())))?;
+        let history =
+            history.map_err(|e| Failure::new(Exit::Host, format!("cannot read the journal in {name}: {e}")))?;
         let text = match pid {
             None => list(&history),
             Some(pid) => {
                 let Some(process) = history.iter().find(|h| h.pid == pid) else {
                     return Err(Failure::new(
                         Exit::Usage,
-                        format!("the journal in `{}` holds no process {pid}: `journal ls` lists them", dir.display()),
+                        format!("the journal in {name} holds no process {pid}: `journal ls` lists them"),
                     ));
                 };
                 let skip = last.map_or(0, |last| process.records.len().saturating_sub(last));
@@ -153,6 +196,26 @@ impl JournalCommand {
         print_now(&text).map_err(|_| Failure::new(Exit::StdoutClosed, "stdout was closed"))?;
         Ok(Exit::Success.into())
     }
+}
+
+/// The history of the journal in `dir`, as it is now even if a host is running it.
+fn local_history(dir: &Path) -> Result<std::io::Result<Vec<History>>, Failure> {
+    if !dir.is_dir() {
+        return Err(Failure::new(Exit::Usage, format!("no journal in `{}`: not a directory", dir.display())));
+    }
+    Ok(match Journal::open(dir) {
+        Ok(journal) => journal.history(),
+        // A host is running it: a log is read as it is now, without its lock (a journal
+        // in fjall cannot be, and the refusal stands).
+        Err(busy) if busy.kind() == std::io::ErrorKind::ResourceBusy => match LogStore::read_now(dir) {
+            Ok(store) => {
+                say_now(Say::Notice, "a host is running this journal: what follows is as of now");
+                Journal::with_store(store).history()
+            }
+            Err(_) => Err(busy),
+        },
+        Err(error) => Err(error),
+    })
 }
 
 /// Loads `app` as `run` would, to replay a journal's run with it: a WASI command has no

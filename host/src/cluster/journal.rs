@@ -167,6 +167,25 @@ impl JetStreamStore {
     /// API or subjects), an existing stream of that name does not carry the subject or
     /// does not allow atomic batches, or the subject holds what this store cannot read.
     pub fn open(config: &ClusterConfig, options: &JetStreamOptions) -> anyhow::Result<JetStreamStore> {
+        let store = Self::connect(config, options, true)?;
+        store.claim()?;
+        Ok(store)
+    }
+
+    /// Opens the journal to read it only (`wasmproc journal ls` and `show` of a running
+    /// cluster): it claims nothing, so whoever writes the journal goes on, and every
+    /// commit is refused.
+    ///
+    /// # Errors
+    ///
+    /// As [`JetStreamStore::open`]; also when the stream does not exist.
+    pub fn read_only(config: &ClusterConfig, options: &JetStreamOptions) -> anyhow::Result<JetStreamStore> {
+        let store = Self::connect(config, options, false)?;
+        store.state.lock().failed = Some("it was opened to be read only".to_owned());
+        Ok(store)
+    }
+
+    fn connect(config: &ClusterConfig, options: &JetStreamOptions, create: bool) -> anyhow::Result<JetStreamStore> {
         anyhow::ensure!(
             !options.stream.is_empty()
                 && options.stream.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
@@ -191,9 +210,20 @@ impl JetStreamStore {
         let (client, context) = io.run(async move {
             let client = connect(&config, None).await?;
             let context = jetstream::new(client.clone());
-            let mut stream = context.get_or_create_stream(stream_config).await.map_err(|e| {
-                anyhow::anyhow!("cannot create or find the journal's stream (is JetStream enabled on the server?): {e}")
-            })?;
+            let name = stream_config.name.clone();
+            let mut stream = if create {
+                context.get_or_create_stream(stream_config).await.map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot create or find the journal's stream `{name}` (is JetStream enabled on the server?): {e}"
+                    )
+                })?
+            } else {
+                context.get_stream(&name).await.map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot find the journal's stream `{name}` (is JetStream enabled on the server?): {e}"
+                    )
+                })?
+            };
             let info = stream.info().await.map_err(|e| anyhow::anyhow!("cannot read the journal's stream: {e}"))?;
             anyhow::ensure!(
                 info.config.subjects.contains(&subjects),
@@ -212,7 +242,7 @@ impl JetStreamStore {
         let part_size = (client.server_info().max_payload.saturating_sub(HEADROOM)).max(1024);
         let mut nonce = [0u8; 8];
         getrandom::fill(&mut nonce).map_err(|e| anyhow::anyhow!("no randomness for the journal's message ids: {e}"))?;
-        let store = JetStreamStore {
+        Ok(JetStreamStore {
             io,
             context,
             client,
@@ -228,9 +258,7 @@ impl JetStreamStore {
                 nonce: nonce.iter().map(|b| format!("{b:02x}")).collect(),
                 published: 0,
             }),
-        };
-        store.claim()?;
-        Ok(store)
+        })
     }
 
     /// Reads the subject to its end and writes an empty commit after what it read: from
