@@ -104,7 +104,7 @@ pub fn run(options: &Options, report: &mut Report) {
 /// Built with this bench named beside it: cargo then resolves features as for this
 /// bench's own build, and reuses what that build compiled. A build of the binary alone
 /// resolves them for the host package alone, and compiles a second wasmtime (minutes).
-fn build_wasmproc() -> PathBuf {
+pub(crate) fn build_wasmproc() -> PathBuf {
     // This bench is `<target>/release/deps/all-<hash>`.
     let exe = std::env::current_exe().expect("the bench knows its path");
     let profile_dir = exe.parent().and_then(Path::parent).expect("<target>/<profile>/deps");

@@ -39,6 +39,8 @@
 //! - [`idle`]: memory per idle process, each count in a child process;
 //! - [`languages`]: Rust, Python and JavaScript guests side by side;
 //! - [`cli`]: `wasmproc run` against `wasmtime run`, cold;
+//! - [`service`]: `wasmproc serve`'s HTTP API against the library, and against Restate
+//!   when node and npm can install it;
 //! - [`plot`]: the SVGs drawn from what the others measured.
 
 mod cli;
@@ -51,6 +53,7 @@ mod languages;
 mod links;
 mod plot;
 mod scheduler;
+mod service;
 mod supervision;
 mod tail;
 mod wasm;
@@ -95,6 +98,7 @@ fn main() {
     idle::run(&options, &mut report, &mut plots);
     languages::run(&options, &mut report);
     cli::run(&options, &mut report);
+    service::run(&options, &mut report);
     let load_after = load_average();
     let steal = cpu_times().zip(cpu_before).map(|(after, before)| after.steal_since(&before));
 
