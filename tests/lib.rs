@@ -139,6 +139,8 @@ impl Process for Scripted {
 pub mod guests {
     /// `examples-wasm/bench`.
     pub const BENCH: &str = env!("GUEST_BENCH");
+    /// `examples-wasm/counter`.
+    pub const COUNTER: &str = env!("GUEST_COUNTER");
     /// `examples-wasm/durable`.
     pub const DURABLE: &str = env!("GUEST_DURABLE");
     /// `examples-wasm/fan-out`.

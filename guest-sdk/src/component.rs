@@ -74,7 +74,11 @@ pub fn init(table: &[Entry], pid: u64, method: String, input: Vec<wit::Payload>)
         table.iter().find(|entry| entry.name == method).ok_or_else(|| format!("unknown entry method `{method}`"))?;
     crate::logger::install();
     let mut executor = Executor::new(crate::host::identity(Pid::from_u64(pid)));
-    let input = input.into_iter().map(Payload::from).collect();
+    let mut input: Vec<Payload> = input.into_iter().map(Payload::from).collect();
+    if let Some(at) = input.iter().position(|p| p.format.as_str() == crate::service::WORKFLOW_ID_FORMAT) {
+        let workflow = input.remove(at);
+        executor.shared().set_workflow(String::from_utf8_lossy(&workflow.data).into_owned());
+    }
     let task = (entry.start)(Ctx::new(executor.shared()), input)
         .map_err(|error| format!("invalid input for entry method `{method}`: {error:#}"))?;
     executor.start(task);

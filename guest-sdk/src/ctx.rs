@@ -124,8 +124,12 @@ impl Ctx {
         let what = Cow::Owned(format!("spawning `{method}`"));
         match Payload::json(&input) {
             Ok(input) => {
-                let command =
-                    Command::Spawn { kind, method: method.to_owned(), input: vec![input], monitor: true, link };
+                let mut inputs = vec![input];
+                // A workflow's children belong to it too: they learn its id the same way.
+                if let Some(workflow) = self.shared.workflow() {
+                    inputs.push(crate::service::workflow_payload(workflow));
+                }
+                let command = Command::Spawn { kind, method: method.to_owned(), input: inputs, monitor: true, link };
                 self.command(command, what, decode_pid)
             }
             Err(error) => self.unserialisable(error, what, decode_pid),
@@ -321,6 +325,10 @@ impl Ctx {
 
     pub(crate) fn shared(&self) -> Rc<Shared> {
         self.shared.clone()
+    }
+
+    pub(crate) fn shared_ref(&self) -> &Shared {
+        &self.shared
     }
 
     /// Ends process `pid` with the result `error("terminated")`; resolves once it has ended.

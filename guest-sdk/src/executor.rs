@@ -139,6 +139,9 @@ pub(crate) struct Identity {
 /// await, so the task and the executor never hold it at once.
 pub(crate) struct Shared {
     identity: Identity,
+    /// The id of the workflow the process belongs to, when the service started it (see
+    /// [`crate::Ctx::workflow_id`]); set once, at `init`.
+    workflow: std::cell::OnceCell<String>,
     state: RefCell<State>,
 }
 
@@ -178,6 +181,16 @@ impl Shared {
     /// The process's own pid.
     pub(crate) fn pid(&self) -> Pid {
         self.identity.pid
+    }
+
+    /// The id of the workflow the process belongs to, if any.
+    pub(crate) fn workflow(&self) -> Option<&str> {
+        self.workflow.get().map(String::as_str)
+    }
+
+    /// Sets the id of the workflow the process belongs to (once, at `init`).
+    pub(crate) fn set_workflow(&self, id: String) {
+        let _ = self.workflow.set(id);
     }
 
     /// Queues `command` as a yield; its completion will wake `waker`. `Err(reason)`, and
@@ -223,8 +236,13 @@ impl Shared {
     /// Takes the oldest message whose topic is `topic` (any topic for `None`), leaving the
     /// others queued. With none queued: `Err(reason)` once the process is cancelled,
     /// otherwise `waker` is woken when a message arrives.
+    /// Any topic leaves out the service's requests, which only
+    /// [`crate::Ctx::next_workflow_request`] takes.
     pub(crate) fn poll_message(&self, topic: Option<&str>, waker: &Waker) -> Poll<Waited<Message>> {
-        self.poll_message_where(|t| topic.is_none_or(|wanted| t == wanted), waker)
+        match topic {
+            Some(wanted) => self.poll_message_where(|t| t == wanted, waker),
+            None => self.poll_message_where(|t| !t.starts_with(crate::service::TOPIC_PREFIX), waker),
+        }
     }
 
     /// The oldest message whose topic `wanted` accepts; the others stay queued in order.
@@ -391,7 +409,8 @@ impl Executor {
     pub(crate) fn new(identity: Identity) -> Self {
         let awake = Arc::new(Awake(AtomicBool::new(false)));
         let waker = Waker::from(awake.clone());
-        Executor { shared: Rc::new(Shared { identity, state: RefCell::default() }), task: None, awake, waker }
+        let shared = Shared { identity, workflow: std::cell::OnceCell::new(), state: RefCell::default() };
+        Executor { shared: Rc::new(shared), task: None, awake, waker }
     }
 
     /// The state the task's [`crate::Ctx`] works on.

@@ -55,6 +55,45 @@
 //! `log::info!` and its siblings in a guest write there, tagged with the process's pid,
 //! as [`Ctx::log`] does.
 //!
+//! # Workflows of `wasmproc serve`
+//!
+//! A process the service started as a workflow (and every process it spawns) knows the
+//! workflow's id ([`Ctx::workflow_id`]); its root process takes the requests callers send
+//! it ([`Ctx::next_workflow_request`]) and answers each with
+//! [`WorkflowRequest::respond`] while the caller waits; and [`Ctx::recv_signal`] receives
+//! a signal's JSON body as a serde type. The contract is the same as for any process: the
+//! id arrives as a payload of format `wasmproc-workflow-id` after the entry's input (the
+//! SDK takes it out, and passes it on to the children it spawns), a request as a message
+//! from the host on topic `wasmproc:request:ID:TOPIC`, and an answer leaves as the custom
+//! command `workflow.answer`, which the service records before the caller sees it.
+//!
+//! ```
+//! use wasmproc_guest::prelude::*;
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Add {
+//!     by: u64,
+//! }
+//!
+//! /// Answers `get` with the count; the signal `add` adds to it.
+//! #[entry]
+//! async fn counter(ctx: Ctx, start: u64) -> Result<u64> {
+//!     let mut count = start;
+//!     log::info!("counting in workflow {}", ctx.workflow_id().unwrap_or("(none)"));
+//!     loop {
+//!         match select(ctx.next_workflow_request(), ctx.recv_signal::<Add>("add")).await {
+//!             Either::Left(request) => request?.respond(Ok::<_, Error>(count)).await?,
+//!             Either::Right(Ok(add)) => count += add.by,
+//!             Either::Right(Err(Error::Payload(why))) => log::warn!("{why}"),
+//!             Either::Right(Err(other)) => return Err(other.into()),
+//!         }
+//!     }
+//! }
+//!
+//! wasmproc_guest::export!(counter);
+//! # fn main() {}
+//! ```
+//!
 //! # How it runs
 //!
 //! The host drives a process in steps. `init` decodes the input and creates the entry's
@@ -78,6 +117,7 @@ mod host;
 mod logger;
 mod payload;
 mod providers;
+mod service;
 pub mod supervisor;
 
 pub use anyhow;
@@ -89,6 +129,7 @@ pub use crate::payload::{DecodeError, ExitReason, Format, Level, LinkedExit, Mes
 pub use crate::providers::{
     DirEntry, Fs, Http, Keys, Kv, NextRequest, Request as HttpRequest, Response, ServeRequest, Versioned,
 };
+pub use crate::service::{NextWorkflowRequest, RecvSignal, WorkflowRequest};
 
 /// Makes an `async fn` an entry method of the component.
 ///

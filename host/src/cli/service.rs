@@ -1,6 +1,6 @@
 //! `wasmproc serve`, the long-lived service, and the client commands that speak its API:
-//! `deploy`, `start`, `status`, `result`, `signal`, `cancel`, `terminate`, `ps`,
-//! `forget` and `tenant`.
+//! `deploy`, `start`, `status`, `result`, `signal`, `request`, `cancel`, `terminate`,
+//! `ps`, `forget` and `tenant`.
 //!
 //! A client command prints what the server answered: a line or a table by default, the
 //! API's JSON with `--json`. Its exit code is `run`'s: 0 for a workflow that completed
@@ -73,6 +73,10 @@ pub(crate) struct Serve {
     /// `docs/openapi.json` in the repository) and exit, without serving.
     #[arg(long, exclusive = true)]
     openapi: bool,
+    /// The most requests one workflow may have unanswered (recorded and not yet
+    /// answered); past it a request is refused (429).
+    #[arg(long, value_name = "N", default_value_t = 1_000, value_parser = super::units::positive)]
+    max_pending_requests: usize,
 }
 
 impl Serve {
@@ -93,6 +97,7 @@ impl Serve {
         config.max_upload = self.max_upload;
         config.retention = (!self.retention.is_zero()).then_some(self.retention);
         config.max_running = self.max_running;
+        config.max_pending_requests = self.max_pending_requests;
         if self.rate == 0 {
             return Err(Failure::new(Exit::Usage, "--rate must be at least 1 request a second"));
         }
@@ -179,6 +184,10 @@ pub(crate) enum ClientCommand {
     History(Call<HistoryArgs>),
     /// Send a workflow a message on TOPIC, with a JSON body.
     Signal(Call<SignalArgs>),
+    /// Send a workflow a request on TOPIC, with a JSON body, and print its answer (exit
+    /// code 1 if it answered with an error or ended without answering, 4 if no answer
+    /// came in time).
+    Request(Call<RequestArgs>),
     /// Cancel a workflow: a cancel event, then termination after the server's grace.
     Cancel(Call<CancelArgs>),
     /// Terminate a workflow at once.
@@ -256,6 +265,27 @@ pub(crate) struct SignalArgs {
     pub(crate) topic: String,
     /// The body, as JSON (`null` if absent).
     pub(crate) body: Option<String>,
+}
+
+/// The arguments of `request`.
+#[derive(Args, Debug)]
+pub(crate) struct RequestArgs {
+    /// The workflow's id.
+    pub(crate) id: String,
+    /// The request's topic.
+    pub(crate) topic: String,
+    /// The body, as JSON (`null` if absent).
+    pub(crate) body: Option<String>,
+    /// The request's id: asking again with the same id never delivers the request twice,
+    /// and gets its answer once there is one (after a restart of the server too). Drawn
+    /// at random if absent (the server's answer names it).
+    #[arg(long, value_name = "ID")]
+    pub(crate) request_id: Option<String>,
+    /// Wait at most this long for the answer (the server bounds one wait at its
+    /// `--max-wait`, 60 s; a longer wait asks again with the same id); exit code 4 if
+    /// none came.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::units::duration)]
+    pub(crate) timeout: Duration,
 }
 
 /// The arguments of `cancel`.
@@ -433,6 +463,7 @@ impl ClientCommand {
             ClientCommand::Result(call) => &call.client,
             ClientCommand::History(call) => &call.client,
             ClientCommand::Signal(call) => &call.client,
+            ClientCommand::Request(call) => &call.client,
             ClientCommand::Cancel(call) => &call.client,
             ClientCommand::Terminate(call) => &call.client,
             ClientCommand::Ps(call) => &call.client,
@@ -504,6 +535,7 @@ impl ClientCommand {
                     .ok()?;
                 shown(&answer, format!("sent `{topic}` to {id}"))?;
             }
+            ClientCommand::Request(Call { what, .. }) => return request(&http, what),
             ClientCommand::Cancel(Call { what: CancelArgs { id }, .. }) => {
                 let answer = http.post(&format!("/v1/workflows/{}/cancel", escape(&id)), json!({}))?.ok()?;
                 shown(&answer, format!("cancelling {id}"))?;
@@ -599,6 +631,48 @@ fn result(http: &Http, id: &str, wait: Option<Duration>, json_out: bool) -> Resu
                 print(&body)?;
             }
             return Err(Failure::new(Exit::Timeout, format!("workflow {id} is still running")));
+        }
+    }
+}
+
+/// `request ID TOPIC [JSON]`: the answer on stdout (JSON), an error answer on stderr with
+/// exit code 1, or exit code 4 if no answer came before `--timeout`.
+fn request(http: &Http, args: RequestArgs) -> Result<ExitCode, Failure> {
+    let RequestArgs { id, topic, body, request_id, timeout } = args;
+    let body = body.map(|text| json_arg("the body", &text)).transpose()?.unwrap_or(Value::Null);
+    let deadline = std::time::Instant::now() + timeout;
+    let mut request_id = request_id;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let asked = left.min(Duration::from_secs(60));
+        let path = format!("/v1/workflows/{}/request?timeout={}ms", escape(&id), asked.as_millis());
+        let answer = http.post(&path, json!({"id": request_id, "topic": topic, "body": body}))?;
+        match answer.status {
+            200 => {
+                print(&answer.body)?;
+                return Ok(Exit::Success.into());
+            }
+            410 | 422 => {
+                let message = answer.body["error"]["message"].as_str().unwrap_or("the server gave no reason");
+                say_now(Say::Error, message);
+                return Ok(Exit::ProcessFailed.into());
+            }
+            202 => {
+                let named = answer.body["request"]["id"].as_str().map(str::to_owned);
+                request_id = request_id.or(named);
+                if left <= asked {
+                    return Err(Failure::new(
+                        Exit::Timeout,
+                        format!(
+                            "workflow {id} has not answered request `{}` yet; ask again with `--request-id {0}`",
+                            request_id.as_deref().unwrap_or("?")
+                        ),
+                    ));
+                }
+            }
+            _ => {
+                answer.ok()?;
+            }
         }
     }
 }

@@ -87,6 +87,7 @@
 mod committer;
 mod history;
 mod log;
+mod now;
 mod read;
 mod record;
 mod runs;
@@ -100,6 +101,7 @@ pub use self::committer::{CommitError, CommitStats};
 pub(crate) use self::committer::{Committer, OnCommit};
 pub use self::history::History;
 pub use self::log::{LOG_VERSION, LogStore};
+pub use self::now::{PendingCommand, ProcessNow};
 pub(crate) use self::read::Recorded;
 pub(crate) use self::record::{Record, SpawnRecord, StepRecord, now_micros};
 pub use self::runs::{FinishedRun, HeldRun};

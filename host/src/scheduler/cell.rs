@@ -21,11 +21,11 @@ use super::registry::Member;
 use super::remote::Notify;
 use super::shared::Shared;
 use super::state::{Lifecycle, State, Waiting, Wake};
-use crate::error::PortError;
+use crate::error::{MailboxLimit, PortError, SendError};
 use crate::handler::{Completer, Release};
 use crate::limits::{Limits, Lineage};
 use crate::process::{Port, PortTarget, Process};
-use crate::step::{Event, Outcome};
+use crate::step::{Event, Outcome, message_size};
 
 /// Someone to tell when a process ends.
 pub(super) enum Watcher {
@@ -160,6 +160,18 @@ impl ProcessCell {
         let bound = MailboxBound { messages: self.spec.mailbox_capacity, bytes: self.spec.mailbox_bytes };
         self.inbox.push_identified(event, bound, id)?;
         Ok(self.state.wake())
+    }
+
+    /// Whether a message of `topic` and `body` would fit the mailbox now (see
+    /// [`Handle::check_room`](super::Handle::check_room)).
+    pub(super) fn check_room(&self, topic: &str, body: &Payload) -> Result<(), SendError> {
+        let bound = MailboxBound { messages: self.spec.mailbox_capacity, bytes: self.spec.mailbox_bytes };
+        let pid = self.pid;
+        self.inbox.check_room(message_size(topic, body), bound).map_err(|refused| match refused {
+            Refused::Closed => SendError::Closed(pid),
+            Refused::Full { capacity } => SendError::MailboxFull { pid, limit: MailboxLimit::Messages(capacity) },
+            Refused::FullBytes { limit } => SendError::MailboxFull { pid, limit: MailboxLimit::Bytes(limit) },
+        })
     }
 
     /// Runs `f` on the process. `None` if it has been closed.

@@ -240,6 +240,27 @@ impl Handle {
         cells.iter().filter(|cell| self.shared.terminate_cell_because(cell, exited.clone()).is_ok()).count()
     }
 
+    /// The process that spawned `pid` ([`Pid::HOST`] for one the embedder spawned);
+    /// `None` if no such process is alive.
+    pub fn parent_of(&self, pid: Pid) -> Option<Pid> {
+        self.shared.registry.get(pid).map(|cell| cell.spec.parent)
+    }
+
+    /// Whether `pid`'s mailbox has room now for a message of `topic` and `body`: the
+    /// check a send makes, without sending. A durable scheduler records the embedder's
+    /// messages before it delivers them, and cannot report a full mailbox then; an
+    /// embedder that must know asks first (another sender may fill the room between the
+    /// question and the send).
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::NotFound`], [`SendError::Closed`] or [`SendError::MailboxFull`], as
+    /// a send would fail now.
+    pub fn check_room(&self, pid: Pid, topic: &str, body: &Payload) -> Result<(), SendError> {
+        let cell = self.shared.registry.get(pid).ok_or(SendError::NotFound(pid))?;
+        cell.check_room(topic, body)
+    }
+
     /// Processes alive now.
     pub fn live(&self) -> usize {
         self.shared.live.load(Ordering::Acquire)

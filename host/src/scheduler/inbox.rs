@@ -175,6 +175,22 @@ impl<W> Inbox<W> {
         Ok(())
     }
 
+    /// Whether a message of `size` bytes would be taken now under `bound`, as
+    /// [`Inbox::push`] decides, without taking it.
+    pub(super) fn check_room(&self, size: usize, bound: MailboxBound) -> Result<(), Refused> {
+        let inner = self.inner.lock();
+        if inner.closed {
+            return Err(Refused::Closed);
+        }
+        if inner.messages >= bound.messages {
+            return Err(Refused::Full { capacity: bound.messages });
+        }
+        if inner.bytes + size > bound.bytes && inner.messages != 0 {
+            return Err(Refused::FullBytes { limit: bound.bytes });
+        }
+        Ok(())
+    }
+
     /// Moves every pending event into `buf` (which must be empty) by swapping buffers,
     /// so neither side reallocates in the steady state.
     pub(super) fn drain_into(&self, buf: &mut Vec<Event>) {

@@ -26,6 +26,7 @@
 //! | `GET /v1/workflows/{id}/result?wait=30s` | its result: 200 once ended, 202 while running after the wait |
 //! | `GET /v1/workflows/{id}/history` | its journal: each process of it, its records and what it waits for |
 //! | `POST /v1/workflows/{id}/signal` `{"topic", "body"?}` | sends it a message |
+//! | `POST /v1/workflows/{id}/request?timeout=30s` `{"id"?, "topic", "body"?}` | a message it answers: 200 with the answer as the body; 202 while unanswered after the wait (ask again with the same id); 410 if it ended without answering; 422 if it answered with an error |
 //! | `POST /v1/workflows/{id}/cancel` | a cancel event, then termination after the grace |
 //! | `POST /v1/workflows/{id}/terminate` | ends it at once |
 //! | `DELETE /v1/workflows/{id}` | forgets an ended workflow and its history |
@@ -49,9 +50,10 @@ use utoipa_axum::routes;
 
 use super::wire::{
     Cancelling, Component, ComponentAnswer, Components, Ended, ErrorBody, ErrorDetail, History, NewTenant, Outcome,
-    ProcessHistory, Sent, SignalRequest, TenantToken, Tenants, Terminated, Workflow, WorkflowAnswer, WorkflowPage,
+    PendingRequest, ProcessHistory, RequestPending, Sent, SignalRequest, TenantToken, Tenants, Terminated, Workflow,
+    WorkflowAnswer, WorkflowPage, WorkflowRequest,
 };
-use super::{ComponentRecord, Filter, Refusal, Service, ServiceConfig, StartRequest, WorkflowRecord};
+use super::{Answered, ComponentRecord, Filter, Refusal, Service, ServiceConfig, StartRequest, WorkflowRecord};
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
@@ -334,6 +336,7 @@ fn routes(limits: &ServiceConfig) -> OpenApiRouter<Service> {
         .routes(routes!(result))
         .routes(routes!(history))
         .routes(routes!(signal).layer(body))
+        .routes(routes!(request).layer(body))
         .routes(routes!(cancel))
         .routes(routes!(terminate))
 }
@@ -641,7 +644,8 @@ async fn history(Asker { service, tenant }: Asker, Segment(id): Segment) -> Answ
     request_body = SignalRequest,
     responses(
         (status = 202, description = "In its mailbox", body = Sent),
-        (status = 400, description = "`invalid`: an unreadable path, malformed JSON, an empty topic", body = ErrorBody),
+        (status = 400, description = "`invalid`: an unreadable path, malformed JSON, an empty topic, or one \
+            beginning with `wasmproc:`", body = ErrorBody),
         (status = 404, description = "`not_found`: the tenant has no such workflow", body = ErrorBody),
         (status = 409, description = "`not_running`: it has ended, or its mailbox is full", body = ErrorBody),
         WithJson,
@@ -703,4 +707,91 @@ async fn terminate(Asker { service, tenant }: Asker, Segment(id): Segment) -> An
 async fn forget(Asker { service, tenant }: Asker, Segment(id): Segment) -> Answer {
     blocking(move || service.forget(&tenant, &id)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct RequestQuery {
+    /// Wait at most this long for the answer (`30s`, `500ms`; the server bounds it at
+    /// 60 s); 30 s when absent.
+    timeout: Option<String>,
+}
+
+/// The header that carries a request's id when the body does not.
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// The header that names the request an answer is to.
+const REQUEST_ID: &str = "wasmproc-request-id";
+
+/// Sends a workflow a request, a message it answers, and waits for the answer.
+///
+/// The request is recorded before it is delivered and the answer before it is given, so
+/// asking again with the same id never delivers it twice and gets the answer given, after
+/// a restart of the server too.
+#[utoipa::path(post, path = "/v1/workflows/{id}/request", tag = "workflows", security(("bearer" = [])),
+    params(
+        ("id" = String, Path, description = "The workflow's id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "The request's id, if the body has none"),
+        RequestQuery,
+    ),
+    request_body = WorkflowRequest,
+    responses(
+        (status = 200, description = "The workflow's answer, as it gave it (any JSON); the header \
+            `wasmproc-request-id` names the request", body = serde_json::Value),
+        (status = 202, description = "No answer yet after the wait: ask again with the same id", body = RequestPending),
+        (status = 400, description = "`invalid`: an unreadable path, malformed JSON, an empty topic, an invalid \
+            id, ids in the body and the header that differ, or a `timeout` that is no duration", body = ErrorBody),
+        (status = 404, description = "`not_found`: the tenant has no such workflow", body = ErrorBody),
+        (status = 409, description = "`conflict`: the id was used with another topic or body; `not_running`: \
+            the workflow has ended", body = ErrorBody),
+        (status = 410, description = "`unanswered`: the workflow ended without answering", body = ErrorBody),
+        (status = 422, description = "`request_failed`: the workflow answered with an error", body = ErrorBody),
+        (status = 429, description = "`mailbox_full`: its mailbox is full; `too_many_requests`: it has the most \
+            unanswered requests it may have (`--max-pending-requests`)", body = ErrorBody),
+        WithJson,
+        AsTenant,
+    ))]
+async fn request(
+    Asker { service, tenant }: Asker,
+    Segment(id): Segment,
+    asked: Result<Query<RequestQuery>, QueryRejection>,
+    headers: HeaderMap,
+    JsonBody(mut ask): JsonBody<WorkflowRequest>,
+) -> Answer {
+    if let Some(key) = headers.get(IDEMPOTENCY_KEY) {
+        let key = key.to_str().map_err(|_| Refusal::invalid("the `Idempotency-Key` header is not text"))?;
+        match &ask.id {
+            Some(given) if given != key => {
+                return Err(Refusal::invalid(format!(
+                    "the request's `id` `{given}` and its `Idempotency-Key` `{key}` differ; give one"
+                )));
+            }
+            _ => ask.id = Some(key.to_owned()),
+        }
+    }
+    let timeout = match query(asked)?.timeout {
+        Some(text) => humantime::parse_duration(&text)
+            .map_err(|e| Refusal::invalid(format!("invalid `timeout` `{text}` ({e}): a duration such as `30s`")))?,
+        None => Duration::from_secs(30),
+    };
+    let submitted = blocking({
+        let (service, tenant, id) = (service.clone(), tenant.clone(), id.clone());
+        move || service.submit_request(&tenant, &id, ask)
+    })
+    .await?;
+    let request_id = submitted.id.clone();
+    let named = [(REQUEST_ID, request_id.clone())];
+    match service.await_answer(submitted, timeout).await? {
+        Answered::Ok(value) => Ok((StatusCode::OK, named, Json(value)).into_response()),
+        Answered::Error(error) => Err(Refusal::new(
+            422,
+            "request_failed",
+            format!("workflow `{id}` answered request `{request_id}` with an error: {error}"),
+        )),
+        Answered::Pending => {
+            let pending = RequestPending { request: PendingRequest { id: request_id, state: "pending".to_owned() } };
+            Ok((StatusCode::ACCEPTED, named, Json(pending)).into_response())
+        }
+    }
 }

@@ -24,6 +24,7 @@ mod api;
 mod code;
 mod metrics;
 mod registry;
+mod requests;
 pub mod wire;
 
 use std::collections::{HashMap, HashSet};
@@ -34,17 +35,22 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use parking_lot::{Mutex, RwLock};
-use wasmproc_types::{ExitReason, Payload, Pid};
+use wasmproc_types::{ExitReason, Format, Payload, Pid};
 
 pub use self::api::openapi;
 use self::code::{Code, Kinds, sha256_hex};
 use self::registry::Registry;
 pub use self::registry::{ComponentRecord, State, Tenant, WorkflowRecord};
+pub use self::requests::{ANSWER, Answered, Ask, Submitted, TOPIC_PREFIX};
 use crate::caps::Capabilities;
 use crate::journal::{Journal, JournalSettings};
 use crate::scheduler::{Handle, ProcessHandle, Scheduler, SpawnOptions, Spawnable};
 use crate::step::Exited;
 use crate::wasm::{Config, Runtime};
+
+/// The format of the payload that carries a workflow's id, after its input (see
+/// [`Service::start`]).
+pub const WORKFLOW_ID_FORMAT: &str = "wasmproc-workflow-id";
 
 /// How a [`Service`] runs.
 #[derive(Debug, Clone)]
@@ -71,13 +77,16 @@ pub struct ServiceConfig {
     /// Requests a second one tenant may make, on average; bursts of up to a second's
     /// worth pass at once.
     pub rate: u32,
+    /// The most requests one workflow may have unanswered; past it a request is
+    /// refused (429).
+    pub max_pending_requests: usize,
 }
 
 impl ServiceConfig {
     /// The defaults for `data`: 2 workers, uploads up to 64 MiB, other bodies up to
     /// 1 MiB, waits up to 60 s, a 5 s grace, the CLI's default grants, ended workflows
-    /// kept 7 days, and for each tenant 10,000 running workflows and 1,000 requests a
-    /// second.
+    /// kept 7 days, for each tenant 10,000 running workflows and 1,000 requests a
+    /// second, and 1,000 unanswered requests a workflow.
     pub fn new(data: impl Into<PathBuf>) -> ServiceConfig {
         ServiceConfig {
             data: data.into(),
@@ -90,6 +99,7 @@ impl ServiceConfig {
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
             max_running: 10_000,
             rate: 1_000,
+            max_pending_requests: 1_000,
         }
     }
 }
@@ -187,6 +197,8 @@ struct Inner {
     buckets: Mutex<HashMap<String, (f64, std::time::Instant)>>,
     /// Work for the chores' thread ([`chores`]).
     chores: std::sync::mpsc::Sender<Chore>,
+    /// Requests to workflows (`requests.rs`).
+    requests: Arc<requests::Requests>,
 }
 
 /// What the chores' thread does off the workers and the API's threads.
@@ -269,12 +281,16 @@ impl Service {
             .with_context(|| format!("cannot open the journal in `{}`", data.join("journal").display()))?;
         let settings = JournalSettings { keep_finished: true, ..JournalSettings::default() };
         let journal = journal.settings(settings);
+        let requests = Arc::new(requests::Requests::new(config.max_pending_requests));
+        // Every workflow may answer the requests it is sent.
+        let grants = config.grants.clone().allow(ANSWER);
         let scheduler = Scheduler::builder()
             .workers(config.workers.max(1))
             .thread_name("wasmproc-serve")
             .journal(journal.clone())
-            .capabilities(config.grants.clone())
-            .resume_within(config.grants.clone())
+            .capabilities(grants.clone())
+            .resume_within(grants)
+            .provider(requests::AnswerProvider(requests.clone()))
             .kind_source(Kinds(code.clone()))
             .build()
             .context("cannot start the scheduler on the journal")?;
@@ -296,6 +312,7 @@ impl Service {
             metrics: metrics::Metrics::new(),
             buckets: Mutex::new(HashMap::new()),
             chores: chores_to,
+            requests,
         });
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new()
@@ -304,6 +321,7 @@ impl Service {
             .context("cannot start the service's chores' thread")?;
         let service = Service { inner };
         service.reattach()?;
+        requests::start(&service.inner)?;
         if let Some(retention) = service.inner.config.retention {
             let weak = Arc::downgrade(&service.inner);
             std::thread::Builder::new()
@@ -386,6 +404,7 @@ impl Service {
         let (ended, _) = tokio::sync::watch::channel(false);
         let key = (tenant.to_owned(), id.to_owned());
         self.inner.live.lock().insert(key.clone(), Live { handle: handle.clone(), ended });
+        self.inner.requests.track(handle.pid(), tenant, id);
         let inner = Arc::downgrade(&self.inner);
         handle.on_exit(move |exited| {
             let Some(inner) = inner.upgrade() else { return };
@@ -663,9 +682,14 @@ impl Service {
     ) -> Result<(WorkflowRecord, ProcessHandle), Refusal> {
         let inner = &self.inner;
         let input = match &record.input {
-            Some(value) => vec![Payload::json(value).map_err(|e| Refusal::invalid(format!("input: {e}")))?],
-            None => Vec::new(),
+            Some(value) => Payload::json(value).map_err(|e| Refusal::invalid(format!("input: {e}")))?,
+            None => Payload::json(&serde_json::Value::Null).map_err(|e| Refusal::invalid(format!("input: {e}")))?,
         };
+        // The workflow's id follows its input, as a payload of its own format, for the
+        // SDK to read (`Ctx::workflow_id`); code that reads only its first input never
+        // sees it.
+        let id = Payload { format: Format::Other(WORKFLOW_ID_FORMAT.into()), data: record.id.clone().into_bytes() };
+        let input = vec![input, id];
         let kind = format!("{tenant}/{}", record.component);
         let options = SpawnOptions::new(&record.method).input(input);
         let mut written = false;
@@ -748,6 +772,12 @@ impl Service {
     ///
     /// No such workflow, one that has ended, or a full mailbox.
     pub fn signal(&self, tenant: &str, id: &str, topic: &str, body: &serde_json::Value) -> Result<(), Refusal> {
+        if topic.starts_with(requests::RESERVED) {
+            return Err(Refusal::invalid(format!(
+                "topic `{topic}`: topics beginning with `{}` are the service's own",
+                requests::RESERVED
+            )));
+        }
         let pid = self.running_pid(tenant, id)?;
         let body = Payload::json(body).map_err(|e| Refusal::invalid(format!("body: {e}")))?;
         self.inner.handle.send(pid, topic, body).map_err(|e| Refusal::new(409, "not_running", e.to_string()))
@@ -801,6 +831,7 @@ impl Service {
         if let Some(run) = runs.iter().find(|run| run.root.as_u64() == record.pid) {
             self.inner.journal.forget_run(run).context("cannot forget the workflow's history")?;
         }
+        requests::forget(&self.inner.registry, &self.inner.requests, tenant, id)?;
         self.inner.registry.remove_workflow(tenant, id)?;
         Ok(())
     }
@@ -981,6 +1012,9 @@ fn settle(inner: &Inner, ended: &[(String, String, Exited)]) -> anyhow::Result<(
         }
     }
     inner.registry.put_workflows(&records)?;
+    for (tenant, id, _) in ended {
+        inner.requests.ended(tenant, id);
+    }
     let mut live = inner.live.lock();
     for (tenant, record) in &records {
         inner.metrics.ended(record.state.as_str());

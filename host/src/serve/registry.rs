@@ -22,6 +22,8 @@ use parking_lot::{Condvar, Mutex};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::requests::RequestRecord;
+
 /// A tenant: a name and the SHA-256 of its bearer token (the token itself is never kept).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Tenant {
@@ -97,6 +99,8 @@ pub(super) struct Registry {
     components: Keyspace,
     names: Keyspace,
     workflows: Keyspace,
+    /// Requests to workflows, by `TENANT \0 WORKFLOW \0 REQUEST` (see `requests.rs`).
+    requests: Keyspace,
     /// Workflow records waiting for a batch (see the module's docs).
     group: Mutex<Group>,
     /// Signalled when a batch is committed.
@@ -155,6 +159,7 @@ impl Registry {
             components: keyspace("components")?,
             names: keyspace("names")?,
             workflows: keyspace("workflows")?,
+            requests: keyspace("requests")?,
             db,
             group: Mutex::new(Group::default()),
             committed: Condvar::new(),
@@ -294,5 +299,29 @@ impl Registry {
 
     pub(super) fn remove_workflow(&self, tenant: &str, id: &str) -> anyhow::Result<()> {
         self.remove(&self.workflows, key(tenant, id))
+    }
+
+    /// Request `request` to `tenant`'s workflow `workflow`.
+    pub(super) fn request(&self, tenant: &str, workflow: &str, request: &str) -> anyhow::Result<Option<RequestRecord>> {
+        self.get(&self.requests, &key(tenant, &format!("{workflow}\0{request}")))
+    }
+
+    /// Every request to `tenant`'s workflow `workflow`, in id order.
+    pub(super) fn requests(&self, tenant: &str, workflow: &str) -> anyhow::Result<Vec<RequestRecord>> {
+        self.scan(&self.requests, &key(tenant, &format!("{workflow}\0")))
+    }
+
+    pub(super) fn put_request(&self, tenant: &str, workflow: &str, record: &RequestRecord) -> anyhow::Result<()> {
+        self.put(&self.requests, key(tenant, &format!("{workflow}\0{}", record.id)), record)
+    }
+
+    /// Removes every request to `tenant`'s workflow `workflow`, in one synced batch.
+    pub(super) fn remove_requests(&self, tenant: &str, workflow: &str) -> anyhow::Result<()> {
+        let mut batch = self.db.batch().durability(Some(PersistMode::SyncData));
+        for guard in self.requests.prefix(key(tenant, &format!("{workflow}\0"))) {
+            let (key, _) = guard.into_inner().map_err(failed)?;
+            batch.remove(&self.requests, key);
+        }
+        batch.commit().map_err(failed)
     }
 }

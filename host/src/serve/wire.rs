@@ -29,9 +29,10 @@ pub struct ErrorDetail {
 /// The stable codes of errors, with their statuses: `invalid` (400: a malformed body,
 /// query or path; the message names what and where), `unauthorized` (401), `forbidden`
 /// (403), `not_found` (404, also for what belongs to another tenant),
-/// `method_not_allowed` (405), `conflict`, `not_running`, `running` (409), `too_large`
-/// (413), `unsupported_media_type` (415), `invalid_component`, `spawn_failed` (422),
-/// `quota`, `rate` (429), `internal` (500).
+/// `method_not_allowed` (405), `conflict`, `not_running`, `running` (409), `unanswered`
+/// (410), `too_large` (413), `unsupported_media_type` (415), `invalid_component`,
+/// `spawn_failed`, `request_failed` (422), `quota`, `rate`, `mailbox_full`,
+/// `too_many_requests` (429), `internal` (500).
 // A new code is a new variant here: the document lists them, and the API's fuzzing fails
 // on a code it does not list.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash, ToSchema)]
@@ -54,6 +55,8 @@ pub enum ErrorCode {
     NotRunning,
     /// 409: the workflow has not ended.
     Running,
+    /// 410: the workflow ended without answering the request.
+    Unanswered,
     /// 413: a body past its bound.
     TooLarge,
     /// 415: a body that says it is not JSON.
@@ -62,10 +65,16 @@ pub enum ErrorCode {
     InvalidComponent,
     /// 422: the scheduler refused the workflow.
     SpawnFailed,
+    /// 422: the workflow answered the request with an error.
+    RequestFailed,
     /// 429: the tenant runs as many workflows as it may.
     Quota,
     /// 429: the tenant is past its requests a second.
     Rate,
+    /// 429: the workflow's mailbox is full.
+    MailboxFull,
+    /// 429: the workflow has as many requests unanswered as it may.
+    TooManyRequests,
     /// 500: the server failed.
     Internal,
 }
@@ -223,6 +232,38 @@ pub struct SignalRequest {
     /// Its body, any JSON (`null` when absent).
     #[serde(default)]
     pub body: serde_json::Value,
+}
+
+/// A request for a workflow: a message it answers.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkflowRequest {
+    /// The request's id (1 to 64 letters, digits, `-`, `_` or `.`): asking again with the
+    /// same id never delivers it twice, and gets its answer. Drawn at random when absent
+    /// (and not given as the `Idempotency-Key` header).
+    #[serde(default)]
+    pub id: Option<String>,
+    /// The request's topic (not empty).
+    pub topic: String,
+    /// Its body, any JSON (`null` when absent).
+    #[serde(default)]
+    pub body: serde_json::Value,
+}
+
+/// A request not answered yet.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct RequestPending {
+    /// The request.
+    pub request: PendingRequest,
+}
+
+/// A request and where it stands.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct PendingRequest {
+    /// Its id: ask again with it for the answer.
+    pub id: String,
+    /// `pending`: delivered (or about to be), not answered yet.
+    pub state: String,
 }
 
 /// A signal was delivered to the workflow's mailbox.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use wasmproc_tests::HANG;
-use wasmproc_tests::guests::SDK_TOUR;
+use wasmproc_tests::guests::{COUNTER, SDK_TOUR};
 
 use super::{Ran, finish, run, scratch, wasmproc};
 
@@ -708,4 +708,174 @@ values = ["acme"]
         assert!(report.contains("passed"), "schemathesis, as the {who}, ran no test:\n{report}");
     }
     assert_eq!(server.http("GET", "/healthz", None, b"").0, 200, "the server goes on");
+}
+
+/// Deploys `examples-wasm/counter` as `counter` for `token`.
+fn deploy_counter(server: &Server, token: &str) {
+    let deployed = server.client(token, &["deploy", COUNTER, "--name", "counter"]);
+    assert_eq!(deployed.code, 0, "{}", deployed.stderr);
+}
+
+/// Starts `method` of the counter as workflow `id` with `input`.
+fn start_counter(server: &Server, token: &str, id: &str, method: &str, input: &str) {
+    let started = server.client(token, &["start", "counter", "--id", id, "--method", method, "--input", input]);
+    assert_eq!(started.code, 0, "{}", started.stderr);
+}
+
+#[test]
+fn a_request_is_answered_once_and_asking_again_gets_the_same_answer() {
+    let server = Server::start(&scratch("serve-request"));
+    let token = server.tenant("acme");
+    deploy_counter(&server, &token);
+    start_counter(&server, &token, "c", "counter", "1");
+
+    let got = server.client(&token, &["request", "c", "get"]);
+    assert_eq!((got.code, got.stdout.trim()), (0, "1"), "{}", got.stderr);
+    let added = server.client(&token, &["request", "c", "add", r#"{"by": 5}"#, "--request-id", "r1"]);
+    assert_eq!((added.code, added.stdout.trim()), (0, "6"), "{}", added.stderr);
+    // The same id again: the same answer, and the request is not delivered twice.
+    let again = server.client(&token, &["request", "c", "add", r#"{"by": 5}"#, "--request-id", "r1"]);
+    assert_eq!((again.code, again.stdout.trim()), (0, "6"), "{}", again.stderr);
+    assert_eq!(server.client(&token, &["request", "c", "get"]).stdout.trim(), "6");
+    // Raw HTTP, the id in the `Idempotency-Key` header: the answer is the body.
+    let (status, answer) = server.http_with(
+        "POST",
+        "/v1/workflows/c/request",
+        Some(&token),
+        "Idempotency-Key: r1\r\n",
+        br#"{"topic": "add", "body": {"by": 5}}"#,
+    );
+    assert_eq!((status, answer), (200, json!(6)));
+    // The same id with another body is another request: refused.
+    let (status, answer) = server.http(
+        "POST",
+        "/v1/workflows/c/request",
+        Some(&token),
+        br#"{"id": "r1", "topic": "add", "body": {"by": 7}}"#,
+    );
+    assert_eq!((status, answer["error"]["code"].as_str()), (409, Some("conflict")), "{answer}");
+
+    // The workflow answers with an error: exit code 1, its message on stderr.
+    let refused = server.client(&token, &["request", "c", "launch"]);
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+    assert!(refused.stderr.contains("no such request `launch`"), "{}", refused.stderr);
+    let (status, answer) =
+        server.http("POST", "/v1/workflows/c/request", Some(&token), br#"{"topic": "add", "body": 3}"#);
+    assert_eq!((status, answer["error"]["code"].as_str()), (422, Some("request_failed")), "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("is not a `Add`"), "{answer}");
+
+    // Typed signals: a body of the wrong shape is skipped, a right one counted.
+    assert_eq!(server.client(&token, &["signal", "c", "add", r#"{"by": "many"}"#]).code, 0);
+    assert_eq!(server.client(&token, &["signal", "c", "add", r#"{"by": 4}"#]).code, 0);
+    // A request may be taken before signals that came just before it: ask until they count.
+    let begun = Instant::now();
+    while server.client(&token, &["request", "c", "get"]).stdout.trim() != "10" {
+        assert!(begun.elapsed() < HANG, "the signals were never counted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Nobody forges a request through a signal.
+    let forged = server.http(
+        "POST",
+        "/v1/workflows/c/signal",
+        Some(&token),
+        br#"{"topic": "wasmproc:request:x:add", "body": {"by": 1}}"#,
+    );
+    assert_eq!(forged.0, 400, "{}", forged.1);
+
+    assert_eq!(server.client(&token, &["signal", "c", "stop"]).code, 0);
+    let result = server.client(&token, &["result", "c", "--wait", "20s"]);
+    assert_eq!((result.code, result.stdout.trim()), (0, "10"), "{}", result.stderr);
+    // Ended: the answer given is still there for its id; a new request is refused.
+    let (status, answer) = server.http(
+        "POST",
+        "/v1/workflows/c/request",
+        Some(&token),
+        br#"{"id": "r1", "topic": "add", "body": {"by": 5}}"#,
+    );
+    assert_eq!((status, answer), (200, json!(6)));
+    let late = server.client(&token, &["request", "c", "get"]);
+    assert!(late.code == 2 && late.stderr.contains("(409)"), "{}", late.stderr);
+
+    // Its id, as the workflow and its child see it.
+    start_counter(&server, &token, "who", "whoami", "null");
+    let who = server.client(&token, &["result", "who", "--wait", "20s"]);
+    assert_eq!(who.stdout.trim(), r#"["who","who"]"#, "{}", who.stderr);
+}
+
+#[test]
+fn a_request_to_a_workflow_that_ends_without_answering_fails_with_410() {
+    let server = Server::start_with(&scratch("serve-unanswered"), &["--max-pending-requests", "1"]);
+    let token = server.tenant("acme");
+    deploy_counter(&server, &token);
+    start_counter(&server, &token, "m", "mute", "null");
+    let (status, answer) =
+        server.http("POST", "/v1/workflows/m/request?timeout=20s", Some(&token), br#"{"id": "q", "topic": "hello"}"#);
+    assert_eq!((status, answer["error"]["code"].as_str()), (410, Some("unanswered")), "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("without answering request `q`"), "{answer}");
+    // Asked again: the same, at once; through the CLI, exit code 1.
+    let again = server.client(&token, &["request", "m", "hello", "--request-id", "q"]);
+    assert!(again.code == 1 && again.stderr.contains("without answering request `q`"), "{}", again.stderr);
+    assert_eq!(server.client(&token, &["result", "m", "--wait", "20s"]).stdout.trim(), "\"hello\"");
+
+    // One request unanswered is the most this server takes: the next is refused.
+    start_counter(&server, &token, "s", "slow", "null");
+    let (status, answer) = server.http(
+        "POST",
+        "/v1/workflows/s/request?timeout=10ms",
+        Some(&token),
+        br#"{"id": "long", "topic": "nap", "body": {"ms": 60000}}"#,
+    );
+    assert_eq!((status, &answer["request"]), (202, &json!({"id": "long", "state": "pending"})), "{answer}");
+    let (status, answer) =
+        server.http("POST", "/v1/workflows/s/request", Some(&token), br#"{"topic": "nap", "body": {"ms": 1}}"#);
+    assert_eq!((status, answer["error"]["code"].as_str()), (429, Some("too_many_requests")), "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("`--max-pending-requests`"), "{answer}");
+    let waited =
+        server.client(&token, &["request", "s", "nap", r#"{"ms": 60000}"#, "--request-id", "long", "--timeout", "1s"]);
+    assert!(waited.code == 4 && waited.stderr.contains("--request-id long"), "{}", waited.stderr);
+    assert_eq!(server.client(&token, &["terminate", "s"]).code, 0);
+    let (status, answer) = server.http(
+        "POST",
+        "/v1/workflows/s/request?timeout=20s",
+        Some(&token),
+        br#"{"id": "long", "topic": "nap", "body": {"ms": 60000}}"#,
+    );
+    assert_eq!((status, answer["error"]["code"].as_str()), (410, Some("unanswered")), "{answer}");
+}
+
+#[test]
+fn a_request_survives_a_kill_9_of_the_server_delivered_and_answered_once() {
+    let data = scratch("serve-request-restarts");
+    let server = Server::start(&data);
+    let token = server.tenant("acme");
+    deploy_counter(&server, &token);
+    start_counter(&server, &token, "s", "slow", "null");
+    // Answered before the crash.
+    let first = server.client(&token, &["request", "s", "nap", r#"{"ms": 1}"#, "--request-id", "early"]);
+    assert_eq!((first.code, first.stdout.trim()), (0, "1"), "{}", first.stderr);
+    // Delivered, and not answered before the crash: the workflow sleeps 2 s first.
+    let (status, _) = server.http(
+        "POST",
+        "/v1/workflows/s/request?timeout=10ms",
+        Some(&token),
+        br#"{"id": "late", "topic": "nap", "body": {"ms": 2000}}"#,
+    );
+    assert_eq!(status, 202);
+    server.kill();
+
+    let server = Server::start(&data);
+    let early = server.client(&token, &["request", "s", "nap", r#"{"ms": 1}"#, "--request-id", "early"]);
+    assert_eq!((early.code, early.stdout.trim()), (0, "1"), "the answer given before the crash: {}", early.stderr);
+    let late =
+        server.client(&token, &["request", "s", "nap", r#"{"ms": 2000}"#, "--request-id", "late", "--timeout", "30s"]);
+    assert_eq!((late.code, late.stdout.trim()), (0, "2"), "answered after the restart: {}", late.stderr);
+    server.kill();
+
+    // Once more across a crash: both answers stand, and each request was delivered once.
+    let server = Server::start(&data);
+    let late = server.client(&token, &["request", "s", "nap", r#"{"ms": 2000}"#, "--request-id", "late"]);
+    assert_eq!(late.stdout.trim(), "2", "{}", late.stderr);
+    assert_eq!(server.client(&token, &["signal", "s", "stop"]).code, 0);
+    let result = server.client(&token, &["result", "s", "--wait", "20s"]);
+    assert_eq!((result.code, result.stdout.trim()), (0, "2"), "two requests answered in all: {}", result.stderr);
 }
