@@ -1,6 +1,6 @@
 //! `wasmproc serve`, the long-lived service, and the client commands that speak its API:
-//! `deploy`, `start`, `status`, `result`, `signal`, `request`, `cancel`, `terminate`,
-//! `ps`, `forget` and `tenant`.
+//! `deploy`, `start`, `status`, `result`, `signal`, `request`, `logs`, `cancel`,
+//! `terminate`, `ps`, `forget` and `tenant`.
 //!
 //! A client command prints what the server answered: a line or a table by default, the
 //! API's JSON with `--json`. Its exit code is `run`'s: 0 for a workflow that completed
@@ -20,7 +20,8 @@ use serde::Deserialize as _;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use wasmproc::serve::wire::{
-    ComponentAnswer, ErrorBody, History, Outcome, State, TenantToken, Tenants, Workflow, WorkflowAnswer, WorkflowPage,
+    ComponentAnswer, ErrorBody, History, Outcome, State, TenantToken, Tenants, Waiting, Workflow, WorkflowAnswer,
+    WorkflowPage,
 };
 use wasmproc::serve::{Service, ServiceConfig, StartRequest};
 
@@ -77,6 +78,10 @@ pub(crate) struct Serve {
     /// answered); past it a request is refused (429).
     #[arg(long, value_name = "N", default_value_t = 1_000, value_parser = super::units::positive)]
     max_pending_requests: usize,
+    /// The most log kept for one workflow (its processes' lines); past it the oldest
+    /// lines are dropped, and a read of the log says how many.
+    #[arg(long, value_name = "BYTES", default_value = "1MiB", value_parser = super::units::nonzero_size)]
+    max_log_bytes: usize,
 }
 
 impl Serve {
@@ -98,6 +103,7 @@ impl Serve {
         config.retention = (!self.retention.is_zero()).then_some(self.retention);
         config.max_running = self.max_running;
         config.max_pending_requests = self.max_pending_requests;
+        config.max_log_bytes = self.max_log_bytes as u64;
         if self.rate == 0 {
             return Err(Failure::new(Exit::Usage, "--rate must be at least 1 request a second"));
         }
@@ -123,8 +129,16 @@ impl Serve {
             ),
         );
         let app = service.router();
-        let served =
-            runtime.block_on(async move { axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await });
+        let closing = service.clone();
+        let served = runtime.block_on(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    // Followers of logs would hold the stop up until their workflows end.
+                    shutdown_signal().await;
+                    closing.end_streams();
+                })
+                .await
+        });
         say_now(Say::Notice, "stopping: running workflows are suspended, and resume with the next `serve`");
         service.stop();
         served.map_err(|e| Failure::new(Exit::Host, format!("the HTTP server failed: {e}")))?;
@@ -188,6 +202,9 @@ pub(crate) enum ClientCommand {
     /// code 1 if it answered with an error or ended without answering, 4 if no answer
     /// came in time).
     Request(Call<RequestArgs>),
+    /// Print a workflow's log: the lines each of its processes logged or printed, oldest
+    /// first; `-f` then prints new lines as they come, until the workflow ends.
+    Logs(Call<LogsArgs>),
     /// Cancel a workflow: a cancel event, then termination after the server's grace.
     Cancel(Call<CancelArgs>),
     /// Terminate a workflow at once.
@@ -286,6 +303,16 @@ pub(crate) struct RequestArgs {
     /// none came.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::units::duration)]
     pub(crate) timeout: Duration,
+}
+
+/// The arguments of `logs`.
+#[derive(Args, Debug)]
+pub(crate) struct LogsArgs {
+    /// The workflow's id.
+    pub(crate) id: String,
+    /// Print new lines as they come, until the workflow ends.
+    #[arg(short, long)]
+    pub(crate) follow: bool,
 }
 
 /// The arguments of `cancel`.
@@ -422,6 +449,39 @@ impl Http {
         })
     }
 
+    /// GETs `path` and hands `each` every line of the body as it arrives, however long
+    /// the answer lasts (a followed log).
+    fn stream(&self, path: &str, mut each: impl FnMut(&str) -> Result<(), Failure>) -> Result<(), Failure> {
+        let url = format!("{}{path}", self.args.server.trim_end_matches('/'));
+        let mut request = self.client.get(&url);
+        if let Some(token) = &self.args.token {
+            request = request.bearer_auth(token);
+        }
+        self.runtime.block_on(async {
+            let unreachable = |e: reqwest::Error| {
+                Failure::new(Exit::Host, format!("cannot reach the server at {}: {e}", self.args.server))
+            };
+            let mut response = request.send().await.map_err(unreachable)?;
+            let status = response.status().as_u16();
+            if status >= 300 {
+                let bytes = response.bytes().await.map_err(unreachable)?;
+                let body =
+                    serde_json::from_slice(&bytes).unwrap_or_else(|_| json!({"text": String::from_utf8_lossy(&bytes)}));
+                Answer { status, body }.ok()?;
+                return Ok(());
+            }
+            let mut pending = Vec::new();
+            while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
+                pending.extend_from_slice(&chunk);
+                while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=end).collect();
+                    each(String::from_utf8_lossy(&line[..end]).as_ref())?;
+                }
+            }
+            Ok(())
+        })
+    }
+
     fn get(&self, path: &str) -> Result<Answer, Failure> {
         self.send(reqwest::Method::GET, path, None)
     }
@@ -451,7 +511,32 @@ fn workflow_line(w: &Workflow) -> String {
         Some(Outcome::Error(ended)) => format!("  {}", ended.message),
         None => String::new(),
     };
-    format!("{}  {}  {}  {}{end}", w.id, w.state.as_str(), w.method, w.component)
+    let mut line = format!("{}  {}  {}  {}{end}", w.id, w.state.as_str(), w.method, w.component);
+    if let Some(steps) = w.steps {
+        line.push_str(&format!("  ({steps} steps)"));
+    }
+    for wait in w.waiting.iter().flatten() {
+        line.push_str(&format!("\n  waits for {}", waiting_text(wait)));
+    }
+    line
+}
+
+/// What a workflow waits for, in words: `a timer, until 2026-11-27 10:31:02.114 UTC`.
+fn waiting_text(wait: &Waiting) -> String {
+    match wait.what.as_str() {
+        "timer" => {
+            let until = wait.until_ms.map(|ms| std::time::UNIX_EPOCH + Duration::from_millis(ms));
+            until.map_or_else(
+                || "a timer".to_owned(),
+                |at| format!("a timer, until {}", humantime::format_rfc3339_millis(at)),
+            )
+        }
+        "message" => "a message (a signal, a request, or an exit it monitors)".to_owned(),
+        "child" => format!("its children ({} running)", wait.children.unwrap_or(0)),
+        "exit" => format!("the end of process {}", wait.pid.unwrap_or(0)),
+        "command" => format!("the command `{}`", wait.command.as_deref().unwrap_or("?")),
+        other => other.to_owned(),
+    }
 }
 
 impl ClientCommand {
@@ -464,6 +549,7 @@ impl ClientCommand {
             ClientCommand::History(call) => &call.client,
             ClientCommand::Signal(call) => &call.client,
             ClientCommand::Request(call) => &call.client,
+            ClientCommand::Logs(call) => &call.client,
             ClientCommand::Cancel(call) => &call.client,
             ClientCommand::Terminate(call) => &call.client,
             ClientCommand::Ps(call) => &call.client,
@@ -536,6 +622,9 @@ impl ClientCommand {
                 shown(&answer, format!("sent `{topic}` to {id}"))?;
             }
             ClientCommand::Request(Call { what, .. }) => return request(&http, what),
+            ClientCommand::Logs(Call { what: LogsArgs { id, follow }, .. }) => {
+                return logs(&http, &id, follow, json_out);
+            }
             ClientCommand::Cancel(Call { what: CancelArgs { id }, .. }) => {
                 let answer = http.post(&format!("/v1/workflows/{}/cancel", escape(&id)), json!({}))?.ok()?;
                 shown(&answer, format!("cancelling {id}"))?;
@@ -675,4 +764,30 @@ fn request(http: &Http, args: RequestArgs) -> Result<ExitCode, Failure> {
             }
         }
     }
+}
+
+/// `logs ID [-f]`: each line as `[pid N] SOURCE: MESSAGE` (the message escaped, as the
+/// host's own log shows a guest's lines), or as the server's JSON with `--json`.
+fn logs(http: &Http, id: &str, follow: bool, json_out: bool) -> Result<ExitCode, Failure> {
+    let path = format!("/v1/workflows/{}/logs?follow={follow}", escape(id));
+    http.stream(&path, |line| {
+        if json_out {
+            return print(line);
+        }
+        let value: Value = serde_json::from_str(line).unwrap_or(Value::Null);
+        let message = value["message"].as_str().unwrap_or(line);
+        match value["pid"].as_u64() {
+            Some(pid) => print(format_args!(
+                "[pid {pid}] {}: {}",
+                value["source"].as_str().unwrap_or("?"),
+                wasmproc::wasm::Escaped(message)
+            )),
+            // A marker: lines dropped or missed.
+            None => {
+                say_now(Say::Warning, message);
+                Ok(())
+            }
+        }
+    })?;
+    Ok(Exit::Success.into())
 }

@@ -246,6 +246,11 @@ impl Handle {
         self.shared.registry.get(pid).map(|cell| cell.spec.parent)
     }
 
+    /// How many of `pid`'s children are alive; `None` if no such process is alive.
+    pub fn live_children(&self, pid: Pid) -> Option<usize> {
+        self.shared.registry.get(pid).map(|cell| cell.lineage.children())
+    }
+
     /// Whether `pid`'s mailbox has room now for a message of `topic` and `body`: the
     /// check a send makes, without sending. A durable scheduler records the embedder's
     /// messages before it delivers them, and cannot report a full mailbox then; an

@@ -22,11 +22,12 @@
 //! | `GET /v1/components`, `GET /v1/components/{reference}` | the tenant's components; one by hash or name |
 //! | `POST /v1/workflows` `{"id"?, "component", "method"?, "input"?}` | starts a workflow (201; 200 if the same request started it) |
 //! | `GET /v1/workflows?state=&component=&prefix=&after=&limit=` | lists workflows by id, a page at a time |
-//! | `GET /v1/workflows/{id}` | describes one |
+//! | `GET /v1/workflows/{id}` | describes one: with its steps and, while it runs, what it waits for |
 //! | `GET /v1/workflows/{id}/result?wait=30s` | its result: 200 once ended, 202 while running after the wait |
 //! | `GET /v1/workflows/{id}/history` | its journal: each process of it, its records and what it waits for |
 //! | `POST /v1/workflows/{id}/signal` `{"topic", "body"?}` | sends it a message |
 //! | `POST /v1/workflows/{id}/request?timeout=30s` `{"id"?, "topic", "body"?}` | a message it answers: 200 with the answer as the body; 202 while unanswered after the wait (ask again with the same id); 410 if it ended without answering; 422 if it answered with an error |
+//! | `GET /v1/workflows/{id}/logs?follow=true` | its log, newline-delimited JSON; `follow` streams new lines until it ends |
 //! | `POST /v1/workflows/{id}/cancel` | a cancel event, then termination after the grace |
 //! | `POST /v1/workflows/{id}/terminate` | ends it at once |
 //! | `DELETE /v1/workflows/{id}` | forgets an ended workflow and its history |
@@ -313,6 +314,8 @@ fn workflow_view(record: WorkflowRecord) -> Result<Workflow, Refusal> {
         started_ms: record.started_ms,
         ended_ms: record.ended_ms,
         result,
+        steps: None,
+        waiting: None,
     })
 }
 
@@ -337,6 +340,7 @@ fn routes(limits: &ServiceConfig) -> OpenApiRouter<Service> {
         .routes(routes!(history))
         .routes(routes!(signal).layer(body))
         .routes(routes!(request).layer(body))
+        .routes(routes!(logs))
         .routes(routes!(cancel))
         .routes(routes!(terminate))
 }
@@ -570,7 +574,18 @@ async fn list_workflows(Asker { service, tenant }: Asker, filter: Result<Query<F
         AsTenant,
     ))]
 async fn describe_workflow(Asker { service, tenant }: Asker, Segment(id): Segment) -> Answer {
-    answer(StatusCode::OK, WorkflowAnswer { workflow: workflow_view(service.workflow(&tenant, &id)?)? })
+    let (record, progress) = blocking(move || {
+        let record = service.workflow(&tenant, &id)?;
+        let progress = service.progress(&record)?;
+        Ok((record, progress))
+    })
+    .await?;
+    let mut workflow = workflow_view(record)?;
+    if let Some(progress) = progress {
+        workflow.steps = Some(progress.steps);
+        workflow.waiting = progress.waiting;
+    }
+    answer(StatusCode::OK, WorkflowAnswer { workflow })
 }
 
 /// How long a request for a result waits.
@@ -794,4 +809,41 @@ async fn request(
             Ok((StatusCode::ACCEPTED, named, Json(pending)).into_response())
         }
     }
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct LogsQuery {
+    /// After the lines kept, stream new ones as they are written, until the workflow
+    /// ends; `false` when absent.
+    follow: Option<bool>,
+}
+
+/// A workflow's log: the lines each of its processes logged or printed, oldest first.
+///
+/// Newline-delimited JSON (`application/x-ndjson`), one object a line: `{"seq", "ms",
+/// "pid", "source", "message"}` for a line (`source`: a level, `stdout` or `stderr`);
+/// `{"dropped", "message"}` first when older lines were dropped (a workflow keeps at most
+/// the server's `--max-log-bytes`); `{"missed", "message"}` when a follower read more
+/// slowly than the workflow logged and lines were not sent to it; `{"lost", "message"}`
+/// when the server's log writer fell behind.
+#[utoipa::path(get, path = "/v1/workflows/{id}/logs", tag = "workflows", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The workflow's id"), LogsQuery),
+    responses(
+        (status = 200, description = "Its log, newline-delimited JSON", content_type = "application/x-ndjson",
+            body = String),
+        (status = 400, description = "`invalid`: an unreadable path, or a `follow` that is no boolean",
+            body = ErrorBody),
+        (status = 404, description = "`not_found`: the tenant has no such workflow", body = ErrorBody),
+        AsTenant,
+    ))]
+async fn logs(
+    Asker { service, tenant }: Asker,
+    Segment(id): Segment,
+    asked: Result<Query<LogsQuery>, QueryRejection>,
+) -> Answer {
+    let follow = query(asked)?.follow.unwrap_or(false);
+    let body = service.log_body(&tenant, &id, follow).await?;
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response())
 }

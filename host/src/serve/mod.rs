@@ -18,10 +18,13 @@
 //! | `journal/` | every workflow's history (kept after it ends, until it is forgotten) |
 //! | `registry/` | tenants (token hashes), components, names, workflows and results |
 //! | `components/<hex>.wasm` | uploaded components, by the SHA-256 of their bytes |
+//! | `logs/TENANT/ID.log` | each workflow's log lines, bounded (see `logs.rs`) |
 //! | `admin.token` | the admin's bearer token (mode 0600), made on the first start |
 
 mod api;
 mod code;
+mod describe;
+mod logs;
 mod metrics;
 mod registry;
 mod requests;
@@ -80,13 +83,15 @@ pub struct ServiceConfig {
     /// The most requests one workflow may have unanswered; past it a request is
     /// refused (429).
     pub max_pending_requests: usize,
+    /// The most bytes of log kept for one workflow; past it its oldest lines are dropped.
+    pub max_log_bytes: u64,
 }
 
 impl ServiceConfig {
     /// The defaults for `data`: 2 workers, uploads up to 64 MiB, other bodies up to
     /// 1 MiB, waits up to 60 s, a 5 s grace, the CLI's default grants, ended workflows
     /// kept 7 days, for each tenant 10,000 running workflows and 1,000 requests a
-    /// second, and 1,000 unanswered requests a workflow.
+    /// second, 1,000 unanswered requests and 1 MiB of log a workflow.
     pub fn new(data: impl Into<PathBuf>) -> ServiceConfig {
         ServiceConfig {
             data: data.into(),
@@ -100,6 +105,7 @@ impl ServiceConfig {
             max_running: 10_000,
             rate: 1_000,
             max_pending_requests: 1_000,
+            max_log_bytes: 1 << 20,
         }
     }
 }
@@ -199,6 +205,8 @@ struct Inner {
     chores: std::sync::mpsc::Sender<Chore>,
     /// Requests to workflows (`requests.rs`).
     requests: Arc<requests::Requests>,
+    /// Workflows' logs (`logs.rs`).
+    logs: Arc<logs::Logs>,
 }
 
 /// What the chores' thread does off the workers and the API's threads.
@@ -269,12 +277,13 @@ impl Service {
     pub fn open(config: ServiceConfig) -> anyhow::Result<Service> {
         let data = &config.data;
         private_dir(data)?;
-        for dir in ["journal", "registry", "components"] {
+        for dir in ["journal", "registry", "components", "logs"] {
             private_dir(&data.join(dir))?;
         }
         let admin = admin_token(data)?;
         let registry = Arc::new(Registry::open(&data.join("registry"))?);
-        let runtime_config = Config::default().cache_dir(data.join("cache"));
+        let logs = Arc::new(logs::Logs::new(data.join("logs"), config.max_log_bytes));
+        let runtime_config = Config::default().cache_dir(data.join("cache")).log_sink(logs.sink());
         let runtime = Runtime::new(runtime_config).context("cannot start the Wasm runtime")?;
         let code = Arc::new(Code::new(data.join("components"), runtime, registry.clone()));
         let journal = Journal::open(data.join("journal"))
@@ -294,6 +303,8 @@ impl Service {
             .kind_source(Kinds(code.clone()))
             .build()
             .context("cannot start the scheduler on the journal")?;
+        logs.attach(scheduler.handle().clone());
+        logs::start(&logs)?;
         let tokens = registry.tenants()?.into_iter().map(|t| (t.token_sha256, t.name)).collect();
         let (chores_to, chores_from) = std::sync::mpsc::channel();
         let inner = Arc::new(Inner {
@@ -313,6 +324,7 @@ impl Service {
             buckets: Mutex::new(HashMap::new()),
             chores: chores_to,
             requests,
+            logs,
         });
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new()
@@ -405,6 +417,7 @@ impl Service {
         let key = (tenant.to_owned(), id.to_owned());
         self.inner.live.lock().insert(key.clone(), Live { handle: handle.clone(), ended });
         self.inner.requests.track(handle.pid(), tenant, id);
+        self.inner.logs.track(handle.pid(), tenant, id);
         let inner = Arc::downgrade(&self.inner);
         handle.on_exit(move |exited| {
             let Some(inner) = inner.upgrade() else { return };
@@ -832,6 +845,7 @@ impl Service {
             self.inner.journal.forget_run(run).context("cannot forget the workflow's history")?;
         }
         requests::forget(&self.inner.registry, &self.inner.requests, tenant, id)?;
+        self.inner.logs.forget(tenant, id);
         self.inner.registry.remove_workflow(tenant, id)?;
         Ok(())
     }
@@ -1014,6 +1028,7 @@ fn settle(inner: &Inner, ended: &[(String, String, Exited)]) -> anyhow::Result<(
     inner.registry.put_workflows(&records)?;
     for (tenant, id, _) in ended {
         inner.requests.ended(tenant, id);
+        inner.logs.ended(tenant, id);
     }
     let mut live = inner.live.lock();
     for (tenant, record) in &records {

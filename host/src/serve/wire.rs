@@ -174,6 +174,37 @@ pub struct Workflow {
     pub ended_ms: Option<u64>,
     /// Its result once ended (`null` while running).
     pub result: Option<Outcome>,
+    /// The steps its root process has taken, as its journal holds them (in a workflow's
+    /// description only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u64>,
+    /// What its root process waits for now, while it runs (in a workflow's description
+    /// only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<Vec<Waiting>>,
+}
+
+/// One thing a running workflow's root process waits for.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct Waiting {
+    /// `timer` (a sleep, until `until_ms`), `message` (a signal or a request; or an exit
+    /// of a process it monitors), `child` (`children` of its processes still running,
+    /// whose ends it may wait for), `spawn`, `exit` (of process `pid`, which it
+    /// terminates) or `command` (a provider's `command`).
+    #[serde(rename = "for")]
+    pub what: String,
+    /// For a timer: when it fires, in milliseconds since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<u64>,
+    /// For a command: its name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// For an exit: the process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u64>,
+    /// For a child: how many of its children are running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub children: Option<u64>,
 }
 
 /// One workflow.

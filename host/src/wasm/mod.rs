@@ -82,6 +82,7 @@ pub use config::{
     DEFAULT_MAX_TABLE_ELEMENTS, DEFAULT_MAX_TABLES, DEFAULT_TIME_SLICE,
 };
 pub use inspect::{Inspection, ProgramKind};
+pub(crate) use log::tracing_sink;
 pub use log::{Escaped, Level, LogRecord, LogSink, LogSource};
 pub use process::{InitRefused, WasmProcess};
 pub use runtime::{LoadStats, PROGRAM_START, Program, Runtime, check_start};

@@ -879,3 +879,135 @@ fn a_request_survives_a_kill_9_of_the_server_delivered_and_answered_once() {
     let result = server.client(&token, &["result", "s", "--wait", "20s"]);
     assert_eq!((result.code, result.stdout.trim()), (0, "2"), "two requests answered in all: {}", result.stderr);
 }
+
+/// `wasmproc logs ID -f` for `token`, running: its stdout's lines arrive on the receiver.
+fn follow_logs(server: &Server, token: &str, id: &str) -> (Child, std::sync::mpsc::Receiver<String>) {
+    let mut command = wasmproc(&["logs", id, "-f"]);
+    command.env("WASMPROC_SERVER", server.url()).env("WASMPROC_TOKEN", token).stdin(Stdio::null());
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("the client runs");
+    let stdout = child.stdout.take().expect("its stdout");
+    let (lines_to, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines_to.send(line);
+        }
+    });
+    (child, lines)
+}
+
+#[test]
+fn a_workflows_log_is_kept_bounded_and_followed_until_it_ends() {
+    let data = scratch("serve-logs");
+    let server = Server::start_with(&data, &["--max-log-bytes", "4KiB"]);
+    let token = server.tenant("acme");
+    deploy_counter(&server, &token);
+    // Three lines of its own and one of its child's, then it waits for `stop`.
+    start_counter(&server, &token, "ch", "chatty", "3");
+    let begun = Instant::now();
+    while !server.client(&token, &["logs", "ch"]).stdout.contains("a child's line") {
+        assert!(begun.elapsed() < HANG, "the child's line never reached the log");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (mut follower, lines) = follow_logs(&server, &token, "ch");
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        seen.push(lines.recv_timeout(HANG).expect("the kept lines, first"));
+    }
+    assert_eq!(server.client(&token, &["signal", "ch", "stop"]).code, 0);
+    // The follower ends by itself once the workflow has, with its last line.
+    let ended = Instant::now();
+    while follower.try_wait().expect("the follower's state").is_none() {
+        assert!(ended.elapsed() < HANG, "`logs -f` outlived its workflow");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    seen.extend(lines.try_iter());
+    let root = json_out(&server.client(&token, &["status", "ch", "--json"]))["workflow"]["pid"].to_string();
+    let expected = [
+        format!("[pid {root}] info: line 0 of 3"),
+        format!("[pid {root}] info: line 1 of 3"),
+        format!("[pid {root}] info: line 2 of 3"),
+    ];
+    assert_eq!(seen[..3], expected, "{seen:?}");
+    assert!(seen[3].ends_with("info: a child's line") && !seen[3].starts_with(&format!("[pid {root}]")), "{seen:?}");
+    assert_eq!(seen.get(4).map(String::as_str), Some(format!("[pid {root}] info: bye").as_str()), "{seen:?}");
+    assert_eq!(seen.len(), 5, "{seen:?}");
+    // Raw: newline-delimited JSON.
+    let raw = server.exchange("GET", "/v1/workflows/ch/logs", Some(&token), b"");
+    assert!(raw.to_ascii_lowercase().contains("content-type: application/x-ndjson"), "{raw}");
+
+    // 200 lines of some 80 bytes: past the 4 KiB bound, the oldest go, and a marker says
+    // how many.
+    start_counter(&server, &token, "many", "chatty", "200");
+    let begun = Instant::now();
+    let kept = loop {
+        let kept = server.client(&token, &["logs", "many", "--json"]);
+        if kept.stdout.contains("a child's line") {
+            break kept;
+        }
+        assert!(begun.elapsed() < HANG, "the child's line never reached the log");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let kept: Vec<Value> = kept.stdout.lines().map(|l| serde_json::from_str(l).expect("JSON lines")).collect();
+    let dropped = kept[0]["dropped"].as_u64().expect("a marker first");
+    assert!(kept[0]["message"].as_str().unwrap().contains("`--max-log-bytes`"), "{}", kept[0]);
+    let lines: Vec<&str> = kept[1..].iter().filter_map(|l| l["message"].as_str()).collect();
+    assert_eq!(dropped as usize + lines.len(), 201, "every line kept or counted: {lines:?}");
+    assert_eq!(lines[lines.len() - 2..], ["line 199 of 200", "a child's line"]);
+    let on_disk: u64 = ["many.log", "many.log.1"]
+        .iter()
+        .map(|f| std::fs::metadata(data.join("logs/acme").join(f)).map_or(0, |m| m.len()))
+        .sum();
+    assert!(on_disk <= 4096, "{on_disk} bytes on disk");
+    // Its text form says so on stderr.
+    let shown = server.client(&token, &["logs", "many"]);
+    assert!(shown.stderr.contains(&format!("{dropped} older lines were dropped")), "{}", shown.stderr);
+
+    // Forgotten, its log goes with it.
+    assert_eq!(server.client(&token, &["forget", "ch"]).code, 0);
+    assert!(
+        !data.join("logs/acme/ch.log").exists() || {
+            std::thread::sleep(Duration::from_millis(500));
+            !data.join("logs/acme/ch.log").exists()
+        }
+    );
+    assert_eq!(server.http("GET", "/v1/workflows/ch/logs", Some(&token), b"").0, 404);
+}
+
+#[test]
+fn a_workflows_description_shows_its_steps_and_its_timer() {
+    let server = Server::start(&scratch("serve-describe"));
+    let token = server.tenant("acme");
+    deploy_counter(&server, &token);
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    start_counter(&server, &token, "n", "nap", "600000");
+    let begun = Instant::now();
+    let described = loop {
+        let described = json_out(&server.client(&token, &["status", "n", "--json"]));
+        if described["workflow"]["waiting"][0]["for"] == "timer" {
+            break described;
+        }
+        assert!(begun.elapsed() < HANG, "never seen waiting on its timer: {described}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let w = &described["workflow"];
+    assert!(w["steps"].as_u64() >= Some(1), "{w}");
+    let until = w["waiting"][0]["until_ms"].as_u64().expect("when the timer fires");
+    assert!((before + 600_000..before + 600_000 + 60_000).contains(&until), "{until} vs {before}: {w}");
+    let shown = server.client(&token, &["status", "n"]);
+    assert!(shown.stdout.contains("waits for a timer, until 20"), "{}", shown.stdout);
+
+    // Waiting for its requests: a message.
+    start_counter(&server, &token, "c", "counter", "0");
+    let begun = Instant::now();
+    while json_out(&server.client(&token, &["status", "c", "--json"]))["workflow"]["waiting"]
+        != json!([{"for": "message"}])
+    {
+        assert!(begun.elapsed() < HANG, "never seen waiting for a message");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Ended: its steps, and nothing it waits for.
+    assert_eq!(server.client(&token, &["terminate", "n"]).code, 0);
+    server.client(&token, &["result", "n", "--wait", "20s"]);
+    let ended = json_out(&server.client(&token, &["status", "n", "--json"]));
+    assert!(ended["workflow"]["steps"].as_u64() >= Some(1) && ended["workflow"]["waiting"].is_null(), "{ended}");
+}
