@@ -341,7 +341,14 @@ pub(crate) struct PsArgs {
     /// Only those whose id starts with this.
     #[arg(long)]
     pub(crate) prefix: Option<String>,
-    /// At most this many.
+    /// Only those started within this long before now (e.g. 10m, 2h, 7d).
+    #[arg(long, value_name = "DURATION", value_parser = super::units::duration)]
+    pub(crate) since: Option<std::time::Duration>,
+    /// Only those whose id comes after this one: the next page after a listing that
+    /// ended with it.
+    #[arg(long, value_name = "ID")]
+    pub(crate) after: Option<String>,
+    /// At most this many (1 to 1,000).
     #[arg(long, default_value_t = 100)]
     pub(crate) limit: usize,
 }
@@ -633,9 +640,16 @@ impl ClientCommand {
                 let answer = http.post(&format!("/v1/workflows/{}/terminate", escape(&id)), json!({}))?.ok()?;
                 shown(&answer, format!("terminated {id}"))?;
             }
-            ClientCommand::Ps(Call { what: PsArgs { state, component, prefix, limit }, .. }) => {
+            ClientCommand::Ps(Call { what: PsArgs { state, component, prefix, since, after, limit }, .. }) => {
                 let mut query = vec![format!("limit={limit}")];
-                for (name, value) in [("state", state), ("component", component), ("prefix", prefix)] {
+                if let Some(since) = since {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
+                    query.push(format!("started_after={}", now.saturating_sub(since.as_millis() as u64)));
+                }
+                for (name, value) in [("state", state), ("component", component), ("prefix", prefix), ("after", after)]
+                {
                     if let Some(value) = value {
                         query.push(format!("{name}={}", escape(&value)));
                     }

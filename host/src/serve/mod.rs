@@ -737,7 +737,8 @@ impl Service {
     }
 
     /// `tenant`'s workflows, in id order: those whose id starts with `prefix`, after
-    /// `after`, in `state` and of `component` if given, at most `limit`.
+    /// `after`, in `state`, of `component` and started within the times if given, at most
+    /// `limit`.
     ///
     /// # Errors
     ///
@@ -756,6 +757,8 @@ impl Service {
             .filter(|w| filter.after.as_deref().is_none_or(|after| w.id.as_str() > after))
             .filter(|w| filter.state.is_none_or(|state| w.state == state))
             .filter(|w| component.as_deref().is_none_or(|hash| w.component == hash))
+            .filter(|w| filter.started_after.is_none_or(|after| w.started_ms >= after))
+            .filter(|w| filter.started_before.is_none_or(|before| w.started_ms < before))
             .take(filter.page_size())
             .collect())
     }
@@ -929,6 +932,10 @@ pub struct Filter {
     pub prefix: Option<String>,
     /// Only those whose id comes after this one (the last of the previous page).
     pub after: Option<String>,
+    /// Only those started at or after this time, in milliseconds since the Unix epoch.
+    pub started_after: Option<u64>,
+    /// Only those started before this time, in milliseconds since the Unix epoch.
+    pub started_before: Option<u64>,
     /// At most this many (1 to 1,000; 100 by default).
     pub limit: Option<usize>,
 }

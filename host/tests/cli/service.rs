@@ -203,6 +203,18 @@ fn a_workflow_lives_through_the_api_from_start_to_forget() {
     let ids: Vec<&str> = listed["workflows"].as_array().unwrap().iter().filter_map(|w| w["id"].as_str()).collect();
     assert_eq!(ids, ["w1"]);
     assert_eq!(json_out(&server.client(&token, &["ps", "--state", "running", "--json"]))["workflows"], json!([]));
+    // By when they started: within the last hour, yes; after it or before it started, no.
+    let ids_of = |args: &[&str]| -> Vec<String> {
+        let listed = json_out(&server.client(&token, &[&["ps", "--json"], args].concat()));
+        listed["workflows"].as_array().unwrap().iter().filter_map(|w| w["id"].as_str().map(str::to_owned)).collect()
+    };
+    assert_eq!(ids_of(&["--since", "1h"]), ["w1"]);
+    assert_eq!(ids_of(&["--after", "w1"]), Vec::<String>::new());
+    let started = status["workflow"]["started_ms"].as_u64().expect("a start time");
+    let page = |query: String| server.http("GET", &format!("/v1/workflows?{query}"), Some(&token), b"").1;
+    assert_eq!(page(format!("started_after={}", started + 1))["workflows"], json!([]));
+    assert_eq!(page(format!("started_before={started}"))["workflows"], json!([]));
+    assert_eq!(page(format!("started_after={started}&started_before={}", started + 1))["workflows"][0]["id"], "w1");
 
     // Its history: the root's records, from its spawn to its end.
     let history = json_out(&server.client(&token, &["history", "w1", "--json"]));
