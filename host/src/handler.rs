@@ -180,6 +180,8 @@ pub(crate) trait Caller: Any + Send + Sync {
     /// The recorded seed of a durable process's random numbers (see
     /// [`Port::random_seed`](crate::Port::random_seed)).
     fn random_seed(&self) -> Option<[u8; 32]>;
+    /// The kind the process was made from, as recorded.
+    fn kind(&self) -> Option<&str>;
 }
 
 /// The process waiting for a completion, as its [`Completer`] holds it: implemented by
@@ -241,6 +243,13 @@ impl Request<'_> {
     /// The process that yielded the command.
     pub fn caller(&self) -> Pid {
         self.caller.pid()
+    }
+
+    /// The kind the yielding process was made from, as it is recorded (the name a
+    /// [`KindSource`] resolved it to); `None` for a process spawned as a value. A
+    /// provider serving several owners tells them apart by it.
+    pub fn kind(&self) -> Option<&str> {
+        self.caller.kind()
     }
 
     /// The command's name.

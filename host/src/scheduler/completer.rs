@@ -51,6 +51,10 @@ impl Caller for Arc<ProcessCell> {
     fn random_seed(&self) -> Option<[u8; 32]> {
         self.scheduler().durable.as_ref()?.random_seed(self)
     }
+
+    fn kind(&self) -> Option<&str> {
+        self.spec.kind.as_deref()
+    }
 }
 
 impl Waiter for ProcessCell {

@@ -55,6 +55,7 @@ mod cache;
 mod component;
 mod config;
 mod convert;
+mod declared;
 mod engine;
 mod input;
 mod inspect;
@@ -81,6 +82,7 @@ pub use config::{
     DEFAULT_MAX_FUNCTIONS, DEFAULT_MAX_INSTANCES, DEFAULT_MAX_MEMORIES, DEFAULT_MAX_MEMORY, DEFAULT_MAX_MODULE_SIZE,
     DEFAULT_MAX_TABLE_ELEMENTS, DEFAULT_MAX_TABLES, DEFAULT_TIME_SLICE,
 };
+pub use declared::Declared;
 pub use inspect::{Inspection, ProgramKind};
 pub(crate) use log::tracing_sink;
 pub use log::{Escaped, Level, LogRecord, LogSink, LogSource};

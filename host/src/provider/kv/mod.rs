@@ -130,6 +130,7 @@ use anyhow::Context as _;
 use serde::Deserialize;
 
 use self::store::Store;
+pub use self::writer::SharedQuota;
 use self::writer::{Idempotency, Job, Op, Queued, Writer};
 use super::{ErrorCode, Failure, Provider, input, unknown};
 use crate::Payload;
@@ -209,12 +210,29 @@ impl Kv {
     /// by another wasmproc (or another `Kv` of this process), or holds a damaged store;
     /// or the thread could not start.
     pub fn open(dir: &Path, settings: KvSettings) -> anyhow::Result<Kv> {
-        Kv::open_gated(dir, settings, None)
+        Kv::open_gated(dir, settings, None, None)
+    }
+
+    /// As [`Kv::open`], for a store bounded by `quota` instead of
+    /// [`KvSettings::max_bytes`]: its keys and values together with what the quota
+    /// holds beside the store ([`SharedQuota::others`]). The store keeps
+    /// [`SharedQuota::used`] at its own bytes.
+    ///
+    /// # Errors
+    ///
+    /// As [`Kv::open`].
+    pub fn open_sharing(dir: &Path, settings: KvSettings, quota: Arc<SharedQuota>) -> anyhow::Result<Kv> {
+        Kv::open_gated(dir, settings, None, Some(quota))
     }
 
     /// As [`Kv::open`]; with a `gate`, the writer thread takes no job before the gate
     /// says so (or closes), so that a test can fill the queue.
-    fn open_gated(dir: &Path, settings: KvSettings, gate: Option<mpsc::Receiver<()>>) -> anyhow::Result<Kv> {
+    fn open_gated(
+        dir: &Path,
+        settings: KvSettings,
+        gate: Option<mpsc::Receiver<()>>,
+        shared: Option<Arc<SharedQuota>>,
+    ) -> anyhow::Result<Kv> {
         crate::journal::private_dir(dir, "the key-value store", "another user could change what processes read")?;
         let (store, totals) = Store::open(dir)?;
         crate::journal::private_contents(dir)
@@ -222,7 +240,10 @@ impl Kv {
         let store = Arc::new(store);
         let (queue, jobs) = mpsc::channel();
         let queued = Arc::new(Queued::new(settings.max_queued_bytes));
-        let writer = Writer::new(store.clone(), settings.clone(), totals);
+        if let Some(shared) = &shared {
+            shared.used.store(totals.bytes, std::sync::atomic::Ordering::Relaxed);
+        }
+        let writer = Writer::new(store.clone(), settings.clone(), shared, totals);
         let taken = queued.clone();
         let thread = std::thread::Builder::new()
             .name("wasmproc-kv".to_owned())
@@ -512,7 +533,7 @@ mod tests {
         let put = JOB_OVERHEAD + "k0".len() + "1".len();
         let settings = KvSettings { max_queued_bytes: QUEUED * put, ..KvSettings::default() };
         let (go, gate) = mpsc::channel();
-        let kv = Kv::open_gated(&dir, settings, Some(gate)).expect("opens");
+        let kv = Kv::open_gated(&dir, settings, Some(gate), None).expect("opens");
         let scheduler = Scheduler::builder()
             .workers(1)
             .provider(kv.clone())

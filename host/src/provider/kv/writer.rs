@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 
 use super::store::{self, Answer, Store, Stored, Totals};
@@ -102,10 +102,41 @@ impl Queued {
     }
 }
 
+/// A quota a store shares with what its embedder keeps beside it (a service's tenant's
+/// storage: its components and its key-value data), for [`Kv::open_sharing`](super::Kv::open_sharing).
+/// Its numbers may change at any time; each group of writes reads them as it starts.
+#[derive(Debug)]
+pub struct SharedQuota {
+    /// What the quota is, in a refusal: e.g. ``tenant `acme`'s `storage` ``.
+    pub name: String,
+    /// How to get more room, in a refusal.
+    pub fix: String,
+    /// The most bytes the store's keys and values and `others` may take together.
+    pub max_bytes: AtomicU64,
+    /// The bytes the quota holds beside the store, kept up to date by the embedder.
+    pub others: AtomicU64,
+    /// The store's own bytes of keys and values, as of its last commit: kept by the store.
+    pub used: AtomicU64,
+}
+
+impl SharedQuota {
+    /// A quota of `max_bytes`, nothing held yet.
+    pub fn new(name: impl Into<String>, fix: impl Into<String>, max_bytes: u64) -> SharedQuota {
+        SharedQuota {
+            name: name.into(),
+            fix: fix.into(),
+            max_bytes: AtomicU64::new(max_bytes),
+            others: AtomicU64::new(0),
+            used: AtomicU64::new(0),
+        }
+    }
+}
+
 /// The writer thread's state.
 pub(super) struct Writer {
     store: Arc<Store>,
     settings: KvSettings,
+    shared: Option<Arc<SharedQuota>>,
     /// As of the last commit.
     totals: Totals,
     /// Why the store accepts no more writes: a commit failed, and what it left on the
@@ -114,8 +145,13 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    pub(super) fn new(store: Arc<Store>, settings: KvSettings, totals: Totals) -> Writer {
-        Writer { store, settings, totals, stopped: None }
+    pub(super) fn new(
+        store: Arc<Store>,
+        settings: KvSettings,
+        shared: Option<Arc<SharedQuota>>,
+        totals: Totals,
+    ) -> Writer {
+        Writer { store, settings, shared, totals, stopped: None }
     }
 
     /// Serves the queue until every sender is gone and it is empty, counting what it
@@ -133,6 +169,7 @@ impl Writer {
 
     fn carry_out(&mut self, jobs: Vec<Job>) {
         let mut group = Group::new(&self.store, &self.settings, self.totals);
+        group.shared = self.shared.as_deref();
         let mut writes = Vec::new();
         let mut lists = Vec::new();
         for job in jobs {
@@ -148,7 +185,12 @@ impl Writer {
             }
         }
         match group.commit() {
-            Ok(totals) => self.totals = totals,
+            Ok(totals) => {
+                self.totals = totals;
+                if let Some(shared) = &self.shared {
+                    shared.used.store(totals.bytes, Ordering::Relaxed);
+                }
+            }
             Err(failure) => {
                 tracing::error!(error = %failure, "the key-value store failed a write; it accepts no more");
                 let why = failure.message;
@@ -200,6 +242,8 @@ pub(super) fn digest(name: &str, payload: &Payload) -> u64 {
 pub(super) struct Group<'a> {
     store: &'a Store,
     settings: &'a KvSettings,
+    /// The quota the store shares, if any: it bounds the store instead of `max_bytes`.
+    shared: Option<&'a SharedQuota>,
     /// As the group's writes so far leave them.
     totals: Totals,
     /// Each key the group has written: its version and value text, or `None` deleted.
@@ -210,7 +254,7 @@ pub(super) struct Group<'a> {
 
 impl<'a> Group<'a> {
     pub(super) fn new(store: &'a Store, settings: &'a KvSettings, totals: Totals) -> Group<'a> {
-        Group { store, settings, totals, data: HashMap::new(), answers: HashMap::new() }
+        Group { store, settings, shared: None, totals, data: HashMap::new(), answers: HashMap::new() }
     }
 
     /// Applies one write after the group's earlier ones, and returns its answer's JSON.
@@ -291,7 +335,24 @@ impl<'a> Group<'a> {
         }
         // A write that makes the store no larger is let through even past the quota (a
         // store reopened with a smaller `max_bytes` can still shrink its values).
-        if bytes > self.settings.max_bytes && bytes > self.totals.bytes {
+        if let Some(shared) = self.shared {
+            // Relaxed: each number stands alone and orders nothing; a check against one a
+            // moment old bounds the store as well (an upload racing a write may pass the
+            // quota by the smaller of the two, once).
+            let (most, others) = (shared.max_bytes.load(Ordering::Relaxed), shared.others.load(Ordering::Relaxed));
+            if bytes.saturating_add(others) > most && bytes > self.totals.bytes {
+                return Err(Failure::new(
+                    ErrorCode::Limit,
+                    format!(
+                        "writing `{}` would make the store {bytes} bytes of keys and values, which with the {others} \
+                         bytes beside it pass {} of {most}: {}",
+                        shown(key),
+                        shared.name,
+                        shared.fix
+                    ),
+                ));
+            }
+        } else if bytes > self.settings.max_bytes && bytes > self.totals.bytes {
             return Err(Failure::new(
                 ErrorCode::Limit,
                 format!(
