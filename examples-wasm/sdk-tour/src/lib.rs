@@ -185,6 +185,19 @@ async fn fails(_ctx: Ctx, error: String) -> Result<()> {
     bail!("{error}")
 }
 
+/// Writes `value` under `key` in the key-value store the host grants; answers the
+/// version written.
+#[entry]
+async fn remember(ctx: Ctx, (key, value): (String, String)) -> Result<u64> {
+    Ok(ctx.kv().put(&key, &value).await?)
+}
+
+/// The value under `key` in the key-value store the host grants, or nothing.
+#[entry]
+async fn recall(ctx: Ctx, key: String) -> Result<Option<String>> {
+    Ok(ctx.kv().get::<String>(&key).await?.map(|found| found.value))
+}
+
 wasmproc_guest::export!(
     patient,
     deadline,
@@ -203,5 +216,9 @@ wasmproc_guest::export!(
     linked_to_failure,
     linked_pair,
     fails_after,
-    fails
+    fails,
+    remember,
+    recall
 );
+wasmproc_guest::uses!(remember: "kv.put");
+wasmproc_guest::uses!(recall: "kv.get");

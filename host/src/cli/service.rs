@@ -1,6 +1,6 @@
 //! `wasmproc serve`, the long-lived service, and the client commands that speak its API:
-//! `deploy`, `start`, `status`, `result`, `signal`, `request`, `logs`, `cancel`,
-//! `terminate`, `ps`, `forget` and `tenant`.
+//! `deploy`, `undeploy`, `start`, `status`, `result`, `signal`, `request`, `logs`,
+//! `cancel`, `terminate`, `ps`, `forget` and `tenant`.
 //!
 //! A client command prints what the server answered: a line or a table by default, the
 //! API's JSON with `--json`. Its exit code is `run`'s: 0 for a workflow that completed
@@ -20,13 +20,13 @@ use serde::Deserialize as _;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use wasmproc::serve::wire::{
-    ComponentAnswer, ErrorBody, History, Outcome, State, TenantToken, Tenants, Waiting, Workflow, WorkflowAnswer,
-    WorkflowPage,
+    ComponentAnswer, ErrorBody, History, Outcome, State, TenantPolicy, TenantToken, Tenants, Waiting, Workflow,
+    WorkflowAnswer, WorkflowPage,
 };
-use wasmproc::serve::{Service, ServiceConfig, StartRequest};
+use wasmproc::serve::{Grants, Limits, Policy, PolicyFields, Service, ServiceConfig, StartRequest};
 
 use super::output::{Say, say_now};
-use super::{Exit, Failure};
+use super::{Exit, Failure, units};
 
 /// Where the service keeps its data when `--data` is not given.
 fn default_data() -> Option<PathBuf> {
@@ -62,14 +62,32 @@ pub(crate) struct Serve {
     /// forgotten; `0s` keeps it until `forget`.
     #[arg(long, value_name = "DURATION", default_value = "7days", value_parser = super::units::duration)]
     retention: Duration,
-    /// The most workflows one tenant may have running at once; past it a start is
-    /// refused (429).
+    /// The linear memory cap of any process, e.g. 64MiB or 1GiB: the most a tenant's
+    /// policy may give (each process's share of address space), and a new tenant's.
+    #[arg(long, value_name = "SIZE", default_value = units::size_text(wasmproc::wasm::DEFAULT_MAX_MEMORY), value_parser = units::memory)]
+    memory: usize,
+    /// The default policy of new tenants (`tenant add` may give each its own;
+    /// `tenant policy` changes it): the most workflows a tenant may have running at
+    /// once; past it a start is refused (429).
     #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = super::units::positive)]
     max_running: usize,
-    /// Requests a second one tenant may make (bursts of a second's worth pass); past it
-    /// requests are refused (429).
+    /// The default policy: requests a second a tenant may make (bursts of a second's
+    /// worth pass); past it requests are refused (429).
     #[arg(long, value_name = "N", default_value_t = 1_000)]
     rate: u32,
+    /// The default policy: the bytes a tenant's components and key-value data may take
+    /// together, e.g. 1GiB; past it uploads (413) and key-value writes are refused.
+    #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = units::size)]
+    storage: usize,
+    /// The default policy: a tenant's workflows may be granted its key-value store
+    /// (`start --kv`), `DATA/kv/TENANT`, shared by all of its workflows.
+    #[arg(long)]
+    kv: bool,
+    /// The default policy: a tenant's workflows may be granted COMMAND over other
+    /// processes than their own children (`start --allow COMMAND`): terminate, exit or
+    /// link. Repeatable.
+    #[arg(long = "allow", value_name = "COMMAND")]
+    allow: Vec<String>,
     /// Print the API's OpenAPI document (what `GET /v1/openapi.json` serves, and
     /// `docs/openapi.json` in the repository) and exit, without serving.
     #[arg(long, exclusive = true)]
@@ -101,13 +119,32 @@ impl Serve {
         config.grace = self.grace;
         config.max_upload = self.max_upload;
         config.retention = (!self.retention.is_zero()).then_some(self.retention);
-        config.max_running = self.max_running;
         config.max_pending_requests = self.max_pending_requests;
         config.max_log_bytes = self.max_log_bytes as u64;
         if self.rate == 0 {
             return Err(Failure::new(Exit::Usage, "--rate must be at least 1 request a second"));
         }
-        config.rate = self.rate;
+        for name in &self.allow {
+            if !wasmproc::Capabilities::OVER_OTHERS.contains(&name.as_str()) {
+                return Err(Failure::new(
+                    Exit::Usage,
+                    format!(
+                        "--allow `{name}`: a tenant's policy allows commands over other processes ({}); the others \
+                         are every workflow's",
+                        wasmproc::Capabilities::OVER_OTHERS.join(", ")
+                    ),
+                ));
+            }
+        }
+        config.max_memory = self.memory;
+        config.policy = Policy {
+            allow: self.allow,
+            kv: self.kv,
+            max_running: self.max_running,
+            memory: self.memory as u64,
+            storage: self.storage as u64,
+            rate: self.rate,
+        };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("wasmproc-http")
@@ -187,6 +224,9 @@ pub(crate) struct Call<T: Args> {
 pub(crate) enum ClientCommand {
     /// Upload a component to the server, optionally named (and tagged).
     Deploy(Call<DeployArgs>),
+    /// Remove a component (a name, `NAME:TAG` or `sha256:…`) and its names; refused
+    /// while a running workflow was started from it.
+    Undeploy(Call<UndeployArgs>),
     /// Start a workflow of a deployed component (a name, `NAME:TAG` or `sha256:…`).
     Start(Call<StartArgs>),
     /// Show a workflow: its state, component, times and result.
@@ -213,9 +253,17 @@ pub(crate) enum ClientCommand {
     Ps(Call<PsArgs>),
     /// Forget an ended workflow: its record and its history.
     Forget(Call<ForgetArgs>),
-    /// Manage tenants, with the admin token: `add NAME` (prints its token), `ls`,
-    /// `token NAME` (a new token), `rm NAME`.
+    /// Manage tenants, with the admin token: `add NAME [POLICY]` (prints its token),
+    /// `ls` (with their policies), `policy NAME [POLICY]` (shows it, or changes what the
+    /// flags give), `token NAME` (a new token), `rm NAME`.
     Tenant(Call<TenantArgs>),
+}
+
+/// The arguments of `undeploy`.
+#[derive(Args, Debug)]
+pub(crate) struct UndeployArgs {
+    /// The component.
+    pub(crate) component: String,
 }
 
 /// The arguments of `deploy`.
@@ -246,6 +294,25 @@ pub(crate) struct StartArgs {
     /// The input, as JSON.
     #[arg(long, value_name = "JSON")]
     pub(crate) input: Option<String>,
+    /// Grant COMMAND over other processes than the workflow's own children (terminate,
+    /// exit, link), if the tenant's policy allows it. Repeatable.
+    #[arg(long = "allow", value_name = "COMMAND")]
+    pub(crate) allow: Vec<String>,
+    /// Withdraw a command granted by default, e.g. --deny spawn. Repeatable.
+    #[arg(long = "deny", value_name = "COMMAND")]
+    pub(crate) deny: Vec<String>,
+    /// Grant the tenant's key-value store (`kv.*`), which all its workflows share, if
+    /// its policy allows it.
+    #[arg(long)]
+    pub(crate) kv: bool,
+    /// Linear memory cap of each process of the workflow, e.g. 16MiB; at most the
+    /// tenant's policy's, which it is when not given.
+    #[arg(long, value_name = "SIZE", value_parser = units::memory)]
+    pub(crate) memory: Option<usize>,
+    /// Total CPU time each process of the workflow may use over its life (e.g. 2s); a
+    /// process past it fails. [default: unlimited]
+    #[arg(long, value_name = "DURATION", value_parser = units::duration)]
+    pub(crate) cpu_budget: Option<Duration>,
 }
 
 /// The arguments of `status`.
@@ -363,10 +430,94 @@ pub(crate) struct ForgetArgs {
 /// The arguments of `tenant`.
 #[derive(Args, Debug)]
 pub(crate) struct TenantArgs {
-    /// `add`, `ls`, `token` or `rm`.
+    /// `add`, `ls`, `policy`, `token` or `rm`.
     pub(crate) action: String,
     /// The tenant (all but `ls`).
     pub(crate) name: Option<String>,
+    #[command(flatten)]
+    pub(crate) policy: PolicyArgs,
+}
+
+/// A tenant's policy as `tenant add` and `tenant policy` change it: each flag given
+/// changes what it names; the rest is the server's default (`add`) or stays (`policy`).
+#[derive(Args, Debug, Default)]
+#[command(next_help_heading = "Policy (tenant add, tenant policy)")]
+pub(crate) struct PolicyArgs {
+    /// Let the tenant's workflows be granted COMMAND over other processes than their own
+    /// children (`start --allow`): terminate, exit or link. Repeatable.
+    #[arg(long = "allow", value_name = "COMMAND")]
+    pub(crate) allow: Vec<String>,
+    /// No longer let its workflows be granted COMMAND (of those --allow names). Repeatable.
+    #[arg(long = "deny", value_name = "COMMAND")]
+    pub(crate) deny: Vec<String>,
+    /// Let its workflows be granted its key-value store (`start --kv`).
+    #[arg(long, conflicts_with = "no_kv")]
+    pub(crate) kv: bool,
+    /// No longer let its workflows be granted its key-value store (those running keep it).
+    #[arg(long)]
+    pub(crate) no_kv: bool,
+    /// The most workflows it may have running at once.
+    #[arg(long, value_name = "N")]
+    pub(crate) max_running: Option<usize>,
+    /// The most linear memory each process of its workflows may have, e.g. 32MiB: at
+    /// most the server's --memory.
+    #[arg(long, value_name = "SIZE", value_parser = units::memory)]
+    pub(crate) memory: Option<usize>,
+    /// The bytes its components and key-value data may take together, e.g. 1GiB.
+    #[arg(long, value_name = "SIZE", value_parser = units::size)]
+    pub(crate) storage: Option<usize>,
+    /// The requests a second it may make (bursts of a second's worth pass).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) rate: Option<u32>,
+}
+
+impl PolicyArgs {
+    fn given(&self) -> bool {
+        !self.allow.is_empty()
+            || !self.deny.is_empty()
+            || self.kv
+            || self.no_kv
+            || self.max_running.is_some()
+            || self.memory.is_some()
+            || self.storage.is_some()
+            || self.rate.is_some()
+    }
+
+    /// The fields these flags set over `base` (a tenant's policy; none for the server's
+    /// default).
+    fn fields(&self, base: Option<&Policy>) -> PolicyFields {
+        let mut allow: Vec<String> = base.map(|policy| policy.allow.clone()).unwrap_or_default();
+        allow.extend(self.allow.iter().cloned());
+        allow.retain(|name| !self.deny.contains(name));
+        let kv = if self.kv {
+            Some(true)
+        } else if self.no_kv {
+            Some(false)
+        } else {
+            None
+        };
+        PolicyFields {
+            allow: (base.is_some() || !allow.is_empty()).then_some(allow),
+            kv: kv.or(base.map(|policy| policy.kv)),
+            max_running: self.max_running.or(base.map(|policy| policy.max_running)),
+            memory: self.memory.map(|m| m as u64).or(base.map(|policy| policy.memory)),
+            storage: self.storage.map(|s| s as u64).or(base.map(|policy| policy.storage)),
+            rate: self.rate.or(base.map(|policy| policy.rate)),
+        }
+    }
+}
+
+/// A tenant's policy as a line.
+fn policy_line(TenantPolicy { name, policy }: &TenantPolicy) -> String {
+    format!(
+        "{name}  allow={}  kv={}  max-running={}  memory={}  storage={}  rate={}/s",
+        if policy.allow.is_empty() { "-".to_owned() } else { policy.allow.join(",") },
+        if policy.kv { "yes" } else { "no" },
+        policy.max_running,
+        units::size_text(policy.memory as usize),
+        units::size_text(policy.storage as usize),
+        policy.rate
+    )
 }
 
 /// What the server answered: its status and JSON body.
@@ -550,6 +701,7 @@ impl ClientCommand {
     fn client(&self) -> &ClientArgs {
         match self {
             ClientCommand::Deploy(call) => &call.client,
+            ClientCommand::Undeploy(call) => &call.client,
             ClientCommand::Start(call) => &call.client,
             ClientCommand::Status(call) => &call.client,
             ClientCommand::Result(call) => &call.client,
@@ -590,9 +742,21 @@ impl ClientCommand {
                 let verb = if status == 201 { "deployed" } else { "already deployed" };
                 shown(&body, format!("{verb} {} ({} bytes; entries: {})", c.hash, c.size, c.entries.join(", ")))?;
             }
-            ClientCommand::Start(Call { what: StartArgs { component, id, method, input }, .. }) => {
+            ClientCommand::Undeploy(Call { what: UndeployArgs { component }, .. }) => {
+                http.send(reqwest::Method::DELETE, &format!("/v1/components/{}", escape(&component)), None)?.ok()?;
+                shown(&json!({"removed": component}), format!("removed {component}"))?;
+            }
+            ClientCommand::Start(Call {
+                what: StartArgs { component, id, method, input, allow, deny, kv, memory, cpu_budget },
+                ..
+            }) => {
                 let input = input.map(|text| json_arg("--input", &text)).transpose()?;
-                let request = StartRequest { id, component, method: Some(method), input };
+                let grants = Grants { allow, deny, kv };
+                let limits = Limits {
+                    memory: memory.map(|bytes| bytes as u64),
+                    cpu_budget_ms: cpu_budget.map(|budget| budget.as_millis() as u64),
+                };
+                let request = StartRequest { id, component, method: Some(method), input, grants, limits };
                 let (WorkflowAnswer { workflow: w }, body) = http.post("/v1/workflows", json!(request))?.read()?;
                 shown(&body, format!("started {} (process {})", w.id, w.pid))?;
             }
@@ -668,16 +832,35 @@ impl ClientCommand {
                 http.send(reqwest::Method::DELETE, &format!("/v1/workflows/{}", escape(&id)), None)?.ok()?;
                 shown(&json!({"forgotten": id}), format!("forgot {id}"))?;
             }
-            ClientCommand::Tenant(Call { what: TenantArgs { action, name }, .. }) => {
+            ClientCommand::Tenant(Call { what: TenantArgs { action, name, policy }, .. }) => {
                 let name = || {
                     name.clone()
                         .ok_or_else(|| Failure::new(Exit::Usage, format!("`tenant {action}` takes the tenant's name")))
                 };
+                if policy.given() && !matches!(action.as_str(), "add" | "policy") {
+                    return Err(Failure::new(
+                        Exit::Usage,
+                        format!(
+                            "`tenant {action}` takes no policy flags: those are for `tenant add` and `tenant policy`"
+                        ),
+                    ));
+                }
                 match action.as_str() {
                     "add" => {
-                        let (TenantToken { token, .. }, body) =
-                            http.post("/v1/tenants", json!({"name": name()?}))?.read()?;
+                        let request = json!({"name": name()?, "policy": policy.fields(None)});
+                        let (TenantToken { token, .. }, body) = http.post("/v1/tenants", request)?.read()?;
                         shown(&body, token)?;
+                    }
+                    "policy" => {
+                        let path = format!("/v1/tenants/{}/policy", escape(&name()?));
+                        let (mut current, mut body) = http.get(&path)?.read::<TenantPolicy>()?;
+                        if policy.given() {
+                            let fields = json!(policy.fields(Some(&current.policy))).to_string();
+                            let answer =
+                                http.send(reqwest::Method::PUT, &path, Some((fields.into(), "application/json")));
+                            (current, body) = answer?.read()?;
+                        }
+                        shown(&body, policy_line(&current))?;
                     }
                     "token" => {
                         let (TenantToken { token, .. }, body) =
@@ -686,7 +869,7 @@ impl ClientCommand {
                     }
                     "ls" => {
                         let (Tenants { tenants }, body) = http.get("/v1/tenants")?.read()?;
-                        shown(&body, tenants.join("\n"))?;
+                        shown(&body, tenants.iter().map(policy_line).collect::<Vec<_>>().join("\n"))?;
                     }
                     "rm" => {
                         let name = name()?;
@@ -696,7 +879,7 @@ impl ClientCommand {
                     other => {
                         return Err(Failure::new(
                             Exit::Usage,
-                            format!("unknown `tenant` action `{other}`: add, ls, token or rm"),
+                            format!("unknown `tenant` action `{other}`: add, ls, policy, token or rm"),
                         ));
                     }
                 }

@@ -1,7 +1,9 @@
 //! The HTTP API, version 1: JSON in and out, a bearer token on every request but the
 //! health checks and the API's document. Every error is `{"error": {"code": CODE,
 //! "message": TEXT}}` with its status; what belongs to another tenant is answered as if
-//! it did not exist (404).
+//! it did not exist (404). A grant or a limit beyond the tenant's policy is `403
+//! beyond_policy`; a quota reached is `429 quota` (running workflows) or `413 quota`
+//! (storage); a rate passed `429 rate`.
 //!
 //! Each handler carries its `#[utoipa::path]` (method, path, parameters, body, every
 //! status it answers) and is routed through `routes!`, which takes the path from that
@@ -14,13 +16,15 @@
 //! | `GET /healthz`, `GET /readyz` | the server is up / takes requests |
 //! | `GET /metrics` | (admin) Prometheus' text format: requests, latencies, workflows, steps, commits |
 //! | `GET /v1/openapi.json` | the API's OpenAPI 3.1 document |
-//! | `POST /v1/tenants` `{"name"}` | (admin) adds a tenant; answers its token, shown once |
-//! | `GET /v1/tenants` | (admin) the tenants |
+//! | `POST /v1/tenants` `{"name", "policy"?}` | (admin) adds a tenant; answers its token, shown once |
+//! | `GET /v1/tenants` | (admin) the tenants, with their policies |
+//! | `GET`, `PUT /v1/tenants/{name}/policy` | (admin) a tenant's policy; `PUT` sets it (fields left out: the server's default) |
 //! | `POST /v1/tenants/{name}/token` | (admin) a new token for a tenant; the old one stops working |
-//! | `DELETE /v1/tenants/{name}` | (admin) removes a tenant without running workflows |
+//! | `DELETE /v1/tenants/{name}` | (admin) removes a tenant without running workflows, and its key-value data |
 //! | `POST /v1/components?name=N&tag=T` | uploads a component (the body is its bytes) |
 //! | `GET /v1/components`, `GET /v1/components/{reference}` | the tenant's components; one by hash or name |
-//! | `POST /v1/workflows` `{"id"?, "component", "method"?, "input"?}` | starts a workflow (201; 200 if the same request started it) |
+//! | `DELETE /v1/components/{reference}` | removes a component no running workflow was started from |
+//! | `POST /v1/workflows` `{"id"?, "component", "method"?, "input"?, "grants"?, "limits"?}` | starts a workflow (201; 200 if the same request started it) |
 //! | `GET /v1/workflows?state=&component=&prefix=&after=&limit=` | lists workflows by id, a page at a time |
 //! | `GET /v1/workflows/{id}` | describes one: with its steps and, while it runs, what it waits for |
 //! | `GET /v1/workflows/{id}/result?wait=30s` | its result: 200 once ended, 202 while running after the wait |
@@ -51,10 +55,12 @@ use utoipa_axum::routes;
 
 use super::wire::{
     Cancelling, Component, ComponentAnswer, Components, Ended, ErrorBody, ErrorDetail, History, NewTenant, Outcome,
-    PendingRequest, ProcessHistory, RequestPending, Sent, SignalRequest, TenantToken, Tenants, Terminated, Workflow,
-    WorkflowAnswer, WorkflowPage, WorkflowRequest,
+    PendingRequest, ProcessHistory, RequestPending, Sent, SignalRequest, TenantPolicy, TenantToken, Tenants,
+    Terminated, Workflow, WorkflowAnswer, WorkflowPage, WorkflowRequest,
 };
-use super::{Answered, ComponentRecord, Filter, Refusal, Service, ServiceConfig, StartRequest, WorkflowRecord};
+use super::{
+    Answered, ComponentRecord, Filter, PolicyFields, Refusal, Service, ServiceConfig, StartRequest, WorkflowRecord,
+};
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
@@ -85,7 +91,7 @@ fn answer(status: StatusCode, body: impl serde::Serialize) -> Answer {
     components(schemas(ErrorBody)),
     tags(
         (name = "operations", description = "Health, metrics and this document"),
-        (name = "tenants", description = "Tenants and their tokens (the admin's token)"),
+        (name = "tenants", description = "Tenants, their policies and their tokens (the admin's token)"),
         (name = "components", description = "A tenant's deployed components"),
         (name = "workflows", description = "A tenant's workflows"),
     ),
@@ -115,7 +121,7 @@ enum AsTenant {
     /// `unauthorized`: no token, an unknown one, or the admin's.
     #[response(status = 401)]
     Unauthorized(ErrorBody),
-    /// `rate`: the tenant is past its requests a second (the server's `--rate`).
+    /// `rate`: the tenant is past its requests a second (its policy's `rate`).
     #[response(status = 429)]
     Rate(ErrorBody),
     /// `internal`: the server failed.
@@ -177,8 +183,9 @@ fn tenant(service: &Service, headers: &HeaderMap) -> Result<String, Refusal> {
             429,
             "rate",
             format!(
-                "tenant `{tenant}` is past its {} requests a second (the server's `--rate`); slow down",
-                service.config().rate
+                "tenant `{tenant}` is past its {} requests a second (its policy's `rate`); slow down, or have the admin \
+                 run `wasmproc tenant policy {tenant} --rate N`",
+                service.policy(&tenant).map_or(0, |policy| policy.rate)
             ),
         ));
     }
@@ -295,7 +302,14 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, Refusal> +
 }
 
 fn component_view((record, names): (ComponentRecord, Vec<String>)) -> Component {
-    Component { hash: record.hash, size: record.size, entries: record.entries, uploaded_ms: record.uploaded_ms, names }
+    Component {
+        hash: record.hash,
+        size: record.size,
+        entries: record.entries,
+        commands: record.commands,
+        uploaded_ms: record.uploaded_ms,
+        names,
+    }
 }
 
 fn workflow_view(record: WorkflowRecord) -> Result<Workflow, Refusal> {
@@ -314,6 +328,8 @@ fn workflow_view(record: WorkflowRecord) -> Result<Workflow, Refusal> {
         started_ms: record.started_ms,
         ended_ms: record.ended_ms,
         result,
+        grants: record.grants,
+        limits: record.limits,
         steps: None,
         waiting: None,
     })
@@ -331,9 +347,10 @@ fn routes(limits: &ServiceConfig) -> OpenApiRouter<Service> {
         .routes(routes!(openapi_json))
         .routes(routes!(add_tenant, list_tenants).layer(body))
         .routes(routes!(remove_tenant))
+        .routes(routes!(get_policy, put_policy).layer(body))
         .routes(routes!(new_token))
         .routes(routes!(deploy, list_components).layer(upload))
-        .routes(routes!(describe_component))
+        .routes(routes!(describe_component, remove_component))
         .routes(routes!(start, list_workflows).layer(body))
         .routes(routes!(describe_workflow, forget))
         .routes(routes!(result))
@@ -407,25 +424,64 @@ async fn openapi_json() -> Answer {
     request_body = NewTenant,
     responses(
         (status = 201, description = "Added", body = TenantToken),
-        (status = 400, description = "`invalid`: malformed JSON, or an invalid name", body = ErrorBody),
+        (status = 400, description = "`invalid`: malformed JSON, an invalid name, or a policy the server cannot \
+            hold", body = ErrorBody),
         (status = 409, description = "`conflict`: the name is taken", body = ErrorBody),
         WithJson,
         AsAdmin,
     ))]
-async fn add_tenant(Admin(service): Admin, JsonBody(NewTenant { name }): JsonBody<NewTenant>) -> Answer {
+async fn add_tenant(Admin(service): Admin, JsonBody(NewTenant { name, policy }): JsonBody<NewTenant>) -> Answer {
     let token = blocking({
         let (service, name) = (service.clone(), name.clone());
-        move || service.add_tenant(&name)
+        move || service.add_tenant(&name, policy)
     })
     .await?;
     answer(StatusCode::CREATED, TenantToken { name, token })
 }
 
-/// The tenants.
+/// The tenants, with their policies.
 #[utoipa::path(get, path = "/v1/tenants", tag = "tenants", security(("bearer" = [])),
-    responses((status = 200, description = "The tenants' names", body = Tenants), AsAdmin))]
+    responses((status = 200, description = "The tenants, by name", body = Tenants), AsAdmin))]
 async fn list_tenants(Admin(service): Admin) -> Answer {
-    answer(StatusCode::OK, Tenants { tenants: service.tenants()? })
+    let tenants = service.tenants()?.into_iter().map(|(name, policy)| TenantPolicy { name, policy }).collect();
+    answer(StatusCode::OK, Tenants { tenants })
+}
+
+/// A tenant's policy: what its workflows may be granted at most, and its quotas.
+#[utoipa::path(get, path = "/v1/tenants/{name}/policy", tag = "tenants", security(("bearer" = [])),
+    params(("name" = String, Path, description = "The tenant")),
+    responses(
+        (status = 200, description = "Its policy", body = TenantPolicy),
+        (status = 400, description = "`invalid`: an unreadable path", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such tenant", body = ErrorBody),
+        AsAdmin,
+    ))]
+async fn get_policy(Admin(service): Admin, Segment(name): Segment) -> Answer {
+    let policy = service.policy(&name)?;
+    answer(StatusCode::OK, TenantPolicy { name, policy })
+}
+
+/// Sets a tenant's policy: the server's default but for the fields given. Its workflows
+/// started before keep what they were started with.
+#[utoipa::path(put, path = "/v1/tenants/{name}/policy", tag = "tenants", security(("bearer" = [])),
+    params(("name" = String, Path, description = "The tenant")),
+    request_body = PolicyFields,
+    responses(
+        (status = 200, description = "Its policy now", body = TenantPolicy),
+        (status = 400, description = "`invalid`: an unreadable path, malformed JSON, or a policy the server cannot \
+            hold (memory past its `--memory`, a rate of 0, a command that is not over other processes)",
+            body = ErrorBody),
+        (status = 404, description = "`not_found`: no such tenant", body = ErrorBody),
+        WithJson,
+        AsAdmin,
+    ))]
+async fn put_policy(Admin(service): Admin, Segment(name): Segment, JsonBody(fields): JsonBody<PolicyFields>) -> Answer {
+    let policy = blocking({
+        let (service, name) = (service.clone(), name.clone());
+        move || service.set_policy(&name, fields)
+    })
+    .await?;
+    answer(StatusCode::OK, TenantPolicy { name, policy })
 }
 
 /// Removes a tenant that has no running workflow.
@@ -483,7 +539,8 @@ struct Naming {
         (status = 201, description = "Deployed", body = ComponentAnswer),
         (status = 200, description = "The tenant had deployed it already", body = ComponentAnswer),
         (status = 400, description = "`invalid`: an invalid name or tag, or a tag without a name", body = ErrorBody),
-        (status = 413, description = "`too_large`: past the server's `--max-upload`", body = ErrorBody),
+        (status = 413, description = "`too_large`: past the server's `--max-upload`; `quota`: past the tenant's \
+            `storage` with its components and key-value data", body = ErrorBody),
         (status = 422, description = "`invalid_component`: not a wasmproc component", body = ErrorBody),
         AsTenant,
     ))]
@@ -523,6 +580,23 @@ async fn describe_component(Asker { service, tenant }: Asker, Segment(reference)
     answer(StatusCode::OK, ComponentAnswer { component: component_view(component) })
 }
 
+/// Removes one of the tenant's components and its names, once no running workflow was
+/// started from it.
+#[utoipa::path(delete, path = "/v1/components/{reference}", tag = "components", security(("bearer" = [])),
+    params(("reference" = String, Path, description = "`sha256:<hex>`, `NAME` or `NAME:TAG`")),
+    responses(
+        (status = 204, description = "Removed"),
+        (status = 400, description = "`invalid`: an unreadable path", body = ErrorBody),
+        (status = 404, description = "`not_found`: the tenant has no such component", body = ErrorBody),
+        (status = 409, description = "`in_use`: running workflows were started from it (the message names them)",
+            body = ErrorBody),
+        AsTenant,
+    ))]
+async fn remove_component(Asker { service, tenant }: Asker, Segment(reference): Segment) -> Answer {
+    blocking(move || service.remove_component(&tenant, &reference)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
 /// Starts a workflow; idempotent by its id.
 #[utoipa::path(post, path = "/v1/workflows", tag = "workflows", security(("bearer" = [])),
     request_body = StartRequest,
@@ -533,12 +607,14 @@ async fn describe_component(Asker { service, tenant }: Asker, Segment(reference)
         (status = 201, description = "Started", body = WorkflowAnswer),
         (status = 200, description = "The same request started it before: that workflow", body = WorkflowAnswer),
         (status = 400, description = "`invalid`: malformed JSON, an invalid id, an unknown method, an input that \
-            is not a payload", body = ErrorBody),
+            is not a payload, a grant that names no built-in command", body = ErrorBody),
+        (status = 403, description = "`beyond_policy`: a grant or a limit past the tenant's policy (the message \
+            names it and the admin's fix)", body = ErrorBody),
         (status = 404, description = "`not_found`: the tenant has no such component", body = ErrorBody),
         (status = 409, description = "`conflict`: the id is taken by another request", body = ErrorBody),
         (status = 422, description = "`spawn_failed`: the scheduler refused the workflow", body = ErrorBody),
-        (status = 429, description = "`quota`: the tenant runs as many workflows as it may (the server's \
-            `--max-running`); `rate`: past its requests a second", body = ErrorBody),
+        (status = 429, description = "`quota`: the tenant runs as many workflows as it may (its policy's \
+            `max_running`); `rate`: past its requests a second", body = ErrorBody),
     ))]
 async fn start(Asker { service, tenant }: Asker, JsonBody(request): JsonBody<StartRequest>) -> Answer {
     let (record, new) = blocking(move || service.start(&tenant, request)).await?;
@@ -641,8 +717,12 @@ async fn history(Asker { service, tenant }: Asker, Segment(id): Segment) -> Answ
         .map(|h| ProcessHistory {
             pid: h.pid.as_u64(),
             parent: h.parent.map(|p| p.as_u64()),
-            // The kind without its tenant: the component's hash, or a built-in kind.
-            kind: h.kind.map(|k| k.split_once('/').map_or(k.as_str(), |(_, hash)| hash).to_owned()),
+            // The kind without its tenant and workflow: the component's hash, or a
+            // built-in kind.
+            kind: h.kind.map(|k| {
+                let hash = k.split_once('/').map_or(k.as_str(), |(_, hash)| hash);
+                hash.split_once('@').map_or(hash, |(hash, _)| hash).to_owned()
+            }),
             method: h.method,
             steps: h.steps,
             ended: h.result.map(|e| Ended { reason: e.reason.name().to_owned(), message: e.reason.to_string() }),

@@ -1,7 +1,8 @@
 //! The tenants' components: their bytes under `DATA/components/<hex>.wasm` (one copy
 //! whoever uploaded them), compiled once and kept loaded, and the kinds they are to the
-//! scheduler: `TENANT/sha256:<hex>`, so that the journal records whose a process is and
-//! a spawn resolves names in its spawner's tenant only.
+//! scheduler: `TENANT/sha256:<hex>@ID` for the processes of workflow `ID`, so that the
+//! journal records whose a process is and which workflow's limits it runs under, and a
+//! spawn resolves names in its spawner's tenant and workflow only.
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -11,9 +12,11 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use sha2::{Digest as _, Sha256};
 
+use super::policy::Profiles;
 use super::registry::{ComponentRecord, Registry};
-use crate::handler::{Factory, KindSource};
-use crate::wasm::{Component, Runtime};
+use crate::handler::{Factory, KindLimits, KindSource};
+use crate::process::Process;
+use crate::wasm::{Component, Declared, Runtime};
 
 /// The components and where they live.
 pub(super) struct Code {
@@ -77,11 +80,30 @@ impl Code {
             hash: hash.clone(),
             size: bytes.len() as u64,
             entries: component.entries().to_vec(),
+            commands: match Declared::read(bytes) {
+                Declared::Commands { commands, .. } => Some(commands),
+                Declared::Undeclared | Declared::Unreadable(_) => None,
+            },
             uploaded_ms: now_ms,
         };
         self.registry.put_component(tenant, &record)?;
         self.loaded.lock().insert(hash, component);
         Ok((record, true))
+    }
+
+    /// Removes the bytes of `hash`, which no tenant has any more, and unloads it.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be removed.
+    pub(super) fn remove(&self, hash: &str) -> anyhow::Result<()> {
+        self.loaded.lock().remove(hash);
+        let path = self.path(hash);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(error) => Err(anyhow::anyhow!("cannot remove `{}`: {error}", path.display())),
+        }
     }
 
     /// The component of `hash`, loaded once.
@@ -107,30 +129,81 @@ impl Code {
 }
 
 /// The scheduler's view of the components: see the module's docs.
-pub(super) struct Kinds(pub(super) Arc<Code>);
+pub(super) struct Kinds {
+    pub(super) code: Arc<Code>,
+    pub(super) profiles: Arc<Profiles>,
+}
+
+/// `TENANT/REST` as the tenant, the reference and the workflow (`REST` = `REF@ID`).
+fn parts(kind: &str) -> Option<(&str, &str, Option<&str>)> {
+    let (tenant, rest) = kind.split_once('/')?;
+    Some(match rest.split_once('@') {
+        Some((reference, workflow)) => (tenant, reference, Some(workflow)),
+        None => (tenant, rest, None),
+    })
+}
 
 impl KindSource for Kinds {
     fn resolve(&self, name: &str, spawner: Option<&str>) -> Option<(Arc<str>, Arc<dyn Factory>)> {
-        let spawner_tenant = spawner.and_then(|kind| kind.split_once('/')).map(|(tenant, _)| tenant);
-        let (tenant, hash) = match name.split_once('/') {
-            // A recorded name: only within its own tenant.
-            Some((tenant, hash)) => {
-                if spawner_tenant.is_some_and(|spawner| spawner != tenant) {
+        let spawner = spawner.map(|kind| parts(kind).map(|(tenant, _, workflow)| (tenant, workflow)));
+        let (tenant, reference, workflow) = match (parts(name), spawner) {
+            // A recorded name: only within its own tenant, and a process spawns within its
+            // own workflow (another's would lend it that workflow's limits).
+            (Some((tenant, reference, workflow)), spawner) => {
+                if let Some(spawner) = spawner
+                    && spawner != Some((tenant, workflow))
+                {
                     return None;
                 }
-                (tenant.to_owned(), self.0.find(tenant, hash).ok()??)
+                (tenant, reference, workflow)
             }
-            None => {
-                let tenant = spawner_tenant?;
-                (tenant.to_owned(), self.0.find(tenant, name).ok()??)
-            }
+            // A name the spawner's tenant gave a component: in the spawner's workflow.
+            (None, Some(Some((tenant, workflow)))) => (tenant, name, workflow),
+            (None, _) => return None,
         };
-        match self.0.component(&hash) {
-            Ok(component) => Some((format!("{tenant}/{hash}").into(), Arc::new(component))),
+        let hash = self.code.find(tenant, reference).ok()??;
+        let component = match self.code.component(&hash) {
+            Ok(component) => component,
             Err(error) => {
                 tracing::error!("cannot load component `{hash}` of tenant `{tenant}`: {error:#}");
-                None
+                return None;
             }
+        };
+        let Some(workflow) = workflow else {
+            return Some((format!("{tenant}/{hash}").into(), Arc::new(component)));
+        };
+        let recorded: Arc<str> = format!("{tenant}/{hash}@{workflow}").into();
+        match self.profiles.get(tenant, workflow) {
+            Some(profile) => {
+                let own = component.limits()?;
+                Some((recorded, Arc::new(Bounded { limits: profile.bound(own), component })))
+            }
+            // A workflow forgotten while a process of it was being remade: its own limits.
+            None => Some((recorded, Arc::new(component))),
         }
+    }
+}
+
+/// A component whose processes run under a workflow's limits.
+struct Bounded {
+    component: Component,
+    limits: KindLimits,
+}
+
+impl Factory for Bounded {
+    fn make(&self) -> anyhow::Result<Box<dyn Process>> {
+        self.component.make_within(self.limits)
+    }
+
+    fn identity(&self) -> Option<String> {
+        self.component.identity()
+    }
+
+    fn limits(&self) -> Option<KindLimits> {
+        Some(self.limits)
+    }
+
+    fn make_within(&self, bound: KindLimits) -> anyhow::Result<Box<dyn Process>> {
+        self.component.make_within(self.limits.min(bound))
     }
 }

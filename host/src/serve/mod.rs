@@ -16,9 +16,10 @@
 //! | path | what |
 //! | --- | --- |
 //! | `journal/` | every workflow's history (kept after it ends, until it is forgotten) |
-//! | `registry/` | tenants (token hashes), components, names, workflows and results |
+//! | `registry/` | tenants (token hashes, policies), components, names, workflows and results |
 //! | `components/<hex>.wasm` | uploaded components, by the SHA-256 of their bytes |
 //! | `logs/TENANT/ID.log` | each workflow's log lines, bounded (see `logs.rs`) |
+//! | `kv/<tenant>/` | each tenant's key-value store (see `stores.rs`) |
 //! | `admin.token` | the admin's bearer token (mode 0600), made on the first start |
 
 mod api;
@@ -26,8 +27,10 @@ mod code;
 mod describe;
 mod logs;
 mod metrics;
+mod policy;
 mod registry;
 mod requests;
+mod stores;
 pub mod wire;
 
 use std::collections::{HashMap, HashSet};
@@ -42,11 +45,15 @@ use wasmproc_types::{ExitReason, Format, Payload, Pid};
 
 pub use self::api::openapi;
 use self::code::{Code, Kinds, sha256_hex};
+pub use self::policy::{Grants, Limits, Policy, PolicyFields};
+use self::policy::{Profile, Profiles};
 use self::registry::Registry;
 pub use self::registry::{ComponentRecord, State, Tenant, WorkflowRecord};
 pub use self::requests::{ANSWER, Answered, Ask, Submitted, TOPIC_PREFIX};
+use self::stores::{Stores, TenantKv};
 use crate::caps::Capabilities;
 use crate::journal::{Journal, JournalSettings};
+use crate::provider::clock::{Random, Time};
 use crate::scheduler::{Handle, ProcessHandle, Scheduler, SpawnOptions, Spawnable};
 use crate::step::Exited;
 use crate::wasm::{Config, Runtime};
@@ -70,28 +77,27 @@ pub struct ServiceConfig {
     pub max_wait: Duration,
     /// How long a cancelled workflow has to end in its own code before it is terminated.
     pub grace: Duration,
-    /// The grants of every workflow.
-    pub grants: Capabilities,
     /// How long an ended workflow's record, result and history are kept before they are
     /// forgotten; `None` keeps them until `forget`.
     pub retention: Option<Duration>,
-    /// The most workflows one tenant may have running at once.
-    pub max_running: usize,
-    /// Requests a second one tenant may make, on average; bursts of up to a second's
-    /// worth pass at once.
-    pub rate: u32,
     /// The most requests one workflow may have unanswered; past it a request is
     /// refused (429).
     pub max_pending_requests: usize,
     /// The most bytes of log kept for one workflow; past it its oldest lines are dropped.
     pub max_log_bytes: u64,
+    /// The most linear memory any process may have, in bytes: the bound of every
+    /// tenant's policy (the runtime's [`Config::max_memory`]).
+    pub max_memory: usize,
+    /// The policy a new tenant gets when it is added without one of its own, and that a
+    /// tenant kept from before policies has.
+    pub policy: Policy,
 }
 
 impl ServiceConfig {
     /// The defaults for `data`: 2 workers, uploads up to 64 MiB, other bodies up to
-    /// 1 MiB, waits up to 60 s, a 5 s grace, the CLI's default grants, ended workflows
-    /// kept 7 days, for each tenant 10,000 running workflows and 1,000 requests a
-    /// second, 1,000 unanswered requests and 1 MiB of log a workflow.
+    /// 1 MiB, waits up to 60 s, a 5 s grace, ended workflows kept 7 days, processes of
+    /// up to 64 MiB, [`Policy::new`] for new tenants, 1,000 unanswered requests and 1 MiB
+    /// of log a workflow.
     pub fn new(data: impl Into<PathBuf>) -> ServiceConfig {
         ServiceConfig {
             data: data.into(),
@@ -100,12 +106,11 @@ impl ServiceConfig {
             max_body: 1 << 20,
             max_wait: Duration::from_secs(60),
             grace: Duration::from_secs(5),
-            grants: Capabilities::over_self(),
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
-            max_running: 10_000,
-            rate: 1_000,
             max_pending_requests: 1_000,
             max_log_bytes: 1 << 20,
+            max_memory: crate::wasm::DEFAULT_MAX_MEMORY,
+            policy: Policy::new(crate::wasm::DEFAULT_MAX_MEMORY as u64),
         }
     }
 }
@@ -164,6 +169,13 @@ pub struct StartRequest {
     /// The input, as one JSON value; none when absent.
     #[serde(default)]
     pub input: Option<serde_json::Value>,
+    /// What the workflow is granted beyond every workflow's defaults, within its
+    /// tenant's policy.
+    #[serde(default)]
+    pub grants: Grants,
+    /// The limits its processes run under, within its tenant's policy.
+    #[serde(default)]
+    pub limits: Limits,
 }
 
 /// A workflow that is running: its handle, and a flag raised once it has ended and its
@@ -190,6 +202,12 @@ struct Inner {
     live: Mutex<HashMap<(String, String), Live>>,
     /// Tenants by the hash of their token.
     tokens: RwLock<HashMap<String, String>>,
+    /// Each tenant's policy, as the registry has it.
+    policies: RwLock<HashMap<String, Policy>>,
+    /// What each workflow that may have processes was started with.
+    profiles: Arc<Profiles>,
+    /// The tenants' key-value stores.
+    stores: Arc<Stores>,
     admin_token_sha256: String,
     /// The workflows being started now, by tenant and id. Taken to check an id and claim
     /// it, and by what must not interleave with that (forget, tenants).
@@ -277,35 +295,68 @@ impl Service {
     pub fn open(config: ServiceConfig) -> anyhow::Result<Service> {
         let data = &config.data;
         private_dir(data)?;
-        for dir in ["journal", "registry", "components", "logs"] {
+        for dir in ["journal", "registry", "components", "logs", "kv"] {
             private_dir(&data.join(dir))?;
         }
         let admin = admin_token(data)?;
         let registry = Arc::new(Registry::open(&data.join("registry"))?);
+        config
+            .policy
+            .check(config.max_memory as u64)
+            .map_err(|refusal| anyhow::anyhow!("the default policy for new tenants: {}", refusal.message))?;
         let logs = Arc::new(logs::Logs::new(data.join("logs"), config.max_log_bytes));
-        let runtime_config = Config::default().cache_dir(data.join("cache")).log_sink(logs.sink());
+        let runtime_config =
+            Config::default().cache_dir(data.join("cache")).max_memory(config.max_memory).log_sink(logs.sink());
         let runtime = Runtime::new(runtime_config).context("cannot start the Wasm runtime")?;
         let code = Arc::new(Code::new(data.join("components"), runtime, registry.clone()));
+        let tenants = registry.tenants()?;
+        let policies: HashMap<String, Policy> = tenants
+            .iter()
+            .map(|t| (t.name.clone(), t.policy.clone().unwrap_or_else(|| config.policy.clone())))
+            .collect();
+        // Every workflow that may have processes to resume: what it was started with.
+        let profiles = Arc::new(Profiles::default());
+        let mut granted_kv = std::collections::HashSet::new();
+        for (tenant, record) in registry.all_workflows()? {
+            if record.state != State::Running {
+                continue;
+            }
+            let policy = policies.get(&tenant).unwrap_or(&config.policy);
+            let profile = Profile::recorded(policy, &record.grants, &record.limits);
+            if profile.kv {
+                granted_kv.insert(tenant.clone());
+            }
+            profiles.insert(&tenant, &record.id, profile);
+        }
+        let stores = Arc::new(Stores::new(data.join("kv")));
+        for (tenant, policy) in &policies {
+            if policy.kv || granted_kv.contains(tenant) {
+                let components = registry.components(tenant)?.iter().map(|c| c.size).sum();
+                stores
+                    .open(tenant, policy.storage, components)
+                    .with_context(|| format!("cannot open tenant `{tenant}`'s key-value store"))?;
+            }
+        }
         let journal = Journal::open(data.join("journal"))
             .with_context(|| format!("cannot open the journal in `{}`", data.join("journal").display()))?;
         let settings = JournalSettings { keep_finished: true, ..JournalSettings::default() };
         let journal = journal.settings(settings);
         let requests = Arc::new(requests::Requests::new(config.max_pending_requests));
-        // Every workflow may answer the requests it is sent.
-        let grants = config.grants.clone().allow(ANSWER);
         let scheduler = Scheduler::builder()
             .workers(config.workers.max(1))
             .thread_name("wasmproc-serve")
             .journal(journal.clone())
-            .capabilities(grants.clone())
-            .resume_within(grants)
+            .capabilities(policy::ALWAYS.into_iter().fold(Capabilities::over_self(), Capabilities::allow))
             .provider(requests::AnswerProvider(requests.clone()))
-            .kind_source(Kinds(code.clone()))
+            .kind_source(Kinds { code: code.clone(), profiles: profiles.clone() })
+            .provider(TenantKv(stores.clone()))
+            .provider(Time)
+            .provider(Random)
             .build()
             .context("cannot start the scheduler on the journal")?;
         logs.attach(scheduler.handle().clone());
         logs::start(&logs)?;
-        let tokens = registry.tenants()?.into_iter().map(|t| (t.token_sha256, t.name)).collect();
+        let tokens = tenants.into_iter().map(|t| (t.token_sha256, t.name)).collect();
         let (chores_to, chores_from) = std::sync::mpsc::channel();
         let inner = Arc::new(Inner {
             handle: scheduler.handle().clone(),
@@ -317,6 +368,9 @@ impl Service {
             journal,
             live: Mutex::new(HashMap::new()),
             tokens: RwLock::new(tokens),
+            policies: RwLock::new(policies),
+            profiles,
+            stores,
             starting: Mutex::new(HashSet::new()),
             started: parking_lot::Condvar::new(),
             stopping: AtomicBool::new(false),
@@ -444,7 +498,7 @@ impl Service {
 
     /// Takes one request from `tenant`'s allowance; `false` past its rate.
     pub fn admit(&self, tenant: &str) -> bool {
-        let rate = f64::from(self.inner.config.rate.max(1));
+        let rate = f64::from(self.policy_of(tenant).rate.max(1));
         let now = std::time::Instant::now();
         let mut buckets = self.inner.buckets.lock();
         let (tokens, at) = buckets.entry(tenant.to_owned()).or_insert((rate, now));
@@ -463,22 +517,80 @@ impl Service {
         sha256_hex(token.as_bytes()) == self.inner.admin_token_sha256
     }
 
-    /// Adds tenant `name`; its token, which is kept only hashed.
+    /// Adds tenant `name`, with the server's default policy but for the fields `policy`
+    /// gives; its token, which is kept only hashed.
     ///
     /// # Errors
     ///
-    /// An invalid name, or one taken.
-    pub fn add_tenant(&self, name: &str) -> Result<String, Refusal> {
+    /// An invalid name, one taken, or a policy the server cannot hold.
+    pub fn add_tenant(&self, name: &str, policy: PolicyFields) -> Result<String, Refusal> {
         if !code::valid_name(name) {
             return Err(Refusal::invalid(format!(
                 "invalid tenant name `{name}`: 1 to 64 letters, digits, `-`, `_` or `.`"
             )));
         }
+        let policy = policy.over(&self.inner.config.policy);
+        policy.check(self.inner.config.max_memory as u64)?;
         let _one_at_a_time = self.inner.starting.lock();
         if self.inner.registry.tenants()?.iter().any(|t| t.name == name) {
             return Err(Refusal::new(409, "conflict", format!("tenant `{name}` exists already")));
         }
-        self.issue_token(name)
+        self.apply_policy(name, &policy)?;
+        self.issue_token(name, policy)
+    }
+
+    /// `tenant`'s policy as the service holds it (the default for a tenant it does not
+    /// know, which no request reaches: a request's tenant is one its token names).
+    fn policy_of(&self, tenant: &str) -> Policy {
+        self.inner.policies.read().get(tenant).cloned().unwrap_or_else(|| self.inner.config.policy.clone())
+    }
+
+    /// Tenant `name`'s policy.
+    ///
+    /// # Errors
+    ///
+    /// No such tenant.
+    pub fn policy(&self, name: &str) -> Result<Policy, Refusal> {
+        self.inner.policies.read().get(name).cloned().ok_or_else(|| Refusal::not_found(format_args!("tenant `{name}`")))
+    }
+
+    /// Sets tenant `name`'s policy: the server's default but for the fields `policy`
+    /// gives. Workflows started before keep what they were started with.
+    ///
+    /// # Errors
+    ///
+    /// No such tenant, or a policy the server cannot hold.
+    pub fn set_policy(&self, name: &str, policy: PolicyFields) -> Result<Policy, Refusal> {
+        let policy = policy.over(&self.inner.config.policy);
+        policy.check(self.inner.config.max_memory as u64)?;
+        let _one_at_a_time = self.inner.starting.lock();
+        let Some(mut tenant) = self.inner.registry.tenants()?.into_iter().find(|t| t.name == name) else {
+            return Err(Refusal::not_found(format_args!("tenant `{name}`")));
+        };
+        self.apply_policy(name, &policy)?;
+        tenant.policy = Some(policy.clone());
+        self.inner.registry.put_tenant(&tenant)?;
+        self.inner.policies.write().insert(name.to_owned(), policy.clone());
+        Ok(policy)
+    }
+
+    /// Opens or bounds tenant `name`'s key-value store as `policy` says.
+    fn apply_policy(&self, name: &str, policy: &Policy) -> Result<(), Refusal> {
+        let components = self.components_bytes(name)?;
+        if policy.kv {
+            self.inner
+                .stores
+                .open(name, policy.storage, components)
+                .with_context(|| format!("cannot open tenant `{name}`'s key-value store"))?;
+        } else {
+            self.inner.stores.bound(name, policy.storage, components);
+        }
+        Ok(())
+    }
+
+    /// The bytes of `tenant`'s components.
+    fn components_bytes(&self, tenant: &str) -> Result<u64, Refusal> {
+        Ok(self.inner.registry.components(tenant)?.iter().map(|c| c.size).sum())
     }
 
     /// A new token for tenant `name`; the old one stops working.
@@ -488,29 +600,42 @@ impl Service {
     /// No such tenant.
     pub fn new_token(&self, name: &str) -> Result<String, Refusal> {
         let _one_at_a_time = self.inner.starting.lock();
-        if !self.inner.registry.tenants()?.iter().any(|t| t.name == name) {
+        let Some(tenant) = self.inner.registry.tenants()?.into_iter().find(|t| t.name == name) else {
             return Err(Refusal::not_found(format_args!("tenant `{name}`")));
-        }
-        self.issue_token(name)
+        };
+        let policy = tenant.policy.unwrap_or_else(|| self.inner.config.policy.clone());
+        self.issue_token(name, policy)
     }
 
-    fn issue_token(&self, name: &str) -> Result<String, Refusal> {
+    fn issue_token(&self, name: &str, policy: Policy) -> Result<String, Refusal> {
         let token = secret("wpt_")?;
-        let tenant = Tenant { name: name.to_owned(), token_sha256: sha256_hex(token.as_bytes()) };
+        let tenant =
+            Tenant { name: name.to_owned(), token_sha256: sha256_hex(token.as_bytes()), policy: Some(policy.clone()) };
         self.inner.registry.put_tenant(&tenant)?;
+        self.inner.policies.write().insert(name.to_owned(), policy);
         let mut tokens = self.inner.tokens.write();
         tokens.retain(|_, tenant| tenant != name);
         tokens.insert(tenant.token_sha256, name.to_owned());
         Ok(token)
     }
 
-    /// The tenants' names.
+    /// The tenants' names, with their policies.
     ///
     /// # Errors
     ///
     /// The registry cannot be read.
-    pub fn tenants(&self) -> Result<Vec<String>, Refusal> {
-        Ok(self.inner.registry.tenants()?.into_iter().map(|t| t.name).collect())
+    pub fn tenants(&self) -> Result<Vec<(String, Policy)>, Refusal> {
+        let policies = self.inner.policies.read();
+        Ok(self
+            .inner
+            .registry
+            .tenants()?
+            .into_iter()
+            .map(|t| {
+                let policy = policies.get(&t.name).cloned().unwrap_or_else(|| self.inner.config.policy.clone());
+                (t.name, policy)
+            })
+            .collect())
     }
 
     /// Removes tenant `name`, which must have no running workflow.
@@ -533,6 +658,8 @@ impl Service {
         }
         self.inner.registry.remove_tenant(name)?;
         self.inner.tokens.write().retain(|_, tenant| tenant != name);
+        self.inner.policies.write().remove(name);
+        self.inner.stores.remove(name)?;
         Ok(())
     }
 
@@ -561,6 +688,27 @@ impl Service {
         if tag.is_some() && name.is_none() {
             return Err(Refusal::invalid("a tag needs a name: give `name` too"));
         }
+        // Unlocked: two uploads at once may pass the quota by the smaller of them, once.
+        let policy = self.policy_of(tenant);
+        let hash = format!("sha256:{}", sha256_hex(bytes));
+        let components = self.components_bytes(tenant)?;
+        if self.inner.registry.component(tenant, &hash)?.is_none() {
+            let data = self.inner.stores.used(tenant);
+            let size = bytes.len() as u64;
+            if components + data + size > policy.storage {
+                return Err(Refusal::new(
+                    413,
+                    "quota",
+                    format!(
+                        "tenant `{tenant}` holds {components} bytes of components and {data} of key-value data: \
+                         this component's {size} would pass its `storage` of {} bytes; remove components you no \
+                         longer use (`wasmproc undeploy`), or have the admin run `wasmproc tenant policy {tenant} \
+                         --storage SIZE`",
+                        policy.storage
+                    ),
+                ));
+            }
+        }
         let (record, new) = self
             .inner
             .code
@@ -572,7 +720,47 @@ impl Service {
                 self.inner.registry.put_name(tenant, &format!("{name}:{tag}"), &record.hash)?;
             }
         }
+        if new {
+            self.inner.stores.bound(tenant, policy.storage, components + record.size);
+        }
         Ok((record, new))
+    }
+
+    /// Removes `tenant`'s component `reference` (a hash or a name), and every name of
+    /// it; its bytes go once no tenant has it.
+    ///
+    /// # Errors
+    ///
+    /// No such component for the tenant, or one that a running workflow of the tenant
+    /// was started from (409, naming them).
+    pub fn remove_component(&self, tenant: &str, reference: &str) -> Result<ComponentRecord, Refusal> {
+        let _one_at_a_time = self.inner.starting.lock();
+        let (record, _) = self.component(tenant, reference)?;
+        let running: Vec<String> = self
+            .inner
+            .registry
+            .workflows(tenant, "")?
+            .into_iter()
+            .filter(|w| w.state == State::Running && w.component == record.hash)
+            .map(|w| format!("`{}`", w.id))
+            .collect();
+        if !running.is_empty() {
+            return Err(Refusal::new(
+                409,
+                "in_use",
+                format!(
+                    "component `{reference}` runs in workflows {}: cancel or terminate them first",
+                    running.join(", ")
+                ),
+            ));
+        }
+        self.inner.registry.remove_component(tenant, &record.hash)?;
+        if !self.inner.registry.anyone_has(&record.hash)? {
+            self.inner.code.remove(&record.hash)?;
+        }
+        let policy = self.policy_of(tenant);
+        self.inner.stores.bound(tenant, policy.storage, self.components_bytes(tenant)?);
+        Ok(record)
     }
 
     /// `tenant`'s components, with the names that stand for each.
@@ -631,6 +819,9 @@ impl Service {
             .find(tenant, &request.component)?
             .ok_or_else(|| Refusal::not_found(format_args!("component `{}`", request.component)))?;
         let method = request.method.unwrap_or_else(|| "main".to_owned());
+        let grants = request.grants.normalised();
+        let policy = self.policy_of(tenant);
+        let (_, limits) = policy::resolve(tenant, &policy, &grants, &request.limits)?;
         let component = inner.code.component(&hash)?;
         if !component.entries().contains(&method) {
             return Err(Refusal::invalid(format!(
@@ -649,6 +840,8 @@ impl Service {
             started_ms: now_ms(),
             ended_ms: None,
             result: None,
+            grants,
+            limits,
         };
         let key = (tenant.to_owned(), record.id.clone());
         {
@@ -662,13 +855,14 @@ impl Service {
             }
             let busy = starting.iter().filter(|(of, _)| of == tenant).count();
             let running = busy + inner.live.lock().keys().filter(|(of, _)| of == tenant).count();
-            if running >= inner.config.max_running {
+            if running >= policy.max_running {
                 return Err(Refusal::new(
                     429,
                     "quota",
                     format!(
-                        "tenant `{tenant}` has {running} workflows running, its most (the server's \
-                         `--max-running`); wait for some to end"
+                        "tenant `{tenant}` has {running} workflows running, the most its policy's `max_running` \
+                         allows; wait for some to end, or have the admin run `wasmproc tenant policy {tenant} \
+                         --max-running N`"
                     ),
                 ));
             }
@@ -703,8 +897,13 @@ impl Service {
         // sees it.
         let id = Payload { format: Format::Other(WORKFLOW_ID_FORMAT.into()), data: record.id.clone().into_bytes() };
         let input = vec![input, id];
-        let kind = format!("{tenant}/{}", record.component);
-        let options = SpawnOptions::new(&record.method).input(input);
+        let policy = self.policy_of(tenant);
+        let profile = Profile::recorded(&policy, &record.grants, &record.limits);
+        let kind = format!("{tenant}/{}@{}", record.component, record.id);
+        let options = SpawnOptions::new(&record.method).input(input).capabilities(profile.caps.clone());
+        // Before the spawn: the kind and the providers find the workflow's limits and
+        // grants here from its first process on.
+        inner.profiles.insert(tenant, &record.id, profile);
         let mut written = false;
         let spawned = inner.handle.spawn_admitted(Spawnable::kind(kind), options, |pid| {
             record.pid = pid.as_u64();
@@ -715,6 +914,7 @@ impl Service {
         match spawned {
             Ok(handle) => Ok((record, handle)),
             Err(error) => {
+                inner.profiles.remove(tenant, &record.id);
                 let refusal = Refusal::new(422, "spawn_failed", format!("the workflow did not start: {error}"));
                 if written {
                     // Its record is written, its process gone: the record says how it
@@ -850,6 +1050,7 @@ impl Service {
         requests::forget(&self.inner.registry, &self.inner.requests, tenant, id)?;
         self.inner.logs.forget(tenant, id);
         self.inner.registry.remove_workflow(tenant, id)?;
+        self.inner.profiles.remove(tenant, id);
         Ok(())
     }
 
@@ -1006,7 +1207,12 @@ impl Filter {
 /// The answer to a start of an id that has a workflow: that workflow if `asked` is the
 /// same request, else a conflict.
 fn same_request(existing: WorkflowRecord, asked: &WorkflowRecord) -> Result<(WorkflowRecord, bool), Refusal> {
-    if existing.component == asked.component && existing.method == asked.method && existing.input == asked.input {
+    if existing.component == asked.component
+        && existing.method == asked.method
+        && existing.input == asked.input
+        && existing.grants == asked.grants
+        && existing.limits == asked.limits
+    {
         return Ok((existing, false));
     }
     Err(Refusal::new(

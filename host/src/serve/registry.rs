@@ -1,6 +1,6 @@
 //! What the service keeps beside the journal, in one fjall database under `DATA/registry`:
-//! tenants (by the hash of their token), each tenant's components and names for them,
-//! and each tenant's workflows. Every write is synced before it is answered.
+//! tenants (by the hash of their token, with their policies), each tenant's components
+//! and names for them, and each tenant's workflows. Every write is synced before it is answered.
 //!
 //! Keys are `TENANT \0 …`, so a tenant's records are one prefix and no lookup can reach
 //! another tenant's. Values are JSON.
@@ -22,6 +22,7 @@ use parking_lot::{Condvar, Mutex};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::policy::{Grants, Limits, Policy};
 use super::requests::RequestRecord;
 
 /// A tenant: a name and the SHA-256 of its bearer token (the token itself is never kept).
@@ -31,6 +32,9 @@ pub struct Tenant {
     pub name: String,
     /// The hex SHA-256 of its token.
     pub token_sha256: String,
+    /// Its policy; the server's default when absent (a tenant added before policies).
+    #[serde(default)]
+    pub policy: Option<Policy>,
 }
 
 /// A component a tenant uploaded.
@@ -42,6 +46,10 @@ pub struct ComponentRecord {
     pub size: u64,
     /// Its entry methods.
     pub entries: Vec<String>,
+    /// The commands it declares it yields (the SDK's `uses!`), sorted; `None` when it
+    /// declares nothing (which is not that it yields nothing).
+    #[serde(default)]
+    pub commands: Option<Vec<String>>,
     /// When it was uploaded, in milliseconds since the Unix epoch.
     pub uploaded_ms: u64,
 }
@@ -90,6 +98,12 @@ pub struct WorkflowRecord {
     pub ended_ms: Option<u64>,
     /// Its result once ended: `{"ok": VALUE}` or `{"error": {"reason": NAME, "message": TEXT}}`.
     pub result: Option<serde_json::Value>,
+    /// What it was granted beyond every workflow's defaults.
+    #[serde(default)]
+    pub grants: Grants,
+    /// The limits its processes run under (the policy's memory when it asked for none).
+    #[serde(default)]
+    pub limits: Limits,
 }
 
 /// The service's records.
@@ -233,6 +247,29 @@ impl Registry {
 
     pub(super) fn put_name(&self, tenant: &str, name: &str, hash: &str) -> anyhow::Result<()> {
         self.put(&self.names, key(tenant, name), &hash)
+    }
+
+    /// Removes a tenant's component and every name of it, in one synced batch.
+    pub(super) fn remove_component(&self, tenant: &str, hash: &str) -> anyhow::Result<()> {
+        let mut batch = self.db.batch().durability(Some(PersistMode::SyncData));
+        batch.remove(&self.components, key(tenant, hash));
+        for (name, named) in self.names(tenant)? {
+            if named == hash {
+                batch.remove(&self.names, key(tenant, &name));
+            }
+        }
+        batch.commit().map_err(failed)
+    }
+
+    /// Whether any tenant has the component `hash`.
+    pub(super) fn anyone_has(&self, hash: &str) -> anyhow::Result<bool> {
+        for guard in self.components.iter() {
+            let (key, _) = guard.into_inner().map_err(failed)?;
+            if key.split(|b| *b == 0).nth(1) == Some(hash.as_bytes()) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     pub(super) fn workflow(&self, tenant: &str, id: &str) -> anyhow::Result<Option<WorkflowRecord>> {

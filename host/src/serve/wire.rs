@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+pub use super::policy::{Grants, Limits, Policy, PolicyFields};
 pub use super::registry::State;
 
 /// Every error the API answers, with its HTTP status.
@@ -27,12 +28,12 @@ pub struct ErrorDetail {
 }
 
 /// The stable codes of errors, with their statuses: `invalid` (400: a malformed body,
-/// query or path; the message names what and where), `unauthorized` (401), `forbidden`
-/// (403), `not_found` (404, also for what belongs to another tenant),
-/// `method_not_allowed` (405), `conflict`, `not_running`, `running` (409), `unanswered`
-/// (410), `too_large` (413), `unsupported_media_type` (415), `invalid_component`,
-/// `spawn_failed`, `request_failed` (422), `quota`, `rate`, `mailbox_full`,
-/// `too_many_requests` (429), `internal` (500).
+/// query or path; the message names what and where), `unauthorized` (401), `forbidden`,
+/// `beyond_policy` (403), `not_found` (404, also for what belongs to another tenant),
+/// `method_not_allowed` (405), `conflict`, `not_running`, `running`, `in_use` (409),
+/// `unanswered` (410), `too_large`, `quota` (413), `unsupported_media_type` (415),
+/// `invalid_component`, `spawn_failed`, `request_failed` (422), `quota`, `rate`,
+/// `mailbox_full`, `too_many_requests` (429), `internal` (500).
 // A new code is a new variant here: the document lists them, and the API's fuzzing fails
 // on a code it does not list.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash, ToSchema)]
@@ -45,6 +46,9 @@ pub enum ErrorCode {
     Unauthorized,
     /// 403: a tenant's token where the admin's is needed.
     Forbidden,
+    /// 403: a grant or a limit past the tenant's policy (the message names it and the
+    /// admin's command that would allow it).
+    BeyondPolicy,
     /// 404: no such thing, or another tenant's.
     NotFound,
     /// 405: the path takes other methods.
@@ -57,6 +61,8 @@ pub enum ErrorCode {
     Running,
     /// 410: the workflow ended without answering the request.
     Unanswered,
+    /// 409: running workflows were started from the component (the message names them).
+    InUse,
     /// 413: a body past its bound.
     TooLarge,
     /// 415: a body that says it is not JSON.
@@ -67,7 +73,8 @@ pub enum ErrorCode {
     SpawnFailed,
     /// 422: the workflow answered the request with an error.
     RequestFailed,
-    /// 429: the tenant runs as many workflows as it may.
+    /// 429: the tenant runs as many workflows as its policy lets it; 413: an upload past
+    /// its storage.
     Quota,
     /// 429: the tenant is past its requests a second.
     Rate,
@@ -91,8 +98,17 @@ pub struct TenantToken {
 /// The tenants.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct Tenants {
-    /// Their names, in order.
-    pub tenants: Vec<String>,
+    /// Each, in name order.
+    pub tenants: Vec<TenantPolicy>,
+}
+
+/// A tenant and its policy.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct TenantPolicy {
+    /// The tenant.
+    pub name: String,
+    /// What its workflows may be granted at most, and its quotas.
+    pub policy: Policy,
 }
 
 /// What adding a tenant asks for.
@@ -102,6 +118,9 @@ pub struct NewTenant {
     /// Its name: 1 to 64 letters, digits, `-`, `_` or `.`.
     #[schema(pattern = r"^[A-Za-z0-9._-]{1,64}$")]
     pub name: String,
+    /// Its policy: the server's default but for the fields given.
+    #[serde(default)]
+    pub policy: PolicyFields,
 }
 
 /// A deployed component.
@@ -113,6 +132,9 @@ pub struct Component {
     pub size: u64,
     /// Its entry methods.
     pub entries: Vec<String>,
+    /// The commands it declares it yields (the SDK's `uses!`), sorted; `null` when it
+    /// declares nothing (which is not that it yields nothing).
+    pub commands: Option<Vec<String>>,
     /// When the tenant uploaded it, in milliseconds since the Unix epoch.
     pub uploaded_ms: u64,
     /// The names (`NAME`, `NAME:TAG`) the tenant gave it.
@@ -174,6 +196,10 @@ pub struct Workflow {
     pub ended_ms: Option<u64>,
     /// Its result once ended (`null` while running).
     pub result: Option<Outcome>,
+    /// What it was granted beyond every workflow's defaults.
+    pub grants: Grants,
+    /// The limits its processes run under.
+    pub limits: Limits,
     /// The steps its root process has taken, as its journal holds them (in a workflow's
     /// description only).
     #[serde(default, skip_serializing_if = "Option::is_none")]

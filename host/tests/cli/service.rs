@@ -291,19 +291,39 @@ fn a_tenant_sees_and_touches_nothing_of_another() {
         0
     );
 
+    // An ended one too, whose result, history and forgetting are there to be asked for.
+    assert_eq!(
+        server.client(&acme, &["start", "tour", "--id", "done", "--method", "deadline", "--input", "1"]).code,
+        0
+    );
+    assert_eq!(server.client(&acme, &["result", "done", "--wait", "20s"]).code, 0);
+
     // Every endpoint with acme's ids, as globex: not found, as if it did not exist.
     for (method, path, body) in [
         ("GET", "/v1/workflows/secret".to_owned(), ""),
         ("GET", "/v1/workflows/secret/result".to_owned(), ""),
+        ("GET", "/v1/workflows/secret/result?wait=1s".to_owned(), ""),
+        ("GET", "/v1/workflows/secret/history".to_owned(), ""),
         ("POST", "/v1/workflows/secret/signal".to_owned(), r#"{"topic":"go"}"#),
         ("POST", "/v1/workflows/secret/cancel".to_owned(), ""),
         ("POST", "/v1/workflows/secret/terminate".to_owned(), ""),
         ("DELETE", "/v1/workflows/secret".to_owned(), ""),
+        ("GET", "/v1/workflows/done".to_owned(), ""),
+        ("GET", "/v1/workflows/done/result".to_owned(), ""),
+        ("GET", "/v1/workflows/done/history".to_owned(), ""),
+        ("DELETE", "/v1/workflows/done".to_owned(), ""),
         ("GET", format!("/v1/components/{hash}"), ""),
         ("GET", "/v1/components/tour".to_owned(), ""),
+        ("DELETE", format!("/v1/components/{hash}"), ""),
+        ("DELETE", "/v1/components/tour".to_owned(), ""),
     ] {
         let (status, answer) = server.http(method, &path, Some(&globex), body.as_bytes());
         assert_eq!((status, answer["error"]["code"].as_str()), (404, Some("not_found")), "{method} {path}: {answer}");
+    }
+    // Nor list them by acme's component, nor find them by prefix.
+    for query in [format!("component={hash}"), "component=tour".to_owned(), "prefix=se".to_owned()] {
+        let (status, answer) = server.http("GET", &format!("/v1/workflows?{query}"), Some(&globex), b"");
+        assert_eq!((status, &answer["workflows"]), (200, &json!([])), "{query}: {answer}");
     }
     // Nor start acme's component, by hash or by name.
     for component in [hash.as_str(), "tour"] {
@@ -312,13 +332,17 @@ fn a_tenant_sees_and_touches_nothing_of_another() {
     }
     assert_eq!(server.http("GET", "/v1/workflows", Some(&globex), b"").1["workflows"], json!([]));
     assert_eq!(server.http("GET", "/v1/components", Some(&globex), b"").1["components"], json!([]));
-    // Acme's workflow was not touched.
+    // Acme's workflows and component were not touched.
     assert_eq!(json_out(&server.client(&acme, &["status", "secret", "--json"]))["workflow"]["state"], "running");
+    assert_eq!(json_out(&server.client(&acme, &["status", "done", "--json"]))["workflow"]["state"], "completed");
+    assert_eq!(server.http("GET", "/v1/components/tour", Some(&acme), b"").0, 200);
     // Tokens: none, unknown, or the admin's are not a tenant's; a tenant's is not the admin's.
     assert_eq!(server.http("GET", "/v1/workflows", None, b"").0, 401);
     assert_eq!(server.http("GET", "/v1/workflows", Some("wpt_nobody"), b"").0, 401);
     assert_eq!(server.http("GET", "/v1/workflows", Some(&server.admin_token()), b"").0, 401);
     assert_eq!(server.http("GET", "/v1/tenants", Some(&acme), b"").0, 403);
+    assert_eq!(server.http("GET", "/v1/tenants/acme/policy", Some(&acme), b"").0, 403);
+    assert_eq!(server.http("PUT", "/v1/tenants/acme/policy", Some(&acme), br#"{"kv": true}"#).0, 403);
 }
 
 #[test]
@@ -441,14 +465,21 @@ fn a_tenant_past_its_quota_or_its_rate_is_refused_and_others_go_on() {
     let body = br#"{"id": "two", "component": "tour", "method": "deadline", "input": 60000}"#;
     let (status, answer) = server.http("POST", "/v1/workflows", Some(&acme), body);
     assert_eq!((status, answer["error"]["code"].as_str()), (429, Some("quota")), "{answer}");
-    assert!(answer["error"]["message"].as_str().unwrap().contains("`--max-running`"), "{answer}");
+    assert!(
+        answer["error"]["message"].as_str().unwrap().contains("`wasmproc tenant policy acme --max-running N`"),
+        "{answer}"
+    );
     // Past 5 requests a second: refused, naming the flag; another tenant is not.
     let refused = (0..30)
         .map(|_| server.http("GET", "/v1/workflows", Some(&acme), b""))
         .find(|(status, _)| *status == 429)
         .expect("a burst past the rate is refused");
     assert_eq!(refused.1["error"]["code"], "rate", "{}", refused.1);
-    assert!(refused.1["error"]["message"].as_str().unwrap().contains("`--rate`"), "{}", refused.1);
+    assert!(
+        refused.1["error"]["message"].as_str().unwrap().contains("`wasmproc tenant policy acme --rate N`"),
+        "{}",
+        refused.1
+    );
     assert_eq!(server.http("GET", "/v1/workflows", Some(&globex), b"").0, 200);
 }
 
@@ -1022,4 +1053,159 @@ fn a_workflows_description_shows_its_steps_and_its_timer() {
     server.client(&token, &["result", "n", "--wait", "20s"]);
     let ended = json_out(&server.client(&token, &["status", "n", "--json"]));
     assert!(ended["workflow"]["steps"].as_u64() >= Some(1) && ended["workflow"]["waiting"].is_null(), "{ended}");
+}
+
+/// Asserts that the server refused a client command with `status`: its exit code is 2,
+/// and its stderr names the status and says `words`.
+fn refused(ran: &Ran, status: u16, words: &str) {
+    assert_eq!(ran.code, 2, "{}", ran.stderr);
+    assert!(ran.stderr.contains(&format!("({status})")) && ran.stderr.contains(words), "{}", ran.stderr);
+}
+
+#[test]
+fn a_tenants_policy_bounds_what_its_workflows_are_granted() {
+    let server = Server::start(&scratch("serve-policy"));
+    let admin = server.admin_token();
+    let acme = server.tenant("acme");
+    let added =
+        server.client(&admin, &["tenant", "add", "globex", "--kv", "--allow", "terminate", "--memory", "16MiB"]);
+    assert_eq!(added.code, 0, "{}", added.stderr);
+    let globex = added.stdout.trim().to_owned();
+    let listed = server.client(&admin, &["tenant", "ls"]);
+    assert!(
+        listed.stdout.contains("acme  allow=-  kv=no  max-running=10000  memory=64MiB  storage=1GiB  rate=1000/s")
+            && listed.stdout.contains("globex  allow=terminate  kv=yes  max-running=10000  memory=16MiB"),
+        "{}",
+        listed.stdout
+    );
+    deploy_tour(&server, &acme);
+    deploy_tour(&server, &globex);
+
+    // Beyond acme's policy: refused, naming the bound and the admin's fix.
+    let start = |token: &str, id: &str, extra: &[&str]| {
+        let mut args = vec!["start", "tour", "--id", id, "--method", "deadline", "--input", "1"];
+        args.extend_from_slice(extra);
+        server.client(token, &args)
+    };
+    refused(&start(&acme, "a", &["--kv"]), 403, "`wasmproc tenant policy acme --kv`");
+    refused(&start(&acme, "a", &["--allow", "terminate"]), 403, "`wasmproc tenant policy acme --allow terminate`");
+    refused(&start(&acme, "a", &["--memory", "128MiB"]), 403, "beyond tenant `acme`'s policy (at most 67108864 bytes)");
+    let (status, answer) = server.http(
+        "POST",
+        "/v1/workflows",
+        Some(&acme),
+        br#"{"component": "tour", "method": "deadline", "grants": {"kv": true}}"#,
+    );
+    assert_eq!((status, answer["error"]["code"].as_str()), (403, Some("beyond_policy")), "{answer}");
+    refused(&start(&globex, "g", &["--memory", "32MiB"]), 403, "at most 16777216 bytes");
+
+    // Within its policy: started, with what it asked recorded.
+    let started = start(&globex, "g", &["--kv", "--allow", "terminate", "--memory", "8MiB", "--json"]);
+    assert_eq!(started.code, 0, "{}", started.stderr);
+    let w = &json_out(&started)["workflow"];
+    assert_eq!((&w["grants"], &w["limits"]["memory"]), (&json!({"allow": ["terminate"], "kv": true}), &json!(8 << 20)));
+    // The same request again is the same workflow; other grants or limits are another.
+    assert_eq!(start(&globex, "g", &["--allow", "terminate", "--kv", "--memory", "8MiB"]).code, 0);
+    refused(&start(&globex, "g", &["--kv", "--allow", "terminate"]), 409, "workflow `g` exists");
+    refused(&start(&globex, "g", &["--allow", "terminate", "--memory", "8MiB"]), 409, "workflow `g` exists");
+
+    // The memory limit holds: a Rust guest needs more than one page to start.
+    refused(&start(&globex, "tiny", &["--memory", "64KiB"]), 422, "did not start");
+
+    // The admin widens acme's policy; then what was refused starts.
+    let widened = server.client(&admin, &["tenant", "policy", "acme", "--kv", "--max-running", "7"]);
+    assert!(widened.stdout.contains("acme  allow=-  kv=yes  max-running=7  memory=64MiB"), "{}", widened.stdout);
+    assert_eq!(start(&acme, "a", &["--kv"]).code, 0);
+    let (status, answer) = server.http("GET", "/v1/tenants/acme/policy", Some(&admin), b"");
+    assert_eq!((status, &answer["policy"]["kv"], &answer["policy"]["max_running"]), (200, &json!(true), &json!(7)));
+    // A policy past what the server holds is refused, and changes nothing.
+    let (status, answer) = server.http("PUT", "/v1/tenants/acme/policy", Some(&admin), br#"{"memory": 1099511627776}"#);
+    assert!(status == 400 && answer["error"]["message"].as_str().unwrap().contains("`--memory`"), "{answer}");
+    let bad = server.client(&admin, &["tenant", "policy", "acme", "--allow", "spawn"]);
+    refused(&bad, 400, "not `spawn`");
+    assert_eq!(server.http("GET", "/v1/tenants/nobody/policy", Some(&admin), b"").0, 404);
+    assert_eq!(server.http("GET", "/v1/tenants/acme/policy", Some(&admin), b"").1["policy"]["max_running"], 7);
+}
+
+#[test]
+fn a_tenants_key_value_store_is_shared_by_its_workflows_and_no_one_elses() {
+    let data = scratch("serve-kv");
+    let mut server = Server::start_with(&data, &["--kv"]);
+    let (acme, globex) = (server.tenant("acme"), server.tenant("globex"));
+    deploy_tour(&server, &acme);
+    deploy_tour(&server, &globex);
+    let run = |server: &Server, token: &str, id: &str, method: &str, input: &str, extra: &[&str]| {
+        let mut args = vec!["start", "tour", "--id", id, "--method", method, "--input", input];
+        args.extend_from_slice(extra);
+        let started = server.client(token, &args);
+        assert_eq!(started.code, 0, "{}", started.stderr);
+        server.client(token, &["result", id, "--wait", "20s"])
+    };
+    let wrote = run(&server, &acme, "w", "remember", r#"["colour", "blue"]"#, &["--kv"]);
+    assert_eq!(wrote.code, 0, "{}", wrote.stderr);
+    // Another workflow of acme's reads it; globex's, the same key in its own store, nothing.
+    assert_eq!(run(&server, &acme, "r1", "recall", r#""colour""#, &["--kv"]).stdout.trim(), "\"blue\"");
+    assert_eq!(run(&server, &globex, "r1", "recall", r#""colour""#, &["--kv"]).stdout.trim(), "null");
+    // Without `--kv` a workflow has no store at all.
+    let ungranted = run(&server, &acme, "r2", "recall", r#""colour""#, &[]);
+    assert!(ungranted.code == 1 && ungranted.stderr.contains("kv.get"), "{}", ungranted.stderr);
+
+    // Across a `kill -9` and a restart, the stores are as they were, each its tenant's.
+    server.kill();
+    server = Server::start_with(&data, &["--kv"]);
+    assert_eq!(run(&server, &acme, "r3", "recall", r#""colour""#, &["--kv"]).stdout.trim(), "\"blue\"");
+    assert_eq!(run(&server, &globex, "r3", "recall", r#""colour""#, &["--kv"]).stdout.trim(), "null");
+    let theirs = run(&server, &globex, "w", "remember", r#"["colour", "red"]"#, &["--kv"]);
+    assert_eq!(theirs.code, 0, "{}", theirs.stderr);
+    assert_eq!(run(&server, &acme, "r4", "recall", r#""colour""#, &["--kv"]).stdout.trim(), "\"blue\"");
+
+    // The storage quota counts the components and the data together.
+    let tour = std::fs::metadata(SDK_TOUR).expect("the tour").len();
+    let admin = server.admin_token();
+    let storage = (tour + 20).to_string();
+    assert_eq!(server.client(&admin, &["tenant", "policy", "acme", "--storage", &storage]).code, 0);
+    let big = json!(["big", "x".repeat(64)]).to_string();
+    let full = run(&server, &acme, "big", "remember", &big, &["--kv"]);
+    assert!(
+        full.code == 1 && full.stderr.contains("tenant `acme`'s `storage`") && full.stderr.contains("--storage"),
+        "{}",
+        full.stderr
+    );
+    let again = server.http("POST", "/v1/components?name=other", Some(&acme), &[0; 32]);
+    assert_eq!((again.0, again.1["error"]["code"].as_str()), (413, Some("quota")), "{}", again.1);
+}
+
+#[test]
+fn a_component_is_removed_once_no_running_workflow_uses_it() {
+    let server = Server::start(&scratch("serve-undeploy"));
+    let acme = server.tenant("acme");
+    let hash = deploy_tour(&server, &acme);
+    let tagged = server.client(&acme, &["deploy", SDK_TOUR, "--name", "tour", "--tag", "v1", "--json"]);
+    let described = json_out(&server.client(&acme, &["deploy", SDK_TOUR, "--json"]));
+    assert_eq!(tagged.code, 0, "{}", tagged.stderr);
+    let names = &described["component"]["names"];
+    assert!(names.as_array().is_some_and(|n| n.contains(&json!("tour")) && n.contains(&json!("tour:v1"))), "{names}");
+    let (status, answer) = server.http("GET", "/v1/components/tour:v1", Some(&acme), b"");
+    assert_eq!((status, &answer["component"]["hash"]), (200, &json!(hash)));
+    let entries = &answer["component"]["entries"];
+    assert!(entries.as_array().is_some_and(|e| e.contains(&json!("remember"))), "{entries}");
+    assert_eq!(answer["component"]["commands"], json!(["kv.get", "kv.put"]), "{answer}");
+
+    assert_eq!(
+        server.client(&acme, &["start", "tour", "--id", "busy", "--method", "deadline", "--input", "60000"]).code,
+        0
+    );
+    refused(&server.client(&acme, &["undeploy", "tour:v1"]), 409, "runs in workflows `busy`");
+    assert_eq!(server.client(&acme, &["terminate", "busy"]).code, 0);
+    assert_eq!(server.client(&acme, &["result", "busy", "--wait", "20s"]).code, 1);
+    let removed = server.client(&acme, &["undeploy", &hash]);
+    assert_eq!((removed.code, removed.stdout.trim()), (0, format!("removed {hash}").as_str()), "{}", removed.stderr);
+    for reference in [hash.as_str(), "tour", "tour:v1"] {
+        let (status, _) = server.http("GET", &format!("/v1/components/{reference}"), Some(&acme), b"");
+        assert_eq!(status, 404, "{reference}");
+    }
+    refused(&server.client(&acme, &["start", "tour", "--method", "deadline", "--input", "1"]), 404, "no component");
+    assert!(!server.data.join("components").join(format!("{}.wasm", &hash["sha256:".len()..])).exists());
+    // Its ended workflow's history is still there.
+    assert_eq!(server.http("GET", "/v1/workflows/busy/history", Some(&acme), b"").0, 200);
 }
