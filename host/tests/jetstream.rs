@@ -157,20 +157,25 @@ fn stream_bytes(server: &Server, name: &str) -> u64 {
     })
 }
 
-/// A process that sleeps 20 ms `STEPS` times and ends with how many steps it
-/// took: deterministic, so its replay on another host matches its history.
+/// Steps of the processes of a run one host takes from another.
 const STEPS: u64 = 40;
 
-fn sleeper() -> anyhow::Result<Box<dyn wasmproc::Process>> {
-    let (process, _) = Scripted::new(|t| {
-        if (t.step as u64) < STEPS {
-            t.out.yield_command(t.step as u64, Command::Sleep(Duration::from_millis(20)));
+/// A process that sleeps `pause` `steps` times and ends with how many steps it took:
+/// deterministic, so its replay on another host matches its history.
+fn sleeper_of(steps: u64, pause: Duration) -> anyhow::Result<Box<dyn wasmproc::Process>> {
+    let (process, _) = Scripted::new(move |t| {
+        if (t.step as u64) < steps {
+            t.out.yield_command(t.step as u64, Command::Sleep(pause));
         } else {
             t.out.set_status(Status::Complete(Ok(Payload::u64(t.step as u64))));
         }
         Ok(())
     });
     Ok(Box::new(process))
+}
+
+fn sleeper() -> anyhow::Result<Box<dyn wasmproc::Process>> {
+    sleeper_of(STEPS, Duration::from_millis(20))
 }
 
 fn scheduler_on(store: JetStreamStore) -> Scheduler {
@@ -303,15 +308,7 @@ fn a_lease_not_renewed_passes_to_another() {
 const LONG_STEPS: u64 = 100;
 
 fn long_sleeper() -> anyhow::Result<Box<dyn wasmproc::Process>> {
-    let (process, _) = Scripted::new(|t| {
-        if (t.step as u64) < LONG_STEPS {
-            t.out.yield_command(t.step as u64, Command::Sleep(Duration::from_millis(30)));
-        } else {
-            t.out.set_status(Status::Complete(Ok(Payload::u64(t.step as u64))));
-        }
-        Ok(())
-    });
-    Ok(Box::new(process))
+    sleeper_of(LONG_STEPS, Duration::from_millis(30))
 }
 
 type Resumed = Arc<std::sync::Mutex<Vec<wasmproc::scheduler::ProcessHandle>>>;
