@@ -98,6 +98,15 @@ pub enum Renewal {
     Lost,
 }
 
+/// What the lease bucket says at one moment ([`Leases::shares`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shares {
+    /// Every shard held, and the node holding it.
+    pub owners: BTreeMap<u32, String>,
+    /// How many nodes take part (each announced within two leases' time).
+    pub nodes: usize,
+}
+
 /// One node's view of the leases: takes, renews, gives up and lists them.
 pub struct Leases {
     io: Io,
@@ -266,49 +275,44 @@ impl Leases {
         Ok(())
     }
 
-    /// How many nodes take part now (each announced within two leases' time).
-    ///
-    /// # Errors
-    ///
-    /// The server did not answer.
-    pub fn nodes(&self) -> anyhow::Result<usize> {
-        let store = self.store.clone();
-        self.io.run(async move {
-            let mut keys = store.keys().await.map_err(|e| anyhow::anyhow!("cannot list the nodes: {e}"))?;
-            let mut count = 0;
-            while let Some(name) = keys.next().await {
-                if name.map_err(|e| anyhow::anyhow!("cannot list the nodes: {e}"))?.starts_with("node.") {
-                    count += 1;
-                }
-            }
-            Ok(count)
-        })?
-    }
-
     /// Every shard held now, and the node holding it.
     ///
     /// # Errors
     ///
     /// The server did not answer.
     pub fn owners(&self) -> anyhow::Result<BTreeMap<u32, String>> {
+        Ok(self.shares()?.owners)
+    }
+
+    /// Who holds which shard, and how many nodes take part: one listing of the bucket,
+    /// for a host that weighs its fair share.
+    ///
+    /// # Errors
+    ///
+    /// The server did not answer.
+    pub fn shares(&self) -> anyhow::Result<Shares> {
         let store = self.store.clone();
         self.io.run(async move {
-            let mut owners = BTreeMap::new();
             let mut keys = store.keys().await.map_err(|e| anyhow::anyhow!("cannot list the leases: {e}"))?;
             let mut names = Vec::new();
             while let Some(name) = keys.next().await {
                 names.push(name.map_err(|e| anyhow::anyhow!("cannot list the leases: {e}"))?);
             }
+            let mut shares = Shares { owners: BTreeMap::new(), nodes: 0 };
             for name in names {
+                if name.starts_with("node.") {
+                    shares.nodes += 1;
+                    continue;
+                }
                 let Some(shard) = name.strip_prefix("shard.").and_then(|n| n.parse::<u32>().ok()) else { continue };
                 if let Some(entry) =
                     store.entry(&name).await.map_err(|e| anyhow::anyhow!("cannot read a lease: {e}"))?
                     && entry.operation == kv::Operation::Put
                 {
-                    owners.insert(shard, String::from_utf8_lossy(&entry.value).into_owned());
+                    shares.owners.insert(shard, String::from_utf8_lossy(&entry.value).into_owned());
                 }
             }
-            Ok(owners)
+            Ok(shares)
         })?
     }
 }

@@ -99,7 +99,7 @@ pub use self::config::{
     ClusterConfig, GRACE, HEARTBEAT, LOSS_AFTER, MAX_BACKLOG, MAX_LOG_BACKLOG, MAX_QUEUED, Placement, RETRANSMIT_AFTER,
 };
 pub use self::journal::{DEFAULT_STREAM, JetStreamOptions, JetStreamStore};
-pub use self::lease::{DEFAULT_BUCKET, Lease, LeaseOptions, Leases, Renewal};
+pub use self::lease::{DEFAULT_BUCKET, Lease, LeaseOptions, Leases, Renewal, Shares};
 pub use self::process::{RemoteProcess, RemoteSpawnOptions};
 pub use self::shards::{BuildShard, FIRST_SHARD_NODE, MAX_SHARDS, ShardHost, ShardOptions, shard_node};
 pub use self::shared::{ClusterStats, LineSink, Loader, NodeInfo};

@@ -29,7 +29,7 @@ use parking_lot::Mutex;
 
 use super::config::ClusterConfig;
 use super::journal::{JetStreamOptions, JetStreamStore};
-use super::lease::{Lease, LeaseOptions, Leases, Renewal};
+use super::lease::{Lease, LeaseOptions, Leases, Renewal, Shares};
 use crate::Pid;
 use crate::journal::Journal;
 use crate::scheduler::{Builder, Handle, Scheduler};
@@ -216,38 +216,47 @@ impl Inner {
     }
 
     /// Renews every lease held; stops the shards whose lease is lost, or was not renewed
-    /// for a whole time to live.
+    /// for a whole time to live. The renewals go to the server without `held` locked, so
+    /// [`ShardHost::handle`] never waits on the network; only this thread changes `held`.
     fn renew(&self) {
-        let mut held = self.held.lock();
+        let leases: Vec<(u32, Lease, Instant)> =
+            self.held.lock().iter().map(|(shard, one)| (*shard, one.lease.clone(), one.renewed)).collect();
+        let mut renewed = Vec::new();
         let mut lost = Vec::new();
-        for (shard, one) in held.iter_mut() {
-            match self.leases.renew(&mut one.lease) {
-                Ok(Renewal::Held) => one.renewed = Instant::now(),
-                Ok(Renewal::Lost) => lost.push((*shard, "its lease passed to another node")),
-                Err(error) => {
-                    if one.renewed.elapsed() >= self.leases.ttl() {
-                        lost.push((*shard, "its lease could not be renewed within its time to live"));
-                    } else {
-                        tracing::warn!(node = %self.node, shard, "cannot renew a shard's lease: {error:#}");
-                    }
+        for (shard, mut lease, since) in leases {
+            match self.leases.renew(&mut lease) {
+                Ok(Renewal::Held) => renewed.push((shard, lease)),
+                Ok(Renewal::Lost) => lost.push((shard, "its lease passed to another node")),
+                Err(error) if since.elapsed() >= self.leases.ttl() => {
+                    tracing::warn!(node = %self.node, shard, "cannot renew a shard's lease: {error:#}");
+                    lost.push((shard, "its lease could not be renewed within its time to live"));
                 }
+                Err(error) => tracing::warn!(node = %self.node, shard, "cannot renew a shard's lease: {error:#}"),
             }
         }
-        for (shard, why) in lost {
-            if let Some(one) = held.remove(&shard) {
-                tracing::warn!(node = %self.node, shard, "stopping shard {shard}: {why}");
-                // Its journal is another's now (or soon): nothing it would write counts,
-                // so its processes are stopped without waiting for them.
-                one.scheduler.stop(Duration::ZERO);
+        let stopped: Vec<(u32, &str, Held)> = {
+            let mut held = self.held.lock();
+            for (shard, lease) in renewed {
+                if let Some(one) = held.get_mut(&shard) {
+                    one.lease = lease;
+                    one.renewed = Instant::now();
+                }
             }
+            lost.into_iter().filter_map(|(shard, why)| Some((shard, why, held.remove(&shard)?))).collect()
+        };
+        for (shard, why, one) in stopped {
+            tracing::warn!(node = %self.node, shard, "stopping shard {shard}: {why}");
+            // Its journal is another's now (or soon): nothing it would write counts, so
+            // its processes are stopped without waiting for them.
+            one.scheduler.stop(Duration::ZERO);
         }
     }
 
     /// Takes free shards up to this node's fair share, or gives one back if it holds
     /// more than that while another node holds less.
     fn balance(&self) -> anyhow::Result<()> {
-        let owners = self.leases.owners()?;
-        let nodes = self.leases.nodes()?.max(1);
+        let Shares { owners, nodes } = self.leases.shares()?;
+        let nodes = nodes.max(1);
         let fair = self.options.shards.div_ceil(nodes as u32) as usize;
         let held = self.held.lock().len();
         if held < fair {
