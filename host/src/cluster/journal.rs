@@ -283,7 +283,7 @@ impl JetStreamStore {
                     state.last = sequence;
                     return Ok(());
                 }
-                Err(error) if error.to_string().contains("no longer owns") && tries < RETRIES => continue,
+                Err(error) if is_fenced(&error) && tries < RETRIES => continue,
                 Err(error) => {
                     return Err(anyhow::anyhow!("cannot take the journal on `{}`: {error}", self.subject));
                 }
@@ -394,7 +394,7 @@ impl JetStreamStore {
     fn compact(&self, state: &mut State) -> io::Result<()> {
         let (records, last) = self.replay()?;
         if last != state.last {
-            return Err(other(format!(
+            return Err(fenced(format!(
                 "the journal's subject `{}` was written by another store (its last message is {last}, this store \
                  wrote {}): this store no longer owns it",
                 self.subject, state.last
@@ -454,7 +454,7 @@ impl Store for JetStreamStore {
             // stream); it is tried again after the next commit.
             if let Err(error) = self.compact(state) {
                 tracing::warn!(subject = %self.subject, "cannot compact the journal: {error}");
-                if error.to_string().contains("no longer owns") {
+                if is_fenced(&error) {
                     state.failed = Some(error.to_string());
                 }
             }
@@ -587,6 +587,27 @@ async fn send_commit(
     last_ack.ok_or_else(|| other("a commit with no message"))
 }
 
+/// Another store wrote the journal after this one last read or wrote it: this store no
+/// longer owns it. Told apart from other failures by its type, not its words.
+#[derive(Debug)]
+struct Fenced(String);
+
+impl std::fmt::Display for Fenced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Fenced {}
+
+fn fenced(message: String) -> io::Error {
+    io::Error::other(Fenced(message))
+}
+
+fn is_fenced(error: &io::Error) -> bool {
+    error.get_ref().is_some_and(|inner| inner.is::<Fenced>())
+}
+
 /// Whether a commit that failed so may be sent again: the server did not store it, or
 /// may have, and the message id makes a second copy a duplicate.
 fn is_transient(error: &io::Error) -> bool {
@@ -600,7 +621,7 @@ fn publish_error(subject: &str, error: &jetstream::context::PublishError) -> io:
             io::ErrorKind::NotConnected,
             format!("no stream leader took the journal's commit on `{subject}`: {error}"),
         ),
-        Kind::WrongLastSequence => other(format!(
+        Kind::WrongLastSequence => fenced(format!(
             "the journal's subject `{subject}` was written by another store since this one last wrote it: this \
              store no longer owns it ({error})"
         )),
