@@ -93,15 +93,20 @@ fn through_provider(s: &Scheduler, request: &Payload, each: u64) -> Duration {
     start.elapsed()
 }
 
-/// The client the provider builds, as far as plain HTTP cares.
-fn client() -> reqwest::Client {
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+/// A TLS setup on ring with no roots, for clients that speak plain HTTP only: reqwest is
+/// built without a default TLS provider, and a client needs one all the same.
+pub(crate) fn plain_tls() -> rustls::ClientConfig {
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
         .expect("ring supports the default versions")
         .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
+        .with_no_client_auth()
+}
+
+/// The client the provider builds, as far as plain HTTP cares.
+fn client() -> reqwest::Client {
     reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
+        .tls_backend_preconfigured(plain_tls())
         .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
         .build()

@@ -189,16 +189,10 @@ fn paired(
     }
 }
 
-/// A plain-HTTP client with a connection kept for each client at once (reqwest is
-/// built without a default TLS provider: ring's, as the `http` bench does).
+/// A plain-HTTP client with a connection kept for each client at once.
 fn client() -> reqwest::Client {
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default versions")
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
     reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
+        .tls_backend_preconfigured(super::http::plain_tls())
         .no_proxy()
         .pool_max_idle_per_host(CLIENTS as usize)
         .build()
