@@ -32,7 +32,7 @@
 // variant `{ tag, val }`, a result `{ tag: 'ok' | 'err', val }`; an exported function
 // returning `result<_, string>` fails by throwing.
 
-import { log } from 'wasmproc:process/host@0.2.0';
+import { log, wait } from 'wasmproc:process/host@0.2.1';
 
 const ENTRIES = ['main', 'square', 'idle', 'fail', 'watch', 'trap', 'linked', 'supervise'];
 
@@ -414,6 +414,19 @@ export function init(_pid, method, input) {
   }
 }
 
+// While the process has more to do it stays in this call: each step ends in the host's
+// `wait`, which answers with the next step's events (`undefined`: return now, with no
+// yields).
 export function step(events) {
-  return state.step(events);
+  for (;;) {
+    const out = state.step(events);
+    if (out.status.tag === 'complete') {
+      return out;
+    }
+    const next = wait(out);
+    if (next === undefined) {
+      return output(out.status);
+    }
+    events = next;
+  }
 }

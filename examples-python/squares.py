@@ -357,4 +357,13 @@ class WitWorld(wit_world.WitWorld):
             raise Err(str(error))
 
     def step(self, events):
-        return state.step(events)
+        # While the process has more to do it stays in this call: each step ends in the
+        # host's `wait`, which answers with the next step's events (`None`: return now,
+        # with no yields).
+        while True:
+            out = state.step(events)
+            if isinstance(out.status, types.Status_Complete):
+                return out
+            events = host.wait(out)
+            if events is None:
+                return output(out.status)

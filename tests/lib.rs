@@ -163,6 +163,8 @@ pub mod guests {
     pub const SUPERVISED: &str = env!("GUEST_SUPERVISED");
     /// `examples-wasm/timers`.
     pub const TIMERS: &str = env!("GUEST_TIMERS");
+    /// `examples-wasm/waiter`.
+    pub const WAITER: &str = env!("GUEST_WAITER");
     /// `examples-wasm/wasi-cli`.
     pub const WASI_CLI: &str = env!("GUEST_WASI_CLI");
     /// `examples-wasm/workflow`.
@@ -381,9 +383,15 @@ impl Drop for Killed {
 
 /// Measuring for the benchmarks: samples, medians, paired runs.
 pub mod bench;
+/// A headless chromium driven through WebDriver, for the console's tests and benchmark.
+pub mod browser;
 /// A file system that stalls every write (frozen), for the providers' tests.
 pub mod frozen;
 /// A real `nats-server` on loopback for the cluster's tests and benchmark.
 pub mod nats;
+/// An HTTP server on loopback recording what it is sent, for side effects counted.
+pub mod recorder;
+/// A `wasmproc serve` on loopback for the CLI tests and the service benchmark.
+pub mod served;
 /// A real HTTP server on loopback serving a directory.
 pub mod site;

@@ -198,16 +198,51 @@ impl JetStreamCluster {
     ///
     /// As [`Server::start`], or the cluster did not elect a leader within the patience.
     pub fn start(count: usize) -> Result<JetStreamCluster, String> {
+        JetStreamCluster::start_configured(count, false)
+    }
+
+    /// As [`JetStreamCluster::start`], each server with users who must authenticate: the
+    /// account `WASMPROC` (JetStream on) with a `node` user holding the rights
+    /// `WASMPROC_NODE`, a `client` user holding `WASMPROC_DURABLE_CLIENT` and a `runner`
+    /// user holding `WASMPROC_CLIENT`, from `docs/cluster/permissions.conf` and
+    /// `permissions-durable.conf` as they are in the repository (the last two users with
+    /// the same password), with [`NODE_PASSWORD`]
+    /// and [`CLIENT_PASSWORD`]. Connect with [`Server::url_as`].
+    ///
+    /// # Errors
+    ///
+    /// As [`JetStreamCluster::start`], or a file could not be written.
+    pub fn start_secured(count: usize) -> Result<JetStreamCluster, String> {
+        JetStreamCluster::start_configured(count, true)
+    }
+
+    /// Starts the cluster up to three times, each on fresh ports and stores: a port found
+    /// free may be taken by another test's server or connection before this one binds it,
+    /// and a server that cannot bind its route port leaves the others without a quorum.
+    /// The error names each attempt's failure and the tail of every server's log.
+    fn start_configured(count: usize, secured: bool) -> Result<JetStreamCluster, String> {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match JetStreamCluster::start_once(count, secured) {
+                Ok(cluster) => return Ok(cluster),
+                Err(failure) => failures.push(failure),
+            }
+        }
+        Err(failures.join("\n---\n"))
+    }
+
+    fn start_once(count: usize, secured: bool) -> Result<JetStreamCluster, String> {
         let ports: Vec<(u16, u16)> =
             (0..count).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<_, String>>()?;
         let routes = ports.iter().map(|(_, route)| format!("nats://127.0.0.1:{route}")).collect::<Vec<_>>().join(",");
         let mut servers = Vec::with_capacity(count);
         for (index, &(port, route)) in ports.iter().enumerate() {
             let dir = store_dir(port)?;
+            let store = dir.join("store");
             let args = [
                 "-js",
                 "-sd",
-                &dir.display().to_string(),
+                &store.display().to_string(),
                 "--server_name",
                 &format!("s{index}"),
                 "--cluster_name",
@@ -216,16 +251,34 @@ impl JetStreamCluster {
                 &format!("nats://127.0.0.1:{route}"),
                 "--routes",
                 &routes,
+                "--log",
+                &dir.join("server.log").display().to_string(),
             ]
             .map(str::to_owned)
             .to_vec();
-            let mut server = Server { port, process: None, config: None, scheme: "nats", args, dir: Some(dir) };
+            let config = if secured { Some(secured_config(&dir)?) } else { None };
+            let mut server = Server { port, process: None, config, scheme: "nats", args, dir: Some(dir) };
             server.restart()?;
             servers.push(server);
         }
         let cluster = JetStreamCluster { servers };
-        cluster.wait_for_leader()?;
-        Ok(cluster)
+        match cluster.wait_for_leader() {
+            Ok(()) => Ok(cluster),
+            Err(error) => Err(format!("{error}\n{}", cluster.log_tails())),
+        }
+    }
+
+    /// The last lines of each server's log, for a failure's message.
+    fn log_tails(&self) -> String {
+        let mut tails = String::new();
+        for (index, server) in self.servers.iter().enumerate() {
+            let Some(dir) = &server.dir else { continue };
+            let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_else(|e| format!("(no log: {e})"));
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+            tails.push_str(&format!("server s{index} (port {}), its log's last lines:\n{tail}\n", server.port));
+        }
+        tails
     }
 
     /// Waits until the cluster answers JetStream's account information (it has a meta
@@ -237,23 +290,49 @@ impl JetStreamCluster {
     pub fn wait_for_leader(&self) -> Result<(), String> {
         let server = self.servers.iter().find(|s| s.process.is_some()).ok_or("no server runs")?;
         let url = server.url();
+        let options = || match server.config {
+            Some(_) => async_nats::ConnectOptions::with_user_and_password("node".into(), NODE_PASSWORD.into()),
+            None => async_nats::ConnectOptions::new(),
+        };
         let deadline = Instant::now() + PATIENCE;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
         runtime.block_on(async {
             loop {
-                if let Ok(client) = async_nats::connect(url.as_str()).await {
-                    let context = async_nats::jetstream::new(client);
-                    if context.query_account().await.is_ok() {
-                        return Ok(());
-                    }
-                }
+                let last = match options().connect(url.as_str()).await {
+                    Ok(client) => match async_nats::jetstream::new(client).query_account().await {
+                        Ok(_) => return Ok(()),
+                        Err(error) => error.to_string(),
+                    },
+                    Err(error) => error.to_string(),
+                };
                 if Instant::now() > deadline {
-                    return Err(format!("the JetStream cluster elected no leader within {PATIENCE:?}"));
+                    return Err(format!("the JetStream cluster elected no leader within {PATIENCE:?}: {last}"));
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
     }
+}
+
+/// A server configuration in `dir` for [`JetStreamCluster::start_secured`]: the
+/// repository's rights, and the users of one account with JetStream.
+fn secured_config(dir: &std::path::Path) -> Result<Configured, String> {
+    let docs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/cluster");
+    for name in ["permissions.conf", "permissions-durable.conf"] {
+        std::fs::copy(docs.join(name), dir.join(name)).map_err(|e| format!("cannot copy the README's {name}: {e}"))?;
+    }
+    let config = dir.join("server.conf");
+    let text = "include ./permissions.conf\ninclude ./permissions-durable.conf\n\
+        accounts {\n  WASMPROC: {\n    jetstream: enabled\n    users: [\n      \
+        { user: node, password: $WASMPROC_NODE_PASSWORD, permissions: $WASMPROC_NODE }\n      \
+        { user: client, password: $WASMPROC_CLIENT_PASSWORD, permissions: $WASMPROC_DURABLE_CLIENT }\n      \
+        { user: runner, password: $WASMPROC_CLIENT_PASSWORD, permissions: $WASMPROC_CLIENT }\n    ]\n  }\n}\n";
+    std::fs::write(&config, text).map_err(|e| format!("cannot write {}: {e}", config.display()))?;
+    let env = vec![
+        ("WASMPROC_NODE_PASSWORD".to_owned(), NODE_PASSWORD.to_owned()),
+        ("WASMPROC_CLIENT_PASSWORD".to_owned(), CLIENT_PASSWORD.to_owned()),
+    ];
+    Ok((config, dir.to_owned(), env))
 }
 
 /// The password of the `node` user of [`Secured`].

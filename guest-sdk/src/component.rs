@@ -86,17 +86,30 @@ pub fn init(table: &[Entry], pid: u64, method: String, input: Vec<wit::Payload>)
     Ok(())
 }
 
-/// The `step` export.
+/// The `step` export. While the process has more to do (its task has not completed),
+/// it stays in this call: it ends each step in the host's `wait`, which hands back the
+/// output and answers with the next step's events, so a message costs no call of `step`.
+/// It returns when the task completes, or when the host tells it to (the process waited
+/// long, and the host takes back the call's stack).
 #[doc(hidden)]
 pub fn step(events: Vec<wit::Event>) -> wit::StepOutput {
-    let output = PROCESS.with_borrow_mut(|process| match process {
-        Some(executor) => executor.step(events.into_iter().map(executor::Event::from)),
-        None => executor::StepOutput {
-            status: executor::Status::Complete(Err("`step` was called before `init`".to_owned())),
-            yields: Vec::new(),
-        },
-    });
-    output.into()
+    let mut events = events;
+    loop {
+        let output = PROCESS.with_borrow_mut(|process| match process {
+            Some(executor) => executor.step(events.into_iter().map(executor::Event::from)),
+            None => executor::StepOutput {
+                status: executor::Status::Complete(Err("`step` was called before `init`".to_owned())),
+                yields: Vec::new(),
+            },
+        });
+        if matches!(output.status, executor::Status::Complete(_)) {
+            return output.into();
+        }
+        match crate::host::wait(output.into()) {
+            Ok(next) => events = next,
+            Err(output) => return output,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! What the SDK asks of the host: the WIT bindings of the `handler` world (the `process`
 //! world and the `provider` import; a component that never answers a request leaves that
 //! import out, so it stays a plain process component), the host functions (`log`,
-//! `send`, `parent`, `max-yields`, `respond`), and the mapping between the WIT types and the SDK's own.
+//! `send`, `parent`, `max-yields`, `wait`, `respond`), and the mapping between the WIT types and the SDK's own.
 //! The executor and `Ctx` reach the host only through here.
 
 use crate::executor::{self, Outcome};
@@ -47,6 +47,20 @@ pub(crate) fn send(to: Pid, topic: &str, body: Payload) -> Result<(), String> {
         let _ = (to, topic, body);
         Err("no host to send through outside Wasm".to_owned())
     }
+}
+
+/// Ends the step with `output` in the host's `wait`: the next step's events, or, when
+/// the host tells the guest to return from `step` instead, what to return (`output`'s
+/// status, no yields: they were handed over). Native builds (the SDK's own tests) have no
+/// host to wait in: `output`, to return.
+pub(crate) fn wait(output: wit::StepOutput) -> Result<Vec<wit::Event>, wit::StepOutput> {
+    #[cfg(target_arch = "wasm32")]
+    return match host::wait(&output) {
+        Some(events) => Ok(events),
+        None => Err(wit::StepOutput { status: output.status, yields: Vec::new() }),
+    };
+    #[cfg(not(target_arch = "wasm32"))]
+    Err(output)
 }
 
 /// The process `pid` as the executor needs to know it: with the host's per-step yield

@@ -105,9 +105,18 @@
 //! following steps, so `join_all` over 100,000 spawns just works). A send is no command:
 //! it goes through the host's `send` function at once and costs no step. The SDK
 //! contains that executor; it needs no async runtime, no threads and no clock.
+//!
+//! Until the entry completes, the process does not return from `step`: it ends each step
+//! in the host's `wait` function (`wasmproc:process@0.2.1`), which hands the host the
+//! step's yields and status and answers with the next step's events, so a process that
+//! exchanges messages costs no call of `step` a message. A host that keeps a process
+//! waiting long tells it to return, and the next step calls `step` afresh.
 
 #![deny(missing_docs)]
 
+// The guest's global allocator: in a guest only (and in the SDK's tests of it).
+#[cfg(any(test, all(feature = "allocator", target_arch = "wasm32", not(target_feature = "atomics"))))]
+mod alloc;
 mod combinators;
 mod component;
 mod ctx;

@@ -2,7 +2,7 @@
 //! ([`Ctx::workflow_id`]), requests it answers ([`Ctx::next_workflow_request`]) and
 //! typed signals ([`Ctx::recv_signal`]).
 //!
-//! The contract stays `wasmproc:process@0.2.0`; the service speaks to a workflow through
+//! The contract has nothing of its own for workflows; the service speaks to a workflow through
 //! what every process has:
 //!
 //! - its **id** is a payload after the entry's input, of format `wasmproc-workflow-id`

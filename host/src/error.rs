@@ -33,6 +33,17 @@ pub enum SpawnError {
         /// The run's limit on this node.
         limit: usize,
     },
+    /// A root spawned under a [`ProcessQuota`](crate::limits::ProcessQuota) that has as
+    /// many processes alive as it allows.
+    #[error("process quota reached: {owner} has {live} processes alive, and its quota allows {limit}")]
+    QuotaExceeded {
+        /// Whose quota it is.
+        owner: String,
+        /// The processes alive under it.
+        live: usize,
+        /// Its bound.
+        limit: usize,
+    },
     /// The scheduler is shutting down and takes no new processes.
     #[error("scheduler is stopping: no new processes are accepted")]
     Stopping,

@@ -126,6 +126,14 @@ pub trait Factory: Send + Sync + 'static {
         None
     }
 
+    /// The quota a durable process of the kind resumed from its journal as a root counts
+    /// against, as it did when it was spawned with
+    /// [`SpawnOptions::quota`](crate::scheduler::SpawnOptions::quota). `None` (the
+    /// default): none.
+    fn quota(&self) -> Option<crate::limits::ProcessQuota> {
+        None
+    }
+
     /// A new, uninitialised process under limits no looser than `bound` (nor than its
     /// own, [`Factory::limits`]): how a process is made for a spawner that ran under
     /// `bound`, on this node or another.

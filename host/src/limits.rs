@@ -209,7 +209,7 @@ impl Limits {
         if let Some(run) = lineage.run_processes() {
             let live = run.live.load(Ordering::Relaxed);
             if live + spawns > run.max {
-                return Err(run_process_limit_exceeded(spawns, live, run.max));
+                return Err(run_process_limit_exceeded(spawns, live, run.max, run.owner.as_deref()));
             }
         }
         Ok(())
@@ -226,11 +226,17 @@ impl Limits {
 
 /// The error of `spawns` more spawns of a run that has `live` processes alive on this
 /// node, over its `max`.
-pub(crate) fn run_process_limit_exceeded(spawns: usize, live: usize, max: usize) -> String {
-    format!(
-        "process limit exceeded: {spawns} more spawns with {live} processes of this run alive on this node would \
-         pass the run's `max_processes` ({max})"
-    )
+pub(crate) fn run_process_limit_exceeded(spawns: usize, live: usize, max: usize, owner: Option<&str>) -> String {
+    match owner {
+        Some(owner) => format!(
+            "process limit exceeded: {spawns} more spawns with {live} processes of {owner} alive would pass its \
+             process quota ({max})"
+        ),
+        None => format!(
+            "process limit exceeded: {spawns} more spawns with {live} processes of this run alive on this node \
+             would pass the run's `max_processes` ({max})"
+        ),
+    }
 }
 
 /// The error that ends a process whose step yielded `yielded` commands, over `max`.
@@ -289,6 +295,53 @@ pub(crate) struct RunProcesses {
     /// a number; two trees of the run spawning at once may pass it by their spawns, as
     /// the tree's count may.
     pub(crate) live: Arc<AtomicUsize>,
+    /// Whose count it is when an embedder's [`ProcessQuota`] made it, for the error past
+    /// it; `None` for a run's.
+    pub(crate) owner: Option<Arc<str>>,
+}
+
+/// A bound on the live processes of every process tree spawned under it (see
+/// [`SpawnOptions::quota`](crate::scheduler::SpawnOptions::quota)): each root and all of
+/// its descendants count, from their spawn to their end, on this scheduler. For an
+/// embedder that gives a group of roots one bound (the service gives each tenant one).
+/// Cheap to clone; clones share one count.
+///
+/// The count is checked at each spawn and is not a lock: roots or children spawned at
+/// the same moment may pass it by those spawns, once.
+#[derive(Clone, Debug)]
+pub struct ProcessQuota {
+    live: Arc<AtomicUsize>,
+    max: usize,
+    owner: Arc<str>,
+}
+
+impl ProcessQuota {
+    /// A quota of `max` live processes, called `owner` in the error of a spawn past it
+    /// (``tenant `acme` ``).
+    pub fn new(owner: impl Into<Arc<str>>, max: usize) -> Self {
+        ProcessQuota { live: Arc::default(), max, owner: owner.into() }
+    }
+
+    /// The same count under another bound: the processes counted so far stay counted,
+    /// and those spawned under either quota count against both.
+    pub fn with_max(&self, max: usize) -> Self {
+        ProcessQuota { live: self.live.clone(), max, owner: self.owner.clone() }
+    }
+
+    /// The processes alive now under this quota's count.
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// The most it allows.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Who it is for, as its errors name it.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
 }
 
 impl RunBound {
@@ -314,10 +367,26 @@ impl RunBound {
             },
             mailbox_capacity: tighter(asked.mailbox_capacity, mailbox_capacity).max(1),
             mailbox_bytes: tighter(asked.mailbox_bytes, mailbox_bytes).max(1),
-            processes: asked
-                .max_processes
-                .zip(processes)
-                .map(|(asked, (live, own))| RunProcesses { max: asked.min(own), live }),
+            processes: asked.max_processes.zip(processes).map(|(asked, (live, own))| RunProcesses {
+                max: asked.min(own),
+                live,
+                owner: None,
+            }),
+        }
+    }
+
+    /// The bound of a tree spawned under `quota`: this scheduler's own limits and
+    /// mailbox bounds, and the quota's count.
+    pub(crate) fn quota(quota: &ProcessQuota, limits: &Limits, mailbox_capacity: usize, mailbox_bytes: usize) -> Self {
+        RunBound {
+            limits: *limits,
+            mailbox_capacity,
+            mailbox_bytes,
+            processes: Some(RunProcesses {
+                max: quota.max,
+                live: quota.live.clone(),
+                owner: Some(quota.owner.clone()),
+            }),
         }
     }
 

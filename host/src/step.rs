@@ -11,6 +11,11 @@ use std::time::Duration;
 
 use wasmproc_types::{ExitReason, Payload, Pid};
 
+/// The format of the payload that carries a workflow's id, after its entry's input: a
+/// workflow started through a service (`wasmproc serve`) or on a cluster's shards is
+/// given its id so, for the SDK to read (`Ctx::workflow_id`).
+pub const WORKFLOW_ID_FORMAT: &str = "wasmproc-workflow-id";
+
 /// The outcome of a yield.
 ///
 /// Errors are strings because they cross into guests and between processes; the host

@@ -12,7 +12,7 @@ use std::time::Duration;
 use wasmproc::cluster::{
     ClusterConfig, JetStreamOptions, JetStreamStore, LeaseOptions, Leases, Renewal, ShardHost, ShardOptions, shard_node,
 };
-use wasmproc::journal::{Batch, Journal, JournalSettings, Key, Store};
+use wasmproc::journal::{Batch, Done, Journal, JournalSettings, Key, Store};
 use wasmproc::scheduler::Spawnable;
 use wasmproc::{Command, Payload, Scheduler, Status};
 use wasmproc_tests::Scripted;
@@ -42,7 +42,7 @@ fn put(process: u64, seq: u64, value: &[u8]) -> Batch {
 }
 
 /// What a store commits, another store opened on the same journal reads back, removals
-/// applied, in key order; journals of other shards share the stream and not the records.
+/// applied, in key order; journals of other shards share nothing of it.
 #[test]
 fn a_journal_on_jetstream_reads_back_what_was_committed() {
     let server = Server::start_jetstream().unwrap();
@@ -100,6 +100,69 @@ fn a_store_that_lost_its_journal_to_another_cannot_write() {
     );
 }
 
+/// Begins `count` commits of one record each (process `process`, sequences from `from`)
+/// without waiting for any, then waits until each one's outcome is known, and finishes
+/// them in order: their outcomes.
+fn pipelined(store: &JetStreamStore, process: u64, from: u64, count: u64) -> Vec<Result<(), String>> {
+    let (told, known) = std::sync::mpsc::channel();
+    let began: Vec<_> = (from..from + count)
+        .map(|seq| {
+            let told = told.clone();
+            store.begin(
+                &put(process, seq, format!("record {seq}").as_bytes()),
+                true,
+                Done::new(move || {
+                    let _ = told.send(());
+                }),
+            )
+        })
+        .collect();
+    for _ in 0..count {
+        known.recv_timeout(PATIENCE).expect("every commit's outcome is known in time");
+    }
+    began.into_iter().map(|began| store.finish(began).map_err(|e| e.to_string())).collect()
+}
+
+/// Commits in flight together, acknowledged in any order, land in the order begun: read
+/// back, the journal holds every one.
+#[test]
+fn commits_in_flight_together_are_written_in_order() {
+    let server = Server::start_jetstream().unwrap();
+    let options = JetStreamOptions::new().stream("PIPELINED").pipeline(16);
+    let store = JetStreamStore::open(&config(&server), &options).unwrap();
+    assert_eq!(store.depth(), 16);
+    for round in 0..10 {
+        let outcomes = pipelined(&store, 1, round * 16, 16);
+        assert!(outcomes.iter().all(Result::is_ok), "round {round}: {outcomes:?}");
+    }
+    let expected: Vec<_> =
+        (0..160).map(|seq| (Key { process: 1, seq }, format!("record {seq}").into_bytes())).collect();
+    assert_eq!(held(&store), expected);
+    let again = JetStreamStore::open(&config(&server), &options).unwrap();
+    assert_eq!(held(&again), expected);
+}
+
+/// The fencing itself: a store whose journal another opened sends a run of commits
+/// without waiting between them; JetStream refuses every one, and nothing of them is in
+/// the journal.
+#[test]
+fn a_run_of_commits_by_a_stale_owner_is_refused_by_jetstream() {
+    let server = Server::start_jetstream().unwrap();
+    let options = JetStreamOptions::new().stream("STALE").pipeline(8);
+    let old = JetStreamStore::open(&config(&server), &options).unwrap();
+    assert!(pipelined(&old, 1, 0, 4).iter().all(Result::is_ok));
+    let new = JetStreamStore::open(&config(&server), &options).unwrap();
+    let outcomes = pipelined(&old, 1, 4, 8);
+    assert!(outcomes[0].as_ref().is_err_and(|e| e.contains("no longer owns")), "{outcomes:?}");
+    assert!(outcomes.iter().all(Result::is_err), "a stale owner's commit was written: {outcomes:?}");
+    assert_eq!(old.depth(), 1, "a fenced store takes one commit at a time, and refuses it");
+    let expected: Vec<_> = (0..4).map(|seq| (Key { process: 1, seq }, format!("record {seq}").into_bytes())).collect();
+    assert_eq!(held(&new), expected);
+    let outcomes = pipelined(&new, 1, 4, 8);
+    assert!(outcomes.iter().all(Result::is_ok), "the new owner goes on: {outcomes:?}");
+    assert_eq!(held(&new).len(), 12);
+}
+
 /// A commit larger than a NATS message may be (1 MiB by default) is written as one
 /// atomic batch of parts, and read back whole.
 #[test]
@@ -141,7 +204,7 @@ fn a_journal_whose_records_are_removed_stays_small() {
             .unwrap();
         store.commit(&Batch { puts: Vec::new(), removals: vec![(process, 1)] }, true).unwrap();
     }
-    let bytes = stream_bytes(&server, "COMPACTED");
+    let bytes = stream_bytes(&server, &options.stream_name());
     assert!(bytes < 16 << 20, "the stream holds {bytes} bytes for one live record");
     let again = JetStreamStore::open(&config(&server), &options).unwrap();
     assert_eq!(held(&again), vec![(Key { process: 1, seq: 0 }, b"the one that lives".to_vec())]);
@@ -302,6 +365,35 @@ fn a_lease_not_renewed_passes_to_another() {
     a.release(stale).unwrap();
     assert_eq!(b.owners().unwrap().get(&0).map(String::as_str), Some("b"));
     b.release(taken).unwrap();
+}
+
+/// A lease taken over one given up, or over one that passed, passes in its turn if its
+/// holder never renews it (it died at once): every write of a lease has its time to live.
+#[test]
+fn a_lease_taken_over_an_old_one_passes_too_when_not_renewed() {
+    let server = Server::start_jetstream().unwrap();
+    let a = leases(&server, "a", "RETAKEN");
+    let b = leases(&server, "b", "RETAKEN");
+    let taken_by = |leases: &Leases| {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            if let Some(lease) = leases.acquire(5).unwrap() {
+                return lease;
+            }
+            assert!(std::time::Instant::now() < deadline, "the unrenewed lease never passed");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let given_up = a.acquire(5).unwrap().unwrap();
+    a.release(given_up).unwrap();
+    // Over a key given up: `b` takes it and dies before renewing; `a` gets it back.
+    b.acquire(5).unwrap().expect("a shard given up is taken at once");
+    taken_by(&a);
+    // Over a key that passed: likewise.
+    taken_by(&b);
+    let last = taken_by(&a);
+    assert_eq!(a.owners().unwrap().get(&5).map(String::as_str), Some("a"));
+    a.release(last).unwrap();
 }
 
 /// Steps of the processes that live long enough to see their shard move.

@@ -254,21 +254,22 @@ fn a_guest_waiting_in_recv_sees_the_cancel_at_shutdown() {
 }
 
 #[test]
-fn sdk_guests_run_in_their_initial_memory() -> anyhow::Result<()> {
-    // Two pages: the 64 KiB stack (`examples-wasm/.cargo/config.toml`) and the data. The
-    // executor allocates so little that the allocator serves a whole run from what those
-    // pages leave, so any growth, which this cap turns into an error, is a regression.
-    const INITIAL: usize = 2 * 64 * 1024;
+fn sdk_guests_run_in_their_initial_memory_and_one_page() -> anyhow::Result<()> {
+    // Two pages: the 64 KiB stack (`examples-wasm/.cargo/config.toml`) and the data; and
+    // the one the SDK's allocator grows for its blocks (`guest-sdk/src/alloc.rs`). The
+    // executor allocates so little that one page serves a whole run, so any more growth,
+    // which this cap turns into an error, is a regression.
+    const CAP: usize = 3 * 64 * 1024;
     for (kind, path, input) in [
         ("fan-out", env!("GUEST_FAN_OUT"), 10),
         ("ping-pong", env!("GUEST_PING_PONG"), 10),
         ("timers", env!("GUEST_TIMERS"), 0),
     ] {
-        let component = load(path).with_max_memory(INITIAL)?;
+        let component = load(path).with_max_memory(CAP)?;
         let s = Scheduler::builder().kind(kind, component).build()?;
         let input = if kind == "timers" { vec![] } else { vec![Payload::json(&input)?] };
         let result = run(&s, kind, "main", input);
-        assert!(result.is_ok(), "`{kind}` failed within {INITIAL} bytes: {result:?}");
+        assert!(result.is_ok(), "`{kind}` failed within {CAP} bytes: {result:?}");
     }
     Ok(())
 }

@@ -7,10 +7,13 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde_json::{Value, json};
+use wasmproc::cluster::{ClusterConfig, SharedKv, SharedKvOptions};
 use wasmproc::journal::{Journal, MemoryStore};
+use wasmproc::provider::Provider;
 use wasmproc::provider::kv::{Kv, KvSettings};
 use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::{Capabilities, Command, Payload, Scheduler, Status};
+use wasmproc_tests::nats::Server;
 use wasmproc_tests::{GateStop, HANG, Scripted, completion, gate};
 
 /// A fresh directory for a store (it does not exist yet), removed when dropped: declare
@@ -43,7 +46,7 @@ impl Drop for Scratch {
     }
 }
 
-fn scheduler(kv: &Kv) -> Scheduler {
+fn scheduler(kv: &(impl Provider + Clone + 'static)) -> Scheduler {
     Scheduler::builder()
         .workers(2)
         .capabilities(Capabilities::default().allow("kv.*"))
@@ -530,7 +533,7 @@ fn swapper(stop: Option<GateStop>) -> Scripted {
     .0
 }
 
-fn durable(kv: &Kv, journal: Journal, stop: Option<GateStop>) -> Scheduler {
+fn durable(kv: &(impl Provider + Clone + 'static), journal: Journal, stop: Option<GateStop>) -> Scheduler {
     let stop = Mutex::new(stop);
     Scheduler::builder()
         .workers(2)
@@ -548,9 +551,16 @@ fn durable(kv: &Kv, journal: Journal, stop: Option<GateStop>) -> Scheduler {
 fn a_durable_cas_carried_out_again_after_a_crash_answers_as_before() {
     let dir = scratch("idempotent");
     let kv = Kv::open(&dir, KvSettings::default()).unwrap();
+    cas_again_answers_as_before(&kv);
+    assert_eq!(kv.read("once").unwrap(), Some(("\"done\"".to_owned(), 1)), "written once");
+}
+
+/// A durable process's swap through `kv`, carried out again after a crash (with the
+/// same idempotency key), answers as the first time and writes nothing more.
+fn cas_again_answers_as_before(kv: &(impl Provider + Clone + 'static)) {
     let records = Arc::new(MemoryStore::new());
     let (gate, stop) = gate();
-    let first = durable(&kv, Journal::with_store(records.clone()), Some(stop));
+    let first = durable(kv, Journal::with_store(records.clone()), Some(stop));
     let process = first.handle().spawn(Spawnable::kind("swapper"), SpawnOptions::new("main")).unwrap();
     // The swap has completed and its completion is in the step that waits: the journal
     // holds the step that yielded the swap, not the one that saw it complete. A crash
@@ -563,16 +573,136 @@ fn a_durable_cas_carried_out_again_after_a_crash_answers_as_before() {
     first.stop(Duration::from_secs(1));
     drop(first);
 
-    let resumed = durable(&kv, Journal::with_store(disk), None);
+    let resumed = durable(kv, Journal::with_store(disk), None);
     let processes = resumed.resumed();
     assert_eq!(processes.len(), 1, "the process is resumed");
     // The swap is carried out again with the same idempotency key: the kept answer, not
     // a conflict with its own first write.
     assert_eq!(processes[0].join_timeout(HANG).expect("the process ends"), answer);
-    assert_eq!(kv.read("once").unwrap(), Some(("\"done\"".to_owned(), 1)), "written once");
     resumed.stop(Duration::from_secs(1));
     // Nothing was written again: the next version is the second one ever given.
-    let plain = scheduler(&kv);
+    let plain = scheduler(kv);
+    assert_eq!(one(&plain, "kv.get", json!({"key": "once"})), Ok(json!({"value": "done", "version": 1})));
     assert_eq!(one(&plain, "kv.put", json!({"key": "next", "value": 0})), Ok(json!({"version": 2})));
     plain.stop(Duration::from_secs(1));
+}
+
+/// The store a cluster's nodes share, on a JetStream bucket of `server`'s.
+fn shared(server: &Server, bucket: &str) -> SharedKv {
+    SharedKv::open(&ClusterConfig::new(server.url()), &SharedKvOptions::new().bucket(bucket)).unwrap()
+}
+
+/// The shared store answers every command as the local one does; its versions are the
+/// bucket's revisions, which a delete's marker takes one of.
+#[test]
+fn the_shared_store_answers_each_command_as_documented() {
+    let server = Server::start_jetstream().unwrap();
+    let kv = shared(&server, "COMMANDS");
+    let s = scheduler(&kv);
+    let answers = run(
+        &s,
+        &[
+            ("kv.get", json!({"key": "a"})),
+            ("kv.put", json!({"key": "a", "value": {"n": [1, 2]}})),
+            ("kv.get", json!({"key": "a"})),
+            ("kv.put", json!({"key": "a", "value": null})),
+            ("kv.put", json!({"key": "b/1", "value": 1})),
+            ("kv.put", json!({"key": "b/2 ü", "value": "two"})),
+            ("kv.delete", json!({"key": "b/1"})),
+            ("kv.delete", json!({"key": "b/1"})),
+            ("kv.put", json!({"key": "b/1", "value": 3})),
+            ("kv.cas", json!({"key": "k", "version": 3, "value": "x"})),
+            ("kv.cas", json!({"key": "k", "version": 0, "value": "first"})),
+            ("kv.cas", json!({"key": "k", "version": 0, "value": "again"})),
+            ("kv.cas", json!({"key": "k", "version": 7, "value": "second"})),
+            ("kv.delete", json!({"key": "k"})),
+            ("kv.cas", json!({"key": "k", "version": 8, "value": "stale"})),
+            ("kv.cas", json!({"key": "k", "version": 0, "value": "new"})),
+            ("kv.get", json!({"key": "k"})),
+            ("kv.get", json!({"key": ""})),
+        ],
+    );
+    assert_eq!(
+        answers,
+        [
+            Ok(Value::Null),
+            Ok(json!({"version": 1})),
+            Ok(json!({"value": {"n": [1, 2]}, "version": 1})),
+            Ok(json!({"version": 2})),
+            Ok(json!({"version": 3})),
+            Ok(json!({"version": 4})),
+            Ok(json!({"deleted": true})),
+            Ok(json!({"deleted": false})),
+            Ok(json!({"version": 6})),
+            Err("conflict: `k` is at version 0, not 3".to_owned()),
+            Ok(json!({"version": 7})),
+            Err("conflict: `k` is at version 7, not 0".to_owned()),
+            Ok(json!({"version": 8})),
+            Ok(json!({"deleted": true})),
+            // Deleted and written again, it never has version 8 again (no ABA).
+            Err("conflict: `k` is at version 0, not 8".to_owned()),
+            Ok(json!({"version": 10})),
+            Ok(json!({"value": "new", "version": 10})),
+            Err("invalid: a key is a non-empty string".to_owned()),
+        ]
+    );
+    let lists = run(
+        &s,
+        &[
+            ("kv.list", json!({})),
+            ("kv.list", json!({"prefix": "b/"})),
+            ("kv.list", json!({"prefix": "b/", "limit": 1})),
+            ("kv.list", json!({"prefix": "b/", "after": "b/1"})),
+            ("kv.list", json!({"prefix": "z"})),
+            ("kv.list", json!({"limit": 1_000_000})),
+        ],
+    );
+    assert_eq!(
+        lists,
+        [
+            Ok(json!({"keys": ["a", "b/1", "b/2 ü", "k"], "more": false})),
+            Ok(json!({"keys": ["b/1", "b/2 ü"], "more": false})),
+            Ok(json!({"keys": ["b/1"], "more": true})),
+            Ok(json!({"keys": ["b/2 ü"], "more": false})),
+            Ok(json!({"keys": [], "more": false})),
+            Err("invalid: `limit` 1000000 is over the store's `list_limit` (1000)".to_owned()),
+        ]
+    );
+    s.stop(Duration::from_secs(1));
+}
+
+/// Processes of two hosts, each with its own connection to the bucket, increment one
+/// counter by compare-and-swap: every increment counts once.
+#[test]
+fn the_shared_store_counts_every_increment_of_two_hosts_once() {
+    const PROCESSES: u64 = 50;
+    const TIMES: u64 = 2;
+    let server = Server::start_jetstream().unwrap();
+    let hosts = [shared(&server, "CONTENDED"), shared(&server, "CONTENDED")];
+    let schedulers: Vec<Scheduler> = hosts.iter().map(scheduler).collect();
+    let conflicts = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..PROCESSES)
+        .map(|n| {
+            let s = &schedulers[n as usize % 2];
+            s.handle().spawn(incrementer(TIMES, conflicts.clone()), "main").unwrap()
+        })
+        .collect();
+    for handle in handles {
+        handle.join_timeout(HANG).expect("the process ends").unwrap();
+    }
+    let counter = one(&schedulers[0], "kv.get", json!({"key": "counter"})).unwrap();
+    assert_eq!(counter["value"], json!(PROCESSES * TIMES), "{counter}");
+    assert!(conflicts.load(Ordering::Relaxed) > 0, "the processes raced");
+    for s in schedulers {
+        s.stop(Duration::from_secs(1));
+    }
+}
+
+/// A durable process's swap carried out again on the shared store (after a crash, on
+/// this host or another) is recognised by its message id: answered as before, written
+/// once.
+#[test]
+fn a_durable_cas_carried_out_again_on_the_shared_store_answers_as_before() {
+    let server = Server::start_jetstream().unwrap();
+    cas_again_answers_as_before(&shared(&server, "IDEMPOTENT"));
 }

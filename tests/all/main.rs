@@ -10,6 +10,8 @@ mod dispatch;
 mod examples;
 /// Exit reasons as data: what monitors and the embedder get for each way a process ends.
 mod exits;
+/// Whole-instance hibernation: guests stepped with and without it give the same outputs.
+mod hibernation;
 /// The `http` provider against a real server on loopback: allow-list, redirects, limits.
 mod http;
 /// Durable processes: the journal's records, write-ahead effects, a failing store.
@@ -45,6 +47,11 @@ mod sdk;
 mod stress;
 /// The built-in supervisor: OTP's supervisor test cases on native children.
 mod supervisor;
+/// Suspension: durable processes out of memory while they wait, brought back from their
+/// journal by their next event.
+mod suspension;
+/// `wait`: a step ended inside the guest's call of `step` keeps every rule of a step.
+mod waiting;
 /// Completion order and the wakeup protocol end to end (DESIGN 3, 5, 6, 7, 8).
 mod wakeups;
 /// Wasm processes end to end with the raw guest: loading, caches, world checks, traps, limits.

@@ -206,7 +206,7 @@ fn a_component_of_the_previous_contract_is_refused_naming_both_versions() {
     .unwrap();
     let err = format!("{:#}", runtime().load_bytes(&old).unwrap_err());
     assert!(
-        err.contains("built for `wasmproc:process@0.1.0`, but this host runs `wasmproc:process@0.2.0`")
+        err.contains("built for `wasmproc:process@0.1.0`, but this host runs `wasmproc:process@0.2.1`")
             && err.contains("rebuild it with the current SDK"),
         "{err}"
     );
@@ -217,7 +217,7 @@ fn a_component_of_another_world_is_refused_naming_the_export() {
     let rt = runtime();
     let empty = wat::parse_str("(component)").unwrap();
     let err = format!("{:#}", rt.load_bytes(&empty).unwrap_err());
-    assert!(err.contains("`wasmproc:process/process@0.2.0`") && err.contains("`entries`"), "{err}");
+    assert!(err.contains("`wasmproc:process/process@0.2.1`") && err.contains("`entries`"), "{err}");
 
     // `entries` exported, with the wrong type.
     let wrong = wat::parse_str(

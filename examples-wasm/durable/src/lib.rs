@@ -16,7 +16,7 @@ use wasmproc_guest::prelude::*;
 /// (logging `round R of N` as each begins), then stops them. Returns the sum of every answer and of every worker's result.
 #[entry]
 async fn main(ctx: Ctx, input: Option<(u32, u32)>) -> Result<u64> {
-    run(ctx, input, "worker").await
+    run(ctx, input, "worker", None).await
 }
 
 /// As `main`, with workers that record each answer through the `ledger.record` command
@@ -24,14 +24,24 @@ async fn main(ctx: Ctx, input: Option<(u32, u32)>) -> Result<u64> {
 /// (`examples-wasm/ledger`).
 #[entry]
 async fn ledgered(ctx: Ctx, input: Option<(u32, u32)>) -> Result<u64> {
-    run(ctx, input, "ledgered_worker").await
+    run(ctx, input, "ledgered_worker", None).await
 }
 
-async fn run(ctx: Ctx, input: Option<(u32, u32)>, worker: &str) -> Result<u64> {
+/// As `main` with the input `[workers, rounds, url]`, with workers that post each answer
+/// (`POST url`, the answer as its JSON body) before they send it: a side effect outside
+/// the journal, which a crash may make the host carry out again, always with the same
+/// `Idempotency-Key` header (the `http` provider's).
+#[entry]
+async fn posted(ctx: Ctx, input: (u32, u32, String)) -> Result<u64> {
+    let (workers, rounds, url) = input;
+    run(ctx, Some((workers, rounds)), "posted_worker", Some(url)).await
+}
+
+async fn run(ctx: Ctx, input: Option<(u32, u32)>, worker: &str, url: Option<String>) -> Result<u64> {
     let (workers, rounds) = input.unwrap_or((4, 5));
     let mut children = Vec::new();
     for _ in 0..workers {
-        children.push(ctx.spawn(worker, ()).await?);
+        children.push(ctx.spawn(worker, &url).await?);
     }
     // The children in the order of a randomly seeded hash map.
     let children: Vec<Pid> = children.iter().map(|&pid| (pid, ())).collect::<HashMap<_, _>>().into_keys().collect();
@@ -55,20 +65,46 @@ async fn run(ctx: Ctx, input: Option<(u32, u32)>, worker: &str) -> Result<u64> {
     Ok(total)
 }
 
+/// Receives `n` messages, from anyone, and returns each one's topic and body (a number)
+/// in the order they came: what a test of delivery order reads.
+#[entry]
+async fn gather(ctx: Ctx, n: u32) -> Result<Vec<(String, u64)>> {
+    let mut got = Vec::new();
+    for _ in 0..n {
+        let message = ctx.recv().await?;
+        let body: u64 = message.decode()?;
+        got.push((message.topic, body));
+    }
+    Ok(got)
+}
+
 /// Answers each `n` message with n², after a 5 ms sleep, until `stop`; returns how many
 /// it answered.
 #[entry]
 async fn worker(ctx: Ctx, _: ()) -> Result<u64> {
-    serve(ctx, false).await
+    serve(ctx, Effect::None).await
 }
 
 /// As `worker`, recording each answer with `ledger.record` first.
 #[entry]
 async fn ledgered_worker(ctx: Ctx, _: ()) -> Result<u64> {
-    serve(ctx, true).await
+    serve(ctx, Effect::Ledger).await
 }
 
-async fn serve(ctx: Ctx, ledger: bool) -> Result<u64> {
+/// As `worker`, posting each answer to `url` first.
+#[entry]
+async fn posted_worker(ctx: Ctx, url: String) -> Result<u64> {
+    serve(ctx, Effect::Post(url)).await
+}
+
+/// What a worker does with an answer before it sends it.
+enum Effect {
+    None,
+    Ledger,
+    Post(String),
+}
+
+async fn serve(ctx: Ctx, effect: Effect) -> Result<u64> {
     let mut answered = 0;
     loop {
         let message = ctx.recv().await?;
@@ -76,9 +112,16 @@ async fn serve(ctx: Ctx, ledger: bool) -> Result<u64> {
             "n" => {
                 let n: u64 = message.decode()?;
                 ctx.sleep(Duration::from_millis(5)).await?;
-                if ledger {
-                    let recorded: u64 = ctx.call("ledger.record", n * n).await?;
-                    ensure!(recorded == n * n, "the ledger recorded {recorded}, not {}", n * n);
+                match &effect {
+                    Effect::None => {}
+                    Effect::Ledger => {
+                        let recorded: u64 = ctx.call("ledger.record", n * n).await?;
+                        ensure!(recorded == n * n, "the ledger recorded {recorded}, not {}", n * n);
+                    }
+                    Effect::Post(url) => {
+                        let response = ctx.http().post_json(url, &(n * n)).await?;
+                        ensure!(response.status == 200, "`POST {url}` answered {}", response.status);
+                    }
                 }
                 ctx.send(message.sender, "answer", n * n)?;
                 answered += 1;
@@ -87,6 +130,48 @@ async fn serve(ctx: Ctx, ledger: bool) -> Result<u64> {
             other => bail!("unexpected `{other}` message from process {}", message.sender),
         }
     }
+}
+
+/// With the input `[senders, count]`: takes `count` messages `n` from each of `senders`
+/// processes (each the numbers 1 to `count`, in order, from `source`s, which may run on
+/// other shards of a cluster), checking that each sender's come in order, none missing
+/// and none twice. Returns how many it took.
+#[entry]
+async fn sink(ctx: Ctx, input: (u32, u32)) -> Result<u64> {
+    let (senders, count) = input;
+    let expected = u64::from(senders) * u64::from(count);
+    let mut last: HashMap<Pid, u64> = HashMap::new();
+    let mut taken = 0;
+    while taken < expected {
+        let message = ctx.recv_topic("n").await?;
+        let n: u64 = message.decode()?;
+        let before = last.entry(message.sender).or_default();
+        ensure!(n == *before + 1, "message {n} of process {} came after its message {before}", message.sender);
+        ensure!(n <= u64::from(count), "message {n} of process {} is past the {count} it sends", message.sender);
+        *before = n;
+        taken += 1;
+    }
+    ensure!(last.len() == senders as usize, "{} senders, not {senders}", last.len());
+    Ok(taken)
+}
+
+/// With the input `[sinks, count]`: sends each of the processes `sinks` the numbers 1 to
+/// `count` as messages `n`, in order, sleeping 5 ms after every 4th round so that a crash
+/// can land among them. Returns how many it sent.
+#[entry]
+async fn source(ctx: Ctx, input: (Vec<Pid>, u32)) -> Result<u64> {
+    let (sinks, count) = input;
+    let mut sent = 0;
+    for n in 1..=u64::from(count) {
+        for &sink in &sinks {
+            ctx.send(sink, "n", n)?;
+            sent += 1;
+        }
+        if n % 4 == 0 {
+            ctx.sleep(Duration::from_millis(5)).await?;
+        }
+    }
+    Ok(sent)
 }
 
 /// Sleeps 20 ms at a time for ever, and goes on when cancelled: a process that ignores a
@@ -99,4 +184,4 @@ async fn stubborn(ctx: Ctx, _: ()) -> Result<u64> {
     }
 }
 
-wasmproc_guest::export!(main, worker, ledgered, ledgered_worker, stubborn);
+wasmproc_guest::export!(main, worker, ledgered, ledgered_worker, posted, posted_worker, sink, source, stubborn, gather);

@@ -26,6 +26,7 @@
 //! | `fuel-burn` | loops for about 10^9 instructions, then completes (for fuel budgets) |
 //! | `orphan` | spawns a `spin` child and completes at once, leaving the child running |
 //! | `busy` | not hostile, only slow: computes for its input's milliseconds in its first step, then completes with the first message it gets (for preemption) |
+//! | `probe` | for hibernation: at each message grows its memory by a page and fills it, checks every page it filled before, calls through its table of functions and notes where its stack is; at the message `stop` completes with what it saw at each step |
 
 use std::cell::RefCell;
 use std::hint::black_box;
@@ -37,7 +38,7 @@ wit_bindgen::generate!({
     path: "../../wit",
 });
 
-const ENTRIES: [&str; 19] = [
+const ENTRIES: [&str; 20] = [
     "spin",
     "memory-bomb",
     "stack-overflow",
@@ -57,12 +58,15 @@ const ENTRIES: [&str; 19] = [
     "fuel-burn",
     "orphan",
     "busy",
+    "probe",
 ];
 
 // One process per instance, and Wasm is single-threaded: see `examples-wasm/raw`.
 thread_local! {
     static PROCESS: RefCell<Option<(String, Vec<Payload>, u64)>> = const { RefCell::new(None) };
     static HOARD: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+    /// `probe`: the pages it grew, and a line for each step.
+    static PROBE: RefCell<(Vec<(usize, u64)>, Vec<String>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 struct Hostile;
@@ -217,9 +221,59 @@ impl Guest for Hostile {
                 Some(message) => StepOutput { status: Status::Complete(Ok(message.body)), yields: vec![] },
                 None => StepOutput { status: Status::Idle, yields: vec![] },
             },
+            "probe" => {
+                for event in events {
+                    let Event::Message(message) = event else { continue };
+                    if message.topic == "stop" {
+                        let seen = PROBE.with(|p| p.borrow().1.join("\n"));
+                        let result = Payload { format: "bytes".into(), data: seen.into_bytes() };
+                        return StepOutput { status: Status::Complete(Ok(result)), yields: vec![] };
+                    }
+                    probe(&message.body.data);
+                }
+                StepOutput { status: Status::Idle, yields: vec![] }
+            }
             other => unreachable!("init accepted `{other}`"),
         }
     }
+}
+
+/// One message of `probe`: what a restore that missed anything would change.
+fn probe(body: &[u8]) {
+    const PAGE: usize = 65536;
+    let fill = |page: usize, step: u64| (step as u8).wrapping_mul(31) ^ (page as u8);
+    // A new last page, filled through and through.
+    let grown = core::arch::wasm32::memory_grow(0, 1);
+    PROBE.with(|p| {
+        let (pages, lines) = &mut *p.borrow_mut();
+        let steps = lines.len() as u64 + 1;
+        if grown != usize::MAX {
+            // SAFETY: the page was just grown, and nothing else (the allocator included)
+            // uses memory it did not grow itself.
+            unsafe { std::ptr::write_bytes((grown * PAGE) as *mut u8, fill(grown, steps), PAGE) };
+            pages.push((grown, steps));
+        }
+        // Every page grown before still holds what its step wrote.
+        let mut intact = 0;
+        for &(page, step) in pages.iter() {
+            // SAFETY: a page this process grew; it owns it.
+            let bytes = unsafe { std::slice::from_raw_parts((page * PAGE) as *const u8, PAGE) };
+            intact += bytes.iter().all(|&b| b == fill(page, step)) as usize;
+        }
+        // The table: a call through a function pointer the step picks.
+        let table: [fn(u64) -> u64; 3] = [|n| n + 1, |n| n * 3, |n| n ^ 0x5555];
+        let called = black_box(table)[steps as usize % 3](steps);
+        // The stack pointer, a global: where a local lives.
+        let local = black_box(0u8);
+        let stack = black_box(&local) as *const u8 as usize;
+        let heap: Vec<u8> = body.to_vec();
+        lines.push(format!(
+            "message {steps}: {} pages, {} grown, {intact} intact, called {called}, stack at {stack}, body {:?}",
+            core::arch::wasm32::memory_size(0),
+            pages.len(),
+            String::from_utf8_lossy(&heap),
+        ));
+    });
 }
 
 fn complete(n: u64) -> StepOutput {
@@ -232,7 +286,11 @@ fn complete(n: u64) -> StepOutput {
 #[inline(never)]
 fn big_frames(n: u64) -> u64 {
     let frame = black_box([n as u8; 64 * 1024]);
-    if n == 0 { frame[0] as u64 } else { big_frames(black_box(n - 1)).wrapping_add(frame[n as usize % frame.len()] as u64) }
+    if n == 0 {
+        frame[0] as u64
+    } else {
+        big_frames(black_box(n - 1)).wrapping_add(frame[n as usize % frame.len()] as u64)
+    }
 }
 
 /// Recursion with a tiny frame, `n` deep: exhausts the native stack (wasmtime's

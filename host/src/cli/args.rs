@@ -4,6 +4,7 @@
 //! providers' flags, which `run` and `node` share too, are `providers.rs`' own.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Args;
 use wasmproc::cluster::ClusterConfig;
@@ -103,7 +104,7 @@ impl EngineArgs {
 
 /// The scheduler's limits on the processes of a run (`run`), or of every run a node
 /// runs (`node`: a run's own, carried to the node, are clamped to these).
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Limits")]
 pub(crate) struct LimitArgs {
     /// The most processes alive at once; spawns past it fail (in the spawning process).
@@ -137,6 +138,17 @@ pub(crate) struct LimitArgs {
     /// empty mailbox takes any one message.
     #[arg(long, value_name = "SIZE", default_value = units::size_text(scheduler::DEFAULT_MAILBOX_BYTES), value_parser = units::nonzero_size)]
     pub(super) mailbox_bytes: usize,
+    /// How long a process must have waited (for a message, a timer, a command) before
+    /// a worker with nothing else to run hibernates it: a Wasm process gives back its
+    /// whole instance, keeping only the pages of its memory that differ from its
+    /// component's initial image, and its next event makes it again (tens of
+    /// microseconds). --stats counts hibernations.
+    #[arg(long, value_name = "DURATION", default_value = units::duration_text(scheduler::DEFAULT_HIBERNATE_AFTER), value_parser = units::duration)]
+    pub(super) hibernate_after: Duration,
+    /// A hibernating Wasm process gives back only its fiber stack's pages and keeps its
+    /// instance.
+    #[arg(long)]
+    pub(super) no_hibernate_instances: bool,
 }
 
 impl LimitArgs {
@@ -156,7 +168,7 @@ impl LimitArgs {
 
     /// `config` with room for --max-processes instances.
     pub(super) fn runtime(&self, config: Config) -> Config {
-        config.max_instances(self.max_processes)
+        config.max_instances(self.max_processes).hibernate_instances(!self.no_hibernate_instances)
     }
 
     /// `builder` under these limits.
@@ -168,7 +180,8 @@ impl LimitArgs {
             .max_yields_per_step(self.max_yields)
             .max_payload_size(self.max_payload)
             .mailbox_capacity(self.mailbox)
-            .mailbox_bytes(self.mailbox_bytes);
+            .mailbox_bytes(self.mailbox_bytes)
+            .hibernate_after(self.hibernate_after);
         match self.max_step_output {
             Some(bytes) => builder.max_output_per_step(bytes),
             None => builder,

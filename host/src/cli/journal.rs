@@ -41,14 +41,20 @@ enum Verb {
     },
     /// Replay every unfinished process of a journal against its records, offline, with
     /// the program that wrote it: what resuming would find, without resuming. Exits 1 if
-    /// a replay differs from its records (non-determinism), naming the step.
+    /// a replay differs from its records (non-determinism), naming the step. A shard's
+    /// journal on a cluster (--cluster, --shard) is read without taking it from its node.
+    #[command(after_help = "Examples:
+  wasmproc journal verify ./flow.journal flow.wasm
+  wasmproc journal verify durable.wasm --cluster nats://127.0.0.1:4222 --shard 3")]
     Verify {
-        /// The journal's directory.
+        /// The journal's directory; or --cluster, and the program alone.
         #[arg(value_name = "DIR")]
         dir: PathBuf,
         /// The program the journal's run was started with.
         #[arg(value_name = "APP.wasm")]
-        app: PathBuf,
+        app: Option<PathBuf>,
+        #[command(flatten)]
+        on: OnJetStream,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -121,7 +127,8 @@ struct OnJetStream {
     /// The shard whose journal to read (with --cluster).
     #[arg(long, value_name = "N", default_value_t = 0, requires = "url")]
     shard: u32,
-    /// The JetStream stream of the journals (with --cluster).
+    /// The first part of the journals' JetStream streams' names (with --cluster): shard
+    /// N's journal is the stream NAME_N.
     #[arg(long, value_name = "NAME", default_value = wasmproc::cluster::DEFAULT_STREAM, requires = "url")]
     stream: String,
 }
@@ -136,7 +143,7 @@ impl OnJetStream {
         let options = wasmproc::cluster::JetStreamOptions::new().stream(&self.stream).shard(self.shard);
         let store = wasmproc::cluster::JetStreamStore::read_only(&config, &options)
             .map_err(|e| Failure::new(Exit::Host, format!("cannot read the journal of shard {}: {e:#}", self.shard)))?;
-        Ok(Some((Journal::with_store(store), format!("shard {} of stream `{}`", self.shard, self.stream))))
+        Ok(Some((Journal::with_store(store), format!("shard {} (stream `{}`)", self.shard, options.stream_name()))))
     }
 }
 
@@ -163,7 +170,20 @@ impl JournalCommand {
                 let pid = pid.ok_or_else(|| Failure::new(Exit::Usage, "`journal show` needs the PID to show"))?;
                 (dir, Some(Pid::from_u64(pid)), *last, on)
             }
-            Verb::Verify { dir, app, engine } => return verify(dir, app, engine),
+            Verb::Verify { dir, app, on, engine } => {
+                return match (app, on.open()?) {
+                    // With --cluster there is no directory: the lone path is the program.
+                    (None, Some((journal, name))) => verify_shard(journal, &name, dir, engine),
+                    (Some(_), Some(_)) => Err(Failure::new(
+                        Exit::Usage,
+                        format!("`{}` and --cluster both name a journal: give one", dir.display()),
+                    )),
+                    (Some(app), None) => verify(dir, app, engine),
+                    (None, None) => {
+                        Err(Failure::new(Exit::Usage, "`journal verify` needs the journal's DIR and the APP.wasm"))
+                    }
+                };
+            }
             Verb::Cancel { dir, app, grace, engine } => return cancel(dir, app, *grace, engine),
             Verb::Forget { dir } => return forget(dir),
         };
@@ -240,9 +260,23 @@ fn verify(dir: &Path, app: &Path, engine: &EngineArgs) -> Result<ExitCode, Failu
     }
     let component = load_process(app, engine)?;
     let journal = Journal::open(dir).map_err(|e| Failure::new(Exit::Host, format!("{e}")))?;
-    let verdicts = Scheduler::builder()
+    report_verdicts(Scheduler::builder().kind("app", component), journal)
+}
+
+/// `journal verify --cluster`: a shard's journal names its processes' kind by the hash of
+/// the component they run (`cluster start` keeps it so), which `app` must have.
+fn verify_shard(journal: Journal, name: &str, app: &Path, engine: &EngineArgs) -> Result<ExitCode, Failure> {
+    let bytes = read_app(app, engine.max_module_size as u64)?;
+    let component = load_process(app, engine)?;
+    tracing::debug!("verifying the journal in {name}");
+    report_verdicts(Scheduler::builder().kind(wasmproc::cluster::hash_of(&bytes), component), journal)
+}
+
+/// Replays `journal`'s unfinished processes with the kinds of `builder`, and prints what
+/// each replay found.
+fn report_verdicts(builder: wasmproc::scheduler::Builder, journal: Journal) -> Result<ExitCode, Failure> {
+    let verdicts = builder
         .workers(1)
-        .kind("app", component)
         .journal(journal)
         .verify_journal()
         .map_err(|e| Failure::new(Exit::Host, format!("cannot verify the journal: {e:#}")))?;

@@ -28,7 +28,7 @@ pub(super) enum HereOnly {
     ProviderSetting,
     /// Provider components run beside the run on this host.
     ProviderComponent,
-    /// Durable runs need a journal on the host that runs them.
+    /// A durable run on a cluster is a workflow on its shards (`cluster start`).
     Journal,
     /// It shows this host's scheduler.
     Progress,
@@ -45,6 +45,8 @@ pub(super) enum HereOnly {
 pub(super) const HERE_ONLY: &[(&str, HereOnly)] = &[
     ("workers", HereOnly::Scheduler),
     ("no_preemption", HereOnly::Scheduler),
+    ("hibernate_after", HereOnly::Scheduler),
+    ("no_hibernate_instances", HereOnly::Scheduler),
     ("init_time_limit", HereOnly::Scheduler),
     ("max_core_instances", HereOnly::Scheduler),
     ("max_tables", HereOnly::Scheduler),
@@ -71,6 +73,7 @@ pub(super) const HERE_ONLY: &[(&str, HereOnly)] = &[
     ("durability", HereOnly::Journal),
     ("journal_limit", HereOnly::Journal),
     ("replayed_logs", HereOnly::Journal),
+    ("suspend_after", HereOnly::Journal),
     ("progress", HereOnly::Progress),
     ("args", HereOnly::Command),
     ("supervise", HereOnly::Supervision),
@@ -133,7 +136,10 @@ pub(super) fn refuse_here_only(given: Given<'_>, command: &clap::Command) -> Res
             format!("on a cluster, providers are the nodes' own: start the nodes with `wasmproc node {flag} …`")
         }
         HereOnly::ProviderComponent => "provider components do not run on a cluster yet".to_owned(),
-        HereOnly::Journal => "durable processes do not run on a cluster yet".to_owned(),
+        HereOnly::Journal => "a durable run on a cluster is a workflow on its shards, journaled on JetStream and \
+                              not in a directory of this host: `wasmproc cluster start APP --id ID --input JSON \
+                              --wait DURATION`, with nodes started with --shards"
+            .to_owned(),
         HereOnly::Progress => "it draws this host's scheduler, which a run on a cluster does not use".to_owned(),
         HereOnly::Command => "WASI commands do not run on a cluster: it runs process components".to_owned(),
         HereOnly::Supervision => "supervised runs do not run on a cluster yet: the supervisor would run on a \
@@ -180,7 +186,7 @@ pub(super) fn run_on_cluster(
     start: Instant,
 ) -> Result<ExitCode, Failure> {
     let bytes = super::input::read_app(run.app, run.max_module_size as u64)?;
-    let hash = hash(&bytes);
+    let hash = wasmproc::cluster::hash_of(&bytes);
     // A client, not a node: it holds no node id, and a server can hold it to a client's
     // rights (README, "A secured cluster on one machine").
     let cluster = Client::connect(run.cluster.config()?).map_err(|e| Failure::from_error(Exit::Host, &e))?;
@@ -235,12 +241,4 @@ fn log_source(name: &str) -> LogSource {
         // guest's stderr, the least trusted.
         _ => LogSource::Stderr,
     }
-}
-
-/// `sha256:<hex>` of `bytes`: a component's identity across the cluster.
-fn hash(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(bytes);
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex}")
 }

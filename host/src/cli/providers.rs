@@ -109,11 +109,16 @@ impl ProviderArgs {
 pub(super) struct Providers {
     http: Option<Http>,
     kv: Option<Kv>,
+    /// The shards' store: the one the cluster's nodes share (`node --shared-kv`).
+    shared_kv: Option<wasmproc::cluster::SharedKv>,
     files: Option<Files>,
     env: Option<Env>,
     /// The node (`wasmproc node --name`) they serve, if not a run: its denials say to
     /// start the node with the flag.
     node: Option<Arc<str>>,
+    /// Served to the durable workflows of the node's shards, which move between nodes:
+    /// no store of this machine's (`--kv`) is theirs.
+    shards: bool,
 }
 
 impl Providers {
@@ -159,12 +164,19 @@ impl Providers {
             Some(Files::new(dirs, FilesSettings::default()).map_err(|e| Failure::new(Exit::Usage, format!("{e:#}")))?)
         };
         let env = (!env.is_empty()).then(|| Env::new(env));
-        Ok(Providers { http, kv, files, env, node: None })
+        Ok(Providers { http, kv, shared_kv: None, files, env, node: None, shards: false })
     }
 
     /// The same, serving the runs of other hosts on node `name` of a cluster.
     pub(super) fn on_node(self, name: &str) -> Providers {
         Providers { node: Some(name.into()), ..self }
+    }
+
+    /// What the node's shards get: its HTTP hosts, directories and variables, and the
+    /// store the cluster's nodes share if given, but not its own key-value store, which
+    /// lives on this machine while a shard moves between nodes.
+    pub(super) fn for_shards(&self, shared_kv: Option<wasmproc::cluster::SharedKv>) -> Providers {
+        Providers { kv: None, shared_kv, shards: true, ..self.clone() }
     }
 
     /// Registers every family on `builder`: a flag's provider, or the stand-in that
@@ -175,9 +187,11 @@ impl Providers {
             Some(http) => builder.provider(http.clone()),
             None => builder.provider(missing("http", "an allowed host")),
         };
-        let builder = match &self.kv {
-            Some(kv) => builder.provider(kv.clone()),
-            None => builder.provider(missing("kv", "the key-value store")),
+        let builder = match (&self.kv, &self.shared_kv) {
+            (Some(kv), _) => builder.provider(kv.clone()),
+            (None, Some(shared)) => builder.provider(shared.clone()),
+            (None, None) if self.shards => builder.provider(Unshared),
+            (None, None) => builder.provider(missing("kv", "the key-value store")),
         };
         let builder = match &self.files {
             Some(files) => builder.provider(files.clone()),
@@ -211,6 +225,25 @@ impl Provider for Missing {
             Some(node) => node_denial(request.name(), self.needs, node),
             None => denial(request.name(), self.needs),
         };
+        request.complete(Err(error));
+    }
+}
+
+/// The key-value family of the shards of a node started without `--shared-kv`: a store
+/// of one machine's cannot follow a workflow to the next node.
+struct Unshared;
+
+impl Provider for Unshared {
+    fn family(&self) -> &str {
+        "kv"
+    }
+
+    fn handle(&self, request: Request<'_>) {
+        let error = format!(
+            "denied: `{}` needs the key-value store the cluster's nodes share: start the nodes with --shared-kv \
+             (`wasmproc node --kv` serves the node's own runs only)",
+            request.name()
+        );
         request.complete(Err(error));
     }
 }

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use wasmproc::cluster::ClusterStats;
 use wasmproc::journal::CommitStats;
 use wasmproc::scheduler::Stats;
-use wasmproc::wasm::{Escaped, exit_code};
+use wasmproc::wasm::{Escaped, HibernationStats, exit_code};
 use wasmproc::{ExitReason, Exited, Format, Payload, Pid, Scheduler, TrapKind};
 
 use super::Exit;
@@ -32,7 +32,7 @@ pub(super) struct Summary {
 enum Of {
     /// A run on this host: its scheduler's counts, and what a durable run's journal
     /// wrote.
-    Here { stats: Box<Stats>, journal: Option<CommitStats> },
+    Here { stats: Box<Stats>, journal: Option<CommitStats>, whole: HibernationStats },
     /// A run on a cluster: the node its entry ran on (name and id), and what this
     /// client's links did. The nodes' schedulers count for all their runs, not this one.
     Cluster { node: String, id: u16, links: ClusterStats },
@@ -40,7 +40,11 @@ enum Of {
 
 impl Summary {
     pub(super) fn new(stats: Stats, wall: Duration, dropped: u64) -> Summary {
-        Summary { of: Of::Here { stats: Box::new(stats), journal: None }, wall, dropped }
+        Summary {
+            of: Of::Here { stats: Box::new(stats), journal: None, whole: HibernationStats::default() },
+            wall,
+            dropped,
+        }
     }
 
     /// The summary of a run whose entry ran on node `node` (`id`) of a cluster.
@@ -56,9 +60,17 @@ impl Summary {
         self
     }
 
+    /// The same, with what its Wasm processes' whole-instance hibernation did.
+    pub(super) fn with_hibernation(mut self, did: HibernationStats) -> Summary {
+        if let Of::Here { whole, .. } = &mut self.of {
+            *whole = did;
+        }
+        self
+    }
+
     fn json(&self) -> Value {
-        let (s, journal) = match &self.of {
-            Of::Here { stats, journal } => (stats, journal),
+        let (s, journal, whole) = match &self.of {
+            Of::Here { stats, journal, whole } => (stats, journal, whole),
             Of::Cluster { node, id, links } => {
                 return json!({
                     "node": node,
@@ -82,6 +94,11 @@ impl Summary {
             "messages": s.messages,
             "undelivered": s.undelivered,
             "hibernated": s.hibernated,
+            "hibernated_whole": whole.hibernations,
+            "woken_whole": whole.wakes,
+            "suspensions": s.suspensions,
+            "brought_back": s.returns,
+            "suspended_now": s.suspended,
             "steals": s.workers.iter().map(|w| w.steals).sum::<u64>(),
             "workers": s.workers.iter().map(|w| json!({"steps": w.executed, "steals": w.steals, "stolen": w.stolen})).collect::<Vec<_>>(),
             "log_lines_dropped": self.dropped,
@@ -92,8 +109,8 @@ impl Summary {
     }
 
     fn lines(&self) -> Vec<String> {
-        let (s, journal) = match &self.of {
-            Of::Here { stats, journal } => (stats, journal),
+        let (s, journal, whole) = match &self.of {
+            Of::Here { stats, journal, whole } => (stats, journal, whole),
             Of::Cluster { node, id, links } => {
                 return vec![
                     "── wasmproc stats ──".to_owned(),
@@ -127,7 +144,18 @@ impl Summary {
                 if by.is_empty() { String::new() } else { format!(": {}", by.join(", ")) }
             ),
             format!("messages    {} delivered, {} never read", count(s.messages), count(s.undelivered)),
-            format!("hibernated  {} (waiting processes that gave memory back)", count(s.hibernated)),
+            format!(
+                "hibernated  {} times a waiting process gave memory back, {} of them its whole instance ({} woken)",
+                count(s.hibernated),
+                count(whole.hibernations),
+                count(whole.wakes)
+            ),
+            format!(
+                "suspended   {} (waiting durable processes that left memory), {} brought back, {} suspended now",
+                count(s.suspensions),
+                count(s.returns),
+                count(s.suspended as u64)
+            ),
             format!("steals      {}", count(s.workers.iter().map(|w| w.steals).sum())),
         ];
         for (i, w) in s.workers.iter().enumerate() {

@@ -226,6 +226,12 @@ struct JournalArgs {
     /// steps that run anew are printed: the replayed ones were printed when they first ran.
     #[arg(long, requires = "journal")]
     replayed_logs: bool,
+    /// With --journal: how long a process may wait (for a timer, a message, a child)
+    /// before it leaves memory altogether: only its entry in the scheduler stays, and its
+    /// next event brings it back, replayed from the journal. `never` (or 0) keeps every
+    /// waiting process in memory. --stats counts the suspended ones.
+    #[arg(long, value_name = "DURATION", default_value = units::duration_text(wasmproc::scheduler::DEFAULT_SUSPEND_AFTER), value_parser = units::threshold, requires = "journal")]
+    suspend_after: units::Threshold,
 }
 
 /// What a run prints beside its result.
@@ -272,6 +278,8 @@ enum Root {
 /// scheduler, and its journal.
 struct Prepared {
     scheduler: Scheduler,
+    /// The runtime of the run's components: what hibernation did (`--stats`).
+    runtime: wasm::Runtime,
     root: Root,
     services: Option<Services>,
     journal: Option<Journal>,
@@ -323,7 +331,7 @@ impl Run {
         let mut prepared = self.prepare(inputs.clone(), &out, &interrupt, retry.as_ref())?;
         signals.started();
         loop {
-            let Prepared { scheduler, root, services, journal } = prepared;
+            let Prepared { scheduler, runtime, root, services, journal } = prepared;
             let is_command = matches!(root, Root::Command(_));
             let report = Report::new(self.output.json, &out, is_command);
             if let Root::Finished(result) = root {
@@ -399,10 +407,11 @@ impl Run {
             }
             // A stopped run's processes failed because it was stopped: no news.
             let report = if stop.is_none() { report.with_unobserved(&stats) } else { report };
-            let summary = self
-                .output
-                .stats
-                .then(|| Summary::new(stats, start.elapsed(), out.dropped()).with_journal(journal_stats));
+            let summary = self.output.stats.then(|| {
+                Summary::new(stats, start.elapsed(), out.dropped())
+                    .with_journal(journal_stats)
+                    .with_hibernation(runtime.hibernation_stats())
+            });
             let flush_by = stop.map(|_| Instant::now() + super::stop::FLUSH_AFTER_STOP).or(deadline);
             let code = report.with_summary(summary).finish(root, stop, flush_by);
             self.forget_finished(journal.as_ref(), &out);
@@ -549,7 +558,7 @@ impl Run {
         if let Some(warning) = ungranted {
             out.say(Say::Warning, warning);
         }
-        Ok(Prepared { scheduler, root, services, journal })
+        Ok(Prepared { scheduler, runtime, root, services, journal })
     }
 
     /// With --journal: opens the journal on `builder`, after checking that the run it
@@ -583,7 +592,9 @@ impl Run {
             let recorded = run.caps.clone();
             builder = builder.denial_hint(move |name| resume::denial_hint(&recorded, name));
         }
-        Ok((builder.journal(opened.clone()).resume_within(caps.clone()), Some(opened), narrowed))
+        let builder =
+            builder.journal(opened.clone()).resume_within(caps.clone()).suspend_after(self.durable.suspend_after.0);
+        Ok((builder, Some(opened), narrowed))
     }
 
     /// The run's entry process: the one `scheduler` resumed from the journal, or the
@@ -721,7 +732,7 @@ impl Run {
         let scheduler =
             builder.build().map_err(|e| Failure::new(Exit::Host, format!("cannot start the scheduler: {e:#}")))?;
         let root = self.resumed_root(&scheduler, Root::Supervised(options), journal.as_ref(), narrowed, out)?;
-        Ok(Prepared { scheduler, root, services, journal })
+        Ok(Prepared { scheduler, runtime: runtime.clone(), root, services, journal })
     }
 
     /// Starts the run's providers and provider components and registers them on

@@ -28,6 +28,22 @@ use wasmproc::serve::{Grants, Limits, Policy, PolicyFields, Service, ServiceConf
 use super::output::{Say, say_now};
 use super::{Exit, Failure, units};
 
+/// `dirs` as absolute paths (against the current directory), each an existing directory.
+fn absolute(flag: &str, dirs: &[PathBuf]) -> Result<Vec<String>, Failure> {
+    dirs.iter()
+        .map(|dir| {
+            let absolute = std::path::absolute(dir)
+                .ok()
+                .filter(|path| path.is_dir())
+                .ok_or_else(|| Failure::new(Exit::Usage, format!("{flag} `{}`: no such directory", dir.display())))?;
+            absolute
+                .into_os_string()
+                .into_string()
+                .map_err(|_| Failure::new(Exit::Usage, format!("{flag} `{}`: not a UTF-8 path", dir.display())))
+        })
+        .collect()
+}
+
 /// Where the service keeps its data when `--data` is not given.
 fn default_data() -> Option<PathBuf> {
     let base = match std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
@@ -71,6 +87,11 @@ pub(crate) struct Serve {
     /// once; past it a start is refused (429).
     #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = super::units::positive)]
     max_running: usize,
+    /// The default policy: the most processes a tenant's workflows may have alive at
+    /// once, their children to any depth included; past it a start is refused (429) and
+    /// a spawn fails.
+    #[arg(long, value_name = "N", default_value_t = 100_000, value_parser = super::units::positive)]
+    max_processes: usize,
     /// The default policy: requests a second a tenant may make (bursts of a second's
     /// worth pass); past it requests are refused (429).
     #[arg(long, value_name = "N", default_value_t = 1_000)]
@@ -88,6 +109,19 @@ pub(crate) struct Serve {
     /// link. Repeatable.
     #[arg(long = "allow", value_name = "COMMAND")]
     allow: Vec<String>,
+    /// The default policy: a tenant's workflows may be granted HTTP requests to hosts
+    /// within PATTERN (`start --allow-host`), a pattern as `run --allow-host` takes it.
+    /// Repeatable. [default: no host]
+    #[arg(long = "allow-host", value_name = "PATTERN")]
+    allow_host: Vec<String>,
+    /// The default policy: a tenant's workflows may be granted to read the directory
+    /// DIR of this machine and everything beneath it (`start --dir`). Repeatable.
+    /// [default: none]
+    #[arg(long = "dir", value_name = "DIR")]
+    dir: Vec<PathBuf>,
+    /// The default policy: as --dir, to read and write (`start --dir-rw`). Repeatable.
+    #[arg(long = "dir-rw", value_name = "DIR")]
+    dir_rw: Vec<PathBuf>,
     /// Print the API's OpenAPI document (what `GET /v1/openapi.json` serves, and
     /// `docs/openapi.json` in the repository) and exit, without serving.
     #[arg(long, exclusive = true)]
@@ -100,6 +134,22 @@ pub(crate) struct Serve {
     /// lines are dropped, and a read of the log says how many.
     #[arg(long, value_name = "BYTES", default_value = "1MiB", value_parser = super::units::nonzero_size)]
     max_log_bytes: usize,
+    /// How long a workflow's process may wait (for a timer, a signal, a child) before it
+    /// leaves memory altogether: only its entry in the scheduler stays, and its next
+    /// event brings it back, replayed from the journal. `never` (or 0) keeps every
+    /// waiting process in memory. `/metrics` counts the suspended ones.
+    #[arg(long, value_name = "DURATION", default_value = units::duration_text(wasmproc::scheduler::DEFAULT_SUSPEND_AFTER), value_parser = units::threshold)]
+    suspend_after: units::Threshold,
+    /// How long a workflow's process may wait before a worker with nothing else to run
+    /// hibernates it: it gives back its whole instance, keeping only the pages of its
+    /// memory that differ from its component's initial image, and its next event makes
+    /// it again (tens of microseconds). `/metrics` counts the hibernated ones.
+    #[arg(long, value_name = "DURATION", default_value = units::duration_text(wasmproc::scheduler::DEFAULT_HIBERNATE_AFTER), value_parser = super::units::duration)]
+    hibernate_after: std::time::Duration,
+    /// A hibernating process gives back only its fiber stack's pages and keeps its
+    /// instance.
+    #[arg(long)]
+    no_hibernate_instances: bool,
 }
 
 impl Serve {
@@ -121,6 +171,9 @@ impl Serve {
         config.retention = (!self.retention.is_zero()).then_some(self.retention);
         config.max_pending_requests = self.max_pending_requests;
         config.max_log_bytes = self.max_log_bytes as u64;
+        config.suspend_after = self.suspend_after.0;
+        config.hibernate_after = self.hibernate_after;
+        config.hibernate_instances = !self.no_hibernate_instances;
         if self.rate == 0 {
             return Err(Failure::new(Exit::Usage, "--rate must be at least 1 request a second"));
         }
@@ -140,7 +193,11 @@ impl Serve {
         config.policy = Policy {
             allow: self.allow,
             kv: self.kv,
+            hosts: self.allow_host,
+            dirs: absolute("--dir", &self.dir)?,
+            dirs_rw: absolute("--dir-rw", &self.dir_rw)?,
             max_running: self.max_running,
+            max_processes: self.max_processes,
             memory: self.memory as u64,
             storage: self.storage as u64,
             rate: self.rate,
@@ -305,6 +362,18 @@ pub(crate) struct StartArgs {
     /// its policy allows it.
     #[arg(long)]
     pub(crate) kv: bool,
+    /// Let its processes make HTTP requests (`http.request`) to hosts that match
+    /// PATTERN, as `run --allow-host` takes it, within the tenant's policy. Repeatable.
+    #[arg(long = "allow-host", value_name = "PATTERN")]
+    pub(crate) allow_host: Vec<String>,
+    /// Let its processes read the server's directory HOST, seen as GUEST (`HOST::GUEST`;
+    /// HOST alone: the same path), as `run --dir` takes it, within the tenant's policy.
+    /// HOST is absolute: a path on the server. Repeatable.
+    #[arg(long = "dir", value_name = "HOST[::GUEST]")]
+    pub(crate) dir: Vec<String>,
+    /// As --dir, to read and write. Repeatable.
+    #[arg(long = "dir-rw", value_name = "HOST[::GUEST]")]
+    pub(crate) dir_rw: Vec<String>,
     /// Linear memory cap of each process of the workflow, e.g. 16MiB; at most the
     /// tenant's policy's, which it is when not given.
     #[arg(long, value_name = "SIZE", value_parser = units::memory)]
@@ -456,9 +525,32 @@ pub(crate) struct PolicyArgs {
     /// No longer let its workflows be granted its key-value store (those running keep it).
     #[arg(long)]
     pub(crate) no_kv: bool,
+    /// Let its workflows be granted HTTP requests to hosts within PATTERN (`start
+    /// --allow-host`), as `run --allow-host` takes it. Repeatable.
+    #[arg(long = "allow-host", value_name = "PATTERN")]
+    pub(crate) allow_host: Vec<String>,
+    /// No longer let its workflows be granted PATTERN (of those --allow-host named).
+    /// Repeatable.
+    #[arg(long = "deny-host", value_name = "PATTERN")]
+    pub(crate) deny_host: Vec<String>,
+    /// Let its workflows be granted to read the server's directory DIR (absolute) and
+    /// everything beneath it (`start --dir`). Repeatable.
+    #[arg(long = "dir", value_name = "DIR")]
+    pub(crate) dir: Vec<String>,
+    /// As --dir, to read and write (`start --dir-rw`). Repeatable.
+    #[arg(long = "dir-rw", value_name = "DIR")]
+    pub(crate) dir_rw: Vec<String>,
+    /// No longer let its workflows be granted DIR (of those --dir or --dir-rw named).
+    /// Repeatable.
+    #[arg(long = "no-dir", value_name = "DIR")]
+    pub(crate) no_dir: Vec<String>,
     /// The most workflows it may have running at once.
     #[arg(long, value_name = "N")]
     pub(crate) max_running: Option<usize>,
+    /// The most processes its workflows may have alive at once, their children to any
+    /// depth included.
+    #[arg(long, value_name = "N")]
+    pub(crate) max_processes: Option<usize>,
     /// The most linear memory each process of its workflows may have, e.g. 32MiB: at
     /// most the server's --memory.
     #[arg(long, value_name = "SIZE", value_parser = units::memory)]
@@ -477,7 +569,13 @@ impl PolicyArgs {
             || !self.deny.is_empty()
             || self.kv
             || self.no_kv
+            || !self.allow_host.is_empty()
+            || !self.deny_host.is_empty()
+            || !self.dir.is_empty()
+            || !self.dir_rw.is_empty()
+            || !self.no_dir.is_empty()
             || self.max_running.is_some()
+            || self.max_processes.is_some()
             || self.memory.is_some()
             || self.storage.is_some()
             || self.rate.is_some()
@@ -496,10 +594,20 @@ impl PolicyArgs {
         } else {
             None
         };
+        let listed = |base: Option<&Vec<String>>, added: &[String], removed: &[String]| {
+            let mut names: Vec<String> = base.cloned().unwrap_or_default();
+            names.extend(added.iter().cloned());
+            names.retain(|name| !removed.contains(name));
+            (base.is_some() || !names.is_empty()).then_some(names)
+        };
         PolicyFields {
             allow: (base.is_some() || !allow.is_empty()).then_some(allow),
             kv: kv.or(base.map(|policy| policy.kv)),
+            hosts: listed(base.map(|policy| &policy.hosts), &self.allow_host, &self.deny_host),
+            dirs: listed(base.map(|policy| &policy.dirs), &self.dir, &self.no_dir),
+            dirs_rw: listed(base.map(|policy| &policy.dirs_rw), &self.dir_rw, &self.no_dir),
             max_running: self.max_running.or(base.map(|policy| policy.max_running)),
+            max_processes: self.max_processes.or(base.map(|policy| policy.max_processes)),
             memory: self.memory.map(|m| m as u64).or(base.map(|policy| policy.memory)),
             storage: self.storage.map(|s| s as u64).or(base.map(|policy| policy.storage)),
             rate: self.rate.or(base.map(|policy| policy.rate)),
@@ -507,17 +615,24 @@ impl PolicyArgs {
     }
 }
 
-/// A tenant's policy as a line.
+/// A tenant's policy as a line; hosts and directories only when it allows any.
 fn policy_line(TenantPolicy { name, policy }: &TenantPolicy) -> String {
-    format!(
-        "{name}  allow={}  kv={}  max-running={}  memory={}  storage={}  rate={}/s",
+    let mut line = format!(
+        "{name}  allow={}  kv={}  max-running={}  memory={}  storage={}  rate={}/s  max-processes={}",
         if policy.allow.is_empty() { "-".to_owned() } else { policy.allow.join(",") },
         if policy.kv { "yes" } else { "no" },
         policy.max_running,
         units::size_text(policy.memory as usize),
         units::size_text(policy.storage as usize),
-        policy.rate
-    )
+        policy.rate,
+        policy.max_processes
+    );
+    for (label, listed) in [("hosts", &policy.hosts), ("dirs", &policy.dirs), ("dirs-rw", &policy.dirs_rw)] {
+        if !listed.is_empty() {
+            line.push_str(&format!("  {label}={}", listed.join(",")));
+        }
+    }
+    line
 }
 
 /// What the server answered: its status and JSON body.
@@ -747,11 +862,12 @@ impl ClientCommand {
                 shown(&json!({"removed": component}), format!("removed {component}"))?;
             }
             ClientCommand::Start(Call {
-                what: StartArgs { component, id, method, input, allow, deny, kv, memory, cpu_budget },
+                what:
+                    StartArgs { component, id, method, input, allow, deny, kv, allow_host, dir, dir_rw, memory, cpu_budget },
                 ..
             }) => {
                 let input = input.map(|text| json_arg("--input", &text)).transpose()?;
-                let grants = Grants { allow, deny, kv };
+                let grants = Grants { allow, deny, kv, hosts: allow_host, dirs: dir, dirs_rw: dir_rw };
                 let limits = Limits {
                     memory: memory.map(|bytes| bytes as u64),
                     cpu_budget_ms: cpu_budget.map(|budget| budget.as_millis() as u64),
@@ -818,13 +934,22 @@ impl ClientCommand {
                         query.push(format!("{name}={}", escape(&value)));
                     }
                 }
-                let (WorkflowPage { workflows, .. }, body) =
+                let (WorkflowPage { workflows, next, examined, partial }, body) =
                     http.get(&format!("/v1/workflows?{}", query.join("&")))?.read()?;
                 if json_out {
                     print(&body)?;
                 } else {
                     for w in &workflows {
                         print(workflow_line(w))?;
+                    }
+                    // On stderr: the lines on stdout stay one a workflow.
+                    match next {
+                        Some(next) if partial => eprintln!(
+                            "wasmproc: the server read {examined} workflows for this page, the most it reads at once; \
+                             more may match: `--after {next}`"
+                        ),
+                        Some(next) => eprintln!("wasmproc: more follow: `--after {next}`"),
+                        None => {}
                     }
                 }
             }

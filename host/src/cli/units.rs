@@ -66,6 +66,22 @@ pub(crate) fn duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("`{text}` is not a duration ({e}): write it like 500ms, 2s or 1m 30s"))
 }
 
+/// A threshold that can be turned off: a duration, or `never` (or `0`) for none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Threshold(pub(crate) Option<Duration>);
+
+/// Reads a [`Threshold`]: `never`, `0`, or a duration with a unit.
+pub(crate) fn threshold(text: &str) -> Result<Threshold, String> {
+    match text.trim() {
+        "never" | "0" => Ok(Threshold(None)),
+        _ => match duration(text) {
+            Ok(duration) if duration.is_zero() => Ok(Threshold(None)),
+            Ok(duration) => Ok(Threshold(Some(duration))),
+            Err(error) => Err(format!("{error}, or `never`")),
+        },
+    }
+}
+
 /// A duration where a bare number means milliseconds (`--time-slice 50`).
 pub(crate) fn millis(text: &str) -> Result<Duration, String> {
     match text.trim().parse::<u64>() {

@@ -42,6 +42,18 @@ impl Io {
     }
 }
 
+impl Io {
+    /// Runs `work` on the runtime without waiting for it (a subscription's loop).
+    pub(super) fn spawn<F>(&self, work: F) -> io::Result<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let runtime = self.runtime.as_ref().ok_or_else(|| io::Error::other("the JetStream client is closed"))?;
+        runtime.spawn(work);
+        Ok(())
+    }
+}
+
 impl Drop for Io {
     fn drop(&mut self) {
         // Dropping a runtime inside another would block there; this lets its threads go.

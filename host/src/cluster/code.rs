@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use futures_util::StreamExt as _;
-use sha2::{Digest as _, Sha256};
 
 use super::shared::{Fetched, Inner, Loader};
 use super::wire::{self, Body, Key, Peer};
@@ -32,12 +31,8 @@ pub(super) fn subject(prefix: &str, node: u16) -> String {
 
 /// Whether `bytes` are what `hash` (`sha256:<hex>`) names.
 pub(super) fn verify(hash: &str, bytes: &[u8]) -> anyhow::Result<()> {
-    let digest: [u8; 32] = Sha256::digest(bytes).into();
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    ensure!(
-        hash.strip_prefix("sha256:") == Some(hex.as_str()),
-        "the component fetched as `{hash}` has hash `sha256:{hex}`"
-    );
+    let held = super::workflows::hash_of(bytes);
+    ensure!(held == hash, "the component fetched as `{hash}` has hash `{held}`");
     Ok(())
 }
 

@@ -4,17 +4,24 @@
 //!
 //! # Layout
 //!
-//! A journal is one subject, `PREFIX.journal.SHARD`, of one stream (`WASMPROC_JOURNAL`
-//! unless named otherwise) that holds every shard's subject. Each group commit is one
-//! message: the batch's removals and puts, encoded as below. A batch larger than what one
+//! A shard's journal is a stream of its own, `WASMPROC_JOURNAL_SHARD` (the name's first
+//! part can be chosen), holding one subject, `PREFIX.journal.SHARD`. Each group commit is
+//! one message: the batch's removals and puts, encoded as below. A batch larger than what one
 //! message may carry (the server's `max_payload`) is cut into parts published as one
 //! JetStream *atomic batch* (servers 2.12 and later), so the stream holds all of it or
 //! none of it, as [`Store::commit`] promises.
 //!
 //! # Fencing
 //!
-//! Every publish says which sequence it expects the subject's last message to have
-//! (`Nats-Expected-Last-Subject-Sequence`): the last one this store wrote or read.
+//! Every publish says which sequence it expects the stream's last message to have
+//! (`Nats-Expected-Last-Sequence`): the last one this store wrote or read. A commit sent
+//! while earlier ones await their acknowledgements expects the sequence those will end
+//! at (each commit adds as many messages as it has parts, and nothing else writes the
+//! stream: this is why a shard has a stream of its own), and also names the message id
+//! of the commit just before it (`Nats-Expected-Last-Msg-Id`). A foretold sequence
+//! alone would not fence: another store's claim can fill the very sequence a stale
+//! store foretold. The ids are this store's own (a random nonce and a counter), so
+//! once another store wrote, no commit of this one matches again.
 //! Opening a journal reads it and then *claims* it with an empty commit after what it
 //! read. Once another store has opened the same journal, this one's next commit is
 //! refused by the server, and the store refuses every commit after it: a node that lost
@@ -23,6 +30,15 @@
 //! A commit whose acknowledgement was lost is sent again with the same message id
 //! (`Nats-Msg-Id`), which the stream's duplicate window recognises: a retried commit is
 //! written once.
+//!
+//! # Pipelining
+//!
+//! Up to [`JetStreamOptions::pipeline`] commits are in flight at once ([`Store::begin`]):
+//! sent in order by one task, acknowledged in any order, finished in order. A commit
+//! refused because one before it was not stored (its expected sequence never came) is
+//! sent again, in order, after that one was; a commit refused while every one before it
+//! was stored is fenced out. So the stream holds the commits in the order they were
+//! begun, with no gap, or the store stops.
 //!
 //! # Reading and compaction
 //!
@@ -43,6 +59,7 @@
 
 use std::io;
 use std::ops::ControlFlow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -52,10 +69,17 @@ use parking_lot::Mutex;
 
 use super::blocking::Io;
 use super::config::{ClusterConfig, connect};
-use crate::journal::{Batch, Key, Store};
+use crate::journal::{Batch, Began, Done, Key, Store};
 
-/// The stream [`JetStreamOptions`] name unless told otherwise.
+/// The first part of the journals' streams' names unless told otherwise: shard `S`'s
+/// stream is `WASMPROC_JOURNAL_S`.
 pub const DEFAULT_STREAM: &str = "WASMPROC_JOURNAL";
+/// How many commits a store has in flight at once unless told otherwise: one, since on
+/// servers with no cores to spare, commits in flight together shrink the groups and
+/// cost more than the round trips they overlap (`docs/perf/jetstream.md`).
+pub const DEFAULT_PIPELINE: usize = 1;
+/// The most commits a store may have in flight at once.
+pub const MAX_PIPELINE: usize = 64;
 
 /// The header that marks a message's place in a commit: `PART/PARTS` (from 1).
 const PART: &str = "Wasmproc-Journal-Part";
@@ -81,11 +105,12 @@ pub struct JetStreamOptions {
     stream: String,
     shard: u32,
     replicas: usize,
+    pipeline: usize,
 }
 
 impl Default for JetStreamOptions {
     fn default() -> Self {
-        JetStreamOptions { stream: DEFAULT_STREAM.to_owned(), shard: 0, replicas: 1 }
+        JetStreamOptions { stream: DEFAULT_STREAM.to_owned(), shard: 0, replicas: 1, pipeline: DEFAULT_PIPELINE }
     }
 }
 
@@ -95,7 +120,8 @@ impl JetStreamOptions {
         Self::default()
     }
 
-    /// The stream's name (letters, digits, `-` and `_`).
+    /// The first part of the streams' names (letters, digits, `-` and `_`): shard `S`'s
+    /// stream is `NAME_S`.
     pub fn stream(mut self, name: impl Into<String>) -> Self {
         self.stream = name.into();
         self
@@ -114,6 +140,18 @@ impl JetStreamOptions {
         self.replicas = replicas;
         self
     }
+
+    /// How many group commits may await their acknowledgements at once (1 to
+    /// [`MAX_PIPELINE`]; 1: each waits for the one before).
+    pub fn pipeline(mut self, commits: usize) -> Self {
+        self.pipeline = commits;
+        self
+    }
+
+    /// The name of the stream that holds this shard's journal.
+    pub fn stream_name(&self) -> String {
+        format!("{}_{}", self.stream, self.shard)
+    }
 }
 
 /// A journal's [`Store`] on a JetStream stream: see the module's docs.
@@ -125,14 +163,34 @@ pub struct JetStreamStore {
     subject: String,
     /// The largest part of a commit, from the server's `max_payload`.
     part_size: usize,
+    /// How many commits may be in flight at once.
+    pipeline: usize,
+    /// To the task that sends begun commits, in order.
+    outgoing: tokio::sync::mpsc::UnboundedSender<Outgoing>,
     state: Mutex<State>,
 }
 
 /// What a store knows of its subject.
 struct State {
-    /// The sequence of the subject's last message, as this store last wrote or read it:
-    /// what its next publish expects (the fence).
+    /// The sequence of the stream's last message, as this store last wrote or read it:
+    /// what its next publish expects (the fence) when nothing is in flight.
     last: u64,
+    /// What `last` will be once every commit in flight is stored: what the next one sent
+    /// expects.
+    foretold: u64,
+    /// Commits begun and not yet finished.
+    in_flight: usize,
+    /// The last commit finished had to be sent again: the ones after it were sent
+    /// expecting a sequence that came only with that second sending, and a refusal of
+    /// theirs is not (yet) a sign of another writer.
+    resent: bool,
+    /// The replies of the commits in flight, oldest first.
+    flying: std::collections::VecDeque<Arc<Reply>>,
+    /// The message id of the last commit begun (its first part's).
+    last_id: Option<String>,
+    /// Commits of several parts in flight: the next commit waits for them (an atomic
+    /// batch's last part carries no id a commit after it could name).
+    batches_in_flight: usize,
     /// Set once a commit failed: the store refuses every later one (the journal stops
     /// using a store after a failed commit; this makes sure nothing else writes).
     failed: Option<String>,
@@ -143,7 +201,15 @@ struct State {
     /// Message ids: this store's nonce and a counter.
     nonce: String,
     published: u64,
+    /// The records as of `last`, as the open (or a scan since the last commit) read them:
+    /// a resume scans the journal several times (its processes, then each range of them)
+    /// before it commits anything, and each would otherwise read the whole subject again.
+    /// Dropped by the next commit.
+    replayed: Option<std::sync::Arc<Records>>,
 }
+
+/// A journal's records, in key order.
+type Records = std::collections::BTreeMap<Key, Vec<u8>>;
 
 impl std::fmt::Debug for JetStreamStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -193,11 +259,17 @@ impl JetStreamStore {
             options.stream
         );
         anyhow::ensure!((1..=5).contains(&options.replicas), "a stream has 1 to 5 replicas, not {}", options.replicas);
+        anyhow::ensure!(
+            (1..=MAX_PIPELINE).contains(&options.pipeline),
+            "a journal has 1 to {MAX_PIPELINE} commits in flight, not {}",
+            options.pipeline
+        );
         let io = Io::new("wasmproc-jetstream", PATIENCE)?;
-        let subjects = format!("{}.journal.*", config.prefix);
         let subject = format!("{}.journal.{}", config.prefix, options.shard);
+        let subjects = subject.clone();
+        let stream_name = options.stream_name();
         let stream_config = stream::Config {
-            name: options.stream.clone(),
+            name: stream_name.clone(),
             subjects: vec![subjects.clone()],
             storage: stream::StorageType::File,
             num_replicas: options.replicas,
@@ -211,10 +283,12 @@ impl JetStreamStore {
             let client = connect(&config, None).await?;
             let context = jetstream::new(client.clone());
             let name = stream_config.name.clone();
-            let mut stream = if create {
+            let stream = if create {
                 context.get_or_create_stream(stream_config).await.map_err(|e| {
                     anyhow::anyhow!(
-                        "cannot create or find the journal's stream `{name}` (is JetStream enabled on the server?): {e}"
+                        "cannot create or find the journal's stream `{name}` (is JetStream enabled on the server? \
+                         does another stream hold its subject `{subjects}`, as the one stream of every shard that \
+                         earlier versions made does?): {e}"
                     )
                 })?
             } else {
@@ -224,10 +298,13 @@ impl JetStreamStore {
                     )
                 })?
             };
-            let info = stream.info().await.map_err(|e| anyhow::anyhow!("cannot read the journal's stream: {e}"))?;
+            // What the creation or the look-up answered: asked again at once, a stream
+            // just created may not be known yet to the server asked.
+            let info = stream.cached_info();
             anyhow::ensure!(
-                info.config.subjects.contains(&subjects),
-                "the stream `{}` exists without the subjects `{subjects}` (it has {:?}); name another stream",
+                info.config.subjects == [subjects.clone()],
+                "the stream `{}` holds the subjects {:?}, not the journal's `{subjects}` alone: a shard's journal \
+                 needs a stream of its own; name another stream",
                 info.config.name,
                 info.config.subjects
             );
@@ -240,23 +317,34 @@ impl JetStreamStore {
             Ok::<_, anyhow::Error>((client, context))
         })??;
         let part_size = (client.server_info().max_payload.saturating_sub(HEADROOM)).max(1024);
+        let (outgoing, sending) = tokio::sync::mpsc::unbounded_channel();
+        io.spawn(send_in_order(context.clone(), client.clone(), subject.clone(), sending))?;
         let mut nonce = [0u8; 8];
         getrandom::fill(&mut nonce).map_err(|e| anyhow::anyhow!("no randomness for the journal's message ids: {e}"))?;
         Ok(JetStreamStore {
             io,
             context,
             client,
-            stream: options.stream.clone(),
+            stream: stream_name,
             subject,
             part_size,
+            pipeline: options.pipeline,
+            outgoing,
             state: Mutex::new(State {
                 last: 0,
+                foretold: 0,
+                in_flight: 0,
+                resent: false,
+                flying: std::collections::VecDeque::new(),
+                last_id: None,
+                batches_in_flight: 0,
                 failed: None,
                 sizes: std::collections::BTreeMap::new(),
                 live: 0,
                 dead: 0,
                 nonce: nonce.iter().map(|b| format!("{b:02x}")).collect(),
                 published: 0,
+                replayed: None,
             }),
         })
     }
@@ -281,6 +369,9 @@ impl JetStreamStore {
             match self.publish(&mut state, encode(&Batch::default()), false) {
                 Ok(sequence) => {
                     state.last = sequence;
+                    state.foretold = sequence;
+                    // The claim is empty: the records are still those read.
+                    state.replayed = Some(std::sync::Arc::new(records));
                     return Ok(());
                 }
                 Err(error) if is_fenced(&error) && tries < RETRIES => continue,
@@ -297,15 +388,15 @@ impl JetStreamStore {
     }
 
     /// Reads the subject from its start: the records it holds, and its last sequence.
-    fn replay(&self) -> io::Result<(std::collections::BTreeMap<Key, Vec<u8>>, u64)> {
+    fn replay(&self) -> io::Result<(Records, u64)> {
         let context = self.context.clone();
         let stream_name = self.stream.clone();
         let subject = self.subject.clone();
         let deadline = std::time::Instant::now() + PATIENCE;
-        let messages = loop {
+        let (messages, end) = loop {
             let (context, stream_name, subject) = (context.clone(), stream_name.clone(), subject.clone());
             match self.io.run(async move { read_subject(context, stream_name, subject).await }).and_then(|r| r) {
-                Ok(messages) => break messages,
+                Ok(read) => break read,
                 // A stream without a leader for a moment: just created, or electing one.
                 Err(error) if is_transient(&error) && std::time::Instant::now() < deadline => {
                     tracing::debug!(subject = %self.subject, "the journal is read again: {error}");
@@ -347,12 +438,19 @@ impl JetStreamStore {
         if next != 1 {
             return Err(other(format!("the journal's subject ends inside a commit, at message {last}")));
         }
-        Ok((records, last))
+        Ok((records, last.max(end)))
     }
 
     /// Publishes `payload` as one commit (in parts if it must), expecting the subject's
     /// last sequence to be `state.last`; the sequence of its last part.
     fn publish(&self, state: &mut State, payload: Vec<u8>, snapshot: bool) -> io::Result<u64> {
+        let parts = self.parts(&payload)?;
+        let id = next_id(state);
+        self.send_again(parts, id, state.last, snapshot)
+    }
+
+    /// `payload` cut into the messages of one commit.
+    fn parts(&self, payload: &[u8]) -> io::Result<Vec<bytes::Bytes>> {
         let parts: Vec<bytes::Bytes> = payload.chunks(self.part_size).map(bytes::Bytes::copy_from_slice).collect();
         if parts.len() > MAX_PARTS {
             return Err(other(format!(
@@ -361,9 +459,13 @@ impl JetStreamStore {
                 parts.len()
             )));
         }
-        state.published += 1;
-        let id = format!("{}.{}", state.nonce, state.published);
-        let expected = state.last;
+        Ok(parts)
+    }
+
+    /// Sends a commit and waits for its acknowledgement, again while the server does not
+    /// answer (with the same message id, so it is written once); the sequence of its
+    /// last part.
+    fn send_again(&self, parts: Vec<bytes::Bytes>, id: String, expected: u64, snapshot: bool) -> io::Result<u64> {
         let deadline = std::time::Instant::now() + PATIENCE;
         let mut pause = Duration::from_millis(20);
         loop {
@@ -405,6 +507,7 @@ impl JetStreamStore {
         let sequence = self.publish(state, payload, true)?;
         let first = sequence + 1 - parts.max(1);
         state.last = sequence;
+        state.foretold = sequence;
         state.dead = 0;
         let stream_name = self.stream.clone();
         let subject = self.subject.clone();
@@ -418,21 +521,9 @@ impl JetStreamStore {
     }
 }
 
-impl Store for JetStreamStore {
-    fn commit(&self, batch: &Batch, _sync: bool) -> io::Result<()> {
-        let mut state = self.state.lock();
-        if let Some(failed) = &state.failed {
-            return Err(other(format!("the journal on `{}` failed before: {failed}", self.subject)));
-        }
-        let sequence = match self.publish(&mut state, encode(batch), false) {
-            Ok(sequence) => sequence,
-            Err(error) => {
-                state.failed = Some(error.to_string());
-                return Err(error);
-            }
-        };
-        state.last = sequence;
-        let state = &mut *state;
+impl JetStreamStore {
+    /// Counts what `batch` writes and what it leaves dead, for [`Self::compact_if_due`].
+    fn account(state: &mut State, batch: &Batch) {
         for &(process, count) in &batch.removals {
             let doomed: Vec<Key> =
                 state.sizes.range(Key { process, seq: 0 }..Key { process, seq: count }).map(|(k, _)| *k).collect();
@@ -449,21 +540,246 @@ impl Store for JetStreamStore {
             }
             state.live += value.len() as u64;
         }
-        if state.dead > COMPACT_AFTER && state.dead > state.live {
-            // A failed compaction loses nothing (the records are all still in the
-            // stream); it is tried again after the next commit.
-            if let Err(error) = self.compact(state) {
-                tracing::warn!(subject = %self.subject, "cannot compact the journal: {error}");
-                if is_fenced(&error) {
-                    state.failed = Some(error.to_string());
+    }
+
+    /// Waits until every commit of `ahead` is answered: the sequence the last one ended
+    /// at, or the first failure. They answer within the sending task's patience.
+    fn acknowledged(ahead: &[Arc<Reply>]) -> io::Result<u64> {
+        let deadline = std::time::Instant::now() + PATIENCE * 2;
+        let mut last = 0;
+        for reply in ahead {
+            loop {
+                match &*reply.outcome.lock() {
+                    Some(Ok(sequence)) => {
+                        last = last.max(*sequence);
+                        break;
+                    }
+                    Some(Err(error)) => return Err(io::Error::new(error.kind(), error.to_string())),
+                    None => {}
                 }
+                if std::time::Instant::now() > deadline {
+                    return Err(other("a commit in flight was never answered"));
+                }
+                std::thread::sleep(Duration::from_micros(200));
             }
         }
+        Ok(last)
+    }
+
+    fn compaction_due(state: &State) -> bool {
+        state.dead > COMPACT_AFTER && state.dead > state.live
+    }
+
+    /// Compacts the journal once its dead bytes outweigh the live ones, with no commit in
+    /// flight. A failed compaction loses nothing (the records are all still in the
+    /// stream); it is tried again after the next commit.
+    fn compact_if_due(&self, state: &mut State) {
+        if state.in_flight == 0
+            && Self::compaction_due(state)
+            && let Err(error) = self.compact(state)
+        {
+            tracing::warn!(subject = %self.subject, "cannot compact the journal: {error}");
+            if is_fenced(&error) {
+                state.failed = Some(error.to_string());
+            }
+        }
+    }
+}
+
+/// A commit in flight: what [`Store::finish`] needs to send it again.
+struct Flight {
+    reply: Arc<Reply>,
+    parts: Vec<bytes::Bytes>,
+    id: String,
+}
+
+/// Where the sending task puts a commit's outcome: its last part's sequence.
+struct Reply {
+    outcome: Mutex<Option<io::Result<u64>>>,
+    done: Mutex<Option<Done>>,
+}
+
+impl Reply {
+    fn tell(&self, outcome: io::Result<u64>) {
+        self.outcome.lock().get_or_insert(outcome);
+        if let Some(done) = self.done.lock().take() {
+            done.call();
+        }
+    }
+}
+
+/// A commit for the sending task: its parts, its message id, the sequence it expects,
+/// and where its outcome goes. Dropped unsent (the client's runtime stopped), it says so
+/// rather than leave its committer waiting.
+struct Outgoing {
+    parts: Vec<bytes::Bytes>,
+    id: String,
+    expected: u64,
+    /// The message id of the commit before it, when that one was still in flight.
+    expected_id: Option<String>,
+    reply: Arc<Reply>,
+}
+
+impl Drop for Outgoing {
+    fn drop(&mut self) {
+        self.reply.tell(Err(io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            "the JetStream client stopped before the commit was acknowledged",
+        )));
+    }
+}
+
+impl Store for JetStreamStore {
+    fn commit(&self, batch: &Batch, _sync: bool) -> io::Result<()> {
+        let mut state = self.state.lock();
+        state.replayed = None;
+        if let Some(failed) = &state.failed {
+            return Err(other(format!("the journal on `{}` failed before: {failed}", self.subject)));
+        }
+        if state.in_flight > 0 {
+            return Err(other("a journal commit was made while others were in flight"));
+        }
+        let sequence = match self.publish(&mut state, encode(batch), false) {
+            Ok(sequence) => sequence,
+            Err(error) => {
+                state.failed = Some(error.to_string());
+                return Err(error);
+            }
+        };
+        state.last = sequence;
+        state.foretold = sequence;
+        Self::account(&mut state, batch);
+        self.compact_if_due(&mut state);
         Ok(())
     }
 
+    fn depth(&self) -> usize {
+        let state = self.state.lock();
+        // One at a time while a compaction waits for the commits in flight, after a
+        // failure, and while commits sent again catch up.
+        if Self::compaction_due(&state) || state.failed.is_some() || state.resent || state.batches_in_flight > 0 {
+            1
+        } else {
+            self.pipeline
+        }
+    }
+
+    fn begin(&self, batch: &Batch, _sync: bool, done: Done) -> Began {
+        let reply = Arc::new(Reply { outcome: Mutex::new(None), done: Mutex::new(Some(done)) });
+        let flight = |parts, id| Began(Box::new(Flight { reply: reply.clone(), parts, id }));
+        let mut state = self.state.lock();
+        state.replayed = None;
+        state.in_flight += 1;
+        state.flying.push_back(reply.clone());
+        if let Some(failed) = &state.failed {
+            let failed = other(format!("the journal on `{}` failed before: {failed}", self.subject));
+            reply.tell(Err(failed));
+            return flight(Vec::new(), String::new());
+        }
+        let parts = match self.parts(&encode(batch)) {
+            Ok(parts) => parts,
+            Err(error) => {
+                reply.tell(Err(error));
+                return flight(Vec::new(), String::new());
+            }
+        };
+        let id = next_id(&mut state);
+        let ahead: Vec<Arc<Reply>> = state.flying.iter().take(state.flying.len() - 1).cloned().collect();
+        let (expected, expected_id) = if ahead.is_empty() {
+            (state.last, None)
+        } else if parts.len() > 1 {
+            // An atomic batch is sent expecting a sequence known to be stored: the
+            // commits ahead of it must be acknowledged first.
+            match Self::acknowledged(&ahead) {
+                Ok(sequence) => (sequence, None),
+                Err(error) => {
+                    // Sent again by `finish`, in order, after the ones ahead of it.
+                    reply.tell(Err(io::Error::new(
+                        io::ErrorKind::NotConnected,
+                        format!("a commit ahead of this one was not acknowledged: {error}"),
+                    )));
+                    state.foretold += parts.len() as u64;
+                    state.last_id = Some(id.clone());
+                    Self::account(&mut state, batch);
+                    return flight(parts, id);
+                }
+            }
+        } else {
+            (state.foretold, state.last_id.clone())
+        };
+        state.foretold = expected + parts.len().max(1) as u64;
+        state.last_id = Some(id.clone());
+        if parts.len() > 1 {
+            state.batches_in_flight += 1;
+        }
+        Self::account(&mut state, batch);
+        drop(state);
+        let outgoing = Outgoing { parts: parts.clone(), id: id.clone(), expected, expected_id, reply: reply.clone() };
+        // A closed channel drops the commit, which tells its reply so.
+        let _ = self.outgoing.send(outgoing);
+        flight(parts, id)
+    }
+
+    fn finish(&self, began: Began) -> io::Result<()> {
+        let flight = began
+            .0
+            .downcast::<Flight>()
+            .map_err(|_| other("a commit was finished by a store that did not begin it"))?;
+        let outcome = flight.reply.outcome.lock().take().unwrap_or_else(|| Err(other("a commit finished unanswered")));
+        let mut state = self.state.lock();
+        state.in_flight -= 1;
+        state.flying.pop_front();
+        if flight.parts.len() > 1 {
+            state.batches_in_flight = state.batches_in_flight.saturating_sub(1);
+        }
+        if let Some(failed) = &state.failed {
+            return Err(other(format!("the journal on `{}` failed before: {failed}", self.subject)));
+        }
+        let outcome = match outcome {
+            Ok(sequence) => {
+                state.resent = false;
+                Ok(sequence)
+            }
+            // Not stored, or stored unacknowledged; or refused because one before it was
+            // not stored when it came. Sent again after the one before, expecting where
+            // that one ended: written once, in order, or refused for good.
+            Err(error) if is_transient(&error) || is_fenced(&error) && state.resent => {
+                tracing::debug!(subject = %self.subject, "a journal commit is sent again: {error}");
+                state.resent = true;
+                self.send_again(flight.parts.clone(), flight.id.clone(), state.last, false)
+            }
+            Err(error) => Err(error),
+        };
+        match outcome {
+            Ok(sequence) => {
+                state.last = sequence;
+                self.compact_if_due(&mut state);
+                Ok(())
+            }
+            Err(error) => {
+                state.failed = Some(error.to_string());
+                Err(error)
+            }
+        }
+    }
+
     fn scan(&self, from: Key, visit: &mut dyn FnMut(Key, &[u8]) -> ControlFlow<()>) -> io::Result<()> {
-        let (records, _) = self.replay()?;
+        let cached = self.state.lock().replayed.clone();
+        let records = match cached {
+            Some(records) => records,
+            None => {
+                let (records, last) = self.replay()?;
+                let records = std::sync::Arc::new(records);
+                let mut state = self.state.lock();
+                // Kept only by the journal's owner (a store that only reads knows no last
+                // sequence of its own), and only if nothing was committed meanwhile, by
+                // it or another store.
+                if last != 0 && state.last == last {
+                    state.replayed = Some(records.clone());
+                }
+                records
+            }
+        };
         for (key, value) in records.range(from..) {
             if visit(*key, value).is_break() {
                 break;
@@ -495,20 +811,31 @@ struct Read {
     payload: bytes::Bytes,
 }
 
-/// Every message of `subject`, in order, up to its last at the time of the call.
-async fn read_subject(context: jetstream::Context, stream_name: String, subject: String) -> io::Result<Vec<Read>> {
+/// Every message of `subject`, in order, up to its last at the time of the call, and the
+/// stream's last sequence (the subject's, unless the stream was purged to its end).
+async fn read_subject(
+    context: jetstream::Context,
+    stream_name: String,
+    subject: String,
+) -> io::Result<(Vec<Read>, u64)> {
     let unanswered = |error: &dyn std::fmt::Display| {
         io::Error::new(io::ErrorKind::NotConnected, format!("cannot read the journal's subject `{subject}`: {error}"))
     };
-    let stream = context.get_stream_no_info(&stream_name).await.map_err(other)?;
-    let last = match stream.get_last_raw_message_by_subject(&subject).await {
-        Ok(message) => message.sequence,
-        Err(error) if error.kind() == stream::LastRawMessageErrorKind::NoMessageFound => return Ok(Vec::new()),
-        Err(error) if matches!(error.kind(), stream::LastRawMessageErrorKind::JetStream(_)) => {
-            return Err(other(format!("cannot read the journal's subject `{subject}`: {error}")));
+    // The stream's state as its leader tells it. A direct get of the last message may be
+    // answered by a replica that has not caught up: a replay that stopped at its answer
+    // would miss records the leader acknowledged, and an empty answer would pass for an
+    // empty journal, which a claim after it would then fence from its own history.
+    let stream = context.get_stream(&stream_name).await.map_err(|e| match e.kind() {
+        jetstream::context::GetStreamErrorKind::JetStream(_) => {
+            other(format!("cannot read the journal's subject `{subject}`: {e}"))
         }
-        Err(error) => return Err(unanswered(&error)),
-    };
+        _ => unanswered(&e),
+    })?;
+    let state = stream.cached_info().state.clone();
+    if state.messages == 0 {
+        return Ok((Vec::new(), state.last_sequence));
+    }
+    let last = state.last_sequence;
     let consumer = stream
         .create_consumer(jetstream::consumer::pull::OrderedConfig {
             filter_subject: subject.clone(),
@@ -527,7 +854,76 @@ async fn read_subject(context: jetstream::Context, stream_name: String, subject:
             break;
         }
     }
-    Ok(read)
+    Ok((read, last))
+}
+
+/// The next message id of the store whose state is `state`.
+fn next_id(state: &mut State) -> String {
+    state.published += 1;
+    format!("{}.{}", state.nonce, state.published)
+}
+
+/// Sends the commits a store began, in the order it began them: a commit of one part is
+/// published and its acknowledgement awaited apart, so the next one leaves at once; one
+/// of several parts (an atomic batch) is sent whole before the next.
+async fn send_in_order(
+    context: jetstream::Context,
+    client: async_nats::Client,
+    subject: String,
+    mut sending: tokio::sync::mpsc::UnboundedReceiver<Outgoing>,
+) {
+    while let Some(out) = sending.recv().await {
+        if out.parts.len() > 1 {
+            let sent = send_commit(&context, &client, subject.clone(), &out.parts, &out.id, out.expected, false);
+            let outcome = tokio::time::timeout(PATIENCE, sent).await.unwrap_or_else(|_| Err(unacknowledged(&subject)));
+            out.reply.tell(outcome);
+            continue;
+        }
+        let payload = out.parts.first().cloned().unwrap_or_default();
+        let mut headers = headers(0, 1, &out.id, out.expected, false);
+        if let Some(id) = &out.expected_id {
+            headers.insert("Nats-Expected-Last-Msg-Id", id.as_str());
+        }
+        match context.publish_with_headers(subject.clone(), headers, payload).await {
+            Ok(ack) => {
+                let subject = subject.clone();
+                tokio::spawn(async move {
+                    let outcome = match tokio::time::timeout(PATIENCE, ack).await {
+                        Ok(Ok(ack)) => Ok(ack.sequence),
+                        Ok(Err(error)) => Err(publish_error(&subject, &error)),
+                        Err(_) => Err(unacknowledged(&subject)),
+                    };
+                    out.reply.tell(outcome);
+                });
+            }
+            Err(error) => out.reply.tell(Err(publish_error(&subject, &error))),
+        }
+    }
+}
+
+fn unacknowledged(subject: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, format!("no acknowledgement for `{subject}` within {PATIENCE:?}"))
+}
+
+/// The headers of part `index` (from 0) of a commit of `count` parts.
+fn headers(index: usize, count: usize, id: &str, expected: u64, snapshot: bool) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(PART, format!("{}/{count}", index + 1).as_str());
+    if index == 0 {
+        headers.insert("Nats-Expected-Last-Sequence", expected.to_string().as_str());
+        headers.insert("Nats-Msg-Id", id);
+        if snapshot {
+            headers.insert(SNAPSHOT, "1");
+        }
+    }
+    if count > 1 {
+        headers.insert("Nats-Batch-Id", id);
+        headers.insert("Nats-Batch-Sequence", (index + 1).to_string().as_str());
+        if index + 1 == count {
+            headers.insert("Nats-Batch-Commit", "1");
+        }
+    }
+    headers
 }
 
 /// Sends one commit: a plain publish when it has one part, an atomic batch otherwise;
@@ -546,23 +942,8 @@ async fn send_commit(
     let mut last_ack = None;
     for index in 0..count {
         let payload = parts.get(index).unwrap_or(&empty).clone();
-        let mut headers = HeaderMap::new();
-        headers.insert(PART, format!("{}/{count}", index + 1).as_str());
-        if index == 0 {
-            headers.insert("Nats-Expected-Last-Subject-Sequence", expected.to_string().as_str());
-            headers.insert("Nats-Msg-Id", id);
-            if snapshot {
-                headers.insert(SNAPSHOT, "1");
-            }
-        }
-        if count > 1 {
-            headers.insert("Nats-Batch-Id", id);
-            headers.insert("Nats-Batch-Sequence", (index + 1).to_string().as_str());
-        }
+        let headers = headers(index, count, id, expected, snapshot);
         if index + 1 == count {
-            if count > 1 {
-                headers.insert("Nats-Batch-Commit", "1");
-            }
             let ack = context
                 .publish_with_headers(subject.clone(), headers, payload)
                 .await
@@ -621,7 +1002,7 @@ fn publish_error(subject: &str, error: &jetstream::context::PublishError) -> io:
             io::ErrorKind::NotConnected,
             format!("no stream leader took the journal's commit on `{subject}`: {error}"),
         ),
-        Kind::WrongLastSequence => fenced(format!(
+        Kind::WrongLastSequence | Kind::WrongLastMessageId => fenced(format!(
             "the journal's subject `{subject}` was written by another store since this one last wrote it: this \
              store no longer owns it ({error})"
         )),

@@ -103,7 +103,7 @@ pub enum Renewal {
 pub struct Shares {
     /// Every shard held, and the node holding it.
     pub owners: BTreeMap<u32, String>,
-    /// How many nodes take part (each announced within two leases' time).
+    /// How many nodes take part (each announced within a lease's time).
     pub nodes: usize,
 }
 
@@ -131,6 +131,23 @@ fn key(shard: u32) -> String {
     format!("shard.{shard}")
 }
 
+/// Writes `node` as the holder at `subject` for `ttl`, if the subject's last revision is
+/// still `expected` (0: no message at all): the revision written.
+async fn write(
+    context: &jetstream::Context,
+    subject: &str,
+    node: &str,
+    ttl: Duration,
+    expected: u64,
+) -> Result<u64, jetstream::context::PublishError> {
+    let mut headers = HeaderMap::new();
+    headers.insert("Nats-Expected-Last-Subject-Sequence", expected.to_string().as_str());
+    headers.insert("Nats-TTL", ttl.as_secs().to_string().as_str());
+    let ack =
+        context.publish_with_headers(subject.to_owned(), headers, node.to_owned().into_bytes().into()).await?.await?;
+    Ok(ack.sequence)
+}
+
 impl Leases {
     /// Connects to the server of `config` as node `node` and opens the bucket, creating
     /// it if it is missing.
@@ -140,6 +157,25 @@ impl Leases {
     /// The server cannot be reached or refuses (no JetStream, or a server older than 2.11,
     /// which has no per-message TTL), or the options are invalid.
     pub fn open(config: &ClusterConfig, node: &str, options: &LeaseOptions) -> anyhow::Result<Leases> {
+        Ok(Self::connect(config, node, options, true)?.expect("a bucket created if missing"))
+    }
+
+    /// As [`Leases::open`], without creating the bucket: `None` if the cluster has none
+    /// (no node ran shards on it yet), for what only reads the leases.
+    ///
+    /// # Errors
+    ///
+    /// As [`Leases::open`].
+    pub fn existing(config: &ClusterConfig, node: &str, options: &LeaseOptions) -> anyhow::Result<Option<Leases>> {
+        Self::connect(config, node, options, false)
+    }
+
+    fn connect(
+        config: &ClusterConfig,
+        node: &str,
+        options: &LeaseOptions,
+        create: bool,
+    ) -> anyhow::Result<Option<Leases>> {
         anyhow::ensure!(
             options.ttl >= Duration::from_secs(1) && options.ttl.subsec_nanos() == 0,
             "a lease lasts whole seconds, at least one, not {:?}",
@@ -160,11 +196,24 @@ impl Leases {
         };
         let config = config.clone();
         let bucket = options.bucket.clone();
-        let (context, store) = io.run(async move {
+        let opened = io.run(async move {
             let client = connect(&config, None).await?;
             let context = jetstream::new(client);
             let store = match context.get_key_value(&bucket).await {
                 Ok(store) => store,
+                Err(error) if !create => {
+                    use jetstream::context::GetStreamErrorKind as Kind;
+                    // The bucket's stream, asked for again to tell "none" from a failure.
+                    return match context.get_stream(format!("KV_{bucket}")).await.map(|_| ()) {
+                        Err(missing)
+                            if matches!(missing.kind(), Kind::JetStream(e)
+                                if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
+                        {
+                            Ok(None)
+                        }
+                        _ => Err(anyhow::anyhow!("cannot read the lease bucket `{bucket}`: {error}")),
+                    };
+                }
                 Err(_) => context.create_key_value(bucket_config).await.map_err(|e| {
                     anyhow::anyhow!(
                         "cannot create the lease bucket `{bucket}` (JetStream on, and a server of 2.11 or later \
@@ -172,9 +221,10 @@ impl Leases {
                     )
                 })?,
             };
-            Ok::<_, anyhow::Error>((context, store))
+            Ok::<_, anyhow::Error>(Some((context, store)))
         })??;
-        Ok(Leases { io, context, store, bucket: options.bucket.clone(), node: node.to_owned(), ttl: options.ttl })
+        let Some((context, store)) = opened else { return Ok(None) };
+        Ok(Some(Leases { io, context, store, bucket: options.bucket.clone(), node: node.to_owned(), ttl: options.ttl }))
     }
 
     /// How long a lease lasts unless renewed.
@@ -184,17 +234,37 @@ impl Leases {
 
     /// Takes the lease of `shard` if no one holds it; `None` if someone does.
     ///
+    /// Every write of a lease carries its time to live, the first one too: a holder that
+    /// dies before its first renewal must still lose the lease. (`kv::Store::create_with_ttl`
+    /// would not do here: over a key given up or expired before, it writes without one.)
+    ///
     /// # Errors
     ///
     /// The server did not answer, or refused otherwise.
     pub fn acquire(&self, shard: u32) -> anyhow::Result<Option<Lease>> {
-        let store = self.store.clone();
+        let (store, context) = (self.store.clone(), self.context.clone());
+        let subject = self.subject(shard);
         let (node, ttl) = (self.node.clone(), self.ttl);
+        use jetstream::context::PublishErrorKind as Kind;
+        let taken = move |written: Result<u64, jetstream::context::PublishError>| match written {
+            Ok(revision) => Ok(Some(Lease { shard, revision })),
+            Err(error) if error.kind() == Kind::WrongLastSequence => Ok(None),
+            Err(error) => Err(anyhow::anyhow!("cannot take the lease of shard {shard}: {error}")),
+        };
         self.io.run(async move {
-            match store.create_with_ttl(key(shard), node.into_bytes().into(), ttl).await {
-                Ok(revision) => Ok(Some(Lease { shard, revision })),
-                Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => Ok(None),
-                Err(error) => Err(anyhow::anyhow!("cannot take the lease of shard {shard}: {error}")),
+            // A key never written, or whose end marker has passed too.
+            if let Some(lease) = taken(write(&context, &subject, &node, ttl, 0).await)? {
+                return Ok(Some(lease));
+            }
+            let entry = store.entry(key(shard)).await.map_err(|e| anyhow::anyhow!("cannot read a lease: {e}"))?;
+            match entry {
+                // Given up, or passed: taken over its marker, unless another node was quicker.
+                Some(kv::Entry { operation: kv::Operation::Delete | kv::Operation::Purge, revision, .. }) => {
+                    taken(write(&context, &subject, &node, ttl, revision).await)
+                }
+                Some(_) => Ok(None),
+                // Its marker passed between the two reads: free, and taken at the next round.
+                None => Ok(None),
             }
         })?
     }
@@ -207,24 +277,23 @@ impl Leases {
     /// renewing, and stops the shard if its time to live passes without a renewal).
     pub fn renew(&self, lease: &mut Lease) -> anyhow::Result<Renewal> {
         let context = self.context.clone();
-        let subject = format!("$KV.{}.{}", self.bucket, key(lease.shard));
+        let subject = self.subject(lease.shard);
         let (node, ttl, revision) = (self.node.clone(), self.ttl, lease.revision);
-        let renewed = self.io.run(async move {
-            let mut headers = HeaderMap::new();
-            headers.insert("Nats-Expected-Last-Subject-Sequence", revision.to_string().as_str());
-            headers.insert("Nats-TTL", ttl.as_secs().to_string().as_str());
-            let ack = context.publish_with_headers(subject, headers, node.into_bytes().into()).await?.await;
-            Ok::<_, jetstream::context::PublishError>(ack)
-        })?;
+        let renewed = self.io.run(async move { write(&context, &subject, &node, ttl, revision).await })?;
         use jetstream::context::PublishErrorKind as Kind;
-        match renewed.and_then(|ack| ack) {
-            Ok(ack) => {
-                lease.revision = ack.sequence;
+        match renewed {
+            Ok(revision) => {
+                lease.revision = revision;
                 Ok(Renewal::Held)
             }
             Err(error) if error.kind() == Kind::WrongLastSequence => Ok(Renewal::Lost),
             Err(error) => Err(anyhow::anyhow!("cannot renew the lease of shard {}: {error}", lease.shard)),
         }
+    }
+
+    /// The subject the lease of `shard` is written to.
+    fn subject(&self, shard: u32) -> String {
+        format!("$KV.{}.{}", self.bucket, key(shard))
     }
 
     /// Gives `lease` up at once (a drain), so another node may take it without waiting
@@ -244,8 +313,10 @@ impl Leases {
         })?
     }
 
-    /// Says this node takes part (the key `node.NAME`, living two leases' time): how
-    /// hosts count each other to share the shards fairly. Said again well within that.
+    /// Says this node takes part (the key `node.NAME`, living as long as a lease): how
+    /// hosts count each other to share the shards fairly. Said again as often as the
+    /// leases are renewed, so a node lost stops being counted when its leases pass, and
+    /// the others take its shards then rather than a share later.
     ///
     /// # Errors
     ///
@@ -253,7 +324,7 @@ impl Leases {
     pub fn announce(&self) -> anyhow::Result<()> {
         let context = self.context.clone();
         let subject = format!("$KV.{}.node.{}", self.bucket, self.node);
-        let ttl = self.ttl * 2;
+        let ttl = self.ttl;
         self.io.run(async move {
             let mut headers = HeaderMap::new();
             headers.insert("Nats-TTL", ttl.as_secs().to_string().as_str());

@@ -83,7 +83,9 @@ mod blocking;
 mod client;
 mod code;
 mod config;
+mod inbox;
 mod journal;
+mod kv;
 mod lease;
 mod node;
 mod process;
@@ -93,16 +95,23 @@ mod store;
 #[cfg(all(test, not(loom)))]
 mod tests;
 mod wire;
+mod workflows;
 
 pub use self::client::{Client, list};
 pub use self::config::{
     ClusterConfig, GRACE, HEARTBEAT, LOSS_AFTER, MAX_BACKLOG, MAX_LOG_BACKLOG, MAX_QUEUED, Placement, RETRANSMIT_AFTER,
 };
-pub use self::journal::{DEFAULT_STREAM, JetStreamOptions, JetStreamStore};
+pub use self::inbox::{DEFAULT_INBOX_STREAM, InboxOptions, MAX_HELD, MAX_OUTBOX};
+pub use self::journal::{DEFAULT_PIPELINE, DEFAULT_STREAM, JetStreamOptions, JetStreamStore, MAX_PIPELINE};
+pub use self::kv::{DEFAULT_KV_BUCKET, DUPLICATE_WINDOW, SharedKv, SharedKvOptions};
 pub use self::lease::{DEFAULT_BUCKET, Lease, LeaseOptions, Leases, Renewal, Shares};
 pub use self::process::{RemoteProcess, RemoteSpawnOptions};
 pub use self::shards::{BuildShard, FIRST_SHARD_NODE, MAX_SHARDS, ShardHost, ShardOptions, shard_node};
 pub use self::shared::{ClusterStats, LineSink, Loader, NodeInfo};
+pub use self::workflows::{
+    DEFAULT_CODE_BUCKET, DEFAULT_WORKFLOWS_BUCKET, ShardWorkflow, WorkflowKinds, WorkflowOptions, WorkflowState,
+    Workflows, check_id, hash_of,
+};
 pub use crate::scheduler::remote::RunLimits;
 
 use std::sync::Arc;

@@ -208,7 +208,7 @@ impl Inner {
 }
 
 impl Remote for Inner {
-    fn send(&self, from: Pid, to: Pid, topic: String, body: Payload) -> Result<(), SendError> {
+    fn send(&self, from: Pid, to: Pid, topic: String, body: Payload, _id: Option<u64>) -> Result<(), SendError> {
         let node = to.node();
         if !self.is_member(node) {
             return Err(SendError::NoNode { pid: to, node });

@@ -19,13 +19,13 @@
 
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::store::{Batch, Key, Store};
+use super::store::{Batch, Began, Done, Key, Store};
 
 /// Why a submission was not made durable: the store's failure, shared by every
 /// submission of the failed batch and refused after it.
@@ -54,6 +54,9 @@ struct Shared<T> {
     pending: Mutex<Pending<T>>,
     /// Submissions not yet carried out (queued, being committed, or being carried out).
     in_flight: AtomicUsize,
+    /// Submissions whose records are durable, in submission order: the first this many
+    /// submitted (see [`Committer::submitted`]).
+    committed: AtomicU64,
     wake: Condvar,
     store: Arc<dyn Store>,
     sync: bool,
@@ -67,9 +70,13 @@ struct Pending<T> {
     items: Vec<T>,
     /// Something waits for an item of this group.
     waited_for: bool,
+    /// Wake the committer once the group holds this many items (0: never for its size).
+    wake_at: usize,
     failed: Option<CommitError>,
     shut_down: bool,
     stats: CommitStats,
+    /// Submissions taken so far.
+    submitted: u64,
 }
 
 /// How long a group that nothing waits for waits for company: for something waited for
@@ -102,10 +109,13 @@ impl<T: Send + 'static> Committer<T> {
                 batch: Batch::default(),
                 items: Vec::new(),
                 waited_for: false,
+                wake_at: 0,
                 failed: None,
                 shut_down: false,
                 stats: CommitStats::default(),
+                submitted: 0,
             }),
+            committed: AtomicU64::new(0),
             wake: Condvar::new(),
             store,
             sync,
@@ -150,8 +160,10 @@ impl<T: Send + 'static> Committer<T> {
         let waited_for = (self.shared.waited_for)(&item);
         let wake = was_empty
             || waited_for && !pending.waited_for
-            || !pending.waited_for && pending.items.len() + 1 == UNHURRIED_ITEMS;
+            || !pending.waited_for && pending.items.len() + 1 == UNHURRIED_ITEMS
+            || pending.items.len() + 1 == pending.wake_at;
         pending.waited_for |= waited_for;
+        pending.submitted += 1;
         self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
         pending.batch.puts.extend(records);
         pending.batch.removals.extend(removals);
@@ -171,6 +183,17 @@ impl<T: Send + 'static> Committer<T> {
     /// processes, are still to come.
     pub(crate) fn in_flight(&self) -> bool {
         self.shared.in_flight.load(Ordering::Acquire) > 0
+    }
+
+    /// How many submissions it has taken so far. Once [`Committer::committed`] reaches
+    /// this count, every record submitted before this call is durable.
+    pub(crate) fn submitted(&self) -> u64 {
+        self.shared.pending.lock().submitted
+    }
+
+    /// How many submissions, the first ones, have their records durable.
+    pub(crate) fn committed(&self) -> u64 {
+        self.shared.committed.load(Ordering::Acquire)
     }
 
     /// How many submissions have not been carried out yet.
@@ -209,61 +232,150 @@ fn join(thread: JoinHandle<()>) {
     }
 }
 
-impl<T> Shared<T> {
-    fn run(&self, mut on_commit: OnCommit<T>) {
-        // The previous group's emptied vectors take the place of the pending ones, so a
-        // group grows into room the last one made instead of from nothing.
-        let mut spare_batch = Batch::default();
-        let mut spare_items = Vec::new();
+/// A group begun ([`Store::begin`]) and not yet carried out.
+struct Flight<T> {
+    /// `None`: an empty group, written by nothing.
+    began: Option<Began>,
+    /// Set (under the pending lock's notification) once the store knows its outcome.
+    known: Arc<AtomicBool>,
+    batch: Batch,
+    items: Vec<T>,
+}
+
+impl<T: Send + 'static> Shared<T> {
+    /// The committer's loop. It begins a group whenever the store has room for another
+    /// commit in flight ([`Store::depth`]) and a group is ready, and carries out the
+    /// oldest group in flight once its outcome is known: so groups are carried out in
+    /// the order they were begun, and with a store of depth 1 one group is written while
+    /// the next gathers, as before pipelining.
+    fn run(self: &Arc<Self>, mut on_commit: OnCommit<T>) {
+        // The emptied vectors of groups carried out take the place of the pending ones,
+        // so a group grows into room an earlier one made instead of from nothing.
+        let mut spares: Vec<(Batch, Vec<T>)> = Vec::new();
+        let mut flights: std::collections::VecDeque<Flight<T>> = std::collections::VecDeque::new();
+        // When the pending group was first found ready to begin, and when its wait for
+        // company (if nothing waits for it) ended: the window counts from there.
+        let mut noticed: Option<Instant> = None;
+        let mut gathered: Option<Instant> = None;
         let mut pending = self.pending.lock();
         loop {
-            while pending.items.is_empty() && !pending.shut_down {
-                self.wake.wait(&mut pending);
+            if flights.front().is_some_and(|flight| flight.known.load(Ordering::Acquire)) {
+                let flight = flights.pop_front().expect("a flight");
+                drop(pending);
+                let result = flight.began.map_or(Ok(()), |began| self.store.finish(began)).map_err(Arc::new);
+                pending = self.pending.lock();
+                let Flight { mut batch, mut items, .. } = flight;
+                let result = match (&pending.failed, result) {
+                    // After a failure nothing more is acknowledged, whatever the store
+                    // says of a later group: what it holds is unknown.
+                    (Some(failed), _) => Err(failed.clone()),
+                    (None, Ok(())) => {
+                        pending.stats.commits += 1;
+                        pending.stats.records += batch.puts.len() as u64;
+                        pending.stats.bytes += batch.bytes() as u64;
+                        Ok(())
+                    }
+                    (None, Err(error)) => {
+                        tracing::error!(%error, "the journal's store failed a commit: no more durable work is accepted");
+                        pending.failed = Some(error.clone());
+                        Err(error)
+                    }
+                };
+                drop(pending);
+                let count = items.len();
+                if result.is_ok() {
+                    self.committed.fetch_add(count as u64, Ordering::Release);
+                }
+                call(&mut on_commit, &mut items, result);
+                self.in_flight.fetch_sub(count, Ordering::Release);
+                batch.puts.clear();
+                batch.removals.clear();
+                spares.push((batch, items));
+                pending = self.pending.lock();
+                continue;
             }
             if pending.items.is_empty() {
-                return;
+                noticed = None;
+                gathered = None;
+                if flights.is_empty() && pending.shut_down {
+                    return;
+                }
+                self.wake.wait(&mut pending);
+                continue;
             }
-            if !pending.waited_for && !pending.shut_down {
-                let deadline = Instant::now() + UNHURRIED_WAIT;
-                while !pending.shut_down
-                    && !pending.waited_for
-                    && pending.items.len() < UNHURRIED_ITEMS
-                    && !self.wake.wait_until(&mut pending, deadline).timed_out()
-                {}
+            if pending.failed.is_some() {
+                // What was submitted after the failed group is refused with it, after the
+                // groups in flight (refused too), in submission order.
+                if !flights.is_empty() {
+                    self.wake.wait(&mut pending);
+                    continue;
+                }
+                let failed = pending.failed.clone().expect("a failure");
+                let mut items = std::mem::take(&mut pending.items);
+                pending.batch = Batch::default();
+                drop(pending);
+                let count = items.len();
+                call(&mut on_commit, &mut items, Err(failed));
+                self.in_flight.fetch_sub(count, Ordering::Release);
+                pending = self.pending.lock();
+                continue;
             }
-            if !self.window.is_zero() && !pending.shut_down {
-                let deadline = Instant::now() + self.window;
-                while !pending.shut_down && !self.wake.wait_until(&mut pending, deadline).timed_out() {}
+            if flights.len() >= self.store.depth().max(1) {
+                self.wake.wait(&mut pending);
+                continue;
             }
+            // Behind a group in flight, a group begins once it is as large as that one:
+            // commits overlap when there is work enough for them, and groups do not
+            // shrink into many small commits, each of which costs the store and the
+            // server as much as a large one.
+            if let Some(ahead) = flights.back()
+                && pending.items.len() < ahead.items.len()
+                && !pending.shut_down
+            {
+                pending.wake_at = ahead.items.len();
+                self.wake.wait(&mut pending);
+                pending.wake_at = 0;
+                continue;
+            }
+            let now = Instant::now();
+            let since = *noticed.get_or_insert(now);
+            if !pending.waited_for && !pending.shut_down && pending.items.len() < UNHURRIED_ITEMS {
+                let deadline = since + UNHURRIED_WAIT;
+                if now < deadline {
+                    self.wake.wait_until(&mut pending, deadline);
+                    continue;
+                }
+            }
+            let from = *gathered.get_or_insert(now);
+            if !self.window.is_zero() && !pending.shut_down && now < from + self.window {
+                self.wake.wait_until(&mut pending, from + self.window);
+                continue;
+            }
+            noticed = None;
+            gathered = None;
             pending.waited_for = false;
-            let mut batch = std::mem::replace(&mut pending.batch, spare_batch);
-            let mut items = std::mem::replace(&mut pending.items, spare_items);
+            let (spare_batch, spare_items) = spares.pop().unwrap_or_default();
+            let batch = std::mem::replace(&mut pending.batch, spare_batch);
+            let items = std::mem::replace(&mut pending.items, spare_items);
             drop(pending);
-
-            let result = if batch.is_empty() { Ok(()) } else { self.store.commit(&batch, self.sync) };
-            let result = result.map_err(Arc::new);
-            pending = self.pending.lock();
-            match &result {
-                Ok(()) => {
-                    pending.stats.commits += 1;
-                    pending.stats.records += batch.puts.len() as u64;
-                    pending.stats.bytes += batch.bytes() as u64;
-                }
-                Err(error) => {
-                    tracing::error!(%error, "the journal's store failed a commit: no more durable work is accepted");
-                    pending.failed = Some(error.clone());
-                    // What was submitted after the failed batch is refused with it too.
-                    items.append(&mut pending.items);
-                    pending.batch = Batch::default();
-                }
-            }
-            drop(pending);
-            let count = items.len();
-            call(&mut on_commit, &mut items, result);
-            self.in_flight.fetch_sub(count, Ordering::Release);
-            batch.puts.clear();
-            batch.removals.clear();
-            (spare_batch, spare_items) = (batch, items);
+            let known = Arc::new(AtomicBool::new(false));
+            let began = if batch.is_empty() {
+                known.store(true, Ordering::Release);
+                None
+            } else {
+                let (told, shared) = (known.clone(), Arc::downgrade(self));
+                let done = Done::new(move || {
+                    told.store(true, Ordering::Release);
+                    // Under the lock, so the committer cannot miss it between its look
+                    // at the flag and its wait.
+                    if let Some(shared) = shared.upgrade() {
+                        let _pending = shared.pending.lock();
+                        shared.wake.notify_one();
+                    }
+                });
+                Some(self.store.begin(&batch, self.sync, done))
+            };
+            flights.push_back(Flight { began, known, batch, items });
             pending = self.pending.lock();
         }
     }
@@ -283,7 +395,7 @@ fn call<T>(on_commit: &mut OnCommit<T>, items: &mut Vec<T>, result: Result<(), C
 #[cfg(test)]
 mod tests {
     use std::ops::ControlFlow;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::mpsc;
 
     use super::*;
@@ -391,6 +503,69 @@ mod tests {
         let refused = committer.submit([(key(1, 1), vec![1])], 8).unwrap_err();
         assert_eq!(refused.to_string(), "disk on fire");
         assert!(store.store.is_empty());
+    }
+
+    /// A store with commits in flight together, each answered by a thread of its own
+    /// after a pause that shrinks with its number: later commits are answered first. The
+    /// `fail_at`th commit (from 1) fails.
+    struct Pipelined {
+        store: MemoryStore,
+        begun: AtomicUsize,
+        fail_at: usize,
+    }
+
+    impl Store for Pipelined {
+        fn commit(&self, batch: &Batch, sync: bool) -> io::Result<()> {
+            self.store.commit(batch, sync)
+        }
+
+        fn scan(&self, from: Key, visit: &mut dyn FnMut(Key, &[u8]) -> ControlFlow<()>) -> io::Result<()> {
+            self.store.scan(from, visit)
+        }
+
+        fn depth(&self) -> usize {
+            3
+        }
+
+        fn begin(&self, batch: &Batch, sync: bool, done: Done) -> Began {
+            let number = self.begun.fetch_add(1, Ordering::SeqCst) + 1;
+            let outcome =
+                if number == self.fail_at { Err(io::Error::other("refused")) } else { self.store.commit(batch, sync) };
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_micros(300 * (3 - number as u64 % 3)));
+                done.call();
+            });
+            Began(Box::new(outcome))
+        }
+    }
+
+    #[test]
+    fn commits_in_flight_together_are_carried_out_in_order_and_a_failure_stops_the_rest() {
+        let store = Arc::new(Pipelined { store: MemoryStore::new(), begun: AtomicUsize::new(0), fail_at: 40 });
+        let (tx, rx) = mpsc::channel();
+        let on_commit: OnCommit<u64> = Box::new(move |items, result| {
+            let ok = result.is_ok();
+            items.for_each(|item| tx.send((item, ok)).unwrap());
+        });
+        let committer = Committer::start("test", store.clone(), true, Duration::ZERO, |_| true, on_commit).unwrap();
+        let mut refused = 0;
+        for seq in 0..2000 {
+            if committer.submit([(key(1, seq), vec![1])], seq).is_err() {
+                refused += 1;
+            }
+            if seq % 7 == 0 {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        let back: Vec<(u64, bool)> =
+            (0..2000 - refused).map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap()).collect();
+        let items: Vec<u64> = back.iter().map(|&(item, _)| item).collect();
+        assert_eq!(items, (0..2000 - refused).collect::<Vec<_>>(), "carried out in submission order");
+        // Every item is acknowledged up to the failed group, and none after it.
+        let first_refused = back.iter().position(|&(_, ok)| !ok).expect("the 40th commit failed");
+        assert!(back[first_refused..].iter().all(|&(_, ok)| !ok));
+        assert!(store.begun.load(Ordering::SeqCst) >= 40);
+        committer.shut_down();
     }
 
     #[test]

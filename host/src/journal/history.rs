@@ -104,7 +104,7 @@ impl Journal {
                     history.last_status = None;
                     pending.clear();
                 }
-                Record::HostMessage { .. } => {}
+                Record::HostMessage { .. } | Record::Received { .. } => {}
             }
             history.records.push(line(key.seq, &record, &mut last_at));
             ControlFlow::Continue(())
@@ -146,6 +146,9 @@ fn line(seq: u64, record: &Record, last_at: &mut Option<u64>) -> String {
         }
         Record::HostMessage { topic, body } => {
             let _ = write!(line, "host   message {topic:?} {} from the host", payload(body));
+        }
+        Record::Received { from, topic, body, .. } => {
+            let _ = write!(line, "recv   message {topic:?} {} from {from}", payload(body));
         }
     }
     line

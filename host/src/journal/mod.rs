@@ -102,10 +102,10 @@ pub(crate) use self::committer::{Committer, OnCommit};
 pub use self::history::History;
 pub use self::log::{LOG_VERSION, LogStore};
 pub use self::now::{PendingCommand, ProcessNow};
-pub(crate) use self::read::Recorded;
+pub(crate) use self::read::{Decode, Recorded};
 pub(crate) use self::record::{Record, SpawnRecord, StepRecord, now_micros};
 pub use self::runs::{FinishedRun, HeldRun};
-pub use self::store::{Batch, FjallStore, Key, MemoryStore, Store};
+pub use self::store::{Batch, Began, Done, FjallStore, Key, MemoryStore, Store};
 pub use crate::codec::Malformed;
 
 /// The first byte of every record value: a journal written by a later format is refused

@@ -77,6 +77,7 @@ impl Journal {
                     pending.clear();
                 }
                 Record::HostMessage { topic, .. } => now.host_messages.push(topic),
+                Record::Received { .. } => {}
             }
             ControlFlow::Continue(())
         })?;

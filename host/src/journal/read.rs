@@ -32,6 +32,9 @@ pub(crate) struct Recorded {
     /// The embedder's messages to it: (record, topic, body); empty unless every record is
     /// decoded.
     pub(crate) host_messages: Vec<(u64, String, Payload)>,
+    /// The messages of processes of other journals it received: (sender, identity,
+    /// topic, body); empty unless every record is decoded.
+    pub(crate) received: Vec<(Pid, u64, String, Payload)>,
     pub(crate) exit: Option<Exited>,
     /// The sequence number after its last record: how many records it has.
     pub(crate) next_seq: u64,
@@ -120,6 +123,7 @@ impl Journal {
                         spawn,
                         steps: Vec::new(),
                         host_messages: Vec::new(),
+                        received: Vec::new(),
                         exit: None,
                         next_seq: key.seq + 1,
                     };
@@ -137,6 +141,9 @@ impl Journal {
                         }
                         Some(Record::Step(step)) => history.steps.push((key.seq, step)),
                         Some(Record::HostMessage { topic, body }) => history.host_messages.push((key.seq, topic, body)),
+                        Some(Record::Received { from, id, topic, body }) => {
+                            history.received.push((from, id, topic, body));
+                        }
                         Some(Record::Exit(result)) => history.exit = Some(result),
                         None => {}
                     }

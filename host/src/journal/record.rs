@@ -19,6 +19,7 @@ pub(super) const SPAWN: u8 = 1;
 const STEP: u8 = 2;
 pub(super) const EXIT: u8 = 3;
 const HOST_MESSAGE: u8 = 4;
+const RECEIVED: u8 = 5;
 
 /// One record of a process's history.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +30,15 @@ pub(crate) enum Record {
     /// A message from the embedder, recorded in its receiver's history before it is
     /// delivered; its identity is ([`Pid::HOST`], the record's sequence number).
     HostMessage {
+        topic: String,
+        body: Payload,
+    },
+    /// A message from a process of another journal (a shard's, on a cluster), recorded in
+    /// its receiver's history before it is delivered; its identity is (`from`, `id`), the
+    /// one it had in its sender's journal, so a second copy is known for one.
+    Received {
+        from: Pid,
+        id: u64,
         topic: String,
         body: Payload,
     },
@@ -136,6 +146,13 @@ impl Record {
                 w.str(topic);
                 w.payload(body);
             }
+            Record::Received { from, id, topic, body } => {
+                w.u8(RECEIVED);
+                w.u64(from.as_u64());
+                w.u64(*id);
+                w.str(topic);
+                w.payload(body);
+            }
         }
         w.into_bytes()
     }
@@ -217,6 +234,15 @@ impl Record {
             HOST_MESSAGE => {
                 r.kind("host message");
                 Record::HostMessage { topic: r.str("topic")?.to_owned(), body: r.payload("body")? }
+            }
+            RECEIVED => {
+                r.kind("received message");
+                Record::Received {
+                    from: Pid::from_u64(r.u64("from")?),
+                    id: r.u64("id")?,
+                    topic: r.str("topic")?.to_owned(),
+                    body: r.payload("body")?,
+                }
             }
             other => return Err(r.invalid("kind", format!("unknown record kind {other}"))),
         };
@@ -438,6 +464,7 @@ mod tests {
             }),
             Record::Exit(Exited::new(ExitReason::Normal(Payload::u64(42)))),
             Record::HostMessage { topic: "t".into(), body: Payload::text("x") },
+            Record::Received { from: Pid::from_u64(9), id: (3 << 20) | 1, topic: "n".into(), body: Payload::u64(4) },
             Record::Exit(Exited::by_signal(ExitReason::trap(TrapKind::OutOfFuel, "fuel"), Pid::from_u64(7))),
         ]
         .into_iter()
@@ -519,6 +546,7 @@ mod tests {
             ],
             &["020300056279746573082a0000000000000000"],
             &["0204017404746578740178"],
+            &["0205098180c001016e056279746573080400000000000000"],
             &["02030202046675656c0107"],
             &["020300047465787404646f6e6500"],
             &["02030104626f6f6d00"],

@@ -56,6 +56,17 @@ impl HeldRun {
     pub fn records(&self) -> u64 {
         self.members.iter().map(|(_, records)| records).sum()
     }
+
+    /// The end of the run of root `root` among `runs`, for a host that finds a record
+    /// saying the run is going but no process of it resumed: its result, or a loss if the
+    /// journal holds the run without an end. `None` if the journal holds no such run
+    /// (its spawn never reached the journal, so nothing of it ran for good).
+    pub fn end_of(runs: &[HeldRun], root: Pid) -> Option<Exited> {
+        let run = runs.iter().find(|run| run.root == root)?;
+        Some(run.result.clone().unwrap_or_else(|| {
+            Exited::new(crate::ExitReason::Error("lost: the journal holds no end of it".to_owned()))
+        }))
+    }
 }
 
 impl Journal {

@@ -80,6 +80,56 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// The store's I/O error, or damage found while reading.
     fn scan(&self, from: Key, visit: &mut dyn FnMut(Key, &[u8]) -> ControlFlow<()>) -> io::Result<()>;
+
+    /// How many commits may be in flight at once through [`Store::begin`]: begun, their
+    /// outcome not yet taken by [`Store::finish`]. Read before every `begin`, so a store
+    /// may lower it for a while (to 1: wait for every commit in flight before the next).
+    fn depth(&self) -> usize {
+        1
+    }
+
+    /// Begins writing `batch`, after every batch begun before it, and calls `done` (on
+    /// any thread, exactly once) when its outcome is known; [`Store::finish`] then takes
+    /// that outcome without waiting. The caller finishes what it began in the order it
+    /// began it. A store of depth 1 commits before it returns.
+    ///
+    /// A batch begun after one that fails is never written without it: the store refuses
+    /// it, or writes it after the earlier one once that one is written after all.
+    fn begin(&self, batch: &Batch, sync: bool, done: Done) -> Began {
+        let outcome = self.commit(batch, sync);
+        done.call();
+        Began(Box::new(outcome))
+    }
+
+    /// The outcome of a commit [`Store::begin`] began, once its `done` was called.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::commit`]: nothing of the batch may be assumed written.
+    fn finish(&self, began: Began) -> io::Result<()> {
+        match began.0.downcast::<io::Result<()>>() {
+            Ok(outcome) => *outcome,
+            Err(_) => Err(io::Error::other("a commit was finished by a store that did not begin it")),
+        }
+    }
+}
+
+/// A commit [`Store::begin`] began: what its store needs to finish it.
+pub struct Began(pub Box<dyn std::any::Any + Send>);
+
+/// What a store calls once a begun commit's outcome is known: see [`Store::begin`].
+pub struct Done(Box<dyn FnOnce() + Send>);
+
+impl Done {
+    /// `tell`, to be called once.
+    pub fn new(tell: impl FnOnce() + Send + 'static) -> Done {
+        Done(Box::new(tell))
+    }
+
+    /// Says the outcome is known.
+    pub fn call(self) {
+        (self.0)();
+    }
 }
 
 /// A store in memory: for tests, and for tools that read a journal's copy. Nothing
@@ -143,6 +193,18 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn scan(&self, from: Key, visit: &mut dyn FnMut(Key, &[u8]) -> ControlFlow<()>) -> io::Result<()> {
         (**self).scan(from, visit)
+    }
+
+    fn depth(&self) -> usize {
+        (**self).depth()
+    }
+
+    fn begin(&self, batch: &Batch, sync: bool, done: Done) -> Began {
+        (**self).begin(batch, sync, done)
+    }
+
+    fn finish(&self, began: Began) -> io::Result<()> {
+        (**self).finish(began)
     }
 }
 

@@ -78,10 +78,14 @@ impl Default for FilesSettings {
     }
 }
 
-/// The `fs` provider. Cheap to clone; its [`FILE_THREADS`] threads serve every clone.
+/// The `fs` provider. Cheap to clone; its [`FILE_THREADS`] threads serve every clone,
+/// and every provider made from it with [`Files::within`].
 #[derive(Clone)]
 pub struct Files {
     pool: Arc<Pool<Job>>,
+    /// The grants of this handle's commands, with their directories open.
+    roots: Arc<[Root]>,
+    settings: Arc<FilesSettings>,
 }
 
 /// Threads that carry out jobs, each job on whichever thread is free, in the order they
@@ -137,6 +141,8 @@ impl<J> Drop for Pool<J> {
 struct Job {
     name: String,
     payload: Payload,
+    roots: Arc<[Root]>,
+    settings: Arc<FilesSettings>,
     done: Completer,
 }
 
@@ -155,22 +161,45 @@ impl Files {
     /// A directory that cannot be opened, a guest path that is not absolute, or a
     /// thread could not start.
     pub fn new(grants: Vec<Grant>, settings: FilesSettings) -> anyhow::Result<Files> {
-        let mut roots = Vec::with_capacity(grants.len());
-        for grant in grants {
-            let guest = normal_guest_path(&grant.guest)
-                .map_err(|e| anyhow::anyhow!("the guest path `{}` of `{}`: {e}", grant.guest, grant.host.display()))?;
-            let dir = cap_primitives::fs::open_ambient_dir(&grant.host, cap_primitives::ambient_authority())
-                .map_err(|e| anyhow::anyhow!("cannot open the directory `{}`: {e}", grant.host.display()))?;
-            roots.push(Root { dir, guest, writable: grant.writable });
-        }
-        // The longest guest path first, so the most specific grant answers.
-        roots.sort_by_key(|root| std::cmp::Reverse(root.guest.components().count()));
+        let roots = open_roots(grants)?;
         let pool = Pool::new(FILE_THREADS, "wasmproc-fs", move |job: Job| {
-            let result = run(&roots, &settings, &job.name, &job.payload);
+            let result = run(&job.roots, &job.settings, &job.name, &job.payload);
             job.done.complete(result);
         })?;
-        Ok(Files { pool: Arc::new(pool) })
+        Ok(Files { pool: Arc::new(pool), roots, settings: Arc::new(settings) })
     }
+
+    /// A provider of `grants` instead, on the same threads with the same settings: for
+    /// hosts that grant each process directories of its own (the service's workflows).
+    ///
+    /// # Errors
+    ///
+    /// A directory that cannot be opened, or a guest path that is not absolute.
+    pub fn within(&self, grants: Vec<Grant>) -> anyhow::Result<Files> {
+        Ok(Files { pool: self.pool.clone(), roots: open_roots(grants)?, settings: self.settings.clone() })
+    }
+}
+
+impl std::fmt::Debug for Files {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let guests: Vec<_> = self.roots.iter().map(|root| (&root.guest, root.writable)).collect();
+        f.debug_struct("Files").field("grants", &guests).finish_non_exhaustive()
+    }
+}
+
+/// Opens every granted directory; the longest guest path first, so the most specific
+/// grant answers.
+fn open_roots(grants: Vec<Grant>) -> anyhow::Result<Arc<[Root]>> {
+    let mut roots = Vec::with_capacity(grants.len());
+    for grant in grants {
+        let guest = normal_guest_path(&grant.guest)
+            .map_err(|e| anyhow::anyhow!("the guest path `{}` of `{}`: {e}", grant.guest, grant.host.display()))?;
+        let dir = cap_primitives::fs::open_ambient_dir(&grant.host, cap_primitives::ambient_authority())
+            .map_err(|e| anyhow::anyhow!("cannot open the directory `{}`: {e}", grant.host.display()))?;
+        roots.push(Root { dir, guest, writable: grant.writable });
+    }
+    roots.sort_by_key(|root| std::cmp::Reverse(root.guest.components().count()));
+    Ok(roots.into())
 }
 
 impl Provider for Files {
@@ -183,7 +212,8 @@ impl Provider for Files {
         let (payload, done) = request.into_parts();
         // Refused only once the threads are gone; the job's completer, dropped with it,
         // then answers with an error.
-        let _ = self.pool.submit(Job { name, payload, done });
+        let job = Job { name, payload, roots: self.roots.clone(), settings: self.settings.clone(), done };
+        let _ = self.pool.submit(job);
     }
 
     fn reads_only(&self, name: &str) -> bool {

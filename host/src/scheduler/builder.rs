@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use crossbeam_deque::{Injector, Worker};
@@ -27,6 +28,7 @@ use super::requests::Requests;
 use super::retry::Retry;
 use super::shared::{DenialHint, Settings, Shared};
 use super::shutdown::{Scheduler, Threads};
+use super::suspension::{DEFAULT_SUSPEND_AFTER, Suspending};
 use super::timer::Timer;
 use super::worker;
 use crate::handler::{Factory, Handler, KindSource, Provider, Request};
@@ -81,8 +83,15 @@ pub struct Builder {
     /// The node in a cluster and where work for other nodes goes (`Builder::cluster`).
     node: u16,
     remote: Option<Arc<dyn Remote>>,
+    /// `remote` takes a shard's messages to other shards (`Builder::shard_remote`), which
+    /// a durable scheduler may have.
+    remote_shards: bool,
     /// How its durable roots' traps are retried (`Builder::retry`).
     retry: Option<Retry>,
+    /// When a waiting durable process is suspended (`Builder::suspend_after`).
+    suspend_after: Option<Duration>,
+    /// How long a waiting process waits before it hibernates (`Builder::hibernate_after`).
+    hibernate_after: Duration,
 }
 
 /// A provider as the handler of its family.
@@ -125,7 +134,10 @@ impl Default for Builder {
             verifying: false,
             node: 0,
             remote: None,
+            remote_shards: false,
             retry: None,
+            suspend_after: Some(DEFAULT_SUSPEND_AFTER),
+            hibernate_after: super::DEFAULT_HIBERNATE_AFTER,
         }
     }
 }
@@ -245,6 +257,21 @@ impl Builder {
         self
     }
 
+    /// How long a process must have waited (for a message, a timer, a command's
+    /// completion) before a worker with nothing else to run hibernates it: a Wasm process
+    /// then gives back its whole instance, keeping only what differs from its component's
+    /// initial image, or where it cannot, its fiber stack's pages (see
+    /// [`Config::hibernate_instances`](crate::wasm::Config::hibernate_instances)). Its
+    /// next event makes it again before its step. By default 10 ms: past a journal's commit
+    /// or a round trip between workers (well under a millisecond), so that a process only
+    /// hibernates when it waits for something slow; its next step then costs it a new
+    /// instance (tens of microseconds for a Rust guest) against a wait a hundred times
+    /// that. [`DEFAULT_HIBERNATE_AFTER`](super::DEFAULT_HIBERNATE_AFTER).
+    pub fn hibernate_after(mut self, after: Duration) -> Self {
+        self.hibernate_after = after;
+        self
+    }
+
     /// What processes spawned by the embedder may yield, unless their
     /// [`SpawnOptions`](super::SpawnOptions) say otherwise. By default [`Capabilities::default`]: built-ins
     /// granted, custom commands denied.
@@ -314,6 +341,26 @@ impl Builder {
         self
     }
 
+    /// How long a durable process (one of a scheduler with a [`Builder::journal`], made
+    /// by a registered kind) may wait before it is **suspended**: its process (a Wasm
+    /// process's instance, store and fiber) is dropped, and only its entry in the
+    /// registry stays (its mailbox, monitors, links and timers). Its next event (a
+    /// message, a timer, an exit, a command's completion, a cancel) brings it back: it is
+    /// made again by its kind and replayed from its journal, then given the event.
+    /// Nothing is written to the journal for it, so a crash while processes are suspended
+    /// recovers as any other. `None` never suspends. Default:
+    /// [`DEFAULT_SUSPEND_AFTER`] (10 s). A scheduler without a journal never suspends.
+    ///
+    /// A worker suspends processes only when it has nothing else to run, and at most
+    /// one wait of the threshold after the process last stepped (it may wait up to
+    /// twice the threshold). A process whose history can no longer be replayed (its
+    /// component changed, its replay diverges) ends with an error naming why when it is
+    /// woken.
+    pub fn suspend_after(mut self, after: Option<Duration>) -> Self {
+        self.suspend_after = after;
+        self
+    }
+
     /// Retries a durable root (a process the embedder spawned) that traps from its last
     /// journaled step, as `retry`'s policy admits: the scheduler suspends as a crash at
     /// the trap would, and the embedder builds a scheduler on the journal again after the
@@ -324,15 +371,6 @@ impl Builder {
         self
     }
 
-    /// Makes this scheduler's pids carry `node` in their node bits without making it a
-    /// cluster node: a shard's durable scheduler, whose pids name their shard wherever it
-    /// runs (see `cluster/shards.rs`).
-    #[cfg_attr(not(feature = "cluster"), expect(dead_code, reason = "only a cluster has shards"))]
-    pub(crate) fn pid_node(mut self, node: u16) -> Self {
-        self.node = node;
-        self
-    }
-
     /// Makes this scheduler node `node`, handing what names a process of another node to
     /// `remote` (see `remote.rs`); the public face is `Builder::cluster`, in the cluster
     /// module, which the scheduler does not depend on.
@@ -340,6 +378,17 @@ impl Builder {
     pub(crate) fn remote(mut self, node: u16, remote: Arc<dyn Remote>) -> Self {
         self.node = node;
         self.remote = Some(remote);
+        self
+    }
+
+    /// Makes this scheduler shard `node`'s durable scheduler (see `cluster/shards.rs`),
+    /// handing what names a process of another shard to `remote`: its messages, which
+    /// `remote` delivers exactly once, recorded in the receiver's journal.
+    #[cfg_attr(not(feature = "cluster"), expect(dead_code, reason = "only a cluster has shards"))]
+    pub(crate) fn shard_remote(mut self, node: u16, remote: Arc<dyn Remote>) -> Self {
+        self.node = node;
+        self.remote = Some(remote);
+        self.remote_shards = true;
         self
     }
 
@@ -378,7 +427,7 @@ impl Builder {
             "`retry` retries a durable process from its last journaled step, and this scheduler has no journal"
         );
         ensure!(
-            self.remote.is_none() || self.journal.is_none(),
+            self.remote.is_none() || self.journal.is_none() || self.remote_shards,
             "a scheduler cannot be both durable (a journal) and a cluster node: durable processes do not cross nodes yet"
         );
         let mut handlers = FxHashMap::default();
@@ -436,7 +485,9 @@ impl Builder {
             counters: (0..=workers).map(|_| CachePadded::default()).collect(),
             live: AtomicUsize::new(0),
             retiring: AtomicUsize::new(0),
-            hibernating: Mutex::new(Hibernating::default()),
+            hibernating: Mutex::new(Hibernating::new(self.hibernate_after)),
+            to_suspend: Mutex::new(Suspending::default()),
+            suspended: AtomicUsize::new(0),
             peak_live: AtomicUsize::new(0),
             settings: Settings {
                 workers,
@@ -444,6 +495,7 @@ impl Builder {
                 mailbox_capacity: self.mailbox_capacity,
                 mailbox_bytes: self.mailbox_bytes,
                 turn_budget: self.turn_budget,
+                suspend_after: self.suspend_after.filter(|_| self.journal.is_some()),
                 limits,
                 capabilities: Arc::new(self.capabilities),
                 denial_hint: self.denial_hint,

@@ -9,7 +9,7 @@
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use wasmproc_types::{ExitReason, Payload, Pid};
@@ -73,6 +73,11 @@ pub(super) struct ProcessCell {
     pub(super) lineage: Lineage,
     /// The sequence number of its next journal record (durable schedulers only).
     pub(super) journal_seq: AtomicU64,
+    /// It is on its scheduler's list of processes to suspend (`suspension.rs`).
+    pub(super) listed_for_suspension: AtomicBool,
+    /// Its process has been dropped and comes back from its journal before its next
+    /// step (`suspension.rs`). Written only by its owner; read by anyone, for counts.
+    pub(super) suspended: AtomicBool,
     /// What a durable scheduler's journal keeps of the process between its turns (its
     /// step under way, and the seed and time it reads: see `durable.rs`), held here
     /// without being looked into: only the journal's hook (`Durable`) reads or writes
@@ -130,6 +135,8 @@ impl ProcessCell {
             spec,
             lineage,
             journal_seq: AtomicU64::new(0),
+            listed_for_suspension: AtomicBool::new(false),
+            suspended: AtomicBool::new(false),
             journaled: parking_lot::Mutex::new(None),
         }
     }
@@ -209,6 +216,51 @@ impl ProcessCell {
                 Hibernation::Woken { released }
             }
         }
+    }
+
+    /// Suspends the process if it waits and, once claimed (so it cannot step meanwhile),
+    /// `may` agrees: claims it as [`ProcessCell::hibernate`] does, closes and drops the
+    /// process, marks the cell suspended, and hands it back to the same waiting state.
+    /// `released` in the answer says whether it was suspended. An event that arrives
+    /// meanwhile makes it `Ready` for the caller to queue, and its turn brings it back.
+    pub(super) fn suspend(&self, may: impl FnOnce() -> bool) -> Hibernation {
+        let Some(waiting) = self.state.try_claim_waiting() else {
+            return Hibernation::NotWaiting;
+        };
+        let released = !self.suspended.load(Ordering::Relaxed) && may();
+        if released {
+            // SAFETY: claimed above: this thread owns the process until the hand-back below.
+            if let Some(mut process) = unsafe { self.take_process() }
+                && let Err(panic) = catch_unwind(AssertUnwindSafe(|| process.close()))
+            {
+                tracing::error!(
+                    panic = super::worker::panic_message(&*panic),
+                    "a suspended process's `close` panicked"
+                );
+            }
+            // What the journal keeps between steps is made again by the replay that
+            // brings it back (`recovery::bring_back`), and its inbox waits empty.
+            *self.journaled.lock() = None;
+            self.inbox.shrink_to_fit();
+            self.suspended.store(true, Ordering::Release);
+        }
+        match self.state.transition_to_waiting(waiting) {
+            Waiting::Parked => Hibernation::Waiting { released },
+            Waiting::Rerun => {
+                self.state.transition_to_ready_from_running();
+                Hibernation::Woken { released }
+            }
+        }
+    }
+
+    /// Puts a process made again into a suspended cell.
+    ///
+    /// # Safety
+    ///
+    /// As for [`ProcessCell::with_process`]: the caller owns the process (`Running`).
+    pub(super) unsafe fn put_process(&self, process: Box<dyn Process>) {
+        // SAFETY: as in `with_process`.
+        unsafe { *self.process.get() = Some(process) };
     }
 
     /// Takes the process out for closing; `None` the second time.

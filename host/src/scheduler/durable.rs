@@ -22,8 +22,10 @@ use smallvec::SmallVec;
 use wasmproc_types::{ExitReason, Payload, Pid};
 
 use super::cell::ProcessCell;
-use super::inbox::MessageId;
+use super::inbox::{MailboxBound, MessageId};
+use super::state::Wake;
 use super::worker;
+use crate::error::SendError;
 use crate::journal::{
     CommitError, CommitStats, Committer, Journal, Key, OnCommit, Record, SpawnRecord, StepRecord, now_micros,
 };
@@ -137,9 +139,33 @@ fn keep_replayed_send(cell: &ProcessCell, send: PortSend) -> Result<(), PortSend
 /// A scheduler's journal, as its threads use it.
 pub(super) struct Durable {
     committer: Committer<AfterCommit>,
+    /// Read back for a suspended process's history (`recovery::bring_back`).
+    journal: Journal,
     max_records: u64,
     /// The process trees whose records go once they have all ended; `None` keeps them.
     trees: Option<Mutex<Trees>>,
+    /// The last message (its identity) each process recorded from each sender of another
+    /// journal, by (sender, receiver): see [`Durable::record_received`].
+    received: Mutex<FxHashMap<(Pid, Pid), u64>>,
+}
+
+/// What became of a message from a process of another journal ([`Durable::record_received`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Receipt {
+    /// Recorded in its receiver's history: it is delivered, and its `done` called, once
+    /// that is committed.
+    Recording,
+    /// Its receiver recorded it, or a later message of its sender, before: not again.
+    Duplicate,
+    /// An earlier message of its sender to its receiver has not been recorded yet: it
+    /// must come again after that one.
+    Early,
+    /// Its receiver's mailbox is full: it must come again later.
+    Full,
+    /// No such process here: it has ended, or never was.
+    NoProcess,
+    /// Not recorded: the journal failed, or the scheduler is suspending its processes.
+    Refused(String),
 }
 
 /// Every durable process's tree, by its root (the process the embedder spawned).
@@ -186,7 +212,7 @@ impl Trees {
     }
 
     /// Notes a message from `from` to `to`.
-    fn sent(&mut self, from: Pid, to: Pid) {
+    pub(super) fn sent(&mut self, from: Pid, to: Pid) {
         let (Some(a), b) = (self.roots.get(&from).copied(), self.roots.get(&to).copied()) else { return };
         if Some(a) != b
             && let Some(tree) = self.trees.get_mut(&a)
@@ -250,6 +276,18 @@ pub(super) enum AfterCommit {
     Deliver { cell: Arc<ProcessCell>, seq: u64, topic: String, body: Payload },
     /// A process's end: `None` is a termination.
     Exit { cell: Arc<ProcessCell>, result: Option<Exited> },
+    /// A message from a process of another journal, recorded in its receiver's history;
+    /// `done` is told once it is delivered.
+    Received { cell: Arc<ProcessCell>, message: Box<ReceivedMessage> },
+}
+
+/// A message from a process of another journal, and whom to tell once it is delivered.
+pub(super) struct ReceivedMessage {
+    from: Pid,
+    id: u64,
+    topic: String,
+    body: Payload,
+    done: Box<dyn FnOnce() + Send>,
 }
 
 impl Durable {
@@ -263,11 +301,34 @@ impl Durable {
         let committer =
             Committer::start(name, journal.store.clone(), sync, window, AfterCommit::waited_for, on_commit)?;
         let trees = (!journal.settings.keep_finished).then(|| Mutex::new(Trees::default()));
-        Ok(Durable { committer, max_records: journal.settings.max_records_per_process.max(2), trees })
+        Ok(Durable {
+            committer,
+            journal: journal.clone(),
+            max_records: journal.settings.max_records_per_process.max(2),
+            trees,
+            received: Mutex::new(FxHashMap::default()),
+        })
     }
 
     pub(super) fn stats(&self) -> CommitStats {
         self.committer.stats()
+    }
+
+    /// How many records' submissions the committer has taken, and how many of them (the
+    /// first ones) are durable: a process all of whose records were submitted before the
+    /// first count was read has them all durable once the second reaches it.
+    pub(super) fn submitted(&self) -> u64 {
+        self.committer.submitted()
+    }
+
+    /// See [`Durable::submitted`].
+    pub(super) fn committed(&self) -> u64 {
+        self.committer.committed()
+    }
+
+    /// The journal, to read a process's history back.
+    pub(super) fn journal(&self) -> &Journal {
+        &self.journal
     }
 
     /// Whether committed steps' effects are still to come (see `Committer::in_flight`).
@@ -342,6 +403,62 @@ impl Durable {
             let Record::HostMessage { topic, body } = record else { unreachable!("built above") };
             AfterCommit::Deliver { cell: cell.clone(), seq, topic, body }
         })
+    }
+
+    /// Notes that `to` recorded message `id` of `from` (a process of another journal), as
+    /// a recovery reads it back.
+    pub(super) fn note_received(&self, from: Pid, to: Pid, id: u64) {
+        let mut received = self.received.lock();
+        let last = received.entry((from, to)).or_default();
+        *last = (*last).max(id);
+    }
+
+    /// Records message `id` of `from`, a process of another journal, in `cell`'s history,
+    /// and delivers it once that is committed, then calls `done`: unless its receiver
+    /// recorded it or a later one of the same sender before (`Duplicate`), or has not yet
+    /// recorded `prev`, the message its sender sent it before this one (`Early`; 0:
+    /// none). A sender's identities grow in the order its messages leave, so the last
+    /// one recorded is all a receiver keeps of each sender, and the messages of one
+    /// sender are delivered in its order, each once.
+    pub(super) fn record_received(
+        &self,
+        cell: &Arc<ProcessCell>,
+        from: Pid,
+        (id, prev): (u64, u64),
+        topic: String,
+        body: Payload,
+        done: Box<dyn FnOnce() + Send>,
+    ) -> Receipt {
+        // Held across the submission: the check and the record of one receiver's messages
+        // go in one order.
+        let mut received = self.received.lock();
+        let last = received.get(&(from, cell.pid())).copied().unwrap_or(0);
+        if id <= last {
+            return Receipt::Duplicate;
+        }
+        if prev > last {
+            return Receipt::Early;
+        }
+        match cell.check_room(&topic, &body) {
+            Ok(()) => {}
+            Err(SendError::MailboxFull { .. }) => return Receipt::Full,
+            Err(_) => return Receipt::NoProcess,
+        }
+        let record = Record::Received { from, id, topic, body };
+        let submitted = self.submit(cell, record, |_, record| {
+            let Record::Received { from, id, topic, body } = record else { unreachable!("built above") };
+            AfterCommit::Received {
+                cell: cell.clone(),
+                message: Box::new(ReceivedMessage { from, id, topic, body, done }),
+            }
+        });
+        match submitted {
+            Ok(()) => {
+                received.insert((from, cell.pid()), id);
+                Receipt::Recording
+            }
+            Err(error) => Receipt::Refused(error),
+        }
     }
 
     /// Records a step and hands its effects to the committer. On error nothing of the
@@ -635,6 +752,26 @@ impl AfterCommit {
                     tracing::debug!(to = %cell.pid(), %error, "a message from the embedder was not delivered");
                 }
             }
+            AfterCommit::Received { cell, message } => {
+                let ReceivedMessage { from, id, topic, body, done } = *message;
+                let shared = cell.scheduler().clone();
+                // Its room was checked when it was recorded: it is delivered whatever came
+                // into the mailbox since, which the messages recorded and not yet
+                // committed bound (a cluster's inbox keeps them few, see `inbox.rs`).
+                let unbounded = MailboxBound { messages: usize::MAX, bytes: usize::MAX };
+                let event = Event::Message { sender: from, topic, body };
+                match cell.inbox.push_identified(event, unbounded, Some((from, id))) {
+                    Ok(()) => {
+                        shared.count(|c| &c.messages, 1);
+                        if cell.state.wake() == Wake::Schedule {
+                            shared.schedule(cell.clone());
+                        }
+                    }
+                    // It has ended since: as a message to an ended process, not delivered.
+                    Err(_) => shared.count(|c| &c.undelivered, 1),
+                }
+                done();
+            }
             AfterCommit::Exit { cell, result } => {
                 let shared = cell.scheduler().clone();
                 shared.finalize(&cell, result);
@@ -652,7 +789,7 @@ impl AfterCommit {
     fn fail(self, error: &CommitError) {
         let reason = journal_failed(error);
         match self {
-            AfterCommit::Nothing | AfterCommit::Deliver { .. } => {}
+            AfterCommit::Nothing | AfterCommit::Deliver { .. } | AfterCommit::Received { .. } => {}
             AfterCommit::Effects { cell, .. } | AfterCommit::Read { cell } => {
                 let _ = cell.scheduler().clone().terminate_cell(&cell, ExitReason::Error(reason));
             }
@@ -668,6 +805,21 @@ impl AfterCommit {
 pub(super) const SUSPENDED: &str =
     "suspended: the host stopped; the process resumes when a host starts with its journal";
 
+/// How the reason of a process ended by its journal's refusal begins.
+const JOURNAL_FAILED: &str = "journal failed: ";
+
 fn journal_failed(error: &CommitError) -> String {
-    format!("journal failed: {error}")
+    format!("{JOURNAL_FAILED}{error}")
+}
+
+/// Whether `reason` is an end its journal does not hold: the process was suspended with
+/// its host (`lifecycle::suspended`), or ended because its journal refused a commit (a store fenced by another
+/// owner, a full disk). Whoever reads the journal next finds the process's true state
+/// there, so such an end must not be reported as the process's result.
+pub(crate) fn unrecorded(reason: &ExitReason) -> bool {
+    match reason {
+        ExitReason::Shutdown => true,
+        ExitReason::Error(message) => message == SUSPENDED || message.starts_with(JOURNAL_FAILED),
+        _ => false,
+    }
 }

@@ -16,7 +16,7 @@ use super::state::Wake;
 use super::stats::Stats;
 use crate::error::{SendError, SpawnError};
 use crate::handler::Request;
-use crate::limits::Lineage;
+use crate::limits::{Lineage, ProcessQuota};
 use crate::process::Process;
 use crate::step::{Event, Exited};
 
@@ -111,6 +111,17 @@ impl Handle {
         let shared = &self.shared;
         let slot = Arc::new(ExitSlot::default());
         let sandbox = process.limits();
+        let bound = match &options.quota {
+            Some(quota) if quota.live() >= quota.max() => {
+                return Err(SpawnError::QuotaExceeded {
+                    owner: quota.owner().to_owned(),
+                    live: quota.live(),
+                    limit: quota.max(),
+                });
+            }
+            Some(quota) => Some(Arc::new(shared.quota_bound(quota))),
+            None => None,
+        };
         let args = SpawnArgs {
             parent: Pid::HOST,
             origin: None,
@@ -121,7 +132,7 @@ impl Handle {
             mailbox_capacity: options.mailbox_capacity.unwrap_or(shared.settings.mailbox_capacity).max(1),
             watcher: Some(Watcher::Handle(slot.clone())),
             linked_to: None,
-            lineage: Lineage::default().within(sandbox),
+            lineage: Lineage::default().within(sandbox).bounded(bound),
         };
         let cell = shared.spawn_admitted(process, args, admit)?;
         let handle = ProcessHandle::new(cell.pid(), slot);
@@ -350,6 +361,7 @@ pub struct SpawnOptions {
     pub(crate) input: Vec<Payload>,
     pub(crate) capabilities: Option<Capabilities>,
     pub(crate) mailbox_capacity: Option<usize>,
+    pub(crate) quota: Option<ProcessQuota>,
 }
 
 impl SpawnOptions {
@@ -374,6 +386,16 @@ impl SpawnOptions {
     /// This process's mailbox bound.
     pub fn mailbox_capacity(mut self, capacity: usize) -> Self {
         self.mailbox_capacity = Some(capacity);
+        self
+    }
+
+    /// Counts the process and every process it spawns, to any depth, against `quota`:
+    /// the spawn fails ([`SpawnError::QuotaExceeded`]) when the quota has as many alive
+    /// as it allows, and so does a spawn of any of them past it. A durable process
+    /// resumed from its journal counts against the quota its kind's factory gives
+    /// ([`Factory::quota`](crate::handler::Factory::quota)).
+    pub fn quota(mut self, quota: ProcessQuota) -> Self {
+        self.quota = Some(quota);
         self
     }
 }

@@ -19,17 +19,19 @@ use std::time::{Duration, Instant};
 
 use wasmproc_types::Pid;
 
-/// How long a listed process must have waited before it hibernates. A commit of the
+/// The default of [`Builder::hibernate_after`](super::Builder::hibernate_after), 10 ms:
+/// how long a listed process must have waited before it hibernates. A commit of the
 /// journal, or a round trip through another worker, takes well under a millisecond; a
 /// process that waits longer than this is waiting for something slow (a timer, a
 /// message, a provider), and what its stack's pages cost it to fault back in is small
 /// against that wait. Picked from those two orders of magnitude, not tuned further.
-pub(super) const HIBERNATE_AFTER: Duration = Duration::from_millis(10);
+pub const HIBERNATE_AFTER: Duration = Duration::from_millis(10);
 
 /// The listed processes: at most one entry a live process (see
 /// `Shared::list_for_hibernation`), plus ended ones until they are pruned.
-#[derive(Default)]
 pub(super) struct Hibernating {
+    /// How long a listed process must have waited before it hibernates.
+    after: Duration,
     /// Listed since a worker last looked.
     fresh: Vec<Pid>,
     /// Seen listed by a worker at the instant beside each, the earliest first. (Two
@@ -38,7 +40,18 @@ pub(super) struct Hibernating {
     seen: VecDeque<(Pid, Instant)>,
 }
 
+impl Default for Hibernating {
+    fn default() -> Self {
+        Hibernating::new(HIBERNATE_AFTER)
+    }
+}
+
 impl Hibernating {
+    /// An empty list whose processes hibernate once they have waited `after`.
+    pub(super) fn new(after: Duration) -> Self {
+        Hibernating { after, fresh: Vec::new(), seen: VecDeque::new() }
+    }
+
     /// Entries, live and ended.
     pub(super) fn len(&self) -> usize {
         self.fresh.len() + self.seen.len()
@@ -56,10 +69,10 @@ impl Hibernating {
     }
 
     /// Stamps the fresh entries as seen at `now`, and takes the entries seen at least
-    /// [`HIBERNATE_AFTER`] before `now`, the earliest first.
+    /// its threshold before `now`, the earliest first.
     pub(super) fn take_due(&mut self, now: Instant) -> Vec<(Pid, Instant)> {
         self.seen.extend(self.fresh.drain(..).map(|pid| (pid, now)));
-        let due = self.seen.partition_point(|&(_, seen)| now.saturating_duration_since(seen) >= HIBERNATE_AFTER);
+        let due = self.seen.partition_point(|&(_, seen)| now.saturating_duration_since(seen) >= self.after);
         self.seen.drain(..due).collect()
     }
 
@@ -75,11 +88,12 @@ impl Hibernating {
     }
 
     /// When the earliest entry is due, if any is listed; `now` for an entry not yet seen
-    /// (it is stamped at the next look, and due [`HIBERNATE_AFTER`] after that).
+    /// (it is stamped at the next look, and due its threshold after that).
     pub(super) fn next_due(&self, now: Instant) -> Option<Instant> {
         let seen = self.seen.front().map(|&(_, seen)| seen);
         let fresh = (!self.fresh.is_empty()).then_some(now);
-        seen.into_iter().chain(fresh).min().map(|earliest| earliest + HIBERNATE_AFTER)
+        // A threshold past what an `Instant` holds is never due.
+        seen.into_iter().chain(fresh).min().and_then(|earliest| earliest.checked_add(self.after))
     }
 }
 

@@ -210,6 +210,16 @@ impl<W> Inbox<W> {
         self.inner.lock().events.is_empty()
     }
 
+    /// Gives back the room its queues keep beyond what they hold (a suspended process's
+    /// inbox waits, nearly always empty, for as long as the process is suspended).
+    pub(super) fn shrink_to_fit(&self) {
+        let mut inner = self.inner.lock();
+        inner.events.shrink_to_fit();
+        inner.ids.shrink_to_fit();
+        inner.drained_ids.shrink_to_fit();
+        inner.watchers.shrink_to_fit();
+    }
+
     /// The identities of the messages the last [`Inbox::drain_into`] took. Only the
     /// consumer calls it, between its drain and the next.
     pub(super) fn take_drained_ids(&self) -> Vec<MessageId> {

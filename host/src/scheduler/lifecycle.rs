@@ -309,6 +309,10 @@ impl Shared {
         if let Some(mut process) = unsafe { cell.take_process() } {
             close_quietly(&mut *process);
         }
+        // Ended while suspended (terminated, or it could not come back): no longer one.
+        if cell.suspended.swap(false, Ordering::AcqRel) {
+            self.suspended.fetch_sub(1, Ordering::Relaxed);
+        }
         self.registry.remove(cell.pid());
         self.requests.abandon(cell.pid());
         cell.lineage.leave();
@@ -367,6 +371,12 @@ impl Shared {
         if self.retiring.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.notify_drained();
         }
+    }
+
+    /// Lists `cell` in [`Shared::to_suspend`] (`suspension.rs`), with its records so far.
+    pub(super) fn list_for_suspension(&self, cell: &ProcessCell) {
+        let records = cell.journal_seq.load(Ordering::Relaxed);
+        self.to_suspend.lock().push(super::suspension::Listed { pid: cell.pid(), records });
     }
 
     /// Lists `pid` in [`Shared::hibernating`].

@@ -19,7 +19,10 @@
 //! - `cell.rs`: one process as the scheduler holds it, and the worker's turn (the loom
 //!   models live here);
 //! - `inbox.rs`: the per-process inbox (MPSC event queue, mailbox bound, watchers);
-//! - `worker.rs`: the worker loop (local deque, global injector, stealing, hibernation);
+//! - `worker.rs`: the worker loop (local deque, global injector, stealing, hibernation,
+//!   suspension);
+//! - `suspension.rs`: which waiting durable processes leave memory, and when (they come
+//!   back through `recovery::bring_back`);
 //! - `idle.rs`: searching and parked workers;
 //! - `shared.rs`: what every thread of a scheduler shares, and queueing a process;
 //! - `message.rs`: a message's trip, from its sender's checks to a mailbox or the cluster;
@@ -43,7 +46,7 @@
 //! # Who imports whom
 //!
 //! Below the scheduler's circle (next paragraph), importing none of it: `state.rs`,
-//! `inbox.rs`, `slot.rs`, `idle.rs`, `hibernation.rs`, `stats.rs`, and the parts the
+//! `inbox.rs`, `slot.rs`, `idle.rs`, `hibernation.rs`, `suspension.rs`, `stats.rs`, and the parts the
 //! scheduler holds, each generic over what it holds or naming only what lies outside the
 //! scheduler: `timer.rs` (what a sleep completes), `registry.rs` (what it registers),
 //! `requests.rs` and `remote.rs` (the handler API's completers), `commands.rs` and
@@ -60,11 +63,14 @@
 //! - `durable.rs`: the scheduler holds the journal's committer, whose committed items
 //!   hold cells and carry out a step's effects through their back-pointer, on the
 //!   committer's thread (`AfterCommit::carry_out`); and a durable process's port sends
-//!   are kept for its step only while the worker is in that step (`worker::is_stepping`).
+//!   are kept for its step only while the worker is in that step (`worker::is_stepping`);
+//! - `recovery.rs` and `completer.rs`: a suspended process comes back on the worker that
+//!   runs its next event (`recovery::bring_back`), replayed from its journal, its
+//!   pending commands given completers again. (Untying this is open work.)
 //!
-//! Above the circle, importing it and imported by none of it: `completer.rs`,
-//! `dispatch.rs`, `lifecycle.rs`, `links.rs`, `message.rs`, `handle.rs`, `for_cluster.rs`,
-//! `recovery.rs`, `builder.rs` and `shutdown.rs`. Most are methods of `Shared` or of
+//! Above the circle, importing it and imported by none of it: `dispatch.rs`,
+//! `lifecycle.rs`, `links.rs`, `message.rs`, `handle.rs`, `for_cluster.rs`, `builder.rs`
+//! and `shutdown.rs`. Most are methods of `Shared` or of
 //! [`Handle`], which the circle calls without importing their files (the worker ends a
 //! turn with `Shared::dispatch_from` and `Shared::end`).
 
@@ -75,6 +81,8 @@ mod commands;
 mod completer;
 mod dispatch;
 mod durable;
+#[cfg(feature = "cluster")]
+pub(crate) use self::durable::{Receipt, unrecorded};
 mod for_cluster;
 mod handle;
 mod hibernation;
@@ -95,6 +103,7 @@ mod shutdown;
 mod slot;
 mod state;
 mod stats;
+mod suspension;
 mod timer;
 mod worker;
 
@@ -106,9 +115,12 @@ pub use self::builder::{
 pub use self::caps::Capabilities;
 pub(crate) use self::durable::replaying_now;
 pub use self::handle::{Handle, SpawnOptions, Spawnable};
+pub use self::hibernation::HIBERNATE_AFTER as DEFAULT_HIBERNATE_AFTER;
 pub use self::process_handle::ProcessHandle;
 pub use self::retry::{Retry, RetryPolicy, Retrying};
 pub use self::shutdown::{Scheduler, StopReport};
 pub use self::stats::{Stats, WorkerStats, YieldCounts};
+pub use self::suspension::DEFAULT_SUSPEND_AFTER;
+pub use crate::limits::ProcessQuota;
 pub use crate::process::{Port, Process};
 pub use crate::step::{Command, Event, Events, ExitSignal, Exited, Outcome, SpawnRequest, Status, StepOutput, Yield};

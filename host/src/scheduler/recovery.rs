@@ -37,7 +37,7 @@ use super::process_handle::{ExitSlot, ProcessHandle};
 use super::shared::Shared;
 use super::state::{Lifecycle, Waiting};
 use crate::handler::make_under;
-use crate::journal::{Journal, Recorded, now_micros};
+use crate::journal::{Decode, Journal, Recorded, now_micros};
 use crate::limits::{KindLimits, Lineage};
 use crate::process::Process;
 use crate::step::{Command, Event, Status, StepOutput, Yield};
@@ -83,7 +83,7 @@ impl<'a> Sandboxes<'a> {
 }
 
 /// A process made again: it, its spec, and the limits it runs under.
-type Remade = (Box<dyn Process>, Spec, Option<KindLimits>);
+type Remade = (Box<dyn Process>, Spec, Option<KindLimits>, Option<crate::limits::ProcessQuota>);
 
 /// Makes `saved`'s process again as it was spawned: by its recorded kind, within the
 /// limits its spawner ran under, with its recorded grants narrowed to `grants` (never
@@ -113,7 +113,7 @@ fn make_again(
         mailbox_capacity: (saved.spawn.mailbox_capacity as usize).max(1),
         mailbox_bytes: shared.settings.mailbox_bytes,
     };
-    Ok((process, spec, sandbox))
+    Ok((process, spec, sandbox, factory.quota()))
 }
 
 /// What a journal holds, read at build.
@@ -150,7 +150,7 @@ impl Plan {
         let mut sandboxes = Sandboxes::new(&self, shared);
         for (pid, saved) in self.saved.iter().filter(|(_, s)| s.exit.is_none()) {
             // Made as a resume makes it, so the replay runs under the same limits.
-            let verdict = make_again(shared, saved, &mut sandboxes, grants).and_then(|(process, spec, sandbox)| {
+            let verdict = make_again(shared, saved, &mut sandboxes, grants).and_then(|(process, spec, sandbox, _)| {
                 let cell = Arc::new(ProcessCell::new(*pid, process, spec, Lineage::default().within(sandbox)));
                 let replayed = replay(&cell, saved).map(|_| saved.steps.len());
                 // SAFETY: `replay` left the process `Running`, owned by this thread; it is
@@ -283,10 +283,12 @@ impl Plan {
     ) -> Rewired {
         let live = |pid: &Pid| replayed.contains_key(pid);
         // Every message to deliver again, by receiver, in each sender's order; with the
-        // yield to complete once it is delivered, for a `send` still in flight.
+        // yield to complete once it is delivered, for a `send` still in flight. A message
+        // to a process of another journal (a shard's, on a cluster) is sent again
+        // whatever became of it: only its receiver knows, and it records each once.
         let mut deliveries: Deliveries = BTreeMap::new();
         let mut undelivered = |from: Pid, to: Pid, id: u64, topic: &str, body: &Payload, yielded| {
-            let fresh = live(&to) && !consumed[&to].contains(&(from, id));
+            let fresh = shared.remote_for(to).is_some() || (live(&to) && !consumed[&to].contains(&(from, id)));
             if fresh {
                 let message = Redelivery { topic: topic.to_owned(), body: body.clone(), yielded };
                 deliveries.entry(to).or_default().insert((from, id), message);
@@ -302,6 +304,12 @@ impl Plan {
             }
             for (seq, topic, body) in &saved.host_messages {
                 undelivered(Pid::HOST, *pid, *seq, topic, body, None);
+            }
+            for (from, id, topic, body) in &saved.received {
+                if let Some(durable) = &shared.durable {
+                    durable.note_received(*from, *pid, *id);
+                }
+                undelivered(*from, *pid, *id, topic, body, None);
             }
             // A sender that has ended may still have messages its receiver did not take:
             // sends it saw complete, and sends it did not wait for.
@@ -346,6 +354,12 @@ impl Plan {
             // last record.
             let lost = saved.exit.is_none() && !cells.contains_key(pid);
             trees.set_records(*pid, saved.next_seq + u64::from(lost));
+        }
+        // A tree that sent to another journal keeps its records, to send again.
+        for (to, messages) in deliveries.iter().filter(|(to, _)| shared.remote_for(**to).is_some()) {
+            for (from, _) in messages.keys() {
+                trees.sent(*from, *to);
+            }
         }
         let done = trees.finished_without(&senders);
         drop(trees);
@@ -414,11 +428,7 @@ impl Plan {
             // A child is made again under the limits its parent ran under, as it was
             // spawned (`make_under`), so a tree resumes no looser than it ran, whether or
             // not its parent has ended. Parents come first in `order`, for the lineage.
-            let lineage = match cells.get(&saved.spawn.parent) {
-                Some(parent) => Lineage::child_of(&parent.lineage),
-                None => Lineage::default(),
-            };
-            let (process, spec, sandbox) = match make_again(shared, saved, &mut sandboxes, grants) {
+            let (process, spec, sandbox, quota) = match make_again(shared, saved, &mut sandboxes, grants) {
                 Ok(made) => made,
                 Err(reason) => {
                     tracing::error!(%pid, %reason, "a durable process cannot be resumed");
@@ -428,6 +438,12 @@ impl Plan {
                     }
                     continue;
                 }
+            };
+            // A root counts against its kind's quota as it did when it was spawned; a
+            // child, against its parent's.
+            let lineage = match cells.get(&saved.spawn.parent) {
+                Some(parent) => Lineage::child_of(&parent.lineage),
+                None => Lineage::default().bounded(quota.map(|quota| Arc::new(shared.quota_bound(&quota)))),
             };
             let cell = Arc::new(ProcessCell::new(pid, process, spec, lineage.within(sandbox)));
             cell.journal_seq.store(saved.next_seq, std::sync::atomic::Ordering::Relaxed);
@@ -611,6 +627,12 @@ fn queue(shared: &Arc<Shared>, cells: &BTreeMap<Pid, Arc<ProcessCell>>, replayed
             Some(Status::Idle) => Some(Lifecycle::Idle),
             _ => None,
         };
+        // Listed to be suspended as a step that ends waiting lists it (`suspension.rs`),
+        // before it can be woken and step.
+        if target.is_some() && shared.settings.suspend_after.is_some() && cell.spec.kind.is_some() {
+            cell.listed_for_suspension.store(true, std::sync::atomic::Ordering::Release);
+            shared.list_for_suspension(cell);
+        }
         match target.map(|target| cell.state.transition_to_waiting(target)) {
             Some(Waiting::Parked) => {}
             Some(Waiting::Rerun) | None => {
@@ -625,12 +647,73 @@ fn queue(shared: &Arc<Shared>, cells: &BTreeMap<Pid, Arc<ProcessCell>>, replayed
 /// the process `Running`, and returns the status of its last step (`None`: it has not
 /// stepped yet).
 fn replay(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<Option<Status>, String> {
-    let pid = cell.pid();
-    let spawn = &saved.spawn;
     let _replaying = ReplayingHistory::begin();
+    let init = replay_init(cell, saved);
+    cell.state.transition_to_ready_from_init();
+    cell.state.transition_to_running();
+    init?;
+    replay_steps(cell, saved)
+}
+
+/// Brings a suspended process back (`suspension.rs`): makes it again by its kind, as it
+/// was made (within the sandbox it ran under), and brings it to its state by replaying
+/// its history from its journal. Called by the worker that owns it (`Running`), before
+/// the step its waking event is for; what it logs meanwhile is marked as replayed. On
+/// error the process has not come back and must end with the error.
+///
+/// The one way back from suspension: a snapshot of the process (issue 35's item 3)
+/// takes the place of the history's prefix here, and nowhere else.
+pub(super) fn bring_back(shared: &Shared, cell: &Arc<ProcessCell>) -> Result<(), String> {
+    let pid = cell.pid();
+    let fail = |why: String| Err(format!("process {pid} could not come back from suspension: {why}"));
+    let Some(durable) = &shared.durable else { return fail("its scheduler has no journal".to_owned()) };
+    let Some(kind) = &cell.spec.kind else { return fail("it was not made by a registered kind".to_owned()) };
+    let process = pid.as_u64();
+    let saved = match durable.journal().read_range(process, process.checked_add(1), Decode::All) {
+        Ok(mut histories) => histories.remove(&pid),
+        Err(error) => return fail(format!("its journal cannot be read: {error}")),
+    };
+    let Some(saved) = saved else { return fail("its journal holds no history of it".to_owned()) };
+    if saved.exit.is_some() {
+        return fail("its journal records its end".to_owned());
+    }
+    let Some(factory) = shared.kinds.factory(kind) else {
+        return fail(format!("its kind `{kind}` is no longer registered"));
+    };
+    if let (Some(recorded), Some(now)) = (&saved.spawn.identity, factory.identity())
+        && *recorded != now
+    {
+        return fail(format!("it ran {recorded}, and its kind `{kind}` is now {now}"));
+    }
+    let made = match make_under(&*factory, cell.lineage.sandbox()) {
+        Ok((made, _)) => made,
+        Err(error) => return fail(format!("it cannot be made again: {error:#}")),
+    };
+    // SAFETY: the caller owns the process (`Running`), whose slot is empty while it is
+    // suspended.
+    unsafe { cell.put_process(made) };
+    let _replaying = ReplayingHistory::begin();
+    let replayed = replay_init(cell, &saved).and_then(|()| replay_steps(cell, &saved));
+    match replayed {
+        Ok(Some(Status::Complete(_))) => fail("its replayed history ends it".to_owned()),
+        Ok(_) => {
+            // Still suspended on an error: its end counts it out (`Shared::retire`).
+            if cell.suspended.swap(false, std::sync::atomic::Ordering::AcqRel) {
+                shared.suspended.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(())
+        }
+        Err(error) => fail(error),
+    }
+}
+
+/// Begins `cell`'s journal as recorded and runs its `init` again with the recorded
+/// method and input, as the owner of the process.
+fn replay_init(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<(), String> {
+    let spawn = &saved.spawn;
     cell.begin_journal(spawn.seed, spawn.at);
-    // SAFETY: the process was registered moments ago and is in `Init`, in no queue:
-    // this thread is its only owner until it is queued or parked below.
+    // SAFETY: the caller owns the process: it was registered moments ago and is in
+    // `Init`, in no queue (recovery), or its worker brings it back (`bring_back`).
     let init = unsafe {
         cell.with_process(|p| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -638,14 +721,19 @@ fn replay(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<Option<Status>, S
             }))
         })
     }
-    .expect("a process in `Init` is not closed");
-    cell.state.transition_to_ready_from_init();
-    cell.state.transition_to_running();
+    .expect("a process being replayed is not closed");
     match init {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => return Err(format!("cannot be resumed: its init failed on replay: {error:#}")),
-        Err(_) => return Err("cannot be resumed: its init panicked on replay".to_owned()),
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(format!("cannot be resumed: its init failed on replay: {error:#}")),
+        Err(_) => Err("cannot be resumed: its init panicked on replay".to_owned()),
     }
+}
+
+/// Runs every recorded step of `cell`'s process again, checking each against its
+/// record, as the owner of the process (`Running`); the status of the last (`None`: it
+/// has not stepped yet).
+fn replay_steps(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<Option<Status>, String> {
+    let pid = cell.pid();
     let mut out = StepOutput::new();
     let mut last = None;
     for (seq, step) in &saved.steps {

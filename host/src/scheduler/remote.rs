@@ -50,8 +50,16 @@ pub(crate) enum Verdict {
 pub(crate) trait Remote: Send + Sync + 'static {
     /// Queues a message from `from` (a local process, or this node's host) to `to` on
     /// another node. `Ok` once queued: messages between one pair of processes arrive in
-    /// the order they were queued.
-    fn send(&self, from: Pid, to: Pid, topic: String, body: Payload) -> Result<(), SendError>;
+    /// the order they were queued. `id`: the message's identity, in a durable scheduler
+    /// (see `durable.rs`), which a remote that delivers exactly once goes by.
+    fn send(&self, from: Pid, to: Pid, topic: String, body: Payload, id: Option<u64>) -> Result<(), SendError>;
+
+    /// Whether a message to `to` (of another node) can be sent at all: checked when a
+    /// durable process sends it, before its step's record keeps it for later, so that a
+    /// pid no message can reach is an error the process sees.
+    fn check(&self, _to: Pid) -> Result<(), SendError> {
+        Ok(())
+    }
 
     /// `watcher` (local) gets an [`Event::Exit`](crate::Event::Exit) when `target`
     /// (remote) ends, through [`Handle::exit_to`](super::Handle::exit_to): with `noproc`

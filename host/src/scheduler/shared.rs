@@ -23,6 +23,7 @@ use super::requests::Requests;
 use super::retry::Retry;
 use super::slot::Slot;
 use super::stats::{Counters, Stats, UNOBSERVED_ERROR_LEN, UNOBSERVED_KEPT, WorkerStats, YieldCounts, bump};
+use super::suspension::Suspending;
 use super::timer::Timer;
 use super::worker;
 use crate::handler::Completer;
@@ -51,6 +52,11 @@ pub(super) struct Shared {
     /// [`Shared::list_for_hibernation`]); the lock is taken once a listing, not once a
     /// step.
     pub(super) hibernating: Mutex<Hibernating>,
+    /// Waiting durable processes to suspend once they have waited
+    /// `Settings::suspend_after` (`suspension.rs`): at most one entry a live process.
+    pub(super) to_suspend: Mutex<Suspending>,
+    /// Processes suspended now (their cells' `suspended`).
+    pub(super) suspended: AtomicUsize,
     pub(super) peak_live: AtomicUsize,
     pub(super) settings: Settings,
     /// Handlers registered under a command's own name: their places in `commands`.
@@ -93,6 +99,9 @@ pub(super) struct Settings {
     pub(super) mailbox_capacity: usize,
     pub(super) mailbox_bytes: usize,
     pub(super) turn_budget: u32,
+    /// How long a durable process waits before it is suspended; `None`: never, and
+    /// always without a journal (`Builder::suspend_after`).
+    pub(super) suspend_after: Option<std::time::Duration>,
     pub(super) capabilities: Arc<Capabilities>,
     pub(super) limits: Limits,
     pub(super) denial_hint: Option<DenialHint>,
@@ -102,6 +111,12 @@ pub(super) struct Settings {
 pub(super) type DenialHint = Box<dyn Fn(&str) -> String + Send + Sync>;
 
 impl Shared {
+    /// The bound of a tree spawned under `quota`, with this scheduler's own limits.
+    pub(super) fn quota_bound(&self, quota: &crate::limits::ProcessQuota) -> crate::limits::RunBound {
+        let settings = &self.settings;
+        crate::limits::RunBound::quota(quota, &settings.limits, settings.mailbox_capacity, settings.mailbox_bytes)
+    }
+
     /// The limits `cell` runs under: its run's, if its run set them (see `remote.rs`),
     /// else this scheduler's.
     #[inline]
@@ -228,6 +243,9 @@ impl Shared {
             messages: sum(|c| &c.messages),
             undelivered: sum(|c| &c.undelivered),
             hibernated: sum(|c| &c.hibernated),
+            suspended: self.suspended.load(Ordering::Relaxed),
+            suspensions: sum(|c| &c.suspensions),
+            returns: sum(|c| &c.returns),
             unobserved_failures: sum(|c| &c.unobserved),
             first_unobserved: self.first_unobserved(),
         }

@@ -37,6 +37,14 @@ pub struct Stats {
     /// else to run (see `Process::hibernate`; for a Wasm process, its fiber stack's
     /// resident pages).
     pub hibernated: u64,
+    /// Durable processes suspended now: counted in [`Stats::live`], they hold no
+    /// process in memory until their next event brings them back from their journal
+    /// (see `Builder::suspend_after`).
+    pub suspended: usize,
+    /// Times a durable process was suspended.
+    pub suspensions: u64,
+    /// Times a suspended process was brought back (successfully or not).
+    pub returns: u64,
     /// Processes that failed (an error result, a trap, a limit, a termination) when no
     /// one was told: no monitor, no waiting parent, no handle of the embedder's. A
     /// process whose `init` failed is not counted (its spawner was told), nor one
@@ -137,6 +145,8 @@ pub(super) struct Counters {
     pub(super) messages: AtomicU64,
     pub(super) undelivered: AtomicU64,
     pub(super) hibernated: AtomicU64,
+    pub(super) suspensions: AtomicU64,
+    pub(super) returns: AtomicU64,
     pub(super) unobserved: AtomicU64,
     /// The first [`UNOBSERVED_KEPT`] failures this slot counted in `unobserved`. A lock:
     /// taken only when a process fails unobserved (rare), or to read [`Stats`].
@@ -147,6 +157,16 @@ impl Counters {
     /// Called by the worker that owns this slot.
     pub(super) fn record_hibernation(&self) {
         bump(&self.hibernated, 1, true);
+    }
+
+    /// Called by the worker that owns this slot.
+    pub(super) fn record_suspension(&self) {
+        bump(&self.suspensions, 1, true);
+    }
+
+    /// Called by the worker that owns this slot.
+    pub(super) fn record_return(&self) {
+        bump(&self.returns, 1, true);
     }
 
     /// Called by the worker that owns this slot.

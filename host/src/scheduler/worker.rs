@@ -61,7 +61,7 @@
 //!    once until it hibernates; the list is pruned of ended processes as it grows, see
 //!    `Shared::list_for_hibernation`), then parked as usual;
 //! 2. a worker about to park, with no work queued anywhere, takes the listed processes
-//!    that are due (seen waiting for `hibernation::HIBERNATE_AFTER`; see
+//!    that are due (seen waiting for `Builder::hibernate_after`; see
 //!    `hibernation.rs` for why) and, the longest waiting first, claims each that still
 //!    waits with no flag set (`Blocked`/`Idle → Running`, one CAS), calls
 //!    [`Process::hibernate`], and hands it back to the same waiting state; it then parks
@@ -85,6 +85,7 @@ use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -98,8 +99,10 @@ use super::commands::{Resolution, Resolved};
 use super::durable::Origin;
 use super::idle::{PARK_AFTER_ROUNDS, Unparked, YIELD_AFTER_ROUNDS};
 use super::inbox::MailboxBound;
+use super::recovery;
 use super::shared::Shared;
 use super::state::Lifecycle;
+use super::suspension::Listed;
 use crate::step::{Event, Events, Status, StepOutput};
 
 /// How many more processes to move from the global queue into the local deque when
@@ -337,6 +340,10 @@ impl WorkerLoop<'_> {
                     Hibernated::Woken(task) => return Some(task),
                     Hibernated::Due(next) => next,
                 };
+                let alarm = match self.suspend_waiting() {
+                    Hibernated::Woken(task) => return Some(task),
+                    Hibernated::Due(next) => alarm.into_iter().chain(next).min(),
+                };
                 // Back in time to look at the watched slots again.
                 let watch = self.watching.as_ref().map(|(since, _)| *since + SLOT_PATIENCE);
                 let alarm = alarm.into_iter().chain(watch).min();
@@ -390,6 +397,91 @@ impl WorkerLoop<'_> {
         match woken {
             Some(cell) => Hibernated::Woken(cell),
             None => Hibernated::Due(listed.next_due(now)),
+        }
+    }
+
+    /// Suspends the listed durable processes that are due (`suspension.rs`), before
+    /// this worker parks, the longest waiting first; as [`WorkerLoop::hibernate_waiting`]
+    /// it stops as soon as work is queued anywhere, and at the first process an event
+    /// woke meanwhile, which it returns to be run. An entry whose process stepped since
+    /// it was listed is listed afresh if it waits again; one whose records are not all
+    /// committed yet stays due; ended ones are dropped.
+    fn suspend_waiting(&mut self) -> Hibernated {
+        let shared = self.shared;
+        let (Some(after), Some(durable)) = (shared.settings.suspend_after, shared.durable.as_ref()) else {
+            return Hibernated::Due(None);
+        };
+        let now = Instant::now();
+        let submitted = durable.submitted();
+        let due = shared.to_suspend.lock().take_due(now, submitted, after);
+        let counters = &shared.counters[self.index];
+        let committed = durable.committed();
+        let (mut later, mut afresh) = (Vec::new(), Vec::new());
+        let mut looked = 0;
+        let mut woken = None;
+        while looked < due.len() && woken.is_none() && !shared.has_queued_work() {
+            let seen = due[looked];
+            looked += 1;
+            let Some(cell) = shared.registry.get(seen.listed.pid) else { continue };
+            if committed < seen.submitted {
+                later.push(seen);
+                continue;
+            }
+            let records = seen.listed.records;
+            let unchanged = || cell.journal_seq.load(Ordering::Relaxed) == records;
+            let suspended = match cell.suspend(unchanged) {
+                Hibernation::Waiting { released: true } => true,
+                Hibernation::Woken { released } => {
+                    // It runs next (`Ready`, queued by no one but this worker): off the
+                    // list, so that its next step that waits lists it again.
+                    cell.listed_for_suspension.store(false, Ordering::Release);
+                    woken = Some(cell.clone());
+                    released
+                }
+                Hibernation::Waiting { released: false } => {
+                    if cell.suspended.load(Ordering::Acquire) {
+                        cell.listed_for_suspension.store(false, Ordering::Release);
+                    } else {
+                        // It stepped since it was listed, and waits again: its wait starts
+                        // over.
+                        let records = cell.journal_seq.load(Ordering::Relaxed);
+                        afresh.push(Listed { pid: cell.pid(), records });
+                    }
+                    false
+                }
+                Hibernation::NotWaiting => {
+                    // Off the list: its next step that waits lists it again. A step that
+                    // ended before this store found it listed and did not list it, so
+                    // look once more; a step that ends between this store and the look
+                    // lists it itself. (One that checked the flag before the store and
+                    // parks after the look is missed until its next step that waits.)
+                    cell.listed_for_suspension.store(false, Ordering::Release);
+                    let lifecycle = cell.state.load().lifecycle();
+                    if matches!(lifecycle, Lifecycle::Blocked | Lifecycle::Idle)
+                        && !cell.suspended.load(Ordering::Acquire)
+                        && !cell.listed_for_suspension.swap(true, Ordering::AcqRel)
+                    {
+                        let records = cell.journal_seq.load(Ordering::Relaxed);
+                        afresh.push(Listed { pid: cell.pid(), records });
+                    }
+                    false
+                }
+            };
+            if suspended {
+                shared.suspended.fetch_add(1, Ordering::Relaxed);
+                counters.record_suspension();
+                // Listed again by its next step that waits, once it has come back.
+                cell.listed_for_suspension.store(false, Ordering::Release);
+            }
+        }
+        let mut listed = shared.to_suspend.lock();
+        later.extend_from_slice(&due[looked..]);
+        listed.put_back(&later, &afresh);
+        match woken {
+            Some(cell) => Hibernated::Woken(cell),
+            // An entry left due (its records not yet committed) is looked at again after
+            // a commit's time, not at once: the worker would spin until the commit lands.
+            None => Hibernated::Due(listed.next_due(now, after).map(|due| due.max(now + COMMIT_PATIENCE))),
         }
     }
 
@@ -501,6 +593,14 @@ impl WorkerLoop<'_> {
             events.append(&mut dispatch.early.borrow_mut());
             out.reset();
             counters.record_step();
+            // A suspended process comes back before the step its event is for.
+            if cell.suspended.load(Ordering::Acquire) {
+                counters.record_return();
+                if let Err(error) = recovery::bring_back(shared, &cell) {
+                    events.clear();
+                    return Decision::Complete(ExitReason::Error(error));
+                }
+            }
             // A durable step's record holds the events it was given.
             let turn = durable.map(|durable| durable.begin_turn(&cell, events));
             dispatch.stepping.set(Arc::as_ptr(&cell) as usize);
@@ -591,6 +691,14 @@ impl WorkerLoop<'_> {
             let wants = unsafe { cell.with_process(|p| catch_unwind(AssertUnwindSafe(|| p.wants_hibernation()))) };
             if let Some(Ok(true)) = wants {
                 shared.list_for_hibernation(cell.pid());
+            }
+            // A durable process that could be made again is listed to be suspended if it
+            // waits long (`suspension.rs`): once until a worker takes it off the list.
+            if shared.settings.suspend_after.is_some()
+                && cell.spec.kind.is_some()
+                && !cell.listed_for_suspension.swap(true, Ordering::AcqRel)
+            {
+                shared.list_for_suspension(&cell);
             }
             Decision::Wait(target)
         });

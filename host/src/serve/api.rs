@@ -35,6 +35,9 @@
 //! | `POST /v1/workflows/{id}/cancel` | a cancel event, then termination after the grace |
 //! | `POST /v1/workflows/{id}/terminate` | ends it at once |
 //! | `DELETE /v1/workflows/{id}` | forgets an ended workflow and its history |
+//! | `GET /v1/workflow-counts?component=&prefix=` | the tenant's workflows counted by state |
+//! | `GET /v1/host` | the host's figures: workers, steps, processes, journal (as `/metrics`) |
+//! | `GET /ui` | the console, a page over this API (see [`console`]) |
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -58,8 +61,11 @@ use super::wire::{
     PendingRequest, ProcessHistory, RequestPending, Sent, SignalRequest, TenantPolicy, TenantToken, Tenants,
     Terminated, Workflow, WorkflowAnswer, WorkflowPage, WorkflowRequest,
 };
+mod console;
+
 use super::{
-    Answered, ComponentRecord, Filter, PolicyFields, Refusal, Service, ServiceConfig, StartRequest, WorkflowRecord,
+    Answered, ComponentRecord, Filter, Listing, PolicyFields, Refusal, Service, ServiceConfig, StartRequest,
+    WorkflowRecord,
 };
 
 impl IntoResponse for Refusal {
@@ -94,6 +100,8 @@ fn answer(status: StatusCode, body: impl serde::Serialize) -> Answer {
         (name = "tenants", description = "Tenants, their policies and their tokens (the admin's token)"),
         (name = "components", description = "A tenant's deployed components"),
         (name = "workflows", description = "A tenant's workflows"),
+        (name = "console", description = "The console's page and files (they hold no data: the page reads this \
+            API with the token it is given)"),
     ),
 )]
 struct ApiDoc;
@@ -360,6 +368,10 @@ fn routes(limits: &ServiceConfig) -> OpenApiRouter<Service> {
         .routes(routes!(logs))
         .routes(routes!(cancel))
         .routes(routes!(terminate))
+        .routes(routes!(console::counts))
+        .routes(routes!(console::host))
+        .routes(routes!(console::page))
+        .routes(routes!(console::file))
 }
 
 /// The API's OpenAPI 3.1 document, as `GET /v1/openapi.json` serves it.
@@ -623,21 +635,41 @@ async fn start(Asker { service, tenant }: Asker, JsonBody(request): JsonBody<Sta
 }
 
 /// The tenant's workflows, by id, a page at a time.
+///
+/// A page starts after the `after` given (the previous page's `next`) and reads the
+/// workflows in id order, applying the filters as it reads: `prefix` is a range of
+/// ids, read alone. One request reads at most 10,000 workflows: a filter that few
+/// match may answer fewer than `limit` with `partial` and a `next` to go on from.
 #[utoipa::path(get, path = "/v1/workflows", tag = "workflows", security(("bearer" = [])),
     params(Filter),
     responses(
         (status = 200, description = "A page of workflows", body = WorkflowPage),
-        (status = 400, description = "`invalid`: an unreadable query", body = ErrorBody),
+        (status = 400, description = "`invalid`: an unreadable query, or a `limit` of 0 or over 1,000", body = ErrorBody),
         AsTenant,
     ))]
 async fn list_workflows(Asker { service, tenant }: Asker, filter: Result<Query<Filter>, QueryRejection>) -> Answer {
     let filter = query(filter)?;
-    let limit = filter.page_size();
-    let found = service.workflows(&tenant, &filter)?;
-    // A full page may have more after it: its last id is where the next page starts.
-    let next = (found.len() == limit).then(|| found.last().map(|w| w.id.clone())).flatten();
-    let workflows = found.into_iter().map(workflow_view).collect::<Result<_, _>>()?;
-    answer(StatusCode::OK, WorkflowPage { workflows, next })
+    let limit = filter.page_size()?;
+    let progress = filter.progress.unwrap_or(false);
+    let found = blocking(move || {
+        let found = service.workflows(&tenant, &filter)?;
+        let progress = if progress {
+            found.workflows.iter().map(|w| service.progress(w)).collect::<Result<Vec<_>, _>>()?
+        } else {
+            Vec::new()
+        };
+        Ok((found, progress))
+    });
+    let (Listing { workflows: found, examined, next }, progress) = found.await?;
+    let partial = next.is_some() && found.len() < limit;
+    let mut workflows = found.into_iter().map(workflow_view).collect::<Result<Vec<_>, _>>()?;
+    for (workflow, progress) in workflows.iter_mut().zip(progress) {
+        if let Some(progress) = progress {
+            workflow.steps = Some(progress.steps);
+            workflow.waiting = progress.waiting;
+        }
+    }
+    answer(StatusCode::OK, WorkflowPage { workflows, next, examined: examined as u64, partial })
 }
 
 /// One of the tenant's workflows.

@@ -12,10 +12,11 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use sha2::{Digest as _, Sha256};
 
-use super::policy::Profiles;
+use super::policy::{Profiles, Quotas};
 use super::registry::{ComponentRecord, Registry};
 use crate::handler::{Factory, KindLimits, KindSource};
 use crate::process::Process;
+use crate::scheduler::ProcessQuota;
 use crate::wasm::{Component, Declared, Runtime};
 
 /// The components and where they live.
@@ -39,6 +40,11 @@ pub(super) fn valid_name(name: &str) -> bool {
 }
 
 impl Code {
+    /// The runtime its components run in.
+    pub(super) fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
     pub(super) fn new(dir: PathBuf, runtime: Runtime, registry: Arc<Registry>) -> Code {
         Code { dir, runtime, registry, loaded: Mutex::new(HashMap::new()) }
     }
@@ -132,10 +138,11 @@ impl Code {
 pub(super) struct Kinds {
     pub(super) code: Arc<Code>,
     pub(super) profiles: Arc<Profiles>,
+    pub(super) quotas: Arc<Quotas>,
 }
 
 /// `TENANT/REST` as the tenant, the reference and the workflow (`REST` = `REF@ID`).
-fn parts(kind: &str) -> Option<(&str, &str, Option<&str>)> {
+pub(super) fn parts(kind: &str) -> Option<(&str, &str, Option<&str>)> {
     let (tenant, rest) = kind.split_once('/')?;
     Some(match rest.split_once('@') {
         Some((reference, workflow)) => (tenant, reference, Some(workflow)),
@@ -176,7 +183,8 @@ impl KindSource for Kinds {
         match self.profiles.get(tenant, workflow) {
             Some(profile) => {
                 let own = component.limits()?;
-                Some((recorded, Arc::new(Bounded { limits: profile.bound(own), component })))
+                let quota = self.quotas.get(tenant);
+                Some((recorded, Arc::new(Bounded { limits: profile.bound(own), component, quota })))
             }
             // A workflow forgotten while a process of it was being remade: its own limits.
             None => Some((recorded, Arc::new(component))),
@@ -184,10 +192,12 @@ impl KindSource for Kinds {
     }
 }
 
-/// A component whose processes run under a workflow's limits.
+/// A component whose processes run under a workflow's limits, and count against its
+/// tenant's quota when resumed as its root.
 struct Bounded {
     component: Component,
     limits: KindLimits,
+    quota: Option<ProcessQuota>,
 }
 
 impl Factory for Bounded {
@@ -201,6 +211,10 @@ impl Factory for Bounded {
 
     fn limits(&self) -> Option<KindLimits> {
         Some(self.limits)
+    }
+
+    fn quota(&self) -> Option<ProcessQuota> {
+        self.quota.clone()
     }
 
     fn make_within(&self, bound: KindLimits) -> anyhow::Result<Box<dyn Process>> {

@@ -41,6 +41,8 @@ pub(super) struct Metrics {
     ended: Family<Ended, Counter>,
     running: Family<OfTenant, Gauge>,
     live: Gauge,
+    suspended: Gauge,
+    hibernated: Gauge,
     steps: Gauge,
     messages: Gauge,
     commits: Gauge,
@@ -64,6 +66,19 @@ impl Metrics {
         registry.register("workflows_ended", "Workflows ended, by final state", ended.clone());
         registry.register("workflows_running", "Workflows running now, by tenant", running.clone());
         registry.register("processes_live", "Processes alive now, workflows' children included", live.clone());
+        let suspended = Gauge::default();
+        registry.register(
+            "processes_suspended",
+            "Processes alive now that are suspended: out of memory until their next event (counted in live)",
+            suspended.clone(),
+        );
+        let hibernated = Gauge::default();
+        registry.register(
+            "processes_hibernated",
+            "Processes alive now that gave back their whole instance while they wait, kept as the pages \
+             that differ from their component's image (counted in live)",
+            hibernated.clone(),
+        );
         registry.register("steps", "Steps the scheduler has run since the server started", steps.clone());
         registry.register("messages", "Messages delivered since the server started", messages.clone());
         registry.register("journal_commits", "Commits of the journal since the server started", commits.clone());
@@ -72,7 +87,21 @@ impl Metrics {
             "Bytes the journal has committed since the server started",
             journal_bytes.clone(),
         );
-        Metrics { registry, requests, latency, started, ended, running, live, steps, messages, commits, journal_bytes }
+        Metrics {
+            registry,
+            requests,
+            latency,
+            started,
+            ended,
+            running,
+            live,
+            suspended,
+            hibernated,
+            steps,
+            messages,
+            commits,
+            journal_bytes,
+        }
     }
 
     pub(super) fn started(&self) {
@@ -87,6 +116,8 @@ impl Metrics {
     fn scrape(&self, service: &Service) -> String {
         let stats = service.inner.handle.stats();
         self.live.set(stats.live as i64);
+        self.suspended.set(stats.suspended as i64);
+        self.hibernated.set(service.inner.code.runtime().hibernation_stats().hibernated as i64);
         self.steps.set(stats.workers.iter().map(|w| w.executed).sum::<u64>() as i64);
         self.messages.set(stats.messages as i64);
         if let Some(journal) = service.inner.handle.journal_stats() {
@@ -94,7 +125,7 @@ impl Metrics {
             self.journal_bytes.set(journal.bytes as i64);
         }
         self.running.clear();
-        for (tenant, _) in service.inner.live.lock().keys() {
+        for ((tenant, _), _) in service.inner.live.lock().iter().filter(|(_, live)| live.end.is_none()) {
             self.running.get_or_create(&OfTenant { tenant: tenant.clone() }).inc();
         }
         let mut text = String::new();

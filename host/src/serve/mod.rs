@@ -9,7 +9,7 @@
 //! the next server on the data directory resumes every unfinished workflow where its
 //! journal left it, timers included. What the API keeps beside the journal (tenants,
 //! components, workflow ids and results) is in `DATA/registry`, synced before each
-//! answer.
+//! answer but for workflows' ends, which the journal holds.
 //!
 //! The data directory:
 //!
@@ -27,10 +27,14 @@ mod code;
 mod describe;
 mod logs;
 mod metrics;
+mod outside;
+mod overview;
 mod policy;
 mod registry;
 mod requests;
 mod stores;
+#[cfg(test)]
+mod tests;
 pub mod wire;
 
 use std::collections::{HashMap, HashSet};
@@ -45,22 +49,21 @@ use wasmproc_types::{ExitReason, Format, Payload, Pid};
 
 pub use self::api::openapi;
 use self::code::{Code, Kinds, sha256_hex};
+pub use self::overview::CountFilter;
 pub use self::policy::{Grants, Limits, Policy, PolicyFields};
-use self::policy::{Profile, Profiles};
-use self::registry::Registry;
+use self::policy::{Outside, Profile, Profiles, Quotas};
 pub use self::registry::{ComponentRecord, State, Tenant, WorkflowRecord};
+use self::registry::{MOST_EXAMINED, Registry};
 pub use self::requests::{ANSWER, Answered, Ask, Submitted, TOPIC_PREFIX};
 use self::stores::{Stores, TenantKv};
 use crate::caps::Capabilities;
-use crate::journal::{Journal, JournalSettings};
+use crate::journal::{HeldRun, Journal, JournalSettings};
 use crate::provider::clock::{Random, Time};
 use crate::scheduler::{Handle, ProcessHandle, Scheduler, SpawnOptions, Spawnable};
 use crate::step::Exited;
 use crate::wasm::{Config, Runtime};
 
-/// The format of the payload that carries a workflow's id, after its input (see
-/// [`Service::start`]).
-pub const WORKFLOW_ID_FORMAT: &str = "wasmproc-workflow-id";
+pub use crate::step::WORKFLOW_ID_FORMAT;
 
 /// How a [`Service`] runs.
 #[derive(Debug, Clone)]
@@ -91,13 +94,23 @@ pub struct ServiceConfig {
     /// The policy a new tenant gets when it is added without one of its own, and that a
     /// tenant kept from before policies has.
     pub policy: Policy,
+    /// How long a workflow's process may wait before it leaves memory until its next
+    /// event (`Builder::suspend_after`); `None` never.
+    pub suspend_after: Option<Duration>,
+    /// How long a process may wait before a worker with nothing else to run hibernates
+    /// it (`Builder::hibernate_after`).
+    pub hibernate_after: Duration,
+    /// Whether hibernation gives back a Wasm process's whole instance
+    /// ([`Config::hibernate_instances`]) or only its fiber stack.
+    pub hibernate_instances: bool,
 }
 
 impl ServiceConfig {
     /// The defaults for `data`: 2 workers, uploads up to 64 MiB, other bodies up to
     /// 1 MiB, waits up to 60 s, a 5 s grace, ended workflows kept 7 days, processes of
-    /// up to 64 MiB, [`Policy::new`] for new tenants, 1,000 unanswered requests and 1 MiB
-    /// of log a workflow.
+    /// up to 64 MiB, [`Policy::new`] for new tenants, 1,000 unanswered requests, 1 MiB
+    /// of log a workflow, and processes suspended after waiting
+    /// [`DEFAULT_SUSPEND_AFTER`](crate::scheduler::DEFAULT_SUSPEND_AFTER).
     pub fn new(data: impl Into<PathBuf>) -> ServiceConfig {
         ServiceConfig {
             data: data.into(),
@@ -111,6 +124,9 @@ impl ServiceConfig {
             max_log_bytes: 1 << 20,
             max_memory: crate::wasm::DEFAULT_MAX_MEMORY,
             policy: Policy::new(crate::wasm::DEFAULT_MAX_MEMORY as u64),
+            suspend_after: Some(crate::scheduler::DEFAULT_SUSPEND_AFTER),
+            hibernate_after: crate::scheduler::DEFAULT_HIBERNATE_AFTER,
+            hibernate_instances: true,
         }
     }
 }
@@ -178,11 +194,16 @@ pub struct StartRequest {
     pub limits: Limits,
 }
 
-/// A workflow that is running: its handle, and a flag raised once it has ended and its
-/// record says so, for those waiting on its result.
+/// A workflow that is running, or whose end is not yet in its record: its handle, its
+/// end once it has one, and a flag raised then, for those waiting on its result.
 struct Live {
     handle: ProcessHandle,
     ended: tokio::sync::watch::Sender<bool>,
+    /// How it ended, and when: set once the journal has its exit record (committed before
+    /// `on_exit` fires), so a result is answered from here while its record is being
+    /// written. A kill -9 in between loses nothing: the next server finds the end in the
+    /// journal (see [`Service::reattach`]).
+    end: Option<(Exited, u64)>,
 }
 
 /// The service: see the module's docs.
@@ -198,14 +219,24 @@ struct Inner {
     journal: Journal,
     scheduler: Mutex<Option<Scheduler>>,
     handle: Handle,
-    /// Running workflows by tenant and id.
+    /// Running workflows by tenant and id, and those whose end is not yet recorded.
     live: Mutex<HashMap<(String, String), Live>>,
+    /// Signalled when ends are recorded and their workflows leave `live`.
+    settled: parking_lot::Condvar,
+    /// The ends in `live` (see [`Unrecorded`]). Taken after `live` when both are.
+    unrecorded: Mutex<Unrecorded>,
+    /// Signalled when a [`settle`] is done with `unrecorded`.
+    recorded: parking_lot::Condvar,
     /// Tenants by the hash of their token.
     tokens: RwLock<HashMap<String, String>>,
     /// Each tenant's policy, as the registry has it.
     policies: RwLock<HashMap<String, Policy>>,
     /// What each workflow that may have processes was started with.
     profiles: Arc<Profiles>,
+    /// The providers each workflow's hosts and directories are served from.
+    outside: Arc<Outside>,
+    /// Each tenant's process quota.
+    quotas: Arc<Quotas>,
     /// The tenants' key-value stores.
     stores: Arc<Stores>,
     admin_token_sha256: String,
@@ -225,12 +256,42 @@ struct Inner {
     requests: Arc<requests::Requests>,
     /// Workflows' logs (`logs.rs`).
     logs: Arc<logs::Logs>,
+    /// Held by a test to keep ends from being recorded.
+    #[cfg(test)]
+    hold_ends: Mutex<()>,
+}
+
+/// The ends the journal holds and the registry's records do not yet (those in `live`),
+/// counted by tenant, so that the registry's counts by state plus these are the counts
+/// a description of each workflow would give.
+///
+/// The two agree but while a [`settle`] has written records and not yet taken their
+/// ends from here; `settling` counts those, and a count waits until none is: a settle
+/// raises it before writing and lowers it after taking its ends out, both under this
+/// lock, so a reader that holds it with `settling` at 0 sees no end in both places or
+/// in neither.
+#[derive(Default)]
+struct Unrecorded {
+    /// By tenant: how many completed, how many failed.
+    ends: HashMap<String, [u64; 2]>,
+    settling: usize,
+}
+
+impl Unrecorded {
+    fn count(&mut self, tenant: &str, exited: &Exited, up: bool) {
+        let ends = self.ends.entry(tenant.to_owned()).or_default();
+        let count = &mut ends[usize::from(!matches!(exited.reason, ExitReason::Normal(_)))];
+        *count = if up { *count + 1 } else { count.saturating_sub(1) };
+        if *ends == [0, 0] {
+            self.ends.remove(tenant);
+        }
+    }
 }
 
 /// What the chores' thread does off the workers and the API's threads.
 enum Chore {
-    /// Record a workflow's end.
-    Ended { tenant: String, id: String, exited: Exited },
+    /// Record a workflow's end, which came at `at_ms`.
+    Ended { tenant: String, id: String, exited: Exited, at_ms: u64 },
     /// Terminate a cancelled workflow still running at `until`.
     Grace { handle: ProcessHandle, until: std::time::Instant },
 }
@@ -284,6 +345,13 @@ fn result_json(exited: &Exited) -> serde_json::Value {
     }
 }
 
+/// Writes into `record` its end, `exited` at `at_ms`.
+fn end_record(record: &mut WorkflowRecord, exited: &Exited, at_ms: u64) {
+    record.state = if matches!(exited.reason, ExitReason::Normal(_)) { State::Completed } else { State::Failed };
+    record.ended_ms = Some(at_ms);
+    record.result = Some(result_json(exited));
+}
+
 impl Service {
     /// Opens the data directory and starts the scheduler on its journal: every
     /// unfinished workflow resumes.
@@ -305,8 +373,11 @@ impl Service {
             .check(config.max_memory as u64)
             .map_err(|refusal| anyhow::anyhow!("the default policy for new tenants: {}", refusal.message))?;
         let logs = Arc::new(logs::Logs::new(data.join("logs"), config.max_log_bytes));
-        let runtime_config =
-            Config::default().cache_dir(data.join("cache")).max_memory(config.max_memory).log_sink(logs.sink());
+        let runtime_config = Config::default()
+            .cache_dir(data.join("cache"))
+            .max_memory(config.max_memory)
+            .hibernate_instances(config.hibernate_instances)
+            .log_sink(logs.sink());
         let runtime = Runtime::new(runtime_config).context("cannot start the Wasm runtime")?;
         let code = Arc::new(Code::new(data.join("components"), runtime, registry.clone()));
         let tenants = registry.tenants()?;
@@ -316,13 +387,20 @@ impl Service {
             .collect();
         // Every workflow that may have processes to resume: what it was started with.
         let profiles = Arc::new(Profiles::default());
+        let outside = Arc::new(Outside::default());
+        // Before the scheduler resumes the workflows: each root counts against its
+        // tenant's quota from then on.
+        let quotas = Arc::new(Quotas::default());
+        for (tenant, policy) in &policies {
+            quotas.set(tenant, policy.max_processes);
+        }
         let mut granted_kv = std::collections::HashSet::new();
         for (tenant, record) in registry.all_workflows()? {
             if record.state != State::Running {
                 continue;
             }
             let policy = policies.get(&tenant).unwrap_or(&config.policy);
-            let profile = Profile::recorded(policy, &record.grants, &record.limits);
+            let profile = Profile::recorded(policy, &record.grants, &record.limits, &outside);
             if profile.kv {
                 granted_kv.insert(tenant.clone());
             }
@@ -346,10 +424,14 @@ impl Service {
             .workers(config.workers.max(1))
             .thread_name("wasmproc-serve")
             .journal(journal.clone())
+            .suspend_after(config.suspend_after)
+            .hibernate_after(config.hibernate_after)
             .capabilities(policy::ALWAYS.into_iter().fold(Capabilities::over_self(), Capabilities::allow))
             .provider(requests::AnswerProvider(requests.clone()))
-            .kind_source(Kinds { code: code.clone(), profiles: profiles.clone() })
+            .kind_source(Kinds { code: code.clone(), profiles: profiles.clone(), quotas: quotas.clone() })
             .provider(TenantKv(stores.clone()))
+            .provider(outside::WorkflowHttp(profiles.clone()))
+            .provider(outside::WorkflowFiles(profiles.clone()))
             .provider(Time)
             .provider(Random)
             .build()
@@ -367,9 +449,14 @@ impl Service {
             code,
             journal,
             live: Mutex::new(HashMap::new()),
+            settled: parking_lot::Condvar::new(),
+            unrecorded: Mutex::new(Unrecorded::default()),
+            recorded: parking_lot::Condvar::new(),
             tokens: RwLock::new(tokens),
             policies: RwLock::new(policies),
             profiles,
+            outside,
+            quotas,
             stores,
             starting: Mutex::new(HashSet::new()),
             started: parking_lot::Condvar::new(),
@@ -379,6 +466,8 @@ impl Service {
             chores: chores_to,
             requests,
             logs,
+            #[cfg(test)]
+            hold_ends: Mutex::new(()),
         });
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new()
@@ -441,13 +530,8 @@ impl Service {
                 Some(runs) => runs,
                 None => runs.insert(inner.journal.runs().context("cannot read the journal's runs")?),
             };
-            match runs.iter().find(|run| run.root == pid) {
-                Some(run) => {
-                    let exited = run.result.clone().unwrap_or_else(|| {
-                        Exited::new(ExitReason::Error("lost: the journal holds no end of it".to_owned()))
-                    });
-                    settle(inner, &[(tenant, record.id, exited)])?;
-                }
+            match HeldRun::end_of(runs, pid) {
+                Some(exited) => settle(inner, &[(tenant, record.id, exited, now_ms())], Ends::Journaled)?,
                 // Its record was written and its spawn never reached the journal (the
                 // server stopped between the two): nothing of it ran for good, so it
                 // starts now, as it was asked to.
@@ -469,7 +553,7 @@ impl Service {
     fn watch(&self, tenant: &str, id: &str, handle: ProcessHandle) {
         let (ended, _) = tokio::sync::watch::channel(false);
         let key = (tenant.to_owned(), id.to_owned());
-        self.inner.live.lock().insert(key.clone(), Live { handle: handle.clone(), ended });
+        self.inner.live.lock().insert(key.clone(), Live { handle: handle.clone(), ended, end: None });
         self.inner.requests.track(handle.pid(), tenant, id);
         self.inner.logs.track(handle.pid(), tenant, id);
         let inner = Arc::downgrade(&self.inner);
@@ -480,9 +564,18 @@ impl Service {
                 // journal if it did end.
                 return;
             }
+            // The journal has the exit: those waiting for the result have it now.
+            let at_ms = now_ms();
+            let mut live = inner.live.lock();
+            if let Some(live) = live.get_mut(&key) {
+                live.end = Some((exited.clone(), at_ms));
+                live.ended.send_replace(true);
+                inner.unrecorded.lock().count(&key.0, exited, true);
+            }
+            drop(live);
             // Recording is a synced write: off the worker that ended the process, on the
             // chores' thread, which writes the ends that come together in one batch.
-            let ended = Chore::Ended { tenant: key.0, id: key.1, exited: exited.clone() };
+            let ended = Chore::Ended { tenant: key.0, id: key.1, exited: exited.clone(), at_ms };
             if inner.chores.send(ended).is_err() {
                 tracing::error!(
                     "the service's chores' thread is gone: a workflow's end goes unrecorded until a restart"
@@ -498,17 +591,23 @@ impl Service {
 
     /// Takes one request from `tenant`'s allowance; `false` past its rate.
     pub fn admit(&self, tenant: &str) -> bool {
-        let rate = f64::from(self.policy_of(tenant).rate.max(1));
+        let rate = self.inner.policies.read().get(tenant).map_or(self.inner.config.policy.rate, |p| p.rate);
+        let rate = f64::from(rate.max(1));
         let now = std::time::Instant::now();
+        let take = |(tokens, at): &mut (f64, std::time::Instant)| {
+            *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * rate).min(rate);
+            *at = now;
+            let admitted = *tokens >= 1.0;
+            if admitted {
+                *tokens -= 1.0;
+            }
+            admitted
+        };
         let mut buckets = self.inner.buckets.lock();
-        let (tokens, at) = buckets.entry(tenant.to_owned()).or_insert((rate, now));
-        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * rate).min(rate);
-        *at = now;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
-            true
-        } else {
-            false
+        // Looked up before a key is made: a request of a known tenant allocates nothing.
+        match buckets.get_mut(tenant) {
+            Some(bucket) => take(bucket),
+            None => take(buckets.entry(tenant.to_owned()).or_insert((rate, now))),
         }
     }
 
@@ -574,8 +673,10 @@ impl Service {
         Ok(policy)
     }
 
-    /// Opens or bounds tenant `name`'s key-value store as `policy` says.
+    /// Opens or bounds tenant `name`'s key-value store, and sets its process quota, as
+    /// `policy` says.
     fn apply_policy(&self, name: &str, policy: &Policy) -> Result<(), Refusal> {
+        self.inner.quotas.set(name, policy.max_processes);
         let components = self.components_bytes(name)?;
         if policy.kv {
             self.inner
@@ -736,12 +837,15 @@ impl Service {
     pub fn remove_component(&self, tenant: &str, reference: &str) -> Result<ComponentRecord, Refusal> {
         let _one_at_a_time = self.inner.starting.lock();
         let (record, _) = self.component(tenant, reference)?;
+        // Every record of the tenant: a removal is rare, and must know of every user.
         let running: Vec<String> = self
             .inner
             .registry
-            .workflows(tenant, "")?
+            .scan_workflows(tenant, "", None, usize::MAX, usize::MAX, |w| {
+                Ok(w.state == State::Running && w.component == record.hash)
+            })?
+            .found
             .into_iter()
-            .filter(|w| w.state == State::Running && w.component == record.hash)
             .map(|w| format!("`{}`", w.id))
             .collect();
         if !running.is_empty() {
@@ -821,7 +925,7 @@ impl Service {
         let method = request.method.unwrap_or_else(|| "main".to_owned());
         let grants = request.grants.normalised();
         let policy = self.policy_of(tenant);
-        let (_, limits) = policy::resolve(tenant, &policy, &grants, &request.limits)?;
+        let (_, limits) = policy::resolve(tenant, &policy, &grants, &request.limits, &inner.outside)?;
         let component = inner.code.component(&hash)?;
         if !component.entries().contains(&method) {
             return Err(Refusal::invalid(format!(
@@ -866,6 +970,19 @@ impl Service {
                     ),
                 ));
             }
+            let quota = inner.quotas.set(tenant, policy.max_processes);
+            if quota.live() >= quota.max() {
+                return Err(Refusal::new(
+                    429,
+                    "quota",
+                    format!(
+                        "tenant `{tenant}` has {} processes alive (its workflows and their children), the most its \
+                         policy's `max_processes` allows; wait for some to end, or have the admin run `wasmproc \
+                         tenant policy {tenant} --max-processes N`",
+                        quota.live()
+                    ),
+                ));
+            }
             starting.insert(key.clone());
         }
         let started = self.spawn_workflow(tenant, record);
@@ -898,9 +1015,12 @@ impl Service {
         let id = Payload { format: Format::Other(WORKFLOW_ID_FORMAT.into()), data: record.id.clone().into_bytes() };
         let input = vec![input, id];
         let policy = self.policy_of(tenant);
-        let profile = Profile::recorded(&policy, &record.grants, &record.limits);
+        let profile = Profile::recorded(&policy, &record.grants, &record.limits, &inner.outside);
         let kind = format!("{tenant}/{}@{}", record.component, record.id);
-        let options = SpawnOptions::new(&record.method).input(input).capabilities(profile.caps.clone());
+        let options = SpawnOptions::new(&record.method)
+            .input(input)
+            .capabilities(profile.caps.clone())
+            .quota(inner.quotas.set(tenant, policy.max_processes));
         // Before the spawn: the kind and the providers find the workflow's limits and
         // grants here from its first process on.
         inner.profiles.insert(tenant, &record.id, profile);
@@ -920,7 +1040,8 @@ impl Service {
                     // Its record is written, its process gone: the record says how it
                     // ended, so a retry of the same start finds it ended.
                     let exited = Exited::new(ExitReason::Error(format!("the workflow did not start: {error}")));
-                    settle(inner, &[(tenant.to_owned(), record.id.clone(), exited)])?;
+                    let ended = [(tenant.to_owned(), record.id.clone(), exited, now_ms())];
+                    settle(inner, &ended, Ends::Unjournaled)?;
                 }
                 Err(refusal)
             }
@@ -933,34 +1054,68 @@ impl Service {
     ///
     /// No such workflow for the tenant.
     pub fn workflow(&self, tenant: &str, id: &str) -> Result<WorkflowRecord, Refusal> {
-        self.inner.registry.workflow(tenant, id)?.ok_or_else(|| Refusal::not_found(format_args!("workflow `{id}`")))
+        // The end first, then the record: an end leaves `live` only once its record is
+        // written, so a workflow seen ended is never seen running after.
+        let end = self.inner.live.lock().get(&(tenant.to_owned(), id.to_owned())).and_then(|l| l.end.clone());
+        let mut record = self
+            .inner
+            .registry
+            .workflow(tenant, id)?
+            .ok_or_else(|| Refusal::not_found(format_args!("workflow `{id}`")))?;
+        if let Some((exited, at_ms)) = end {
+            end_record(&mut record, &exited, at_ms);
+        }
+        Ok(record)
     }
 
-    /// `tenant`'s workflows, in id order: those whose id starts with `prefix`, after
-    /// `after`, in `state`, of `component` and started within the times if given, at most
-    /// `limit`.
+    /// A page of `tenant`'s workflows, in id order: those whose id starts with `prefix`,
+    /// after `after`, in `state`, of `component` and started within the times if given,
+    /// at most `limit`. It reads at most 10,000 records (`MOST_EXAMINED`), so a filter that
+    /// few match may answer fewer than `limit` with a `next` to go on from.
     ///
     /// # Errors
     ///
-    /// The registry cannot be read.
-    pub fn workflows(&self, tenant: &str, filter: &Filter) -> Result<Vec<WorkflowRecord>, Refusal> {
+    /// A `limit` out of its bounds, or a registry that cannot be read.
+    pub fn workflows(&self, tenant: &str, filter: &Filter) -> Result<Listing, Refusal> {
+        let limit = filter.page_size()?;
         let component = match &filter.component {
             Some(reference) => Some(self.inner.code.find(tenant, reference)?.unwrap_or_default()),
             None => None,
         };
         let prefix = filter.prefix.as_deref().unwrap_or("");
-        Ok(self
-            .inner
-            .registry
-            .workflows(tenant, prefix)?
-            .into_iter()
-            .filter(|w| filter.after.as_deref().is_none_or(|after| w.id.as_str() > after))
-            .filter(|w| filter.state.is_none_or(|state| w.state == state))
-            .filter(|w| component.as_deref().is_none_or(|hash| w.component == hash))
-            .filter(|w| filter.started_after.is_none_or(|after| w.started_ms >= after))
-            .filter(|w| filter.started_before.is_none_or(|before| w.started_ms < before))
-            .take(filter.page_size())
-            .collect())
+        let scanned =
+            self.inner.registry.scan_workflows(tenant, prefix, filter.after.as_deref(), limit, MOST_EXAMINED, |w| {
+                if !(component.as_deref().is_none_or(|hash| w.component == hash)
+                    && filter.started_after.is_none_or(|after| w.started_ms >= after)
+                    && filter.started_before.is_none_or(|before| w.started_ms < before))
+                {
+                    return Ok(false);
+                }
+                self.now(tenant, w)?;
+                Ok(filter.state.is_none_or(|state| w.state == state))
+            })?;
+        Ok(Listing { workflows: scanned.found, examined: scanned.examined, next: scanned.next })
+    }
+
+    /// Brings `record`, as the registry had it, up to now: a running one may have an end
+    /// not yet recorded, or have been settled since it was read.
+    fn now(&self, tenant: &str, record: &mut WorkflowRecord) -> anyhow::Result<()> {
+        if record.state != State::Running {
+            return Ok(());
+        }
+        let end = self.inner.live.lock().get(&(tenant.to_owned(), record.id.clone())).map(|l| l.end.clone());
+        match end {
+            Some(Some((exited, at_ms))) => end_record(record, &exited, at_ms),
+            Some(None) => {}
+            // Out of `live`: settled since it was read (its record is written before it
+            // leaves), or never watched (a workflow that could not start again).
+            None => {
+                if let Some(written) = self.inner.registry.workflow(tenant, &record.id)? {
+                    *record = written;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Waits at most `wait` (bounded by the service's `max_wait`) for workflow `id` to
@@ -1043,6 +1198,18 @@ impl Service {
         if record.state == State::Running {
             return Err(Refusal::new(409, "running", format!("workflow `{id}` is running; cancel it first")));
         }
+        // An end not yet recorded would write the record again after it is removed.
+        let key = (tenant.to_owned(), id.to_owned());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut live = self.inner.live.lock();
+        while live.contains_key(&key) {
+            if self.inner.settled.wait_until(&mut live, deadline).timed_out() {
+                return Err(Refusal::internal(&anyhow::anyhow!(
+                    "workflow `{id}`'s end is not yet recorded: try again later"
+                )));
+            }
+        }
+        drop(live);
         let runs = self.inner.journal.runs().context("cannot read the journal's runs")?;
         if let Some(run) = runs.iter().find(|run| run.root.as_u64() == record.pid) {
             self.inner.journal.forget_run(run).context("cannot forget the workflow's history")?;
@@ -1097,7 +1264,7 @@ impl Service {
 
     /// How many workflows run now.
     pub fn running(&self) -> usize {
-        self.inner.live.lock().len()
+        self.inner.live.lock().values().filter(|live| live.end.is_none()).count()
     }
 
     /// The service's limits on requests.
@@ -1138,7 +1305,11 @@ pub struct Filter {
     /// Only those started before this time, in milliseconds since the Unix epoch.
     pub started_before: Option<u64>,
     /// At most this many (1 to 1,000; 100 by default).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
+    /// With each one's `steps` and what it waits for (`waiting`), as its description has
+    /// them: a read of each one's journal; `false` when absent.
+    pub progress: Option<bool>,
 }
 
 /// Purges what `retention` lets go, a few times a retention (at most every minute, at
@@ -1174,13 +1345,15 @@ fn chores(service: &std::sync::Weak<Inner>, work: &std::sync::mpsc::Receiver<Cho
         let mut ended = Vec::new();
         for chore in first.into_iter().chain(work.try_iter()) {
             match chore {
-                Chore::Ended { tenant, id, exited } => ended.push((tenant, id, exited)),
+                Chore::Ended { tenant, id, exited, at_ms } => ended.push((tenant, id, exited, at_ms)),
                 Chore::Grace { handle, until } => graces.push((until, handle)),
             }
         }
         let Some(inner) = service.upgrade() else { return };
+        #[cfg(test)]
+        let _held = inner.hold_ends.lock();
         if !ended.is_empty()
-            && let Err(error) = settle(&inner, &ended)
+            && let Err(error) = settle(&inner, &ended, Ends::Journaled)
         {
             tracing::error!("cannot record the end of {} workflows: {error:#}", ended.len());
         }
@@ -1198,10 +1371,36 @@ fn chores(service: &std::sync::Weak<Inner>, work: &std::sync::mpsc::Receiver<Cho
 }
 
 impl Filter {
-    /// How many a page holds: `limit`, bounded to 1 to 1,000; 100 when not given.
-    pub fn page_size(&self) -> usize {
-        self.limit.unwrap_or(100).clamp(1, 1000)
+    /// The most workflows a page holds.
+    pub const MOST: usize = 1000;
+
+    /// How many a page holds: `limit`, 100 when not given.
+    ///
+    /// # Errors
+    ///
+    /// A `limit` of 0 or over [`Filter::MOST`].
+    pub fn page_size(&self) -> Result<usize, Refusal> {
+        match self.limit {
+            None => Ok(100),
+            Some(limit @ 1..=Filter::MOST) => Ok(limit),
+            Some(limit) => Err(Refusal::invalid(format!(
+                "`limit` {limit}: a page holds 1 to {} workflows; ask for the next page with `after`",
+                Filter::MOST
+            ))),
+        }
     }
+}
+
+/// A page of workflows, as [`Service::workflows`] lists them.
+#[derive(Debug, Clone)]
+pub struct Listing {
+    /// Those the filter selects, in id order.
+    pub workflows: Vec<WorkflowRecord>,
+    /// How many records the listing read.
+    pub examined: usize,
+    /// The id of the last record read when more may follow: where the next page starts
+    /// (`after`).
+    pub next: Option<String>,
 }
 
 /// The answer to a start of an id that has a workflow: that workflow if `asked` is the
@@ -1226,35 +1425,66 @@ fn same_request(existing: WorkflowRecord, asked: &WorkflowRecord) -> Result<(Wor
     ))
 }
 
-/// Records the workflows' ends in one synced batch, then wakes those waiting for them.
-fn settle(inner: &Inner, ended: &[(String, String, Exited)]) -> anyhow::Result<()> {
+/// Whether the journal holds the ends [`settle`] records.
+#[derive(Clone, Copy, PartialEq)]
+enum Ends {
+    /// It does (an exit record, or a run of the journal): the registry's record of them
+    /// need not be synced, since a server that finds a record running whose run has
+    /// ended settles it again (see [`Service::reattach`]).
+    Journaled,
+    /// It does not (a spawn that failed): the record is all there is, synced.
+    Unjournaled,
+}
+
+/// Records the workflows' ends in one batch, then wakes those waiting for them (those
+/// who are not already: see [`Live::end`]).
+fn settle(inner: &Inner, ended: &[(String, String, Exited, u64)], ends: Ends) -> anyhow::Result<()> {
+    /// Lowers `settling` when the settle is done, whether it wrote or not.
+    struct Settling<'a>(&'a Inner);
+    impl Drop for Settling<'_> {
+        fn drop(&mut self) {
+            self.0.unrecorded.lock().settling -= 1;
+            self.0.recorded.notify_all();
+        }
+    }
+    inner.unrecorded.lock().settling += 1;
+    let _settling = Settling(inner);
     let mut records = Vec::with_capacity(ended.len());
-    for (tenant, id, exited) in ended {
+    for (tenant, id, exited, at_ms) in ended {
         if let Some(mut record) = inner.registry.workflow(tenant, id)? {
-            record.state =
-                if matches!(exited.reason, ExitReason::Normal(_)) { State::Completed } else { State::Failed };
-            record.ended_ms = Some(now_ms());
-            record.result = Some(result_json(exited));
+            end_record(&mut record, exited, *at_ms);
             records.push((tenant.as_str(), record));
         }
     }
-    inner.registry.put_workflows(&records)?;
-    for (tenant, id, _) in ended {
+    match ends {
+        Ends::Journaled => inner.registry.put_ends(&records)?,
+        Ends::Unjournaled => inner.registry.put_workflows(&records)?,
+    }
+    for (tenant, id, _, _) in ended {
         inner.requests.ended(tenant, id);
         inner.logs.ended(tenant, id);
     }
     let mut live = inner.live.lock();
+    let mut unrecorded = inner.unrecorded.lock();
     for (tenant, record) in &records {
         inner.metrics.ended(record.state.as_str());
         if let Some(live) = live.remove(&((*tenant).to_owned(), record.id.clone())) {
             live.ended.send_replace(true);
+            if let Some((exited, _)) = &live.end {
+                unrecorded.count(tenant, exited, false);
+            }
         }
     }
     // An end whose record was missing (forgotten meanwhile) still wakes its waiters.
-    for (tenant, id, _) in ended {
+    for (tenant, id, _, _) in ended {
         if let Some(live) = live.remove(&(tenant.clone(), id.clone())) {
             live.ended.send_replace(true);
+            if let Some((exited, _)) = &live.end {
+                unrecorded.count(tenant, exited, false);
+            }
         }
     }
+    drop(unrecorded);
+    inner.settled.notify_all();
     Ok(())
 }

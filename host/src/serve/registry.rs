@@ -5,6 +5,16 @@
 //! Keys are `TENANT \0 …`, so a tenant's records are one prefix and no lookup can reach
 //! another tenant's. Values are JSON.
 //!
+//! # Counts by state
+//!
+//! The keyspace `counts` holds how many workflows each tenant has in each state, under
+//! `TENANT \0 STATE`, so that counting reads three keys, not every record. Every write
+//! of workflow records puts the counts it changes in the same batch, which fjall commits
+//! atomically: whatever a crash keeps of the records, it keeps the counts of them.
+//! Writers of workflow records take turns (`writes`), each reading the states its
+//! records replace and the counts as the last writer left them. A registry from before
+//! the counts (no `\0counted` key) is counted once when opened.
+//!
 //! # Grouped writes
 //!
 //! Workflow records written at once share one synced batch, as the journal's steps do
@@ -14,6 +24,8 @@
 //! them to wake commits. So no write waits for a window, none is answered before its
 //! batch is synced, and the syncs a second are bounded by the disk, not by the writers.
 
+use std::collections::HashMap;
+use std::ops::Bound;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
@@ -67,6 +79,9 @@ pub enum State {
 }
 
 impl State {
+    /// Every state, in the order of `Counts`' fields.
+    pub(super) const ALL: [State; 3] = [State::Running, State::Completed, State::Failed];
+
     /// `running`, `completed` or `failed`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -106,6 +121,37 @@ pub struct WorkflowRecord {
     pub limits: Limits,
 }
 
+/// How many workflows are in each state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Counts([u64; 3]);
+
+impl Counts {
+    pub(super) fn of(&self, state: State) -> u64 {
+        self.0[state as usize]
+    }
+
+    fn add(&mut self, state: State, by: i64) {
+        let count = &mut self.0[state as usize];
+        *count = count.saturating_add_signed(by);
+    }
+}
+
+/// The most workflow records one listing or count reads before it answers: a bound on
+/// what one request costs, whatever its filter selects (about 10 ms of reading and
+/// decoding in a debug build; picked to keep a request well under what a page's user
+/// notices, tune with data). A listing cut short by it says so and where to go on from.
+pub(super) const MOST_EXAMINED: usize = 10_000;
+
+/// A range of a tenant's workflows, read by [`Registry::scan_workflows`].
+pub(super) struct Scanned {
+    /// Those the filter kept, in id order.
+    pub(super) found: Vec<WorkflowRecord>,
+    /// How many records were read.
+    pub(super) examined: usize,
+    /// The id of the last record read, when more of the range follows it.
+    pub(super) next: Option<String>,
+}
+
 /// The service's records.
 pub(super) struct Registry {
     db: Database,
@@ -115,6 +161,13 @@ pub(super) struct Registry {
     workflows: Keyspace,
     /// Requests to workflows, by `TENANT \0 WORKFLOW \0 REQUEST` (see `requests.rs`).
     requests: Keyspace,
+    /// Each tenant's workflows counted by state (see the module's docs).
+    counts: Keyspace,
+    /// Held by a writer of workflow records from reading what its records replace until
+    /// its batch is committed and `counted` has its counts.
+    writes: Mutex<()>,
+    /// The counts as the last committed batch left them.
+    counted: Mutex<HashMap<String, Counts>>,
     /// Workflow records waiting for a batch (see the module's docs).
     group: Mutex<Group>,
     /// Signalled when a batch is committed.
@@ -131,6 +184,9 @@ struct Group {
 
 /// One queued record: its key, its value, and where its batch's outcome is put.
 struct Queued {
+    tenant: String,
+    id: String,
+    state: State,
     key: Vec<u8>,
     value: Vec<u8>,
     outcome: Arc<OnceLock<Result<(), String>>>,
@@ -146,6 +202,27 @@ fn key(tenant: &str, rest: &str) -> Vec<u8> {
     key.push(0);
     key.extend_from_slice(rest.as_bytes());
     key
+}
+
+/// The key `counts` has for `tenant`'s workflows in `state`.
+fn count_key(tenant: &str, state: State) -> Vec<u8> {
+    key(tenant, state.as_str())
+}
+
+/// Marks a registry whose `counts` are kept (see the module's docs); no tenant's name
+/// starts with a zero byte.
+const COUNTED: &[u8] = b"\0counted";
+
+/// The first key after every key that starts with `prefix`, if there is one.
+fn after_prefix(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
 }
 
 fn decode<T: DeserializeOwned>(bytes: &[u8]) -> anyhow::Result<T> {
@@ -168,16 +245,108 @@ impl Registry {
             other => failed(other),
         })?;
         let keyspace = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default).map_err(failed);
-        Ok(Registry {
+        let registry = Registry {
             tenants: keyspace("tenants")?,
             components: keyspace("components")?,
             names: keyspace("names")?,
             workflows: keyspace("workflows")?,
             requests: keyspace("requests")?,
+            counts: keyspace("counts")?,
             db,
             group: Mutex::new(Group::default()),
             committed: Condvar::new(),
-        })
+            writes: Mutex::new(()),
+            counted: Mutex::new(HashMap::new()),
+        };
+        *registry.counted.lock() = registry.read_counts()?;
+        Ok(registry)
+    }
+
+    /// The counts `counts` holds; made from every record first if it holds none yet.
+    fn read_counts(&self) -> anyhow::Result<HashMap<String, Counts>> {
+        let mut counted: HashMap<String, Counts> = HashMap::new();
+        if self.counts.contains_key(COUNTED).map_err(failed)? {
+            for guard in self.counts.iter() {
+                let (key, value) = guard.into_inner().map_err(failed)?;
+                let mut parts = key.splitn(2, |b| *b == 0);
+                let (Some(tenant), Some(state)) = (parts.next(), parts.next()) else { continue };
+                let Some(state) = State::ALL.into_iter().find(|s| s.as_str().as_bytes() == state) else { continue };
+                let count: u64 = decode(&value)?;
+                counted.entry(String::from_utf8_lossy(tenant).into_owned()).or_default().add(state, count as i64);
+            }
+            return Ok(counted);
+        }
+        for (tenant, record) in self.all_workflows()? {
+            counted.entry(tenant).or_default().add(record.state, 1);
+        }
+        let mut batch = self.db.batch().durability(Some(PersistMode::SyncData));
+        for (tenant, counts) in &counted {
+            for state in State::ALL {
+                batch.insert(
+                    &self.counts,
+                    count_key(tenant, state),
+                    serde_json::to_vec(&counts.of(state)).map_err(failed)?,
+                );
+            }
+        }
+        batch.insert(&self.counts, COUNTED, b"1");
+        batch.commit().map_err(failed)?;
+        Ok(counted)
+    }
+
+    /// `tenant`'s workflows counted by state, as the registry's records have them.
+    pub(super) fn counts(&self, tenant: &str) -> Counts {
+        self.counted.lock().get(tenant).copied().unwrap_or_default()
+    }
+
+    /// Commits `batch` with writes of workflow records, each `(tenant, id, state)` (a
+    /// state for a record put, `None` for one removed), and with the counts they change;
+    /// returns once it is committed and the counts kept in memory are the new ones.
+    fn commit_workflows(
+        &self,
+        mut batch: fjall::OwnedWriteBatch,
+        writes: &[(&str, &str, Option<State>)],
+    ) -> anyhow::Result<()> {
+        let _turn = self.writes.lock();
+        // What each record replaces: the last write of its key in this batch, else what
+        // the registry holds.
+        let mut replaced: HashMap<(&str, &str), Option<State>> = HashMap::new();
+        let mut deltas: HashMap<&str, [i64; 3]> = HashMap::new();
+        for &(tenant, id, state) in writes {
+            let before = match replaced.get(&(tenant, id)) {
+                Some(before) => *before,
+                None => self.get::<WorkflowRecord>(&self.workflows, &key(tenant, id))?.map(|w| w.state),
+            };
+            replaced.insert((tenant, id), state);
+            let delta = deltas.entry(tenant).or_default();
+            if let Some(before) = before {
+                delta[before as usize] -= 1;
+            }
+            if let Some(after) = state {
+                delta[after as usize] += 1;
+            }
+        }
+        let mut counts: Vec<(&str, Counts)> = Vec::with_capacity(deltas.len());
+        {
+            let counted = self.counted.lock();
+            for (tenant, delta) in &deltas {
+                let mut now = counted.get(*tenant).copied().unwrap_or_default();
+                for state in State::ALL {
+                    if delta[state as usize] != 0 {
+                        now.add(state, delta[state as usize]);
+                        let count = serde_json::to_vec(&now.of(state)).map_err(failed)?;
+                        batch.insert(&self.counts, count_key(tenant, state), count);
+                    }
+                }
+                counts.push((tenant, now));
+            }
+        }
+        batch.commit().map_err(failed)?;
+        let mut counted = self.counted.lock();
+        for (tenant, now) in counts {
+            counted.insert(tenant.to_owned(), now);
+        }
+        Ok(())
     }
 
     fn put(&self, keyspace: &Keyspace, key: Vec<u8>, value: &impl Serialize) -> anyhow::Result<()> {
@@ -276,9 +445,40 @@ impl Registry {
         self.get(&self.workflows, &key(tenant, id))
     }
 
-    /// A tenant's workflows whose ids start with `prefix`, in id order.
-    pub(super) fn workflows(&self, tenant: &str, prefix: &str) -> anyhow::Result<Vec<WorkflowRecord>> {
-        self.scan(&self.workflows, &key(tenant, prefix))
+    /// A tenant's workflows whose ids start with `prefix` and come after `after`, in id
+    /// order, as `keep` keeps them (it may change a record it keeps): reads until `limit`
+    /// are kept, `most` are read or the range ends, whichever comes first.
+    pub(super) fn scan_workflows(
+        &self,
+        tenant: &str,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        most: usize,
+        mut keep: impl FnMut(&mut WorkflowRecord) -> anyhow::Result<bool>,
+    ) -> anyhow::Result<Scanned> {
+        let first = key(tenant, prefix);
+        let start = match after.map(|after| key(tenant, after)) {
+            Some(after) if after >= first => Bound::Excluded(after),
+            _ => Bound::Included(first.clone()),
+        };
+        let end = after_prefix(&first).map_or(Bound::Unbounded, Bound::Excluded);
+        let mut scanned = Scanned { found: Vec::new(), examined: 0, next: None };
+        let mut last = None;
+        for guard in self.workflows.range((start, end)) {
+            if scanned.found.len() >= limit || scanned.examined >= most {
+                scanned.next = last;
+                break;
+            }
+            let value = guard.value().map_err(failed)?;
+            let mut record: WorkflowRecord = decode(&value)?;
+            scanned.examined += 1;
+            last = Some(record.id.clone());
+            if keep(&mut record)? {
+                scanned.found.push(record);
+            }
+        }
+        Ok(scanned)
     }
 
     /// Every tenant's workflows, with the tenant.
@@ -303,7 +503,14 @@ impl Registry {
         let mut queued = Vec::with_capacity(records.len());
         for (tenant, record) in records {
             let value = serde_json::to_vec(record).map_err(failed)?;
-            queued.push(Queued { key: key(tenant, &record.id), value, outcome: outcome.clone() });
+            queued.push(Queued {
+                tenant: (*tenant).to_owned(),
+                id: record.id.clone(),
+                state: record.state,
+                key: key(tenant, &record.id),
+                value,
+                outcome: outcome.clone(),
+            });
         }
         let mut group = self.group.lock();
         group.queued.extend(queued);
@@ -322,7 +529,8 @@ impl Registry {
                 for write in &batch {
                     commit.insert(&self.workflows, write.key.as_slice(), write.value.as_slice());
                 }
-                commit.commit().map_err(|e| e.to_string())
+                let writes: Vec<_> = batch.iter().map(|w| (w.tenant.as_str(), w.id.as_str(), Some(w.state))).collect();
+                self.commit_workflows(commit, &writes).map_err(|e| format!("{e:#}"))
             });
             for write in batch {
                 // Each writer's records share one outcome: the first set wins, and
@@ -334,8 +542,22 @@ impl Registry {
         }
     }
 
+    /// Puts every `(tenant, record)` in one batch handed to the operating system and not
+    /// synced: for what the journal already holds durably (workflows' ends), so that
+    /// writing it costs no sync of the disk; the next synced write carries it too.
+    pub(super) fn put_ends(&self, records: &[(&str, WorkflowRecord)]) -> anyhow::Result<()> {
+        let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
+        for (tenant, record) in records {
+            batch.insert(&self.workflows, key(tenant, &record.id), serde_json::to_vec(record).map_err(failed)?);
+        }
+        let writes: Vec<_> = records.iter().map(|(tenant, w)| (*tenant, w.id.as_str(), Some(w.state))).collect();
+        self.commit_workflows(batch, &writes)
+    }
+
     pub(super) fn remove_workflow(&self, tenant: &str, id: &str) -> anyhow::Result<()> {
-        self.remove(&self.workflows, key(tenant, id))
+        let mut batch = self.db.batch().durability(Some(PersistMode::SyncData));
+        batch.remove(&self.workflows, key(tenant, id));
+        self.commit_workflows(batch, &[(tenant, id, None)])
     }
 
     /// Request `request` to `tenant`'s workflow `workflow`.
@@ -360,5 +582,69 @@ impl Registry {
             batch.remove(&self.requests, key);
         }
         batch.commit().map_err(failed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str, state: State) -> WorkflowRecord {
+        WorkflowRecord {
+            id: id.to_owned(),
+            component: "sha256:00".to_owned(),
+            method: "main".to_owned(),
+            input: None,
+            pid: 1,
+            state,
+            started_ms: 0,
+            ended_ms: None,
+            result: None,
+            grants: Grants::default(),
+            limits: Limits::default(),
+        }
+    }
+
+    fn counts(registry: &Registry, tenant: &str) -> [u64; 3] {
+        State::ALL.map(|state| registry.counts(tenant).of(state))
+    }
+
+    /// The counts follow every write of a record, each tenant its own, are read back
+    /// as written when the registry opens again, and are made from the records when it
+    /// opens a registry that has none.
+    #[test]
+    fn the_counts_by_state_follow_every_write_and_are_made_for_a_registry_without_them() {
+        let dir = std::env::temp_dir().join(format!("wasmproc-registry-{}-counts", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let registry = Registry::open(&dir).expect("it opens");
+        let running: Vec<_> = (0..5).map(|i| ("acme", record(&format!("w{i}"), State::Running))).collect();
+        registry.put_workflows(&running).expect("written");
+        registry.put_workflow("globex", &record("w0", State::Running)).expect("written");
+        assert_eq!(counts(&registry, "acme"), [5, 0, 0]);
+        // An end, the same end twice in one batch, a failure, a removal.
+        let ends = [
+            ("acme", record("w0", State::Completed)),
+            ("acme", record("w1", State::Completed)),
+            ("acme", record("w1", State::Completed)),
+            ("acme", record("w2", State::Failed)),
+        ];
+        registry.put_ends(&ends).expect("written");
+        registry.remove_workflow("acme", "w3").expect("removed");
+        registry.remove_workflow("acme", "nothing").expect("nothing removed");
+        assert_eq!((counts(&registry, "acme"), counts(&registry, "globex")), ([1, 2, 1], [1, 0, 0]));
+        drop(registry);
+
+        let registry = Registry::open(&dir).expect("it opens again");
+        assert_eq!((counts(&registry, "acme"), counts(&registry, "globex")), ([1, 2, 1], [1, 0, 0]));
+        // A registry from before the counts: its records, and no counts.
+        let mut batch = registry.db.batch().durability(Some(PersistMode::SyncData));
+        for guard in registry.counts.iter() {
+            batch.remove(&registry.counts, guard.key().expect("a key"));
+        }
+        batch.commit().expect("the counts are gone");
+        drop(registry);
+        let registry = Registry::open(&dir).expect("it opens again");
+        assert_eq!((counts(&registry, "acme"), counts(&registry, "globex")), ([1, 2, 1], [1, 0, 0]));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

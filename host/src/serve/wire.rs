@@ -201,11 +201,11 @@ pub struct Workflow {
     /// The limits its processes run under.
     pub limits: Limits,
     /// The steps its root process has taken, as its journal holds them (in a workflow's
-    /// description only).
+    /// description, and in a listing with `progress=true`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steps: Option<u64>,
-    /// What its root process waits for now, while it runs (in a workflow's description
-    /// only).
+    /// What its root process waits for now, while it runs (in a workflow's description,
+    /// and in a listing with `progress=true`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<Vec<Waiting>>,
 }
@@ -245,9 +245,16 @@ pub struct WorkflowAnswer {
 pub struct WorkflowPage {
     /// The workflows.
     pub workflows: Vec<Workflow>,
-    /// The id to ask for the next page after (`after=`), if the page was full; `null`
-    /// when there is no more.
+    /// The id to ask for the next page after (`after=`) when more may follow: the page
+    /// is full, or the listing read the 10,000 records one request may read before
+    /// filling it (`partial`); `null` when there is no more.
     pub next: Option<String>,
+    /// How many records the listing read to answer: those it answers, and those its
+    /// filters left out.
+    pub examined: u64,
+    /// Whether the listing stopped at the 10,000 records one request may read before
+    /// it filled the page: more may match after `next`.
+    pub partial: bool,
 }
 
 /// A workflow's history, as its journal holds it.
@@ -342,4 +349,64 @@ pub struct Cancelling {
 pub struct Terminated {
     /// Always `true`.
     pub terminated: bool,
+}
+
+/// A tenant's workflows counted by state.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct WorkflowCounts {
+    /// Started and not ended.
+    pub running: u64,
+    /// Ended normally, with a result.
+    pub completed: u64,
+    /// Ended otherwise: an error, a trap, a cancel, a termination.
+    pub failed: u64,
+    /// Whether these are the counts of every workflow selected: always without a
+    /// filter; with one, `false` when it selected more than the 10,000 a count reads
+    /// (the counts are then of the first 10,000 by id).
+    pub exact: bool,
+}
+
+/// The host's figures now, as `/metrics` reads them: counters since the server started
+/// (a rate is the difference of two readings over their `at_ms`) and levels now.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct HostFigures {
+    /// When they were read, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// Each worker thread of the scheduler, in order.
+    pub workers: Vec<WorkerFigures>,
+    /// Steps the scheduler has run since the server started, every worker's together.
+    pub steps: u64,
+    /// Processes waiting in the scheduler's global queue now.
+    pub queued: u64,
+    /// Processes alive now, every tenant's, workflows' children included.
+    pub live: u64,
+    /// The most processes alive at once so far.
+    pub peak_live: u64,
+    /// Processes spawned.
+    pub spawned: u64,
+    /// Processes ended, by themselves or terminated.
+    pub ended: u64,
+    /// Messages delivered to mailboxes.
+    pub messages: u64,
+    /// Times a process about to wait gave its memory back (hibernated).
+    pub hibernated: u64,
+    /// Processes alive now that are suspended: out of memory until their next event,
+    /// counted in `live` (`/metrics`' `wasmproc_processes_suspended`).
+    pub suspended: u64,
+    /// Commits of the journal since the server started (`null` without one).
+    pub commits: Option<u64>,
+    /// Records the journal has committed since the server started (`null` without one).
+    pub journal_records: Option<u64>,
+    /// Bytes of records the journal has committed since the server started (`null` without
+    /// one).
+    pub journal_bytes: Option<u64>,
+    /// The asking tenant's workflows running now.
+    pub running: u64,
+}
+
+/// One worker thread of the scheduler.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+pub struct WorkerFigures {
+    /// Steps it has run.
+    pub steps: u64,
 }

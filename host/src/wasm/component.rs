@@ -14,9 +14,12 @@ use super::bindings::handler::wasmproc::process::provider;
 use super::bindings::{HOST_INTERFACE, PROVIDER_INTERFACE, Process as Guest, ProcessIndices, ProcessPre, WORLD};
 use super::config::Config;
 use super::engine::EpochClock;
+use super::hibernate::Reference;
+use super::image::{self, GuestImage};
 use super::output::{self, Bytes, Capped};
-use super::process::{Loaded, WasmProcess, guest_error, kind_limits};
+use super::process::{Hooks, Loaded, WasmProcess, guest_error, kind_limits};
 use super::store::{ProcessLimits, ProcessState, new_store};
+use super::waiting;
 use crate::handler::{Factory, KindLimits};
 use crate::process::Process;
 
@@ -58,6 +61,17 @@ pub(crate) fn linker(engine: &Engine) -> anyhow::Result<Linker<ProcessState>> {
         })
         .map_err(anyhow::Error::from)
         .context("failed to link the capped `send`")?;
+    // `wait` suspends the guest's fiber until the next step (`waiting.rs`); its output is
+    // lifted within the step's caps, as a returned one is.
+    linker
+        .instance(HOST_INTERFACE)
+        .and_then(|mut host| {
+            host.func_wrap_async("wait", |store, (output,): (output::StepOutput,)| {
+                Box::new(waiting::Wait::new(store, output))
+            })
+        })
+        .map_err(anyhow::Error::from)
+        .context("failed to link `wait`")?;
     linker
         .instance(PROVIDER_INTERFACE)
         .and_then(|mut provider| {
@@ -72,6 +86,39 @@ pub(crate) fn linker(engine: &Engine) -> anyhow::Result<Linker<ProcessState>> {
     Ok(linker)
 }
 
+/// Instantiates `pre` in `store`: asynchronously if the component imports `wait`
+/// (`waits`), which makes all its calls so; with its memory `image` if it was split.
+pub(crate) fn instantiate(
+    pre: &ProcessPre<ProcessState>,
+    store: &mut wasmtime::Store<ProcessState>,
+    waits: bool,
+    image: Option<&Arc<GuestImage>>,
+) -> wasmtime::Result<Guest> {
+    image::instantiating(image, || {
+        if waits {
+            waiting::now(pre.instantiate_async(&mut *store)).unwrap_or_else(|| Err(suspended("instantiation")))
+        } else {
+            pre.instantiate(&mut *store)
+        }
+    })
+}
+
+/// The error of a call outside a step that was suspended: nothing in it yields (no
+/// epoch yield is set up before the first step, and `wait` refuses outside one).
+pub(crate) fn suspended(call: &str) -> wasmtime::Error {
+    wasmtime::format_err!("`{call}` was suspended, which only a step may be")
+}
+
+/// What the load of a component found besides its code: the digest of its bytes, its
+/// memory image if it was split (`image.rs`), and its initial memory for whole-instance
+/// hibernation (`hibernate.rs`).
+pub(crate) struct Prepared {
+    pub(crate) digest: super::cache::Digest,
+    pub(crate) image: Option<Arc<GuestImage>>,
+    pub(crate) reference: Option<Arc<Reference>>,
+    pub(crate) counts: Arc<super::hibernate::Counts>,
+}
+
 impl Component {
     /// Checks `compiled` against the world (linked by `linker`) and reads its entries,
     /// with the runtime's settings `config`.
@@ -81,8 +128,9 @@ impl Component {
         config: &Config,
         clock: &EpochClock,
         compiled: wasmtime::component::Component,
-        digest: super::cache::Digest,
+        prepared: Prepared,
     ) -> anyhow::Result<Component> {
+        let Prepared { digest, image, reference, counts } = prepared;
         if let Some(version) = super::bindings::other_version(&compiled) {
             anyhow::bail!(
                 "the component was built for `wasmproc:process@{version}`, but this host runs \
@@ -96,9 +144,9 @@ impl Component {
         let pre = ProcessPre::new(pre).map_err(anyhow::Error::from).with_context(not_a_process)?;
         let limits = ProcessLimits::new(config, config.max_memory, config.time_slice);
 
+        let waits = waiting::imports_wait(&compiled);
         let mut store = new_store(engine, Pid::HOST, config.log.clone(), &limits);
-        let guest = pre
-            .instantiate(&mut store)
+        let guest = instantiate(&pre, &mut store, waits, image.as_ref())
             .map_err(|e| match limits.instance.name_exceeded(&e) {
                 Some(exceeded) => exceeded,
                 // Instantiation runs the core modules' start functions under `init`'s limit.
@@ -112,7 +160,12 @@ impl Component {
         // a process's fuel budget: the instantiation's unbounded fuel stays (a small
         // budget would otherwise make every component fail to load, as a bad module).
         // The init time limit, the store's deadline, bounds it instead.
-        let entries = guest.call_entries(&mut store).map_err(|e| guest_error(e, "entries", &limits, store.data()))?;
+        let entries = if waits {
+            waiting::now(guest.call_entries_async(&mut store)).unwrap_or_else(|| Err(suspended("entries")))
+        } else {
+            guest.call_entries(&mut store)
+        };
+        let entries = entries.map_err(|e| guest_error(e, "entries", &limits, store.data()))?;
         ensure!(!entries.is_empty(), "the component exports no entry methods (`entries` returned none)");
         guest.check_step(&store).map_err(anyhow::Error::from).with_context(not_a_process)?;
 
@@ -126,6 +179,15 @@ impl Component {
             clock: clock.clone(),
             config: config.clone(),
             digest,
+            waits,
+            image,
+            hooks: reference.filter(|_| config.hibernate_instances).and_then(|reference| {
+                let hooks = Hooks::of(&compiled, reference, counts);
+                if hooks.is_none() {
+                    tracing::debug!("the component's processes are never hibernated whole: it has no hooks");
+                }
+                hooks
+            }),
         };
         Ok(Component { loaded: Arc::new(loaded), limits })
     }

@@ -44,6 +44,7 @@ pub struct Config {
     pub(crate) fuel: Option<u64>,
     pub(crate) cpu_budget: Option<Duration>,
     pub(crate) preemption: bool,
+    pub(crate) hibernate_instances: bool,
     pub(crate) init_time_limit: Duration,
     pub(crate) epoch_tick: Duration,
     pub(crate) max_instances: u32,
@@ -76,6 +77,7 @@ impl Default for Config {
             fuel: None,
             cpu_budget: None,
             preemption: true,
+            hibernate_instances: true,
             init_time_limit: DEFAULT_INIT_TIME_LIMIT,
             epoch_tick: Duration::from_millis(1),
             max_instances: DEFAULT_MAX_INSTANCES,
@@ -158,6 +160,19 @@ impl Config {
     /// steps are known to be short.
     pub fn preemption(mut self, on: bool) -> Self {
         self.preemption = on;
+        self
+    }
+
+    /// Whether a process that has waited past the scheduler's hibernation threshold
+    /// (`Builder::hibernate_after`) gives back its whole instance (the default): it keeps
+    /// only the pages of its memory that differ from its component's initial image
+    /// (compressed) and its globals, and its next event makes the instance again from
+    /// them before its step. Components the host cannot capture whole (see
+    /// `docs/perf/hibernation.md`: mutable tables, start functions, resources the guest
+    /// defines) are never hibernated so. Off, a waiting process gives back only its fiber
+    /// stack's pages.
+    pub fn hibernate_instances(mut self, on: bool) -> Self {
+        self.hibernate_instances = on;
         self
     }
 

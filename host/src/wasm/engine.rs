@@ -9,10 +9,13 @@
 //!   is one mapping whatever the count. The rest of an instance (its `vmctx`, its tables) is
 //!   `malloc`'d. The fiber stacks that preemptible steps run on come from a second
 //!   arena, [`StackArena`] (`stacks.rs`), for the same reason;
-//! - no copy-on-write memory images: a custom memory cannot take one, so data segments
-//!   are copied into the slot at instantiation (our guests have a few KiB of data). The
-//!   copy is metered code, one unit of fuel a byte, so a fuel budget is given once the
-//!   instance is made (`store::refuel`);
+//! - wasmtime's copy-on-write memory images off: it lays them only over memories it
+//!   mapped itself (with a custom memory it panics). A component whose data segments
+//!   carry at least `image::MIN_IMAGE_BYTES` (CPython, SpiderMonkey) has them taken out at
+//!   load and mapped copy-on-write over each new memory by the arena itself (`image.rs`,
+//!   `memory.rs`, "Images"); the others' segments (our Rust guests have a few KiB) are
+//!   copied into the slot at instantiation. That copy is metered code, one unit of fuel a
+//!   byte, so a fuel budget is given once the instance is made (`store::refuel`);
 //! - no guard region, and wasmtime's reservation tunable left at 0 (the arena reserves
 //!   the slots itself). Compiled code then checks every access, offset included, against
 //!   the memory's current size. With a reservation, a memory whose declared maximum fits
@@ -95,6 +98,12 @@ impl EpochClock {
 /// Builds the engine `config` describes, with its memory arena, and starts its epoch
 /// thread.
 pub(crate) fn new_engine(config: &Config) -> anyhow::Result<(Engine, EpochClock)> {
+    new_engine_with(config, super::memory::max_images())
+}
+
+/// [`new_engine`], with at most `max_images` copy-on-write memory images mapped at once
+/// (see `memory.rs`).
+pub(crate) fn new_engine_with(config: &Config, max_images: usize) -> anyhow::Result<(Engine, EpochClock)> {
     ensure!(config.max_instances > 0, "`max_instances` must be at least 1");
     ensure!(
         config.max_memory >= 64 * 1024,
@@ -113,15 +122,17 @@ pub(crate) fn new_engine(config: &Config) -> anyhow::Result<(Engine, EpochClock)
     // The two reservations are address space, not memory: what they can fail on is an
     // address-space limit (`ulimit -v`), so the errors say which settings multiply into
     // them (with the `wasmproc run` flags that set them) and what to lower.
-    let arena = MemoryArena::new(memory_slots, config.max_memory, KEEP_RESIDENT, WARM_SLOTS).with_context(|| {
-        format!(
-            "failed to reserve address space for the {memory_slots} memories of {n} instances of {} bytes \
+    let arena = MemoryArena::new(memory_slots, config.max_memory, KEEP_RESIDENT, WARM_SLOTS, max_images).with_context(
+        || {
+            format!(
+                "failed to reserve address space for the {memory_slots} memories of {n} instances of {} bytes \
              ({} bytes in all): lower `max_instances` (`--max-processes`), `max_memory` (`--memory`) or \
              `max_memories` (`--max-memories`), or raise the address-space limit (`ulimit -v`)",
-            config.max_memory,
-            u128::from(memory_slots) * config.max_memory as u128
-        )
-    })?;
+                config.max_memory,
+                u128::from(memory_slots) * config.max_memory as u128
+            )
+        },
+    )?;
 
     let stacks = StackArena::new(n, FIBER_STACK).with_context(|| {
         format!(
@@ -267,6 +278,44 @@ mod tests {
         assert!(error.contains("`max_instances` reached: all 2"), "{error}");
         drop(first);
         instance(&engine, &mut store(&engine), module).expect("the first store's slot is free again");
+    }
+
+    /// A split component runs through wasmtime with its image, mapped or copied: every
+    /// instance reads the segments' bytes and writes its own pages alone.
+    #[test]
+    fn a_split_component_reads_its_image_mapped_or_copied() {
+        use wasmtime::component::{Component, Linker};
+
+        use crate::wasm::image;
+
+        let bytes = image::tests::component(32, &[(65536, vec![7u8; image::MIN_IMAGE_BYTES]), (100, vec![5])]);
+        let (split, guest_image) = image::split_with_image(&bytes).expect("a large image");
+        let engine = new_engine_with(&Config::default().max_instances(4).no_disk_cache(), 1).unwrap().0;
+        let component = Component::new(&engine, &split.stripped).unwrap();
+        let linker = Linker::new(&engine);
+        let mut live = Vec::new();
+        for i in 0..3 {
+            let mut store = store(&engine);
+            let instance =
+                image::instantiating(Some(&guest_image), || linker.instantiate(&mut store, &component)).unwrap();
+            let load = instance.get_typed_func::<(u32,), (u32,)>(&mut store, "load").unwrap();
+            let store_at = instance.get_typed_func::<(u32,), ()>(&mut store, "store").unwrap();
+            let at = |store: &mut Store<MemoryLimiter>, address| load.call(store, (address,)).unwrap().0;
+            assert_eq!(at(&mut store, 100), 5, "instance {i}");
+            assert_eq!(at(&mut store, 65536 + 4096 * 3), 7, "instance {i}");
+            assert_eq!(at(&mut store, 99), 0, "instance {i}");
+            store_at.call(&mut store, (65536 + 4096 * i,)).unwrap();
+            assert_eq!(at(&mut store, 65536 + 4096 * i), 9);
+            assert_eq!(at(&mut store, 65536 + 4096 * (i + 1)), 7, "only its own write");
+            live.push(store);
+        }
+        let unsplit = Component::new(&engine, &split.stripped).unwrap();
+        let mut store = store(&engine);
+        let error = linker
+            .instantiate(&mut store, &unsplit)
+            .map(|_| ())
+            .and_then(|()| image::instantiating(Some(&guest_image), || Ok(())));
+        assert!(error.is_err(), "an image no memory took is an error");
     }
 
     /// The point of the arena: live instances add no memory mappings (wasmtime's pooling

@@ -22,10 +22,9 @@ impl Runtime {
         let is_precompiled = precompiled::is_precompiled(bytes);
         self.check_wasm(bytes)?;
         let digest = cache::digest(bytes);
-        let (compiled, found) = self.code(bytes, &digest)?;
+        let super::runtime::Built { compiled, found, image, reference, key } = self.code(bytes, &digest)?;
         // After the load, which decided whether the cache directory may be used.
-        let cache_entry =
-            self.disk().filter(|disk| !is_precompiled && disk.is_usable()).map(|disk| disk.entry(&digest));
+        let cache_entry = self.disk().filter(|disk| !is_precompiled && disk.is_usable()).map(|disk| disk.entry(&key));
         let (kind, imports, exports) = match &compiled {
             Compiled::Module(module) => {
                 let has_start = module.get_export("_start").is_some();
@@ -36,16 +35,23 @@ impl Runtime {
             Compiled::Component(component) => {
                 let ty = component.component_type();
                 let imports = ty.imports(self.engine()).map(|(name, _)| name.to_owned()).collect();
-                let exports: Vec<String> = ty.exports(self.engine()).map(|(name, _)| name.to_owned()).collect();
+                // The hooks of hibernation are the host's, not the guest's.
+                let exports: Vec<String> = ty
+                    .exports(self.engine())
+                    .map(|(name, _)| name.to_owned())
+                    .filter(|name| !name.starts_with(super::hibernate::PREFIX))
+                    .collect();
                 let kind = if self.is_command(component) { ProgramKind::WasiCommand } else { ProgramKind::Process };
                 (kind, imports, exports)
             }
         };
         let (entries, problem) = match (&kind, compiled) {
-            (ProgramKind::Process, Compiled::Component(component)) => match self.prepare(component, digest) {
-                Ok(component) => (component.entries().to_vec(), None),
-                Err(e) => (Vec::new(), Some(format!("{e:#}"))),
-            },
+            (ProgramKind::Process, Compiled::Component(component)) => {
+                match self.prepare(component, digest, image, reference) {
+                    Ok(component) => (component.entries().to_vec(), None),
+                    Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+                }
+            }
             // What `run` would say: the checks of a command's load, linking included.
             (ProgramKind::WasiModule, Compiled::Module(module)) => match self.wasi_module(&module) {
                 Ok(_) => (vec![COMMAND_ENTRY.to_owned()], None),

@@ -49,14 +49,32 @@
 //! `WARM_SLOTS`); past that a freed slot is cold, all its pages given back, so that a
 //! burst of processes ending does not leave all their memory resident. Warm slots are
 //! reused first, last-in first-out, so the slots that churn stay warm.
+//!
+//! # Images
+//!
+//! A memory made for a component with a large initial image (`image.rs`) gets the image
+//! laid over its slot when it is made: mapped private from the image's sealed `memfd`
+//! (`MAP_FIXED` over the image's range of the slot), so its pages are shared with every
+//! other instance until written, and only written pages cost memory. Each such mapping
+//! splits the arena's one mapping in up to three, so at most `max_images` memories have
+//! one at a time (an eighth of `vm.max_map_count`, see [`max_images`]); past that bound,
+//! or if the `mmap` fails, the image is copied into the slot instead, as a small one
+//! always is. The zero invariant holds: the image's range reads as the image, the rest
+//! of the slot as zero; when the memory is dropped the range is mapped anonymous again
+//! (with the arena's flags, so the kernel merges it back into one mapping), reading as
+//! zero, and the rest of the slot is zeroed as any other's. A range that cannot be mapped
+//! back loses its slot for good rather than hand it out with an image in it.
 
 use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use rustix::mm::{MapFlags, ProtFlags};
 use wasmtime::{LinearMemory, MemoryCreator, MemoryType};
+
+use super::image::{self, GuestImage};
 
 /// The [`MemoryCreator`] the engine uses for every linear memory: hands out the slots of
 /// one [`Arena`].
@@ -77,6 +95,14 @@ struct Arena {
     /// process it was opened in.
     pagemap: Option<(std::fs::File, u32)>,
     free: Mutex<FreeSlots>,
+    /// How many memories may have a copy-on-write image mapped at once (see "Images"
+    /// in the module's docs); past it an image is copied.
+    max_images: usize,
+    /// Memories with an image mapped now. Counted before the `mmap`, so never past
+    /// `max_images`.
+    images: AtomicUsize,
+    /// Whether the fallback to copying was logged (once a runtime).
+    told_full: AtomicBool,
 }
 
 /// The slots not in use, all zero: warm ones first, then cold ones, then fresh ones.
@@ -190,6 +216,7 @@ impl MemoryArena {
         slot_size: usize,
         keep_resident: usize,
         warm_slots: usize,
+        max_images: usize,
     ) -> anyhow::Result<MemoryArena> {
         let mapping = Mapping::new(slots, slot_size, "linear memories")?;
         let page_size = rustix::param::page_size();
@@ -205,9 +232,30 @@ impl MemoryArena {
                 .flatten()
                 .map(|file| (file, std::process::id())),
             free: Mutex::new(FreeSlots { warm: Vec::new(), cold: Vec::new(), fresh: 0 }),
+            max_images,
+            images: AtomicUsize::new(0),
+            told_full: AtomicBool::new(false),
         };
         Ok(MemoryArena { arena: Arc::new(arena) })
     }
+
+    /// Memories with a copy-on-write image mapped now.
+    #[cfg(test)]
+    pub(crate) fn mapped_images(&self) -> usize {
+        self.arena.images.load(Ordering::Relaxed)
+    }
+}
+
+/// How many copy-on-write images the arena of a process may keep mapped at once: an
+/// eighth of `vm.max_map_count` (65,530 by default, so 8,191), each splitting the arena's
+/// one mapping in up to three (two more mappings), so that images take at most a quarter
+/// of the limit and leave the rest to the host (threads, libraries, compiled code).
+pub(crate) fn max_images() -> usize {
+    let limit = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|text| text.trim().parse::<usize>().ok())
+        .unwrap_or(65_530);
+    limit / 8
 }
 
 impl Arena {
@@ -229,6 +277,74 @@ impl Arena {
             free.fresh += 1;
             free.fresh - 1
         })
+    }
+
+    /// Lays `image` over `slot`, just taken and all zero: mapped private (pages shared
+    /// with the image until written) while fewer than `max_images` memories have one,
+    /// else copied. Whether it was mapped; `Err` if the slot could not be made whole again
+    /// after a failed `mmap` (the slot is then never handed out again).
+    fn lay(&self, slot: u32, image: &GuestImage) -> Result<bool, String> {
+        let range = image.range();
+        // SAFETY: the image lies inside the slot (`new_memory` checked it against the
+        // memory's minimum, at most the slot's size).
+        let start = unsafe { self.slot_ptr(slot).add(range.start) };
+        let counted = self
+            .images
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < self.max_images).then_some(n + 1))
+            .is_ok();
+        if counted {
+            // SAFETY: the range is inside this slot, which belongs to the memory being
+            // made; nothing else points into it.
+            let mapped = unsafe {
+                rustix::mm::mmap(
+                    start.cast(),
+                    range.len(),
+                    ProtFlags::READ | ProtFlags::WRITE,
+                    MapFlags::PRIVATE | MapFlags::FIXED,
+                    image.file(),
+                    range.start as u64,
+                )
+            };
+            match mapped {
+                Ok(_) => return Ok(true),
+                Err(error) => {
+                    self.images.fetch_sub(1, Ordering::Relaxed);
+                    tracing::warn!(%error, "mapping a copy-on-write memory image failed; copying it instead");
+                    // A failed `MAP_FIXED` may have unmapped the range already.
+                    // SAFETY: as above.
+                    if !unsafe { anonymous(start, range.len()) } {
+                        return Err(format!(
+                            "failed to map a memory image ({error}) and to restore the memory slot after it"
+                        ));
+                    }
+                }
+            }
+        } else if !self.told_full.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                max = self.max_images,
+                "as many copy-on-write memory images are mapped as `vm.max_map_count` allows them; further \
+                 instances copy their image"
+            );
+        }
+        // SAFETY: the image's range is inside the slot, which belongs to the memory.
+        unsafe { image.copy_to(self.slot_ptr(slot)) };
+        Ok(false)
+    }
+
+    /// Gives back `slot` of a memory that had `range` mapped from an image: the range
+    /// becomes part of the arena's anonymous mapping again (which the kernel merges back
+    /// into one), then the slot is zeroed as any other.
+    fn give_back_image(&self, slot: u32, range: std::ops::Range<usize>, used: usize) {
+        // SAFETY: the range is inside the slot, whose memory was dropped.
+        let restored = unsafe { anonymous(self.slot_ptr(slot).add(range.start), range.len()) };
+        if !restored {
+            // The image's pages stay mapped and counted: the slot is lost, never reused
+            // with another process's data in it.
+            tracing::error!(slot, "failed to unmap a memory image from its slot; the slot is not reused");
+            return;
+        }
+        self.images.fetch_sub(1, Ordering::Relaxed);
+        self.give_back(slot, used);
     }
 
     /// Zeroes the first `used` bytes of `slot` (all a memory of that size can have
@@ -321,6 +437,31 @@ impl Arena {
     }
 }
 
+/// Replaces `[start, start + len)` with fresh anonymous memory, flagged as the arena's
+/// mapping is (`MAP_NORESERVE`, `MADV_NOHUGEPAGE`) so that the kernel merges it with its
+/// neighbours into one mapping again. Whether it was done.
+///
+/// # Safety
+///
+/// `[start, start + len)` is page-aligned, inside the arena, and not in use.
+unsafe fn anonymous(start: *mut u8, len: usize) -> bool {
+    // SAFETY: the caller's contract; `MAP_FIXED` replaces only that range.
+    let mapped = unsafe {
+        rustix::mm::mmap_anonymous(
+            start.cast(),
+            len,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::PRIVATE | MapFlags::NORESERVE | MapFlags::FIXED,
+        )
+    };
+    #[cfg(target_os = "linux")]
+    if mapped.is_ok() {
+        // SAFETY: the range just mapped. Failing only leaves it a mapping of its own.
+        let _ = unsafe { rustix::mm::madvise(start.cast(), len, rustix::mm::Advice::LinuxNoHugepage) };
+    }
+    mapped.is_ok()
+}
+
 /// Gives `len` bytes at `start` back to the kernel so that they read as zero again;
 /// `false` if that could not be done (then the caller zeroes them itself).
 ///
@@ -375,6 +516,13 @@ unsafe impl MemoryCreator for MemoryArena {
                 arena.slot_size()
             ));
         }
+        let image = image::take_pending();
+        if let Some(image) = image.as_ref().filter(|image| image.range().end > minimum) {
+            return Err(format!(
+                "the memory's initial image ends at byte {}, past its minimum size of {minimum} bytes",
+                image.range().end
+            ));
+        }
         let slot = arena.take().ok_or_else(|| {
             format!(
                 "`max_instances` reached: all {} linear-memory slots (`max_instances` × `max_memories`) are in use \
@@ -382,8 +530,25 @@ unsafe impl MemoryCreator for MemoryArena {
                 arena.mapping.slots
             )
         })?;
-        Ok(Box::new(SlotMemory { arena: arena.clone(), slot, size: minimum }))
+        let mapped = match &image {
+            Some(image) => arena.lay(slot, image)?.then(|| image.range()),
+            None => None,
+        };
+        MADE.set(arena.slot_ptr(slot) as usize);
+        Ok(Box::new(SlotMemory { arena: arena.clone(), slot, size: minimum, mapped }))
     }
+}
+
+thread_local! {
+    /// The address of the last memory made on this thread (0: none since the last
+    /// [`take_made`]).
+    static MADE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The address of the last memory made on this thread since the last call, if any: a
+/// process reads its instance's memory through it (`hibernate.rs`).
+pub(crate) fn take_made() -> Option<usize> {
+    Some(MADE.replace(0)).filter(|&made| made != 0)
 }
 
 /// One linear memory: a slot of the arena, and how much of it the memory has grown to.
@@ -391,6 +556,8 @@ struct SlotMemory {
     arena: Arc<Arena>,
     slot: u32,
     size: usize,
+    /// The bytes of the slot a copy-on-write image is mapped over, if one is.
+    mapped: Option<std::ops::Range<usize>>,
 }
 
 // SAFETY: the base pointer is the slot's start and never changes; growth up to the
@@ -429,7 +596,10 @@ unsafe impl LinearMemory for SlotMemory {
 
 impl Drop for SlotMemory {
     fn drop(&mut self) {
-        self.arena.give_back(self.slot, self.size);
+        match self.mapped.take() {
+            Some(range) => self.arena.give_back_image(self.slot, range, self.size),
+            None => self.arena.give_back(self.slot, self.size),
+        }
     }
 }
 
@@ -472,7 +642,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_reused_slot_is_zero_after_a_guest_like_write_pattern() {
-        let arena = MemoryArena::new(1, 16 * PAGE, 2 * PAGE, 8).unwrap();
+        let arena = MemoryArena::new(1, 16 * PAGE, 2 * PAGE, 8, 8).unwrap();
         let mut first = memory(&arena, 2).unwrap();
         let base = first.as_ptr();
         // What a guest does: data near the start, its stack at the top of the initial
@@ -495,7 +665,7 @@ pub(crate) mod tests {
 
     #[test]
     fn the_last_freed_slot_is_reused_first() {
-        let arena = MemoryArena::new(3, PAGE, 0, 8).unwrap();
+        let arena = MemoryArena::new(3, PAGE, 0, 8, 8).unwrap();
         let a = memory(&arena, 1).unwrap();
         let b = memory(&arena, 1).unwrap();
         let b_base = b.as_ptr();
@@ -513,7 +683,7 @@ pub(crate) mod tests {
     #[test]
     fn a_freed_slot_keeps_only_keep_resident_bytes_resident() {
         let keep = 2 * PAGE;
-        let arena = MemoryArena::new(1, 8 * PAGE, keep, 8).unwrap();
+        let arena = MemoryArena::new(1, 8 * PAGE, keep, 8, 8).unwrap();
         let memory = memory(&arena, 4).unwrap();
         let base = memory.as_ptr();
         fill(&*memory, 0, 4 * PAGE, 0xff);
@@ -530,7 +700,7 @@ pub(crate) mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn zeroing_a_freed_slot_faults_in_no_page_the_process_did_not_touch() {
-        let arena = MemoryArena::new(1, 4 * PAGE, 4 * PAGE, 8).unwrap();
+        let arena = MemoryArena::new(1, 4 * PAGE, 4 * PAGE, 8, 8).unwrap();
         let memory = memory(&arena, 4).unwrap();
         let base = memory.as_ptr();
         fill(&*memory, 100, 10, 7);
@@ -547,7 +717,7 @@ pub(crate) mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn past_warm_slots_a_freed_slot_gives_all_its_pages_back() {
-        let arena = MemoryArena::new(3, 4 * PAGE, 4 * PAGE, 1).unwrap();
+        let arena = MemoryArena::new(3, 4 * PAGE, 4 * PAGE, 1, 8).unwrap();
         let (first, second) = (memory(&arena, 2).unwrap(), memory(&arena, 2).unwrap());
         let (warm, cold) = (first.as_ptr(), second.as_ptr());
         fill(&*first, 0, 2 * PAGE, 1);
@@ -563,7 +733,7 @@ pub(crate) mod tests {
 
     #[test]
     fn out_of_slots_names_max_instances_and_a_freed_slot_is_taken_again() {
-        let arena = MemoryArena::new(2, PAGE, 0, 8).unwrap();
+        let arena = MemoryArena::new(2, PAGE, 0, 8, 8).unwrap();
         let a = memory(&arena, 1).unwrap();
         let _b = memory(&arena, 1).unwrap();
         let error = memory(&arena, 1).err().expect("both slots are taken");
@@ -574,7 +744,7 @@ pub(crate) mod tests {
 
     #[test]
     fn growth_stays_in_place_up_to_the_slot_and_no_further() {
-        let arena = MemoryArena::new(2, 4 * PAGE, 0, 8).unwrap();
+        let arena = MemoryArena::new(2, 4 * PAGE, 0, 8, 8).unwrap();
         let mut memory = memory(&arena, 1).unwrap();
         let base = memory.as_ptr();
         assert_eq!((memory.byte_size(), memory.byte_capacity()), (PAGE, 4 * PAGE));
@@ -588,7 +758,7 @@ pub(crate) mod tests {
 
     #[test]
     fn refuses_what_it_cannot_give() {
-        let arena = MemoryArena::new(1, PAGE, 0, 8).unwrap();
+        let arena = MemoryArena::new(1, PAGE, 0, 8, 8).unwrap();
         let guarded = arena.new_memory(MemoryType::new(1, None), PAGE, None, Some(0), PAGE);
         assert!(guarded.err().unwrap().contains("no guard region"));
         let reserved = arena.new_memory(MemoryType::new(1, None), PAGE, None, Some(2 * PAGE), 0);
@@ -597,10 +767,81 @@ pub(crate) mod tests {
         assert!(large.err().unwrap().contains("minimum size of 131072 bytes"));
     }
 
+    /// The memory mappings of this process that overlap `arena`'s, from `/proc/self/maps`.
+    #[cfg(target_os = "linux")]
+    fn arena_mappings(arena: &MemoryArena) -> usize {
+        let (start, end) = (arena.arena.mapping.base.as_ptr() as usize, arena.arena.slot_ptr(0) as usize);
+        let end = end + arena.arena.mapping.len();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines()
+            .filter_map(|line| {
+                let (range, _) = line.split_once(' ')?;
+                let (from, to) = range.split_once('-')?;
+                Some((usize::from_str_radix(from, 16).ok()?, usize::from_str_radix(to, 16).ok()?))
+            })
+            .filter(|&(from, to)| from < end && to > start)
+            .count()
+    }
+
+    /// More memories with an image than `max_images`: the first ones get it mapped, the
+    /// others copied, all read it and write their own pages alone; the arena's mappings
+    /// stay within two a mapped image, and are one again once they are all dropped; a
+    /// slot that had an image is zero for the next memory.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn images_past_max_images_are_copied_and_the_arena_is_one_mapping_again() {
+        let big = vec![7u8; image::MIN_IMAGE_BYTES];
+        let wasm = image::tests::component(32, &[(65536, big), (100, b"abc".to_vec())]);
+        let (_, guest_image) = image::split_with_image(&wasm).expect("a large image");
+        let image_end = guest_image.range().end;
+        const MAX: usize = 3;
+        let arena = MemoryArena::new(8, 64 * PAGE, 2 * PAGE, 8, MAX).unwrap();
+        assert_eq!(arena_mappings(&arena), 1);
+        let memories: Vec<_> = (0..6)
+            .map(|_| {
+                image::instantiating(Some(&guest_image), || Ok(memory(&arena, 32).unwrap())).expect("the image is laid")
+            })
+            .collect();
+        assert_eq!(arena.mapped_images(), MAX);
+        assert!(arena_mappings(&arena) <= 1 + 2 * MAX, "{} mappings", arena_mappings(&arena));
+        for (i, memory) in memories.iter().enumerate() {
+            assert_eq!(bytes(&**memory, 100, 4), b"abc\0", "memory {i}");
+            assert!(bytes(&**memory, 65536, image::MIN_IMAGE_BYTES).iter().all(|&b| b == 7), "memory {i}");
+            assert!(bytes(&**memory, 0, 100).iter().chain(&bytes(&**memory, image_end, PAGE)).all(|&b| b == 0));
+        }
+        fill(&*memories[0], 65536, 10, 1);
+        fill(&*memories[5], 70000, 10, 2);
+        assert!(memories[1..].iter().all(|m| bytes(&**m, 65536, 10) == [7; 10]), "a write is its memory's alone");
+        assert_eq!(bytes(&*memories[0], 70000, 10), [7; 10]);
+        drop(memories);
+        assert_eq!(arena.mapped_images(), 0);
+        assert_eq!(arena_mappings(&arena), 1, "the arena is one mapping again");
+        for _ in 0..8 {
+            let again = memory(&arena, 32).unwrap();
+            assert!(bytes(&*again, 0, 32 * PAGE).iter().all(|&b| b == 0), "a slot that had an image is zero");
+            std::mem::forget(again);
+        }
+    }
+
+    /// A memory too small for the image it is given is refused, not made without it.
+    #[test]
+    fn an_image_past_the_minimum_is_refused() {
+        let wasm = image::tests::component(32, &[(65536, vec![7u8; image::MIN_IMAGE_BYTES])]);
+        let (_, guest_image) = image::split_with_image(&wasm).expect("a large image");
+        let arena = MemoryArena::new(1, 64 * PAGE, 0, 8, 8).unwrap();
+        let error =
+            image::instantiating(Some(&guest_image), || memory(&arena, 1).map_err(|e| wasmtime::format_err!("{e}")))
+                .err()
+                .expect("refused");
+        assert!(error.to_string().contains("past its minimum size of 65536 bytes"), "{error}");
+        let made = image::instantiating(Some(&guest_image), || Ok(())).unwrap_err();
+        assert!(made.to_string().contains("made no memory"), "{made}");
+    }
+
     #[test]
     fn sizes_that_overflow_the_address_space_are_refused() {
-        let error = MemoryArena::new(u32::MAX, usize::MAX / 2, 0, 8).err().unwrap().to_string();
+        let error = MemoryArena::new(u32::MAX, usize::MAX / 2, 0, 8, 8).err().unwrap().to_string();
         assert!(error.contains("do not fit the address space"), "{error}");
-        assert!(MemoryArena::new(0, PAGE, 0, 8).is_err());
+        assert!(MemoryArena::new(0, PAGE, 0, 8, 8).is_err());
     }
 }

@@ -1,4 +1,4 @@
-//! Wasm processes: components of the `wasmproc:process/process@0.2.0` world (see `wit/`)
+//! Wasm processes: components of the `wasmproc:process/process@0.2.1` world (see `wit/`)
 //! run as [`Process`](crate::Process)es.
 //!
 //! ```no_run
@@ -23,11 +23,13 @@
 //!   `wasi.rs`: unmodified WASI programs ([`WasiProgram`]) run as one-step processes
 //!   ([`WasiProcess`], granted what their [`WasiOptions`] say);
 //! - `process.rs`: [`WasmProcess`], a store and an instance stepped by the scheduler;
+//!   `waiting.rs`: the `wait` host function, a step ended inside the guest's `step`;
 //! - `store.rs`: what a store holds (WASI with nothing granted, host imports), its
 //!   limits, how it is made and fuelled; `watch.rs`: what stops or preempts a guest's
 //!   call at an epoch tick (time slice, CPU budget, terminate);
 //! - `engine.rs`: the one engine per runtime (on-demand instances, bounds checks,
 //!   epochs); `memory.rs`: the arena every process's linear memory is a slot of;
+//!   `image.rs`: large initial memory images, taken out at load and mapped copy-on-write;
 //!   `stacks.rs`: the arena of the fibers' stacks;
 //! - `limits.rs`: what is compiled, bounded before compiling; `cache.rs`: compiled
 //!   components on disk; `precompiled.rs`: files made by `wasmproc compile`
@@ -57,6 +59,8 @@ mod config;
 mod convert;
 mod declared;
 mod engine;
+mod hibernate;
+mod image;
 mod input;
 mod inspect;
 mod key;
@@ -71,6 +75,7 @@ mod runtime;
 mod spare;
 mod stacks;
 mod store;
+mod waiting;
 mod wasi;
 mod watch;
 
@@ -87,5 +92,5 @@ pub use inspect::{Inspection, ProgramKind};
 pub(crate) use log::tracing_sink;
 pub use log::{Escaped, Level, LogRecord, LogSink, LogSource};
 pub use process::{InitRefused, WasmProcess};
-pub use runtime::{LoadStats, PROGRAM_START, Program, Runtime, check_start};
+pub use runtime::{HibernationStats, LoadStats, PROGRAM_START, Program, Runtime, check_start};
 pub use wasi::{COMMAND_ENTRY, WasiOptions, WasiProcess, WasiProgram, exit_code};

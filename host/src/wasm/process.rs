@@ -12,6 +12,15 @@
 //! waker, is what brings the process back. Without preemption a step is a plain call,
 //! cheaper (see `docs/perf/sandbox.md`), and one past its slice is stopped with an error instead.
 //!
+//!
+//! `wait` (`waiting.rs`): a guest of a component that imports it may end a step inside
+//! its call of `step`, suspended on the same kind of fiber. The step's future is then kept
+//! as waiting, the output given to `wait` is the step's, and the next step resumes the
+//! future with its events instead of calling `step` again. Every call into such a
+//! component is asynchronous (wasmtime's rule for an instance with an import that
+//! suspends), its steps on fibers even without preemption. A process waiting so past the
+//! hibernation threshold is told to return from `step` ([`Process::hibernate`]).
+//!
 //! [`Config::preemption`]: super::Config::preemption
 
 use std::future::Future;
@@ -20,21 +29,25 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use anyhow::{anyhow, bail};
+use wasmtime::component::{ComponentExportIndex, ComponentNamedList, Instance, Lift, Lower};
 use wasmtime::{Store, Trap, WasmBacktrace};
 
 use wasmproc_types::{ExitReason, Payload, TrapKind};
 
 use super::bindings::wasmproc::process::types as wit;
 use super::bindings::{Process as Guest, ProcessIndices, ProcessPre};
+use super::component::suspended;
 use super::config::Config;
 use super::convert;
 use super::engine::EpochClock;
+use super::hibernate;
 use super::input;
 use super::log::{Escaped, LogSink};
 use super::output::{self, Caps};
 use super::spare;
 use super::stacks;
-use super::store::{MemoryExceeded, ProcessLimits, ProcessState, new_store, refuel};
+use super::store::{MemoryExceeded, ProcessLimits, ProcessState, new_store, refuel, store_with};
+use super::waiting::{self, Polling};
 use super::watch::{Stopped, Watch, watch};
 use crate::handler::KindLimits;
 use crate::process::Port;
@@ -53,6 +66,63 @@ pub(crate) struct Loaded {
     pub(crate) config: Config,
     /// The SHA-256 of the bytes it was loaded from.
     pub(crate) digest: super::cache::Digest,
+    /// The component imports `wait` (`waiting.rs`): every call into its instances is
+    /// asynchronous, and its steps run on fibers even without preemption.
+    pub(crate) waits: bool,
+    /// The memory image taken out of the component (`image.rs`), given to every
+    /// instantiation of `pre`.
+    pub(crate) image: Option<Arc<super::image::GuestImage>>,
+    /// How a waiting process of the component gives back its whole instance
+    /// (`hibernate.rs`); `None` for a component that cannot, or when
+    /// [`Config::hibernate_instances`] is off.
+    pub(crate) hooks: Option<Hooks>,
+}
+
+/// The exports [`hibernate::instrument`] added to a component, and its memory's initial
+/// contents.
+pub(crate) struct Hooks {
+    memory_size: ComponentExportIndex,
+    memory_grow: ComponentExportIndex,
+    /// Getter and setter of each mutable global, and whether it is 64-bit.
+    globals: Vec<(ComponentExportIndex, ComponentExportIndex, bool)>,
+    reference: Arc<hibernate::Reference>,
+    counts: Arc<hibernate::Counts>,
+}
+
+impl Hooks {
+    /// The hooks of `component`, if it has them all.
+    pub(crate) fn of(
+        component: &wasmtime::component::Component,
+        reference: Arc<hibernate::Reference>,
+        counts: Arc<hibernate::Counts>,
+    ) -> Option<Hooks> {
+        let index = |name: &str| component.get_export_index(None, name);
+        let memory_size = index(hibernate::names::MEMORY_SIZE)?;
+        let memory_grow = index(hibernate::names::MEMORY_GROW)?;
+        let mut globals = Vec::new();
+        for k in 0.. {
+            let found = [false, true].into_iter().find_map(|wide| {
+                Some((index(&hibernate::names::get(k, wide))?, index(&hibernate::names::set(k, wide))?, wide))
+            });
+            match found {
+                Some(global) => globals.push(global),
+                None => break,
+            }
+        }
+        Some(Hooks { memory_size, memory_grow, globals, reference, counts })
+    }
+}
+
+/// A process that gave back its whole instance: what its next step makes it again from.
+struct Hibernated {
+    /// The store's data, kept whole: its WASI context, its resource table (empty),
+    /// its limiter, its ticks and its port.
+    data: ProcessState,
+    memory: hibernate::Captured,
+    globals: Vec<u64>,
+    /// Fuel left, when the engine meters it.
+    fuel: Option<u64>,
+    on_fiber: bool,
 }
 
 /// A process running a [`Component`](super::Component): one store and one instance,
@@ -92,6 +162,26 @@ enum State {
     Ready(Running),
     /// In a step that was preempted; the future owns the store until the step ends.
     Suspended(Pin<Box<StepFuture>>),
+    /// Between steps, the guest suspended in `wait` (`waiting.rs`): the future owns the
+    /// store, and the next step resumes it with its events.
+    Waiting(Pin<Box<StepFuture>>),
+    /// The guest broke `wait`'s contract when it was told to return from `step` (see
+    /// [`Process::hibernate`]): the next step ends the process with this error.
+    Broken(anyhow::Error),
+    /// Between steps, its instance given back (`hibernate.rs`): the next step makes it
+    /// again.
+    Hibernated(Box<Hibernated>),
+}
+
+/// How a poll of a step's future ended.
+enum Polled {
+    /// The guest returned from `step`.
+    Returned(Stepped),
+    /// The guest called `wait` with this output; its future, to resume with the next
+    /// step's events.
+    Waited(Pin<Box<StepFuture>>, output::StepOutput),
+    /// The step was preempted: its future, to resume.
+    Preempted(Pin<Box<StepFuture>>),
 }
 
 type StepFuture = dyn Future<Output = Stepped> + Send;
@@ -103,8 +193,12 @@ type Stepped = (Running, Vec<input::Event>, wasmtime::Result<output::StepOutput>
 struct Running {
     store: Store<ProcessState>,
     guest: Guest,
-    /// Steps run on a fiber (wasmtime's async call), to be preempted.
-    preemptible: bool,
+    instance: Instance,
+    /// The address of the instance's memory, for a component with [`Hooks`].
+    memory: usize,
+    /// Steps run on a fiber (wasmtime's async call): to be preempted, or because the
+    /// guest may suspend in `wait`.
+    on_fiber: bool,
 }
 
 impl WasmProcess {
@@ -122,11 +216,10 @@ impl WasmProcess {
         }
     }
 
-    /// Runs a step of `running` over the events gathered so far: `None` if it was
-    /// preempted (and is kept to resume).
-    fn run(&mut self, running: Running) -> anyhow::Result<Option<Stepped>> {
+    /// Runs a step of `running` over the events gathered so far.
+    fn run(&mut self, running: Running) -> anyhow::Result<Polled> {
         match running {
-            mut running @ Running { preemptible: false, .. } => {
+            mut running @ Running { on_fiber: false, .. } => {
                 running.store.data_mut().ticks.slice = 0;
                 running.store.set_epoch_deadline(1);
                 let clock = &self.loaded.clock;
@@ -136,9 +229,9 @@ impl WasmProcess {
                 let result = result.map(|(output,)| output);
                 self.cpu_ticks += clock.now() - started;
                 let batch = std::mem::take(&mut self.events);
-                Ok(Some((running, batch, result)))
+                Ok(Polled::Returned((running, batch, result)))
             }
-            Running { mut store, guest, preemptible: true } => {
+            Running { mut store, guest, instance, memory, on_fiber: true } => {
                 store.data_mut().ticks.slice = 0;
                 store.set_epoch_deadline(1);
                 // The future owns what it borrows (store, events) so that it can outlive
@@ -146,37 +239,174 @@ impl WasmProcess {
                 let batch = std::mem::take(&mut self.events);
                 let future = spare::boxed(async move {
                     let result = guest.step().call_async(&mut store, (&batch,)).await.map(|(output,)| output);
-                    (Running { store, guest, preemptible: true }, batch, result)
+                    (Running { store, guest, instance, memory, on_fiber: true }, batch, result)
                 });
-                self.resume(future)
+                self.resume(future, Polling::Step)
             }
         }
     }
 
-    /// Polls a step once: runs it until it ends or its time slice does.
-    fn resume(&mut self, mut future: Pin<Box<StepFuture>>) -> anyhow::Result<Option<Stepped>> {
+    /// Polls a step once, for `polling`: runs it until it ends, calls `wait`, or its time
+    /// slice ends.
+    fn resume(&mut self, mut future: Pin<Box<StepFuture>>, polling: Polling) -> anyhow::Result<Polled> {
         let clock = &self.loaded.clock;
         let started = clock.now();
         // What another store's call left behind is not this store's stack.
         let _ = stacks::take_made();
-        // The output is lifted in the poll that ends the step.
-        let polled = output::with_caps(self.caps, || future.as_mut().poll(&mut Context::from_waker(Waker::noop())));
+        // The output is lifted in the poll that ends the step, or in `wait`.
+        let (polled, waited) = output::with_caps(self.caps, || {
+            polling.poll(|| future.as_mut().poll(&mut Context::from_waker(Waker::noop())))
+        });
         self.cpu_ticks += clock.now() - started;
         if let Some(made) = stacks::take_made() {
             self.stack = Some(made);
         }
         self.stack_warm = true;
-        match polled {
-            Poll::Ready(stepped) => {
+        match (polled, waited) {
+            (Poll::Ready(stepped), _) => {
                 spare::recycle(future);
-                Ok(Some(stepped))
+                Ok(Polled::Returned(stepped))
             }
             // Dropping the future unwinds the suspended guest and frees its fiber.
-            Poll::Pending if self.cpu_ticks >= self.limits.cpu_budget_ticks => Err(cpu_budget_exceeded(&self.limits)),
-            Poll::Pending => {
-                self.state = State::Suspended(future);
-                Ok(None)
+            (Poll::Pending, _) if self.cpu_ticks >= self.limits.cpu_budget_ticks => {
+                Err(cpu_budget_exceeded(&self.limits))
             }
+            (Poll::Pending, Some(output)) => Ok(Polled::Waited(future, output)),
+            (Poll::Pending, None) => Ok(Polled::Preempted(future)),
+        }
+    }
+
+    /// Gives back `running`'s instance, keeping what makes it again (`hibernate.rs`);
+    /// `running` back, and why, if it cannot be.
+    #[expect(clippy::result_large_err, reason = "`running` handed back as it came, once a hibernation")]
+    fn capture(&mut self, mut running: Running) -> Result<Hibernated, (Running, String)> {
+        let Some(hooks) = self.loaded.hooks.as_ref() else {
+            return Err((running, "the component has no hooks".into()));
+        };
+        if !running.store.data().holds_no_resources() {
+            return Err((running, "it holds resources of the host's (WASI streams)".into()));
+        }
+        if running.memory == 0 {
+            return Err((running, "its memory's address is unknown".into()));
+        }
+        // No tick may preempt a hook's call: each is a few instructions, and the next
+        // step sets its own deadline.
+        running.store.set_epoch_deadline(u64::MAX / 2);
+        let asynchronous = running.on_fiber;
+        let read = |running: &mut Running| -> anyhow::Result<(u32, Vec<u64>)> {
+            let store = &mut running.store;
+            let instance = &running.instance;
+            let (pages,) = call::<(), (u32,)>(store, instance, &hooks.memory_size, (), asynchronous)?;
+            let mut globals = Vec::with_capacity(hooks.globals.len());
+            for (get, _, wide) in &hooks.globals {
+                let value = match wide {
+                    true => call::<(), (u64,)>(store, instance, get, (), asynchronous)?.0,
+                    false => u64::from(call::<(), (u32,)>(store, instance, get, (), asynchronous)?.0),
+                };
+                globals.push(value);
+            }
+            Ok((pages, globals))
+        };
+        let (pages, globals) = match read(&mut running) {
+            Ok(read) => read,
+            Err(error) => return Err((running, format!("{error:#}"))),
+        };
+        let size = pages as usize * 65536;
+        // SAFETY: the memory is the instance's, of `size` bytes (its own `memory.size`),
+        // and no call of the store is under way.
+        let Some(memory) =
+            (unsafe { hibernate::Captured::take(running.memory as *const u8, size, &hooks.reference, &hooks.counts) })
+        else {
+            return Err((running, "its memory could not be captured".into()));
+        };
+        let fuel = self.limits.fuel.and_then(|_| running.store.get_fuel().ok());
+        let Running { store, on_fiber, .. } = running;
+        Ok(Hibernated { data: store.into_data(), memory, globals, fuel, on_fiber })
+    }
+
+    /// Makes `hibernated`'s instance again: a new instance of the component, its memory
+    /// grown to the captured size and the captured pages written over it, its globals
+    /// set.
+    fn wake(&mut self, hibernated: Hibernated) -> anyhow::Result<Running> {
+        let loaded = &self.loaded;
+        let hooks =
+            loaded.hooks.as_ref().ok_or_else(|| anyhow!("a hibernated process of a component without hooks"))?;
+        let Hibernated { data, memory: captured, globals, fuel, on_fiber } = hibernated;
+        let pid = data.pid();
+        let Some(port) = data.port.clone() else { bail!("a hibernated process without a port") };
+        let limits = self.limits;
+        let mut store = store_with(loaded.pre.engine(), data, &limits);
+        let woken = (|| -> anyhow::Result<(Instance, Guest, usize)> {
+            let (instance, guest, memory) = instantiate(loaded, &mut store).map_err(anyhow::Error::from)?;
+            anyhow::ensure!(memory != 0, "the new instance's memory was not made by the arena");
+            let waits = loaded.waits;
+            let (pages,) = call::<(), (u32,)>(&mut store, &instance, &hooks.memory_size, (), waits)?;
+            let wanted = u32::try_from(captured.size / 65536)?;
+            if wanted > pages {
+                let (grown,) =
+                    call::<(u32,), (u32,)>(&mut store, &instance, &hooks.memory_grow, (wanted - pages,), waits)?;
+                anyhow::ensure!(grown == pages, "the memory could not grow back to {wanted} pages");
+            }
+            for ((_, set, wide), value) in hooks.globals.iter().zip(&globals) {
+                match wide {
+                    true => call::<(u64,), ()>(&mut store, &instance, set, (*value,), waits)?,
+                    false => call::<(u32,), ()>(&mut store, &instance, set, (*value as u32,), waits)?,
+                }
+            }
+            // SAFETY: the memory was just made for this instance, is `captured.size`
+            // bytes now, and no call of the store is under way.
+            unsafe { captured.restore(memory as *mut u8, rustix::param::page_size()) }.map_err(anyhow::Error::msg)?;
+            Ok((instance, guest, memory))
+        })();
+        hooks.counts.woken();
+        let (instance, guest, memory) =
+            woken.map_err(|e| e.context(format!("failed to wake process {pid} from hibernation")))?;
+        if let Some(fuel) = fuel {
+            let _ = store.set_fuel(fuel);
+        }
+        watch_steps(&mut store, &limits, &loaded.config, port);
+        Ok(Running { store, guest, instance, memory, on_fiber })
+    }
+
+    /// Tells the guest suspended in `wait` (`future`) to return from `step`, and waits
+    /// for it to: the store is then between steps again, and its fiber's stack free. The
+    /// guest has its time slice to return, with nothing to yield (see `wait` in
+    /// `wit/host.wit`); past it, or with yields, it is broken.
+    fn release(&mut self, future: Pin<Box<StepFuture>>) -> anyhow::Result<Running> {
+        let mut polled = self.resume(future, Polling::Release)?;
+        // A preempted poll is at least a tick: the slice's ticks bound the retries.
+        for _ in 0..=self.limits.time_slice_ticks {
+            let Polled::Preempted(future) = polled else { break };
+            polled = self.resume(future, Polling::Step)?;
+        }
+        let limits = &self.limits;
+        match polled {
+            Polled::Returned((running, _, result)) => {
+                let output = result.map_err(|e| step_error(e, limits, running.store.data()))?;
+                let yields = match &output.yields.value {
+                    Ok(yields) => yields.len(),
+                    Err(len) => *len,
+                };
+                if matches!(output.status.0, output::StatusKind::Complete(_)) || yields > 0 {
+                    bail!(
+                        "the guest returned from `step` with {yields} yields{} after `wait` returned `none`; the \
+                         step had ended at the `wait`, so they cannot be carried out",
+                        if matches!(output.status.0, output::StatusKind::Complete(_)) {
+                            " and a `complete` status"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                Ok(running)
+            }
+            // `wait` refuses to wait again once it answered `none`: the guest trapped.
+            Polled::Waited(..) => bail!("the guest called `wait` again after `wait` returned `none`"),
+            // Dropping the future unwinds the guest and frees its fiber.
+            Polled::Preempted(_) => bail!(
+                "the guest did not return from `step` within its time slice of {:?} after `wait` returned `none`",
+                limits.time_slice
+            ),
         }
     }
 }
@@ -196,61 +426,84 @@ impl Process for WasmProcess {
         };
         let mut store = new_store(loaded.pre.engine(), pid, loaded.log.clone(), &limits);
         store.data_mut().port = Some(port.clone());
-        let instantiated = loaded.pre.instance_pre().instantiate(&mut store).and_then(|instance| {
-            let guest = loaded.indices.load_prechecked(&mut store, &instance)?;
-            Ok((guest, loaded.config.preemption))
-        });
+        // What another store's call left behind is not this store's stack.
+        let _ = stacks::take_made();
+        let instantiated = instantiate(loaded, &mut store);
         // Instantiation runs the core modules' start functions, under `init`'s limit.
-        let (guest, preemptible) = instantiated.map_err(|e| match e.downcast_ref::<Trap>() {
+        let (instance, guest, memory) = instantiated.map_err(|e| match e.downcast_ref::<Trap>() {
             Some(Trap::Interrupt) => guest_error(e, "init", &limits, store.data()),
             _ => match limits.instance.name_exceeded(&e) {
                 Some(exceeded) => exceeded.context(format!("failed to instantiate process {pid}")),
                 None => anyhow::Error::from(e).context(format!("failed to instantiate process {pid}")),
             },
         })?;
+        let on_fiber = loaded.config.preemption || loaded.waits;
         refuel(&mut store, limits.fuel);
         let input: Vec<wit::Payload> = input.into_iter().map(convert::payload_to_wit).collect();
-        let accepted = guest
-            .call_init(&mut store, pid.as_u64(), method, &input)
-            .map_err(|e| guest_error(e, "init", &limits, store.data()))?;
+        let accepted = match loaded.waits {
+            true => waiting::now(guest.call_init_async(&mut store, pid.as_u64(), method, &input))
+                .unwrap_or_else(|| Err(suspended("init"))),
+            false => guest.call_init(&mut store, pid.as_u64(), method, &input),
+        };
+        let accepted = accepted.map_err(|e| guest_error(e, "init", &limits, store.data()))?;
+        // The asynchronous calls of a component that imports `wait` made the fiber stack
+        // the store keeps for its steps.
+        self.stack = stacks::take_made();
         accepted.map_err(InitRefused)?;
         // From here on the epoch callback watches the steps. With preemption a step past
         // its slice suspends instead of trapping; wasmtime then requires every call to be
         // async, and only steps come after `init`.
-        let watching = Watch {
-            slice: limits.time_slice_ticks,
-            slice_limit: limits.time_slice,
-            preemptible,
-            cpu_budget: limits.cpu_budget.map(|budget| (limits.cpu_budget_ticks, budget)),
-        };
-        watch(&mut store, watching, |state| &mut state.ticks, port, || None);
-        self.state = State::Ready(Running { store, guest, preemptible });
+        watch_steps(&mut store, &limits, &loaded.config, port);
+        self.state = State::Ready(Running { store, guest, instance, memory, on_fiber });
         Ok(())
     }
 
     fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
         self.events.extend(events.map(input::Event::from));
-        let stepped = match std::mem::replace(&mut self.state, State::Empty) {
+        let polled = match std::mem::replace(&mut self.state, State::Empty) {
             State::Ready(running) => self.run(running)?,
-            State::Suspended(future) => self.resume(future)?,
+            State::Suspended(future) => self.resume(future, Polling::Step)?,
+            State::Waiting(future) => {
+                let events = std::mem::take(&mut self.events);
+                let polled = self.resume(future, Polling::Resume(events))?;
+                // The events' buffer, emptied once they were lowered into the guest.
+                self.events = waiting::take_spare();
+                polled
+            }
+            State::Broken(error) => return Err(error),
+            State::Hibernated(hibernated) => {
+                let running = self.wake(*hibernated)?;
+                self.run(running)?
+            }
             State::Empty => bail!("`step` called on a Wasm process that is not initialised"),
         };
-        let Some((running, mut batch, result)) = stepped else {
-            out.set_preempted();
-            return Ok(());
-        };
         let limits = &self.limits;
-        // The payloads are the guest's now (copied into its memory); free them at once.
-        // Events given while the step was suspended (none from the scheduler) stay, for
-        // the next step, in the buffer that keeps its allocation.
-        batch.clear();
-        let unread = std::mem::replace(&mut self.events, batch);
-        self.events.extend(unread);
-        let output = result.map_err(|e| step_error(e, limits, running.store.data()))?;
+        let output = match polled {
+            Polled::Preempted(future) => {
+                self.state = State::Suspended(future);
+                out.set_preempted();
+                return Ok(());
+            }
+            Polled::Waited(future, output) => {
+                self.state = State::Waiting(future);
+                output
+            }
+            Polled::Returned((running, mut batch, result)) => {
+                // The payloads are the guest's now (copied into its memory); free them at
+                // once. Events given while the step was suspended (none from the
+                // scheduler) stay, for the next step, in the buffer that keeps its
+                // allocation.
+                batch.clear();
+                let unread = std::mem::replace(&mut self.events, batch);
+                self.events.extend(unread);
+                let output = result.map_err(|e| step_error(e, limits, running.store.data()))?;
+                self.state = State::Ready(running);
+                output
+            }
+        };
         if self.cpu_ticks >= limits.cpu_budget_ticks {
             return Err(cpu_budget_exceeded(limits));
         }
-        self.state = State::Ready(running);
         // An output past a limit ends the process with the scheduler's own error for it.
         convert::check_output_size(&output, self.caps).map_err(anyhow::Error::msg)?;
         let status = convert::status_from_output(output.status.0, self.caps).map_err(anyhow::Error::msg)?;
@@ -272,13 +525,50 @@ impl Process for WasmProcess {
     }
 
     fn wants_hibernation(&mut self) -> bool {
-        let wants = self.stack_warm && !self.hibernation_asked;
+        let whole = self.loaded.hooks.is_some() && matches!(self.state, State::Ready(_) | State::Waiting(_));
+        let wants = (self.stack_warm || whole) && !self.hibernation_asked;
         self.hibernation_asked |= wants;
         wants
     }
 
+    /// A guest waiting in `wait` is first told to return from `step` (`wait` answers
+    /// `none`), which ends its call and frees its fiber: a process waits that long in
+    /// `wait` only while it holds its fiber, not for ever. One that breaks the contract
+    /// then is ended with the error at its next step.
+    ///
+    /// Between steps, a process of a component with [`Hooks`] then gives back its whole
+    /// instance (`hibernate.rs`), unless it holds a resource of the host's; any other
+    /// process its fiber stack's pages.
     fn hibernate(&mut self) -> bool {
         self.hibernation_asked = false;
+        self.state = match std::mem::replace(&mut self.state, State::Empty) {
+            State::Waiting(future) => match self.release(future) {
+                Ok(running) => State::Ready(running),
+                Err(error) => {
+                    self.state = State::Broken(error);
+                    return false;
+                }
+            },
+            state => state,
+        };
+        if let State::Ready(_) = self.state
+            && self.loaded.hooks.is_some()
+        {
+            let State::Ready(running) = std::mem::replace(&mut self.state, State::Empty) else { unreachable!() };
+            match self.capture(running) {
+                Ok(hibernated) => {
+                    self.state = State::Hibernated(Box::new(hibernated));
+                    // The store's fiber stack went with it.
+                    self.stack = None;
+                    self.stack_warm = false;
+                    return true;
+                }
+                Err((running, why)) => {
+                    tracing::debug!(pid = running.store.data().pid().as_u64(), "not hibernated whole: {why}");
+                    self.state = State::Ready(running);
+                }
+            }
+        }
         // Only between steps: a suspended step's fiber is still on its stack.
         let (State::Ready(_), Some(stack), true) = (&self.state, &self.stack, self.stack_warm) else {
             return false;
@@ -306,6 +596,9 @@ impl std::fmt::Debug for WasmProcess {
             State::Empty => (None, "empty"),
             State::Ready(running) => (Some(running.store.data().pid()), "ready"),
             State::Suspended(_) => (None, "suspended"),
+            State::Waiting(_) => (None, "waiting"),
+            State::Broken(_) => (None, "broken"),
+            State::Hibernated(hibernated) => (Some(hibernated.data.pid()), "hibernated"),
         };
         f.debug_struct("WasmProcess")
             .field("entries", &self.loaded.entries)
@@ -314,6 +607,55 @@ impl std::fmt::Debug for WasmProcess {
             .field("state", &state)
             .finish()
     }
+}
+
+/// Instantiates `loaded` in `store`: the instance, its bindings, and the address of its
+/// memory (0 if none was made by the arena).
+fn instantiate(loaded: &Loaded, store: &mut Store<ProcessState>) -> wasmtime::Result<(Instance, Guest, usize)> {
+    let pre = loaded.pre.instance_pre();
+    let _ = super::memory::take_made();
+    let instance = super::image::instantiating(loaded.image.as_ref(), || match loaded.waits {
+        true => waiting::now(pre.instantiate_async(&mut *store)).unwrap_or_else(|| Err(suspended("instantiation"))),
+        false => pre.instantiate(&mut *store),
+    })?;
+    let memory = super::memory::take_made().unwrap_or(0);
+    let guest = loaded.indices.load_prechecked(&mut *store, &instance)?;
+    Ok((instance, guest, memory))
+}
+
+/// From here on the epoch callback watches the steps. With preemption a step past its
+/// slice suspends instead of trapping; wasmtime then requires every call to be async.
+fn watch_steps(store: &mut Store<ProcessState>, limits: &ProcessLimits, config: &Config, port: Port) {
+    let watching = Watch {
+        slice: limits.time_slice_ticks,
+        slice_limit: limits.time_slice,
+        preemptible: config.preemption,
+        cpu_budget: limits.cpu_budget.map(|budget| (limits.cpu_budget_ticks, budget)),
+    };
+    watch(store, watching, |state| &mut state.ticks, port, || None);
+}
+
+/// Calls the hook at `index` of `instance`, asynchronously if `asynchronous` (polled
+/// once: a hook never suspends).
+fn call<P, R>(
+    store: &mut Store<ProcessState>,
+    instance: &Instance,
+    index: &ComponentExportIndex,
+    params: P,
+    asynchronous: bool,
+) -> anyhow::Result<R>
+where
+    P: ComponentNamedList + Lower + Send + Sync,
+    R: ComponentNamedList + Lift + Send + Sync + 'static,
+{
+    let func = instance.get_typed_func::<P, R>(&mut *store, index)?;
+    let result = match asynchronous {
+        true => {
+            waiting::now(func.call_async(&mut *store, params)).unwrap_or_else(|| Err(suspended("a hibernation hook")))
+        }
+        false => func.call(&mut *store, params),
+    };
+    Ok(result?)
 }
 
 /// The guest's `init` answered with an error: it does not take the entry method or the

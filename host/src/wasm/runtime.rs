@@ -17,6 +17,8 @@ use super::cache::{self, Compiled, Digest, DiskCache};
 use super::component::{self, Component};
 use super::config::Config;
 use super::engine::{EpochClock, new_engine};
+use super::hibernate;
+use super::image::{self, GuestImage};
 use super::key::KeyFile;
 use super::limits;
 use super::precompiled;
@@ -56,6 +58,8 @@ struct RuntimeInner {
     compiled: AtomicU64,
     disk_hits: AtomicU64,
     memory_hits: AtomicU64,
+    /// What its processes' whole-instance hibernations did (`hibernate.rs`).
+    hibernation: Arc<hibernate::Counts>,
 }
 
 /// What [`Runtime::load`] has done so far; see [`Runtime::stats`].
@@ -68,6 +72,20 @@ pub struct LoadStats {
     pub disk_hits: u64,
     /// Loads answered with a component this runtime had already loaded.
     pub memory_hits: u64,
+}
+
+/// What whole-instance hibernation has done; see [`Runtime::hibernation_stats`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HibernationStats {
+    /// Processes hibernated whole now: their instance given back, what makes it again kept.
+    pub hibernated: u64,
+    /// Times a process was hibernated whole.
+    pub hibernations: u64,
+    /// Times a hibernated process was made again for its next step.
+    pub wakes: u64,
+    /// Bytes the processes hibernated now keep of their memories (compressed).
+    pub kept_bytes: u64,
 }
 
 impl Runtime {
@@ -96,6 +114,7 @@ impl Runtime {
             compiled: AtomicU64::new(0),
             disk_hits: AtomicU64::new(0),
             memory_hits: AtomicU64::new(0),
+            hibernation: Arc::default(),
         };
         Ok(Runtime { inner: Arc::new(inner) })
     }
@@ -170,12 +189,13 @@ impl Runtime {
             self.inner.memory_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(program.clone());
         }
-        let program = match self.code(bytes, &digest)?.0 {
+        let Built { compiled, image, reference, .. } = self.code(bytes, &digest)?;
+        let program = match compiled {
             Compiled::Module(module) => Program::Wasi(self.wasi_module(&module)?),
             Compiled::Component(component) if self.is_command(&component) => {
-                Program::Wasi(self.wasi_component(&component)?)
+                Program::Wasi(self.wasi_component(&component, image)?)
             }
-            Compiled::Component(component) => Program::Process(self.prepare(component, digest)?),
+            Compiled::Component(component) => Program::Process(self.prepare(component, digest, image, reference)?),
         };
         *slot = Some(program.clone());
         Ok(program)
@@ -197,7 +217,11 @@ impl Runtime {
         if slot.is_some_and(|slot| slot.try_lock().is_some_and(|loaded| loaded.is_some())) {
             return false;
         }
-        !self.inner.disk.as_ref().is_some_and(|disk| disk.has_entry(&digest))
+        !self
+            .inner
+            .disk
+            .as_ref()
+            .is_some_and(|disk| disk.has_entry(&digest) || disk.has_entry(&hibernate::key(&digest)))
     }
 
     /// Compiles `bytes` (a component or a core module, as [`Runtime::load_program_bytes`]
@@ -225,7 +249,8 @@ impl Runtime {
             "the file is already precompiled (made by `wasmproc compile`): `wasmproc run` loads it as it is"
         );
         self.check_wasm(bytes)?;
-        let (compiled, _) = self.compile(bytes, &cache::digest(bytes))?;
+        // Unsplit: a precompiled file carries no memory image, so its code must copy it.
+        let compiled = self.compile(bytes, &cache::digest(bytes), false)?.compiled;
         let inner = &self.inner;
         precompiled::write(&inner.engine, &inner.config, &inner.key, &compiled, bytes)
     }
@@ -246,6 +271,12 @@ impl Runtime {
             disk_hits: inner.disk_hits.load(Ordering::Relaxed),
             memory_hits: inner.memory_hits.load(Ordering::Relaxed),
         }
+    }
+
+    /// What whole-instance hibernation has done so far, over the processes of every
+    /// component this runtime loaded (see [`Config::hibernate_instances`]).
+    pub fn hibernation_stats(&self) -> HibernationStats {
+        self.inner.hibernation.stats()
     }
 
     /// The runtime's settings.
@@ -272,29 +303,65 @@ impl Runtime {
     }
 
     /// The compiled code of `bytes` (checked by [`Runtime::check_wasm`]): loaded from a
-    /// precompiled file, or compiled.
-    pub(super) fn code(&self, bytes: &[u8], digest: &Digest) -> anyhow::Result<(Compiled, Found)> {
+    /// precompiled file, or compiled; with the memory image taken out of it, if it was
+    /// split (`image.rs`), which every instantiation of the code must be given; and the
+    /// initial memory whole-instance hibernation compares with (`hibernate.rs`).
+    pub(super) fn code(&self, bytes: &[u8], digest: &Digest) -> anyhow::Result<Built> {
         let inner = &self.inner;
         if precompiled::is_precompiled(bytes) {
             let compiled = precompiled::read(&inner.engine, &inner.config, &inner.key, bytes)?;
-            Ok((compiled, Found::Precompiled))
+            Ok(Built { compiled, found: Found::Precompiled, image: None, reference: None, key: *digest })
         } else {
-            self.compile(bytes, digest)
+            self.compile(bytes, digest, true)
         }
     }
 
     /// Compiles a component or a core module (by its header), or finds it in the disk
-    /// cache.
-    fn compile(&self, bytes: &[u8], digest: &Digest) -> anyhow::Result<(Compiled, Found)> {
+    /// cache. A component is `prepared` for this host first: given the hooks of
+    /// whole-instance hibernation (`hibernate.rs`) where it can have them, and split if
+    /// its memory image is large (`image.rs`); its code is then cached under a key
+    /// derived from `digest`, so that it is never taken for the component's as given.
+    fn compile(&self, bytes: &[u8], digest: &Digest, prepared: bool) -> anyhow::Result<Built> {
         let inner = &self.inner;
-        if let Some(compiled) = inner.disk.as_ref().and_then(|disk| disk.read(&inner.engine, digest)) {
+        let prepared = prepared && !is_core_module(bytes);
+        let split = if prepared { image::split_with_image(bytes) } else { None };
+        let image = split.as_ref().map(|(_, image)| image.clone());
+        let reference = match prepared && inner.config.hibernate_instances {
+            true => match hibernate::Reference::of(bytes) {
+                Ok(reference) => Some(Arc::new(reference)),
+                Err(why) => {
+                    tracing::debug!("the component's processes are never hibernated whole: {why}");
+                    None
+                }
+            },
+            false => None,
+        };
+        let key = if prepared { hibernate::key(digest) } else { *digest };
+        if let Some(compiled) = inner.disk.as_ref().and_then(|disk| disk.read(&inner.engine, &key)) {
             inner.disk_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok((compiled, Found::OnDisk));
+            return Ok(Built { compiled, found: Found::OnDisk, image, reference, key });
         }
-        let compiled = if is_core_module(bytes) {
-            wasmtime::Module::new(&inner.engine, bytes).map(Compiled::Module).map_err(anyhow::Error::from)
+        let instrumented = match prepared {
+            true => hibernate::instrument(bytes)
+                .inspect_err(|why| tracing::debug!("the component's processes are never hibernated whole: {why}"))
+                .ok(),
+            false => None,
+        };
+        // The image taken out of the instrumented component is the one taken out of the
+        // component as given: instrumenting adds functions and exports, not data.
+        let source: std::borrow::Cow<'_, [u8]> = match (&instrumented, &split) {
+            (Some(instrumented), Some((split, _))) => match image::split(instrumented) {
+                Some(instrumented) => instrumented.stripped.into(),
+                None => split.stripped.as_slice().into(),
+            },
+            (Some(instrumented), None) => instrumented.as_slice().into(),
+            (None, Some((split, _))) => split.stripped.as_slice().into(),
+            (None, None) => bytes.into(),
+        };
+        let compiled = if is_core_module(&source) {
+            wasmtime::Module::new(&inner.engine, &source).map(Compiled::Module).map_err(anyhow::Error::from)
         } else {
-            wasmtime::component::Component::new(&inner.engine, bytes)
+            wasmtime::component::Component::new(&inner.engine, &source)
                 .map(Compiled::Component)
                 .map_err(anyhow::Error::from)
         }
@@ -302,9 +369,9 @@ impl Runtime {
         inner.compiled.fetch_add(1, Ordering::Relaxed);
         if let Some(disk) = &inner.disk {
             let source = inner.sources.lock().get(digest).cloned();
-            disk.write(digest, &compiled, source.as_deref());
+            disk.write(&key, &compiled, source.as_deref());
         }
-        Ok((compiled, Found::Compiled))
+        Ok(Built { compiled, found: Found::Compiled, image, reference, key })
     }
 
     /// Whether `component` is a WASI command rather than a process (see
@@ -322,8 +389,12 @@ impl Runtime {
         Ok(self.inner.wasi_linkers.get_or_init(|| linkers))
     }
 
-    fn wasi_component(&self, component: &wasmtime::component::Component) -> anyhow::Result<WasiProgram> {
-        let code = self.wasi_linkers()?.component(component)?;
+    fn wasi_component(
+        &self,
+        component: &wasmtime::component::Component,
+        image: Option<Arc<GuestImage>>,
+    ) -> anyhow::Result<WasiProgram> {
+        let code = self.wasi_linkers()?.component(component, image)?;
         Ok(self.wasi_program(code))
     }
 
@@ -343,9 +414,13 @@ impl Runtime {
         &self,
         compiled: wasmtime::component::Component,
         digest: Digest,
+        image: Option<Arc<GuestImage>>,
+        reference: Option<Arc<hibernate::Reference>>,
     ) -> anyhow::Result<Component> {
         let inner = &self.inner;
-        Component::prepare(&inner.linker, &inner.engine, &inner.config, &inner.clock, compiled, digest)
+        let counts = inner.hibernation.clone();
+        let prepared = super::component::Prepared { digest, image, reference, counts };
+        Component::prepare(&inner.linker, &inner.engine, &inner.config, &inner.clock, compiled, prepared)
     }
 }
 
@@ -416,4 +491,14 @@ pub enum Program {
     Process(Component),
     /// An unmodified WASI program, run as a one-step process (see [`WasiProgram`]).
     Wasi(WasiProgram),
+}
+
+/// What [`Runtime::code`] found: the compiled code, where, what its instantiations need,
+/// and its disk cache key.
+pub(super) struct Built {
+    pub(super) compiled: Compiled,
+    pub(super) found: Found,
+    pub(super) image: Option<Arc<GuestImage>>,
+    pub(super) reference: Option<Arc<hibernate::Reference>>,
+    pub(super) key: Digest,
 }

@@ -57,7 +57,13 @@ impl ProcessLimits {
 /// A store for process `pid`, with its limits in force.
 pub(crate) fn new_store(engine: &Engine, pid: Pid, log: LogSink, limits: &ProcessLimits) -> Store<ProcessState> {
     let limiter = MemoryLimiter { max_memory: limits.max_memory, instance: limits.instance };
-    let mut store = Store::new(engine, ProcessState::new(pid, log, limiter));
+    store_with(engine, ProcessState::new(pid, log, limiter), limits)
+}
+
+/// A store holding `state` (a new one's, or one a hibernated process kept), with
+/// `limits` in force, as [`new_store`] makes it.
+pub(crate) fn store_with(engine: &Engine, state: ProcessState, limits: &ProcessLimits) -> Store<ProcessState> {
+    let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);
     store.epoch_deadline_trap();
     store.set_epoch_deadline(limits.init_ticks);
@@ -202,6 +208,12 @@ impl ProcessState {
         (self.log)(&LogRecord::now(self.pid, LogSource::Log(level), message));
     }
 
+    /// Whether the guest holds no resource of the host's (a WASI stream, say): an
+    /// instance made again would not have its handles.
+    pub(crate) fn holds_no_resources(&self) -> bool {
+        self.table.is_empty()
+    }
+
     /// The panic the guest last reported on its stderr (see `GuestOutput::panic`).
     pub(crate) fn panic(&self) -> Option<String> {
         self.stderr.as_ref()?.panic()
@@ -239,6 +251,13 @@ impl host::Host for ProcessState {
     fn max_yields(&mut self) -> u32 {
         let limit = self.port.as_ref().map_or(0, Port::max_yields_per_step);
         u32::try_from(limit).unwrap_or(u32::MAX)
+    }
+
+    /// The generated `wait`, which could only block the thread; processes are linked to
+    /// the asynchronous one of `waiting.rs` instead (`component::linker`), which shadows
+    /// it, so this one is never called.
+    fn wait(&mut self, _: types::StepOutput) -> wasmtime::Result<Option<Vec<types::Event>>> {
+        Err(wasmtime::format_err!("`wait` is linked asynchronously, not through the generated bindings"))
     }
 }
 

@@ -46,6 +46,7 @@ use wasmproc_types::{Payload, Pid};
 use super::bindings::WORLD;
 use super::config::Config;
 use super::engine::EpochClock;
+use super::image::GuestImage;
 use super::log::{GuestOutput, LogSink, LogSource};
 use super::store::{InstanceLimits, MemoryLimiter, fuel_for_instantiation, refuel};
 use super::watch::{Stopped, Ticks, Watch, watch};
@@ -75,7 +76,7 @@ struct Inner {
 /// A WASI program's code, linked (see [`WasiLinkers`]).
 pub(crate) enum Code {
     /// A `wasi:cli/run` component, with its export found for plain and for fiber calls.
-    Component(InstancePre<WasiState>, CommandIndices, PreemptibleIndices),
+    Component(InstancePre<WasiState>, CommandIndices, PreemptibleIndices, Option<Arc<GuestImage>>),
     /// A preview 1 module with `_start`.
     Module(wasmtime::InstancePre<P1State>),
 }
@@ -234,7 +235,11 @@ impl WasiLinkers {
     }
 
     /// The code of a `wasi:cli/run` component (see [`is_command`]), linked.
-    pub(crate) fn component(&self, component: &wasmtime::component::Component) -> anyhow::Result<Code> {
+    pub(crate) fn component(
+        &self,
+        component: &wasmtime::component::Component,
+        image: Option<Arc<GuestImage>>,
+    ) -> anyhow::Result<Code> {
         let pre = self
             .component
             .instantiate_pre(component)
@@ -243,7 +248,7 @@ impl WasiLinkers {
         let unknown_run = "the component's `wasi:cli/run` export is not the one wasmproc knows";
         let indices = CommandIndices::new(&pre).map_err(anyhow::Error::from).context(unknown_run)?;
         let preemptible = PreemptibleIndices::new(&pre).map_err(anyhow::Error::from).context(unknown_run)?;
-        Ok(Code::Component(pre, indices, preemptible))
+        Ok(Code::Component(pre, indices, preemptible, image))
     }
 
     /// The code of a preview 1 core module, linked, once it is known to be a command: it
@@ -412,13 +417,13 @@ impl WasiProcess {
         let mut wasi = self.options.wasi(pid, &config.log)?;
         let limiter = MemoryLimiter::of(config);
         let running = match &inner.code {
-            Code::Component(pre, indices, preemptible) => {
+            Code::Component(pre, indices, preemptible, image) => {
                 let state =
                     WasiState { wasi: wasi.build(), table: ResourceTable::new(), limiter, ticks: Ticks::default() };
                 let mut store = Store::new(&inner.engine, state);
                 self.limit(&mut store, |state| &mut state.limiter);
                 self.watch_instantiation(&mut store, port);
-                let instance = match pre.instantiate(&mut store) {
+                let instance = match super::image::instantiating(image.as_ref(), || pre.instantiate(&mut store)) {
                     Ok(instance) => instance,
                     Err(error) => return instantiation_failed(error, config).map(State::Exited),
                 };

@@ -16,8 +16,8 @@ fn run_with_cluster_refuses_each_flag_of_this_host_by_name() {
     let dir = scratch("cluster-refusals");
     let dir = dir.to_str().unwrap();
     let refused: &[(&[&str], &str)] = &[
-        (&["--journal", dir], "`--journal` with --cluster: durable processes do not run on a cluster yet"),
-        (&["--keep-finished", "--journal", dir], "durable processes do not run on a cluster yet"),
+        (&["--journal", dir], "`--journal` with --cluster: a durable run on a cluster is a workflow on its shards"),
+        (&["--keep-finished", "--journal", dir], "`wasmproc cluster start APP --id ID"),
         (
             &["--allow-host", "127.0.0.1:8080"],
             "`--allow-host` with --cluster: on a cluster, providers are the nodes' own: start the nodes with `wasmproc node --allow-host …`",

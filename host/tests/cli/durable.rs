@@ -1,5 +1,6 @@
-//! Durable runs through the real binary: killed with SIGKILL at random moments and
-//! resumed by the same command line, stopped by a signal and resumed, read back with
+//! Durable runs through the real binary: killed with SIGKILL at random moments (with
+//! processes suspended and coming back, in every other run) and resumed by the same
+//! command line, stopped by a signal and resumed, read back with
 //! `journal ls` and `show`.
 
 use std::io::{BufRead as _, BufReader};
@@ -66,9 +67,12 @@ fn a_run_killed_at_random_moments_resumes_to_the_uncrashed_result() {
         // One to three kills in a row, each at a random moment of a run's length, then a
         // run left to finish.
         let kills = 1 + moments.below(3);
+        // Every other run suspends its processes at nearly every wait, so kills fall
+        // while processes are suspended and while they come back.
+        let suspend: &[&str] = if crash % 2 == 1 { &["--suspend-after", "1ms"] } else { &[] };
         let mut killed = 0;
         for _ in 0..kills {
-            let mut child = start(journal);
+            let mut child = start_with(journal, suspend);
             std::thread::sleep(Duration::from_millis(moments.below(whole)));
             if child.try_wait().unwrap().is_none() {
                 child.kill().unwrap();
@@ -77,11 +81,11 @@ fn a_run_killed_at_random_moments_resumes_to_the_uncrashed_result() {
             child.wait().unwrap();
         }
         all_kills += killed;
-        let ran = run(&["run", DURABLE, "--journal", journal]);
+        let ran = run(&[&["run", DURABLE, "--journal", journal], suspend].concat());
         assert_eq!(
             (ran.code, ran.stdout.trim()),
             (0, EXPECTED),
-            "seed {seed}, crash {crash} after {killed} kills; stderr: {}",
+            "seed {seed}, crash {crash} after {killed} kills, suspending: {suspend:?}; stderr: {}",
             ran.stderr
         );
     }
@@ -270,6 +274,33 @@ fn the_stats_of_a_durable_run_say_what_its_journal_wrote() {
     assert!(text.stderr.lines().any(|l| l.starts_with("journal ") && l.contains(" commits")), "{}", text.stderr);
     let memory = run(&["run", DURABLE, "--stats", "--json"]).expect(0).json();
     assert!(memory["stats"]["journal"].is_null(), "{memory}");
+}
+
+/// `--suspend-after` suspends a durable run's waiting processes (its --stats count them,
+/// the result is the same); `never` keeps them in memory; a value without a unit is
+/// refused naming both ways to write it.
+#[test]
+fn suspend_after_suspends_waiting_processes_and_the_stats_count_them() {
+    let dir = scratch("durable-suspend");
+    let stats_of = |journal: &str, after: &str| {
+        let ran = run(&["run", DURABLE, "--journal", journal, "--suspend-after", after, "--stats", "--json"]).expect(0);
+        let out = ran.json();
+        assert_eq!(out["ok"], serde_json::json!(240), "{out}");
+        out["stats"].clone()
+    };
+    let suspending = stats_of(dir.join("soon").to_str().unwrap(), "1ms");
+    let count = |stats: &serde_json::Value, name: &str| stats[name].as_u64().unwrap_or_else(|| panic!("{stats}"));
+    assert!(count(&suspending, "suspensions") > 0 && count(&suspending, "brought_back") > 0, "{suspending}");
+    assert_eq!(count(&suspending, "suspended_now"), 0, "{suspending}");
+    let never = stats_of(dir.join("never").to_str().unwrap(), "never");
+    assert_eq!((count(&never, "suspensions"), count(&never, "brought_back")), (0, 0), "{never}");
+    let text =
+        run(&["run", DURABLE, "--journal", dir.join("text").to_str().unwrap(), "--suspend-after", "1ms", "--stats"])
+            .expect(0);
+    assert!(text.stderr.lines().any(|l| l.starts_with("suspended ") && l.contains("brought back")), "{}", text.stderr);
+    let refused = run(&["run", DURABLE, "--journal", dir.join("bad").to_str().unwrap(), "--suspend-after", "5"]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(refused.stderr.contains("`5` needs a unit") && refused.stderr.contains("`never`"), "{}", refused.stderr);
 }
 
 #[test]
@@ -682,4 +713,28 @@ fn a_linked_pair_keeps_its_link_when_the_killed_host_resumes() {
     assert!(ran.stderr.contains("resuming process"), "{}", ran.stderr);
     assert!(ran.stderr.contains("exited because linked process"), "{}", ran.stderr);
     assert!(ran.stderr.contains("the linked child failed after 1500 ms"), "{}", ran.stderr);
+}
+
+/// A durable process's HTTP requests carry their commands' idempotency keys, a key each;
+/// a process that is not durable sends none.
+#[test]
+fn a_durable_process_posts_with_its_commands_idempotency_keys() {
+    let recorder = wasmproc_tests::recorder::Recorder::start();
+    let host = recorder.host();
+    let journal = scratch("durable-posted").join("journal");
+    let expected = run(&["run", DURABLE, "--input", "[2, 3]"]).expect(0).stdout;
+    for (path, journal) in [("/durable", Some(journal.to_str().unwrap())), ("/plain", None)] {
+        let input = serde_json::json!([2, 3, recorder.url(path)]).to_string();
+        let mut args = vec!["run", DURABLE, "--method", "posted", "--allow-host", &host, "--input", &input];
+        args.extend(journal.map(|journal| ["--journal", journal]).into_iter().flatten());
+        assert_eq!(run(&args).expect(0).stdout, expected, "{path}");
+    }
+    let received = recorder.received();
+    let durable: Vec<_> = received.iter().filter(|post| post.path == "/durable").collect();
+    let keys: std::collections::HashSet<_> =
+        durable.iter().map(|post| post.key.clone().unwrap_or_else(|| panic!("no key: {post:?}"))).collect();
+    assert_eq!((durable.len(), keys.len()), (6, 6), "2 workers post 3 answers each, a key each: {durable:?}");
+    let plain: Vec<_> = received.iter().filter(|post| post.path == "/plain").collect();
+    assert_eq!(plain.len(), 6, "{plain:?}");
+    assert!(plain.iter().all(|post| post.key.is_none()), "{plain:?}");
 }

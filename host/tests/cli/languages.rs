@@ -9,8 +9,8 @@ use super::*;
 /// The guest runs with the defaults and prints its result; with `--max-core-instances`
 /// below what it needs it fails to load, naming the flag; with it raised it runs.
 ///
-/// The init time limit is raised: instantiating the Python guest copies CPython's memory
-/// image, which in the unoptimised test build, with other tests on the same cores, can
+/// The init time limit is raised: instantiating the Python guest (14 core modules) and
+/// CPython's start, in the unoptimised test build with other tests on the same cores, can
 /// take longer than the default 100 ms.
 fn runs_and_names_the_limit(guest: &str, needs: u32) {
     let run = |args: &[&str]| run(&[args, &["--init-time-limit", "10s"]].concat());

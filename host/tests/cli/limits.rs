@@ -200,6 +200,7 @@ fn documented_defaults_are_the_librarys_constants() {
         ("--max-functions", wasm::DEFAULT_MAX_FUNCTIONS.to_string()),
         ("--time-slice", format!("{}ms", wasm::DEFAULT_TIME_SLICE.as_millis())),
         ("--init-time-limit", format!("{}ms", wasm::DEFAULT_INIT_TIME_LIMIT.as_millis())),
+        ("--hibernate-after", format!("{}ms", scheduler::DEFAULT_HIBERNATE_AFTER.as_millis())),
     ];
     for (flag, default) in &expected {
         assert_eq!(&default_of(flag), default, "the default `run --help` shows for {flag}");

@@ -18,6 +18,7 @@ use wasmproc_tests::guests::{FAN_OUT, HELLO, HOSTILE, TIMERS, WASI_CLI};
 
 mod cache;
 mod cluster;
+mod console;
 mod durable;
 mod hardening;
 mod languages;
@@ -164,6 +165,23 @@ fn stats_count_processes_and_yields_by_command() {
     }
 }
 
+/// `timers` sleeping 100 ms and 200 ms is hibernated whole while it waits (the default
+/// threshold, 10 ms), and with `--no-hibernate-instances` only gives back its stack.
+#[test]
+fn a_sleeping_process_is_hibernated_whole_unless_told_not_to() {
+    let whole = |extra: &[&str]| {
+        let mut args = vec!["run", TIMERS, "--input", "[200, 100]", "--stats", "--json"];
+        args.extend_from_slice(extra);
+        let ran = run(&args).expect(0);
+        let stats = ran.json()["stats"].clone();
+        (stats["hibernated_whole"].as_u64().expect("counted"), stats["woken_whole"].as_u64().expect("counted"))
+    };
+    let (hibernated, woken) = whole(&[]);
+    assert!(hibernated >= 1 && woken == hibernated, "{hibernated} hibernated whole, {woken} woken");
+    assert_eq!(whole(&["--no-hibernate-instances"]), (0, 0));
+    assert_eq!(whole(&["--hibernate-after", "1h"]), (0, 0));
+}
+
 #[test]
 fn timeout_stops_everything_and_exits_4() {
     // `timers` sleeps for each duration given; a minute is far past the timeout.
@@ -257,7 +275,7 @@ fn bad_modules_exit_3() {
     let path = |p: &Path| p.to_str().expect("utf-8").to_owned();
     run(&["run", &path(&text)]).expect(3).error_says("not a WebAssembly file");
     run(&["run", &path(&no_start)]).expect(3).error_says("neither a WASI command nor a process");
-    run(&["run", &path(&other_world)]).expect(3).error_says("does not fit the `wasmproc:process/process@0.2.0` world");
+    run(&["run", &path(&other_world)]).expect(3).error_says("does not fit the `wasmproc:process/process@0.2.1` world");
     run(&["run", &path(&broken)]).expect(3).error_says("failed to compile");
 }
 

@@ -249,14 +249,14 @@ fn text_format_programs_run_inspect_and_compile() {
 
     // Components too: this one is valid text but no program.
     std::fs::write(dir.join("empty.wat"), "(component)").expect("write");
-    run(&["run", &path("empty.wat")]).expect(3).error_says("does not fit the `wasmproc:process/process@0.2.0` world");
+    run(&["run", &path("empty.wat")]).expect(3).error_says("does not fit the `wasmproc:process/process@0.2.1` world");
     // One built for the contract before exit reasons were typed: refused naming both
     // versions, and what to do.
     std::fs::write(dir.join("old.wat"), r#"(component (import "wasmproc:process/host@0.1.0" (instance)))"#)
         .expect("write");
     run(&["run", &path("old.wat")])
         .expect(3)
-        .error_says("built for `wasmproc:process@0.1.0`, but this host runs `wasmproc:process@0.2.0`")
+        .error_says("built for `wasmproc:process@0.1.0`, but this host runs `wasmproc:process@0.2.1`")
         .error_says("rebuild it with the current SDK");
 
     // An error in the text names its line, on one line.

@@ -10,57 +10,41 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use wasmproc_tests::HANG;
-use wasmproc_tests::guests::{COUNTER, SDK_TOUR};
+use wasmproc_tests::guests::{COUNTER, FETCHER, NOTES, SDK_TOUR};
+use wasmproc_tests::served::Served;
+use wasmproc_tests::site::Site;
 
 use super::{Ran, finish, run, scratch, wasmproc};
 
 /// A `wasmproc serve` on a free loopback port, killed (SIGKILL) when dropped.
-struct Server {
-    child: Child,
+pub(super) struct Server {
+    served: Served,
     address: String,
     data: PathBuf,
 }
 
 impl Server {
-    fn start(data: &Path) -> Server {
+    pub(super) fn start(data: &Path) -> Server {
         Server::start_with(data, &[])
     }
 
     fn start_with(data: &Path, flags: &[&str]) -> Server {
-        let data_arg = data.to_str().expect("a UTF-8 path");
-        let mut args = vec!["serve", "--data", data_arg, "--listen", "127.0.0.1:0", "--grace", "1s"];
-        args.extend_from_slice(flags);
-        let mut child = wasmproc(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the server starts");
-        let stderr = child.stderr.take().expect("its stderr");
-        let (found, address) = std::sync::mpsc::channel();
-        // Reads stderr to its end, so the server never blocks on a full pipe.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(at) = line.find("listening on http://") {
-                    let rest = &line[at + "listening on http://".len()..];
-                    let _ = found.send(rest.split_whitespace().next().unwrap_or_default().to_owned());
-                }
-            }
-        });
-        let address = address.recv_timeout(HANG).expect("the server says where it listens");
-        Server { child, address, data: data.to_owned() }
+        let mut flags = flags.to_vec();
+        flags.extend_from_slice(&["--grace", "1s"]);
+        let served = Served::start(wasmproc(&[]), data, &flags, HANG);
+        Server { address: served.address().to_owned(), data: served.data().to_owned(), served }
     }
 
-    fn url(&self) -> String {
+    pub(super) fn url(&self) -> String {
         format!("http://{}", self.address)
     }
 
-    fn admin_token(&self) -> String {
+    pub(super) fn admin_token(&self) -> String {
         std::fs::read_to_string(self.data.join("admin.token")).expect("the admin token").trim().to_owned()
     }
 
     /// A client command against this server with `token`.
-    fn client(&self, token: &str, args: &[&str]) -> Ran {
+    pub(super) fn client(&self, token: &str, args: &[&str]) -> Ran {
         let url = self.url();
         let mut command = wasmproc(args);
         command.env("WASMPROC_SERVER", url).env("WASMPROC_TOKEN", token).stdin(Stdio::null());
@@ -68,14 +52,14 @@ impl Server {
     }
 
     /// Adds tenant `name`; its token.
-    fn tenant(&self, name: &str) -> String {
+    pub(super) fn tenant(&self, name: &str) -> String {
         let added = self.client(&self.admin_token(), &["tenant", "add", name]);
         assert_eq!(added.code, 0, "{}", added.stderr);
         added.stdout.trim().to_owned()
     }
 
     /// A raw request: its status and JSON body.
-    fn http(&self, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> (u16, Value) {
+    pub(super) fn http(&self, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> (u16, Value) {
         self.http_with(method, path, token, "", body)
     }
 
@@ -90,19 +74,26 @@ impl Server {
     }
 
     /// A raw request's body, as text.
-    fn raw(&self, method: &str, path: &str, token: Option<&str>) -> String {
+    pub(super) fn raw(&self, method: &str, path: &str, token: Option<&str>) -> String {
         let answer = self.exchange(method, path, token, b"");
         answer.split_once("\r\n\r\n").map_or(String::new(), |(_, body)| body.to_owned())
     }
 
     /// A request over a connection of its own: the whole answer, head and body.
-    fn exchange(&self, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> String {
+    pub(super) fn exchange(&self, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> String {
         self.exchange_with(method, path, token, "", body)
     }
 
     /// [`Server::exchange`] with `headers`; a `Content-Length` among them replaces the
     /// body's own.
-    fn exchange_with(&self, method: &str, path: &str, token: Option<&str>, headers: &str, body: &[u8]) -> String {
+    pub(super) fn exchange_with(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        headers: &str,
+        body: &[u8],
+    ) -> String {
         let mut stream = TcpStream::connect(&self.address).expect("the server accepts");
         stream.set_read_timeout(Some(HANG)).expect("a read timeout");
         let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
@@ -136,21 +127,13 @@ impl Server {
         String::from_utf8_lossy(&answer).into_owned()
     }
 
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    pub(super) fn kill(self) {
+        self.served.kill();
     }
 }
 
 /// Deploys the SDK tour as `tour` for `token`.
-fn deploy_tour(server: &Server, token: &str) -> String {
+pub(super) fn deploy_tour(server: &Server, token: &str) -> String {
     let deployed = server.client(token, &["deploy", SDK_TOUR, "--name", "tour", "--json"]);
     assert_eq!(deployed.code, 0, "{}", deployed.stderr);
     let answer: Value = serde_json::from_str(&deployed.stdout).expect("JSON");
@@ -203,6 +186,8 @@ fn a_workflow_lives_through_the_api_from_start_to_forget() {
     let ids: Vec<&str> = listed["workflows"].as_array().unwrap().iter().filter_map(|w| w["id"].as_str()).collect();
     assert_eq!(ids, ["w1"]);
     assert_eq!(json_out(&server.client(&token, &["ps", "--state", "running", "--json"]))["workflows"], json!([]));
+    let refused = server.client(&token, &["ps", "--limit", "5000"]);
+    assert!(refused.code == 2 && refused.stderr.contains("`limit` 5000: a page holds 1 to 1000"), "{}", refused.stderr);
     // By when they started: within the last hour, yes; after it or before it started, no.
     let ids_of = |args: &[&str]| -> Vec<String> {
         let listed = json_out(&server.client(&token, &[&["ps", "--json"], args].concat()));
@@ -397,6 +382,82 @@ fn a_sleeping_workflow_is_woken_on_time_across_three_kill_9_restarts() {
     assert!(begun.elapsed() >= Duration::from_secs(4), "woken no earlier than its timer");
 }
 
+/// How many processes the server's `/metrics` counts as suspended.
+fn suspended_now(server: &Server) -> u64 {
+    let metrics = server.raw("GET", "/metrics", Some(&server.admin_token()));
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("wasmproc_processes_suspended "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no `wasmproc_processes_suspended` in:\n{metrics}"))
+}
+
+/// Waits until the server counts `n` processes suspended, for at most [`HANG`].
+fn until_suspended(server: &Server, n: u64) {
+    let deadline = Instant::now() + HANG;
+    while suspended_now(server) != n {
+        assert!(Instant::now() < deadline, "{} suspended, not {n}", suspended_now(server));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Workflows whose processes left memory while they wait (`--suspend-after`) are
+/// signalled, cancelled and terminated through the API as live ones are, and one asleep
+/// across a `kill -9` of the server wakes on time, suspended again after the restart.
+#[test]
+#[ignore = "fails on main: with whole-instance hibernation on, some sleepers are never suspended \
+            (2 of 4 within 20 s), and after a kill -9 the resumed sleeper is not suspended again even \
+            with it off; both since suspension and hibernation landed together"]
+fn suspended_workflows_are_signalled_cancelled_terminated_and_woken_across_a_kill_9() {
+    let data = scratch("serve-suspended");
+    let flags = ["--suspend-after", "10ms"];
+    let server = Server::start_with(&data, &flags);
+    let token = server.tenant("acme");
+    deploy_tour(&server, &token);
+    let start = |id: &str, method: &str, input: &str| {
+        let started = server.client(&token, &["start", "tour", "--id", id, "--method", method, "--input", input]);
+        assert_eq!(started.code, 0, "{}", started.stderr);
+    };
+    let begun = Instant::now();
+    start("sleeper", "deadline", "5000");
+    start("w", "deadline", "60000");
+    start("p", "patient", "null");
+    start("t", "deadline", "60000");
+    until_suspended(&server, 4);
+
+    let signalled = server.client(&token, &["signal", "w", "go", "\"hello\""]);
+    assert_eq!(signalled.code, 0, "{}", signalled.stderr);
+    let result = server.client(&token, &["result", "w", "--wait", "20s"]);
+    assert_eq!((result.code, result.stdout.trim()), (0, "\"done\""), "{}", result.stderr);
+
+    assert_eq!(server.client(&token, &["cancel", "p"]).code, 0);
+    let cancelled = server.client(&token, &["result", "p", "--wait", "20s", "--json"]);
+    let waits = json_out(&cancelled)["workflow"]["result"]["ok"].clone();
+    assert!(
+        waits
+            .as_array()
+            .is_some_and(|w| w.len() == 3 && w.iter().all(|w| w.as_str().is_some_and(|w| w.starts_with("cancelled")))),
+        "{waits}"
+    );
+
+    assert_eq!(server.client(&token, &["terminate", "t"]).code, 0);
+    let terminated = server.client(&token, &["result", "t", "--wait", "20s"]);
+    assert!(terminated.code == 1 && terminated.stderr.contains("terminated"), "{}", terminated.stderr);
+    assert_eq!(suspended_now(&server), 1, "the sleeper only");
+
+    server.kill();
+    let server = Server::start_with(&data, &flags);
+    if begun.elapsed() < Duration::from_secs(4) {
+        until_suspended(&server, 1);
+    }
+    let woken = server.client(&token, &["result", "sleeper", "--wait", "30s"]);
+    assert_eq!((woken.code, woken.stdout.trim()), (0, "\"timeout (5s)\""), "{}", woken.stderr);
+    assert!(begun.elapsed() >= Duration::from_secs(5), "woken no earlier than its timer");
+    assert_eq!(suspended_now(&server), 0);
+    let host = server.http("GET", "/v1/host", Some(&token), b"");
+    assert_eq!((host.0, &host.1["suspended"]), (200, &json!(0)), "{host:?}");
+}
+
 /// A start writes the workflow's record, synced, before its spawn is journaled: a
 /// `kill -9` between the two leaves the record of a workflow the journal never held.
 /// Made here by killing the server and dropping the journal's runs: the next server
@@ -535,14 +596,17 @@ fn the_checked_in_openapi_document_is_the_one_the_server_makes_and_serves() {
             assert!(operation["summary"].is_string(), "{route}: no summary (the handler's doc comment)");
             let responses = operation["responses"].as_object().expect("responses");
             assert!(responses.keys().any(|status| status.starts_with('2')), "{route}: no success");
-            for (status, response) in responses.iter().filter(|(status, _)| !status.starts_with('2')) {
+            // A 304 has no body, by HTTP's rules.
+            for (status, response) in
+                responses.iter().filter(|(status, _)| !status.starts_with('2') && *status != "304")
+            {
                 assert_eq!(
                     response["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/ErrorBody",
                     "{route} {status}: not the error body"
                 );
             }
             let guarded = operation["security"].as_array().is_some_and(|s| s.iter().any(|s| s.get("bearer").is_some()));
-            let open = ["/healthz", "/readyz", "/v1/openapi.json"].contains(&path.as_str());
+            let open = ["/healthz", "/readyz", "/v1/openapi.json", "/ui", "/ui/{file}"].contains(&path.as_str());
             assert_eq!(guarded, !open, "{route}: takes a token: {}", !open);
             assert_eq!(responses.contains_key("401"), guarded, "{route}: answers 401 without a token");
         }
@@ -722,31 +786,45 @@ values = ["acme"]
     for (who, bearer, tags) in
         [("tenant", token.as_str(), ["components", "workflows"]), ("admin", admin.as_str(), ["tenants", "operations"])]
     {
-        let mut command = schemathesis();
-        command.current_dir(&dir).arg("--no-color").arg("--config-file").arg(&config).args([
-            "run",
-            &format!("{}/v1/openapi.json", server.url()),
-            "--header",
-            &format!("Authorization: Bearer {bearer}"),
-            "--include-tag",
-            tags[0],
-            "--include-tag",
-            tags[1],
-            "--checks",
-            "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,\
-             response_headers_conformance",
-            "--max-examples",
-            "30",
-            "--seed",
-            "1",
-            "--workers",
-            "2",
-            // Past the longest `result?wait=` the server grants (60 s).
-            "--request-timeout",
-            "65",
-        ]);
-        // About 15 s each alone on 2 cores; the bound leaves room for a loaded machine.
-        let (status, report) = bounded(command, Duration::from_secs(300));
+        let run = || {
+            let mut command = schemathesis();
+            command.current_dir(&dir).arg("--no-color").arg("--config-file").arg(&config).args([
+                "run",
+                &format!("{}/v1/openapi.json", server.url()),
+                "--header",
+                &format!("Authorization: Bearer {bearer}"),
+                "--include-tag",
+                tags[0],
+                "--include-tag",
+                tags[1],
+                "--checks",
+                "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,\
+                 response_headers_conformance",
+                "--max-examples",
+                "30",
+                "--seed",
+                "1",
+                "--workers",
+                "2",
+                // Past the longest `result?wait=` the server grants (60 s).
+                "--request-timeout",
+                "65",
+            ]);
+            // About 15 s each alone on 2 cores; the bound leaves room for a loaded machine.
+            bounded(command, Duration::from_secs(300))
+        };
+        let (mut status, mut report) = run();
+        // schemathesis can fail in its own Python (CPython's `ast` has raised "AST
+        // constructor recursion depth mismatch" inside hypothesis): a runtime error of the
+        // tool's with no finding about the server and no request that failed to connect.
+        // Such a run is made once more; a finding, or the server gone, fails at once.
+        if !status.success()
+            && report.contains("Runtime Error")
+            && !report.contains("FAILURES")
+            && !report.contains("Network Error")
+        {
+            (status, report) = run();
+        }
         assert!(status.success(), "schemathesis, as the {who}, found answers the document does not allow:\n{report}");
         assert!(report.contains("passed"), "schemathesis, as the {who}, ran no test:\n{report}");
     }
@@ -1208,4 +1286,148 @@ fn a_component_is_removed_once_no_running_workflow_uses_it() {
     assert!(!server.data.join("components").join(format!("{}.wasm", &hash["sha256:".len()..])).exists());
     // Its ended workflow's history is still there.
     assert_eq!(server.http("GET", "/v1/workflows/busy/history", Some(&acme), b"").0, 200);
+}
+
+/// The HTTP hosts and the directories a workflow may be granted lie within its tenant's
+/// policy: granted within it, a workflow fetches from a local server and writes its
+/// notes; past it, the start is refused (403) naming the admin's fix; a directory granted
+/// to read is not written; and nothing of it is granted unless asked for.
+#[test]
+fn a_tenants_policy_bounds_the_hosts_and_directories_its_workflows_are_granted() {
+    let dir = scratch("serve-outside");
+    let (site, shared, elsewhere) = (dir.join("site"), dir.join("shared"), dir.join("elsewhere"));
+    for made in [&site, &shared.join("notes"), &elsewhere] {
+        std::fs::create_dir_all(made).expect("a directory");
+    }
+    std::fs::write(site.join("index.html"), "hello from the server").expect("a page");
+    let page = Site::start(&site);
+    let host = format!("127.0.0.1:{}", page.port());
+    let url = json!({ "url": format!("http://{host}/index.html") }).to_string();
+    let shared_arg = shared.to_str().expect("a UTF-8 path");
+    let server =
+        Server::start_with(&dir.join("data"), &["--kv", "--allow-host", "127.0.0.1:*", "--dir-rw", shared_arg]);
+    let admin = server.admin_token();
+    let acme = server.tenant("acme");
+    let listed = server.client(&admin, &["tenant", "ls"]);
+    assert!(listed.stdout.contains(&format!("hosts=127.0.0.1:*  dirs-rw={shared_arg}")), "{}", listed.stdout);
+    for (guest, name) in [(FETCHER, "fetcher"), (NOTES, "notes")] {
+        let deployed = server.client(&acme, &["deploy", guest, "--name", name]);
+        assert_eq!(deployed.code, 0, "{}", deployed.stderr);
+    }
+    let result = |id: &str| server.client(&acme, &["result", id, "--wait", "30s", "--json"]);
+
+    // Hosts: within the policy, fetched; past it, refused; not asked for, denied.
+    let fetched =
+        server.client(&acme, &["start", "fetcher", "--id", "f1", "--kv", "--allow-host", &host, "--input", &url]);
+    assert_eq!(fetched.code, 0, "{}", fetched.stderr);
+    let answer = json_out(&result("f1"));
+    assert_eq!(answer["workflow"]["result"]["ok"], json!({"status": 200, "bytes": 21, "fetches": 1}), "{answer}");
+    let past = server
+        .client(&acme, &["start", "fetcher", "--id", "f2", "--kv", "--allow-host", "example.com", "--input", &url]);
+    refused(&past, 403, "`wasmproc tenant policy acme --allow-host example.com`");
+    let ungranted = server.client(&acme, &["start", "fetcher", "--id", "f3", "--kv", "--input", &url]);
+    assert_eq!(ungranted.code, 0, "{}", ungranted.stderr);
+    let answer = json_out(&result("f3"));
+    assert_eq!(answer["workflow"]["state"], "failed", "{answer}");
+    assert!(
+        answer["workflow"]["result"]["error"]["message"].as_str().unwrap_or("").contains("http.request"),
+        "{answer}"
+    );
+
+    // Directories: granted to write within the policy, written; granted to read, not.
+    let notes = format!("{}::/notes", shared.join("notes").display());
+    let added = server.client(
+        &acme,
+        &["start", "notes", "--id", "n1", "--method", "add", "--input", "\"apples\"", "--dir-rw", &notes],
+    );
+    assert_eq!(added.code, 0, "{}", added.stderr);
+    assert_eq!(json_out(&result("n1"))["workflow"]["result"]["ok"], 1);
+    assert_eq!(std::fs::read_to_string(shared.join("notes/notes.txt")).expect("the notes"), "apples\n");
+    let read_only = server
+        .client(&acme, &["start", "notes", "--id", "n2", "--method", "add", "--input", "\"pears\"", "--dir", &notes]);
+    assert_eq!(read_only.code, 0, "{}", read_only.stderr);
+    assert_eq!(json_out(&result("n2"))["workflow"]["state"], "failed");
+    assert_eq!(std::fs::read_to_string(shared.join("notes/notes.txt")).expect("the notes"), "apples\n");
+    let outside = format!("{}::/notes", elsewhere.display());
+    let past = server.client(
+        &acme,
+        &["start", "notes", "--id", "n3", "--method", "add", "--input", "\"figs\"", "--dir-rw", &outside],
+    );
+    refused(&past, 403, &format!("`wasmproc tenant policy acme --dir-rw {}`", elsewhere.display()));
+    // A link inside the policy's directory that leads out of it is no way out.
+    std::os::unix::fs::symlink(&elsewhere, shared.join("out")).expect("a link");
+    let through = format!("{}::/notes", shared.join("out").display());
+    let (status, answer) = server.http(
+        "POST",
+        "/v1/workflows",
+        Some(&acme),
+        json!({"component": "notes", "method": "add", "input": "figs", "grants": {"dirs_rw": [through]}})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!((status, answer["error"]["code"].as_str()), (403, Some("beyond_policy")), "{answer}");
+    let (status, answer) = server.http(
+        "POST",
+        "/v1/workflows",
+        Some(&acme),
+        br#"{"component": "notes", "method": "add", "input": "figs", "grants": {"dirs": ["notes::/notes"]}}"#,
+    );
+    assert_eq!((status, answer["error"]["code"].as_str()), (400, Some("invalid")), "{answer}");
+
+    // The admin narrows acme's policy: what was granted before is refused now.
+    let narrowed =
+        server.client(&admin, &["tenant", "policy", "acme", "--deny-host", "127.0.0.1:*", "--no-dir", shared_arg]);
+    assert_eq!(narrowed.code, 0, "{}", narrowed.stderr);
+    let again =
+        server.client(&acme, &["start", "fetcher", "--id", "f4", "--kv", "--allow-host", &host, "--input", &url]);
+    refused(&again, 403, "no HTTP host");
+    let again = server.client(
+        &acme,
+        &["start", "notes", "--id", "n4", "--method", "add", "--input", "\"kiwis\"", "--dir-rw", &notes],
+    );
+    refused(&again, 403, "no directory for `dirs_rw`");
+}
+
+/// A tenant's `max_processes` counts its workflows' processes, children to any depth
+/// included, across a `kill -9` of the server: past it a start is refused (429) and a
+/// workflow's spawn fails, naming the quota; as processes end there is room again.
+#[test]
+fn a_tenants_live_processes_are_bounded_children_included_across_restarts() {
+    let data = scratch("serve-processes");
+    let mut server = Server::start_with(&data, &["--max-processes", "3"]);
+    let acme = server.tenant("acme");
+    deploy_tour(&server, &acme);
+    let start = |server: &Server, id: &str, method: &str, input: &str| {
+        server.client(&acme, &["start", "tour", "--id", id, "--method", method, "--input", input])
+    };
+    // Two processes: the root and its linked child, waiting an hour.
+    assert_eq!(start(&server, "pair", "linked_pair", "3600000").code, 0);
+    // A third: its root fits, its child does not.
+    assert_eq!(start(&server, "second", "linked_pair", "3600000").code, 0);
+    let ended = json_out(&server.client(&acme, &["result", "second", "--wait", "30s", "--json"]));
+    let message = ended["workflow"]["result"]["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("process quota (3)") && message.contains("tenant `acme`"), "{ended}");
+    assert_eq!(start(&server, "third", "race", "[3600000]").code, 0);
+    refused(&start(&server, "fourth", "race", "[0]"), 429, "`wasmproc tenant policy acme --max-processes N`");
+
+    // The next server counts the resumed processes as the last did.
+    server.kill();
+    server = Server::start_with(&data, &["--max-processes", "3"]);
+    refused(&start(&server, "fourth", "race", "[0]"), 429, "3 processes alive");
+    // Ending a root ends its linked child: room for a workflow of two.
+    assert_eq!(server.client(&acme, &["terminate", "pair"]).code, 0);
+    let ended = server.client(&acme, &["result", "pair", "--wait", "30s"]);
+    assert_ne!(ended.code, 0, "terminated: {}", ended.stdout);
+    let room = Instant::now();
+    loop {
+        let started = start(&server, "fourth", "race", "[0]");
+        if started.code == 0 {
+            break;
+        }
+        // The child's end follows its root's by a moment.
+        assert!(room.elapsed() < HANG, "no room after the pair ended: {}", started.stderr);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let result = server.client(&acme, &["result", "fourth", "--wait", "30s"]);
+    assert_eq!((result.code, result.stdout.trim()), (0, "0"), "{}", result.stderr);
 }

@@ -4,21 +4,27 @@
 //! each. The limit to compare with: each store's own synced, batched write rate on records
 //! of the size a step writes.
 //!
-//! The stores: `log` ([`LogStore`], what `Journal::open` makes) and `fjall`
-//! ([`FjallStore`]). `DURABLE_STORE=log` or `=fjall` measures one of them; by default
-//! both, the cycles and the store's rate on each, the other benchmarks on the first.
+//! The stores: `log` ([`LogStore`], what `Journal::open` makes), `fjall`
+//! ([`FjallStore`]) and `jetstream` ([`JetStreamStore`], on a `nats-server -js` on
+//! loopback started for the run, when there is one). `DURABLE_STORE=log`, `=fjall` or
+//! `=jetstream` measures one of them; by default all, the cycles and the store's rate on
+//! each, the recovery on `log` and `jetstream`, the other benchmarks on the first.
+//! `JETSTREAM_PIPELINE=N` sets how many commits the JetStream store keeps in flight
+//! (`JetStreamOptions::pipeline`; its default otherwise), to compare depths in one run.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use wasmproc::cluster::{ClusterConfig, JetStreamOptions, JetStreamStore};
 use wasmproc::handler::{Completer, ReadOnly, Request};
 use wasmproc::journal::{Batch, FjallStore, Journal, JournalSettings, Key, LogStore, Store};
 use wasmproc::scheduler::{SpawnOptions, Spawnable};
 use wasmproc::wasm::{Component, Config, Runtime};
 use wasmproc::{Capabilities, Command, Events, Payload, Port, Process, Scheduler, Status, StepOutput};
 use wasmproc_tests::bench::{Condition, Options, Record, Report, measure_pair};
+use wasmproc_tests::nats::Server;
 
 use crate::wasm::{GUEST, INIT_TIME_LIMIT};
 use crate::{WARMUP, short};
@@ -176,14 +182,55 @@ fn store_rate(store: &dyn Store, records: u64, size: usize, group: u64) -> Durat
 }
 
 /// The stores to measure (`DURABLE_STORE`): the first is the one of every benchmark,
-/// the others are measured on the cycles and on their own rate.
+/// the others are measured on the cycles and on their own rate. `jetstream` only with a
+/// server to run it on.
 fn stores() -> Vec<&'static str> {
-    match std::env::var("DURABLE_STORE").as_deref() {
+    let all = match std::env::var("DURABLE_STORE").as_deref() {
         Ok("log") => vec!["log"],
         Ok("fjall") => vec!["fjall"],
-        Ok(other) if !other.is_empty() => panic!("`DURABLE_STORE={other}`: expected `log` or `fjall`"),
-        _ => vec!["log", "fjall"],
-    }
+        Ok("jetstream") => vec!["jetstream"],
+        Ok(other) if !other.is_empty() => panic!("`DURABLE_STORE={other}`: expected `log`, `fjall` or `jetstream`"),
+        _ => vec!["log", "fjall", "jetstream"],
+    };
+    all.into_iter()
+        .filter(|store| match (*store, jetstream()) {
+            ("jetstream", Err(why)) => {
+                println!("durable/ on jetstream: skipped: {why}");
+                false
+            }
+            _ => true,
+        })
+        .collect()
+}
+
+/// How many commits the JetStream store keeps in flight: `JETSTREAM_PIPELINE`, or the
+/// store's default.
+pub(crate) fn pipeline() -> usize {
+    std::env::var("JETSTREAM_PIPELINE")
+        .ok()
+        .and_then(|depth| depth.parse().ok())
+        .unwrap_or(wasmproc::cluster::DEFAULT_PIPELINE)
+}
+
+/// The run's JetStream server, started at first use.
+pub(crate) fn jetstream() -> Result<&'static Server, &'static str> {
+    static SERVER: OnceLock<Result<Server, String>> = OnceLock::new();
+    SERVER.get_or_init(Server::start_jetstream).as_ref().map_err(String::as_str)
+}
+
+/// A journal on the run's JetStream server (which is the run's alone), one shard of the
+/// journals' stream per `name`: the same whenever a name is opened again in the run.
+fn jetstream_journal(name: &str) -> Journal {
+    static SHARDS: OnceLock<Mutex<std::collections::HashMap<String, u32>>> = OnceLock::new();
+    let server = jetstream().expect("the run's JetStream server");
+    let shard = {
+        let mut shards = SHARDS.get_or_init(Mutex::default).lock();
+        let next = shards.len() as u32;
+        *shards.entry(name.to_owned()).or_insert(next)
+    };
+    let options = JetStreamOptions::new().shard(shard).pipeline(pipeline());
+    let store = JetStreamStore::open(&ClusterConfig::new(server.url()), &options).expect("the store opens");
+    Journal::with_store(store)
 }
 
 /// Durable against in-memory step cycles of `processes` × `each`, with what the journal
@@ -196,7 +243,7 @@ fn measure_cycles(
     durable: &Scheduler,
     memory: &Scheduler,
     (processes, each): (u64, u64),
-) {
+) -> (u64, f64, f64) {
     let before = durable.handle().journal_stats().expect("durable");
     let (ours, theirs) = measure_pair(options.runs, WARMUP, &mut || cycles(durable, processes, each), &mut || {
         cycles(memory, processes, each)
@@ -215,12 +262,14 @@ fn measure_cycles(
         short((commits as f64 / (ours.median.as_secs_f64() * runs as f64)) as u64),
         short((records as f64 / (ours.median.as_secs_f64() * runs as f64)) as u64),
     );
+    (bytes / records.max(1), records as f64 / commits.max(1) as f64, steps as f64 / ours.median.as_secs_f64())
 }
 
 /// A journal on the store of kind `store` in `dir`.
 fn open_journal(store: &str, dir: &Path) -> Journal {
     match store {
         "fjall" => Journal::with_store(FjallStore::open(dir).expect("the store opens")),
+        "jetstream" => jetstream_journal(&dir.file_name().map(|name| name.to_string_lossy()).unwrap_or_default()),
         _ => Journal::with_store(LogStore::open(dir).expect("the store opens")),
     }
 }
@@ -229,7 +278,6 @@ pub fn run(options: &Options, report: &mut Report) {
     let scale = if options.quick { 10 } else { 1 };
     let (processes, each) = (200 / scale, 500);
     let lifecycle_count = 20_000 / scale;
-    let stores = stores();
     let cycles_name =
         |store: &str| format!("durable/cycles-{}x{}-w{}-{store}", short(processes), short(each), options.workers);
     let read_cycles_name =
@@ -238,11 +286,17 @@ pub fn run(options: &Options, report: &mut Report) {
     let lifecycle_name = format!("durable/lifecycle-{}-w{}", short(lifecycle_count), options.workers);
     let latency_name = "durable/commit-wait-p50".to_owned();
     let recovery_name = format!("durable/recovery-{}x{}", short(RECOVERY_PROCESSES), RECOVERY_STEPS);
-    let mut names = vec![lifecycle_name.clone(), latency_name.clone(), recovery_name.clone()];
-    names.extend(stores.iter().flat_map(|store| [cycles_name(store), read_cycles_name(store), store_name(store)]));
+    let mut names =
+        vec![lifecycle_name.clone(), latency_name.clone(), recovery_name.clone(), format!("{recovery_name}-jetstream")];
+    names.extend(
+        ["log", "fjall", "jetstream"]
+            .iter()
+            .flat_map(|store| [cycles_name(store), read_cycles_name(store), store_name(store)]),
+    );
     if !names.iter().any(|name| options.selected(name)) {
         return;
     }
+    let stores = stores();
     let bytes = std::fs::read(GUEST).unwrap_or_else(|e| panic!("failed to read `{GUEST}`: {e}"));
     let bytes = component(&bytes);
     let memory = scheduler(&bytes, options.workers, None, None, Now::Effect);
@@ -263,7 +317,32 @@ pub fn run(options: &Options, report: &mut Report) {
         let journal = open_journal(store, &journal_dir(&format!("runs-{store}"))).settings(settings.clone());
         let durable = scheduler(&bytes, options.workers, Some(journal), None, Now::Effect);
         if options.selected(&cycles_name) {
-            measure_cycles(options, report, &cycles_name, store, &durable, &memory, (processes, each));
+            let (record_bytes, per_commit, steps_rate) =
+                measure_cycles(options, report, &cycles_name, store, &durable, &memory, (processes, each));
+            if *store == "jetstream" && options.selected("jetstream/publish-raw") {
+                // The limit: the server's own acknowledged publishes, one at a time as the
+                // store makes them, of the size the cycles' commits had.
+                let server = jetstream().expect("the run's JetStream server");
+                let per_commit = per_commit.round().max(1.0) as usize;
+                let commits = (processes * each) / per_commit as u64;
+                let raw = crate::jetstream::raw_publish_rate(
+                    server,
+                    record_bytes as usize,
+                    per_commit,
+                    commits.max(100),
+                    pipeline(),
+                );
+                println!(
+                    "  JetStream alone, acknowledged publishes of {per_commit} records of {record_bytes} bytes, {} in flight: {} records/s; the durable steps reach {:.0}% of it",
+                    pipeline(),
+                    short(raw as u64),
+                    steps_rate / raw * 100.0
+                );
+                report.push(Record::single("jetstream/publish-raw", "records/s", raw));
+                let ratio = Record::single(format!("{cycles_name}-vs-publish"), "steps/s", steps_rate)
+                    .with_baseline(raw, raw / steps_rate);
+                report.push(ratio.goal(Condition::ratio_at_most(2.0)));
+            }
         }
         let read_cycles_name = read_cycles_name(store);
         if options.selected(&read_cycles_name) {
@@ -301,9 +380,9 @@ pub fn run(options: &Options, report: &mut Report) {
     let rated: Vec<&str> = stores.iter().copied().filter(|store| options.selected(&store_name(store))).collect();
     let records = 200_000 / scale;
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); rated.len()];
-    for _ in 0..3 {
+    for run in 0..3 {
         for (store, rates) in rated.iter().zip(&mut rates) {
-            let opened = open_journal(store, &journal_dir(&format!("store-{store}")));
+            let opened = open_journal(store, &journal_dir(&format!("store-{store}-{run}")));
             let elapsed = store_rate(&**opened.store(), records, 200, 64);
             rates.push(records as f64 / elapsed.as_secs_f64());
         }
@@ -314,9 +393,19 @@ pub fn run(options: &Options, report: &mut Report) {
         report.push(Record::single(store_name(store), "records/s", rates[rates.len() / 2]));
     }
 
-    if options.selected(&recovery_name) {
-        let store = stores[0];
-        let dir = journal_dir("recovery");
+    let recovered: Vec<&str> = stores
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|&(i, store)| i == 0 || store == "jetstream")
+        .map(|(_, store)| store)
+        .collect();
+    for store in recovered {
+        let recovery_name = if store == stores[0] { recovery_name.clone() } else { format!("{recovery_name}-{store}") };
+        if !options.selected(&recovery_name) {
+            continue;
+        }
+        let dir = journal_dir(&format!("recovery-{store}"));
         let held = Arc::new(Held::default());
         let s = scheduler(&bytes, options.workers, Some(open_journal(store, &dir)), Some(held.clone()), Now::Effect);
         for _ in 0..RECOVERY_PROCESSES / scale {

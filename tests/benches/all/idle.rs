@@ -10,6 +10,10 @@
 //! wasmtime's pooling allocator with copy-on-write images at 10k; without them, at 100k,
 //! it shows where its map-count wall is (it has no 100k figure to compare with).
 //!
+//! The same is measured for a guest written with the SDK (`examples-wasm/ping-pong`'s
+//! `pong`, waiting in `ctx.recv()`): `idle/sdk-rss-per-process-*`, at 10k and 100k (1k
+//! and 10k quick), against the issue's goal of Lunatic's 30 KiB.
+//!
 //! A child reports to the parent on its stdout: `@sample <live> <rss KiB over the
 //! baseline>` lines and one `@result <json>` line; every other line is for the reader.
 
@@ -42,8 +46,57 @@ const WAIT_CAP: Duration = Duration::from_secs(120);
 const MIN_AVAILABLE_KIB: u64 = 4 * 1024 * 1024;
 /// Set in a child's environment to the measurement it runs.
 pub const CHILD_ENV: &str = "WASMPROC_BENCH_CHILD";
+/// Processes whose wake a child times, one at a time, after measuring their memory.
+const WAKES_TIMED: usize = 1_000;
+/// The issue's goals for a hibernated process's wake, in microseconds.
+const WAKE_GOAL_P50_US: f64 = 50.0;
+const WAKE_GOAL_P99_US: f64 = 500.0;
 /// RSS samples a child takes on the way to its count.
 const SAMPLES: u64 = 10;
+/// The SDK guest of `idle/sdk-*`: its `pong` entry waits in `ctx.recv()` until a `stop`.
+const SDK_GUEST: &str = env!("GUEST_PING_PONG");
+/// What an idle SDK process may cost: Lunatic's 30 KiB for the same process (issue 34).
+const SDK_GOAL_KIB: f64 = 30.0;
+
+/// The guest an idle child spawns: its path, the entry that waits, and the message topic
+/// that ends it.
+#[derive(Clone, Copy)]
+enum Guest {
+    /// The bench guest, written without the SDK.
+    Bench,
+    /// [`SDK_GUEST`].
+    Sdk,
+}
+
+impl Guest {
+    fn path(self) -> &'static str {
+        match self {
+            Guest::Bench => GUEST,
+            Guest::Sdk => SDK_GUEST,
+        }
+    }
+
+    fn entry(self) -> &'static str {
+        match self {
+            Guest::Bench => "idle",
+            Guest::Sdk => "pong",
+        }
+    }
+
+    fn stop_topic(self) -> &'static str {
+        match self {
+            Guest::Bench => "",
+            Guest::Sdk => "stop",
+        }
+    }
+
+    fn task(self) -> &'static str {
+        match self {
+            Guest::Bench => "wasmproc",
+            Guest::Sdk => "wasmproc-sdk",
+        }
+    }
+}
 
 /// What a child found, from its `@result` line.
 #[derive(Default)]
@@ -57,7 +110,9 @@ struct Found {
 pub fn run(options: &Options, report: &mut Report, plots: &mut Plots) {
     let counts: &[u64] = if options.quick { &[1_000, 10_000] } else { &[10_000, 100_000, 1_000_000] };
     let name = |what: &str, count: u64| format!("idle/{what}-{}", short(count));
-    if !counts.iter().any(|&c| options.selected(&name("rss-per-process", c))) {
+    let sdk_counts: &[u64] = if options.quick { &[1_000, 10_000] } else { &[10_000, 100_000] };
+    let bench_selected = counts.iter().any(|&c| options.selected(&name("rss-per-process", c)));
+    if !bench_selected && !sdk_counts.iter().any(|&c| options.selected(&name("sdk-rss-per-process", c))) {
         return;
     }
     let max_maps = std::fs::read_to_string("/proc/sys/vm/max_map_count").map(|s| s.trim().to_owned());
@@ -65,6 +120,33 @@ pub fn run(options: &Options, report: &mut Report, plots: &mut Plots) {
         "  idle: one run a count, each in a child process; vm.max_map_count = {}",
         max_maps.as_deref().unwrap_or("?")
     );
+    if bench_selected {
+        bench_guest(options, counts, report, plots);
+    }
+    for &count in sdk_counts {
+        let name = name("sdk-rss-per-process", count);
+        if !options.selected(&name) {
+            continue;
+        }
+        let found = run_child(&format!("{} {count} {}", Guest::Sdk.task(), options.workers));
+        let figure = |field: &str| found.result.as_ref().and_then(|r| r[field].as_f64()).unwrap_or(f64::NAN);
+        report.push(Record::single(name, "KiB", figure("rss_kib_per")).goal(Condition::median_at_most(SDK_GOAL_KIB)));
+        let name = |what: &str| format!("idle/sdk-{what}-{}", short(count));
+        report.push(Record::single(name("page-tables-per-process"), "KiB", figure("pte_kib_per")));
+        report.push(
+            Record::single(name("wake-p50"), "µs", figure("wake_p50_us"))
+                .goal(Condition::median_at_most(WAKE_GOAL_P50_US)),
+        );
+        report.push(
+            Record::single(name("wake-p99"), "µs", figure("wake_p99_us"))
+                .goal(Condition::median_at_most(WAKE_GOAL_P99_US)),
+        );
+    }
+}
+
+/// The bench guest's rows, at `counts`, against raw wasmtime's.
+fn bench_guest(options: &Options, counts: &[u64], report: &mut Report, plots: &mut Plots) {
+    let name = |what: &str, count: u64| format!("idle/{what}-{}", short(count));
     let raw_with_cow = counts[0];
     let raw = run_child(&format!("raw {raw_with_cow} true"));
     if !options.quick {
@@ -79,7 +161,7 @@ pub fn run(options: &Options, report: &mut Report, plots: &mut Plots) {
         if !options.selected(&name("rss-per-process", count)) {
             continue;
         }
-        let found = run_child(&format!("wasmproc {count} {}", options.workers));
+        let found = run_child(&format!("{} {count} {}", Guest::Bench.task(), options.workers));
         let Some(result) = found.result else {
             report.push(Record::single(name("reached", count), "processes", 0.0));
             continue;
@@ -98,6 +180,14 @@ pub fn run(options: &Options, report: &mut Report, plots: &mut Plots) {
         }
         report.push(rss);
         report.push(Record::single(name("page-tables-per-process", count), "KiB", figure("pte_kib_per")));
+        report.push(
+            Record::single(name("wake-p50", count), "µs", figure("wake_p50_us"))
+                .goal(Condition::median_at_most(WAKE_GOAL_P50_US)),
+        );
+        report.push(
+            Record::single(name("wake-p99", count), "µs", figure("wake_p99_us"))
+                .goal(Condition::median_at_most(WAKE_GOAL_P99_US)),
+        );
         plots.rss.push((format!("wasmproc, {} asked", short(count)), found.samples));
     }
 }
@@ -180,7 +270,10 @@ pub fn child(task: &str) {
     let words: Vec<&str> = task.split(' ').collect();
     match words.as_slice() {
         ["wasmproc", count, workers] => {
-            idle_wasmproc(count.parse().expect("a count"), workers.parse().expect("workers"))
+            idle_wasmproc(Guest::Bench, count.parse().expect("a count"), workers.parse().expect("workers"))
+        }
+        ["wasmproc-sdk", count, workers] => {
+            idle_wasmproc(Guest::Sdk, count.parse().expect("a count"), workers.parse().expect("workers"))
         }
         ["raw", count, cow] => idle_raw(count.parse().expect("a count"), cow.parse().expect("a bool")),
         _ => panic!("unknown child task `{task}`"),
@@ -249,11 +342,11 @@ fn kib(bytes: u64) -> String {
     }
 }
 
-/// `count` `idle` processes of the host, spawned from this thread, each waiting for a
-/// message after its first step.
-fn idle_wasmproc(count: u32, workers: usize) {
-    let label = format!("wasmproc idle x{count}");
-    let bytes = std::fs::read(GUEST).expect("the guest is readable");
+/// `count` idle processes of `guest` on the host, spawned from this thread, each waiting
+/// for a message after its first step.
+fn idle_wasmproc(guest: Guest, count: u32, workers: usize) {
+    let label = format!("{} idle x{count}", guest.task());
+    let bytes = std::fs::read(guest.path()).expect("the guest is readable");
     let vm_before = status_kib("VmSize");
     let config = Config::default().max_instances(count).init_time_limit(INIT_TIME_LIMIT).no_disk_cache();
     let runtime = match Runtime::new(config) {
@@ -275,8 +368,8 @@ fn idle_wasmproc(count: u32, workers: usize) {
         .expect("the scheduler starts");
     let steps = || s.handle().stats().workers.iter().map(|w| w.executed).sum::<u64>();
     // One process first, so the first-use costs (code pages, buffers) are in the baseline.
-    let warm = s.handle().spawn(Spawnable::kind("bench"), "idle").expect("one idle process starts");
-    s.handle().send(warm.pid(), "", Payload::empty()).expect("it takes a message");
+    let warm = s.handle().spawn(Spawnable::kind("bench"), guest.entry()).expect("one idle process starts");
+    s.handle().send(warm.pid(), guest.stop_topic(), Payload::empty()).expect("it takes a message");
     warm.join().expect("it ends");
 
     let (rss_before, pte_before, maps_before, steps_before) =
@@ -291,6 +384,8 @@ fn idle_wasmproc(count: u32, workers: usize) {
     let sample_every = (u64::from(count) / SAMPLES).max(1);
     let start = Instant::now();
     let mut pids: Vec<Pid> = Vec::with_capacity(count as usize);
+    // The first processes' handles, to time their wakes.
+    let mut timed = Vec::with_capacity(WAKES_TIMED);
     let mut failure = None;
     for spawned in 0..u64::from(count) {
         if spawned % 1024 == 0 && proc_kib("/proc/meminfo", "MemAvailable") < MIN_AVAILABLE_KIB {
@@ -305,8 +400,13 @@ fn idle_wasmproc(count: u32, workers: usize) {
             wait_for_first_steps(spawned);
             println!("@sample {spawned} {}", status_kib("VmRSS").saturating_sub(rss_before));
         }
-        match s.handle().spawn(Spawnable::kind("bench"), "idle") {
-            Ok(handle) => pids.push(handle.pid()),
+        match s.handle().spawn(Spawnable::kind("bench"), guest.entry()) {
+            Ok(handle) => {
+                pids.push(handle.pid());
+                if timed.len() < WAKES_TIMED {
+                    timed.push(handle);
+                }
+            }
             Err(e) => {
                 failure = Some(format!("spawn {} failed: {e:#}", spawned + 1));
                 break;
@@ -350,7 +450,31 @@ fn idle_wasmproc(count: u32, workers: usize) {
     if let Some(failure) = &failure {
         println!("{label}: {failure}");
     }
+    let whole = runtime.hibernation_stats();
+    println!(
+        "{label}: {} hibernated whole, keeping {:.1} KiB of memory a process",
+        whole.hibernated,
+        whole.kept_bytes as f64 / 1024.0 / whole.hibernated.max(1) as f64
+    );
+    // Wakes: a message to a hibernated process, one at a time, until it has ended (its
+    // instance made again, its step run, its end reported to the handle).
+    let mut wakes: Vec<f64> = Vec::with_capacity(timed.len());
+    for handle in &timed {
+        let sent = Instant::now();
+        let _ = s.handle().send(handle.pid(), guest.stop_topic(), Payload::empty());
+        if handle.join_timeout(WAIT_CAP).is_some() {
+            wakes.push(sent.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    wakes.sort_by(f64::total_cmp);
+    let percentile =
+        |p: f64| wakes.get(((wakes.len() as f64 * p) as usize).min(wakes.len().saturating_sub(1))).copied();
+    let (wake_p50, wake_p99) = (percentile(0.5).unwrap_or(f64::NAN), percentile(0.99).unwrap_or(f64::NAN));
+    println!("{label}: {} wakes timed: p50 {wake_p50:.1} µs, p99 {wake_p99:.1} µs", wakes.len());
     let result = json!({
+        "wake_p50_us": wake_p50,
+        "wake_p99_us": wake_p99,
+        "hibernated_whole": whole.hibernated,
         "spawned": spawned,
         "rss_kib_per": rss_per,
         "arenas_kib_per": per(arena),
@@ -362,7 +486,7 @@ fn idle_wasmproc(count: u32, workers: usize) {
     println!("@result {result}");
     let release = Instant::now();
     for pid in pids {
-        let _ = s.handle().send(pid, "", Payload::empty());
+        let _ = s.handle().send(pid, guest.stop_topic(), Payload::empty());
     }
     let drained = s.handle().wait_idle(Some(WAIT_CAP));
     println!(

@@ -12,8 +12,11 @@
 //!   without the process start of the binary;
 //! - `lang/spawn-<lang>`: `main(200)` on `WORKERS` workers, over 200: one child's
 //!   instantiation, `init`, step and exit, and its share of the parent's steps;
-//! - `lang/idle-memory-<lang>`: RSS added by `idle` processes that have run their first
-//!   step and wait for a message, per process (200 of them; 20 with `QUICK`).
+//! - `lang/idle-memory-<lang>`: memory added by `idle` processes that have run their
+//!   first step and wait for a message, per process (200 of them; 20 with `QUICK`): the
+//!   growth of the proportional set size (`Pss`) and the page tables. Not RSS: a page of
+//!   a component's memory image shared by every process that reads it (`image.rs` in the
+//!   host) would count in RSS once for each of them.
 //!
 //! The figures have no baseline: Rust's are the reference the others are read against
 //! (BENCHMARKS.md).
@@ -128,11 +131,11 @@ fn fan_out(component: &Component, n: u64, workers: usize) -> Duration {
     took
 }
 
-/// RSS added per process by `count` processes of `component` waiting in `idle` after
-/// their first step.
+/// Memory (`Pss` and page tables) added per process by `count` processes of `component`
+/// waiting in `idle` after their first step.
 fn idle_kib_per_process(component: &Component, count: u64) -> f64 {
     let s = Scheduler::builder().workers(1).kind("guest", component.clone()).build().expect("the scheduler starts");
-    let rss_before = rss_kib();
+    let rss_before = memory_kib();
     let mut processes = Vec::new();
     for _ in 0..count {
         let options = SpawnOptions::new("idle").input(vec![Payload::json(&()).expect("null serialises")]);
@@ -143,18 +146,21 @@ fn idle_kib_per_process(component: &Component, count: u64) -> f64 {
         assert!(Instant::now() < deadline, "the idle processes did not all step");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let per = rss_kib().saturating_sub(rss_before) as f64 / count as f64;
+    let per = memory_kib().saturating_sub(rss_before) as f64 / count as f64;
     s.stop(Duration::from_secs(5));
     drop(processes);
     per
 }
 
-/// This process's resident set, from `/proc/self/status`.
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status is readable");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS is in /proc/self/status")
+/// This process's proportional set size (a page mapped by several mappings counted
+/// once) and page tables, in KiB.
+fn memory_kib() -> u64 {
+    let field = |path: &str, name: &str| -> u64 {
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("`{path}`: {e}"));
+        text.lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no `{name}` in `{path}`"))
+    };
+    field("/proc/self/smaps_rollup", "Pss:") + field("/proc/self/status", "VmPTE:")
 }

@@ -18,6 +18,9 @@
 //!             what-if engine settings for the raw wasmtime side only
 //! TAIL_ONLY=a,b
 //!             `sandbox/tail-…`: only these of the hostile guests that misbehave once
+//! SERVICE_WASMPROC=p
+//!             `service/`, `console/`: run this `wasmproc` binary as the server instead of building
+//!             this workspace's (to alternate an older build against a newer one)
 //! ```
 //!
 //! A paired benchmark runs each side once to warm up, then alternates the sides so that
@@ -37,17 +40,23 @@
 //! - [`http`]: an `http` provider call against a direct request with the same client;
 //! - [`cluster`]: two nodes over a real `nats-server` against one node and raw NATS;
 //! - [`idle`]: memory per idle process, each count in a child process;
+//! - [`suspend`]: memory per suspended durable process and its wake latency, each count
+//!   in a child process;
 //! - [`languages`]: Rust, Python and JavaScript guests side by side;
 //! - [`cli`]: `wasmproc run` against `wasmtime run`, cold;
 //! - [`service`]: `wasmproc serve`'s HTTP API against the library, and against Restate
 //!   when node and npm can install it;
+//! - [`console`]: the console's page in headless chromium with 100,000 workflows in the
+//!   server: its weight and its time to first render, against their budgets;
 //! - [`plot`]: the SVGs drawn from what the others measured.
 
 mod cli;
 mod cluster;
+mod console;
 mod durable;
 mod http;
 mod idle;
+mod jetstream;
 mod kv;
 mod languages;
 mod links;
@@ -55,6 +64,7 @@ mod plot;
 mod scheduler;
 mod service;
 mod supervision;
+mod suspend;
 mod tail;
 mod wasm;
 
@@ -69,7 +79,11 @@ pub(crate) const WARMUP: usize = 1;
 
 fn main() {
     if let Ok(task) = std::env::var(idle::CHILD_ENV) {
-        idle::child(&task);
+        if task.starts_with("suspended ") {
+            suspend::child(&task);
+        } else {
+            idle::child(&task);
+        }
         return;
     }
     let options = Options::from_env();
@@ -92,13 +106,16 @@ fn main() {
     wasm::run(&options, &mut report, &mut plots);
     tail::run(&options, &mut report);
     durable::run(&options, &mut report);
+    jetstream::run(&options, &mut report);
     kv::run(&options, &mut report);
     http::run(&options, &mut report);
     cluster::run(&options, &mut report);
     idle::run(&options, &mut report, &mut plots);
+    suspend::run(&options, &mut report);
     languages::run(&options, &mut report);
     cli::run(&options, &mut report);
     service::run(&options, &mut report);
+    console::run(&options, &mut report);
     let load_after = load_average();
     let steal = cpu_times().zip(cpu_before).map(|(after, before)| after.steal_since(&before));
 

@@ -15,10 +15,13 @@
 //!   time from sending the start to having the result; baseline the library's spawn to
 //!   join.
 //! - `service/rss-10k-sleeping`: the resident memory of a fresh server holding 10,000
-//!   workflows asleep (`race` with `[3600000]`), once, after the rest.
+//!   workflows asleep (`race` with `[3600000]`), once, after the rest, measured once
+//!   the server has suspended them (`wasmproc_processes_suspended` in its `/metrics`
+//!   counts them all, after its default `--suspend-after`; at most two minutes).
 //!
-//! The server is the `wasmproc` binary built with the bench (`serve --workers WORKERS`,
-//! quotas and rate lifted), run as a process of its own, so its memory is its own.
+//! The server is the `wasmproc` binary built with the bench, or `SERVICE_WASMPROC`'s
+//! (`serve --workers WORKERS`, quotas and rate lifted), run as a process of its own, so
+//! its memory is its own.
 //!
 //! **Restate.** When `node` and `npm` are on `PATH`, Restate 1.7.12's server and its
 //! TypeScript SDK (`@restatedev/restate-sdk`) are installed once with npm under the
@@ -35,7 +38,6 @@
 //!
 //! Quick mode divides the counts by 10 (sleepers: 1,000).
 
-use std::io::{BufRead as _, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -50,6 +52,7 @@ use wasmproc::wasm::{Config, Runtime};
 use wasmproc::{Capabilities, Payload, Scheduler};
 use wasmproc_tests::bench::{Condition, Options, Record, Report, Sample};
 use wasmproc_tests::guests::SDK_TOUR;
+use wasmproc_tests::served::Served;
 
 use crate::{WARMUP, short};
 
@@ -72,16 +75,7 @@ pub fn run(options: &Options, report: &mut Report) {
     if ![&throughput, &latency, &memory].iter().any(|name| options.selected(name)) {
         return;
     }
-    let scratch = crate::target_dir().join("bench").join("service");
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch).expect("the scratch directory can be made");
-    let wasmproc = crate::cli::build_wasmproc();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .thread_name("bench-service-client")
-        .build()
-        .expect("the client's runtime starts");
+    let (scratch, wasmproc, runtime) = served_bench("service");
     let client = client();
     let restate = match Restate::start(&scratch) {
         Ok(restate) => Some(restate),
@@ -189,8 +183,25 @@ fn paired(
     }
 }
 
+/// What a bench of `wasmproc serve` named `name` starts from: an empty scratch directory
+/// of its own, the `wasmproc` binary to serve (`SERVICE_WASMPROC`, or this workspace's),
+/// and a runtime for its clients.
+pub(crate) fn served_bench(name: &str) -> (PathBuf, PathBuf, tokio::runtime::Runtime) {
+    let scratch = crate::target_dir().join("bench").join(name);
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).expect("the scratch directory can be made");
+    let wasmproc = std::env::var_os("SERVICE_WASMPROC").map_or_else(crate::cli::build_wasmproc, PathBuf::from);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name(format!("bench-{name}-client"))
+        .build()
+        .expect("the client's runtime starts");
+    (scratch, wasmproc, runtime)
+}
+
 /// A plain-HTTP client with a connection kept for each client at once.
-fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .tls_backend_preconfigured(super::http::plain_tls())
         .no_proxy()
@@ -257,48 +268,27 @@ async fn exchange(request: reqwest::RequestBuilder, what: &str) -> (u16, Vec<u8>
 }
 
 /// A `wasmproc serve` of its own, killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-    data: PathBuf,
+pub(crate) struct Server {
+    served: Served,
+    pub(crate) url: String,
 }
 
 impl Server {
-    fn start(wasmproc: &Path, data: &Path, workers: usize) -> Server {
-        let mut child = Command::new(wasmproc)
-            .args(["serve", "--listen", "127.0.0.1:0", "--rate", "1000000", "--max-running", "1000000"])
-            .arg("--workers")
-            .arg(workers.to_string())
-            .arg("--data")
-            .arg(data)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the server starts");
-        let stderr = child.stderr.take().expect("its stderr");
-        let (found, address) = std::sync::mpsc::channel();
-        // Reads stderr to its end, so the server never blocks on a full pipe.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(at) = line.find("listening on http://") {
-                    let rest = &line[at + "listening on http://".len()..];
-                    let _ = found.send(rest.split_whitespace().next().unwrap_or_default().to_owned());
-                }
-            }
-        });
-        let address = address.recv_timeout(PATIENCE).expect("the server says where it listens");
-        Server { child, url: format!("http://{address}"), data: data.to_owned() }
+    pub(crate) fn start(wasmproc: &Path, data: &Path, workers: usize) -> Server {
+        let workers = workers.to_string();
+        let flags = ["--rate", "1000000", "--max-running", "1000000", "--workers", &workers];
+        let served = Served::start(Command::new(wasmproc), data, &flags, PATIENCE);
+        Server { url: served.url(), served }
     }
 
     /// Adds a tenant and deploys the SDK tour as `tour`; the tenant's token.
-    fn tenant(&self, runtime: &tokio::runtime::Runtime, client: &reqwest::Client) -> String {
-        let admin = std::fs::read_to_string(self.data.join("admin.token")).expect("the admin token");
+    pub(crate) fn tenant(&self, runtime: &tokio::runtime::Runtime, client: &reqwest::Client) -> String {
+        let admin = self.served.admin_token();
         let bytes = std::fs::read(SDK_TOUR).expect("the SDK tour guest");
         runtime.block_on(async {
             let add = client
                 .post(format!("{}/v1/tenants", self.url))
-                .bearer_auth(admin.trim())
+                .bearer_auth(&admin)
                 .body(json!({"name": "bench"}).to_string());
             let (status, body) = exchange(add, "adding a tenant").await;
             assert_eq!(status, 201, "adding a tenant: {}", String::from_utf8_lossy(&body));
@@ -327,7 +317,7 @@ impl Server {
         assert_eq!(answer["workflow"]["result"], json!({"ok": expected}), "{answer}");
     }
 
-    fn workflows(
+    pub(crate) fn workflows(
         &self,
         runtime: &tokio::runtime::Runtime,
         client: &reqwest::Client,
@@ -392,24 +382,39 @@ impl Server {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         });
+        // Asleep for longer than the server's `--suspend-after` (its default), each
+        // sleeper leaves memory: the memory measured is the server's with them suspended.
+        let admin = self.served.admin_token();
+        let metrics = format!("{}/metrics", self.url);
+        let begun = Instant::now();
+        let suspended = runtime.block_on(async {
+            loop {
+                let (_, body) = exchange(client.get(&metrics).bearer_auth(&admin), "the metrics").await;
+                let text = String::from_utf8_lossy(&body);
+                let suspended: u64 = text
+                    .lines()
+                    .find_map(|line| line.strip_prefix("wasmproc_processes_suspended ")?.trim().parse().ok())
+                    .unwrap_or(0);
+                if suspended >= count || begun.elapsed() > PATIENCE {
+                    break suspended;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        });
+        println!(
+            "  ({suspended} of {count} sleepers suspended {:.1} s after the last slept)",
+            begun.elapsed().as_secs_f64()
+        );
         // Let the allocator and the journal settle as they would for a server at rest.
         std::thread::sleep(Duration::from_secs(1));
     }
 
     fn rss_kib(&self) -> u64 {
-        rss_kib(self.child.id())
+        rss_kib(self.served.pid())
     }
 
-    fn stop(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    pub(crate) fn stop(self) {
+        self.served.kill();
     }
 }
 

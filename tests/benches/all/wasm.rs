@@ -21,6 +21,10 @@
 //! - `ping-pong`: two processes pass a counter with the `send` host function (one step a
 //!   message). Raw: one thread steps the two instances, each message in a step of its
 //!   own, as in the scheduler.
+//! - `ping-pong-wait`, `cycles-wait`: the same two workloads with each step ended in the
+//!   host's `wait` (`examples-wasm/waiter`): one call of `step` a process, a message or
+//!   a cycle each a suspension and resumption of its fiber. Against the same raw
+//!   baseline, a call of `step` a message or cycle: the goal is half its time.
 //! - `tree`: a tree of `tree` processes, 10 children a node, 10,000 leaves (11,111
 //!   processes), each node spawning its children with `monitor` and summing their exits.
 //!   Raw: the same nodes instantiated, initialised and stepped depth first, the root's
@@ -59,6 +63,8 @@ mod raw {
 pub(crate) use raw::wasmproc::process::types as wit;
 
 pub(crate) const GUEST: &str = env!("GUEST_BENCH");
+/// `bench`'s `ping-pong` and `cycles`, each step ended in `wait`.
+const WAITER: &str = env!("GUEST_WAITER");
 
 /// The raw engine's pool: `Config::max_instances`'s default.
 pub(crate) const POOL_SLOTS: u32 = 10_000;
@@ -152,9 +158,13 @@ pub fn run(options: &Options, report: &mut Report, plots: &mut Plots) {
     let lifecycle = |w: usize| format!("wasm/lifecycle-{}-w{w}", short(sizes.lifecycles));
     let cycles = |w: usize| format!("wasm/cycles-{}x{}-w{w}", short(sizes.cycle_processes), short(sizes.cycles_each));
     let ping_pong = format!("wasm/ping-pong-{}", short(sizes.ping_pong_messages));
+    let ping_pong_wait = format!("wasm/ping-pong-wait-{}", short(sizes.ping_pong_messages));
+    let cycles_wait =
+        format!("wasm/cycles-wait-{}x{}-w{workers}", short(sizes.cycle_processes), short(sizes.cycles_each));
     let tree = format!("wasm/tree-{}", short(sizes.tree_leaves));
     let sandbox = |what: &str| format!("sandbox/{what}");
     let bytes = std::fs::read(GUEST).unwrap_or_else(|e| panic!("failed to read `{GUEST}`: {e}"));
+    let waiter = std::fs::read(WAITER).unwrap_or_else(|e| panic!("failed to read `{WAITER}`: {e}"));
     let raw = RawWasm::new(&bytes, POOL_SLOTS, true);
     let pair = |ours: &dyn Fn() -> Duration, theirs: &dyn Fn() -> Duration| {
         measure_pair(options.runs, WARMUP, &mut || ours(), &mut || theirs())
@@ -201,6 +211,25 @@ pub fn run(options: &Options, report: &mut Report, plots: &mut Plots) {
         if options.selected(&tree) {
             let (ours, theirs) = pair(&|| tree_wasmproc(&s, sizes), &|| tree_raw(&raw, workers, sizes));
             report.push(Record::rate(&tree, "processes/s", sizes.tree_processes(), &ours, Some(&theirs)));
+        }
+        s.stop(Duration::from_secs(1));
+    }
+
+    // The same workloads ending their steps in `wait` (`examples-wasm/waiter`, as kind
+    // `bench`), against the same raw baseline of a call of `step` a message or cycle.
+    if options.selected(&ping_pong_wait) || options.selected(&cycles_wait) {
+        let s = scheduler(&waiter, workers, Config::default(), Limits::Default);
+        if options.selected(&ping_pong_wait) {
+            let messages = sizes.ping_pong_messages;
+            let (ours, theirs) = pair(&|| ping_pong_wasmproc(&s, messages), &|| ping_pong_raw(&raw, messages));
+            let record = Record::rate(&ping_pong_wait, "messages/s", messages, &ours, Some(&theirs));
+            report.push(record.goal(Condition::ratio_at_most(0.5)));
+        }
+        if options.selected(&cycles_wait) {
+            let steps = sizes.cycle_processes * sizes.cycles_each;
+            let (ours, theirs) = pair(&|| cycles_wasmproc(&s, sizes), &|| cycles_raw(&raw, workers, sizes));
+            let record = Record::rate(&cycles_wait, "steps/s", steps, &ours, Some(&theirs));
+            report.push(record.goal(Condition::ratio_at_most(0.5)));
         }
         s.stop(Duration::from_secs(1));
     }
@@ -325,6 +354,11 @@ impl raw::wasmproc::process::host::Host for RawState {
     /// The host's default (`--max-yields`).
     fn max_yields(&mut self) -> u32 {
         1024
+    }
+
+    /// Never called: the bench guest does not import it.
+    fn wait(&mut self, _: wit::StepOutput) -> Option<Vec<wit::Event>> {
+        None
     }
 }
 

@@ -70,6 +70,15 @@
 //!   and those in flight within `STOP_POLL` (100 ms): nobody is left to read their
 //!   answers, and their bodies would be charged to no one.
 //!
+//! # Idempotency keys
+//!
+//! A request of a durable process carries its command's idempotency key
+//! ([`Request::idempotency_key`]) in the header `Idempotency-Key`, unless the process set
+//! that header itself. A crash makes the host carry out again the commands that were in
+//! flight, on this node or, in a cluster, on the node that takes the shard over, always
+//! with the same key: a server that honours the header (as payment and many other APIs
+//! do) carries each one out once. Requests of processes that are not durable carry none.
+//!
 //! # Redirects
 //!
 //! Followed up to `max_redirects` (5), each hop checked exactly like the first URL:
@@ -125,6 +134,9 @@ use crate::provider::{ErrorCode, Failure, Provider};
 
 /// The commands of the family, for [`unknown`](crate::provider::unknown).
 const COMMANDS: [&str; 1] = ["request"];
+/// The header a durable process's request carries its command's idempotency key in
+/// (see the module docs).
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// How long dropping the last [`Http`] waits for name lookups in progress (each blocks
 /// a thread in `getaddrinfo`) before it leaves them to end on their own. Picked so
@@ -193,6 +205,9 @@ impl Default for HttpSettings {
 #[derive(Clone)]
 pub struct Http {
     inner: Arc<Inner>,
+    /// The hosts this handle's requests may reach: clones made with [`Http::within`]
+    /// share everything else.
+    allow: Arc<AllowList>,
 }
 
 /// The owner's side: stops the thread when the last [`Http`] goes.
@@ -204,7 +219,6 @@ struct Inner {
 
 /// What requests share, on any thread: each running request holds it.
 struct Core {
-    allow: AllowList,
     timeout: Duration,
     max_request_body: usize,
     max_response_body: usize,
@@ -223,6 +237,8 @@ struct Core {
 /// A request waiting for a place or running.
 struct Job {
     request: Prepared,
+    /// The allow-list of the handle that took it: redirects are checked against it.
+    allow: Arc<AllowList>,
     reply: Reply,
     /// The caller's scheduler, to drop the request once it stops (see [`run`]).
     scheduler: Handle,
@@ -251,8 +267,8 @@ impl Http {
             queued_bytes_per_process: settings.max_queued_bytes_per_process,
             in_flight: settings.max_in_flight,
         };
+        let allow = Arc::new(AllowList::new(settings.allow));
         let core = Arc::new(Core {
-            allow: AllowList::new(settings.allow),
             timeout: settings.timeout,
             max_request_body: settings.max_request_body,
             max_response_body: settings.max_response_body,
@@ -271,13 +287,20 @@ impl Http {
                 runtime.shutdown_timeout(LOOKUP_GRACE);
             })
             .map_err(|e| anyhow::anyhow!("failed to start the http provider's thread: {e}"))?;
-        Ok(Http { inner: Arc::new(Inner { core, stop: Some(stop), thread: Some(thread) }) })
+        Ok(Http { inner: Arc::new(Inner { core, stop: Some(stop), thread: Some(thread) }), allow })
+    }
+
+    /// The same provider (its thread, client, bounds and settings) allowing `allow`
+    /// instead: for hosts that grant each process its own hosts (the service's
+    /// workflows), one thread for all of them.
+    pub fn within(&self, allow: Vec<HostPattern>) -> Http {
+        Http { inner: self.inner.clone(), allow: Arc::new(AllowList::new(allow)) }
     }
 }
 
 impl std::fmt::Debug for Http {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Http").field("allow", &self.inner.core.allow).finish_non_exhaustive()
+        f.debug_struct("Http").field("allow", &self.allow).finish_non_exhaustive()
     }
 }
 
@@ -293,15 +316,22 @@ impl Provider for Http {
         }
         let core = &self.inner.core;
         let prepared = crate::provider::input(request.name(), request.payload())
-            .and_then(|input| wire::prepare(input, &core.allow, core.max_request_body));
-        let prepared = match prepared {
+            .and_then(|input| wire::prepare(input, &self.allow, core.max_request_body));
+        let mut prepared = match prepared {
             Ok(prepared) => prepared,
             Err(failure) => return request.complete(Err(failure.into())),
         };
+        if let Some(key) = request.idempotency_key()
+            && !prepared.headers.contains_key(IDEMPOTENCY_KEY)
+            && let Ok(value) = reqwest::header::HeaderValue::from_str(&key)
+        {
+            prepared.headers.insert(IDEMPOTENCY_KEY, value);
+        }
         let scheduler = request.scheduler();
         let pid = Caller { scheduler: scheduler.id(), pid: request.caller() };
         let (_, completer) = request.into_parts();
-        core.submit(pid, Job { request: prepared, reply: Reply(Some(completer)), scheduler });
+        let job = Job { request: prepared, allow: self.allow.clone(), reply: Reply(Some(completer)), scheduler };
+        core.submit(pid, job);
     }
 }
 
@@ -375,16 +405,13 @@ impl Core {
 async fn run(core: Arc<Core>, pid: Caller, job: Job) {
     // Frees the place even if the task is cancelled (the provider stopping).
     let _place = Place { core: core.clone(), pid };
-    let Job { request, reply, scheduler } = job;
+    let Job { request, allow, reply, scheduler } = job;
     if scheduler.is_stopping() || reply.caller_has_ended() {
         return;
     }
     let origin = request.target.origin();
-    let rules = client::Rules {
-        allow: &core.allow,
-        max_response_body: core.max_response_body,
-        max_redirects: core.max_redirects,
-    };
+    let rules =
+        client::Rules { allow: &allow, max_response_body: core.max_response_body, max_redirects: core.max_redirects };
     // One timer at a time serves both the timeout and the stop check: the request runs
     // in slices of at most `STOP_POLL`, and between two the scheduler is looked at.
     let deadline = tokio::time::Instant::now() + core.timeout;

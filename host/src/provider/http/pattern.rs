@@ -131,6 +131,23 @@ impl HostPattern {
         Ok(HostPattern { scheme, host, port })
     }
 
+    /// Whether `wider` admits every target this pattern admits: how a host checks a
+    /// pattern asked for against the patterns it may grant (the service's tenant
+    /// policies). Judged on the patterns alone, conservatively: a port written out is
+    /// not within a pattern that leaves it to the scheme's default.
+    pub fn within(&self, wider: &HostPattern) -> bool {
+        let scheme = wider.scheme.is_none() || wider.scheme == self.scheme;
+        let port = wider.port == PortMatch::Any || wider.port == self.port;
+        let below = |name: &str, suffix: &str| name.strip_suffix(suffix).is_some_and(|rest| rest.ends_with('.'));
+        let host = match (&wider.host, &self.host) {
+            (HostMatch::AnyName, HostMatch::AnyName | HostMatch::Subdomains(_) | HostMatch::Name(_)) => true,
+            (HostMatch::Subdomains(wider), HostMatch::Name(name)) => below(name, wider),
+            (HostMatch::Subdomains(wider), HostMatch::Subdomains(suffix)) => suffix == wider || below(suffix, wider),
+            (wider, host) => wider == host,
+        };
+        scheme && port && host
+    }
+
     /// Whether this pattern admits `target`.
     fn admits(&self, target: &Target) -> bool {
         let scheme = self.scheme.is_none_or(|s| s == target.scheme);
@@ -371,6 +388,22 @@ mod tests {
 
     fn target(url: &str) -> Target {
         Target::of(&Url::parse(url).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_pattern_is_within_another_when_it_admits_nothing_more() {
+        let within =
+            |narrow: &str, wide: &str| HostPattern::parse(narrow).unwrap().within(&HostPattern::parse(wide).unwrap());
+        assert!(within("api.example.com", "api.example.com"));
+        assert!(within("api.example.com", "*.example.com") && within("*.eu.example.com", "*.example.com"));
+        assert!(within("*.example.com", "*.example.com") && within("*.example.com", "*"));
+        assert!(within("https://api.example.com:8443", "api.example.com:*"));
+        assert!(!within("example.com", "*.example.com") && !within("badexample.com", "*.example.com"));
+        assert!(!within("10.0.0.5", "*") && within("10.0.0.5", "10.0.0.5") && !within("*", "*.example.com"));
+        assert!(
+            !within("api.example.com", "https://api.example.com") && !within("api.example.com:81", "api.example.com")
+        );
+        assert!(!within("api.example.com:*", "api.example.com:443"));
     }
 
     fn admits(pattern_text: &str, url: &str) -> bool {

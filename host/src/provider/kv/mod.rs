@@ -130,11 +130,12 @@ use anyhow::Context as _;
 use serde::Deserialize;
 
 use self::store::Store;
+pub(crate) use self::writer::Op;
 pub use self::writer::SharedQuota;
-use self::writer::{Idempotency, Job, Op, Queued, Writer};
+use self::writer::{Idempotency, Job, Queued, Writer};
 use super::{ErrorCode, Failure, Provider, input, unknown};
-use crate::Payload;
 use crate::handler::Request;
+use crate::{Format, Payload};
 
 const COMMANDS: [&str; 5] = ["get", "put", "delete", "list", "cas"];
 
@@ -293,76 +294,6 @@ impl Kv {
             let _ = queue.send(job);
         }
     }
-
-    fn get(&self, name: &str, payload: &Payload) -> Result<Payload, Failure> {
-        let KeyInput { key } = input(name, payload)?;
-        self.check_key(&key)?;
-        self.inner.store.get(&key)
-    }
-
-    fn write(&self, command: &str, name: &str, payload: &Payload) -> Result<Op, Failure> {
-        Ok(match command {
-            "put" => {
-                let PutInput { key, value } = input(name, payload)?;
-                self.check_key(&key)?;
-                Op::Put { text: self.value_text(&key, &value)?, key }
-            }
-            "cas" => {
-                let CasInput { key, version, value } = input(name, payload)?;
-                self.check_key(&key)?;
-                Op::Cas { text: self.value_text(&key, &value)?, key, expected: version }
-            }
-            "delete" => {
-                let KeyInput { key } = input(name, payload)?;
-                self.check_key(&key)?;
-                Op::Delete { key }
-            }
-            other => unreachable!("`{other}` is not a write command"),
-        })
-    }
-
-    fn list(&self, name: &str, payload: &Payload) -> Result<ListQuery, Failure> {
-        let ListInput { prefix, after, limit } = input(name, payload)?;
-        let most = self.inner.settings.list_limit;
-        let limit = limit.unwrap_or(most);
-        if limit > most {
-            return Err(Failure::new(
-                ErrorCode::Invalid,
-                format!("`limit` {limit} is over the store's `list_limit` ({most})"),
-            ));
-        }
-        Ok(ListQuery { prefix, after, limit })
-    }
-
-    fn check_key(&self, key: &str) -> Result<(), Failure> {
-        let most = self.inner.settings.max_key_size;
-        if key.is_empty() {
-            return Err(Failure::new(ErrorCode::Invalid, "a key is a non-empty string"));
-        }
-        if key.len() > most {
-            return Err(Failure::new(
-                ErrorCode::Limit,
-                format!("the key `{}` is {} bytes, over `max_key_size` ({most})", shown(key), key.len()),
-            ));
-        }
-        Ok(())
-    }
-
-    fn value_text(&self, key: &str, value: &serde_json::Value) -> Result<String, Failure> {
-        let text = value.to_string();
-        let most = self.inner.settings.max_value_size;
-        if text.len() > most {
-            return Err(Failure::new(
-                ErrorCode::Limit,
-                format!(
-                    "the value of `{}` is {} bytes of JSON, over `max_value_size` ({most})",
-                    shown(key),
-                    text.len()
-                ),
-            ));
-        }
-        Ok(text)
-    }
 }
 
 impl Provider for Kv {
@@ -372,32 +303,23 @@ impl Provider for Kv {
 
     fn handle(&self, request: Request<'_>) {
         let name = request.name();
-        match name.strip_prefix("kv.").unwrap_or(name) {
-            "get" => {
-                let result = self.get(name, request.payload());
+        match parse(&self.inner.settings, name, request.payload()) {
+            Ok(Command::Get { key }) => {
+                let result = self.inner.store.get(&key);
                 request.complete(result.map_err(String::from));
             }
-            "list" => match self.list(name, request.payload()) {
-                Ok(query) => {
-                    let (_, done) = request.into_parts();
-                    self.submit(Job::List { query, done });
-                }
-                Err(failure) => request.complete(Err(failure.into())),
-            },
-            command @ ("put" | "cas" | "delete") => match self.write(command, name, request.payload()) {
-                Ok(op) => {
-                    let idempotency = request
-                        .idempotency_key()
-                        .map(|key| Idempotency { key, digest: writer::digest(name, request.payload()) });
-                    let (_, done) = request.into_parts();
-                    self.submit(Job::Write { op, idempotency, done });
-                }
-                Err(failure) => request.complete(Err(failure.into())),
-            },
-            _ => {
-                let failure = unknown(name, "kv", &COMMANDS);
-                request.complete(Err(failure.into()));
+            Ok(Command::List(query)) => {
+                let (_, done) = request.into_parts();
+                self.submit(Job::List { query, done });
             }
+            Ok(Command::Write(op)) => {
+                let idempotency = request
+                    .idempotency_key()
+                    .map(|key| Idempotency { key, digest: writer::digest(name, request.payload()) });
+                let (_, done) = request.into_parts();
+                self.submit(Job::Write { op, idempotency, done });
+            }
+            Err(failure) => request.complete(Err(failure.into())),
         }
     }
 
@@ -429,10 +351,102 @@ impl Drop for Inner {
 }
 
 /// `kv.list`'s input, checked.
-struct ListQuery {
-    prefix: String,
-    after: Option<String>,
-    limit: usize,
+pub(crate) struct ListQuery {
+    pub(crate) prefix: String,
+    pub(crate) after: Option<String>,
+    pub(crate) limit: usize,
+}
+
+/// A `kv.*` command's input, checked against a store's settings: what the store of a
+/// directory and the one a cluster's nodes share (`cluster::SharedKv`) both carry out.
+pub(crate) enum Command {
+    Get { key: String },
+    List(ListQuery),
+    Write(Op),
+}
+
+/// Reads command `name`'s input.
+///
+/// # Errors
+///
+/// `invalid` for an unknown command, input that is not the command's JSON or an empty
+/// key; `limit` for a key, a value or a list's `limit` over the settings'.
+pub(crate) fn parse(settings: &KvSettings, name: &str, payload: &Payload) -> Result<Command, Failure> {
+    let key = |key: String| check_key(settings, key);
+    let text = |key: &str, value: &serde_json::Value| value_text(settings, key, value);
+    Ok(match name.strip_prefix("kv.").unwrap_or(name) {
+        "get" => {
+            let KeyInput { key: k } = input(name, payload)?;
+            Command::Get { key: key(k)? }
+        }
+        "put" => {
+            let PutInput { key: k, value } = input(name, payload)?;
+            let k = key(k)?;
+            Command::Write(Op::Put { text: text(&k, &value)?, key: k })
+        }
+        "cas" => {
+            let CasInput { key: k, version, value } = input(name, payload)?;
+            let k = key(k)?;
+            Command::Write(Op::Cas { text: text(&k, &value)?, key: k, expected: version })
+        }
+        "delete" => {
+            let KeyInput { key: k } = input(name, payload)?;
+            Command::Write(Op::Delete { key: key(k)? })
+        }
+        "list" => {
+            let ListInput { prefix, after, limit } = input(name, payload)?;
+            let most = settings.list_limit;
+            let limit = limit.unwrap_or(most);
+            if limit > most {
+                return Err(Failure::new(
+                    ErrorCode::Invalid,
+                    format!("`limit` {limit} is over the store's `list_limit` ({most})"),
+                ));
+            }
+            Command::List(ListQuery { prefix, after, limit })
+        }
+        _ => return Err(unknown(name, "kv", &COMMANDS)),
+    })
+}
+
+/// `kv.get`'s answer: `{"value", "version"}` for a value's JSON text and version, or
+/// `null`. Made from the stored text without parsing it: a store keeps only text that
+/// `serde_json` wrote, so it is valid JSON.
+pub(crate) fn got(value: Option<(&[u8], u64)>) -> Payload {
+    let Some((text, version)) = value else {
+        return Payload { format: Format::Json, data: b"null".to_vec() };
+    };
+    let mut data = Vec::with_capacity(text.len() + 40);
+    data.extend_from_slice(b"{\"value\":");
+    data.extend_from_slice(text);
+    data.extend_from_slice(format!(",\"version\":{version}}}").as_bytes());
+    Payload { format: Format::Json, data }
+}
+
+fn check_key(settings: &KvSettings, key: String) -> Result<String, Failure> {
+    let most = settings.max_key_size;
+    if key.is_empty() {
+        return Err(Failure::new(ErrorCode::Invalid, "a key is a non-empty string"));
+    }
+    if key.len() > most {
+        return Err(Failure::new(
+            ErrorCode::Limit,
+            format!("the key `{}` is {} bytes, over `max_key_size` ({most})", shown(&key), key.len()),
+        ));
+    }
+    Ok(key)
+}
+
+fn value_text(settings: &KvSettings, key: &str, value: &serde_json::Value) -> Result<String, Failure> {
+    let text = value.to_string();
+    let most = settings.max_value_size;
+    if text.len() > most {
+        return Err(Failure::new(
+            ErrorCode::Limit,
+            format!("the value of `{}` is {} bytes of JSON, over `max_value_size` ({most})", shown(key), text.len()),
+        ));
+    }
+    Ok(text)
 }
 
 #[derive(Deserialize)]
@@ -466,7 +480,7 @@ struct ListInput {
 }
 
 /// `key` as error messages show it: keys may be 1 KiB long.
-fn shown(key: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn shown(key: &str) -> std::borrow::Cow<'_, str> {
     const MOST: usize = 64;
     match key.char_indices().nth(MOST) {
         Some((end, _)) => format!("{}…", &key[..end]).into(),

@@ -18,8 +18,8 @@ use std::path::Path;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions};
 
 use super::ListQuery;
+use crate::Payload;
 use crate::provider::{ErrorCode, Failure};
-use crate::{Format, Payload};
 
 /// The first byte of [`Totals`]' record: a store written by a later format is refused
 /// rather than misread.
@@ -167,19 +167,12 @@ impl Store {
     }
 
     /// `kv.get`'s answer for `key`: `{"value": V, "version": N}`, or `null`.
-    ///
-    /// Made from the stored JSON text without parsing it: the text was written by
-    /// `serde_json`, so it is valid JSON.
     pub(super) fn get(&self, key: &str) -> Result<Payload, Failure> {
         let Some(record) = self.data.get(key).map_err(unavailable)? else {
-            return Ok(Payload { format: Format::Json, data: b"null".to_vec() });
+            return Ok(super::got(None));
         };
         let (version, text) = split_record(&record)?;
-        let mut data = Vec::with_capacity(text.len() + 40);
-        data.extend_from_slice(b"{\"value\":");
-        data.extend_from_slice(text);
-        data.extend_from_slice(format!(",\"version\":{version}}}").as_bytes());
-        Ok(Payload { format: Format::Json, data })
+        Ok(super::got(Some((text, version))))
     }
 
     /// `key`'s value text and version, if it is stored.

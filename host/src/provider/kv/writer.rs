@@ -19,7 +19,7 @@ use crate::{Format, Payload};
 
 /// A change one write asks for, with its input checked (key and value sizes).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Op {
+pub(crate) enum Op {
     /// `kv.put`.
     Put { key: String, text: String },
     /// `kv.cas`: the write happens only if `key` is at `expected` (0: absent).

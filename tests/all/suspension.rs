@@ -1,0 +1,236 @@
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use wasmproc::journal::{Journal, JournalSettings, MemoryStore};
+use wasmproc::scheduler::{SpawnOptions, Spawnable};
+use wasmproc::wasm::{Component, Config, Runtime};
+use wasmproc::{Command, Events, ExitReason, Payload, Port, Process, Scheduler, Status, StepOutput};
+
+/// Far past any wait here: a test that reaches it has hung.
+const HANG: Duration = Duration::from_secs(60);
+
+fn component(path: &str) -> Component {
+    Runtime::new(Config::default().cache_dir(env!("CARGO_TARGET_TMPDIR"))).unwrap().load(path).unwrap()
+}
+
+fn keep_finished() -> JournalSettings {
+    let mut settings = JournalSettings::default();
+    settings.keep_finished = true;
+    settings
+}
+
+/// A durable scheduler over `store` with the durable example as kind `durable`, suspending
+/// its processes once they have waited `suspend` (at every wait, for zero).
+fn durable(store: &Arc<MemoryStore>, suspend: Option<Duration>) -> Scheduler {
+    Scheduler::builder()
+        .workers(2)
+        .journal(Journal::with_store(store.clone()).settings(keep_finished()))
+        .kind("durable", component(env!("GUEST_DURABLE")))
+        .suspend_after(suspend)
+        .build()
+        .unwrap()
+}
+
+fn spawn(scheduler: &Scheduler, method: &str, input: Payload) -> wasmproc::scheduler::ProcessHandle {
+    let options = SpawnOptions::new(method).input(vec![input]);
+    scheduler.handle().spawn(Spawnable::kind("durable"), options).unwrap()
+}
+
+/// Waits until `done` holds, for at most [`HANG`].
+fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + HANG;
+    while !done() {
+        assert!(Instant::now() < deadline, "waited {HANG:?} for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Every process's history as the journal shows it, with what differs between two runs
+/// of the same workflow taken out (times, pids, sleeps' lengths drawn from the clock, and
+/// steps that took nothing and did nothing):
+/// each record's kind, what went in and what came out. Sorted, as pids are not comparable.
+fn histories(store: &Arc<MemoryStore>) -> Vec<(String, u64, Vec<String>)> {
+    let journal = Journal::with_store(store.clone());
+    let mut all: Vec<(String, u64, Vec<String>)> = journal
+        .history()
+        .unwrap()
+        .into_iter()
+        .map(|h| {
+            // A step given nothing that did nothing is the scheduler's timing (a message
+            // that came before the process's first step or after it), not its history.
+            let lines: Vec<String> = h
+                .records
+                .iter()
+                .map(|line| without_times_and_numbers(line))
+                .filter(|line| !line.ends_with("step no events → idle"))
+                .collect();
+            (h.method, lines.iter().filter(|line| line.starts_with("# step")).count() as u64, lines)
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+/// `line` without its time (`+1.2 ms`, or a spawn's date) and the spaces that align it,
+/// and with every run of digits made `#`.
+fn without_times_and_numbers(line: &str) -> String {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let mut kept = Vec::new();
+    let mut i = 0;
+    while i < words.len() {
+        let word = words[i];
+        let unit = words.get(i + 1).copied().unwrap_or_default();
+        if word.starts_with('+') && ["ns", "µs", "us", "ms", "s"].contains(&unit) {
+            i += 2;
+            continue;
+        }
+        if word == "UTC" {
+            // A spawn's `date time UTC`.
+            kept.truncate(kept.len().saturating_sub(2));
+            i += 1;
+            continue;
+        }
+        kept.push(word);
+        i += 1;
+    }
+    let mut out = String::new();
+    let mut in_number = false;
+    for c in kept.join(" ").chars() {
+        if c.is_ascii_digit() {
+            if !in_number {
+                out.push('#');
+            }
+            in_number = true;
+        } else {
+            in_number = false;
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A workflow suspended at every wait (each timer, each message, each child's exit brings
+/// it back, replayed from its journal) ends with the result, and leaves the history, of
+/// the same workflow never suspended.
+#[test]
+fn a_workflow_suspended_at_every_wait_ends_as_one_never_suspended() {
+    let run = |suspend: Option<Duration>| {
+        let store = Arc::new(MemoryStore::new());
+        let scheduler = durable(&store, suspend);
+        let root = spawn(&scheduler, "main", Payload::json(&(2, 3)).unwrap());
+        let result = root.join_timeout(HANG).expect("the workflow ended");
+        let stats = scheduler.handle().stats();
+        scheduler.stop(Duration::from_secs(1));
+        (result, histories(&store), stats)
+    };
+    let (never, never_histories, never_stats) = run(None);
+    let (suspended, suspended_histories, stats) = run(Some(Duration::ZERO));
+    // 2 workers answer 1, 4 and 9, and answered 3 each.
+    assert_eq!(never, Ok(Payload::json(&34).unwrap()));
+    assert_eq!(suspended, never);
+    assert_eq!(never_stats.suspensions, 0);
+    assert!(stats.suspensions > 0 && stats.returns > 0, "{stats:?}");
+    assert_eq!(stats.suspended, 0, "every process ended");
+    assert_eq!(suspended_histories, never_histories);
+}
+
+/// Messages sent to a suspended process, in a burst, are delivered once each and in the
+/// order they were sent, and wake it once.
+#[test]
+fn messages_to_a_suspended_process_are_delivered_once_in_order() {
+    let store = Arc::new(MemoryStore::new());
+    let scheduler = durable(&store, Some(Duration::ZERO));
+    let gatherer = spawn(&scheduler, "gather", Payload::json(&20).unwrap());
+    until("the gatherer to be suspended", || scheduler.handle().stats().suspended == 1);
+    for i in 0..20u64 {
+        scheduler.handle().send(gatherer.pid(), format!("m{i}"), Payload::json(&i).unwrap()).unwrap();
+    }
+    let got = gatherer.join_timeout(HANG).expect("the gatherer ended");
+    let expected: Vec<(String, u64)> = (0..20).map(|i| (format!("m{i}"), i)).collect();
+    assert_eq!(got, Ok(Payload::json(&expected).unwrap()));
+    let stats = scheduler.handle().stats();
+    assert!(stats.returns >= 1, "{stats:?}");
+    assert_eq!(stats.suspended, 0);
+    scheduler.stop(Duration::from_secs(1));
+}
+
+/// A suspended process can be terminated (it is not brought back for that) and cancelled
+/// (it is brought back, and its step sees the cancel); either way it is counted out of
+/// the suspended ones.
+#[test]
+fn a_suspended_process_is_terminated_or_cancelled() {
+    let store = Arc::new(MemoryStore::new());
+    let scheduler = durable(&store, Some(Duration::ZERO));
+    let handle = scheduler.handle();
+    let terminated = spawn(&scheduler, "gather", Payload::json(&1).unwrap());
+    let cancelled = spawn(&scheduler, "gather", Payload::json(&1).unwrap());
+    until("both to be suspended", || handle.stats().suspended == 2);
+    handle.terminate(terminated.pid()).unwrap();
+    assert_eq!(terminated.join_timeout(HANG), Some(Err(ExitReason::Terminated)));
+    assert_eq!(handle.stats().returns, 0, "a termination brings nothing back");
+    handle.cancel(cancelled.pid(), "no longer wanted").unwrap();
+    let ended = cancelled.join_timeout(HANG).expect("the cancelled process ended");
+    let error = ended.unwrap_err().to_string();
+    assert!(error.contains("no longer wanted"), "{error}");
+    let stats = handle.stats();
+    assert_eq!((stats.suspended, stats.returns), (0, 1), "{stats:?}");
+    scheduler.stop(Duration::from_secs(1));
+}
+
+/// A native process that sleeps `first` then completes with how many processes of its
+/// kind were made before it.
+struct Napper {
+    first: Duration,
+    made: usize,
+}
+
+impl Process for Napper {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, mut events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        if events.next().is_none() {
+            out.yield_command(1, Command::Sleep(self.first));
+            out.set_status(Status::Blocked);
+        } else {
+            out.complete(Ok(Payload::json(&self.made)?));
+        }
+        Ok(())
+    }
+}
+
+/// A process that cannot come back ends, when woken, with an error naming why: its kind
+/// cannot make it again, or what it is made into replays differently from its history.
+#[test]
+fn a_process_that_cannot_come_back_ends_with_an_error_naming_why() {
+    for (case, expected) in [("gone", "cannot be made again: the component is gone"), ("diverges", "non-determinism")] {
+        let made = Arc::new(AtomicUsize::new(0));
+        let counted = made.clone();
+        let factory = move || -> anyhow::Result<Box<dyn Process>> {
+            let before = counted.fetch_add(1, Ordering::SeqCst);
+            match (case, before) {
+                (_, 0) => Ok(Box::new(Napper { first: Duration::from_millis(300), made: before })),
+                ("gone", _) => anyhow::bail!("the component is gone"),
+                _ => Ok(Box::new(Napper { first: Duration::from_millis(301), made: before })),
+            }
+        };
+        let store = Arc::new(MemoryStore::new());
+        let scheduler = Scheduler::builder()
+            .workers(2)
+            .journal(Journal::with_store(store.clone()).settings(keep_finished()))
+            .kind("napper", factory)
+            .suspend_after(Some(Duration::ZERO))
+            .build()
+            .unwrap();
+        let napper = scheduler.handle().spawn(Spawnable::kind("napper"), SpawnOptions::new("main")).unwrap();
+        until("the napper to be suspended", || scheduler.handle().stats().suspended == 1);
+        let ended = napper.join_timeout(HANG).expect("the napper ended, never hung");
+        let error = ended.unwrap_err().to_string();
+        assert!(error.contains("could not come back from suspension"), "{case}: {error}");
+        assert!(error.contains(expected), "{case}: {error}");
+        assert_eq!(scheduler.handle().stats().suspended, 0, "{case}");
+        scheduler.stop(Duration::from_secs(1));
+    }
+}
