@@ -331,21 +331,43 @@ fn a_step_s_output_is_bounded_as_a_whole() {
 }
 
 /// An idle process of an SDK guest (`examples-wasm/ping-pong`'s `pong`, waiting in
-/// `ctx.recv()` after its first step, and hibernated) touches 8 pages of the runtime's
-/// arenas, all of them its linear memory's: the top of its shadow stack, its data
-/// (24 KiB: 6 pages) and one page of heap, which the SDK's allocator carves from pages
-/// of its own (`guest-sdk/src/alloc.rs`); with wasi-libc's `malloc` it was 9, the heap's
-/// start and the end of the initial memory, where `malloc` marks the end of its heap.
-/// Its fiber stack's pages were given back when it hibernated. On the host's heap it
-/// holds about 19.2 KiB (pinned at 20 KiB), nearly all wasmtime's instance (its 210
-/// escaped functions cost 40 bytes each). Counted over 1,000 processes spawned after
-/// 100 that warm up.
+/// `ctx.recv()` after its first step, and hibernated with its instance kept) touches 8
+/// pages of the runtime's arenas, all of them its linear memory's: the top of its shadow
+/// stack, its data (24 KiB: 6 pages) and one page of heap, which the SDK's allocator
+/// carves from pages of its own (`guest-sdk/src/alloc.rs`); with wasi-libc's `malloc` it
+/// was 9, the heap's start and the end of the initial memory, where `malloc` marks the
+/// end of its heap. Its fiber stack's pages were given back when it hibernated. On the
+/// host's heap it holds about 19.2 KiB (pinned at 20 KiB), nearly all wasmtime's instance
+/// (its 210 escaped functions cost 40 bytes each). Counted over 1,000 processes spawned
+/// after 100 that warm up.
 fn an_idle_sdk_process_touches_eight_pages() {
+    let (pages, heap) = idle_sdk_processes(false);
+    println!("an idle SDK process: {pages:.2} pages of the arenas, {heap:.0} bytes of the host's heap");
+    assert!(pages <= 8.05, "{pages} pages of the arenas an idle SDK process");
+    assert!(heap <= 20_480.0, "{heap} bytes of the host's heap an idle SDK process");
+}
+
+/// The same process hibernated whole gives its instance back: it keeps on the host's
+/// heap only its pages that differ from its component's image, compressed, its globals
+/// and its scheduler entry (about 3.9 KiB, pinned at 6 KiB), and no page of the arenas of
+/// its own: its slot is free, zeroed, and kept resident only as one of the runtime's
+/// bounded warm slots, for the next process.
+fn an_idle_sdk_process_hibernated_whole_keeps_under_six_kib() {
+    let (_, heap) = idle_sdk_processes(true);
+    println!("an idle SDK process hibernated whole: {heap:.0} bytes of the host's heap");
+    assert!(heap <= 6_144.0, "{heap} bytes of the host's heap an idle SDK process hibernated whole");
+}
+
+/// Pages of the arenas and bytes of the host's heap an idle SDK process holds once
+/// hibernated (`whole`: its instance given back too), over 1,000 processes spawned after
+/// 100 that warm up.
+fn idle_sdk_processes(whole: bool) -> (f64, f64) {
     const WARM: usize = 100;
     const COUNTED: usize = 1_000;
     // Enough slots that the stack arena (a MiB a slot) is over a GiB: only the arenas'
     // mappings are that large.
-    let runtime = Runtime::new(Config::default().max_instances(2_048).no_disk_cache()).expect("the runtime starts");
+    let config = Config::default().max_instances(2_048).no_disk_cache().hibernate_instances(whole);
+    let runtime = Runtime::new(config).expect("the runtime starts");
     let guest = runtime.load(env!("GUEST_PING_PONG")).expect("the ping-pong guest loads");
     let s = Scheduler::builder().workers(1).kind("ping-pong", guest).build().expect("the scheduler starts");
     let mut handles = Vec::new();
@@ -355,11 +377,14 @@ fn an_idle_sdk_process_touches_eight_pages() {
         }
         // Each waits in `ctx.recv()` after its first step, and hibernates once the
         // worker has nothing else to run.
+        let hibernated = || {
+            if whole { runtime.hibernation_stats().hibernated } else { s.handle().stats().hibernated }
+        };
         let deadline = std::time::Instant::now() + HANG;
-        while s.handle().stats().hibernated < handles.len() as u64 && std::time::Instant::now() < deadline {
+        while hibernated() < handles.len() as u64 && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        assert_eq!(s.handle().stats().hibernated, handles.len() as u64, "every idle process hibernated");
+        assert_eq!(hibernated(), handles.len() as u64, "every idle process hibernated (whole: {whole})");
         (arena_pages(), LIVE.load(Ordering::Relaxed))
     };
     let (pages_before, live_before) = spawn_idle(WARM);
@@ -372,9 +397,7 @@ fn an_idle_sdk_process_touches_eight_pages() {
     for handle in handles {
         assert_eq!(handle.join_timeout(HANG), Some(Ok(Payload::json(&0).unwrap())));
     }
-    println!("an idle SDK process: {pages:.2} pages of the arenas, {heap:.0} bytes of the host's heap");
-    assert!(pages <= 8.05, "{pages} pages of the arenas an idle SDK process");
-    assert!(heap <= 20_480.0, "{heap} bytes of the host's heap an idle SDK process");
+    (pages, heap)
 }
 
 /// Resident pages of the runtime's memory and stack arenas: the mappings of a GiB or
@@ -398,7 +421,7 @@ fn arena_pages() -> u64 {
 }
 
 fn main() {
-    let tests: [(&str, fn()); 12] = [
+    let tests: [(&str, fn()); 13] = [
         ("a_yield_cycle_allocates_nothing", a_yield_cycle_allocates_nothing),
         ("a_message_allocates_nothing_beyond_its_payload", a_message_allocates_nothing_beyond_its_payload),
         ("a_wasm_step_allocates_only_what_its_output_needs", a_wasm_step_allocates_only_what_its_output_needs),
@@ -414,6 +437,10 @@ fn main() {
         ("a_mailbox_holds_its_bytes_not_more", a_mailbox_holds_its_bytes_not_more),
         ("a_step_s_output_is_bounded_as_a_whole", a_step_s_output_is_bounded_as_a_whole),
         ("an_idle_sdk_process_touches_eight_pages", an_idle_sdk_process_touches_eight_pages),
+        (
+            "an_idle_sdk_process_hibernated_whole_keeps_under_six_kib",
+            an_idle_sdk_process_hibernated_whole_keeps_under_six_kib,
+        ),
     ];
     // `cargo test --test alloc -- NAME…` runs the tests whose names contain a NAME.
     let filters: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();

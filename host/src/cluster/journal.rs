@@ -648,6 +648,8 @@ impl Store for JetStreamStore {
         };
         state.last = sequence;
         state.foretold = sequence;
+        // Whatever was sent again is behind this commit, which is stored.
+        state.resent = false;
         Self::account(&mut state, batch);
         self.compact_if_due(&mut state);
         Ok(())

@@ -232,14 +232,30 @@ fn join(thread: JoinHandle<()>) {
     }
 }
 
-/// A group begun ([`Store::begin`]) and not yet carried out.
+/// A group begun and not yet carried out.
 struct Flight<T> {
-    /// `None`: an empty group, written by nothing.
-    began: Option<Began>,
-    /// Set (under the pending lock's notification) once the store knows its outcome.
-    known: Arc<AtomicBool>,
+    outcome: Outcome,
     batch: Batch,
     items: Vec<T>,
+}
+
+/// Where a group's outcome is.
+enum Outcome {
+    /// Known when it began: an empty group, written by nothing, or one committed at once
+    /// by [`Store::commit`].
+    Known(io::Result<()>),
+    /// Begun by [`Store::begin`]; `known` is set (under the pending lock's notification)
+    /// once [`Store::finish`] can take the outcome without waiting.
+    Begun { began: Began, known: Arc<AtomicBool> },
+}
+
+impl<T> Flight<T> {
+    fn known(&self) -> bool {
+        match &self.outcome {
+            Outcome::Known(_) => true,
+            Outcome::Begun { known, .. } => known.load(Ordering::Acquire),
+        }
+    }
 }
 
 impl<T: Send + 'static> Shared<T> {
@@ -259,12 +275,15 @@ impl<T: Send + 'static> Shared<T> {
         let mut gathered: Option<Instant> = None;
         let mut pending = self.pending.lock();
         loop {
-            if flights.front().is_some_and(|flight| flight.known.load(Ordering::Acquire)) {
-                let flight = flights.pop_front().expect("a flight");
+            if flights.front().is_some_and(Flight::known) {
+                let Flight { outcome, mut batch, mut items } = flights.pop_front().expect("a flight");
                 drop(pending);
-                let result = flight.began.map_or(Ok(()), |began| self.store.finish(began)).map_err(Arc::new);
+                let result = match outcome {
+                    Outcome::Known(result) => result,
+                    Outcome::Begun { began, .. } => self.store.finish(began),
+                }
+                .map_err(Arc::new);
                 pending = self.pending.lock();
-                let Flight { mut batch, mut items, .. } = flight;
                 let result = match (&pending.failed, result) {
                     // After a failure nothing more is acknowledged, whatever the store
                     // says of a later group: what it holds is unknown.
@@ -358,11 +377,14 @@ impl<T: Send + 'static> Shared<T> {
             let batch = std::mem::replace(&mut pending.batch, spare_batch);
             let items = std::mem::replace(&mut pending.items, spare_items);
             drop(pending);
-            let known = Arc::new(AtomicBool::new(false));
-            let began = if batch.is_empty() {
-                known.store(true, Ordering::Release);
-                None
+            let outcome = if batch.is_empty() {
+                Outcome::Known(Ok(()))
+            } else if flights.is_empty() && self.store.depth() <= 1 {
+                // One commit at a time: written here, as `begin` would, without the
+                // allocations that carry an outcome from another thread.
+                Outcome::Known(self.store.commit(&batch, self.sync))
             } else {
+                let known = Arc::new(AtomicBool::new(false));
                 let (told, shared) = (known.clone(), Arc::downgrade(self));
                 let done = Done::new(move || {
                     told.store(true, Ordering::Release);
@@ -373,9 +395,9 @@ impl<T: Send + 'static> Shared<T> {
                         shared.wake.notify_one();
                     }
                 });
-                Some(self.store.begin(&batch, self.sync, done))
+                Outcome::Begun { began: self.store.begin(&batch, self.sync, done), known }
             };
-            flights.push_back(Flight { began, known, batch, items });
+            flights.push_back(Flight { outcome, batch, items });
             pending = self.pending.lock();
         }
     }

@@ -195,6 +195,14 @@ fn bench_guest(options: &Options, counts: &[u64], report: &mut Report, plots: &m
 /// Runs the child measurement `task`, prints its lines for the reader and how it ended
 /// if it failed, and returns what it reported.
 fn run_child(task: &str) -> Found {
+    run_child_for(task, CHILD_TIMEOUT).map(|stdout| parse_child(&stdout)).unwrap_or_default()
+}
+
+/// Runs this executable again as the child measurement `task` (see [`CHILD_ENV`]),
+/// killed after `timeout`: its standard output, once it ended, or `None` if it could not
+/// start. Its lines not meant for the parent (not starting with `@`) are printed for the
+/// reader, and how it ended if it failed.
+pub fn run_child_for(task: &str, timeout: Duration) -> Option<String> {
     let exe = std::env::current_exe().expect("the bench knows its own path");
     let child = std::process::Command::new(exe)
         .env(CHILD_ENV, task)
@@ -206,7 +214,7 @@ fn run_child(task: &str) -> Found {
         Ok(child) => child,
         Err(e) => {
             println!("  {task}: could not start the child: {e}");
-            return Found::default();
+            return None;
         }
     };
     // Drained on threads while the child runs: a full pipe would stall it.
@@ -221,7 +229,7 @@ fn run_child(task: &str) -> Found {
     };
     let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
     let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let deadline = Instant::now() + CHILD_TIMEOUT;
+    let deadline = Instant::now() + timeout;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break Some(status),
@@ -234,7 +242,6 @@ fn run_child(task: &str) -> Found {
         }
     };
     let (stdout, stderr) = (stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default());
-    let found = parse_child(&stdout);
     for line in stdout.lines().filter(|l| !l.starts_with('@')) {
         println!("  {line}");
     }
@@ -244,9 +251,9 @@ fn run_child(task: &str) -> Found {
             let tail: Vec<_> = stderr.lines().rev().take(5).collect();
             println!("  {task}: the child ended with {status}; its last words: {tail:?}");
         }
-        None => println!("  {task}: killed after {CHILD_TIMEOUT:?}"),
+        None => println!("  {task}: killed after {timeout:?}"),
     }
-    found
+    Some(stdout)
 }
 
 /// The `@` lines of a child's output.

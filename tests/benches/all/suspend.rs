@@ -20,8 +20,6 @@
 //!
 //! Quick mode measures 10k; the full run 100k and 1M.
 
-use std::io::Read;
-use std::process::Stdio;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -33,7 +31,7 @@ use wasmproc::scheduler::{ProcessHandle, SpawnOptions, Spawnable};
 use wasmproc::wasm::{Config, Runtime};
 use wasmproc_tests::bench::{Condition, Options, Record, Report, Sample};
 
-use crate::idle::CHILD_ENV;
+use crate::idle::run_child_for;
 use crate::short;
 
 /// The guest: the durable example, whose `gather` waits for messages.
@@ -85,50 +83,7 @@ pub fn run(options: &Options, report: &mut Report) {
 
 /// Runs the child measurement `task`; its `@result` line, or `None` if it failed.
 fn run_child(task: &str) -> Option<Value> {
-    let exe = std::env::current_exe().expect("the bench knows its own path");
-    let mut child = std::process::Command::new(exe)
-        .env(CHILD_ENV, task)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| println!("  {task}: could not start the child: {e}"))
-        .ok()?;
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        thread::spawn(move || {
-            let mut text = String::new();
-            if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_string(&mut text);
-            }
-            text
-        })
-    };
-    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let deadline = Instant::now() + CHILD_TIMEOUT;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(50)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-        }
-    };
-    let (stdout, stderr) = (stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default());
-    for line in stdout.lines().filter(|l| !l.starts_with('@')) {
-        println!("  {line}");
-    }
-    match status {
-        Some(status) if status.success() => {}
-        Some(status) => {
-            let tail: Vec<_> = stderr.lines().rev().take(5).collect();
-            println!("  {task}: the child ended with {status}; its last words: {tail:?}");
-        }
-        None => println!("  {task}: killed after {CHILD_TIMEOUT:?}"),
-    }
+    let stdout = run_child_for(task, CHILD_TIMEOUT)?;
     stdout.lines().find_map(|line| serde_json::from_str(line.strip_prefix("@result ")?).ok())
 }
 
