@@ -1,5 +1,5 @@
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use wasmproc::journal::{Journal, JournalSettings, MemoryStore};
@@ -233,4 +233,187 @@ fn a_process_that_cannot_come_back_ends_with_an_error_naming_why() {
         assert_eq!(scheduler.handle().stats().suspended, 0, "{case}");
         scheduler.stop(Duration::from_secs(1));
     }
+}
+
+/// What a [`Gated`] process's first `hibernate` tells the test, and waits for from it.
+#[derive(Default)]
+struct Gate {
+    /// Its first `hibernate` has begun.
+    entered: AtomicBool,
+    /// Its first `hibernate` may end.
+    opened: AtomicBool,
+}
+
+/// A native process that waits for ever (idle) and wants to hibernate; its first
+/// `hibernate` holds the process claimed until the test opens the gate (for at most
+/// [`HANG`]): a whole-instance hibernation that takes long.
+struct Gated {
+    gate: Arc<Gate>,
+    hibernated: bool,
+}
+
+impl Process for Gated {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        out.set_status(Status::Idle);
+        Ok(())
+    }
+
+    fn wants_hibernation(&mut self) -> bool {
+        !self.hibernated
+    }
+
+    fn hibernate(&mut self) -> bool {
+        if !std::mem::replace(&mut self.hibernated, true) {
+            self.gate.entered.store(true, Ordering::SeqCst);
+            let deadline = Instant::now() + HANG;
+            while !self.gate.opened.load(Ordering::SeqCst) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        true
+    }
+}
+
+/// A native process that waits for ever (idle), and never hibernates.
+struct Waits;
+
+impl Process for Waits {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        out.set_status(Status::Idle);
+        Ok(())
+    }
+}
+
+/// A process that one worker is hibernating (it holds it claimed, as a long
+/// whole-instance hibernation does) when another worker finds its suspension due is
+/// still suspended once its hibernation ends: a worker that finds a listed process busy
+/// leaves it listed. (Made here with a process whose hibernation waits for the test;
+/// a second process, suspended by the other worker after it looked at the first, tells
+/// the test that look has happened.)
+#[test]
+fn a_process_being_hibernated_when_its_suspension_is_due_is_suspended_after() {
+    let gate = Arc::new(Gate::default());
+    let gated = gate.clone();
+    let store = Arc::new(MemoryStore::new());
+    let scheduler = Scheduler::builder()
+        .workers(2)
+        .journal(Journal::with_store(store.clone()).settings(keep_finished()))
+        .kind("gated", move || -> anyhow::Result<Box<dyn Process>> {
+            Ok(Box::new(Gated { gate: gated.clone(), hibernated: false }))
+        })
+        .kind("waits", || -> anyhow::Result<Box<dyn Process>> { Ok(Box::new(Waits)) })
+        .hibernate_after(Duration::ZERO)
+        .suspend_after(Some(Duration::from_millis(50)))
+        .build()
+        .unwrap();
+    let handle = scheduler.handle();
+    let _gated = handle.spawn(Spawnable::kind("gated"), SpawnOptions::new("main")).unwrap();
+    until("the first process's hibernation to begin", || gate.entered.load(Ordering::SeqCst));
+    let _waits = handle.spawn(Spawnable::kind("waits"), SpawnOptions::new("main")).unwrap();
+    until("the second process to be suspended", || handle.stats().suspended >= 1);
+    assert_eq!(handle.stats().suspended, 1, "the first process is still being hibernated");
+    gate.opened.store(true, Ordering::SeqCst);
+    until("both to be suspended", || handle.stats().suspended == 2);
+    scheduler.stop(Duration::from_secs(1));
+}
+
+/// A native process that sleeps for ten minutes, then completes.
+struct Sleeps;
+
+impl Process for Sleeps {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, mut events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        if events.next().is_none() {
+            out.yield_command(1, Command::Sleep(Duration::from_secs(600)));
+            out.set_status(Status::Blocked);
+        } else {
+            out.complete(Ok(Payload::empty()));
+        }
+        Ok(())
+    }
+}
+
+/// A process resumed from its journal by a new scheduler (after a crash, or a stop that
+/// suspended it) is suspended again once it has waited, as it was before, even when its
+/// making took so long (a Wasm component's, say) that every worker had parked before it
+/// was listed.
+#[test]
+fn a_resumed_process_is_suspended_again() {
+    let store = Arc::new(MemoryStore::new());
+    let build = |making: Duration| {
+        Scheduler::builder()
+            .workers(2)
+            .journal(Journal::with_store(store.clone()).settings(keep_finished()))
+            .kind("sleeps", move || -> anyhow::Result<Box<dyn Process>> {
+                std::thread::sleep(making);
+                Ok(Box::new(Sleeps))
+            })
+            .suspend_after(Some(Duration::from_millis(10)))
+            .build()
+            .unwrap()
+    };
+    let first = build(Duration::ZERO);
+    first.handle().spawn(Spawnable::kind("sleeps"), SpawnOptions::new("main")).unwrap();
+    until("the sleeper to be suspended", || first.handle().stats().suspended == 1);
+    first.stop(Duration::from_secs(1));
+    drop(first);
+    let second = build(Duration::from_millis(200));
+    until("the resumed sleeper to be suspended", || second.handle().stats().suspended == 1);
+    second.stop(Duration::from_secs(1));
+}
+
+/// A native process that sleeps 1 ms `naps` times, then waits for ever (idle).
+struct Naps {
+    naps: u32,
+}
+
+impl Process for Naps {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        if self.naps == 0 {
+            out.set_status(Status::Idle);
+        } else {
+            self.naps -= 1;
+            out.yield_command(1, Command::Sleep(Duration::from_millis(1)));
+            out.set_status(Status::Blocked);
+        }
+        Ok(())
+    }
+}
+
+/// Every durable process that waits past the threshold is suspended, however its steps
+/// and the workers' looks at the list interleave: many processes, each waking several
+/// times just after it waited (so that workers often find it stepping or queued), all
+/// end suspended.
+#[test]
+fn every_process_that_waits_past_the_threshold_is_suspended() {
+    const PROCESSES: usize = 300;
+    let store = Arc::new(MemoryStore::new());
+    let scheduler = Scheduler::builder()
+        .workers(2)
+        .journal(Journal::with_store(store.clone()).settings(keep_finished()))
+        .kind("naps", || -> anyhow::Result<Box<dyn Process>> { Ok(Box::new(Naps { naps: 20 })) })
+        .suspend_after(Some(Duration::ZERO))
+        .build()
+        .unwrap();
+    let handle = scheduler.handle();
+    for _ in 0..PROCESSES {
+        handle.spawn(Spawnable::kind("naps"), SpawnOptions::new("main")).unwrap();
+    }
+    until("every process to be suspended", || handle.stats().suspended == PROCESSES);
+    scheduler.stop(Duration::from_secs(1));
 }

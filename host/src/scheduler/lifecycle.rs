@@ -374,9 +374,21 @@ impl Shared {
     }
 
     /// Lists `cell` in [`Shared::to_suspend`] (`suspension.rs`), with its records so far.
+    /// The caller owns the process and has set its `listed_for_suspension`.
     pub(super) fn list_for_suspension(&self, cell: &ProcessCell) {
         let records = cell.journal_seq.load(Ordering::Relaxed);
         self.to_suspend.lock().push(super::suspension::Listed { pid: cell.pid(), records });
+    }
+
+    /// Whether processes were listed for suspension since a worker last looked at the
+    /// list: a worker about to park looks first. Pairs with the [`Idle::notify_one`]
+    /// that follows a listing by a thread that is no worker (a recovery): the listing
+    /// is under the list's lock, taken here after the parking worker's fence, so either
+    /// this sees it or the notification sees the worker parked (`idle.rs`).
+    ///
+    /// [`Idle::notify_one`]: super::idle::Idle::notify_one
+    pub(super) fn has_unseen_suspensions(&self) -> bool {
+        self.settings.suspend_after.is_some() && self.to_suspend.lock().has_fresh()
     }
 
     /// Lists `pid` in [`Shared::hibernating`].

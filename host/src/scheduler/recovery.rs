@@ -607,6 +607,7 @@ fn deliver_again(shared: &Arc<Shared>, deliveries: Deliveries) {
 
 /// Sets every replayed process going as its last step left it: ended, waiting, or queued.
 fn queue(shared: &Arc<Shared>, cells: &BTreeMap<Pid, Arc<ProcessCell>>, replayed: HashMap<Pid, Option<Status>>) {
+    let mut listed = false;
     for (pid, status) in replayed {
         let cell = &cells[&pid];
         // Its last recorded step completed it, and the host died before its exit was
@@ -630,8 +631,9 @@ fn queue(shared: &Arc<Shared>, cells: &BTreeMap<Pid, Arc<ProcessCell>>, replayed
         // Listed to be suspended as a step that ends waiting lists it (`suspension.rs`),
         // before it can be woken and step.
         if target.is_some() && shared.settings.suspend_after.is_some() && cell.spec.kind.is_some() {
-            cell.listed_for_suspension.store(true, std::sync::atomic::Ordering::Release);
+            cell.listed_for_suspension.store(true, std::sync::atomic::Ordering::Relaxed);
             shared.list_for_suspension(cell);
+            listed = true;
         }
         match target.map(|target| cell.state.transition_to_waiting(target)) {
             Some(Waiting::Parked) => {}
@@ -640,6 +642,11 @@ fn queue(shared: &Arc<Shared>, cells: &BTreeMap<Pid, Arc<ProcessCell>>, replayed
                 shared.schedule_global(cell.clone());
             }
         }
+    }
+    // The workers run already, and may all have parked with nothing listed: one looks
+    // at the list (`Shared::has_unseen_suspensions`).
+    if listed {
+        shared.idle.notify_one();
     }
 }
 

@@ -10,13 +10,35 @@
 //! process's whole state: suspension writes nothing to it, so a crash at any moment
 //! recovers as it would have without suspension.
 //!
-//! A process is listed after a step that ended waiting (once until it is taken off the
-//! list: the cell's flag), with the number of its records then. A worker about to park
-//! stamps the fresh entries with the time and the journal's count of submissions, and
-//! suspends those due: waited the threshold since stamped, not stepped since (the same
-//! number of records), still waiting (claimed as hibernation claims, `cell.rs`), and
-//! every record it submitted committed (the committer's count has passed the stamped
-//! one), so that replay reads its whole history back.
+//! # The list
+//!
+//! A durable process made by a kind is listed once (the cell's `listed_for_suspension`),
+//! with the number of its records then, and stays listed until it is suspended or ends.
+//! The flag has a single owner at a time, whoever owns the process by its state word
+//! (the worker of its step, or a worker that has claimed it waiting), and only the
+//! owner sets or clears it:
+//! 1. a step that ends waiting, still `Running`, lists the process unless it is listed
+//!    (so does a recovery, for a process it resumes waiting: it owns the process then,
+//!    and wakes a worker to look, as the workers may all have parked);
+//! 2. a worker about to park stamps the fresh entries with the time and the journal's
+//!    count of submissions, and takes those due: seen waiting the threshold;
+//! 3. for each, it claims the process as hibernation claims (`cell.rs`). Claimed, it owns
+//!    it: it suspends it if it has not stepped since listed (the same number of records)
+//!    and every record it submitted is committed (the committer's count has passed the
+//!    stamped one, so that replay reads its whole history back), and clears the flag; a
+//!    process that stepped since is listed afresh, its wait starting over; one that an
+//!    event woke while claimed runs next on this worker, off the list, for its next
+//!    step that waits to list it again;
+//! 4. a process it cannot claim (queued, stepping, or claimed by a worker that
+//!    hibernates it) is someone else's: its entry goes back, its wait starting over, and
+//!    its flag stays set.
+//!
+//! So every live process whose flag is set has exactly one entry (in the list, or in
+//! the hands of the one worker that took it), and every process that waits after a
+//! step has its flag set: a process that waits is looked at within the threshold of a
+//! worker's look, whatever its steps and the looks interleave, until it is suspended.
+//! A step that ends waiting finds the flag set only if an entry exists, since the flag
+//! is cleared only with its entry taken, by the owner, and no one else writes it.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -77,14 +99,21 @@ impl Suspending {
     }
 
     /// Gives back entries taken with [`Suspending::take_due`] and not suspended: `later`
-    /// (not looked at, or not yet committed: still due, ahead of every other entry), and
-    /// `afresh`, processes that stepped since they were listed and wait again: their
-    /// wait starts over.
-    pub(super) fn put_back(&mut self, later: &[Seen], afresh: &[Listed]) {
+    /// (not looked at, or not yet committed: still due, ahead of every other entry);
+    /// `busy`, processes found owned by someone else, seen again as they were listed
+    /// (their wait starts over at the look); and `afresh`, processes that stepped since
+    /// they were listed and wait again: their wait starts over from the next look.
+    pub(super) fn put_back(&mut self, later: &[Seen], busy: &[Seen], afresh: &[Listed]) {
         for &entry in later.iter().rev() {
             self.seen.push_front(entry);
         }
+        self.seen.extend(busy.iter().copied());
         self.fresh.extend_from_slice(afresh);
+    }
+
+    /// Whether entries were listed since a worker last looked.
+    pub(super) fn has_fresh(&self) -> bool {
+        !self.fresh.is_empty()
     }
 
     /// When the earliest entry is due, if any is listed (`now` plus `after` for one not
@@ -118,11 +147,11 @@ mod tests {
         assert_eq!(due.len(), 1);
         assert_eq!((due[0].listed, due[0].submitted), (listed(1, 3), 7));
         assert_eq!(list.next_due(start + after, after), Some(start + after / 2 + after));
-        list.put_back(&due, &[]);
+        list.put_back(&due, &[], &[]);
         assert_eq!(list.len(), 2);
         let again = list.take_due(start + 2 * after, 12, after);
         assert_eq!(again.iter().map(|s| s.listed.pid.as_u64()).collect::<Vec<_>>(), [1, 2]);
-        list.put_back(&[], &[listed(1, 4)]);
+        list.put_back(&[], &[], &[listed(1, 4)]);
         assert_eq!(list.take_due(start + 2 * after, 13, after).len(), 0, "listed afresh: its wait starts over");
     }
 }

@@ -102,7 +102,7 @@ use super::inbox::MailboxBound;
 use super::recovery;
 use super::shared::Shared;
 use super::state::Lifecycle;
-use super::suspension::Listed;
+use super::suspension::{Listed, Seen};
 use crate::step::{Event, Events, Status, StepOutput};
 
 /// How many more processes to move from the global queue into the local deque when
@@ -347,7 +347,10 @@ impl WorkerLoop<'_> {
                 // Back in time to look at the watched slots again.
                 let watch = self.watching.as_ref().map(|(since, _)| *since + SLOT_PATIENCE);
                 let alarm = alarm.into_iter().chain(watch).min();
-                if self.shared.idle.park(|| self.shared.has_queued_work(), alarm) == Unparked::Shutdown {
+                // Processes listed for suspension by a thread that is no worker (a
+                // recovery) count as work: they need a worker's look (`suspension.rs`).
+                let has_work = || self.shared.has_queued_work() || self.shared.has_unseen_suspensions();
+                if self.shared.idle.park(has_work, alarm) == Unparked::Shutdown {
                     // Shutdown only starts once no process is left, so there is no work.
                     return None;
                 }
@@ -412,11 +415,16 @@ impl WorkerLoop<'_> {
             return Hibernated::Due(None);
         };
         let now = Instant::now();
-        let submitted = durable.submitted();
-        let due = shared.to_suspend.lock().take_due(now, submitted, after);
+        let (due, submitted) = {
+            let mut listed = shared.to_suspend.lock();
+            // Read under the list's lock: every entry listed before it was listed after
+            // its records were submitted, so this count covers them all.
+            let submitted = durable.submitted();
+            (listed.take_due(now, submitted, after), submitted)
+        };
         let counters = &shared.counters[self.index];
         let committed = durable.committed();
-        let (mut later, mut afresh) = (Vec::new(), Vec::new());
+        let (mut later, mut busy, mut afresh) = (Vec::new(), Vec::new(), Vec::new());
         let mut looked = 0;
         let mut woken = None;
         while looked < due.len() && woken.is_none() && !shared.has_queued_work() {
@@ -432,38 +440,34 @@ impl WorkerLoop<'_> {
             let suspended = match cell.suspend(unchanged) {
                 Hibernation::Waiting { released: true } => true,
                 Hibernation::Woken { released } => {
-                    // It runs next (`Ready`, queued by no one but this worker): off the
-                    // list, so that its next step that waits lists it again.
-                    cell.listed_for_suspension.store(false, Ordering::Release);
+                    // It runs next (`Ready`, queued by no one but this worker, which
+                    // owns it): off the list, so that its next step that waits lists it
+                    // again.
+                    cell.listed_for_suspension.store(false, Ordering::Relaxed);
                     woken = Some(cell.clone());
                     released
                 }
                 Hibernation::Waiting { released: false } => {
                     if cell.suspended.load(Ordering::Acquire) {
-                        cell.listed_for_suspension.store(false, Ordering::Release);
+                        cell.listed_for_suspension.store(false, Ordering::Relaxed);
                     } else {
                         // It stepped since it was listed, and waits again: its wait starts
-                        // over.
+                        // over, from the records it has now (all submitted: claimed, it is
+                        // in no step).
                         let records = cell.journal_seq.load(Ordering::Relaxed);
                         afresh.push(Listed { pid: cell.pid(), records });
                     }
                     false
                 }
                 Hibernation::NotWaiting => {
-                    // Off the list: its next step that waits lists it again. A step that
-                    // ended before this store found it listed and did not list it, so
-                    // look once more; a step that ends between this store and the look
-                    // lists it itself. (One that checked the flag before the store and
-                    // parks after the look is missed until its next step that waits.)
-                    cell.listed_for_suspension.store(false, Ordering::Release);
-                    let lifecycle = cell.state.load().lifecycle();
-                    if matches!(lifecycle, Lifecycle::Blocked | Lifecycle::Idle)
-                        && !cell.suspended.load(Ordering::Acquire)
-                        && !cell.listed_for_suspension.swap(true, Ordering::AcqRel)
-                    {
-                        let records = cell.journal_seq.load(Ordering::Relaxed);
-                        afresh.push(Listed { pid: cell.pid(), records });
-                    }
+                    // Owned by someone else (queued, stepping, or claimed by a worker that
+                    // hibernates it): only its owner may take it off the list, so it stays
+                    // listed, as it was, and its wait starts over now. Were it taken off
+                    // here, a step that had found it listed, or a hibernation that hands
+                    // it back, would leave it waiting unlisted for ever. Stamped with this
+                    // look's `submitted`: it was listed before an earlier look, so its
+                    // records were all submitted before this one began.
+                    busy.push(Seen { listed: seen.listed, at: now, submitted });
                     false
                 }
             };
@@ -471,12 +475,12 @@ impl WorkerLoop<'_> {
                 shared.suspended.fetch_add(1, Ordering::Relaxed);
                 counters.record_suspension();
                 // Listed again by its next step that waits, once it has come back.
-                cell.listed_for_suspension.store(false, Ordering::Release);
+                cell.listed_for_suspension.store(false, Ordering::Relaxed);
             }
         }
         let mut listed = shared.to_suspend.lock();
         later.extend_from_slice(&due[looked..]);
-        listed.put_back(&later, &afresh);
+        listed.put_back(&later, &busy, &afresh);
         match woken {
             Some(cell) => Hibernated::Woken(cell),
             // An entry left due (its records not yet committed) is looked at again after
@@ -693,10 +697,12 @@ impl WorkerLoop<'_> {
                 shared.list_for_hibernation(cell.pid());
             }
             // A durable process that could be made again is listed to be suspended if it
-            // waits long (`suspension.rs`): once until a worker takes it off the list.
+            // waits long (`suspension.rs`): once until a worker that owns it takes it off
+            // the list. Relaxed: only the process's owner reads or writes the flag, and
+            // the state word orders successive owners.
             if shared.settings.suspend_after.is_some()
                 && cell.spec.kind.is_some()
-                && !cell.listed_for_suspension.swap(true, Ordering::AcqRel)
+                && !cell.listed_for_suspension.swap(true, Ordering::Relaxed)
             {
                 shared.list_for_suspension(&cell);
             }
