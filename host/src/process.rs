@@ -73,6 +73,29 @@ pub trait Process: Send + 'static {
         false
     }
 
+    /// The process's state between two steps, as bytes a later [`Process::restore`] of a
+    /// process of the same kind makes it again from: the snapshot a durable scheduler
+    /// writes to the journal in place of the records before it (see
+    /// [`Builder::snapshot_every`](crate::scheduler::Builder::snapshot_every)). Called
+    /// between steps, as the owner of the process. `None` (the default): it cannot be
+    /// captured now, or ever; its journal then keeps every record.
+    fn snapshot(&mut self) -> Option<Vec<u8>> {
+        None
+    }
+
+    /// Makes the process what `state` (from [`Process::snapshot`]) says, in place of
+    /// [`Process::init`]: `port` is its port, as `init` would have been given.
+    ///
+    /// # Errors
+    ///
+    /// `state` does not describe a process of this kind (of another version, damaged, or
+    /// made by another program): the process is then not resumed, never run from it.
+    /// The default refuses every state.
+    fn restore(&mut self, port: Port, state: &[u8]) -> anyhow::Result<()> {
+        let _ = (port, state);
+        anyhow::bail!("this kind of process cannot be restored from a snapshot")
+    }
+
     /// The sandbox limits the process runs under, which bound every process it spawns
     /// (see [`KindLimits`]); asked once, when the embedder
     /// spawns it. `None` (the default): none, as for a native process.

@@ -47,6 +47,8 @@ mod sdk;
 mod stress;
 /// The built-in supervisor: OTP's supervisor test cases on native children.
 mod supervisor;
+/// Snapshots in the journal: recovery from one, the bound they keep, refusal of another's.
+mod snapshots;
 /// Suspension: durable processes out of memory while they wait, brought back from their
 /// journal by their next event.
 mod suspension;

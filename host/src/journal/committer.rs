@@ -147,6 +147,29 @@ impl<T: Send + 'static> Committer<T> {
         removals: Vec<(u64, u64)>,
         item: T,
     ) -> Result<(), CommitError> {
+        self.submit_removing(records, removals, false, item)
+    }
+
+    /// As [`Committer::submit_with`], for `records` (a snapshot) that replace those
+    /// `removals` remove: records of the removed ranges still waiting for their group
+    /// are dropped from it, so that every record the removals cover is gone once the
+    /// batch is written, whichever group it was submitted to.
+    pub(crate) fn submit_replacing(
+        &self,
+        records: impl IntoIterator<Item = (Key, Vec<u8>)>,
+        removals: Vec<(u64, u64)>,
+        item: T,
+    ) -> Result<(), CommitError> {
+        self.submit_removing(records, removals, true, item)
+    }
+
+    fn submit_removing(
+        &self,
+        records: impl IntoIterator<Item = (Key, Vec<u8>)>,
+        removals: Vec<(u64, u64)>,
+        replacing: bool,
+        item: T,
+    ) -> Result<(), CommitError> {
         let mut pending = self.shared.pending.lock();
         if let Some(error) = &pending.failed {
             return Err(error.clone());
@@ -165,6 +188,13 @@ impl<T: Send + 'static> Committer<T> {
         pending.waited_for |= waited_for;
         pending.submitted += 1;
         self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
+        if replacing {
+            // A batch applies its removals before its puts: a record of this group that
+            // the removal covers goes now, or it would outlive the snapshot.
+            for &(process, count) in &removals {
+                pending.batch.puts.retain(|(key, _)| key.process != process || key.seq >= count);
+            }
+        }
         pending.batch.puts.extend(records);
         pending.batch.removals.extend(removals);
         pending.items.push(item);

@@ -87,6 +87,15 @@ impl Journal {
                     history.kind.clone_from(&spawn.kind);
                     history.method.clone_from(&spawn.method);
                 }
+                Record::Snapshot(snapshot) => {
+                    history.parent = Some(snapshot.spawn.parent);
+                    history.kind.clone_from(&snapshot.spawn.kind);
+                    history.method.clone_from(&snapshot.spawn.method);
+                    history.steps = snapshot.steps;
+                    for (_, _, _, y) in &snapshot.carried.outstanding {
+                        pending.insert(y.tag, format!("{}: {}", y.tag, command(&y.command)));
+                    }
+                }
                 Record::Step(step) => {
                     history.steps += 1;
                     for event in &step.events {
@@ -139,6 +148,17 @@ fn line(seq: u64, record: &Record, last_at: &mut Option<u64>) -> String {
             let _ = write!(line, "step   {:<9} ", after(*last_at, step.at));
             stepped(&mut line, step);
             *last_at = Some(step.at);
+        }
+        Record::Snapshot(snapshot) => {
+            let _ = write!(
+                line,
+                "snap   {}  after {} steps, {} bytes of state, in place of the records before it; ",
+                utc(snapshot.at),
+                snapshot.steps,
+                snapshot.state.len()
+            );
+            spawned(&mut line, &snapshot.spawn);
+            *last_at = Some(snapshot.at);
         }
         Record::Exit(exited) => {
             line.push_str("exit   ");

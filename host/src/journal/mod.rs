@@ -103,7 +103,7 @@ pub use self::history::History;
 pub use self::log::{LOG_VERSION, LogStore};
 pub use self::now::{PendingCommand, ProcessNow};
 pub(crate) use self::read::{Decode, Recorded};
-pub(crate) use self::record::{Record, SpawnRecord, StepRecord, now_micros};
+pub(crate) use self::record::{Carried, Record, SnapshotRecord, SpawnRecord, StepRecord, now_micros};
 pub use self::runs::{FinishedRun, HeldRun};
 pub use self::store::{Batch, Began, Done, FjallStore, Key, MemoryStore, Store};
 pub use crate::codec::Malformed;

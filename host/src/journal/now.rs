@@ -59,6 +59,15 @@ impl Journal {
             let now = now.get_or_insert_with(ProcessNow::default);
             match record {
                 Record::Spawn(_) => {}
+                // What it replaced: its steps, what it was still waiting for, and the
+                // embedder's messages it had not taken.
+                Record::Snapshot(snapshot) => {
+                    now.steps = snapshot.steps;
+                    for (_, _, at, y) in snapshot.carried.outstanding {
+                        pending.insert(y.tag, PendingCommand { tag: y.tag, command: y.command, since_micros: at });
+                    }
+                    now.host_messages.extend(snapshot.carried.host_messages.into_iter().map(|(_, topic, _)| topic));
+                }
                 Record::Step(step) => {
                     now.steps += 1;
                     for event in &step.events {

@@ -10,7 +10,7 @@ use std::ops::ControlFlow;
 
 use wasmproc_types::{Payload, Pid};
 
-use super::record::{EXIT, Record, SPAWN, SpawnRecord, StepRecord};
+use super::record::{EXIT, Record, SNAPSHOT, SPAWN, SnapshotRecord, SpawnRecord, StepRecord};
 use super::{Journal, Key};
 use crate::step::Exited;
 
@@ -19,14 +19,18 @@ use crate::step::Exited;
 pub(crate) enum Decode {
     /// Every record.
     All,
-    /// Spawn and exit records only: the others are counted, not decoded (most of the cost
+    /// Spawn, snapshot and exit records only: the others are counted, not decoded (most of the cost
     /// of reading a journal is decoding its steps).
     SpawnsAndExits,
 }
 
 /// One process's history as read back.
 pub(crate) struct Recorded {
+    /// Its spawn record, or the spawn its snapshot holds.
     pub(crate) spawn: SpawnRecord,
+    /// The snapshot its history begins with, in place of the records before it, and the
+    /// snapshot's sequence number.
+    pub(crate) snapshot: Option<(u64, Box<SnapshotRecord>)>,
     /// Its step records with their sequence numbers; empty unless every record is decoded.
     pub(crate) steps: Vec<(u64, StepRecord)>,
     /// The embedder's messages to it: (record, topic, body); empty unless every record is
@@ -67,7 +71,7 @@ impl Journal {
             }
             let wanted = match decode {
                 Decode::All => true,
-                Decode::SpawnsAndExits => matches!(value.get(1), Some(&SPAWN | &EXIT)),
+                Decode::SpawnsAndExits => matches!(value.get(1), Some(&SPAWN | &SNAPSHOT | &EXIT)),
             };
             let record = if wanted {
                 match Record::decode(value) {
@@ -121,6 +125,19 @@ impl Journal {
                 (None, Some(Record::Spawn(spawn))) => {
                     let history = Recorded {
                         spawn,
+                        snapshot: None,
+                        steps: Vec::new(),
+                        host_messages: Vec::new(),
+                        received: Vec::new(),
+                        exit: None,
+                        next_seq: key.seq + 1,
+                    };
+                    current = Some((pid, history));
+                }
+                (None, Some(Record::Snapshot(snapshot))) => {
+                    let history = Recorded {
+                        spawn: snapshot.spawn.clone(),
+                        snapshot: Some((key.seq, snapshot)),
                         steps: Vec::new(),
                         host_messages: Vec::new(),
                         received: Vec::new(),
@@ -136,6 +153,12 @@ impl Journal {
                         Some(Record::Spawn(_)) => {
                             return ControlFlow::Break(format!(
                                 "process {pid} has a second spawn record at {}",
+                                key.seq
+                            ));
+                        }
+                        Some(Record::Snapshot(_)) => {
+                            return ControlFlow::Break(format!(
+                                "process {pid} has a snapshot at {} after other records",
                                 key.seq
                             ));
                         }

@@ -20,6 +20,12 @@ const STEP: u8 = 2;
 pub(super) const EXIT: u8 = 3;
 const HOST_MESSAGE: u8 = 4;
 const RECEIVED: u8 = 5;
+pub(super) const SNAPSHOT: u8 = 6;
+
+/// The format of a snapshot's own fields, inside a record of [`FORMAT_VERSION`]: a
+/// snapshot of another version is refused (its process is not resumed from it) rather
+/// than misread.
+pub(crate) const SNAPSHOT_VERSION: u8 = 1;
 
 /// One record of a process's history.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,7 +48,131 @@ pub(crate) enum Record {
         topic: String,
         body: Payload,
     },
+    /// The process as it was after its records before this one, which the snapshot
+    /// replaces: a history may begin with one instead of its spawn.
+    Snapshot(Box<SnapshotRecord>),
 }
+
+/// A durable process at one point of its history: what its records up to there made
+/// of it. Written in one batch with the removal of the records before it, so recovery
+/// starts from it and replays only the records after it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SnapshotRecord {
+    /// The spawn it began with (its `identity`: what the process was made from, which a
+    /// resume checks its kind's factory against before the snapshot is restored).
+    pub(crate) spawn: SpawnRecord,
+    /// The time of the last step it holds (microseconds since the Unix epoch).
+    pub(crate) at: u64,
+    /// Steps the process had taken, and the status the last ended with (`Blocked`,
+    /// `Idle` or `Continue`): how a recovery sets it going when no step follows.
+    pub(crate) steps: u64,
+    pub(crate) status: Status,
+    /// The process's own state, as its [`Process::snapshot`](crate::Process::snapshot)
+    /// wrote it.
+    pub(crate) state: Vec<u8>,
+    /// What the replaced records told a recovery besides the process's state.
+    pub(crate) carried: Carried,
+}
+
+/// What a recovery reads from a process's history besides replaying it: what was under
+/// way, whom it watched, and which messages it took. A snapshot carries it for the
+/// records it replaces; [`Carried::fold`] adds a step's.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Carried {
+    /// Yields with no consumed completion, in order: (step record, index among its
+    /// yields, the step's time, the yield).
+    pub(crate) outstanding: Vec<(u64, u32, u64, Yield)>,
+    /// Messages it sent (through its port, or yielded `send`s that completed) that
+    /// their receivers may not have taken: (to, identity, topic, body).
+    pub(crate) sent: Vec<(Pid, u64, String, Payload)>,
+    /// The embedder's messages to it: (record, topic, body), and messages of processes
+    /// of other journals: (sender, identity, topic, body); those it has not taken.
+    pub(crate) host_messages: Vec<(u64, String, Payload)>,
+    pub(crate) received: Vec<(Pid, u64, String, Payload)>,
+    /// The messages it took: the highest identity of each sender (a sender's messages
+    /// reach a mailbox, and leave it, in the order they were sent).
+    pub(crate) consumed: Vec<(Pid, u64)>,
+    /// Processes it monitors and is linked to, and whether it traps exits.
+    pub(crate) monitored: Vec<Pid>,
+    pub(crate) linked: Vec<Pid>,
+    pub(crate) trap_exits: bool,
+    /// Processes whose exit it took as an event: as a monitor's (`false`) or a link's.
+    pub(crate) exits_taken: Vec<(Pid, bool)>,
+}
+
+impl Carried {
+    /// Adds step record `seq`.
+    pub(crate) fn fold(&mut self, seq: u64, step: &StepRecord) {
+        for &(sender, id) in &step.message_ids {
+            match self.consumed.iter_mut().find(|(s, _)| *s == sender) {
+                Some((_, last)) => *last = (*last).max(id),
+                None => self.consumed.push((sender, id)),
+            }
+        }
+        for event in &step.events {
+            if let Event::Exit { pid, linked, .. } = event
+                && !self.exits_taken.contains(&(*pid, *linked))
+            {
+                self.exits_taken.push((*pid, *linked));
+            }
+            let Event::Completion { tag, result } = event else { continue };
+            // The oldest yield of that tag still open is the one completed.
+            let Some(at) = self.outstanding.iter().position(|(_, _, _, y)| y.tag == *tag) else { continue };
+            let (origin, index, _, y) = self.outstanding.remove(at);
+            match (y.command, result) {
+                (Command::Send { to, topic, body }, Ok(_)) => {
+                    let id = (origin << 20) | YIELD_SEND_BIT | u64::from(index);
+                    self.sent.push((to, id, topic, body));
+                }
+                (Command::Monitor(target), Ok(_)) => self.monitored.push(target),
+                (Command::Demonitor(target), _) => self.monitored.retain(|pid| *pid != target),
+                (Command::Link(target), Ok(_)) => {
+                    if !self.linked.contains(&target) {
+                        self.linked.push(target);
+                    }
+                }
+                (Command::Unlink(target), _) => self.linked.retain(|pid| *pid != target),
+                (Command::TrapExits(trap), _) => self.trap_exits = trap,
+                (Command::Spawn(request), Ok(pid)) => {
+                    if let Some(child) = pid.to_u64().map(Pid::from_u64) {
+                        if request.monitor {
+                            self.monitored.push(child);
+                        }
+                        if request.link && !self.linked.contains(&child) {
+                            self.linked.push(child);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (index, (to, topic, body)) in step.sends.iter().enumerate() {
+            self.sent.push((*to, (seq << 20) | index as u64, topic.clone(), body.clone()));
+        }
+        for (index, y) in step.yields.iter().enumerate() {
+            self.outstanding.push((seq, index as u32, step.at, y.clone()));
+        }
+    }
+
+    /// Drops what a recovery no longer needs: the messages to it that it took, and the
+    /// messages it sent to processes `gone` says have ended.
+    pub(crate) fn prune(&mut self, gone: impl Fn(Pid) -> bool) {
+        let consumed = std::mem::take(&mut self.consumed);
+        self.host_messages.retain(|(seq, _, _)| !took(&consumed, Pid::HOST, *seq));
+        self.received.retain(|(from, id, _, _)| !took(&consumed, *from, *id));
+        self.sent.retain(|(to, _, _, _)| !gone(*to));
+        self.consumed = consumed;
+    }
+}
+
+fn took(consumed: &[(Pid, u64)], from: Pid, id: u64) -> bool {
+    consumed.iter().any(|&(sender, last)| sender == from && id <= last)
+}
+
+/// The bit that tells a yielded `send`'s message identity from a port send's (the
+/// scheduler's `durable.rs` makes them; a snapshot makes those of the sends it carries
+/// the same way).
+pub(crate) const YIELD_SEND_BIT: u64 = 1 << 19;
 
 /// How a process was started.
 #[derive(Debug, Clone, PartialEq)]
@@ -92,23 +222,7 @@ impl Record {
         match self {
             Record::Spawn(spawn) => {
                 w.u8(SPAWN);
-                w.u64(spawn.parent.as_u64());
-                match spawn.origin {
-                    Some((seq, tag)) => {
-                        w.bool(true);
-                        w.u64(seq);
-                        w.u64(tag);
-                    }
-                    None => w.bool(false),
-                }
-                w.optional_str(spawn.kind.as_deref());
-                w.optional_str(spawn.identity.as_deref());
-                w.str(&spawn.method);
-                w.payloads(&spawn.input);
-                spawn.caps.encode(&mut w);
-                w.u64(spawn.mailbox_capacity);
-                w.u64(spawn.at);
-                w.bytes(&spawn.seed);
+                write_spawn(&mut w, spawn);
             }
             Record::Step(step) => {
                 w.u8(STEP);
@@ -130,12 +244,7 @@ impl Record {
                     w.str(topic);
                     w.payload(body);
                 }
-                w.u8(match step.status {
-                    Status::Blocked => 0,
-                    Status::Idle => 1,
-                    Status::Continue => 2,
-                    Status::Complete(_) => 3,
-                });
+                w.u8(status_byte(&step.status));
             }
             Record::Exit(exited) => {
                 w.u8(EXIT);
@@ -152,6 +261,16 @@ impl Record {
                 w.u64(*id);
                 w.str(topic);
                 w.payload(body);
+            }
+            Record::Snapshot(snapshot) => {
+                w.u8(SNAPSHOT);
+                w.u8(SNAPSHOT_VERSION);
+                write_spawn(&mut w, &snapshot.spawn);
+                w.u64(snapshot.at);
+                w.u64(snapshot.steps);
+                w.u8(status_byte(&snapshot.status));
+                w.bytes(&snapshot.state);
+                write_carried(&mut w, &snapshot.carried);
             }
         }
         w.into_bytes()
@@ -186,18 +305,25 @@ impl Record {
         let record = match r.u8("kind")? {
             SPAWN => {
                 r.kind("spawn");
-                Record::Spawn(SpawnRecord {
-                    parent: Pid::from_u64(r.u64("parent")?),
-                    origin: if r.bool("origin")? { Some((r.u64("origin")?, r.u64("origin")?)) } else { None },
-                    kind: r.optional_str("kind")?.map(str::to_owned),
-                    identity: r.optional_str("identity")?.map(str::to_owned),
-                    method: r.str("method")?.to_owned(),
-                    input: r.payloads("input")?,
-                    caps: Capabilities::decode(&mut r)?,
-                    mailbox_capacity: r.u64("mailbox_capacity")?,
+                Record::Spawn(read_spawn(&mut r)?)
+            }
+            SNAPSHOT => {
+                r.kind("snapshot");
+                let version = r.u8("snapshot version")?;
+                if version != SNAPSHOT_VERSION {
+                    return Err(r.invalid(
+                        "snapshot version",
+                        format!("a snapshot of version {version}; this host reads version {SNAPSHOT_VERSION}"),
+                    ));
+                }
+                Record::Snapshot(Box::new(SnapshotRecord {
+                    spawn: read_spawn(&mut r)?,
                     at: r.u64("at")?,
-                    seed: r.bytes("seed")?.try_into().map_err(|_| r.invalid("seed", "a seed is not 32 bytes"))?,
-                })
+                    steps: r.u64("steps")?,
+                    status: read_status(&mut r)?,
+                    state: r.bytes("state")?.to_vec(),
+                    carried: read_carried(&mut r)?,
+                }))
             }
             STEP => {
                 r.kind("step");
@@ -218,13 +344,7 @@ impl Record {
                 for _ in 0..count {
                     sends.push((Pid::from_u64(r.u64("sends")?), r.str("sends")?.to_owned(), r.payload("sends")?));
                 }
-                let status = match r.u8("status")? {
-                    0 => Status::Blocked,
-                    1 => Status::Idle,
-                    2 => Status::Continue,
-                    3 => Status::Complete(Ok(Payload::empty())),
-                    other => return Err(r.invalid("status", format!("unknown step status {other}"))),
-                };
+                let status = read_status(&mut r)?;
                 Record::Step(StepRecord { at, events, message_ids, yields, sends, status })
             }
             EXIT => {
@@ -249,6 +369,156 @@ impl Record {
         r.finish()?;
         Ok(record)
     }
+}
+
+fn status_byte(status: &Status) -> u8 {
+    match status {
+        Status::Blocked => 0,
+        Status::Idle => 1,
+        Status::Continue => 2,
+        Status::Complete(_) => 3,
+    }
+}
+
+fn read_status(r: &mut Reader<'_>) -> Result<Status, Malformed> {
+    Ok(match r.u8("status")? {
+        0 => Status::Blocked,
+        1 => Status::Idle,
+        2 => Status::Continue,
+        3 => Status::Complete(Ok(Payload::empty())),
+        other => return Err(r.invalid("status", format!("unknown step status {other}"))),
+    })
+}
+
+fn write_spawn(w: &mut Writer, spawn: &SpawnRecord) {
+    w.u64(spawn.parent.as_u64());
+    match spawn.origin {
+        Some((seq, tag)) => {
+            w.bool(true);
+            w.u64(seq);
+            w.u64(tag);
+        }
+        None => w.bool(false),
+    }
+    w.optional_str(spawn.kind.as_deref());
+    w.optional_str(spawn.identity.as_deref());
+    w.str(&spawn.method);
+    w.payloads(&spawn.input);
+    spawn.caps.encode(w);
+    w.u64(spawn.mailbox_capacity);
+    w.u64(spawn.at);
+    w.bytes(&spawn.seed);
+}
+
+fn read_spawn(r: &mut Reader<'_>) -> Result<SpawnRecord, Malformed> {
+    Ok(SpawnRecord {
+        parent: Pid::from_u64(r.u64("parent")?),
+        origin: if r.bool("origin")? { Some((r.u64("origin")?, r.u64("origin")?)) } else { None },
+        kind: r.optional_str("kind")?.map(str::to_owned),
+        identity: r.optional_str("identity")?.map(str::to_owned),
+        method: r.str("method")?.to_owned(),
+        input: r.payloads("input")?,
+        caps: Capabilities::decode(r)?,
+        mailbox_capacity: r.u64("mailbox_capacity")?,
+        at: r.u64("at")?,
+        seed: r.bytes("seed")?.try_into().map_err(|_| r.invalid("seed", "a seed is not 32 bytes"))?,
+    })
+}
+
+fn write_messages(w: &mut Writer, messages: &[(Pid, u64, String, Payload)]) {
+    w.u64(messages.len() as u64);
+    for (pid, id, topic, body) in messages {
+        w.u64(pid.as_u64());
+        w.u64(*id);
+        w.str(topic);
+        w.payload(body);
+    }
+}
+
+fn read_messages(r: &mut Reader<'_>, field: &'static str) -> Result<Vec<(Pid, u64, String, Payload)>, Malformed> {
+    let count = r.count(field)?;
+    let mut messages = Vec::with_capacity(count);
+    for _ in 0..count {
+        messages.push((Pid::from_u64(r.u64(field)?), r.u64(field)?, r.str(field)?.to_owned(), r.payload(field)?));
+    }
+    Ok(messages)
+}
+
+fn write_pids(w: &mut Writer, pids: &[Pid]) {
+    w.u64(pids.len() as u64);
+    for pid in pids {
+        w.u64(pid.as_u64());
+    }
+}
+
+fn read_pids(r: &mut Reader<'_>, field: &'static str) -> Result<Vec<Pid>, Malformed> {
+    let count = r.count(field)?;
+    (0..count).map(|_| Ok(Pid::from_u64(r.u64(field)?))).collect()
+}
+
+fn write_carried(w: &mut Writer, carried: &Carried) {
+    w.u64(carried.outstanding.len() as u64);
+    for (seq, index, at, y) in &carried.outstanding {
+        w.u64(*seq);
+        w.u64(u64::from(*index));
+        w.u64(*at);
+        w.u64(y.tag);
+        command(w, &y.command);
+    }
+    write_messages(w, &carried.sent);
+    w.u64(carried.host_messages.len() as u64);
+    for (seq, topic, body) in &carried.host_messages {
+        w.u64(*seq);
+        w.str(topic);
+        w.payload(body);
+    }
+    write_messages(w, &carried.received);
+    w.u64(carried.consumed.len() as u64);
+    for (sender, last) in &carried.consumed {
+        w.u64(sender.as_u64());
+        w.u64(*last);
+    }
+    write_pids(w, &carried.monitored);
+    write_pids(w, &carried.linked);
+    w.bool(carried.trap_exits);
+    w.u64(carried.exits_taken.len() as u64);
+    for (pid, linked) in &carried.exits_taken {
+        w.u64(pid.as_u64());
+        w.bool(*linked);
+    }
+}
+
+fn read_carried(r: &mut Reader<'_>) -> Result<Carried, Malformed> {
+    let count = r.count("outstanding")?;
+    let mut outstanding = Vec::with_capacity(count);
+    for _ in 0..count {
+        let seq = r.u64("outstanding")?;
+        let index = u32::try_from(r.u64("outstanding")?).map_err(|_| r.invalid("outstanding", "an index past u32"))?;
+        let at = r.u64("outstanding")?;
+        let tag = r.u64("outstanding")?;
+        outstanding.push((seq, index, at, Yield { tag, command: read_command(r)? }));
+    }
+    let sent = read_messages(r, "sent")?;
+    let count = r.count("host messages")?;
+    let mut host_messages = Vec::with_capacity(count);
+    for _ in 0..count {
+        host_messages.push((r.u64("host messages")?, r.str("host messages")?.to_owned(), r.payload("host messages")?));
+    }
+    let received = read_messages(r, "received")?;
+    let count = r.count("consumed")?;
+    let mut consumed = Vec::with_capacity(count);
+    for _ in 0..count {
+        consumed.push((Pid::from_u64(r.u64("consumed")?), r.u64("consumed")?));
+    }
+    let monitored = read_pids(r, "monitored")?;
+    let linked = read_pids(r, "linked")?;
+    let trap_exits = r.bool("trap exits")?;
+    let count = r.count("exits taken")?;
+    let mut exits_taken = Vec::with_capacity(count);
+    for _ in 0..count {
+        exits_taken.push((Pid::from_u64(r.u64("exits taken")?), r.bool("exits taken")?));
+    }
+    Ok(Carried { outstanding, sent, host_messages, received, consumed, monitored, linked, trap_exits, exits_taken })
 }
 
 fn events(w: &mut Writer, events: &[Event]) {

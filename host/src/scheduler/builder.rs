@@ -92,6 +92,8 @@ pub struct Builder {
     suspend_after: Option<Duration>,
     /// How long a waiting process waits before it hibernates (`Builder::hibernate_after`).
     hibernate_after: Duration,
+    /// Steps between two snapshots of a durable process (`Builder::snapshot_every`).
+    snapshot_every: Option<u64>,
 }
 
 /// A provider as the handler of its family.
@@ -138,6 +140,7 @@ impl Default for Builder {
             retry: None,
             suspend_after: Some(DEFAULT_SUSPEND_AFTER),
             hibernate_after: super::DEFAULT_HIBERNATE_AFTER,
+            snapshot_every: None,
         }
     }
 }
@@ -361,6 +364,27 @@ impl Builder {
         self
     }
 
+    /// Takes a **snapshot** of a durable process (one of a scheduler with a
+    /// [`Builder::journal`]) every `steps` steps: its state ([`Process::snapshot`]) and
+    /// what its records tell a recovery (what is under way, whom it watches, which
+    /// messages it took and which it sent that may not have been taken), written to the
+    /// journal in one batch with the removal of every record before it. A recovery, or a
+    /// suspended process's return, then starts from the snapshot
+    /// ([`Process::restore`]) and replays only the steps after it, and a process that
+    /// steps for ever holds at most about `steps` records (plus one message for each it
+    /// sent to a live process that has not taken it, and each it was sent and has not
+    /// taken). A process that cannot be captured ([`Process::snapshot`] says `None`: a
+    /// Wasm process of a component that hibernation cannot capture, or one waiting
+    /// inside a step) keeps its records, and is asked again `steps` steps later.
+    /// `None` (the default) takes none. A scheduler without a journal takes none.
+    ///
+    /// [`Process::snapshot`]: crate::Process::snapshot
+    /// [`Process::restore`]: crate::Process::restore
+    pub fn snapshot_every(mut self, steps: Option<u64>) -> Self {
+        self.snapshot_every = steps;
+        self
+    }
+
     /// Retries a durable root (a process the embedder spawned) that traps from its last
     /// journaled step, as `retry`'s policy admits: the scheduler suspends as a crash at
     /// the trap would, and the embedder builds a scheduler on the journal again after the
@@ -467,7 +491,7 @@ impl Builder {
                 let plan = Plan::read(journal)?;
                 plan.check(&kinds)?;
                 let durable =
-                    Durable::start(&self.thread_name, journal).context("failed to start the journal's thread")?;
+                    Durable::start(&self.thread_name, journal, self.snapshot_every).context("failed to start the journal's thread")?;
                 (Some(durable), Some(plan))
             }
             None => (None, None),

@@ -27,7 +27,8 @@ use super::state::Wake;
 use super::worker;
 use crate::error::SendError;
 use crate::journal::{
-    CommitError, CommitStats, Committer, Journal, Key, OnCommit, Record, SpawnRecord, StepRecord, now_micros,
+    Carried, CommitError, CommitStats, Committer, Journal, Key, OnCommit, Record, SnapshotRecord, SpawnRecord,
+    StepRecord, now_micros,
 };
 use crate::step::{Event, Exited, Status, Yield};
 
@@ -142,6 +143,9 @@ pub(super) struct Durable {
     /// Read back for a suspended process's history (`recovery::bring_back`).
     journal: Journal,
     max_records: u64,
+    /// Steps between two snapshots of a process (`Builder::snapshot_every`); `None`:
+    /// none is taken.
+    snapshot_every: Option<u64>,
     /// The process trees whose records go once they have all ended; `None` keeps them.
     trees: Option<Mutex<Trees>>,
     /// The last message (its identity) each process recorded from each sender of another
@@ -291,7 +295,7 @@ pub(super) struct ReceivedMessage {
 }
 
 impl Durable {
-    pub(super) fn start(name: &str, journal: &Journal) -> std::io::Result<Durable> {
+    pub(super) fn start(name: &str, journal: &Journal, snapshot_every: Option<u64>) -> std::io::Result<Durable> {
         let sync = journal.settings.durability == crate::journal::Durability::Sync;
         let on_commit: OnCommit<AfterCommit> = Box::new(|items, result| match result {
             Ok(()) => items.for_each(AfterCommit::carry_out),
@@ -305,6 +309,7 @@ impl Durable {
             committer,
             journal: journal.clone(),
             max_records: journal.settings.max_records_per_process.max(2),
+            snapshot_every: snapshot_every.map(|every| every.max(1)),
             trees,
             received: Mutex::new(FxHashMap::default()),
         })
@@ -351,23 +356,105 @@ impl Durable {
         if cell.scheduler().suspending.load(Ordering::Acquire) {
             return Err(SUSPENDED.to_owned());
         }
+        // Held across the submission when snapshots are taken, so that a record and a
+        // snapshot reach the committer in the order of their sequence numbers: a record
+        // numbered before a snapshot must be in the batch that removes it or an earlier
+        // one, and what it carries is in the snapshot (`Durable::write_snapshot`).
+        let mut slot = self.snapshot_every.map(|_| cell.journaled.lock());
         let seq = cell.journal_seq.fetch_add(1, Ordering::Relaxed);
+        let held = seq - slot.as_mut().and_then(|slot| step_in(slot)).map_or(0, |step| step.snapshot_seq);
         // The exit is always allowed: a process at its limit must still be able to end.
-        if seq >= self.max_records && !matches!(record, Record::Exit(_)) {
+        if held >= self.max_records && !matches!(record, Record::Exit(_)) {
             return Err(format!(
-                "journal limit reached: process {} has {seq} records, its journal's `max_records_per_process` \
+                "journal limit reached: process {} has {held} records, its journal's `max_records_per_process` \
                  (raise it with `--journal-limit`)",
                 cell.pid()
             ));
+        }
+        if let Some(step) = slot.as_mut().and_then(|slot| step_in(slot)) {
+            step.fold(seq, &record);
         }
         let key = Key { process: cell.pid().as_u64(), seq };
         let value = record.encode();
         self.committer.submit([(key, value)], then(seq, record)).map_err(|error| journal_failed(&error))
     }
 
+    /// Writes a snapshot of `cell`'s process after its step just recorded, if one is due
+    /// ([`Durable::snapshot_due`]).
+    ///
+    /// # Safety
+    ///
+    /// The caller owns the process (`Running`), between two of its steps.
+    pub(super) unsafe fn snapshot_if_due(&self, cell: &ProcessCell) -> Result<(), String> {
+        if !self.snapshot_due(cell) {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract.
+        let state = unsafe {
+            cell.with_process(|p| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.snapshot())))
+        };
+        let state = match state {
+            Some(Ok(state)) => state,
+            Some(Err(_)) => return Err("process panicked while its snapshot was taken".to_owned()),
+            None => return Ok(()),
+        };
+        self.write_snapshot(cell, state)
+    }
+
+    /// Whether processes are snapshotted (`Builder::snapshot_every`).
+    pub(super) fn takes_snapshots(&self) -> bool {
+        self.snapshot_every.is_some()
+    }
+
+    /// Whether a snapshot of `cell`'s process is due: [`Builder::snapshot_every`] steps
+    /// have been recorded since its last (or its spawn).
+    ///
+    /// [`Builder::snapshot_every`]: super::Builder::snapshot_every
+    pub(super) fn snapshot_due(&self, cell: &ProcessCell) -> bool {
+        let Some(every) = self.snapshot_every else { return false };
+        step_in(&mut cell.journaled.lock()).is_some_and(|step| step.for_snapshot.is_some() && step.since_snapshot >= every)
+    }
+
+    /// Writes a snapshot of `cell`'s process, whose own state is `state`, as its next
+    /// record, in one batch with the removal of every record before it. `None` for
+    /// `state`: the process could not be captured now; it is asked again after as many
+    /// steps again.
+    pub(super) fn write_snapshot(&self, cell: &ProcessCell, state: Option<Vec<u8>>) -> Result<(), String> {
+        if cell.scheduler().suspending.load(Ordering::Acquire) {
+            return Err(SUSPENDED.to_owned());
+        }
+        let mut slot = cell.journaled.lock();
+        let Some(step) = step_in(&mut slot) else { return Ok(()) };
+        step.since_snapshot = 0;
+        let (Some(state), Some(carried), Some(spawn)) = (state, &mut step.for_snapshot, &step.spawn) else { return Ok(()) };
+        let registry = &cell.scheduler().registry;
+        carried.prune(|pid| pid != Pid::HOST && registry.get(pid).is_none());
+        let snapshot = SnapshotRecord {
+            spawn: spawn.clone(),
+            at: step.step_at,
+            steps: step.steps,
+            status: step.last_status.clone(),
+            state,
+            carried: carried.clone(),
+        };
+        let seq = cell.journal_seq.fetch_add(1, Ordering::Relaxed);
+        let key = Key { process: cell.pid().as_u64(), seq };
+        let value = Record::Snapshot(Box::new(snapshot)).encode();
+        step.snapshot_seq = seq;
+        self.committer
+            .submit_replacing([(key, value)], vec![(cell.pid().as_u64(), seq)], AfterCommit::Nothing)
+            .map_err(|error| journal_failed(&error))
+    }
+
     /// Records the spawn of `cell`; its steps' records follow it in the same order.
     pub(super) fn record_spawn(&self, cell: &ProcessCell, spawn: SpawnRecord) -> Result<(), String> {
         let parent = spawn.parent;
+        if self.snapshot_every.is_some()
+            && let Some(step) = step_in(&mut cell.journaled.lock())
+        {
+            step.spawn = Some(spawn.clone());
+            step.for_snapshot = Some(Carried::default());
+        }
         self.submit(cell, Record::Spawn(spawn), |_, _| AfterCommit::Nothing)?;
         if let Some(trees) = &self.trees {
             trees.lock().add(cell.pid(), parent, true);
@@ -592,6 +679,18 @@ struct StepInProgress {
     carried: Vec<Event>,
     carried_ids: Vec<MessageId>,
     sends: Vec<PortSend>,
+    /// With snapshots on: the spawn a snapshot holds, and what the records since the
+    /// spawn carry for a recovery ([`Carried`]), kept up to date record by record.
+    spawn: Option<SpawnRecord>,
+    for_snapshot: Option<Carried>,
+    /// Steps recorded since the spawn, and since the last snapshot, and the status the
+    /// last ended with.
+    steps: u64,
+    last_status: Status,
+    since_snapshot: u64,
+    /// The sequence number of the last snapshot (0: none): the records it holds are
+    /// those after it, which `max_records_per_process` bounds.
+    snapshot_seq: u64,
 }
 
 /// A finished step, less what it yielded and its status.
@@ -617,7 +716,31 @@ impl StepInProgress {
             carried: Vec::new(),
             carried_ids: Vec::new(),
             sends: Vec::new(),
+            spawn: None,
+            for_snapshot: None,
+            steps: 0,
+            last_status: Status::Continue,
+            since_snapshot: 0,
+            snapshot_seq: 0,
         })
+    }
+
+    /// Adds record `seq` to what a snapshot carries, when snapshots are taken.
+    fn fold(&mut self, seq: u64, record: &Record) {
+        let Some(carried) = &mut self.for_snapshot else { return };
+        match record {
+            Record::Step(step) => {
+                carried.fold(seq, step);
+                self.last_status = step.status.clone();
+                self.steps += 1;
+                self.since_snapshot += 1;
+            }
+            Record::HostMessage { topic, body } => carried.host_messages.push((seq, topic.clone(), body.clone())),
+            Record::Received { from, id, topic, body } => {
+                carried.received.push((*from, *id, topic.clone(), body.clone()));
+            }
+            Record::Spawn(_) | Record::Exit(_) | Record::Snapshot(_) => {}
+        }
     }
 }
 
@@ -664,6 +787,30 @@ impl ProcessCell {
     pub(super) fn begin_journal(&self, seed: [u8; 32], at: u64) {
         let state: Box<dyn Any + Send> = StepInProgress::new(seed, at);
         *self.journaled.lock() = Some(state);
+    }
+
+    /// Takes up, with snapshots on, what `cell`'s history read back says a snapshot
+    /// carries: its spawn, its last snapshot (with its sequence number) and the records
+    /// after it, for the next snapshot. Called after
+    /// [`ProcessCell::begin_journal`].
+    pub(super) fn resume_carried(
+        &self,
+        spawn: &SpawnRecord,
+        snapshot: Option<(u64, &SnapshotRecord)>,
+        after: impl Iterator<Item = (u64, Record)>,
+    ) {
+        let mut slot = self.journaled.lock();
+        let Some(step) = step_in(&mut slot) else { return };
+        step.spawn = Some(spawn.clone());
+        step.for_snapshot = Some(snapshot.map(|(_, s)| s.carried.clone()).unwrap_or_default());
+        if let Some((seq, snapshot)) = snapshot {
+            step.snapshot_seq = seq;
+            step.steps = snapshot.steps;
+            step.last_status = snapshot.status.clone();
+        }
+        for (seq, record) in after {
+            step.fold(seq, &record);
+        }
     }
 
     /// Sets the time the step about to be replayed reads: the recorded time of that step.

@@ -31,16 +31,16 @@ use wasmproc_types::{ExitReason, Payload, Pid};
 use super::caps::Capabilities;
 use super::cell::{ProcessCell, Spec, Watcher, port};
 use super::completer::complete;
-use super::durable::{Origin, ReplayingHistory, port_send_id, replaying};
+use super::durable::{Origin, ReplayingHistory, replaying};
 use super::inbox::Signal;
 use super::process_handle::{ExitSlot, ProcessHandle};
 use super::shared::Shared;
 use super::state::{Lifecycle, Waiting};
 use crate::handler::make_under;
-use crate::journal::{Decode, Journal, Recorded, now_micros};
+use crate::journal::{Carried, Decode, Journal, Record, Recorded, now_micros};
 use crate::limits::{KindLimits, Lineage};
 use crate::process::Process;
-use crate::step::{Command, Event, Status, StepOutput, Yield};
+use crate::step::{Command, Status, StepOutput, Yield};
 
 /// The limits each recorded process ran under: its kind's own, tightened by those its
 /// spawner ran under, up to the embedder (every spawn went through `make_under`).
@@ -206,9 +206,8 @@ impl Plan {
         let Rewired { deliveries, later } = self.rewire(shared, &cells, &replayed, &consumed);
         self.forget_finished(shared, &cells, &deliveries);
         deliver_again(shared, deliveries);
-        for (cell, origin, y) in later {
-            let saved = &self.saved[&cell.pid()];
-            self.resume_yield(shared, &cell, saved, origin, y, &consumed, &cells);
+        for (cell, origin, at, y) in later {
+            self.resume_yield(shared, &cell, (origin, at), y, &consumed, &cells);
         }
         queue(shared, &cells, replayed);
         self.free_in_background();
@@ -262,12 +261,14 @@ impl Plan {
     }
 
     /// The identities of the messages each live process consumed, by process.
-    fn consumed(&self, replayed: &HashMap<Pid, Option<Status>>) -> HashMap<Pid, HashSet<(Pid, u64)>> {
+    fn consumed(&self, replayed: &HashMap<Pid, Option<Status>>) -> HashMap<Pid, Consumed> {
         replayed
             .keys()
             .map(|pid| {
-                let ids = self.saved[pid].steps.iter().flat_map(|(_, step)| step.message_ids.iter().copied()).collect();
-                (*pid, ids)
+                let saved = &self.saved[pid];
+                let ids = saved.steps.iter().flat_map(|(_, step)| step.message_ids.iter().copied()).collect();
+                let marks = saved.snapshot.as_ref().map(|(_, s)| s.carried.consumed.clone()).unwrap_or_default();
+                (*pid, Consumed { ids, marks })
             })
             .collect()
     }
@@ -279,7 +280,7 @@ impl Plan {
         shared: &Arc<Shared>,
         cells: &BTreeMap<Pid, Arc<ProcessCell>>,
         replayed: &HashMap<Pid, Option<Status>>,
-        consumed: &HashMap<Pid, HashSet<(Pid, u64)>>,
+        consumed: &HashMap<Pid, Consumed>,
     ) -> Rewired {
         let live = |pid: &Pid| replayed.contains_key(pid);
         // Every message to deliver again, by receiver, in each sender's order; with the
@@ -288,7 +289,7 @@ impl Plan {
         // whatever became of it: only its receiver knows, and it records each once.
         let mut deliveries: Deliveries = BTreeMap::new();
         let mut undelivered = |from: Pid, to: Pid, id: u64, topic: &str, body: &Payload, yielded| {
-            let fresh = shared.remote_for(to).is_some() || (live(&to) && !consumed[&to].contains(&(from, id)));
+            let fresh = shared.remote_for(to).is_some() || (live(&to) && !consumed[&to].contains(from, id));
             if fresh {
                 let message = Redelivery { topic: topic.to_owned(), body: body.clone(), yielded };
                 deliveries.entry(to).or_default().insert((from, id), message);
@@ -297,28 +298,24 @@ impl Plan {
         };
         let mut later = Vec::new();
         for (pid, saved) in &self.saved {
-            for (seq, step) in &saved.steps {
-                for (index, (to, topic, body)) in step.sends.iter().enumerate() {
-                    undelivered(*pid, *to, port_send_id(*seq, index), topic, body, None);
-                }
-            }
-            for (seq, topic, body) in &saved.host_messages {
+            let pending = pending_yields(saved);
+            for (seq, topic, body) in &pending.carried.host_messages {
                 undelivered(Pid::HOST, *pid, *seq, topic, body, None);
             }
-            for (from, id, topic, body) in &saved.received {
+            for (from, id, topic, body) in &pending.carried.received {
                 if let Some(durable) = &shared.durable {
                     durable.note_received(*from, *pid, *id);
                 }
                 undelivered(*from, *pid, *id, topic, body, None);
             }
-            // A sender that has ended may still have messages its receiver did not take:
-            // sends it saw complete, and sends it did not wait for.
-            let pending = pending_yields(saved);
-            for done in &pending.completed_sends {
-                undelivered(*pid, done.to, done.id, &done.topic, &done.body, None);
+            // Its port sends, and the yielded sends it saw complete: a sender that has
+            // ended may still have messages its receiver did not take, as may one whose
+            // step was replayed.
+            for (to, id, topic, body) in &pending.carried.sent {
+                undelivered(*pid, *to, *id, topic, body, None);
             }
             if !live(pid) {
-                for (origin, y) in &pending.outstanding {
+                for (origin, _, y) in &pending.outstanding {
                     if let Command::Send { to, topic, body } = &y.command {
                         undelivered(*pid, *to, origin.message_id(), topic, body, None);
                     }
@@ -326,16 +323,16 @@ impl Plan {
                 continue;
             }
             let cell = &cells[pid];
-            self.rewire_monitors(shared, cell, saved, &pending, cells);
+            self.rewire_monitors(shared, cell, &pending, cells);
             self.rewire_links(shared, cell, &pending, cells, replayed);
-            for (origin, y) in pending.outstanding {
+            for (origin, at, y) in pending.outstanding {
                 // A `send` in flight is delivered with the others, in its sender's order.
                 if let Command::Send { to, topic, body } = &y.command
                     && undelivered(*pid, *to, origin.message_id(), topic, body, Some((cell.clone(), y.tag)))
                 {
                     continue;
                 }
-                later.push((cell.clone(), origin, y));
+                later.push((cell.clone(), origin, at, y));
             }
         }
         Rewired { deliveries, later }
@@ -470,20 +467,12 @@ impl Plan {
         &self,
         shared: &Arc<Shared>,
         cell: &Arc<ProcessCell>,
-        saved: &Recorded,
         pending: &Pending,
         cells: &BTreeMap<Pid, Arc<ProcessCell>>,
     ) {
-        let consumed_exits: HashSet<Pid> = saved
-            .steps
-            .iter()
-            .flat_map(|(_, step)| step.events.iter())
-            .filter_map(|event| match event {
-                Event::Exit { pid, linked: false, .. } => Some(*pid),
-                _ => None,
-            })
-            .collect();
-        for target in &pending.monitored {
+        let consumed_exits: HashSet<Pid> =
+            pending.carried.exits_taken.iter().filter(|(_, linked)| !linked).map(|(pid, _)| *pid).collect();
+        for target in &pending.carried.monitored {
             if consumed_exits.contains(target) {
                 continue;
             }
@@ -502,7 +491,7 @@ impl Plan {
         cells: &BTreeMap<Pid, Arc<ProcessCell>>,
         replayed: &HashMap<Pid, Option<Status>>,
     ) {
-        if pending.trap_exits {
+        if pending.carried.trap_exits {
             cell.inbox.set_trap_exits(true);
         }
         for &partner in &pending.linked {
@@ -549,18 +538,14 @@ impl Plan {
         &self,
         shared: &Arc<Shared>,
         cell: &Arc<ProcessCell>,
-        saved: &Recorded,
-        origin: Origin,
+        (origin, started): (Origin, u64),
         y: Yield,
-        consumed: &HashMap<Pid, HashSet<(Pid, u64)>>,
+        consumed: &HashMap<Pid, Consumed>,
         cells: &BTreeMap<Pid, Arc<ProcessCell>>,
     ) {
         let tag = y.tag;
         match y.command {
             Command::Sleep(duration) => {
-                // Steps are in record order.
-                let step = saved.steps.binary_search_by_key(&origin.seq, |(seq, _)| *seq);
-                let started = step.map_or(0, |i| saved.steps[i].1.at);
                 let deadline = started.saturating_add(duration.as_micros().min(u128::from(u64::MAX)) as u64);
                 let left = Duration::from_micros(deadline.saturating_sub(now_micros()));
                 shared.dispatch_from(cell, Yield { tag, command: Command::Sleep(left) }, Some(origin));
@@ -576,7 +561,7 @@ impl Plan {
             },
             Command::Send { to, topic, body } => {
                 let id = origin.message_id();
-                if consumed.get(&to).is_some_and(|ids| ids.contains(&(cell.pid(), id))) {
+                if consumed.get(&to).is_some_and(|ids| ids.contains(cell.pid(), id)) {
                     complete(cell, tag, Ok(Payload::empty()));
                 } else {
                     shared.dispatch_from(cell, Yield { tag, command: Command::Send { to, topic, body } }, Some(origin));
@@ -715,24 +700,38 @@ pub(super) fn bring_back(shared: &Shared, cell: &Arc<ProcessCell>) -> Result<(),
 }
 
 /// Begins `cell`'s journal as recorded and runs its `init` again with the recorded
-/// method and input, as the owner of the process.
+/// method and input, or restores the snapshot its history begins with, as the owner of
+/// the process.
 fn replay_init(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<(), String> {
     let spawn = &saved.spawn;
     cell.begin_journal(spawn.seed, spawn.at);
+    if cell.scheduler().durable.as_ref().is_some_and(|durable| durable.takes_snapshots()) {
+        let snapshot = saved.snapshot.as_ref().map(|(seq, s)| (*seq, &**s));
+        let steps = saved.steps.iter().map(|(seq, step)| (*seq, Record::Step(step.clone())));
+        let messages = saved.host_messages.iter().map(|(seq, topic, body)| {
+            (*seq, Record::HostMessage { topic: topic.clone(), body: body.clone() })
+        });
+        let received = saved.received.iter().map(|(from, id, topic, body)| {
+            (0, Record::Received { from: *from, id: *id, topic: topic.clone(), body: body.clone() })
+        });
+        cell.resume_carried(spawn, snapshot, steps.chain(messages).chain(received));
+    }
+    let what = if saved.snapshot.is_some() { "its snapshot's restore" } else { "its init" };
     // SAFETY: the caller owns the process: it was registered moments ago and is in
     // `Init`, in no queue (recovery), or its worker brings it back (`bring_back`).
     let init = unsafe {
         cell.with_process(|p| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                p.init(port(cell), &spawn.method, spawn.input.clone())
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &saved.snapshot {
+                Some((_, snapshot)) => p.restore(port(cell), &snapshot.state),
+                None => p.init(port(cell), &spawn.method, spawn.input.clone()),
             }))
         })
     }
     .expect("a process being replayed is not closed");
     match init {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(error)) => Err(format!("cannot be resumed: its init failed on replay: {error:#}")),
-        Err(_) => Err("cannot be resumed: its init panicked on replay".to_owned()),
+        Ok(Err(error)) => Err(format!("cannot be resumed: {what} failed on replay: {error:#}")),
+        Err(_) => Err(format!("cannot be resumed: {what} panicked on replay")),
     }
 }
 
@@ -742,7 +741,9 @@ fn replay_init(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<(), String> 
 fn replay_steps(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<Option<Status>, String> {
     let pid = cell.pid();
     let mut out = StepOutput::new();
-    let mut last = None;
+    // With no step after its snapshot, the process goes on as the snapshot's last step
+    // left it.
+    let mut last = saved.snapshot.as_ref().map(|(_, snapshot)| snapshot.status.clone());
     for (seq, step) in &saved.steps {
         out.reset();
         cell.set_replayed_step_time(step.at);
@@ -803,7 +804,7 @@ type Deliveries = BTreeMap<Pid, BTreeMap<(Pid, u64), Redelivery>>;
 struct Rewired {
     deliveries: Deliveries,
     /// The yields to take up once the messages are delivered again.
-    later: Vec<(Arc<ProcessCell>, Origin, Yield)>,
+    later: Vec<(Arc<ProcessCell>, Origin, u64, Yield)>,
 }
 
 /// A message to deliver again at recovery.
@@ -814,82 +815,51 @@ struct Redelivery {
     yielded: Option<(Arc<ProcessCell>, u64)>,
 }
 
-/// A yielded `send` whose completion the process consumed, with its outcome `Ok`.
-struct CompletedSend {
-    to: Pid,
-    id: u64,
-    topic: String,
-    body: Payload,
+/// The messages a process took: those its steps list, and for those its snapshot
+/// replaced, the highest identity of each sender.
+struct Consumed {
+    ids: HashSet<(Pid, u64)>,
+    marks: Vec<(Pid, u64)>,
+}
+
+impl Consumed {
+    fn contains(&self, from: Pid, id: u64) -> bool {
+        self.ids.contains(&(from, id)) || self.marks.iter().any(|&(sender, last)| sender == from && id <= last)
+    }
 }
 
 /// What a process's history says is still under way.
 struct Pending {
-    /// Yields with no consumed completion, in order.
-    outstanding: Vec<(Origin, Yield)>,
-    /// Yielded sends that completed successfully (delivered, perhaps not consumed).
-    completed_sends: Vec<CompletedSend>,
-    /// Processes it monitors through completed `monitor` yields and monitored spawns,
-    /// less those it demonitored.
-    monitored: Vec<Pid>,
+    /// Yields with no consumed completion, in order, with their step's time.
+    outstanding: Vec<(Origin, u64, Yield)>,
+    /// What its snapshot carried, with every record after it added: the messages it
+    /// sent and was sent, whom it monitors, whether it traps exits.
+    carried: Carried,
     /// Processes it linked to through completed `link` yields and linked spawns, less
     /// those it unlinked and those whose exit signal it took (as an event).
     linked: BTreeSet<Pid>,
-    /// Whether it traps exits, as its last completed `trap-exits` left it.
-    trap_exits: bool,
 }
 
+/// What `saved`'s history leaves under way: its snapshot's [`Carried`] with every record
+/// after it added.
 fn pending_yields(saved: &Recorded) -> Pending {
-    let mut open: BTreeMap<u64, Vec<(Origin, Yield)>> = BTreeMap::new();
-    let mut completed_sends = Vec::new();
-    let mut monitored = Vec::new();
-    let mut linked = BTreeSet::new();
-    let mut trap_exits = false;
-    let mut signals_taken = HashSet::new();
+    let mut carried = saved.snapshot.as_ref().map(|(_, s)| s.carried.clone()).unwrap_or_default();
     for (seq, step) in &saved.steps {
-        for event in &step.events {
-            // Taken whenever it came: a `noproc` for a link to a process that was gone
-            // comes before the link's completion. A pid is never used twice in a journal.
-            if let Event::Exit { pid, linked: true, .. } = event {
-                signals_taken.insert(*pid);
-            }
-            let Event::Completion { tag, result } = event else { continue };
-            let Some(waiting) = open.get_mut(tag) else { continue };
-            if waiting.is_empty() {
-                continue;
-            }
-            let (origin, y) = waiting.remove(0);
-            match (y.command, result) {
-                (Command::Send { to, topic, body }, Ok(_)) => {
-                    completed_sends.push(CompletedSend { to, id: origin.message_id(), topic, body });
-                }
-                (Command::Monitor(target), Ok(_)) => monitored.push(target),
-                (Command::Demonitor(target), _) => monitored.retain(|pid| *pid != target),
-                (Command::Link(target), Ok(_)) => {
-                    linked.insert(target);
-                }
-                (Command::Unlink(target), _) => {
-                    linked.remove(&target);
-                }
-                (Command::TrapExits(trap), _) => trap_exits = trap,
-                (Command::Spawn(request), Ok(pid)) => {
-                    if let Some(child) = pid.to_u64().map(Pid::from_u64) {
-                        if request.monitor {
-                            monitored.push(child);
-                        }
-                        if request.link {
-                            linked.insert(child);
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        for (index, y) in step.yields.iter().enumerate() {
-            open.entry(y.tag).or_default().push((Origin { seq: *seq, index: index as u32 }, y.clone()));
-        }
+        carried.fold(*seq, step);
     }
-    let mut outstanding: Vec<(Origin, Yield)> = open.into_values().flatten().collect();
-    outstanding.sort_by_key(|(origin, _)| (origin.seq, origin.index));
-    linked.retain(|pid| !signals_taken.contains(pid));
-    Pending { outstanding, completed_sends, monitored, linked, trap_exits }
+    for (seq, topic, body) in &saved.host_messages {
+        carried.host_messages.push((*seq, topic.clone(), body.clone()));
+    }
+    for (from, id, topic, body) in &saved.received {
+        carried.received.push((*from, *id, topic.clone(), body.clone()));
+    }
+    let outstanding =
+        std::mem::take(&mut carried.outstanding)
+            .into_iter()
+            .map(|(seq, index, at, y)| (Origin { seq, index }, at, y))
+            .collect();
+    // Taken whenever it came: a `noproc` for a link to a process that was gone comes
+    // before the link's completion. A pid is never used twice in a journal.
+    let linked = carried.linked.iter().copied().filter(|pid| !carried.exits_taken.contains(&(*pid, true))).collect();
+    Pending { outstanding, carried, linked }
 }

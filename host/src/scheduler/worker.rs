@@ -671,6 +671,10 @@ impl WorkerLoop<'_> {
                     }
                     Err(error) => return Decision::Complete(ExitReason::Error(error)),
                 }
+                // SAFETY: as for the step above; the process is still `Running`.
+                if let Err(error) = unsafe { durable.snapshot_if_due(&cell) } {
+                    return Decision::Complete(ExitReason::Error(error));
+                }
             }
             dispatch.cell.set(Arc::as_ptr(&cell) as usize);
             for (index, y) in yields.drain(..).enumerate() {
