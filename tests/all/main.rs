@@ -43,12 +43,12 @@ mod sandbox;
 /// The guest SDK with real guests: commands past the per-step limit, cancellation, typed
 /// errors and spawning, timeouts, parents, `select_any`, the `log` backend.
 mod sdk;
+/// Snapshots in the journal: recovery from one, the bound they keep, refusal of another's.
+mod snapshots;
 /// Thousands of processes mixing every kind of yield and message (DESIGN 6, 12).
 mod stress;
 /// The built-in supervisor: OTP's supervisor test cases on native children.
 mod supervisor;
-/// Snapshots in the journal: recovery from one, the bound they keep, refusal of another's.
-mod snapshots;
 /// Suspension: durable processes out of memory while they wait, brought back from their
 /// journal by their next event.
 mod suspension;

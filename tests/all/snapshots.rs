@@ -35,8 +35,11 @@ struct Tally {
 
 impl Tally {
     fn encode(&self) -> Vec<u8> {
-        let mut bytes = format!("tally v{}\n{}\n{}\n{}\n{}\n", self.version, self.method, self.target, self.completions, self.steps)
-            .into_bytes();
+        let mut bytes = format!(
+            "tally v{}\n{}\n{}\n{}\n{}\n",
+            self.version, self.method, self.target, self.completions, self.steps
+        )
+        .into_bytes();
         bytes.extend_from_slice(self.seen.join("\n").as_bytes());
         bytes
     }
@@ -268,7 +271,8 @@ fn a_snapshot_that_does_not_match_its_kind_is_refused() {
     let ended = resumed[0].join_timeout(HANG).expect("it ends");
     let Err(wasmproc::ExitReason::Error(why)) = ended else { panic!("{ended:?}") };
     assert!(
-        why.contains("its snapshot's restore failed") && why.contains("a snapshot of `tally v1`, and this process is tally v2"),
+        why.contains("its snapshot's restore failed")
+            && why.contains("a snapshot of `tally v1`, and this process is tally v2"),
         "{why}"
     );
     assert_eq!(reached.load(Ordering::SeqCst), 0, "it never ran");
@@ -289,4 +293,126 @@ fn verifying_a_journal_replays_from_its_snapshots() {
     let verdicts = builder(&store, Some(10), tally(2, &reached)).verify_journal().unwrap();
     let Err(why) = &verdicts[0].1 else { panic!("{verdicts:?}") };
     assert!(why.contains("its snapshot's restore failed"), "{why}");
+}
+
+/// Counts the sleeps it waits for, one a step, up to `ENOUGH`: each step takes the
+/// completion of the sleep the step before yielded and yields the next. A completion
+/// lost at a crash would leave it waiting for ever, one delivered twice ends it with an
+/// error; its result is the last tag and the sum of every tag it took.
+struct Sleeper {
+    started: bool,
+    next: u64,
+    sum: u64,
+}
+
+const ENOUGH: u64 = 150;
+
+impl Process for Sleeper {
+    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn step(&mut self, events: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+        if !self.started {
+            self.started = true;
+            self.next = 1;
+            out.yield_command(1, Command::Sleep(Duration::from_millis(1)));
+        }
+        for event in events {
+            let Event::Completion { tag, .. } = event else { continue };
+            if tag != self.next {
+                out.complete(Err(format!("completion {tag} while waiting for {}", self.next)));
+                return Ok(());
+            }
+            self.sum += tag;
+            self.next += 1;
+            if self.next > ENOUGH {
+                out.complete(Ok(Payload::text(format!("{} {}", self.next, self.sum))));
+                return Ok(());
+            }
+            out.yield_command(self.next, Command::Sleep(Duration::from_millis(1)));
+        }
+        out.set_status(Status::Blocked);
+        Ok(())
+    }
+
+    fn snapshot(&mut self) -> Option<Vec<u8>> {
+        Some(format!("{} {} {}", self.started, self.next, self.sum).into_bytes())
+    }
+
+    fn restore(&mut self, _: Port, state: &[u8]) -> anyhow::Result<()> {
+        let text = std::str::from_utf8(state)?;
+        let fields: Vec<&str> = text.split(' ').collect();
+        anyhow::ensure!(fields.len() == 3, "not a sleeper's snapshot: {text:?}");
+        (self.started, self.next, self.sum) = (fields[0].parse()?, fields[1].parse()?, fields[2].parse()?);
+        Ok(())
+    }
+}
+
+/// Set in the child of the crash test: the journal's directory.
+const CRASH_CHILD: &str = "WASMPROC_SNAPSHOT_CRASH_DIR";
+
+/// The crash test's child: resumes the sleeper from the journal in its directory (or
+/// spawns it into an empty one), a snapshot every other step, every commit synced, and
+/// prints its result.
+fn crash_child(dir: &str) {
+    let make = || -> anyhow::Result<Box<dyn Process>> { Ok(Box::new(Sleeper { started: false, next: 0, sum: 0 })) };
+    let scheduler = Scheduler::builder()
+        .workers(2)
+        .journal(Journal::open(dir).unwrap())
+        .snapshot_every(Some(2))
+        .kind("sleeper", make)
+        .build()
+        .unwrap();
+    let handle = match scheduler.resumed().pop() {
+        Some(handle) => handle,
+        None => scheduler.handle().spawn(Spawnable::kind("sleeper"), "main").unwrap(),
+    };
+    let result = handle.join_timeout(HANG).expect("it ends");
+    println!("result: {result:?}");
+    scheduler.stop(HANG);
+}
+
+/// The host killed with SIGKILL at random moments, a snapshot written every other step
+/// (so that many kills land during one's write), and started again each time: the
+/// workflow ends as it would uncrashed, every sleep's completion taken once.
+#[test]
+fn a_workflow_with_snapshots_killed_at_random_moments_ends_as_uncrashed() {
+    if let Ok(dir) = std::env::var(CRASH_CHILD) {
+        crash_child(&dir);
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("wasmproc-snapshot-crash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let child = || {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "snapshots::a_workflow_with_snapshots_killed_at_random_moments_ends_as_uncrashed"])
+            .args(["--nocapture", "--test-threads=1"])
+            .env(CRASH_CHILD, &dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut state = u64::from(std::process::id()) | 1;
+    let mut kills = 0;
+    let output = loop {
+        let mut running = child();
+        // xorshift: a kill between 5 and 60 ms after the start, often mid-commit.
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        std::thread::sleep(Duration::from_millis(5 + state % 55));
+        if running.try_wait().unwrap().is_some() || kills >= 40 {
+            break running.wait_with_output().unwrap();
+        }
+        running.kill().unwrap();
+        running.wait().unwrap();
+        kills += 1;
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let _ = std::fs::remove_dir_all(&dir);
+    let expected = format!("result: Ok({:?})", Payload::text(format!("{} {}", ENOUGH + 1, ENOUGH * (ENOUGH + 1) / 2)));
+    assert!(stdout.contains(&expected), "after {kills} kills: {stdout}");
+    assert!(kills > 0, "the child was never killed");
 }

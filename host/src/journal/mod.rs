@@ -57,9 +57,10 @@
 //! [`FjallStore`] wrote with fjall, the default before the log (see `docs/perf/journal-store.md`
 //! for the measurements that chose each). Record keys are (process,
 //! sequence); values start with [`FORMAT_VERSION`]. Process 0 is reserved for the
-//! journal's own metadata. Records are only appended and read back in order, so a
-//! snapshot of a process (its memory at step N) can later replace the records before it
-//! without changing the format of the others.
+//! journal's own metadata. Records are only appended and read back in order; a
+//! snapshot of a process ([`Builder::snapshot_every`](crate::scheduler::Builder::snapshot_every))
+//! is a record that replaces those before it, removed in the batch that writes it, so a
+//! process's history begins with its spawn or with its last snapshot.
 //!
 //! # What the journal holds
 //!
@@ -71,7 +72,7 @@
 //! # Inside, one concern a file
 //!
 //! - `record.rs`: a process's records and their encoding (spawn, step, message from the
-//!   embedder, exit);
+//!   embedder, exit, snapshot), and what a snapshot carries for a recovery;
 //! - `read.rs`: the one reader of the records, which every read below and a resume (the
 //!   scheduler's `recovery.rs`) go through;
 //! - `runs.rs`: the runs a journal holds, and removing them; `history.rs`: the records as

@@ -126,11 +126,7 @@ impl Carried {
                 }
                 (Command::Monitor(target), Ok(_)) => self.monitored.push(target),
                 (Command::Demonitor(target), _) => self.monitored.retain(|pid| *pid != target),
-                (Command::Link(target), Ok(_)) => {
-                    if !self.linked.contains(&target) {
-                        self.linked.push(target);
-                    }
-                }
+                (Command::Link(target), Ok(_)) if !self.linked.contains(&target) => self.linked.push(target),
                 (Command::Unlink(target), _) => self.linked.retain(|pid| *pid != target),
                 (Command::TrapExits(trap), _) => self.trap_exits = trap,
                 (Command::Spawn(request), Ok(pid)) => {
@@ -778,6 +774,71 @@ mod tests {
         bytes[0] = FORMAT_VERSION - 1;
         let error = Record::decode(&bytes).unwrap_err().to_string();
         assert!(error.contains("an older format version of the journal (1; this host reads 2)"), "{error}");
+    }
+
+    fn snapshot() -> Record {
+        let Record::Spawn(spawn) = samples().remove(0) else { unreachable!("the first sample is a spawn") };
+        let Record::Step(step) = samples().remove(1) else { unreachable!("the second sample is a step") };
+        let mut carried = Carried::default();
+        carried.fold(4, &step);
+        carried.host_messages.push((5, "t".into(), Payload::text("x")));
+        carried.received.push((Pid::from_u64(9), 3 << 20, "n".into(), Payload::u64(4)));
+        let completed = StepRecord {
+            at: 2,
+            events: vec![
+                Event::Completion { tag: 3, result: Ok(Payload::empty()) },
+                Event::Completion { tag: 4, result: Ok(Payload::empty()) },
+                Event::Completion { tag: 11, result: Ok(Payload::empty()) },
+            ],
+            message_ids: vec![(Pid::HOST, 5)],
+            yields: Vec::new(),
+            sends: Vec::new(),
+            status: Status::Idle,
+        };
+        carried.fold(6, &completed);
+        carried.prune(|_| false);
+        Record::Snapshot(Box::new(SnapshotRecord {
+            spawn,
+            at: 3,
+            steps: 2,
+            status: Status::Idle,
+            state: vec![1, 2, 3],
+            carried,
+        }))
+    }
+
+    /// A snapshot carries what its records left under way: the step's yields less those
+    /// completed after, the completed `send` and the port send as messages that may not
+    /// have been taken, the monitor and `trap-exits` the completions set up, and the
+    /// embedder's message it took no more; and reads back as written.
+    #[test]
+    fn a_snapshot_carries_what_its_records_left_and_reads_back() {
+        let record = snapshot();
+        let Record::Snapshot(snapshot) = &record else { unreachable!("made above") };
+        let carried = &snapshot.carried;
+        let tags: Vec<u64> = carried.outstanding.iter().map(|(_, _, _, y)| y.tag).collect();
+        assert_eq!(tags, [1, 2, 5, 6, 7, 8, 9, 10]);
+        assert!(carried.outstanding.iter().all(|(seq, _, at, _)| *seq == 4 && *at == 1));
+        let sent: Vec<(Pid, u64)> = carried.sent.iter().map(|(to, id, _, _)| (*to, *id)).collect();
+        assert_eq!(sent, [(Pid::from_u64(8), 4 << 20), (Pid::from_u64(4), (4 << 20) | YIELD_SEND_BIT | 2)]);
+        assert_eq!(carried.monitored, [Pid::from_u64(4)]);
+        assert!(carried.trap_exits);
+        assert!(carried.host_messages.is_empty(), "taken");
+        assert_eq!(carried.received.len(), 1, "not taken");
+        assert_eq!(Record::decode(&record.encode()).unwrap(), record);
+        let bytes = record.encode();
+        for len in 0..bytes.len() {
+            assert!(Record::decode(&bytes[..len]).is_err(), "cut at {len}");
+        }
+    }
+
+    #[test]
+    fn a_snapshot_of_another_version_is_refused() {
+        let mut bytes = snapshot().encode();
+        assert_eq!((bytes[1], bytes[2]), (SNAPSHOT, SNAPSHOT_VERSION));
+        bytes[2] = SNAPSHOT_VERSION + 1;
+        let error = Record::decode(&bytes).unwrap_err().to_string();
+        assert!(error.contains("a snapshot of version 2; this host reads version 1"), "{error}");
     }
 
     /// A damaged record's error says it is a journal record, of which kind, and the field

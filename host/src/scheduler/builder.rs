@@ -490,8 +490,8 @@ impl Builder {
             Some(journal) => {
                 let plan = Plan::read(journal)?;
                 plan.check(&kinds)?;
-                let durable =
-                    Durable::start(&self.thread_name, journal, self.snapshot_every).context("failed to start the journal's thread")?;
+                let durable = Durable::start(&self.thread_name, journal, self.snapshot_every)
+                    .context("failed to start the journal's thread")?;
                 (Some(durable), Some(plan))
             }
             None => (None, None),

@@ -390,9 +390,8 @@ impl Durable {
             return Ok(());
         }
         // SAFETY: the caller's contract.
-        let state = unsafe {
-            cell.with_process(|p| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.snapshot())))
-        };
+        let state =
+            unsafe { cell.with_process(|p| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.snapshot()))) };
         let state = match state {
             Some(Ok(state)) => state,
             Some(Err(_)) => return Err("process panicked while its snapshot was taken".to_owned()),
@@ -412,7 +411,8 @@ impl Durable {
     /// [`Builder::snapshot_every`]: super::Builder::snapshot_every
     pub(super) fn snapshot_due(&self, cell: &ProcessCell) -> bool {
         let Some(every) = self.snapshot_every else { return false };
-        step_in(&mut cell.journaled.lock()).is_some_and(|step| step.for_snapshot.is_some() && step.since_snapshot >= every)
+        step_in(&mut cell.journaled.lock())
+            .is_some_and(|step| step.for_snapshot.is_some() && step.since_snapshot >= every)
     }
 
     /// Writes a snapshot of `cell`'s process, whose own state is `state`, as its next
@@ -426,7 +426,9 @@ impl Durable {
         let mut slot = cell.journaled.lock();
         let Some(step) = step_in(&mut slot) else { return Ok(()) };
         step.since_snapshot = 0;
-        let (Some(state), Some(carried), Some(spawn)) = (state, &mut step.for_snapshot, &step.spawn) else { return Ok(()) };
+        let (Some(state), Some(carried), Some(spawn)) = (state, &mut step.for_snapshot, &step.spawn) else {
+            return Ok(());
+        };
         let registry = &cell.scheduler().registry;
         carried.prune(|pid| pid != Pid::HOST && registry.get(pid).is_none());
         let snapshot = SnapshotRecord {

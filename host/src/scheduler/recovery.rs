@@ -533,7 +533,6 @@ impl Plan {
     }
 
     /// Takes up a yield whose completion was not consumed.
-    #[expect(clippy::too_many_arguments, reason = "the recovery's context, passed down once")]
     fn resume_yield(
         &self,
         shared: &Arc<Shared>,
@@ -708,9 +707,10 @@ fn replay_init(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<(), String> 
     if cell.scheduler().durable.as_ref().is_some_and(|durable| durable.takes_snapshots()) {
         let snapshot = saved.snapshot.as_ref().map(|(seq, s)| (*seq, &**s));
         let steps = saved.steps.iter().map(|(seq, step)| (*seq, Record::Step(step.clone())));
-        let messages = saved.host_messages.iter().map(|(seq, topic, body)| {
-            (*seq, Record::HostMessage { topic: topic.clone(), body: body.clone() })
-        });
+        let messages = saved
+            .host_messages
+            .iter()
+            .map(|(seq, topic, body)| (*seq, Record::HostMessage { topic: topic.clone(), body: body.clone() }));
         let received = saved.received.iter().map(|(from, id, topic, body)| {
             (0, Record::Received { from: *from, id: *id, topic: topic.clone(), body: body.clone() })
         });
@@ -853,11 +853,10 @@ fn pending_yields(saved: &Recorded) -> Pending {
     for (from, id, topic, body) in &saved.received {
         carried.received.push((*from, *id, topic.clone(), body.clone()));
     }
-    let outstanding =
-        std::mem::take(&mut carried.outstanding)
-            .into_iter()
-            .map(|(seq, index, at, y)| (Origin { seq, index }, at, y))
-            .collect();
+    let outstanding = std::mem::take(&mut carried.outstanding)
+        .into_iter()
+        .map(|(seq, index, at, y)| (Origin { seq, index }, at, y))
+        .collect();
     // Taken whenever it came: a `noproc` for a link to a process that was gone comes
     // before the link's completion. A pid is never used twice in a journal.
     let linked = carried.linked.iter().copied().filter(|pid| !carried.exits_taken.contains(&(*pid, true))).collect();

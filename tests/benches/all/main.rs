@@ -36,6 +36,8 @@
 //! - [`wasm`]: Wasm processes against raw wasmtime, and the sandbox against itself;
 //! - [`tail`]: well-behaved processes' latency beside hostile guests, against quiet;
 //! - [`durable`]: Wasm processes with a journal against the same without;
+//! - [`snapshot`]: resuming a workflow of a million steps from its snapshot, against
+//!   from every step;
 //! - [`kv`]: the `kv` provider's round trip against the store's own read rate;
 //! - [`http`]: an `http` provider call against a direct request with the same client;
 //! - [`cluster`]: two nodes over a real `nats-server` against one node and raw NATS;
@@ -63,6 +65,7 @@ mod links;
 mod plot;
 mod scheduler;
 mod service;
+mod snapshot;
 mod supervision;
 mod suspend;
 mod tail;
@@ -106,6 +109,7 @@ fn main() {
     wasm::run(&options, &mut report, &mut plots);
     tail::run(&options, &mut report);
     durable::run(&options, &mut report);
+    snapshot::run(&options, &mut report);
     jetstream::run(&options, &mut report);
     kv::run(&options, &mut report);
     http::run(&options, &mut report);
