@@ -416,3 +416,72 @@ fn a_workflow_with_snapshots_killed_at_random_moments_ends_as_uncrashed() {
     assert!(stdout.contains(&expected), "after {kills} kills: {stdout}");
     assert!(kills > 0, "the child was never killed");
 }
+
+/// Whether `store` holds a snapshot record, of any process.
+fn holds_a_snapshot(store: &MemoryStore) -> bool {
+    let mut found = false;
+    store
+        .scan(Key { process: 1, seq: 0 }, &mut |_, value| {
+            found = value[1] == SNAPSHOT;
+            if found { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+        })
+        .unwrap();
+    found
+}
+
+/// The durable example (timers, children, messages, the clock and random numbers
+/// through std's `HashMap`) with a snapshot at every step: suspended at every wait, so
+/// that each return restores its last snapshot, and then stopped part-way and resumed by
+/// another scheduler from the journal, it ends with the result of the same workflow
+/// never snapshotted.
+#[test]
+fn a_wasm_workflow_restored_from_its_snapshots_ends_as_one_never_snapshotted() {
+    let component =
+        wasmproc::wasm::Runtime::new(wasmproc::wasm::Config::default().cache_dir(env!("CARGO_TARGET_TMPDIR")))
+            .unwrap()
+            .load(env!("GUEST_DURABLE"))
+            .unwrap();
+    let scheduler = |store: &Arc<MemoryStore>, every: Option<u64>, suspend: Option<Duration>| {
+        let mut settings = wasmproc::journal::JournalSettings::default();
+        settings.keep_finished = true;
+        Scheduler::builder()
+            .workers(2)
+            .journal(Journal::with_store(store.clone()).settings(settings))
+            .kind("durable", component.clone())
+            .snapshot_every(every)
+            .suspend_after(suspend)
+            .build()
+            .unwrap()
+    };
+    let input = || wasmproc::scheduler::SpawnOptions::from("main").input(vec![Payload::json(&(2, 3)).unwrap()]);
+    let never = {
+        let store = Arc::new(MemoryStore::new());
+        let s = scheduler(&store, None, None);
+        let result = s.handle().spawn(Spawnable::kind("durable"), input()).unwrap().join_timeout(HANG);
+        s.stop(HANG);
+        assert!(!holds_a_snapshot(&store));
+        result.expect("it ends")
+    };
+    assert_eq!(never, Ok(Payload::json(&34).unwrap()));
+
+    let store = Arc::new(MemoryStore::new());
+    let s = scheduler(&store, Some(1), Some(Duration::ZERO));
+    let result = s.handle().spawn(Spawnable::kind("durable"), input()).unwrap().join_timeout(HANG);
+    let stats = s.handle().stats();
+    s.stop(HANG);
+    assert_eq!(result.expect("it ends"), never, "suspended and restored from snapshots");
+    assert!(stats.returns > 0, "{stats:?}");
+    assert!(holds_a_snapshot(&store));
+
+    let store = Arc::new(MemoryStore::new());
+    let first = scheduler(&store, Some(1), None);
+    let root = first.handle().spawn(Spawnable::kind("durable"), input()).unwrap().pid();
+    wait_until("a snapshot", || holds_a_snapshot(&store));
+    first.stop(HANG);
+    drop(first);
+    let second = scheduler(&store, Some(1), None);
+    let resumed = second.resumed();
+    assert_eq!(resumed.iter().map(|h| h.pid()).collect::<Vec<_>>(), [root]);
+    assert_eq!(resumed[0].join_timeout(HANG).expect("it ends"), never, "resumed from its snapshot");
+    second.stop(HANG);
+}

@@ -74,6 +74,7 @@ pub(super) const HERE_ONLY: &[(&str, HereOnly)] = &[
     ("journal_limit", HereOnly::Journal),
     ("replayed_logs", HereOnly::Journal),
     ("suspend_after", HereOnly::Journal),
+    ("snapshot_every", HereOnly::Journal),
     ("progress", HereOnly::Progress),
     ("args", HereOnly::Command),
     ("supervise", HereOnly::Supervision),

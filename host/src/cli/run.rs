@@ -232,6 +232,13 @@ struct JournalArgs {
     /// waiting process in memory. --stats counts the suspended ones.
     #[arg(long, value_name = "DURATION", default_value = units::duration_text(wasmproc::scheduler::DEFAULT_SUSPEND_AFTER), value_parser = units::threshold, requires = "journal")]
     suspend_after: units::Threshold,
+    /// With --journal: every N steps of a process, write its snapshot to the journal in
+    /// place of its records before it, so that a resume starts from the snapshot and the
+    /// journal of a workflow that steps for ever stays bounded (at about N records a
+    /// process). A process whose component cannot be captured whole keeps its records.
+    /// Off by default.
+    #[arg(long, value_name = "N", requires = "journal", value_parser = clap::value_parser!(u64).range(1..))]
+    snapshot_every: Option<u64>,
 }
 
 /// What a run prints beside its result.
@@ -592,8 +599,11 @@ impl Run {
             let recorded = run.caps.clone();
             builder = builder.denial_hint(move |name| resume::denial_hint(&recorded, name));
         }
-        let builder =
-            builder.journal(opened.clone()).resume_within(caps.clone()).suspend_after(self.durable.suspend_after.0);
+        let builder = builder
+            .journal(opened.clone())
+            .resume_within(caps.clone())
+            .suspend_after(self.durable.suspend_after.0)
+            .snapshot_every(self.durable.snapshot_every);
         Ok((builder, Some(opened), narrowed))
     }
 

@@ -429,8 +429,10 @@ impl Durable {
         let (Some(state), Some(carried), Some(spawn)) = (state, &mut step.for_snapshot, &step.spawn) else {
             return Ok(());
         };
-        let registry = &cell.scheduler().registry;
-        carried.prune(|pid| pid != Pid::HOST && registry.get(pid).is_none());
+        // A message to a process of another journal is sent again at a recovery whatever
+        // became of it (only its receiver knows): those are kept.
+        let shared = cell.scheduler();
+        carried.prune(|pid| pid != Pid::HOST && shared.remote_for(pid).is_none() && !shared.registry.contains(pid));
         let snapshot = SnapshotRecord {
             spawn: spawn.clone(),
             at: step.step_at,

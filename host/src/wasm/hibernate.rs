@@ -639,6 +639,62 @@ impl Captured {
         Some(captured)
     }
 
+    /// Appends what [`Captured::decode`] reads back: the size, then each page's index
+    /// and compressed bytes.
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(self.size as u64).to_le_bytes());
+        out.extend_from_slice(&(self.pages.len() as u64).to_le_bytes());
+        let mut start = 0usize;
+        for &(index, end) in &self.pages {
+            let bytes = &self.data[start..end as usize];
+            out.extend_from_slice(&index.to_le_bytes());
+            out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            out.extend_from_slice(bytes);
+            start = end as usize;
+        }
+    }
+
+    /// Reads what [`Captured::encode`] wrote at the start of `bytes`; the rest of
+    /// `bytes` with it. Counted in `counts`, as a capture is.
+    ///
+    /// # Errors
+    ///
+    /// `bytes` is cut short, or lists pages out of order or past the size.
+    pub(crate) fn decode<'a>(bytes: &'a [u8], counts: &Arc<Counts>) -> Result<(Captured, &'a [u8]), String> {
+        let mut rest = bytes;
+        let mut take = |n: usize| -> Result<&'a [u8], String> {
+            if rest.len() < n {
+                return Err("the captured memory is cut short".to_owned());
+            }
+            let (head, tail) = rest.split_at(n);
+            rest = tail;
+            Ok(head)
+        };
+        let word = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+        let size = usize::try_from(word(take(8)?)).map_err(|e| e.to_string())?;
+        let count = word(take(8)?);
+        let page = rustix::param::page_size();
+        if size % 65536 != 0 || count > (size / page) as u64 {
+            return Err(format!("a captured memory of {size} bytes with {count} pages"));
+        }
+        let mut pages = Vec::with_capacity(count as usize);
+        let mut data = Vec::new();
+        for _ in 0..count {
+            let index = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes"));
+            let len = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes")) as usize;
+            if pages.last().is_some_and(|&(last, _)| last >= index) || (index as usize + 1) * page > size {
+                return Err(format!("a captured page {index} out of order or past the memory's {size} bytes"));
+            }
+            data.extend_from_slice(take(len)?);
+            pages.push((index, u32::try_from(data.len()).map_err(|e| e.to_string())?));
+        }
+        let captured = Captured { size, pages, data, counts: counts.clone() };
+        counts.now.fetch_add(1, Ordering::Relaxed);
+        counts.total.fetch_add(1, Ordering::Relaxed);
+        counts.bytes.fetch_add(captured.held(), Ordering::Relaxed);
+        Ok((captured, rest))
+    }
+
     /// Writes the captured pages over a memory made from the reference.
     ///
     /// # Safety

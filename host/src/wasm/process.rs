@@ -580,6 +580,76 @@ impl Process for WasmProcess {
         true
     }
 
+    /// A hibernation written out (see [`snapshot`]): the process is left hibernated,
+    /// and its next step makes its instance again. `None` for a component without
+    /// [`Hooks`], a process that holds a host resource or is in a step, or whose WASI
+    /// context is not a durable process's. A guest waiting inside `step` is told to
+    /// return from it first (see [`Process::hibernate`]).
+    fn snapshot(&mut self) -> Option<Vec<u8>> {
+        if self.loaded.hooks.is_none() || !self.events.is_empty() {
+            return None;
+        }
+        // A guest waiting inside `step` is told to return from it first, as for a
+        // hibernation.
+        let state = match std::mem::replace(&mut self.state, State::Empty) {
+            State::Waiting(future) => match self.release(future) {
+                Ok(running) => State::Ready(running),
+                Err(error) => {
+                    self.state = State::Broken(error);
+                    return None;
+                }
+            },
+            state => state,
+        };
+        let hibernated = match state {
+            State::Ready(running) => match self.capture(running) {
+                Ok(hibernated) => {
+                    // The store's fiber stack went with it.
+                    self.stack = None;
+                    self.stack_warm = false;
+                    hibernated
+                }
+                Err((running, why)) => {
+                    tracing::debug!(pid = running.store.data().pid().as_u64(), "no snapshot: {why}");
+                    self.state = State::Ready(running);
+                    return None;
+                }
+            },
+            State::Hibernated(hibernated) => *hibernated,
+            other => {
+                self.state = other;
+                return None;
+            }
+        };
+        let written = snapshot::write(&self.loaded.digest, &hibernated, self.cpu_ticks);
+        self.state = State::Hibernated(Box::new(hibernated));
+        written
+    }
+
+    fn restore(&mut self, port: Port, state: &[u8]) -> anyhow::Result<()> {
+        let loaded = &self.loaded;
+        let Some(hooks) = &loaded.hooks else {
+            bail!("this component cannot be captured whole, so it has no snapshot to restore");
+        };
+        let read = snapshot::read(state, &loaded.digest, hooks.globals.len(), &hooks.counts)?;
+        self.caps = Caps {
+            yields: port.max_yields_per_step(),
+            bytes: port.max_payload_size(),
+            output: port.max_output_per_step(),
+        };
+        let mut data = ProcessState::with_limits(port.pid(), loaded.log.clone(), &self.limits);
+        data.port = Some(port);
+        if let Some(at) = read.wasi {
+            data.make_wasi_at(at);
+        }
+        let on_fiber = loaded.config.preemption || loaded.waits;
+        let fuel = self.limits.fuel.and(read.fuel);
+        self.cpu_ticks = read.cpu_ticks;
+        let hibernated = Hibernated { data, memory: read.memory, globals: read.globals, fuel, on_fiber };
+        self.state = State::Hibernated(Box::new(hibernated));
+        Ok(())
+    }
+
     fn limits(&self) -> Option<KindLimits> {
         Some(kind_limits(&self.limits))
     }
@@ -782,4 +852,136 @@ fn classify(error: wasmtime::Error, export: &str, limits: &ProcessLimits, state:
         None => format!("guest `{export}` failed: {}", error.root_cause()),
     };
     (kind, message)
+}
+
+/// A Wasm process's snapshot ([`Process::snapshot`]): its hibernation
+/// (`hibernate.rs`) written out, with what its store kept beside the instance.
+///
+/// Format: [`snapshot::MAGIC`], [`snapshot::VERSION`], the SHA-256 of the component it
+/// ran, the epoch ticks its steps ran for, its fuel left (a flag, then `u64`), where its
+/// WASI context was in its recorded streams (a flag, then the clock's reads `u64` and
+/// each generator's word position `u128`), its globals (a count, then `u64` each), then
+/// its memory as [`hibernate::Captured::encode`] writes it. Little-endian throughout.
+mod snapshot {
+    use std::sync::Arc;
+
+    use super::{Hibernated, hibernate};
+    use crate::wasm::store::WasiPosition;
+
+    pub(super) const MAGIC: &[u8] = b"wasmproc wasm snapshot";
+    pub(super) const VERSION: u8 = 1;
+
+    /// What [`read`] found.
+    pub(super) struct Read {
+        pub(super) cpu_ticks: u64,
+        pub(super) fuel: Option<u64>,
+        pub(super) wasi: Option<WasiPosition>,
+        pub(super) globals: Vec<u64>,
+        pub(super) memory: hibernate::Captured,
+    }
+
+    /// `hibernated`'s snapshot, of the component of `digest`; `None` if its WASI
+    /// context is not a durable process's.
+    pub(super) fn write(digest: &[u8; 32], hibernated: &Hibernated, cpu_ticks: u64) -> Option<Vec<u8>> {
+        let wasi = hibernated.data.wasi_position().ok()?;
+        let mut out = Vec::with_capacity(256 + hibernated.memory.size / 64);
+        out.extend_from_slice(MAGIC);
+        out.push(VERSION);
+        out.extend_from_slice(digest);
+        out.extend_from_slice(&cpu_ticks.to_le_bytes());
+        optional(&mut out, hibernated.fuel.map(u64::to_le_bytes).as_ref().map(<[u8; 8]>::as_slice));
+        match wasi {
+            Some(at) => {
+                out.push(1);
+                out.extend_from_slice(&at.clock_reads.to_le_bytes());
+                out.extend_from_slice(&at.secure.to_le_bytes());
+                out.extend_from_slice(&at.insecure.to_le_bytes());
+            }
+            None => out.push(0),
+        }
+        out.extend_from_slice(&(hibernated.globals.len() as u64).to_le_bytes());
+        for global in &hibernated.globals {
+            out.extend_from_slice(&global.to_le_bytes());
+        }
+        hibernated.memory.encode(&mut out);
+        Some(out)
+    }
+
+    fn optional(out: &mut Vec<u8>, value: Option<&[u8]>) {
+        match value {
+            Some(bytes) => {
+                out.push(1);
+                out.extend_from_slice(bytes);
+            }
+            None => out.push(0),
+        }
+    }
+
+    /// Reads a snapshot written by [`write`] for the component of `digest`, whose hooks
+    /// reach `globals` globals.
+    ///
+    /// # Errors
+    ///
+    /// Not a Wasm process's snapshot, of another version or component, or damaged.
+    pub(super) fn read(
+        bytes: &[u8],
+        digest: &[u8; 32],
+        globals: usize,
+        counts: &Arc<hibernate::Counts>,
+    ) -> anyhow::Result<Read> {
+        let mut r = Cursor(bytes);
+        anyhow::ensure!(r.take(MAGIC.len())? == MAGIC, "not a Wasm process's snapshot");
+        let version = r.take(1)?[0];
+        anyhow::ensure!(version == VERSION, "a snapshot of version {version}; this host reads version {VERSION}");
+        let of = r.take(32)?;
+        anyhow::ensure!(
+            of == digest,
+            "the snapshot is of component sha256:{}, and this process's component is sha256:{}",
+            crate::wasm::cache::hex(of),
+            crate::wasm::cache::hex(digest)
+        );
+        let cpu_ticks = r.u64()?;
+        let fuel = if r.flag()? { Some(r.u64()?) } else { None };
+        let wasi = if r.flag()? {
+            Some(WasiPosition { clock_reads: r.u64()?, secure: r.u128()?, insecure: r.u128()? })
+        } else {
+            None
+        };
+        let count = r.u64()?;
+        anyhow::ensure!(
+            count == globals as u64,
+            "the snapshot has {count} globals, and this component's instances have {globals}"
+        );
+        let values = (0..globals).map(|_| r.u64()).collect::<anyhow::Result<Vec<u64>>>()?;
+        let (memory, left) = hibernate::Captured::decode(r.0, counts).map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(left.is_empty(), "{} bytes after the snapshot's end", left.len());
+        Ok(Read { cpu_ticks, fuel, wasi, globals: values, memory })
+    }
+
+    struct Cursor<'a>(&'a [u8]);
+
+    impl<'a> Cursor<'a> {
+        fn take(&mut self, n: usize) -> anyhow::Result<&'a [u8]> {
+            anyhow::ensure!(self.0.len() >= n, "the snapshot is cut short");
+            let (head, tail) = self.0.split_at(n);
+            self.0 = tail;
+            Ok(head)
+        }
+
+        fn u64(&mut self) -> anyhow::Result<u64> {
+            Ok(u64::from_le_bytes(self.take(8)?.try_into()?))
+        }
+
+        fn u128(&mut self) -> anyhow::Result<u128> {
+            Ok(u128::from_le_bytes(self.take(16)?.try_into()?))
+        }
+
+        fn flag(&mut self) -> anyhow::Result<bool> {
+            match self.take(1)?[0] {
+                0 => Ok(false),
+                1 => Ok(true),
+                other => anyhow::bail!("a flag of {other}"),
+            }
+        }
+    }
 }

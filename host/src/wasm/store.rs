@@ -2,6 +2,8 @@
 //! nothing, and what its host imports need), the limits it runs under
 //! ([`ProcessLimits`], [`MemoryLimiter`]), how it is made ([`new_store`]) and fuelled.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use wasmtime::component::ResourceTable;
@@ -56,8 +58,7 @@ impl ProcessLimits {
 
 /// A store for process `pid`, with its limits in force.
 pub(crate) fn new_store(engine: &Engine, pid: Pid, log: LogSink, limits: &ProcessLimits) -> Store<ProcessState> {
-    let limiter = MemoryLimiter { max_memory: limits.max_memory, instance: limits.instance };
-    store_with(engine, ProcessState::new(pid, log, limiter), limits)
+    store_with(engine, ProcessState::with_limits(pid, log, limits), limits)
 }
 
 /// A store holding `state` (a new one's, or one a hibernated process kept), with
@@ -102,6 +103,9 @@ pub(crate) struct ProcessState {
     wasi: Option<Box<WasiCtx>>,
     /// The stderr of `wasi`, made with it: where a Rust guest reports a panic.
     stderr: Option<GuestOutput>,
+    /// Where a durable process's `wasi` is in its recorded clock and random streams,
+    /// made with it: what its snapshot records, and sets again in a new context.
+    positions: Option<WasiPositions>,
     table: ResourceTable,
     pub(crate) limiter: MemoryLimiter,
     /// Epoch ticks its steps have seen (see `watch.rs`).
@@ -112,6 +116,11 @@ pub(crate) struct ProcessState {
 }
 
 impl ProcessState {
+    /// The state of process `pid` under `limits`, as [`new_store`] makes it.
+    pub(crate) fn with_limits(pid: Pid, log: LogSink, limits: &ProcessLimits) -> Self {
+        ProcessState::new(pid, log, MemoryLimiter { max_memory: limits.max_memory, instance: limits.instance })
+    }
+
     /// The state of process `pid`, with WASI granting nothing: no preopened directories,
     /// no environment, no arguments, no network, and stdin at end of file. Clocks and
     /// randomness stay (Rust's std seeds its hash maps from them); stdout and stderr go
@@ -122,6 +131,7 @@ impl ProcessState {
             log,
             wasi: None,
             stderr: None,
+            positions: None,
             table: ResourceTable::new(),
             limiter,
             ticks: Ticks::default(),
@@ -134,7 +144,13 @@ impl ProcessState {
 /// (its port has a recorded seed) reads its step's recorded time from the clocks and
 /// numbers drawn from its recorded seed from the random interfaces, so a replay of its
 /// steps reads what they read.
-fn new_wasi(pid: Pid, log: &LogSink, port: Option<&Port>, stderr: GuestOutput) -> WasiCtx {
+fn new_wasi(
+    pid: Pid,
+    log: &LogSink,
+    port: Option<&Port>,
+    stderr: GuestOutput,
+    at: WasiPosition,
+) -> (WasiCtx, Option<WasiPositions>) {
     let mut builder = WasiCtxBuilder::new();
     builder
         .stdout(GuestOutput::new(pid, LogSource::Stdout, log.clone()))
@@ -142,20 +158,78 @@ fn new_wasi(pid: Pid, log: &LogSink, port: Option<&Port>, stderr: GuestOutput) -
         .allow_tcp(false)
         .allow_udp(false)
         .allow_ip_name_lookup(false);
+    let mut positions = None;
     if let Some(port) = port
         && let Some(seed) = port.random_seed()
     {
-        use rand::SeedableRng as _;
         let mut insecure_seed = seed;
         insecure_seed[0] ^= 0xff;
+        let made = WasiPositions {
+            reads: Arc::new(AtomicU64::new(at.clock_reads)),
+            secure: SharedRng::new(seed, at.secure),
+            insecure: SharedRng::new(insecure_seed, at.insecure),
+        };
         builder
-            .wall_clock(StepClock::new(port.clone()))
-            .monotonic_clock(StepClock::new(port.clone()))
-            .secure_random(rand::rngs::StdRng::from_seed(seed))
-            .insecure_random(rand::rngs::StdRng::from_seed(insecure_seed))
+            .wall_clock(StepClock { port: port.clone(), reads: made.reads.clone() })
+            .monotonic_clock(StepClock { port: port.clone(), reads: made.reads.clone() })
+            .secure_random(made.secure.clone())
+            .insecure_random(made.insecure.clone())
             .insecure_random_seed(u128::from_le_bytes(seed[..16].try_into().expect("16 bytes")));
+        positions = Some(made);
     }
-    builder.build()
+    (builder.build(), positions)
+}
+
+/// Where a durable process's WASI context is in its recorded streams: the clock's reads
+/// so far, and each random generator's position (in 32-bit words).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct WasiPosition {
+    pub(crate) clock_reads: u64,
+    pub(crate) secure: u128,
+    pub(crate) insecure: u128,
+}
+
+/// The handles on a durable WASI context's streams that [`WasiPosition`] reads.
+struct WasiPositions {
+    reads: Arc<AtomicU64>,
+    secure: SharedRng,
+    insecure: SharedRng,
+}
+
+/// A durable process's random generator, shared between its WASI context and its
+/// store's data so that a snapshot can read its position: `rand`'s `StdRng` is this
+/// same ChaCha12 generator from the same seed, so its numbers are the ones the journal's
+/// earlier runs read.
+#[derive(Clone)]
+struct SharedRng(Arc<parking_lot::Mutex<chacha20::ChaCha12Rng>>);
+
+impl SharedRng {
+    fn new(seed: [u8; 32], position: u128) -> Self {
+        use rand::SeedableRng as _;
+        let mut rng = chacha20::ChaCha12Rng::from_seed(seed);
+        rng.set_word_pos(position);
+        SharedRng(Arc::new(parking_lot::Mutex::new(rng)))
+    }
+
+    fn position(&self) -> u128 {
+        self.0.lock().get_word_pos()
+    }
+}
+
+impl rand::TryRng for SharedRng {
+    type Error = std::convert::Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        self.0.lock().try_next_u32()
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        self.0.lock().try_next_u64()
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
+        self.0.lock().try_fill_bytes(dst)
+    }
 }
 
 /// A durable process's clock: its step's recorded time, plus a nanosecond for each read
@@ -163,17 +237,14 @@ fn new_wasi(pid: Pid, log: &LogSink, port: Option<&Port>, stderr: GuestOutput) -
 /// step makes the same reads, in the same order).
 struct StepClock {
     port: Port,
-    reads: std::sync::atomic::AtomicU64,
+    /// Shared by the wall clock and the monotonic one, as one stream of reads.
+    reads: Arc<AtomicU64>,
 }
 
 impl StepClock {
-    fn new(port: Port) -> Self {
-        StepClock { port, reads: std::sync::atomic::AtomicU64::new(0) }
-    }
-
     fn nanos(&self) -> u64 {
         let step = self.port.step_time().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
-        let reads = self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let reads = self.reads.fetch_add(1, Ordering::Relaxed);
         (step.as_nanos() as u64).saturating_add(reads)
     }
 }
@@ -214,6 +285,34 @@ impl ProcessState {
         self.table.is_empty()
     }
 
+    /// Where its WASI context is in its recorded streams: `Ok(None)` if it has made none
+    /// yet.
+    ///
+    /// # Errors
+    ///
+    /// Its context is not a durable process's (its streams are not recorded).
+    pub(crate) fn wasi_position(&self) -> Result<Option<WasiPosition>, &'static str> {
+        match (&self.wasi, &self.positions) {
+            (None, _) => Ok(None),
+            (Some(_), None) => Err("its WASI context is not a durable process's"),
+            (Some(_), Some(made)) => Ok(Some(WasiPosition {
+                clock_reads: made.reads.load(Ordering::Relaxed),
+                secure: made.secure.position(),
+                insecure: made.insecure.position(),
+            })),
+        }
+    }
+
+    /// Makes its WASI context now, at `at` in its recorded streams (from
+    /// [`ProcessState::wasi_position`]), as it was when that was read.
+    pub(crate) fn make_wasi_at(&mut self, at: WasiPosition) {
+        let stderr = GuestOutput::new(self.pid, LogSource::Stderr, self.log.clone());
+        self.stderr = Some(stderr.clone());
+        let (wasi, positions) = new_wasi(self.pid, &self.log, self.port.as_ref(), stderr, at);
+        self.wasi = Some(Box::new(wasi));
+        self.positions = positions;
+    }
+
     /// The panic the guest last reported on its stderr (see `GuestOutput::panic`).
     pub(crate) fn panic(&self) -> Option<String> {
         self.stderr.as_ref()?.panic()
@@ -222,11 +321,10 @@ impl ProcessState {
 
 impl WasiView for ProcessState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        let wasi = self.wasi.get_or_insert_with(|| {
-            let stderr = GuestOutput::new(self.pid, LogSource::Stderr, self.log.clone());
-            self.stderr = Some(stderr.clone());
-            Box::new(new_wasi(self.pid, &self.log, self.port.as_ref(), stderr))
-        });
+        if self.wasi.is_none() {
+            self.make_wasi_at(WasiPosition::default());
+        }
+        let wasi = self.wasi.as_mut().expect("made above");
         WasiCtxView { ctx: wasi, table: &mut self.table }
     }
 }
@@ -447,6 +545,28 @@ mod tests {
     use wasmtime::{Engine, Instance, Module, Store};
 
     use super::*;
+
+    /// A durable process's generator draws what `StdRng` from the same seed draws (the
+    /// numbers its journal's earlier runs read), and one set to a position read from
+    /// another goes on as that one does.
+    #[test]
+    fn a_shared_generator_is_std_rng_and_resumes_at_its_position() {
+        use rand::{Rng as _, SeedableRng as _};
+        let seed = [7; 32];
+        let mut std = rand::rngs::StdRng::from_seed(seed);
+        let mut shared = SharedRng::new(seed, 0);
+        let mut ours = [0u8; 13];
+        let mut theirs = [0u8; 13];
+        shared.fill_bytes(&mut ours);
+        std.fill_bytes(&mut theirs);
+        assert_eq!(ours, theirs);
+        assert_eq!(shared.next_u64(), std.next_u64());
+        assert_eq!(shared.next_u32(), std.next_u32());
+        let mut resumed = SharedRng::new(seed, shared.position());
+        for _ in 0..100 {
+            assert_eq!(resumed.next_u64(), shared.next_u64());
+        }
+    }
 
     /// Instantiates the modules `wats` in one store limited by `config`'s counts, and
     /// names the limit the first failure ran into.

@@ -1,5 +1,6 @@
 //! Durable runs through the real binary: killed with SIGKILL at random moments (with
-//! processes suspended and coming back, in every other run) and resumed by the same
+//! processes suspended and coming back, in every other run, and a snapshot written at
+//! every step, in every other pair of runs) and resumed by the same
 //! command line, stopped by a signal and resumed, read back with
 //! `journal ls` and `show`.
 
@@ -68,8 +69,17 @@ fn a_run_killed_at_random_moments_resumes_to_the_uncrashed_result() {
         // run left to finish.
         let kills = 1 + moments.below(3);
         // Every other run suspends its processes at nearly every wait, so kills fall
-        // while processes are suspended and while they come back.
-        let suspend: &[&str] = if crash % 2 == 1 { &["--suspend-after", "1ms"] } else { &[] };
+        // while processes are suspended and while they come back; every other pair
+        // writes a snapshot at every step, so kills fall while one is written, and a
+        // resume or a return starts from the last.
+        let mut suspend: Vec<&str> = Vec::new();
+        if crash % 2 == 1 {
+            suspend.extend(["--suspend-after", "1ms"]);
+        }
+        if crash % 4 >= 2 {
+            suspend.extend(["--snapshot-every", "1"]);
+        }
+        let suspend = suspend.as_slice();
         let mut killed = 0;
         for _ in 0..kills {
             let mut child = start_with(journal, suspend);
@@ -85,7 +95,7 @@ fn a_run_killed_at_random_moments_resumes_to_the_uncrashed_result() {
         assert_eq!(
             (ran.code, ran.stdout.trim()),
             (0, EXPECTED),
-            "seed {seed}, crash {crash} after {killed} kills, suspending: {suspend:?}; stderr: {}",
+            "seed {seed}, crash {crash} after {killed} kills, with {suspend:?}; stderr: {}",
             ran.stderr
         );
     }
