@@ -485,3 +485,34 @@ fn a_wasm_workflow_restored_from_its_snapshots_ends_as_one_never_snapshotted() {
     assert_eq!(resumed[0].join_timeout(HANG).expect("it ends"), never, "resumed from its snapshot");
     second.stop(HANG);
 }
+
+/// A Wasm process's snapshot is never restored into another component: a journal whose
+/// snapshots the durable example wrote is refused by a host whose `durable` is another
+/// component, naming both hashes, and nothing runs.
+#[test]
+fn a_wasm_snapshot_is_refused_by_another_component() {
+    let runtime =
+        wasmproc::wasm::Runtime::new(wasmproc::wasm::Config::default().cache_dir(env!("CARGO_TARGET_TMPDIR"))).unwrap();
+    let durable = runtime.load(env!("GUEST_DURABLE")).unwrap();
+    let other = runtime.load(env!("GUEST_TIMERS")).unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let scheduler = |component: &wasmproc::wasm::Component| {
+        Scheduler::builder()
+            .workers(2)
+            .journal(Journal::with_store(store.clone()))
+            .kind("durable", component.clone())
+            .snapshot_every(Some(1))
+            .suspend_after(None)
+    };
+    let first = scheduler(&durable).build().unwrap();
+    let input = wasmproc::scheduler::SpawnOptions::from("main").input(vec![Payload::json(&(2, 3)).unwrap()]);
+    first.handle().spawn(Spawnable::kind("durable"), input).unwrap();
+    wait_until("a snapshot", || holds_a_snapshot(&store));
+    first.stop(HANG);
+    drop(first);
+    let error = scheduler(&other).build().err().expect("refused");
+    let error = format!("{error:#}");
+    assert!(error.contains("ran sha256:") && error.contains("resume them with the program they ran"), "{error}");
+    let error = scheduler(&other).verify_journal().expect_err("refused");
+    assert!(format!("{error:#}").contains("resume them with the program they ran"), "{error:#}");
+}
