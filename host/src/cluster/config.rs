@@ -35,6 +35,23 @@ pub const GRACE: Duration = Duration::from_millis(500);
 /// How long a joining node listens for the others before it picks its id.
 pub(super) const JOIN_WAIT: Duration = Duration::from_millis(300);
 
+/// Checks the name of a JetStream stream or bucket (`what`, as the error names it: "stream",
+/// "lease bucket", …) and the replicas it is created with: what the server would refuse
+/// less clearly, or accept and then fail on.
+///
+/// # Errors
+///
+/// A name that is empty or holds anything but ASCII letters, digits, `-` and `_`, or
+/// replicas outside 1 to 5.
+pub(super) fn check_stored(what: &str, name: &str, replicas: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+        "invalid {what} name `{name}`: letters, digits, `-` and `_`"
+    );
+    anyhow::ensure!((1..=5).contains(&replicas), "a {what} has 1 to 5 replicas, not {replicas}");
+    Ok(())
+}
+
 /// Where a `spawn` goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]

@@ -162,13 +162,7 @@ impl Mail {
     ///
     /// The server cannot be reached or refuses (no JetStream, no rights on the stream).
     pub(super) fn open(config: &ClusterConfig, shards: u32, options: &InboxOptions) -> anyhow::Result<Arc<Mail>> {
-        anyhow::ensure!(
-            !options.stream.is_empty()
-                && options.stream.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
-            "invalid stream name `{}`: letters, digits, `-` and `_`",
-            options.stream
-        );
-        anyhow::ensure!((1..=5).contains(&options.replicas), "a stream has 1 to 5 replicas, not {}", options.replicas);
+        super::config::check_stored("stream", &options.stream, options.replicas)?;
         let io = Io::new("wasmproc-inbox", PATIENCE)?;
         let subjects = format!("{}.inbox.*", config.prefix);
         let stream_config = stream::Config {

@@ -252,13 +252,7 @@ impl JetStreamStore {
     }
 
     fn connect(config: &ClusterConfig, options: &JetStreamOptions, create: bool) -> anyhow::Result<JetStreamStore> {
-        anyhow::ensure!(
-            !options.stream.is_empty()
-                && options.stream.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
-            "invalid stream name `{}`: letters, digits, `-` and `_`",
-            options.stream
-        );
-        anyhow::ensure!((1..=5).contains(&options.replicas), "a stream has 1 to 5 replicas, not {}", options.replicas);
+        super::config::check_stored("stream", &options.stream, options.replicas)?;
         anyhow::ensure!(
             (1..=MAX_PIPELINE).contains(&options.pipeline),
             "a journal has 1 to {MAX_PIPELINE} commits in flight, not {}",

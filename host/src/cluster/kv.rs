@@ -144,12 +144,7 @@ impl SharedKv {
     /// The server cannot be reached or refuses (no JetStream), or the bucket's name is
     /// invalid.
     pub fn open(config: &ClusterConfig, options: &SharedKvOptions) -> anyhow::Result<SharedKv> {
-        anyhow::ensure!(
-            !options.bucket.is_empty()
-                && options.bucket.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
-            "invalid bucket name `{}` for the shared key-value store: letters, digits, `-` and `_`",
-            options.bucket
-        );
+        super::config::check_stored("shared key-value bucket", &options.bucket, options.replicas)?;
         let io = Io::new("wasmproc-shared-kv", PATIENCE)?;
         let bucket_config = kv::Config {
             bucket: options.bucket.clone(),

@@ -185,6 +185,7 @@ impl Leases {
             !node.is_empty() && node.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
             "invalid node name `{node}` for a lease: letters, digits, `-` and `_`"
         );
+        super::config::check_stored("lease bucket", &options.bucket, options.replicas)?;
         let io = Io::new("wasmproc-leases", PATIENCE)?;
         let bucket_config = kv::Config {
             bucket: options.bucket.clone(),

@@ -215,6 +215,8 @@ impl Workflows {
                 super::MAX_SHARDS
             });
         }
+        super::config::check_stored("workflows' bucket", &options.bucket, options.replicas)?;
+        super::config::check_stored("components' object store", &options.code, options.replicas)?;
         let io = Io::new("wasmproc-workflows", PATIENCE)?;
         let config = config.clone();
         let poke = format!("{}.wf.start", config.prefix);
