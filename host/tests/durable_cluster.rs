@@ -91,7 +91,10 @@ impl Durable {
             .args(["--lease", LEASE, "--replicas", "3"])
             .args(["--cluster", &self.url(index % 2, "node")])
             .args(&self.flags)
-            .env("RUST_LOG", "wasmproc=info,wasmproc::guest=warn,wasmproc::cluster::inbox=debug")
+            .env(
+                "RUST_LOG",
+                "wasmproc=info,wasmproc::guest=warn,wasmproc::cluster::inbox=debug,wasmproc::cluster::shards=debug",
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -7,6 +7,7 @@
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use wasmproc::cluster::{
@@ -536,4 +537,70 @@ fn the_journal_command_reads_a_journal_on_jetstream_without_taking_it() {
     let again = scheduler.handle().spawn(Spawnable::kind("sleeper"), "main").unwrap();
     assert_eq!(again.join_timeout(PATIENCE).unwrap(), Ok(Payload::u64(STEPS)));
     scheduler.stop(Duration::from_secs(1));
+}
+
+/// A process that ends at its first step with `result`, counting its starts in `starts`.
+fn ends_with(result: u64, starts: &Arc<AtomicUsize>) -> anyhow::Result<Box<dyn wasmproc::Process>> {
+    starts.fetch_add(1, Ordering::SeqCst);
+    let (process, _) = Scripted::new(move |t| {
+        t.out.set_status(Status::Complete(Ok(Payload::json(&result).unwrap())));
+        Ok(())
+    });
+    Ok(Box::new(process))
+}
+
+/// A workflow whose root ended in its shard's journal before its record said so (its
+/// node was drained or killed in between) is settled from the journal by the shard's
+/// next owner, with the result it ended with, and never started again; once its record
+/// holds its end, its run leaves the shard's journal.
+#[test]
+fn a_workflow_that_ended_before_its_record_said_so_is_settled_not_started_again() {
+    use wasmproc::cluster::{WorkflowOptions, WorkflowState, Workflows};
+    let server = Server::start_jetstream().unwrap();
+    let workflows = Arc::new(Workflows::open(&config(&server), &WorkflowOptions::new().shards(1)).unwrap());
+    // Bytes the shard hosts below never load: their kind is registered by its hash.
+    let component = workflows.deploy(b"a stand-in for a component").unwrap();
+    let shard_host = |node: &str, workflows: Arc<Workflows>, result: u64, starts: &Arc<AtomicUsize>| {
+        let (kind, starts) = (component.clone(), starts.clone());
+        let options = ShardOptions::new(1).workflows(workflows);
+        ShardHost::start(&config(&server), node, options, move |_, builder| {
+            let starts = starts.clone();
+            builder.workers(1).kind(kind.as_str(), move || ends_with(result, &starts)).build()
+        })
+        .unwrap()
+    };
+
+    // The shard's owner before runs the root to its end, which its journal holds; that
+    // owner looks after the workflows of another bucket, so the record of this one is
+    // never settled by it, as by a node drained or killed just after the root ended.
+    let elsewhere = WorkflowOptions::new().bucket("ELSEWHERE").code("ELSEWHERE_CODE").shards(1);
+    let elsewhere = Arc::new(Workflows::open(&config(&server), &elsewhere).unwrap());
+    let first_starts = Arc::new(AtomicUsize::new(0));
+    let first = shard_host("first", elsewhere, 7, &first_starts);
+    wait_until("the first node taking the shard", || first.held() == vec![0]);
+    let (record, _) = workflows.start("early", &component, "main", serde_json::Value::Null).unwrap();
+    let root = first.handle(0).unwrap().spawn(Spawnable::kind(component.clone()), "main").unwrap();
+    let mut running = record.clone();
+    running.state = WorkflowState::Running;
+    running.pid = root.pid().as_u64();
+    let (_, revision) = workflows.get("early").unwrap().expect("the record");
+    workflows.update(&running, revision).unwrap().expect("the record is written");
+    assert_eq!(root.join_timeout(PATIENCE), Some(Ok(Payload::json(&7).unwrap())));
+    first.drain();
+
+    // The next owner settles it from the journal.
+    let starts = Arc::new(AtomicUsize::new(0));
+    let next = shard_host("next", workflows.clone(), 99, &starts);
+    let ended = workflows.wait("early", PATIENCE).unwrap();
+    assert_eq!(ended.state, WorkflowState::Completed, "{ended:?}");
+    assert_eq!(ended.result, Some(serde_json::json!(7)), "the result the journal holds: {ended:?}");
+    assert_eq!(ended.pid, root.pid().as_u64());
+    assert_eq!(starts.load(Ordering::SeqCst), 0, "the workflow was started again");
+    assert_eq!(first_starts.load(Ordering::SeqCst), 1);
+    let finished_runs = || {
+        let store = JetStreamStore::read_only(&config(&server), &JetStreamOptions::new().shard(0)).unwrap();
+        Journal::with_store(store).finished_runs().unwrap().len()
+    };
+    wait_until("the finished run leaving the journal", || finished_runs() == 0);
+    drop(next);
 }

@@ -57,6 +57,7 @@ const HOSTILE_ENTRIES: &[&str] = &[
     "fuel-burn",
     "orphan",
     "busy",
+    "probe",
 ];
 
 /// Fuel for a process's whole life: bounds a random module's loops deterministically

@@ -24,6 +24,12 @@
 //! ([`Workflows`]): it starts the pending ones of its shards (at a poke, and on a look
 //! over its shards' records every few rounds), settles each one's record when its root
 //! ends, and on taking a shard goes over its records (see `workflows.rs`).
+//!
+//! A shard's journal keeps a finished workflow's run until its record holds the end:
+//! the host forgets the run only then, on its next look over the shard. A node that
+//! stops (drained, or killed) between a root's end and the write of its record leaves
+//! the end in the journal, where the next owner reads it and settles the record; it
+//! never starts the workflow again.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -41,7 +47,7 @@ use super::lease::{Lease, LeaseOptions, Leases, Renewal, Shares};
 use super::workflows::{ShardWorkflow, WorkflowState, Workflows};
 use crate::Pid;
 use crate::error::SpawnError;
-use crate::journal::{HeldRun, Journal};
+use crate::journal::{HeldRun, Journal, JournalSettings};
 use crate::scheduler::{Builder, Handle, ProcessHandle, Scheduler, SpawnOptions, Spawnable};
 use crate::step::{Exited, WORKFLOW_ID_FORMAT};
 
@@ -56,7 +62,9 @@ pub const MAX_SHARDS: u32 = 1024;
 pub const FIRST_SHARD_NODE: u16 = Pid::MAX_NODE - MAX_SHARDS as u16;
 
 /// Writes `exited` into `record` as its end, if its revision is still `revision`.
-fn settle(workflows: &Workflows, mut record: ShardWorkflow, revision: u64, exited: &Exited) {
+/// Writes `exited` into workflow `record` (of revision `revision`); whether it was
+/// written (not if the record changed meanwhile, or the server failed).
+fn settle(workflows: &Workflows, mut record: ShardWorkflow, revision: u64, exited: &Exited) -> bool {
     match &exited.reason {
         ExitReason::Normal(payload) => {
             record.state = WorkflowState::Completed;
@@ -67,8 +75,12 @@ fn settle(workflows: &Workflows, mut record: ShardWorkflow, revision: u64, exite
             record.error = Some(reason.to_string());
         }
     }
-    if let Err(error) = workflows.update(&record, revision) {
-        tracing::warn!(id = %record.id, "cannot write a workflow's end: {error:#}");
+    match workflows.update(&record, revision) {
+        Ok(written) => written.is_some(),
+        Err(error) => {
+            tracing::warn!(id = %record.id, "cannot write a workflow's end: {error:#}");
+            false
+        }
     }
 }
 
@@ -163,6 +175,10 @@ struct Held {
     resumed: HashMap<Pid, ProcessHandle>,
     /// The shard's inbox, read into its scheduler.
     reading: Reading,
+    /// Whether the journal may hold finished runs whose records hold their ends: set on
+    /// taking the shard and at each end settled here, cleared by the look over the shard
+    /// that forgets those runs.
+    to_sweep: bool,
 }
 
 /// What a host's thread hears of between its rounds.
@@ -447,7 +463,11 @@ impl Inner {
         let remote = ShardRemote::new(self.mail.clone(), shard);
         let opened =
             JetStreamStore::open(&self.cluster, &self.options.journal.clone().shard(shard)).and_then(|store| {
-                let journal = Journal::with_store(store);
+                // With workflows, finished runs stay until their records hold their ends
+                // (see the module docs): `look_over` forgets them.
+                let keep_finished = self.options.workflows.is_some();
+                let settings = JournalSettings { keep_finished, ..JournalSettings::default() };
+                let journal = Journal::with_store(store).settings(settings);
                 let builder =
                     Scheduler::builder().journal(journal.clone()).shard_remote(shard_node(shard), remote.clone());
                 Ok(((self.build)(shard, builder)?, journal))
@@ -475,7 +495,16 @@ impl Inner {
             Ok((scheduler, journal, reading)) => {
                 tracing::info!(node = %self.node, shard, "took shard {shard}");
                 let resumed = scheduler.resumed().into_iter().map(|handle| (handle.pid(), handle)).collect();
-                let held = Held { lease, scheduler, journal, renewed, watched: HashSet::new(), resumed, reading };
+                let held = Held {
+                    lease,
+                    scheduler,
+                    journal,
+                    renewed,
+                    watched: HashSet::new(),
+                    resumed,
+                    reading,
+                    to_sweep: true,
+                };
                 self.held.lock().insert(shard, held);
                 let _ = self.events.send(Event::Poke(shard));
                 Ok(())
@@ -503,6 +532,8 @@ impl Inner {
             }
         };
         let mut runs = None;
+        // The roots whose records hold their ends: their finished runs can go.
+        let mut settled = HashSet::new();
         for (record, revision) in records {
             match record.state {
                 WorkflowState::Pending => self.start_workflow(workflows, record, revision),
@@ -531,14 +562,63 @@ impl Inner {
                         },
                     };
                     match HeldRun::end_of(runs, pid) {
-                        Some(exited) => settle(workflows, record, revision, &exited),
+                        Some(exited) => {
+                            if settle(workflows, record, revision, &exited) {
+                                settled.insert(pid);
+                            }
+                        }
                         // Its pid was written and its spawn never reached the journal:
                         // nothing of it ran for good, so it starts now.
-                        None => self.start_workflow(workflows, record, revision),
+                        None => {
+                            tracing::info!(
+                                node = %self.node, shard, id = %record.id, %pid,
+                                "workflow {}'s process is not in shard {shard}'s journal: it starts again",
+                                record.id
+                            );
+                            self.start_workflow(workflows, record, revision);
+                        }
                     }
                 }
-                WorkflowState::Completed | WorkflowState::Failed => {}
+                WorkflowState::Completed | WorkflowState::Failed => {
+                    settled.insert(Pid::from_u64(record.pid));
+                }
             }
+        }
+        self.sweep(shard, &settled);
+    }
+
+    /// Forgets the finished runs of shard `shard`'s journal whose roots are among
+    /// `settled` (their records hold their ends), if an end was settled since the last
+    /// sweep or the shard was just taken.
+    fn sweep(&self, shard: u32, settled: &HashSet<Pid>) {
+        let journal = {
+            let mut held = self.held.lock();
+            let Some(held) = held.get_mut(&shard) else { return };
+            if !std::mem::take(&mut held.to_sweep) {
+                return;
+            }
+            held.journal.clone()
+        };
+        let finished = match journal.finished_runs() {
+            Ok(finished) => finished,
+            Err(error) => {
+                tracing::warn!(node = %self.node, shard, "cannot read shard {shard}'s finished runs: {error}");
+                self.sweep_later(shard);
+                return;
+            }
+        };
+        for run in finished.iter().filter(|run| settled.contains(&run.root)) {
+            if let Err(error) = journal.forget(run) {
+                tracing::warn!(node = %self.node, shard, root = %run.root, "cannot forget a finished run: {error}");
+                self.sweep_later(shard);
+            }
+        }
+    }
+
+    /// Has the next look over shard `shard` sweep its journal.
+    fn sweep_later(&self, shard: u32) {
+        if let Some(held) = self.held.lock().get_mut(&shard) {
+            held.to_sweep = true;
         }
     }
 
@@ -576,7 +656,10 @@ impl Inner {
             }
         });
         match spawned {
-            Ok(process) => self.watch(shard, &record.id, &process),
+            Ok(process) => {
+                tracing::debug!(node = %self.node, shard, id = %record.id, pid = %process.pid(), "started a workflow");
+                self.watch(shard, &record.id, &process);
+            }
             // Its own fault (an entry its component lacks, an `init` that refused its
             // input): it ends so.
             Err(error @ (SpawnError::Init { .. } | SpawnError::Factory { .. })) if !changed => {
@@ -606,18 +689,20 @@ impl Inner {
     /// Writes the end of workflow `id`'s root into its record, if the journal holds it.
     fn ended(&self, shard: u32, id: &str, pid: Pid, exited: &Exited) {
         let Some(workflows) = &self.options.workflows else { return };
-        {
-            let mut held = self.held.lock();
-            let Some(held) = held.get_mut(&shard) else { return };
+        if let Some(held) = self.held.lock().get_mut(&shard) {
             held.watched.remove(id);
         }
         // Suspended, or refused by its journal: the next owner finds its true state there.
         if crate::scheduler::unrecorded(&exited.reason) {
             return;
         }
+        // Its end is in the journal: written into its record even if the shard has moved
+        // on since (a drain), whose next owner then forgets the run.
         match workflows.get(id) {
             Ok(Some((record, revision))) if record.state == WorkflowState::Running && record.pid == pid.as_u64() => {
-                settle(workflows, record, revision, exited);
+                if settle(workflows, record, revision, exited) {
+                    self.sweep_later(shard);
+                }
             }
             Ok(_) => {}
             Err(error) => {
