@@ -105,7 +105,9 @@ fn proc_kib(path: &str, field: &str) -> u64 {
 
 /// A durable scheduler on a fresh journal in `dir`, with the guest as kind `durable`.
 fn scheduler(dir: &std::path::Path, workers: usize, suspend: Option<Duration>) -> Scheduler {
-    let config = Config::default().max_instances(2 * BATCH).no_disk_cache();
+    // A generous `init` limit: under other builds' load an `init` can pass the default's
+    // 100 ms, and a refused spawn ends the count.
+    let config = Config::default().max_instances(2 * BATCH).no_disk_cache().init_time_limit(Duration::from_secs(10));
     let component = Runtime::new(config).expect("a runtime").load(GUEST).expect("the guest loads");
     let mut settings = JournalSettings::default();
     settings.durability = Durability::Buffered;
