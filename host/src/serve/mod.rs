@@ -195,9 +195,14 @@ pub struct StartRequest {
 }
 
 /// A workflow that is running, or whose end is not yet in its record: its handle, its
-/// end once it has one, and a flag raised then, for those waiting on its result.
+/// record as the registry holds it while it runs, its end once it has one, and a flag
+/// raised then, for those waiting on its result.
 struct Live {
     handle: ProcessHandle,
+    /// The registry's record of it, running: what a description or a result answers
+    /// with (and its end, once it has one) while it is here, without reading the
+    /// registry. It changes only when its end is recorded, which takes it out of `live`.
+    record: WorkflowRecord,
     ended: tokio::sync::watch::Sender<bool>,
     /// How it ended, and when: set once the journal has its exit record (committed before
     /// `on_exit` fires), so a result is answered from here while its record is being
@@ -523,7 +528,7 @@ impl Service {
             }
             let pid = Pid::from_u64(record.pid);
             if let Some(handle) = resumed.get(&pid) {
-                self.watch(&tenant, &record.id, handle.clone());
+                self.watch(&tenant, &record, handle.clone());
                 continue;
             }
             let runs = match &runs {
@@ -538,7 +543,7 @@ impl Service {
                 None => {
                     let id = record.id.clone();
                     match self.spawn_workflow(&tenant, record) {
-                        Ok((record, handle)) => self.watch(&tenant, &record.id, handle),
+                        Ok((record, handle)) => self.watch(&tenant, &record, handle),
                         Err(refusal) => {
                             tracing::error!("workflow `{id}` of tenant `{tenant}` did not start: {}", refusal.message);
                         }
@@ -550,10 +555,11 @@ impl Service {
     }
 
     /// Records `handle`'s end when it comes, and wakes those waiting for it.
-    fn watch(&self, tenant: &str, id: &str, handle: ProcessHandle) {
+    fn watch(&self, tenant: &str, record: &WorkflowRecord, handle: ProcessHandle) {
         let (ended, _) = tokio::sync::watch::channel(false);
+        let (id, record) = (record.id.as_str(), record.clone());
         let key = (tenant.to_owned(), id.to_owned());
-        self.inner.live.lock().insert(key.clone(), Live { handle: handle.clone(), ended, end: None });
+        self.inner.live.lock().insert(key.clone(), Live { handle: handle.clone(), record, ended, end: None });
         self.inner.requests.track(handle.pid(), tenant, id);
         self.inner.logs.track(handle.pid(), tenant, id);
         let inner = Arc::downgrade(&self.inner);
@@ -990,7 +996,7 @@ impl Service {
         inner.started.notify_all();
         let (record, handle) = started?;
         inner.metrics.started();
-        self.watch(tenant, &record.id, handle);
+        self.watch(tenant, &record, handle);
         Ok((record, true))
     }
 
@@ -1054,18 +1060,17 @@ impl Service {
     ///
     /// No such workflow for the tenant.
     pub fn workflow(&self, tenant: &str, id: &str) -> Result<WorkflowRecord, Refusal> {
-        // The end first, then the record: an end leaves `live` only once its record is
+        // `live` first, then the registry: an end leaves `live` only once its record is
         // written, so a workflow seen ended is never seen running after.
-        let end = self.inner.live.lock().get(&(tenant.to_owned(), id.to_owned())).and_then(|l| l.end.clone());
-        let mut record = self
-            .inner
-            .registry
-            .workflow(tenant, id)?
-            .ok_or_else(|| Refusal::not_found(format_args!("workflow `{id}`")))?;
-        if let Some((exited, at_ms)) = end {
-            end_record(&mut record, &exited, at_ms);
+        let live =
+            self.inner.live.lock().get(&(tenant.to_owned(), id.to_owned())).map(|l| (l.record.clone(), l.end.clone()));
+        if let Some((mut record, end)) = live {
+            if let Some((exited, at_ms)) = end {
+                end_record(&mut record, &exited, at_ms);
+            }
+            return Ok(record);
         }
-        Ok(record)
+        self.inner.registry.workflow(tenant, id)?.ok_or_else(|| Refusal::not_found(format_args!("workflow `{id}`")))
     }
 
     /// A page of `tenant`'s workflows, in id order: those whose id starts with `prefix`,
@@ -1451,7 +1456,14 @@ fn settle(inner: &Inner, ended: &[(String, String, Exited, u64)], ends: Ends) ->
     let _settling = Settling(inner);
     let mut records = Vec::with_capacity(ended.len());
     for (tenant, id, exited, at_ms) in ended {
-        if let Some(mut record) = inner.registry.workflow(tenant, id)? {
+        // A workflow in `live` has its record there (and cannot have been forgotten:
+        // `forget` waits for it to leave); one that is not is read.
+        let watched = inner.live.lock().get(&(tenant.clone(), id.clone())).map(|l| l.record.clone());
+        let record = match watched {
+            Some(record) => Some(record),
+            None => inner.registry.workflow(tenant, id)?,
+        };
+        if let Some(mut record) = record {
             end_record(&mut record, exited, *at_ms);
             records.push((tenant.as_str(), record));
         }

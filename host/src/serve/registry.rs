@@ -20,9 +20,15 @@
 //! Workflow records written at once share one synced batch, as the journal's steps do
 //! (group commit): a writer queues its records, and the first writer to find no batch
 //! being committed takes everything queued, commits it, and hands each writer the
-//! outcome. Those who queued meanwhile wait for the batch after it, which the first of
-//! them to wake commits. So no write waits for a window, none is answered before its
+//! outcome. Those who queued meanwhile wait for the batch after it, which one of them,
+//! woken alone, commits. So no write waits for a window, none is answered before its
 //! batch is synced, and the syncs a second are bounded by the disk, not by the writers.
+//!
+//! Writers wait on one of two condition variables by the parity of their batch's number:
+//! a committed batch wakes its own writers, all of whom are done, and one writer of the
+//! next, to commit it; the others of the next sleep on. Only those two batches can have
+//! writers waiting: a writer queues into the batch being filled, which is committed only
+//! once the batch before it is.
 
 use std::collections::HashMap;
 use std::ops::Bound;
@@ -170,8 +176,8 @@ pub(super) struct Registry {
     counted: Mutex<HashMap<String, Counts>>,
     /// Workflow records waiting for a batch (see the module's docs).
     group: Mutex<Group>,
-    /// Signalled when a batch is committed.
-    committed: Condvar,
+    /// Signalled when a batch is committed: `committed[n % 2]` for batch `n`'s writers.
+    committed: [Condvar; 2],
 }
 
 /// The writes queued for the next batch of workflow records.
@@ -180,6 +186,8 @@ struct Group {
     queued: Vec<Queued>,
     /// Whether a writer is committing a batch now.
     committing: bool,
+    /// The number of the batch `queued` fills.
+    filling: u64,
 }
 
 /// One queued record: its key, its value, and where its batch's outcome is put.
@@ -254,7 +262,7 @@ impl Registry {
             counts: keyspace("counts")?,
             db,
             group: Mutex::new(Group::default()),
-            committed: Condvar::new(),
+            committed: [Condvar::new(), Condvar::new()],
             writes: Mutex::new(()),
             counted: Mutex::new(HashMap::new()),
         };
@@ -514,15 +522,19 @@ impl Registry {
         }
         let mut group = self.group.lock();
         group.queued.extend(queued);
+        let ours = group.filling;
         loop {
             if let Some(outcome) = outcome.get() {
                 return outcome.clone().map_err(failed);
             }
             if group.committing {
-                self.committed.wait(&mut group);
+                self.committed[(ours % 2) as usize].wait(&mut group);
                 continue;
             }
+            // Not committing, our outcome not set: `queued` holds our records, and its
+            // batch is ours.
             group.committing = true;
+            group.filling += 1;
             let batch = std::mem::take(&mut group.queued);
             let result = parking_lot::MutexGuard::unlocked(&mut group, || {
                 let mut commit = self.db.batch().durability(Some(PersistMode::SyncData));
@@ -538,7 +550,8 @@ impl Registry {
                 let _ = write.outcome.set(result.clone());
             }
             group.committing = false;
-            self.committed.notify_all();
+            self.committed[(ours % 2) as usize].notify_all();
+            self.committed[((ours + 1) % 2) as usize].notify_one();
         }
     }
 
@@ -645,6 +658,32 @@ mod tests {
         drop(registry);
         let registry = Registry::open(&dir).expect("it opens again");
         assert_eq!((counts(&registry, "acme"), counts(&registry, "globex")), ([1, 2, 1], [1, 0, 0]));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Writers at once share batches: every one returns (none is left waiting for a
+    /// batch no one commits) with its record written, and the counts hold them all.
+    #[test]
+    fn writers_at_once_all_return_with_their_records_written() {
+        let dir = std::env::temp_dir().join(format!("wasmproc-registry-{}-writers", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let registry = Registry::open(&dir).expect("it opens");
+        let (writers, each) = (8, 40);
+        std::thread::scope(|scope| {
+            for writer in 0..writers {
+                let registry = &registry;
+                scope.spawn(move || {
+                    for i in 0..each {
+                        let id = format!("w{writer}-{i}");
+                        registry.put_workflow("acme", &record(&id, State::Running)).expect("written");
+                        assert!(registry.workflow("acme", &id).expect("read").is_some(), "`{id}` is written");
+                    }
+                });
+            }
+        });
+        assert_eq!(counts(&registry, "acme"), [writers * each, 0, 0]);
+        assert_eq!(registry.all_workflows().expect("read").len() as u64, writers * each);
+        drop(registry);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
