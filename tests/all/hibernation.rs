@@ -100,13 +100,15 @@ fn a_probe_cannot_tell_it_was_hibernated_between_every_step() {
 /// carried on in the new instance.
 #[test]
 fn an_sdk_guest_sleeping_hibernates_whole_and_wakes_in_order() {
-    let lengths = Payload::json(&Some(vec![200u64, 50, 150, 100])).unwrap();
+    // Timers 200 ms apart: time enough, on a loaded machine, for a worker to find it
+    // waiting and hibernate it between two of them.
+    let lengths = Payload::json(&Some(vec![800u64, 200, 600, 400])).unwrap();
     let (kept, never) = run(TIMERS, "main", lengths.clone(), &[], false);
     let (woken, hibernations) = run(TIMERS, "main", lengths, &[], true);
     assert_eq!(never, 0);
     assert!(hibernations >= 3, "hibernated whole between its timers: {hibernations}");
     let kept = kept.expect("`main` completes");
-    assert_eq!(kept, Payload::json(&vec![50u64, 100, 150, 200]).unwrap());
+    assert_eq!(kept, Payload::json(&vec![200u64, 400, 600, 800]).unwrap());
     assert_eq!(woken.expect("`main` completes after hibernations"), kept);
 }
 
