@@ -150,9 +150,13 @@ impl Carried {
         }
     }
 
-    /// Drops what a recovery no longer needs: the messages to it that it took, and the
-    /// messages it sent to processes `gone` says have ended.
+    /// Drops what a recovery no longer needs: the messages to it that it took, the
+    /// messages it sent to processes `gone` says have ended, and the processes it
+    /// monitored whose exit it took (a recovery would not watch them again).
     pub(crate) fn prune(&mut self, gone: impl Fn(Pid) -> bool) {
+        let exits = std::mem::take(&mut self.exits_taken);
+        self.monitored.retain(|pid| !exits.contains(&(*pid, false)));
+        self.exits_taken = exits.into_iter().filter(|(_, linked)| *linked).collect();
         let consumed = std::mem::take(&mut self.consumed);
         self.host_messages.retain(|(seq, _, _)| !took(&consumed, Pid::HOST, *seq));
         self.received.retain(|(from, id, _, _)| !took(&consumed, *from, *id));
@@ -796,6 +800,16 @@ mod tests {
             status: Status::Idle,
         };
         carried.fold(6, &completed);
+        let gone = StepRecord {
+            at: 3,
+            events: vec![Event::Exit { pid: Pid::from_u64(5), reason: ExitReason::Noproc, linked: false }],
+            message_ids: Vec::new(),
+            yields: Vec::new(),
+            sends: Vec::new(),
+            status: Status::Idle,
+        };
+        carried.monitored.push(Pid::from_u64(5));
+        carried.fold(7, &gone);
         carried.prune(|_| false);
         Record::Snapshot(Box::new(SnapshotRecord {
             spawn,
@@ -821,7 +835,8 @@ mod tests {
         assert!(carried.outstanding.iter().all(|(seq, _, at, _)| *seq == 4 && *at == 1));
         let sent: Vec<(Pid, u64)> = carried.sent.iter().map(|(to, id, _, _)| (*to, *id)).collect();
         assert_eq!(sent, [(Pid::from_u64(8), 4 << 20), (Pid::from_u64(4), (4 << 20) | YIELD_SEND_BIT | 2)]);
-        assert_eq!(carried.monitored, [Pid::from_u64(4)]);
+        assert_eq!(carried.monitored, [Pid::from_u64(4)], "5's exit was taken");
+        assert_eq!(carried.exits_taken, [(Pid::from_u64(6), true)], "a link's exit stays");
         assert!(carried.trap_exits);
         assert!(carried.host_messages.is_empty(), "taken");
         assert_eq!(carried.received.len(), 1, "not taken");
