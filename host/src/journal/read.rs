@@ -44,6 +44,22 @@ pub(crate) struct Recorded {
     pub(crate) next_seq: u64,
 }
 
+impl Recorded {
+    /// A history whose first record, at `seq`, is its spawn (`snapshot` is `None`) or the
+    /// snapshot that holds `spawn`.
+    fn beginning(spawn: SpawnRecord, snapshot: Option<(u64, Box<SnapshotRecord>)>, seq: u64) -> Recorded {
+        Recorded {
+            spawn,
+            snapshot,
+            steps: Vec::new(),
+            host_messages: Vec::new(),
+            received: Vec::new(),
+            exit: None,
+            next_seq: seq + 1,
+        }
+    }
+}
+
 fn damaged(message: String) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, message)
 }
@@ -123,28 +139,11 @@ impl Journal {
             }
             match (&mut current, record) {
                 (None, Some(Record::Spawn(spawn))) => {
-                    let history = Recorded {
-                        spawn,
-                        snapshot: None,
-                        steps: Vec::new(),
-                        host_messages: Vec::new(),
-                        received: Vec::new(),
-                        exit: None,
-                        next_seq: key.seq + 1,
-                    };
-                    current = Some((pid, history));
+                    current = Some((pid, Recorded::beginning(spawn, None, key.seq)));
                 }
                 (None, Some(Record::Snapshot(snapshot))) => {
-                    let history = Recorded {
-                        spawn: snapshot.spawn.clone(),
-                        snapshot: Some((key.seq, snapshot)),
-                        steps: Vec::new(),
-                        host_messages: Vec::new(),
-                        received: Vec::new(),
-                        exit: None,
-                        next_seq: key.seq + 1,
-                    };
-                    current = Some((pid, history));
+                    let spawn = snapshot.spawn.clone();
+                    current = Some((pid, Recorded::beginning(spawn, Some((key.seq, snapshot)), key.seq)));
                 }
                 (None, _) => return ControlFlow::Break(format!("process {pid} has records but no spawn record")),
                 (Some((_, history)), record) => {
