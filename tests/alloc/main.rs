@@ -201,15 +201,20 @@ fn a_durable_step_allocates_its_record_not_its_worker_s_vectors() {
 /// A Wasm message (the `send` host function and the step it wakes) allocates twice: its
 /// body, and wasmtime's fiber for the receiver's step.
 fn a_wasm_message_allocates_only_its_payload() {
-    let s = wasm_scheduler();
-    let per_message = per_unit(1_000, 11_000, |n| {
+    let per_message = allocations_a_ping_pong_message(&wasm_scheduler());
+    assert!(per_message < 2.05, "{per_message} allocations a message");
+}
+
+/// Allocations a message of the bench guest's `ping-pong` on `s`: a server and a client
+/// exchange `n` messages.
+fn allocations_a_ping_pong_message(s: &Scheduler) -> f64 {
+    per_unit(1_000, 11_000, |n| {
         let spawn = |input| s.handle().spawn(Spawnable::kind("bench"), SpawnOptions::new("ping-pong").input(input));
         let server = spawn(vec![Payload::u64(n)]).unwrap();
         let client = spawn(vec![Payload::u64(n), Payload::u64(server.pid().as_u64())]).unwrap();
         assert_eq!(server.join_timeout(HANG), Some(Ok(Payload::u64(n))));
         assert_eq!(client.join_timeout(HANG), Some(Ok(Payload::u64(n))));
-    });
-    assert!(per_message < 2.05, "{per_message} allocations a message");
+    })
 }
 
 /// The same message to a guest that ends its steps in `wait` (`examples-wasm/waiter`)
@@ -219,14 +224,7 @@ fn a_wasm_message_allocates_only_its_payload() {
 /// `wait`, instead of making one for a new call, and the events' buffer goes back to
 /// the thread for the next (`host/src/wasm/waiting.rs`).
 fn a_wasm_message_through_wait_allocates_no_fiber() {
-    let s = waiter_scheduler();
-    let per_message = per_unit(1_000, 11_000, |n| {
-        let spawn = |input| s.handle().spawn(Spawnable::kind("bench"), SpawnOptions::new("ping-pong").input(input));
-        let server = spawn(vec![Payload::u64(n)]).unwrap();
-        let client = spawn(vec![Payload::u64(n), Payload::u64(server.pid().as_u64())]).unwrap();
-        assert_eq!(server.join_timeout(HANG), Some(Ok(Payload::u64(n))));
-        assert_eq!(client.join_timeout(HANG), Some(Ok(Payload::u64(n))));
-    });
+    let per_message = allocations_a_ping_pong_message(&waiter_scheduler());
     assert!(per_message < 2.05, "{per_message} allocations a message");
 }
 
