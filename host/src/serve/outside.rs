@@ -16,8 +16,15 @@ fn profile_of(profiles: &Profiles, request: &Request<'_>) -> Option<Arc<Profile>
     profiles.get(tenant, workflow?)
 }
 
-/// Answers `request` with a denial saying `why`.
-fn deny(request: Request<'_>, why: String) {
+/// Hands `request` to the provider its workflow was granted (`granted`: `None` if none
+/// was, an error if the grant cannot be served), or denies it saying why; `needs` is
+/// what the request needs and how a start grants it.
+fn route<P: Provider>(request: Request<'_>, granted: Option<&Result<P, String>>, needs: &str) {
+    let why = match granted {
+        Some(Ok(provider)) => return provider.handle(request),
+        Some(Err(why)) => format!("`{}` cannot be served: {why}", request.name()),
+        None => format!("`{}` needs {needs}, within its tenant's policy", request.name()),
+    };
     request.complete(Err(Failure::new(ErrorCode::Denied, why).into()));
 }
 
@@ -31,21 +38,8 @@ impl Provider for WorkflowHttp {
 
     fn handle(&self, request: Request<'_>) {
         let profile = profile_of(&self.0, &request);
-        match profile.as_ref().and_then(|p| p.http.as_ref()) {
-            Some(Ok(http)) => http.handle(request),
-            Some(Err(why)) => {
-                let why = format!("`{}` cannot be served: {why}", request.name());
-                deny(request, why);
-            }
-            None => {
-                let why = format!(
-                    "`{}` needs an allowed host: start the workflow with `--allow-host PATTERN` (`grants.hosts`), \
-                     within its tenant's policy",
-                    request.name()
-                );
-                deny(request, why);
-            }
-        }
+        let needs = "an allowed host: start the workflow with `--allow-host PATTERN` (`grants.hosts`)";
+        route(request, profile.as_ref().and_then(|p| p.http.as_ref()), needs);
     }
 }
 
@@ -59,21 +53,8 @@ impl Provider for WorkflowFiles {
 
     fn handle(&self, request: Request<'_>) {
         let profile = profile_of(&self.0, &request);
-        match profile.as_ref().and_then(|p| p.files.as_ref()) {
-            Some(Ok(files)) => files.handle(request),
-            Some(Err(why)) => {
-                let why = format!("`{}` cannot be served: {why}", request.name());
-                deny(request, why);
-            }
-            None => {
-                let why = format!(
-                    "`{}` needs a directory: start the workflow with `--dir HOST[::GUEST]` (`grants.dirs`), within \
-                     its tenant's policy",
-                    request.name()
-                );
-                deny(request, why);
-            }
-        }
+        let needs = "a directory: start the workflow with `--dir HOST[::GUEST]` (`grants.dirs`)";
+        route(request, profile.as_ref().and_then(|p| p.files.as_ref()), needs);
     }
 
     fn reads_only(&self, name: &str) -> bool {
