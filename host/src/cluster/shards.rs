@@ -61,9 +61,9 @@ pub const MAX_SHARDS: u32 = 1024;
 /// nodes draw their ids below it.
 pub const FIRST_SHARD_NODE: u16 = Pid::MAX_NODE - MAX_SHARDS as u16;
 
-/// Writes `exited` into `record` as its end, if its revision is still `revision`.
-/// Writes `exited` into workflow `record` (of revision `revision`); whether it was
-/// written (not if the record changed meanwhile, or the server failed).
+/// Writes `exited` into workflow `record` as its end, if its revision is still
+/// `revision`; whether it was written (not if the record changed meanwhile, or the
+/// server failed).
 fn settle(workflows: &Workflows, mut record: ShardWorkflow, revision: u64, exited: &Exited) -> bool {
     match &exited.reason {
         ExitReason::Normal(payload) => {
