@@ -632,7 +632,11 @@ impl Actor {
             Cmd::Reply { session, item } => self.reply(session, Some(item)).await,
             Cmd::Line(Item::Log { pid, scope, source, message }) => {
                 self.inner.log_backlog.fetch_sub(1, Ordering::AcqRel);
-                self.line(pid, scope, source, message);
+                // Replied to here, not queued again: the process's exit, queued after
+                // this line, must reach the client after it.
+                if let Some((session, item)) = self.line(pid, scope, source, message) {
+                    self.reply(session, Some(item)).await;
+                }
             }
             Cmd::Line(_) => {}
             Cmd::Monitor { watcher, target } => {

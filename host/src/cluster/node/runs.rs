@@ -106,7 +106,13 @@ impl Actor {
             Item::Spawn { token, spawn } => self.spawn_here(Dest::Node(peer.node), token, spawn),
             Item::StopRun { reason, grace, scope: 0 } => self.end_run_of(peer.node, &reason, grace),
             Item::StopRun { reason, grace, scope } => self.end_client_run_here(scope, &reason, grace),
-            Item::Log { pid, scope, source, message } => self.line(pid, scope, source, message),
+            Item::Log { pid, scope, source, message } => {
+                // Queued behind whatever this peer sent before it (the process's exit
+                // comes after its lines), so the client sees them in that order.
+                if let Some((session, item)) = self.line(pid, scope, source, message) {
+                    let _ = self.inner.commands.send(Cmd::Reply { session, item });
+                }
+            }
             Item::SpawnDone { token, result } => {
                 let Some(pending) = self.pending.remove(&token) else { return true };
                 let Asked::Spawn { done, monitor, link, embedded } = pending.asked else {
@@ -293,19 +299,19 @@ impl Actor {
     }
 
     /// A line a process of a run wrote: to the client whose session the run is, if it
-    /// is here; else this node's to show.
-    pub(super) fn line(&mut self, pid: Pid, scope: u64, source: String, message: String) {
+    /// is here (the session and the reply, for the caller to send); else this node's to
+    /// show.
+    pub(super) fn line(&mut self, pid: Pid, scope: u64, source: String, message: String) -> Option<(u64, Item)> {
         if scope != 0
             && let Some((&session, _)) = self.sessions.iter().find(|(_, s)| s.run == scope)
         {
-            let item = Item::Log { pid, scope, source, message };
-            let _ = self.inner.commands.send(Cmd::Reply { session, item });
-            return;
+            return Some((session, Item::Log { pid, scope, source, message }));
         }
         match self.inner.lines.get() {
             Some(sink) => sink(pid, &source, &message),
             None => tracing::info!(target: "wasmproc::guest", %pid, source = %source, message = %message),
         }
+        None
     }
 
     /// Ends the processes of the client's run `client` on this node: a cancel with
