@@ -60,6 +60,18 @@ impl TestStore {
         }
     }
 
+    /// How many records of processes it holds: all but process 0's, the journal's own.
+    fn process_records(&self) -> usize {
+        let mut count = 0;
+        self.records
+            .scan(Key { process: 1, seq: 0 }, &mut |_, _| {
+                count += 1;
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+        count
+    }
+
     /// What a fresh start finds on the disk.
     fn copy(&self) -> TestStore {
         TestStore { records: self.records.snapshot(), ..TestStore::default() }
@@ -777,11 +789,83 @@ fn a_finished_tree_leaves_no_records_by_default() {
     assert_eq!(root.join_timeout(HANG).unwrap(), Ok(Payload::text("[1,2,3,4,5] effect 3")));
     // The removal is committed right after the root's exit.
     let deadline = std::time::Instant::now() + HANG;
-    while !store.records.is_empty() {
-        assert!(std::time::Instant::now() < deadline, "{} records left", store.records.len());
+    while store.process_records() > 0 {
+        assert!(std::time::Instant::now() < deadline, "{} records left", store.process_records());
         std::thread::sleep(Duration::from_millis(5));
     }
     scheduler.stop(Duration::from_secs(1));
+}
+
+/// A pid whose records were removed is never given to another process: not by the
+/// scheduler that removed them, nor by one resuming the journal after it, whose journal
+/// no longer holds the pid. Others may remember it (the last message number another
+/// journal took from it, a workflow's record), and would take the newcomer for it.
+#[test]
+fn a_pid_whose_records_were_removed_is_never_given_again() {
+    let store = Arc::new(TestStore::default());
+    let mut removed = Vec::new();
+    for _ in 0..3 {
+        let (scheduler, _, _) = counting_with(&store, JournalSettings::default());
+        let run = scheduler.handle().spawn(effect_once(), "main").unwrap();
+        assert_eq!(run.join_timeout(HANG).unwrap(), Ok(Payload::text("done")));
+        let deadline = std::time::Instant::now() + HANG;
+        while store.process_records() > 0 {
+            assert!(std::time::Instant::now() < deadline, "{} records left", store.process_records());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        scheduler.stop(Duration::from_secs(1));
+        assert!(!removed.contains(&run.pid()), "{} was given again, after {removed:?}", run.pid());
+        removed.push(run.pid());
+    }
+}
+
+/// A step preempted on replay (a Wasm guest's, on a loaded machine or in an instance
+/// made again) goes on, given nothing, until it ends, as its first run's turns did: its
+/// record is checked against the whole step, and the process resumes.
+#[test]
+fn a_step_preempted_on_replay_is_replayed_whole() {
+    // Every step is preempted at its first turn and ends at its next, keeping the events
+    // it was given; it sleeps, and completes with the first message's body.
+    let halting = || -> anyhow::Result<Box<dyn wasmproc::Process>> {
+        let (mut turns, mut kept) = (0, Vec::new());
+        Ok(Box::new(
+            Scripted::new(move |t| {
+                turns += 1;
+                kept.append(&mut t.events);
+                if turns % 2 == 1 {
+                    t.out.set_preempted();
+                    return Ok(());
+                }
+                match kept.drain(..).find_map(|e| if let Event::Message { body, .. } = e { Some(body) } else { None }) {
+                    Some(body) => t.out.set_status(Status::Complete(Ok(body))),
+                    None => t.out.yield_command(1, Command::Sleep(Duration::from_secs(3600))),
+                }
+                Ok(())
+            })
+            .0,
+        ))
+    };
+    let build = |store: Arc<TestStore>| {
+        Scheduler::builder().workers(1).journal(Journal::with_store(store)).kind("halting", halting).build().unwrap()
+    };
+    let store = Arc::new(TestStore::default());
+    let first = build(store.clone());
+    let process = first.handle().spawn(wasmproc::scheduler::Spawnable::kind("halting"), "main").unwrap();
+    let journal = Journal::with_store(store.clone());
+    let deadline = std::time::Instant::now() + HANG;
+    while journal.history().unwrap().iter().all(|h| h.pid != process.pid() || h.steps == 0) {
+        assert!(std::time::Instant::now() < deadline, "the first step was not recorded");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let crashed = Arc::new(store.copy());
+    first.stop(Duration::from_secs(1));
+
+    let second = build(crashed);
+    let resumed = second.resumed();
+    assert_eq!(resumed.len(), 1, "the process resumed");
+    second.handle().send(process.pid(), "go", Payload::text("after the replay")).unwrap();
+    assert_eq!(resumed[0].join_timeout(HANG).unwrap(), Ok(Payload::text("after the replay")));
+    second.stop(Duration::from_secs(1));
 }
 
 #[test]
@@ -918,7 +1002,7 @@ fn runs_lists_each_run_a_journal_holds_and_forget_run_drops_one_finished_or_not(
     let left: Vec<_> = journal.runs().unwrap().iter().map(|run| run.root).collect();
     assert_eq!(left, [finished.pid()]);
     journal.forget_run(done).unwrap();
-    assert!(store.records.is_empty(), "{} records left", store.records.len());
+    assert_eq!(store.process_records(), 0, "every process's records are gone");
 }
 
 /// A durable Wasm process's log lines: those of the steps replayed on resume reach the

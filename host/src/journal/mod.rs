@@ -56,8 +56,8 @@
 //! on a thread of its own). [`Journal::open`] still opens a directory that
 //! [`FjallStore`] wrote with fjall, the default before the log (see `docs/perf/journal-store.md`
 //! for the measurements that chose each). Record keys are (process,
-//! sequence); values start with [`FORMAT_VERSION`]. Process 0 is reserved for the
-//! journal's own metadata. Records are only appended and read back in order; a
+//! sequence); values start with [`FORMAT_VERSION`]. Process 0 holds the journal's own
+//! metadata: the newest pid whose records were removed. Records are only appended and read back in order; a
 //! snapshot of a process ([`Builder::snapshot_every`](crate::scheduler::Builder::snapshot_every))
 //! is a record that replaces those before it, removed in the batch that writes it, so a
 //! process's history begins with its spawn or with its last snapshot.
@@ -75,8 +75,8 @@
 //!   embedder, exit, snapshot), and what a snapshot carries for a recovery;
 //! - `read.rs`: the one reader of the records, which every read below and a resume (the
 //!   scheduler's `recovery.rs`) go through;
-//! - `runs.rs`: the runs a journal holds, and removing them; `history.rs`: the records as
-//!   lines;
+//! - `runs.rs`: the runs a journal holds, and removing them; `floor.rs`: the newest pid
+//!   removed, which no later process is given; `history.rs`: the records as lines;
 //! - `committer.rs`: the group commit; `store.rs`: the [`Store`] trait, [`MemoryStore`]
 //!   and [`FjallStore`]; `log.rs`: [`LogStore`];
 //! - this file: [`Journal`], its settings, and its directory.
@@ -86,6 +86,7 @@
 //! processes (its `durable.rs` and `recovery.rs`) use the journal, never the other way.
 
 mod committer;
+mod floor;
 mod history;
 mod log;
 mod now;
@@ -164,6 +165,8 @@ impl Default for JournalSettings {
 pub struct Journal {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) settings: JournalSettings,
+    /// The newest pid removed, as loaded (`floor.rs`).
+    pub(crate) floor: Arc<parking_lot::Mutex<floor::Floor>>,
 }
 
 impl Journal {
@@ -201,12 +204,12 @@ impl Journal {
             };
             std::io::Error::new(error.kind(), format!("cannot open the journal in {}{hint}: {error}", dir.display()))
         })?;
-        Ok(Journal { store, settings: JournalSettings::default() })
+        Ok(Journal { store, settings: JournalSettings::default(), floor: Arc::default() })
     }
 
     /// A journal on `store`.
     pub fn with_store(store: impl Store) -> Journal {
-        Journal { store: Arc::new(store), settings: JournalSettings::default() }
+        Journal { store: Arc::new(store), settings: JournalSettings::default(), floor: Arc::default() }
     }
 
     /// These settings instead of the defaults.

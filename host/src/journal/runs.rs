@@ -158,6 +158,8 @@ impl Journal {
 
     fn remove(&self, members: &[(Pid, u64)]) -> std::io::Result<()> {
         let removals = members.iter().map(|(pid, records)| (pid.as_u64(), *records)).collect();
-        self.store.commit(&Batch { puts: Vec::new(), removals }, true)
+        self.removing(members.iter().map(|(pid, _)| *pid), |floor| {
+            self.store.commit(&Batch { puts: floor.into_iter().collect(), removals }, true)
+        })?
     }
 }

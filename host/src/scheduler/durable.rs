@@ -477,7 +477,10 @@ impl Durable {
             return;
         }
         let removals = processes.iter().map(|(pid, records)| (pid.as_u64(), *records)).collect();
-        if let Err(error) = self.committer.submit_with([], removals, AfterCommit::Nothing) {
+        let submitted = self.journal.removing(processes.iter().map(|(pid, _)| *pid), |floor| {
+            self.committer.submit_with(floor, removals, AfterCommit::Nothing).map_err(|error| error.to_string())
+        });
+        if let Err(error) = submitted.map_err(|error| error.to_string()).and_then(|submitted| submitted) {
             tracing::warn!(%error, "the records of finished processes were not removed");
         }
     }

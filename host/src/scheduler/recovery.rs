@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use wasmproc_types::{ExitReason, Payload, Pid};
 
 use super::caps::Capabilities;
@@ -119,6 +120,8 @@ fn make_again(
 /// What a journal holds, read at build.
 pub(super) struct Plan {
     saved: BTreeMap<Pid, Recorded>,
+    /// The newest pid whose records were removed: no new process gets one as old.
+    removed_floor: Option<Pid>,
     /// Each recorded child by the yield that spawned it: (parent, step record, tag).
     children: HashMap<(Pid, u64, u64), Pid>,
 }
@@ -132,11 +135,12 @@ impl Plan {
     /// cannot be trusted is not resumed at all.
     pub(super) fn read(journal: &Journal) -> anyhow::Result<Plan> {
         let saved = journal.read_processes()?;
+        let removed_floor = journal.removed_floor().context("the journal is damaged and cannot be resumed")?;
         let children = saved
             .iter()
             .filter_map(|(pid, s)| s.spawn.origin.map(|(seq, tag)| ((s.spawn.parent, seq, tag), *pid)))
             .collect();
-        Ok(Plan { saved, children })
+        Ok(Plan { saved, removed_floor, children })
     }
 
     /// Replays every unfinished process against its records, on processes registered
@@ -199,6 +203,9 @@ impl Plan {
     /// module's docs, in order.
     pub(super) fn restore(self, shared: &Arc<Shared>, grants: Option<&Capabilities>) -> Vec<ProcessHandle> {
         shared.registry.reserve_generations(self.saved.keys().copied());
+        if let Some(floor) = self.removed_floor {
+            shared.registry.reserve_everywhere(floor);
+        }
         let cells = self.register(shared, grants);
         let handles = self.watch_roots(&cells);
         let replayed = self.replay_all(shared, &cells);
@@ -752,7 +759,15 @@ fn replay_steps(cell: &Arc<ProcessCell>, saved: &Recorded) -> Result<Option<Stat
             unsafe {
                 cell.with_process(|p| {
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        p.step(crate::step::Events::new(step.events.clone().drain(..)), &mut out)
+                        p.step(crate::step::Events::new(step.events.clone().drain(..)), &mut out)?;
+                        // A step preempted now (a loaded machine, an instance made again)
+                        // goes on, given nothing, as its first run's turns went on: its
+                        // record holds the whole step.
+                        while out.is_preempted() {
+                            out.reset();
+                            p.step(crate::step::Events::new(Vec::new().drain(..)), &mut out)?;
+                        }
+                        Ok::<(), anyhow::Error>(())
                     }))
                 })
             }

@@ -155,6 +155,16 @@ impl<C: Member> Registry<C> {
         }
     }
 
+    /// Makes every later pid of every shard newer than `pid`: for a pid the journal no
+    /// longer holds, whose shard's counter may have been the highest.
+    pub(super) fn reserve_everywhere(&self, pid: Pid) {
+        let generation = (pid.as_u64() >> (INDEX_BITS + SHARD_BITS)) as u32;
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            shard.next_generation = shard.next_generation.max(generation);
+        }
+    }
+
     pub(super) fn get(&self, pid: Pid) -> Option<Arc<C>> {
         let (shard, index, generation) = self.split(pid)?;
         let shard = self.shards[shard].lock();
