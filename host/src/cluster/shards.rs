@@ -531,6 +531,12 @@ impl Inner {
                 return;
             }
         };
+        // Taken before the journal is read below, so an end settled after the read sets
+        // it again, for the next look.
+        let to_sweep = match self.held.lock().get_mut(&shard) {
+            Some(held) => std::mem::take(&mut held.to_sweep),
+            None => return,
+        };
         let mut runs = None;
         // The roots whose records hold their ends: their finished runs can go.
         let mut settled = HashSet::new();
@@ -557,6 +563,9 @@ impl Inner {
                             Ok(read) => runs.insert(read),
                             Err(error) => {
                                 tracing::warn!(node = %self.node, shard, "cannot read shard {shard}'s journal: {error}");
+                                if to_sweep {
+                                    self.sweep_later(shard);
+                                }
                                 return;
                             }
                         },
@@ -584,31 +593,27 @@ impl Inner {
                 }
             }
         }
-        self.sweep(shard, &settled);
+        if to_sweep {
+            self.sweep(shard, &settled, runs);
+        }
     }
 
     /// Forgets the finished runs of shard `shard`'s journal whose roots are among
-    /// `settled` (their records hold their ends), if an end was settled since the last
-    /// sweep or the shard was just taken.
-    fn sweep(&self, shard: u32, settled: &HashSet<Pid>) {
-        let journal = {
-            let mut held = self.held.lock();
-            let Some(held) = held.get_mut(&shard) else { return };
-            if !std::mem::take(&mut held.to_sweep) {
-                return;
-            }
-            held.journal.clone()
-        };
-        let finished = match journal.finished_runs() {
-            Ok(finished) => finished,
+    /// `settled` (their records hold their ends): among `runs` if the look read them,
+    /// else read now. For a look that found an end settled since the last sweep, or the
+    /// shard just taken.
+    fn sweep(&self, shard: u32, settled: &HashSet<Pid>, runs: Option<Vec<HeldRun>>) {
+        let Some(journal) = self.held.lock().get(&shard).map(|held| held.journal.clone()) else { return };
+        let runs = match runs.map_or_else(|| journal.runs(), Ok) {
+            Ok(runs) => runs,
             Err(error) => {
                 tracing::warn!(node = %self.node, shard, "cannot read shard {shard}'s finished runs: {error}");
                 self.sweep_later(shard);
                 return;
             }
         };
-        for run in finished.iter().filter(|run| settled.contains(&run.root)) {
-            if let Err(error) = journal.forget(run) {
+        for run in runs.iter().filter(|run| run.result.is_some() && settled.contains(&run.root)) {
+            if let Err(error) = journal.forget_run(run) {
                 tracing::warn!(node = %self.node, shard, root = %run.root, "cannot forget a finished run: {error}");
                 self.sweep_later(shard);
             }
