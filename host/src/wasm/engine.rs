@@ -32,7 +32,8 @@
 //!   thread ticks the epoch, and at its next loop header or function entry a guest past
 //!   its deadline yields its fiber (a preemptible step) or traps (`init`, or a step
 //!   without preemption). Cheaper than fuel, and it bounds wall time, which is what a
-//!   time slice is.
+//!   time slice is. The same thread, once a second, gives back the arenas' warm slots
+//!   that no process took since the last time, and trims the heap after a burst.
 //!
 //! With on-demand allocation nothing in the engine bounds what one process may create:
 //! the store's limiter (`store.rs`) does, with the settings `max_core_instances`,
@@ -49,7 +50,7 @@ use anyhow::{Context as _, ensure};
 use wasmtime::{Engine, EngineWeak, InstanceAllocationStrategy};
 
 use super::config::Config;
-use super::memory::MemoryArena;
+use super::memory::{COOL_EVERY, MemoryArena};
 use super::stacks::StackArena;
 
 /// Native stack a guest call may use on the worker thread (wasmtime's default is
@@ -79,7 +80,9 @@ const KEEP_RESIDENT: usize = 256 * 1024;
 /// staying resident: unbounded, every slot ever used would keep its pages (gigabytes
 /// after 100,000 idle processes end: `docs/perf/wasm.md`). 1,024 slots (at most
 /// 256 MiB) is twice the children the lifecycle benchmark keeps in flight; the slots
-/// that churn are reused first, so they stay warm. Not tuned beyond that.
+/// that churn are reused first, so they stay warm. Not tuned beyond that. A slot no
+/// process took for a second goes cold: the bound is what a burst may keep for a
+/// second, not what a host at rest holds.
 const WARM_SLOTS: usize = 1024;
 
 /// The engine's epoch as a number the host can read (wasmtime keeps its own counter to
@@ -143,6 +146,7 @@ pub(crate) fn new_engine_with(config: &Config, max_images: usize) -> anyhow::Res
         )
     })?;
 
+    let coolers: Vec<Box<dyn Fn() -> usize + Send>> = vec![Box::new(arena.cooler()), Box::new(stacks.cooler())];
     let mut wasm = wasmtime::Config::new();
     wasm.wasm_component_model(true)
         .epoch_interruption(true)
@@ -162,17 +166,42 @@ pub(crate) fn new_engine_with(config: &Config, max_images: usize) -> anyhow::Res
         .parallel_compilation(true);
     let engine = Engine::new(&wasm).map_err(anyhow::Error::from).context("failed to create the wasm engine")?;
     let clock = EpochClock::default();
-    start_epoch_thread(engine.weak(), clock.clone(), config.epoch_tick)?;
+    start_epoch_thread(engine.weak(), clock.clone(), config.epoch_tick, coolers)?;
     Ok((engine, clock))
 }
 
-/// Ticks `engine`'s epoch every `tick` until the engine is dropped. The thread holds the
-/// engine only weakly, so it never keeps a runtime alive; it notices the drop within one
-/// tick and exits.
-fn start_epoch_thread(engine: EngineWeak, clock: EpochClock, tick: Duration) -> anyhow::Result<()> {
+/// Warm slots and stacks gone cold in one cooling past which the heap is trimmed too:
+/// that many instances ended a second ago or more and nothing took their place, so the
+/// host-side structures they had (their stores, instances, buffers) are free as well.
+const TRIM_AFTER_COOLED: usize = 64;
+
+/// Hands the allocator's free pages back to the kernel: a burst of instances leaves the
+/// heap it grew for them free but resident, which glibc's `free` returns only from the
+/// top of the heap. `malloc_trim` gives back every free page of every arena.
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only returns free memory to the kernel; it is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Ticks `engine`'s epoch every `tick` until the engine is dropped, and every
+/// [`COOL_EVERY`] calls `coolers` (the arenas' warm slots that nothing took go cold),
+/// trimming the heap after a burst ([`TRIM_AFTER_COOLED`]). The thread holds the engine
+/// only weakly, so it never keeps a runtime alive; it notices the drop within one tick
+/// and exits.
+fn start_epoch_thread(
+    engine: EngineWeak,
+    clock: EpochClock,
+    tick: Duration,
+    coolers: Vec<Box<dyn Fn() -> usize + Send>>,
+) -> anyhow::Result<()> {
+    let cool_every = (COOL_EVERY.as_nanos() / tick.as_nanos().max(1)).max(1);
     thread::Builder::new()
         .name("wasmproc-epoch".to_owned())
         .spawn(move || {
+            let mut ticks: u128 = 0;
             loop {
                 thread::sleep(tick);
                 match engine.upgrade() {
@@ -181,6 +210,12 @@ fn start_epoch_thread(engine: EngineWeak, clock: EpochClock, tick: Duration) -> 
                         clock.0.fetch_add(1, Ordering::Relaxed);
                     }
                     None => return,
+                }
+                ticks += 1;
+                if ticks.is_multiple_of(cool_every)
+                    && coolers.iter().map(|cool| cool()).sum::<usize>() >= TRIM_AFTER_COOLED
+                {
+                    trim_heap();
                 }
             }
         })

@@ -48,7 +48,10 @@
 //! where it was measured). At most `warm_slots` free slots are warm (the engine's
 //! `WARM_SLOTS`); past that a freed slot is cold, all its pages given back, so that a
 //! burst of processes ending does not leave all their memory resident. Warm slots are
-//! reused first, last-in first-out, so the slots that churn stay warm.
+//! reused first, last-in first-out, so the slots that churn stay warm; a warm slot that
+//! no process took for a second goes cold ([`FreeSlots::take_idle`], which the engine's
+//! epoch thread runs every [`COOL_EVERY`]), so that a host at rest after a burst holds
+//! none of its memory.
 //!
 //! # Images
 //!
@@ -105,17 +108,56 @@ struct Arena {
     told_full: AtomicBool,
 }
 
-/// The slots not in use, all zero: warm ones first, then cold ones, then fresh ones.
-struct FreeSlots {
-    /// Given back with up to `keep_resident` bytes still resident. The last one pushed
-    /// is handed out first, so the few slots that churn stay warm and the others cool.
-    warm: Vec<u32>,
+/// The slots of an arena not in use (of this one, all zero; of the fiber stacks', any
+/// contents): warm ones first, then cold ones, then fresh ones.
+pub(crate) struct FreeSlots {
+    /// Given back with some pages still resident. The last one pushed is handed out
+    /// first, so the few slots that churn stay warm and the others cool.
+    pub(crate) warm: Vec<u32>,
+    /// The fewest warm slots since the last [`FreeSlots::take_idle`]: the warm slots below
+    /// it in `warm` (the oldest) were not handed out since.
+    low: usize,
     /// Given back with all their pages returned to the kernel. Preferred to fresh slots:
     /// their page tables are already there.
-    cold: Vec<u32>,
+    pub(crate) cold: Vec<u32>,
     /// The lowest slot never handed out; `fresh..slots` are all untouched.
-    fresh: u32,
+    pub(crate) fresh: u32,
 }
+
+impl FreeSlots {
+    pub(crate) const fn new() -> FreeSlots {
+        FreeSlots { warm: Vec::new(), low: 0, cold: Vec::new(), fresh: 0 }
+    }
+
+    /// A free slot, the most recently freed first; `None` past `slots`.
+    pub(crate) fn take(&mut self, slots: u32) -> Option<u32> {
+        if let Some(slot) = self.warm.pop() {
+            self.low = self.low.min(self.warm.len());
+            return Some(slot);
+        }
+        if let Some(slot) = self.cold.pop() {
+            return Some(slot);
+        }
+        (self.fresh < slots).then(|| {
+            self.fresh += 1;
+            self.fresh - 1
+        })
+    }
+
+    /// Takes out the warm slots no one was handed since the last call, for the caller to
+    /// give their pages back and put them on `cold`: a burst's slots do not stay resident
+    /// for ever once the burst is over, and the slots that churn stay warm.
+    pub(crate) fn take_idle(&mut self) -> Vec<u32> {
+        let idle: Vec<u32> = self.warm.drain(..self.low.min(self.warm.len())).collect();
+        self.low = self.warm.len();
+        idle
+    }
+}
+
+/// How often the warm slots of the arenas that no process took are given back
+/// ([`FreeSlots::take_idle`]; the engine's epoch thread does it): a slot kept warm for a
+/// second that nothing wanted is memory a quiet host holds for nothing.
+pub(crate) const COOL_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One anonymous read-write mapping of `slots` slots of `slot_size` bytes, back to back:
 /// slot `i` starts at `base + i × slot_size`. `MAP_NORESERVE` (nothing is committed until
@@ -231,12 +273,20 @@ impl MemoryArena {
                 .then(|| std::fs::File::open("/proc/self/pagemap").ok())
                 .flatten()
                 .map(|file| (file, std::process::id())),
-            free: Mutex::new(FreeSlots { warm: Vec::new(), cold: Vec::new(), fresh: 0 }),
+            free: Mutex::new(FreeSlots::new()),
             max_images,
             images: AtomicUsize::new(0),
             told_full: AtomicBool::new(false),
         };
         Ok(MemoryArena { arena: Arc::new(arena) })
+    }
+
+    /// What the engine's epoch thread calls every [`COOL_EVERY`] (see
+    /// [`FreeSlots::take_idle`]): how many slots went cold. It holds the arena only
+    /// weakly, so it does nothing once the engine is gone.
+    pub(crate) fn cooler(&self) -> impl Fn() -> usize + Send + 'static {
+        let arena = Arc::downgrade(&self.arena);
+        move || arena.upgrade().map_or(0, |arena| arena.cool())
     }
 
     /// Memories with a copy-on-write image mapped now.
@@ -269,14 +319,22 @@ impl Arena {
 
     /// A free slot, all zero (see the module's invariant); the most recently freed first.
     fn take(&self) -> Option<u32> {
-        let mut free = self.free.lock();
-        if let Some(slot) = free.warm.pop().or_else(|| free.cold.pop()) {
-            return Some(slot);
+        self.free.lock().take(self.mapping.slots)
+    }
+
+    /// Gives back every page of the warm slots no memory took since the last call,
+    /// making them cold; how many.
+    fn cool(&self) -> usize {
+        let idle = self.free.lock().take_idle();
+        for &slot in &idle {
+            // SAFETY: a free slot, taken off the free list above, so nothing uses it;
+            // its kept bytes are zero, and read as zero once given back. If `madvise`
+            // fails they stay resident and zero: cold in all but the memory they hold.
+            let _ = unsafe { dont_need(self.slot_ptr(slot), self.keep_resident) };
         }
-        (free.fresh < self.mapping.slots).then(|| {
-            free.fresh += 1;
-            free.fresh - 1
-        })
+        let cooled = idle.len();
+        self.free.lock().cold.extend(idle);
+        cooled
     }
 
     /// Lays `image` over `slot`, just taken and all zero: mapped private (pages shared
@@ -729,6 +787,35 @@ pub(crate) mod tests {
         let (again, later) = (memory(&arena, 2).unwrap(), memory(&arena, 2).unwrap());
         assert_eq!((again.as_ptr(), later.as_ptr()), (warm, cold), "warm slots are handed out first");
         assert!(bytes(&*again, 0, 2 * PAGE).iter().chain(&bytes(&*later, 0, 2 * PAGE)).all(|&b| b == 0));
+    }
+
+    /// A warm slot that no memory took between two coolings gives its pages back and
+    /// goes cold; one taken meanwhile stays warm, and is handed out first.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_warm_slot_no_memory_took_since_the_last_cooling_goes_cold() {
+        let arena = MemoryArena::new(3, 4 * PAGE, 4 * PAGE, 8, 8).unwrap();
+        let cool = arena.cooler();
+        let (first, second) = (memory(&arena, 2).unwrap(), memory(&arena, 2).unwrap());
+        let (idle, churned) = (first.as_ptr(), second.as_ptr());
+        fill(&*first, 0, 2 * PAGE, 1);
+        fill(&*second, 0, 2 * PAGE, 2);
+        drop(first);
+        drop(second);
+        assert!(resident(idle) && resident(churned), "both are warm");
+        // The first cooling has none before it to compare with: it only notes what is warm.
+        cool();
+        assert!(resident(idle) && resident(churned), "a cooling takes only slots idle since the last one");
+        let again = memory(&arena, 2).unwrap();
+        assert_eq!(again.as_ptr(), churned, "the last freed is handed out first");
+        fill(&*again, 0, PAGE, 3);
+        drop(again);
+        cool();
+        assert!(!resident(idle), "the slot no memory took went cold");
+        assert!(resident(churned), "the slot taken since stays warm");
+        let (warm, cold) = (memory(&arena, 2).unwrap(), memory(&arena, 2).unwrap());
+        assert_eq!((warm.as_ptr(), cold.as_ptr()), (churned, idle), "warm slots are handed out before cold ones");
+        assert!(bytes(&*warm, 0, 2 * PAGE).iter().chain(&bytes(&*cold, 0, 2 * PAGE)).all(|&b| b == 0));
     }
 
     #[test]

@@ -23,7 +23,8 @@
 //! Its top [`KEEP_RESIDENT`] bytes stay resident (not zeroed: a stack's old contents are
 //! never read before they are written, and wasmtime does not ask for zeroed stacks);
 //! anything below, touched only by a deep call, is given back to the kernel, as are all
-//! of a stack's pages once [`WARM_STACKS`] free stacks are warm. Only if a call went below
+//! of a stack's pages once [`WARM_STACKS`] free stacks are warm, or once no fiber took it
+//! for a second (as for memory slots, see `memory.rs`). Only if a call went below
 //! the kept part, though (see `Drop for Stack`): giving back the other 960 KiB
 //! unconditionally, an `madvise` that walks their page tables under the address space's
 //! lock, costs on every process's exit (a large share of the workers' time on the
@@ -35,7 +36,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use wasmtime::{StackCreator, StackMemory};
 
-use super::memory::{Mapping, dont_need};
+use super::memory::{FreeSlots, Mapping, dont_need};
 
 /// Bytes at the top of a freed stack left resident for the next fiber: what a step of
 /// our guests touches, with room to spare.
@@ -82,14 +83,8 @@ pub(crate) struct StackArena {
 struct Arena {
     mapping: Mapping,
     page_size: usize,
-    free: Mutex<Free>,
-}
-
-struct Free {
-    /// Freed stacks, the last one freed handed out first.
-    stacks: Vec<u32>,
-    /// The lowest stack never handed out.
-    fresh: u32,
+    /// Warm stacks keep their top [`KEEP_RESIDENT`] bytes resident, cold ones nothing.
+    free: Mutex<FreeSlots>,
 }
 
 impl StackArena {
@@ -100,9 +95,28 @@ impl StackArena {
     /// The reservation refused, or too large for the address space.
     pub(crate) fn new(stacks: u32, size: usize) -> anyhow::Result<StackArena> {
         let mapping = Mapping::new(stacks, size, "fiber stacks")?;
-        let free = Mutex::new(Free { stacks: Vec::new(), fresh: 0 });
+        let free = Mutex::new(FreeSlots::new());
         let page_size = rustix::param::page_size();
         Ok(StackArena { arena: Arc::new(Arena { mapping, page_size, free }) })
+    }
+
+    /// As `MemoryArena::cooler`: gives back the top of every warm stack no fiber took
+    /// since the last call.
+    pub(crate) fn cooler(&self) -> impl Fn() -> usize + Send + 'static {
+        let arena = Arc::downgrade(&self.arena);
+        move || {
+            let Some(arena) = arena.upgrade() else { return 0 };
+            let idle = arena.free.lock().take_idle();
+            for &slot in &idle {
+                let start = arena.mapping.slot_ptr(slot) as usize;
+                // SAFETY: as `release_top`'s contract: the stack is off the free list
+                // (taken above), so no fiber runs or is suspended on it.
+                unsafe { release_top(&(start..start + arena.mapping.slot_size)) };
+            }
+            let cooled = idle.len();
+            arena.free.lock().cold.extend(idle);
+            cooled
+        }
     }
 }
 
@@ -120,19 +134,11 @@ unsafe impl StackCreator for StackArena {
         if size > arena.mapping.slot_size {
             wasmtime::bail!("a fiber stack of {size} bytes was asked, above the arena's {}", arena.mapping.slot_size);
         }
-        let slot = {
-            let mut free = arena.free.lock();
-            match free.stacks.pop() {
-                Some(slot) => slot,
-                None if free.fresh < arena.mapping.slots => {
-                    free.fresh += 1;
-                    free.fresh - 1
-                }
-                None => wasmtime::bail!(
-                    "`max_instances` reached: all {} fiber stacks are in use by live processes",
-                    arena.mapping.slots
-                ),
-            }
+        let Some(slot) = arena.free.lock().take(arena.mapping.slots) else {
+            wasmtime::bail!(
+                "`max_instances` reached: all {} fiber stacks are in use by live processes",
+                arena.mapping.slots
+            )
         };
         let stack = Stack { arena: arena.clone(), slot };
         MADE.set(Some(stack.range()));
@@ -174,7 +180,7 @@ impl Drop for Stack {
     fn drop(&mut self) {
         let arena = &self.arena;
         let range = self.range();
-        let warm = arena.free.lock().stacks.len() < WARM_STACKS;
+        let warm = arena.free.lock().warm.len() < WARM_STACKS;
         let kept = if warm { KEEP_RESIDENT.min(range.len()) } else { 0 };
         let below = range.len() - kept;
         // A stack is used from its top down, so a call that reached below the kept part
@@ -200,7 +206,8 @@ impl Drop for Stack {
             // back only costs memory.
             unsafe { dont_need(range.start as *mut u8, below) };
         }
-        arena.free.lock().stacks.push(self.slot);
+        let mut free = arena.free.lock();
+        if warm { free.warm.push(self.slot) } else { free.cold.push(self.slot) }
     }
 }
 
@@ -234,5 +241,23 @@ mod tests {
         drop(again);
         assert!(!resident(bottom), "what a deep call touched is given back");
         assert!(resident(near_top), "the top is still kept");
+    }
+
+    /// A warm stack no fiber took between two coolings gives back its top.
+    #[test]
+    fn a_warm_stack_no_fiber_took_since_the_last_cooling_gives_back_its_top() {
+        let arena = StackArena::new(2, SIZE).unwrap();
+        let cool = arena.cooler();
+        let stack = arena.new_stack(SIZE, false).unwrap();
+        let near_top = stack.top().wrapping_sub(100);
+        // SAFETY: inside the stack, which no fiber runs on.
+        unsafe { near_top.write(1) };
+        drop(stack);
+        cool();
+        assert!(resident(near_top), "the first cooling only notes what is warm");
+        cool();
+        assert!(!resident(near_top), "a stack idle since the last cooling is given back");
+        let again = arena.new_stack(SIZE, false).unwrap();
+        assert_eq!(again.top(), near_top.wrapping_add(100), "a cold stack is handed out again");
     }
 }

@@ -17,7 +17,8 @@
 //! - `service/rss-10k-sleeping`: the resident memory of a fresh server holding 10,000
 //!   workflows asleep (`race` with `[3600000]`), once, after the rest, measured once
 //!   the server has suspended them (`wasmproc_processes_suspended` in its `/metrics`
-//!   counts them all, after its default `--suspend-after`; at most two minutes).
+//!   counts them all, after its default `--suspend-after`; at most two minutes) and
+//!   rested 3 s.
 //!
 //! The server is the `wasmproc` binary built with the bench, or `SERVICE_WASMPROC`'s
 //! (`serve --workers WORKERS`, quotas and rate lifted), run as a process of its own, so
@@ -405,8 +406,10 @@ impl Server {
             "  ({suspended} of {count} sleepers suspended {:.1} s after the last slept)",
             begun.elapsed().as_secs_f64()
         );
-        // Let the allocator and the journal settle as they would for a server at rest.
-        std::thread::sleep(Duration::from_secs(1));
+        // Let the server settle as it does at rest: its instances' memory slots and
+        // stacks that no process took for a second are given back (two of the engine's
+        // coolings), and its heap trimmed after them.
+        std::thread::sleep(Duration::from_secs(3));
     }
 
     fn rss_kib(&self) -> u64 {
