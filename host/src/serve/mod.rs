@@ -203,12 +203,22 @@ struct Live {
     /// with (and its end, once it has one) while it is here, without reading the
     /// registry. It changes only when its end is recorded, which takes it out of `live`.
     record: WorkflowRecord,
-    ended: tokio::sync::watch::Sender<bool>,
+    /// Tells those waiting for its end; made by the first to wait (most workflows end
+    /// unwaited for, or are waited for through `end`).
+    ended: Option<tokio::sync::watch::Sender<bool>>,
     /// How it ended, and when: set once the journal has its exit record (committed before
     /// `on_exit` fires), so a result is answered from here while its record is being
     /// written. A kill -9 in between loses nothing: the next server finds the end in the
     /// journal (see [`Service::reattach`]).
     end: Option<(Exited, u64)>,
+}
+
+impl Live {
+    /// What tells a waiter of its end (`true` once it has one).
+    fn waiter(&mut self) -> tokio::sync::watch::Receiver<bool> {
+        let ended = self.end.is_some();
+        self.ended.get_or_insert_with(|| tokio::sync::watch::channel(ended).0).subscribe()
+    }
 }
 
 /// The service: see the module's docs.
@@ -225,7 +235,7 @@ struct Inner {
     scheduler: Mutex<Option<Scheduler>>,
     handle: Handle,
     /// Running workflows by tenant and id, and those whose end is not yet recorded.
-    live: Mutex<HashMap<(String, String), Live>>,
+    live: Mutex<HashMap<(String, String), Box<Live>>>,
     /// Signalled when ends are recorded and their workflows leave `live`.
     settled: parking_lot::Condvar,
     /// The ends in `live` (see [`Unrecorded`]). Taken after `live` when both are.
@@ -556,10 +566,10 @@ impl Service {
 
     /// Records `handle`'s end when it comes, and wakes those waiting for it.
     fn watch(&self, tenant: &str, record: &WorkflowRecord, handle: ProcessHandle) {
-        let (ended, _) = tokio::sync::watch::channel(false);
         let (id, record) = (record.id.as_str(), record.clone());
         let key = (tenant.to_owned(), id.to_owned());
-        self.inner.live.lock().insert(key.clone(), Live { handle: handle.clone(), record, ended, end: None });
+        let live = Box::new(Live { handle: handle.clone(), record, ended: None, end: None });
+        self.inner.live.lock().insert(key.clone(), live);
         self.inner.requests.track(handle.pid(), tenant, id);
         self.inner.logs.track(handle.pid(), tenant, id);
         let inner = Arc::downgrade(&self.inner);
@@ -575,7 +585,9 @@ impl Service {
             let mut live = inner.live.lock();
             if let Some(live) = live.get_mut(&key) {
                 live.end = Some((exited.clone(), at_ms));
-                live.ended.send_replace(true);
+                if let Some(ended) = &live.ended {
+                    ended.send_replace(true);
+                }
                 inner.unrecorded.lock().count(&key.0, exited, true);
             }
             drop(live);
@@ -1134,7 +1146,7 @@ impl Service {
         if record.state != State::Running || wait.is_zero() {
             return Ok(record);
         }
-        let receiver = self.inner.live.lock().get(&(tenant.to_owned(), id.to_owned())).map(|l| l.ended.subscribe());
+        let receiver = self.inner.live.lock().get_mut(&(tenant.to_owned(), id.to_owned())).map(|l| l.waiter());
         if let Some(mut receiver) = receiver {
             let wait = wait.min(self.inner.config.max_wait);
             let _ = tokio::time::timeout(wait, receiver.wait_for(|ended| *ended)).await;
@@ -1481,7 +1493,9 @@ fn settle(inner: &Inner, ended: &[(String, String, Exited, u64)], ends: Ends) ->
     for (tenant, record) in &records {
         inner.metrics.ended(record.state.as_str());
         if let Some(live) = live.remove(&((*tenant).to_owned(), record.id.clone())) {
-            live.ended.send_replace(true);
+            if let Some(ended) = &live.ended {
+                ended.send_replace(true);
+            }
             if let Some((exited, _)) = &live.end {
                 unrecorded.count(tenant, exited, false);
             }
@@ -1490,7 +1504,9 @@ fn settle(inner: &Inner, ended: &[(String, String, Exited, u64)], ends: Ends) ->
     // An end whose record was missing (forgotten meanwhile) still wakes its waiters.
     for (tenant, id, _, _) in ended {
         if let Some(live) = live.remove(&(tenant.clone(), id.clone())) {
-            live.ended.send_replace(true);
+            if let Some(ended) = &live.ended {
+                ended.send_replace(true);
+            }
             if let Some((exited, _)) = &live.end {
                 unrecorded.count(tenant, exited, false);
             }

@@ -328,7 +328,11 @@ impl Profile {
     /// it was granted, and its limits (`policy`'s memory for a workflow recorded without
     /// one, started before policies).
     pub(super) fn recorded(policy: &Policy, grants: &Grants, limits: &Limits, outside: &Outside) -> Profile {
-        let mut caps = ALWAYS.into_iter().fold(Capabilities::over_self(), Capabilities::allow);
+        // Shared by every workflow's grants until one is changed (its custom names are
+        // behind an `Arc`): most workflows are granted nothing beyond it.
+        static BASE: std::sync::LazyLock<Capabilities> =
+            std::sync::LazyLock::new(|| ALWAYS.into_iter().fold(Capabilities::over_self(), Capabilities::allow));
+        let mut caps = BASE.clone();
         for name in &grants.allow {
             caps = caps.allow(name);
         }

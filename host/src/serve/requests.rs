@@ -330,7 +330,7 @@ impl Service {
             // Another caller is recording the same id now: its answer is this one's.
             std::thread::sleep(Duration::from_millis(5));
         };
-        let ended = inner.live.lock().get(&(tenant.to_owned(), workflow.to_owned())).map(|l| l.ended.subscribe());
+        let ended = inner.live.lock().get_mut(&(tenant.to_owned(), workflow.to_owned())).map(|l| l.waiter());
         let mut submitted = Submitted {
             id: id.clone(),
             workflow: workflow.to_owned(),

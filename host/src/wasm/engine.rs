@@ -170,27 +170,11 @@ pub(crate) fn new_engine_with(config: &Config, max_images: usize) -> anyhow::Res
     Ok((engine, clock))
 }
 
-/// Warm slots and stacks gone cold in one cooling past which the heap is trimmed too:
-/// that many instances ended a second ago or more and nothing took their place, so the
-/// host-side structures they had (their stores, instances, buffers) are free as well.
-const TRIM_AFTER_COOLED: usize = 64;
-
-/// Hands the allocator's free pages back to the kernel: a burst of instances leaves the
-/// heap it grew for them free but resident, which glibc's `free` returns only from the
-/// top of the heap. `malloc_trim` gives back every free page of every arena.
-fn trim_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `malloc_trim` only returns free memory to the kernel; it is thread-safe.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// Ticks `engine`'s epoch every `tick` until the engine is dropped, and every
-/// [`COOL_EVERY`] calls `coolers` (the arenas' warm slots that nothing took go cold),
-/// trimming the heap after a burst ([`TRIM_AFTER_COOLED`]). The thread holds the engine
-/// only weakly, so it never keeps a runtime alive; it notices the drop within one tick
-/// and exits.
+/// [`COOL_EVERY`] calls `coolers` (the arenas' warm slots that nothing took go cold,
+/// each one a process's memory released) and trims the heap after a wave of releases
+/// (`heap.rs`). The thread holds the engine only weakly, so it never keeps a runtime
+/// alive; it notices the drop within one tick and exits.
 fn start_epoch_thread(
     engine: EngineWeak,
     clock: EpochClock,
@@ -212,10 +196,9 @@ fn start_epoch_thread(
                     None => return,
                 }
                 ticks += 1;
-                if ticks.is_multiple_of(cool_every)
-                    && coolers.iter().map(|cool| cool()).sum::<usize>() >= TRIM_AFTER_COOLED
-                {
-                    trim_heap();
+                if ticks.is_multiple_of(cool_every) {
+                    crate::heap::released(coolers.iter().map(|cool| cool()).sum());
+                    crate::heap::trim_if_due();
                 }
             }
         })
