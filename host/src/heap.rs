@@ -3,35 +3,66 @@
 //! glibc's `free` returns memory to the kernel only from the top of a heap, so the heap a
 //! burst of processes grew stays resident once they are gone: on a host at rest holding
 //! 10,000 suspended workflows, about a third of its memory. `malloc_trim` gives back every
-//! free page of every arena; it walks the heaps under their locks, so it runs only after a
-//! wave: when the processes released since the last trim ([`released`], counted by
-//! whoever frees a process's memory: suspension, the arenas' cooling) reach
-//! [`TRIM_AFTER`]. The engine's epoch thread looks once a second ([`trim_if_due`]).
+//! free page of every arena, but it walks the heaps under their locks, stalling the
+//! threads that allocate meanwhile (about 0.1 s after 100,000 processes hibernated), so
+//! it runs only once a wave is over: when the processes released since the last trim
+//! (those [`suspended`], and the memory slots and stacks the engine [`cooled`]) reach
+//! [`TRIM_AFTER`], none was suspended in the last second (a cooled slot is itself a sign
+//! of rest: no process took it for a second), and at most once every
+//! [`TRIM_EVERY`]. The engine's epoch thread looks once a second ([`trim_if_due`]). A
+//! host whose processes never stop being suspended keeps its heap as it is.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 /// Processes released since the last trim past which the heap is trimmed.
 const TRIM_AFTER: usize = 64;
 
+/// The least time between two trims.
+const TRIM_EVERY: Duration = Duration::from_secs(10);
+
+/// When the heap was last trimmed.
+static TRIMMED: parking_lot::Mutex<Option<Instant>> = parking_lot::Mutex::new(None);
+
+/// Processes suspended since the last look: a wave still going on.
+static SUSPENDED: AtomicUsize = AtomicUsize::new(0);
+
 /// Released since the last trim (or the last look that found too few).
 static RELEASED: AtomicUsize = AtomicUsize::new(0);
 
-/// Notes that `count` processes gave their memory back to the heap.
-pub(crate) fn released(count: usize) {
+/// Notes that `count` memory slots or stacks no process took for a second were given
+/// back: their processes' host-side memory was freed too.
+#[cfg_attr(not(feature = "wasm"), allow(dead_code))]
+pub(crate) fn cooled(count: usize) {
     RELEASED.fetch_add(count, Ordering::Relaxed);
 }
 
-/// Trims the heap if [`TRIM_AFTER`] processes or more were released since the last
-/// trim; otherwise the count carries over to the next look.
+/// Notes that a process was suspended, its memory given back to the heap.
+pub(crate) fn suspended() {
+    RELEASED.fetch_add(1, Ordering::Relaxed);
+    SUSPENDED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Trims the heap if it is due (see the module's docs); otherwise what was released
+/// carries over to the next look.
 #[cfg_attr(not(feature = "wasm"), allow(dead_code))]
 pub(crate) fn trim_if_due() {
-    if RELEASED.load(Ordering::Relaxed) < TRIM_AFTER {
+    let wave = SUSPENDED.swap(0, Ordering::Relaxed) > 0;
+    if wave || RELEASED.load(Ordering::Relaxed) < TRIM_AFTER {
+        return;
+    }
+    // Another runtime's epoch thread trimming now does it for both.
+    let Some(mut trimmed) = TRIMMED.try_lock() else { return };
+    let now = Instant::now();
+    if trimmed.is_some_and(|at| now.duration_since(at) < TRIM_EVERY) {
         return;
     }
     RELEASED.store(0, Ordering::Relaxed);
+    *trimmed = Some(now);
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: `malloc_trim` only returns free memory to the kernel; it is thread-safe.
     unsafe {
         libc::malloc_trim(0);
     }
+    tracing::debug!(took = ?now.elapsed(), "trimmed the heap");
 }

@@ -474,7 +474,7 @@ impl WorkerLoop<'_> {
             if suspended {
                 shared.suspended.fetch_add(1, Ordering::Relaxed);
                 counters.record_suspension();
-                crate::heap::released(1);
+                crate::heap::suspended();
                 // Listed again by its next step that waits, once it has come back.
                 cell.listed_for_suspension.store(false, Ordering::Relaxed);
             }

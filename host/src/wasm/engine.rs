@@ -197,7 +197,7 @@ fn start_epoch_thread(
                 }
                 ticks += 1;
                 if ticks.is_multiple_of(cool_every) {
-                    crate::heap::released(coolers.iter().map(|cool| cool()).sum());
+                    crate::heap::cooled(coolers.iter().map(|cool| cool()).sum());
                     crate::heap::trim_if_due();
                 }
             }

@@ -5,7 +5,8 @@
 //! runtime is sized to the count (`Config::max_instances`); the child spawns `idle`
 //! processes until all have run their first step, or until the machine has less than
 //! 4 GiB available, and reads RSS, page tables (`VmPTE`) and memory mappings from
-//! `/proc/self` before and after. Every tenth of the way it waits for the first steps
+//! `/proc/self` before and after, once they have hibernated and rested 3 s (a host at
+//! rest: the engine gives back the memory no process took for a second). Every tenth of the way it waits for the first steps
 //! to catch up and samples RSS: the RSS-versus-live-processes plot. The baseline is raw
 //! wasmtime's pooling allocator with copy-on-write images at 10k; without them, at 100k,
 //! it shows where its map-count wall is (it has no 100k figure to compare with).
@@ -34,6 +35,8 @@ use crate::short;
 use crate::wasm::{GUEST, INIT_TIME_LIMIT, RawState, RawWasm, step, watch, wit};
 use wasmproc::scheduler::Spawnable;
 
+/// How long the processes rest once hibernated, before their memory is read.
+const REST: Duration = Duration::from_secs(3);
 /// The longest a child may take before it is killed: spawning 1M instances takes about
 /// a minute, so this only catches a hang.
 const CHILD_TIMEOUT: Duration = Duration::from_secs(300);
@@ -438,6 +441,11 @@ fn idle_wasmproc(guest: Guest, count: u32, workers: usize) {
             last = now;
         }
     };
+    // A host at rest: the memory slots and stacks the hibernated instances freed, that no
+    // process took since, are given back within two of the engine's coolings (a second
+    // apart), and the heap trimmed after them.
+    thread::sleep(REST);
+    let hibernated = hibernated.max(s.handle().stats().hibernated);
     let (rss, pte, maps) = (status_kib("VmRSS"), status_kib("VmPTE"), map_count());
     println!("@sample {spawned} {}", rss.saturating_sub(rss_before));
     let arena = largest_mapping_rss_kib().saturating_sub(arena_rss_before);
