@@ -72,6 +72,15 @@ impl TestStore {
         count
     }
 
+    /// Waits until it holds no record of any process (at most [`HANG`]).
+    fn wait_until_no_process_records(&self) {
+        let deadline = std::time::Instant::now() + HANG;
+        while self.process_records() > 0 {
+            assert!(std::time::Instant::now() < deadline, "{} records left", self.process_records());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// What a fresh start finds on the disk.
     fn copy(&self) -> TestStore {
         TestStore { records: self.records.snapshot(), ..TestStore::default() }
@@ -788,11 +797,7 @@ fn a_finished_tree_leaves_no_records_by_default() {
     let root = scheduler.handle().spawn(wasmproc::scheduler::Spawnable::kind("main"), "main").unwrap();
     assert_eq!(root.join_timeout(HANG).unwrap(), Ok(Payload::text("[1,2,3,4,5] effect 3")));
     // The removal is committed right after the root's exit.
-    let deadline = std::time::Instant::now() + HANG;
-    while store.process_records() > 0 {
-        assert!(std::time::Instant::now() < deadline, "{} records left", store.process_records());
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    store.wait_until_no_process_records();
     scheduler.stop(Duration::from_secs(1));
 }
 
@@ -808,11 +813,7 @@ fn a_pid_whose_records_were_removed_is_never_given_again() {
         let (scheduler, _, _) = counting_with(&store, JournalSettings::default());
         let run = scheduler.handle().spawn(effect_once(), "main").unwrap();
         assert_eq!(run.join_timeout(HANG).unwrap(), Ok(Payload::text("done")));
-        let deadline = std::time::Instant::now() + HANG;
-        while store.process_records() > 0 {
-            assert!(std::time::Instant::now() < deadline, "{} records left", store.process_records());
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        store.wait_until_no_process_records();
         scheduler.stop(Duration::from_secs(1));
         assert!(!removed.contains(&run.pid()), "{} was given again, after {removed:?}", run.pid());
         removed.push(run.pid());
