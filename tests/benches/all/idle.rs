@@ -433,7 +433,9 @@ fn idle_wasmproc(guest: Guest, count: u32, workers: usize) {
         let deadline = Instant::now() + WAIT_CAP;
         let mut last = s.handle().stats().hibernated;
         loop {
-            thread::sleep(Duration::from_millis(20));
+            // Longer than the heap's trim (about 0.1 s at 100k processes, during which
+            // the workers' hibernations may wait on the allocator).
+            thread::sleep(Duration::from_millis(250));
             let now = s.handle().stats().hibernated;
             if now == last || Instant::now() > deadline {
                 break now;
