@@ -48,13 +48,10 @@ pub(crate) fn suspended() {
 #[cfg_attr(not(feature = "wasm"), allow(dead_code))]
 pub(crate) fn trim_if_due() {
     let wave = SUSPENDED.swap(0, Ordering::Relaxed) > 0;
-    if wave || RELEASED.load(Ordering::Relaxed) < TRIM_AFTER {
-        return;
-    }
     // Another runtime's epoch thread trimming now does it for both.
     let Some(mut trimmed) = TRIMMED.try_lock() else { return };
     let now = Instant::now();
-    if trimmed.is_some_and(|at| now.duration_since(at) < TRIM_EVERY) {
+    if !due(RELEASED.load(Ordering::Relaxed), wave, *trimmed, now) {
         return;
     }
     RELEASED.store(0, Ordering::Relaxed);
@@ -65,4 +62,29 @@ pub(crate) fn trim_if_due() {
         libc::malloc_trim(0);
     }
     tracing::debug!(took = ?now.elapsed(), "trimmed the heap");
+}
+
+/// Whether to trim now: `released` processes since the last trim, `wave` if one was
+/// suspended in the last second, the last trim at `last`.
+fn due(released: usize, wave: bool, last: Option<Instant>, now: Instant) -> bool {
+    released >= TRIM_AFTER && !wave && last.is_none_or(|at| now.duration_since(at) >= TRIM_EVERY)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trim waits for enough releases, for a second without suspensions, and for
+    /// [`TRIM_EVERY`] since the last one.
+    #[test]
+    fn the_heap_is_trimmed_once_a_wave_is_over_and_not_too_often() {
+        let long_ago = Instant::now();
+        let now = long_ago + TRIM_EVERY;
+        assert!(due(TRIM_AFTER, false, None, now), "a wave of releases, over");
+        assert!(!due(TRIM_AFTER - 1, false, None, now), "too few released");
+        assert!(!due(TRIM_AFTER * 100, true, None, now), "suspensions still under way");
+        let recent = long_ago + TRIM_EVERY / 2;
+        assert!(!due(TRIM_AFTER, false, Some(recent), now), "trimmed too recently");
+        assert!(due(TRIM_AFTER, false, Some(long_ago), now), "trimmed long enough ago");
+    }
 }
