@@ -154,6 +154,18 @@ impl FreeSlots {
     }
 }
 
+/// Gives back, with `give_back`, the warm slots of `free` that no one was handed since
+/// the last call ([`FreeSlots::take_idle`]) and puts them on `cold`; how many. They are
+/// off the free list while `give_back` runs, outside its lock, so nothing takes one
+/// meanwhile.
+pub(crate) fn cool(free: &Mutex<FreeSlots>, mut give_back: impl FnMut(u32)) -> usize {
+    let idle = free.lock().take_idle();
+    idle.iter().copied().for_each(&mut give_back);
+    let cooled = idle.len();
+    free.lock().cold.extend(idle);
+    cooled
+}
+
 /// How often the warm slots of the arenas that no process took are given back
 /// ([`FreeSlots::take_idle`]; the engine's epoch thread does it): a slot kept warm for a
 /// second that nothing wanted is memory a quiet host holds for nothing.
@@ -325,16 +337,13 @@ impl Arena {
     /// Gives back every page of the warm slots no memory took since the last call,
     /// making them cold; how many.
     fn cool(&self) -> usize {
-        let idle = self.free.lock().take_idle();
-        for &slot in &idle {
-            // SAFETY: a free slot, taken off the free list above, so nothing uses it;
-            // its kept bytes are zero, and read as zero once given back. If `madvise`
-            // fails they stay resident and zero: cold in all but the memory they hold.
+        cool(&self.free, |slot| {
+            // SAFETY: a free slot, off the free list while it is given back, so nothing
+            // uses it; its kept bytes are zero, and read as zero once given back. If
+            // `madvise` fails they stay resident and zero: cold in all but the memory
+            // they hold.
             let _ = unsafe { dont_need(self.slot_ptr(slot), self.keep_resident) };
-        }
-        let cooled = idle.len();
-        self.free.lock().cold.extend(idle);
-        cooled
+        })
     }
 
     /// Lays `image` over `slot`, just taken and all zero: mapped private (pages shared

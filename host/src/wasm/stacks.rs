@@ -36,7 +36,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use wasmtime::{StackCreator, StackMemory};
 
-use super::memory::{FreeSlots, Mapping, dont_need};
+use super::memory::{FreeSlots, Mapping, cool, dont_need};
 
 /// Bytes at the top of a freed stack left resident for the next fiber: what a step of
 /// our guests touches, with room to spare.
@@ -106,16 +106,12 @@ impl StackArena {
         let arena = Arc::downgrade(&self.arena);
         move || {
             let Some(arena) = arena.upgrade() else { return 0 };
-            let idle = arena.free.lock().take_idle();
-            for &slot in &idle {
+            cool(&arena.free, |slot| {
                 let start = arena.mapping.slot_ptr(slot) as usize;
                 // SAFETY: as `release_top`'s contract: the stack is off the free list
-                // (taken above), so no fiber runs or is suspended on it.
+                // while it is given back, so no fiber runs or is suspended on it.
                 unsafe { release_top(&(start..start + arena.mapping.slot_size)) };
-            }
-            let cooled = idle.len();
-            arena.free.lock().cold.extend(idle);
-            cooled
+            })
         }
     }
 }
