@@ -214,6 +214,13 @@ struct Live {
 }
 
 impl Live {
+    /// Wakes those waiting for its end.
+    fn wake_waiters(&self) {
+        if let Some(ended) = &self.ended {
+            ended.send_replace(true);
+        }
+    }
+
     /// What tells a waiter of its end (`true` once it has one).
     fn waiter(&mut self) -> tokio::sync::watch::Receiver<bool> {
         let ended = self.end.is_some();
@@ -585,9 +592,7 @@ impl Service {
             let mut live = inner.live.lock();
             if let Some(live) = live.get_mut(&key) {
                 live.end = Some((exited.clone(), at_ms));
-                if let Some(ended) = &live.ended {
-                    ended.send_replace(true);
-                }
+                live.wake_waiters();
                 inner.unrecorded.lock().count(&key.0, exited, true);
             }
             drop(live);
@@ -1493,9 +1498,7 @@ fn settle(inner: &Inner, ended: &[(String, String, Exited, u64)], ends: Ends) ->
     for (tenant, record) in &records {
         inner.metrics.ended(record.state.as_str());
         if let Some(live) = live.remove(&((*tenant).to_owned(), record.id.clone())) {
-            if let Some(ended) = &live.ended {
-                ended.send_replace(true);
-            }
+            live.wake_waiters();
             if let Some((exited, _)) = &live.end {
                 unrecorded.count(tenant, exited, false);
             }
@@ -1504,9 +1507,7 @@ fn settle(inner: &Inner, ended: &[(String, String, Exited, u64)], ends: Ends) ->
     // An end whose record was missing (forgotten meanwhile) still wakes its waiters.
     for (tenant, id, _, _) in ended {
         if let Some(live) = live.remove(&(tenant.clone(), id.clone())) {
-            if let Some(ended) = &live.ended {
-                ended.send_replace(true);
-            }
+            live.wake_waiters();
             if let Some((exited, _)) = &live.end {
                 unrecorded.count(tenant, exited, false);
             }
