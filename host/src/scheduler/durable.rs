@@ -478,11 +478,14 @@ impl Durable {
         }
         let removals = processes.iter().map(|(pid, records)| (pid.as_u64(), *records)).collect();
         let submitted = self.journal.removing(processes.iter().map(|(pid, _)| *pid), |floor| {
-            self.committer.submit_with(floor, removals, AfterCommit::Nothing).map_err(|error| error.to_string())
+            self.committer.submit_with(floor, removals, AfterCommit::Nothing)
         });
-        if let Err(error) = submitted.map_err(|error| error.to_string()).and_then(|submitted| submitted) {
-            tracing::warn!(%error, "the records of finished processes were not removed");
-        }
+        let error = match submitted {
+            Ok(Ok(())) => return,
+            Ok(Err(error)) => error.to_string(),
+            Err(error) => error.to_string(),
+        };
+        tracing::warn!(%error, "the records of finished processes were not removed");
     }
 
     /// Records a message from the embedder in its receiver's history, and delivers it
