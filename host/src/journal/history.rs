@@ -450,6 +450,7 @@ mod tests {
             mailbox_capacity: 1024,
             at: AT,
             seed: [7; 32],
+            note: None,
         });
         let message = Event::Message { sender: parent, topic: "n".to_owned(), body: json("1") };
         let sleep = Yield { tag: 1, command: Command::Sleep(Duration::from_millis(5)) };

@@ -10,7 +10,7 @@ use std::ops::ControlFlow;
 
 use wasmproc_types::{Payload, Pid};
 
-use super::record::{EXIT, Record, SNAPSHOT, SPAWN, SnapshotRecord, SpawnRecord, StepRecord};
+use super::record::{EXIT, Record, SNAPSHOT, SPAWN, SPAWN_NOTED, SnapshotRecord, SpawnRecord, StepRecord};
 use super::{Journal, Key};
 use crate::step::Exited;
 
@@ -87,7 +87,7 @@ impl Journal {
             }
             let wanted = match decode {
                 Decode::All => true,
-                Decode::SpawnsAndExits => matches!(value.get(1), Some(&SPAWN | &SNAPSHOT | &EXIT)),
+                Decode::SpawnsAndExits => matches!(value.get(1), Some(&SPAWN | &SPAWN_NOTED | &SNAPSHOT | &EXIT)),
             };
             let record = if wanted {
                 match Record::decode(value) {

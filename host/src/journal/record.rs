@@ -16,6 +16,10 @@ use crate::codec::{Malformed, Reader, Writer};
 use crate::step::{Command, Event, ExitSignal, Exited, SpawnRequest, Status, Yield};
 
 pub(super) const SPAWN: u8 = 1;
+/// A spawn with the embedder's note (see [`SpawnRecord::note`]): the spawn's fields,
+/// then the note's bytes. A spawn without a note keeps tag [`SPAWN`], so that a journal
+/// of spawns without notes stays readable by a host that knows only it.
+pub(super) const SPAWN_NOTED: u8 = 7;
 const STEP: u8 = 2;
 pub(super) const EXIT: u8 = 3;
 const HOST_MESSAGE: u8 = 4;
@@ -25,7 +29,11 @@ pub(super) const SNAPSHOT: u8 = 6;
 /// The format of a snapshot's own fields, inside a record of [`FORMAT_VERSION`]: a
 /// snapshot of another version is refused (its process is not resumed from it) rather
 /// than misread.
-pub(crate) const SNAPSHOT_VERSION: u8 = 1;
+pub(crate) const SNAPSHOT_VERSION: u8 = 2;
+
+/// The snapshot format without a note on its spawn: still read, and still written for a
+/// spawn without one.
+const SNAPSHOT_VERSION_UNNOTED: u8 = 1;
 
 /// One record of a process's history.
 #[derive(Debug, Clone, PartialEq)]
@@ -192,6 +200,9 @@ pub(crate) struct SpawnRecord {
     pub(crate) at: u64,
     /// The seed of the random numbers it reads (see `Port::random_seed`).
     pub(crate) seed: [u8; 32],
+    /// The embedder's own bytes about the spawn (`SpawnOptions::note`), kept with it and
+    /// given back with its run (`HeldRun::note`); never seen by the process.
+    pub(crate) note: Option<Vec<u8>>,
 }
 
 /// One step: what went in and what came out.
@@ -220,10 +231,17 @@ impl Record {
         let mut w = Writer::new();
         w.u8(FORMAT_VERSION);
         match self {
-            Record::Spawn(spawn) => {
-                w.u8(SPAWN);
-                write_spawn(&mut w, spawn);
-            }
+            Record::Spawn(spawn) => match &spawn.note {
+                None => {
+                    w.u8(SPAWN);
+                    write_spawn(&mut w, spawn);
+                }
+                Some(note) => {
+                    w.u8(SPAWN_NOTED);
+                    write_spawn(&mut w, spawn);
+                    w.bytes(note);
+                }
+            },
             Record::Step(step) => {
                 w.u8(STEP);
                 w.u64(step.at);
@@ -264,13 +282,17 @@ impl Record {
             }
             Record::Snapshot(snapshot) => {
                 w.u8(SNAPSHOT);
-                w.u8(SNAPSHOT_VERSION);
+                let noted = snapshot.spawn.note.as_deref();
+                w.u8(if noted.is_some() { SNAPSHOT_VERSION } else { SNAPSHOT_VERSION_UNNOTED });
                 write_spawn(&mut w, &snapshot.spawn);
                 w.u64(snapshot.at);
                 w.u64(snapshot.steps);
                 w.u8(status_byte(&snapshot.status));
                 w.bytes(&snapshot.state);
                 write_carried(&mut w, &snapshot.carried);
+                if let Some(note) = noted {
+                    w.bytes(note);
+                }
             }
         }
         w.into_bytes()
@@ -307,23 +329,33 @@ impl Record {
                 r.kind("spawn");
                 Record::Spawn(read_spawn(&mut r)?)
             }
+            SPAWN_NOTED => {
+                r.kind("spawn");
+                let mut spawn = read_spawn(&mut r)?;
+                spawn.note = Some(r.bytes("note")?.to_vec());
+                Record::Spawn(spawn)
+            }
             SNAPSHOT => {
                 r.kind("snapshot");
                 let version = r.u8("snapshot version")?;
-                if version != SNAPSHOT_VERSION {
+                if version != SNAPSHOT_VERSION && version != SNAPSHOT_VERSION_UNNOTED {
                     return Err(r.invalid(
                         "snapshot version",
                         format!("a snapshot of version {version}; this host reads version {SNAPSHOT_VERSION}"),
                     ));
                 }
-                Record::Snapshot(Box::new(SnapshotRecord {
+                let mut snapshot = SnapshotRecord {
                     spawn: read_spawn(&mut r)?,
                     at: r.u64("at")?,
                     steps: r.u64("steps")?,
                     status: read_status(&mut r)?,
                     state: r.bytes("state")?.to_vec(),
                     carried: read_carried(&mut r)?,
-                }))
+                };
+                if version == SNAPSHOT_VERSION {
+                    snapshot.spawn.note = Some(r.bytes("note")?.to_vec());
+                }
+                Record::Snapshot(Box::new(snapshot))
             }
             STEP => {
                 r.kind("step");
@@ -422,6 +454,7 @@ fn read_spawn(r: &mut Reader<'_>) -> Result<SpawnRecord, Malformed> {
         mailbox_capacity: r.u64("mailbox_capacity")?,
         at: r.u64("at")?,
         seed: r.bytes("seed")?.try_into().map_err(|_| r.invalid("seed", "a seed is not 32 bytes"))?,
+        note: None,
     })
 }
 
@@ -682,6 +715,7 @@ mod tests {
                 mailbox_capacity: 1024,
                 at: now_micros(),
                 seed: [7; 32],
+                note: None,
             }),
             Record::Step(StepRecord {
                 at: 1,
@@ -850,10 +884,37 @@ mod tests {
     #[test]
     fn a_snapshot_of_another_version_is_refused() {
         let mut bytes = snapshot().encode();
-        assert_eq!((bytes[1], bytes[2]), (SNAPSHOT, SNAPSHOT_VERSION));
+        assert_eq!((bytes[1], bytes[2]), (SNAPSHOT, SNAPSHOT_VERSION_UNNOTED), "a spawn without a note");
         bytes[2] = SNAPSHOT_VERSION + 1;
         let error = Record::decode(&bytes).unwrap_err().to_string();
-        assert!(error.contains("a snapshot of version 2; this host reads version 1"), "{error}");
+        assert!(error.contains("a snapshot of version 3; this host reads version 2"), "{error}");
+    }
+
+    /// A spawn's note, and a snapshot's of a noted spawn, read back as written; a spawn
+    /// without one keeps the format a host without notes reads.
+    #[test]
+    fn a_note_reads_back_with_its_spawn_and_its_snapshot() {
+        let Record::Spawn(mut spawn) = samples().remove(0) else { unreachable!("the first sample is a spawn") };
+        let unnoted = Record::Spawn(spawn.clone()).encode();
+        assert_eq!(unnoted[1], SPAWN);
+        spawn.note = Some(b"{\"id\":\"w\"}".to_vec());
+        let noted = Record::Spawn(spawn.clone());
+        let bytes = noted.encode();
+        assert_eq!(bytes[1], SPAWN_NOTED);
+        assert_eq!(bytes[2..bytes.len() - 1 - 10], unnoted[2..], "the spawn's fields, then the note");
+        assert_eq!(Record::decode(&bytes).unwrap(), noted);
+        for len in 0..bytes.len() {
+            assert!(Record::decode(&bytes[..len]).is_err(), "cut at {len}");
+        }
+        let Record::Snapshot(mut snapshot) = snapshot() else { unreachable!("a snapshot") };
+        snapshot.spawn = spawn;
+        let record = Record::Snapshot(snapshot);
+        let bytes = record.encode();
+        assert_eq!(bytes[2], SNAPSHOT_VERSION);
+        assert_eq!(Record::decode(&bytes).unwrap(), record);
+        for len in 0..bytes.len() {
+            assert!(Record::decode(&bytes[..len]).is_err(), "cut at {len}");
+        }
     }
 
     /// A damaged record's error says it is a journal record, of which kind, and the field

@@ -42,6 +42,9 @@ pub struct HeldRun {
     /// The root's result once every process of the run has ended; `None` while one is
     /// unfinished (it resumes when a scheduler is built on the journal).
     pub result: Option<Exited>,
+    /// What the embedder noted with the root's spawn
+    /// ([`SpawnOptions::note`](crate::scheduler::SpawnOptions::note)).
+    pub note: Option<Vec<u8>>,
     /// Every process of the run, with how many records it has.
     members: Vec<(Pid, u64)>,
 }
@@ -113,6 +116,7 @@ impl Journal {
                     input: spawn.input.clone(),
                     caps: spawn.caps.clone(),
                     result: if ended { exit.clone() } else { None },
+                    note: spawn.note.clone(),
                     members,
                 }
             })

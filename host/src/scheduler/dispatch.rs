@@ -269,6 +269,8 @@ impl Shared {
             watcher: request.monitor.then(|| Watcher::Process(parent.clone())),
             linked_to: request.link.then(|| parent.clone()),
             lineage: Lineage::child_of(&parent.lineage).within(sandbox),
+            note: None,
+            recorder: None,
         };
         self.spawn_unqueued(process, args).map_err(|e| e.to_string())
     }

@@ -23,6 +23,7 @@ use wasmproc_types::{ExitReason, Payload, Pid};
 
 use super::cell::ProcessCell;
 use super::inbox::{MailboxBound, MessageId};
+use super::recorded::Recorder;
 use super::state::Wake;
 use super::worker;
 use crate::error::SendError;
@@ -280,6 +281,9 @@ pub(super) enum AfterCommit {
     Deliver { cell: Arc<ProcessCell>, seq: u64, topic: String, body: Payload },
     /// A process's end: `None` is a termination.
     Exit { cell: Arc<ProcessCell>, result: Option<Exited> },
+    /// A spawn whose spawner waits for its record
+    /// ([`Handle::spawn_recorded`](super::Handle::spawn_recorded)).
+    Spawned(Recorder),
     /// A message from a process of another journal, recorded in its receiver's history;
     /// `done` is told once it is delivered.
     Received { cell: Arc<ProcessCell>, message: Box<ReceivedMessage> },
@@ -451,7 +455,12 @@ impl Durable {
     }
 
     /// Records the spawn of `cell`; its steps' records follow it in the same order.
-    pub(super) fn record_spawn(&self, cell: &ProcessCell, spawn: SpawnRecord) -> Result<(), String> {
+    pub(super) fn record_spawn(
+        &self,
+        cell: &ProcessCell,
+        spawn: SpawnRecord,
+        recorder: Option<Recorder>,
+    ) -> Result<(), String> {
         let parent = spawn.parent;
         if self.snapshot_every.is_some()
             && let Some(step) = step_in(&mut cell.journaled.lock())
@@ -459,7 +468,8 @@ impl Durable {
             step.spawn = Some(spawn.clone());
             step.for_snapshot = Some(Carried::default());
         }
-        self.submit(cell, Record::Spawn(spawn), |_, _| AfterCommit::Nothing)?;
+        let then = |_, _| recorder.map_or(AfterCommit::Nothing, AfterCommit::Spawned);
+        self.submit(cell, Record::Spawn(spawn), then)?;
         if let Some(trees) = &self.trees {
             trees.lock().add(cell.pid(), parent, true);
         }
@@ -879,6 +889,7 @@ impl AfterCommit {
     fn carry_out(self) {
         match self {
             AfterCommit::Nothing | AfterCommit::Read { .. } => {}
+            AfterCommit::Spawned(recorder) => recorder.set(Ok(())),
             AfterCommit::Effects { cell, seq, yields, sends } => {
                 let shared = cell.scheduler().clone();
                 if let Some(trees) = shared.durable.as_ref().and_then(Durable::trees) {
@@ -947,6 +958,7 @@ impl AfterCommit {
         let reason = journal_failed(error);
         match self {
             AfterCommit::Nothing | AfterCommit::Deliver { .. } | AfterCommit::Received { .. } => {}
+            AfterCommit::Spawned(recorder) => recorder.set(Err(reason)),
             AfterCommit::Effects { cell, .. } | AfterCommit::Read { cell } => {
                 let _ = cell.scheduler().clone().terminate_cell(&cell, ExitReason::Error(reason));
             }

@@ -180,6 +180,8 @@ impl Handle {
             watcher: notify.map(Watcher::Notify),
             linked_to: None,
             lineage: Lineage::default().within(sandbox).in_run(run).bounded(bound),
+            note: None,
+            recorder: None,
         };
         let cell = self.shared.spawn_unqueued(process, args)?;
         let pid = cell.pid();

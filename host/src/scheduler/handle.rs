@@ -11,6 +11,7 @@ use super::caps::Capabilities;
 use super::cell::Watcher;
 use super::lifecycle::{Admit, SpawnArgs};
 use super::process_handle::{ExitSlot, ProcessHandle};
+use super::recorded::{self, Recorded, Recorder};
 use super::shared::Shared;
 use super::state::Wake;
 use super::stats::Stats;
@@ -65,7 +66,7 @@ impl Handle {
         options: impl Into<SpawnOptions>,
     ) -> Result<ProcessHandle, SpawnError> {
         let (process, kind) = self.make(what.into())?;
-        self.spawn_with(process, kind, options.into(), None)
+        self.spawn_with(process, kind, options.into(), None, None)
     }
 
     /// As [`Handle::spawn`], handing the new process's pid to `admit` first: after its
@@ -85,7 +86,28 @@ impl Handle {
         mut admit: impl FnMut(Pid) -> Result<(), String>,
     ) -> Result<ProcessHandle, SpawnError> {
         let (process, kind) = self.make(what.into())?;
-        self.spawn_with(process, kind, options.into(), Some(&mut admit))
+        self.spawn_with(process, kind, options.into(), Some(&mut admit), None)
+    }
+
+    /// As [`Handle::spawn_admitted`], with what tells when the spawn's record is in the
+    /// journal ([`Recorded::wait`]): an embedder that answers for the spawn (a service
+    /// telling its client that a workflow started) waits for that, and, with its own
+    /// record of the spawn in the spawn's [note](SpawnOptions::note), needs no synced
+    /// write of its own. Without a journal the spawn is recorded at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`Handle::spawn_admitted`].
+    pub fn spawn_recorded(
+        &self,
+        what: impl Into<Spawnable>,
+        options: impl Into<SpawnOptions>,
+        mut admit: impl FnMut(Pid) -> Result<(), String>,
+    ) -> Result<(ProcessHandle, Recorded), SpawnError> {
+        let (process, kind) = self.make(what.into())?;
+        let (recorded, recorder) = recorded::pair();
+        let handle = self.spawn_with(process, kind, options.into(), Some(&mut admit), Some(recorder))?;
+        Ok((handle, recorded))
     }
 
     /// The process `what` is, and its kind's recorded name.
@@ -107,6 +129,7 @@ impl Handle {
         kind: Option<Arc<str>>,
         options: SpawnOptions,
         admit: Option<Admit<'_>>,
+        recorder: Option<Recorder>,
     ) -> Result<ProcessHandle, SpawnError> {
         let shared = &self.shared;
         let slot = Arc::new(ExitSlot::default());
@@ -133,6 +156,8 @@ impl Handle {
             watcher: Some(Watcher::Handle(slot.clone())),
             linked_to: None,
             lineage: Lineage::default().within(sandbox).bounded(bound),
+            note: options.note,
+            recorder,
         };
         let cell = shared.spawn_admitted(process, args, admit)?;
         let handle = ProcessHandle::new(cell.pid(), slot);
@@ -362,6 +387,7 @@ pub struct SpawnOptions {
     pub(crate) capabilities: Option<Capabilities>,
     pub(crate) mailbox_capacity: Option<usize>,
     pub(crate) quota: Option<ProcessQuota>,
+    pub(crate) note: Option<Vec<u8>>,
 }
 
 impl SpawnOptions {
@@ -380,6 +406,16 @@ impl SpawnOptions {
     /// What the process (and, at most, its children) may yield.
     pub fn capabilities(mut self, capabilities: Capabilities) -> Self {
         self.capabilities = Some(capabilities);
+        self
+    }
+
+    /// The embedder's own bytes about this spawn, kept in a durable scheduler's journal
+    /// with the spawn's record (and its snapshots) and given back with its run
+    /// ([`HeldRun::note`](crate::journal::HeldRun::note)); the process never sees them.
+    /// What the embedder keeps elsewhere about the spawn can be made again from its
+    /// note after a crash that lost it. A scheduler without a journal drops it.
+    pub fn note(mut self, note: Vec<u8>) -> Self {
+        self.note = Some(note);
         self
     }
 

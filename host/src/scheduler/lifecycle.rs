@@ -12,6 +12,7 @@ use wasmproc_types::{ExitReason, Payload, Pid};
 use super::caps::Capabilities;
 use super::cell::{ProcessCell, Spec, Watcher, port};
 use super::durable::draw_seed;
+use super::recorded::Recorder;
 use super::registry;
 use super::shared::Shared;
 use super::state::Wake;
@@ -47,6 +48,10 @@ pub(super) struct SpawnArgs {
     pub(super) linked_to: Option<Arc<ProcessCell>>,
     /// Its place in its process tree: a root's when the embedder spawns.
     pub(super) lineage: Lineage,
+    /// The embedder's note, kept with the spawn's record.
+    pub(super) note: Option<Vec<u8>>,
+    /// Told when the spawn's record is committed; at once without a journal.
+    pub(super) recorder: Option<Recorder>,
 }
 
 impl Shared {
@@ -149,11 +154,14 @@ impl Shared {
                 mailbox_capacity: cell.spec.mailbox_capacity as u64,
                 at,
                 seed,
+                note: args.note,
             };
-            if let Err(reason) = durable.record_spawn(&cell, record) {
+            if let Err(reason) = durable.record_spawn(&cell, record, args.recorder) {
                 self.retire(&cell, Some(ExitReason::Error(reason.clone()).into()), Ending::Unborn);
                 return Err(SpawnError::Journal(reason));
             }
+        } else if let Some(recorder) = args.recorder {
+            recorder.set(Ok(()));
         }
         // Linked and watched before it is `Ready`: it cannot end before its partner and
         // its watcher are sure to hear of it. The partner is the spawner, running the

@@ -357,7 +357,18 @@ impl Writer {
                 // lines of one that has ended are late lines of a workflow ended.
                 let alive = || logs.handle.get().is_some_and(|handle| handle.parent_of(root).is_some());
                 match workflow {
-                    Some(workflow) => self.write(logs, &workflow, work),
+                    Some(workflow) => {
+                        // Known since its first lines were held, and `Known` not yet
+                        // taken: the held lines go first, so that the log keeps the
+                        // order the lines were logged in.
+                        if let Some(held) = self.held.remove(&root) {
+                            self.held_lines -= held.len();
+                            for line in held {
+                                self.write(logs, &workflow, line);
+                            }
+                        }
+                        self.write(logs, &workflow, work);
+                    }
                     None if self.held_lines < HELD_LINES && alive() => {
                         self.held_lines += 1;
                         self.held.entry(root).or_default().push(work);

@@ -27,6 +27,7 @@ mod code;
 mod describe;
 mod logs;
 mod metrics;
+mod noted;
 mod outside;
 mod overview;
 mod policy;
@@ -59,7 +60,7 @@ use self::stores::{Stores, TenantKv};
 use crate::caps::Capabilities;
 use crate::journal::{HeldRun, Journal, JournalSettings};
 use crate::provider::clock::{Random, Time};
-use crate::scheduler::{Handle, ProcessHandle, Scheduler, SpawnOptions, Spawnable};
+use crate::scheduler::{Handle, ProcessHandle, Recorded, Scheduler, SpawnOptions, Spawnable};
 use crate::step::Exited;
 use crate::wasm::{Config, Runtime};
 
@@ -407,6 +408,13 @@ impl Service {
             .iter()
             .map(|t| (t.name.clone(), t.policy.clone().unwrap_or_else(|| config.policy.clone())))
             .collect();
+        let journal = Journal::open(data.join("journal"))
+            .with_context(|| format!("cannot open the journal in `{}`", data.join("journal").display()))?;
+        let settings = JournalSettings { keep_finished: true, ..JournalSettings::default() };
+        let journal = journal.settings(settings);
+        // Before anything reads the registry's workflows: the records a machine's crash
+        // lost, from the journal's notes.
+        noted::restore(&registry, &journal.runs().context("cannot read the journal's runs")?)?;
         // Every workflow that may have processes to resume: what it was started with.
         let profiles = Arc::new(Profiles::default());
         let outside = Arc::new(Outside::default());
@@ -437,10 +445,6 @@ impl Service {
                     .with_context(|| format!("cannot open tenant `{tenant}`'s key-value store"))?;
             }
         }
-        let journal = Journal::open(data.join("journal"))
-            .with_context(|| format!("cannot open the journal in `{}`", data.join("journal").display()))?;
-        let settings = JournalSettings { keep_finished: true, ..JournalSettings::default() };
-        let journal = journal.settings(settings);
         let requests = Arc::new(requests::Requests::new(config.max_pending_requests));
         let scheduler = Scheduler::builder()
             .workers(config.workers.max(1))
@@ -560,7 +564,7 @@ impl Service {
                 None => {
                     let id = record.id.clone();
                     match self.spawn_workflow(&tenant, record) {
-                        Ok((record, handle)) => self.watch(&tenant, &record, handle),
+                        Ok((record, handle, _)) => self.watch(&tenant, &record, handle),
                         Err(refusal) => {
                             tracing::error!("workflow `{id}` of tenant `{tenant}` did not start: {}", refusal.message);
                         }
@@ -1009,24 +1013,38 @@ impl Service {
             starting.insert(key.clone());
         }
         let started = self.spawn_workflow(tenant, record);
+        // Watched at once, as it runs; answered once the journal holds the start (the
+        // record is in its spawn's note), which a same id's start waits for too.
+        let recorded = started.as_ref().ok().map(|(record, handle, recorded)| {
+            self.watch(tenant, record, handle.clone());
+            recorded.wait()
+        });
         inner.starting.lock().remove(&key);
         inner.started.notify_all();
-        let (record, handle) = started?;
+        let (record, _, _) = started?;
         inner.metrics.started();
-        self.watch(tenant, &record, handle);
+        if let Some(Err(error)) = recorded {
+            return Err(Refusal::internal(&anyhow::anyhow!(
+                "workflow `{}` started, but the journal did not record its start, which a crash may lose: {error}",
+                record.id
+            )));
+        }
         Ok((record, true))
     }
 
     /// Spawns `record`'s workflow, writing its record with the new pid before the spawn
-    /// is journaled or the workflow runs ([`Handle::spawn_admitted`]): a crash leaves its
-    /// record with its process, or its record alone, which the next server starts again
-    /// (see [`Service::reattach`]); never a process no record names. The record, and the
-    /// running workflow's handle.
+    /// is journaled or the workflow runs ([`Handle::spawn_recorded`]), unsynced: the
+    /// spawn's record holds it too, in its note (`noted.rs`). A crash of the host leaves
+    /// the record with its process, or the record alone, which the next server starts
+    /// again (see [`Service::reattach`]); one of the machine may leave the process
+    /// alone, whose record the next server makes again from the note; never a process
+    /// no record names. The record, the running workflow's handle, and what tells when
+    /// its spawn is in the journal.
     fn spawn_workflow(
         &self,
         tenant: &str,
         mut record: WorkflowRecord,
-    ) -> Result<(WorkflowRecord, ProcessHandle), Refusal> {
+    ) -> Result<(WorkflowRecord, ProcessHandle, Recorded), Refusal> {
         let inner = &self.inner;
         let input = match &record.input {
             Some(value) => Payload::json(value).map_err(|e| Refusal::invalid(format!("input: {e}")))?,
@@ -1043,19 +1061,20 @@ impl Service {
         let options = SpawnOptions::new(&record.method)
             .input(input)
             .capabilities(profile.caps.clone())
-            .quota(inner.quotas.set(tenant, policy.max_processes));
+            .quota(inner.quotas.set(tenant, policy.max_processes))
+            .note(noted::note(tenant, &record));
         // Before the spawn: the kind and the providers find the workflow's limits and
         // grants here from its first process on.
         inner.profiles.insert(tenant, &record.id, profile);
         let mut written = false;
-        let spawned = inner.handle.spawn_admitted(Spawnable::kind(kind), options, |pid| {
+        let spawned = inner.handle.spawn_recorded(Spawnable::kind(kind), options, |pid| {
             record.pid = pid.as_u64();
-            inner.registry.put_workflow(tenant, &record).map_err(|e| format!("{e:#}"))?;
+            inner.registry.put_journaled(&[(tenant, record.clone())]).map_err(|e| format!("{e:#}"))?;
             written = true;
             Ok(())
         });
         match spawned {
-            Ok(handle) => Ok((record, handle)),
+            Ok((handle, recorded)) => Ok((record, handle, recorded)),
             Err(error) => {
                 inner.profiles.remove(tenant, &record.id);
                 let refusal = Refusal::new(422, "spawn_failed", format!("the workflow did not start: {error}"));
@@ -1486,7 +1505,7 @@ fn settle(inner: &Inner, ended: &[(String, String, Exited, u64)], ends: Ends) ->
         }
     }
     match ends {
-        Ends::Journaled => inner.registry.put_ends(&records)?,
+        Ends::Journaled => inner.registry.put_journaled(&records)?,
         Ends::Unjournaled => inner.registry.put_workflows(&records)?,
     }
     for (tenant, id, _, _) in ended {

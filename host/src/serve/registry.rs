@@ -1,6 +1,8 @@
 //! What the service keeps beside the journal, in one fjall database under `DATA/registry`:
 //! tenants (by the hash of their token, with their policies), each tenant's components
-//! and names for them, and each tenant's workflows. Every write is synced before it is answered.
+//! and names for them, and each tenant's workflows. Every write is synced before it is
+//! answered, but a workflow's start and end, which the journal holds
+//! ([`Registry::put_journaled`]).
 //!
 //! Keys are `TENANT \0 …`, so a tenant's records are one prefix and no lookup can reach
 //! another tenant's. Values are JSON.
@@ -500,6 +502,7 @@ impl Registry {
         Ok(found)
     }
 
+    #[cfg(test)]
     pub(super) fn put_workflow(&self, tenant: &str, record: &WorkflowRecord) -> anyhow::Result<()> {
         self.put_workflows(&[(tenant, record.clone())])
     }
@@ -556,9 +559,12 @@ impl Registry {
     }
 
     /// Puts every `(tenant, record)` in one batch handed to the operating system and not
-    /// synced: for what the journal already holds durably (workflows' ends), so that
-    /// writing it costs no sync of the disk; the next synced write carries it too.
-    pub(super) fn put_ends(&self, records: &[(&str, WorkflowRecord)]) -> anyhow::Result<()> {
+    /// synced: for what the journal holds durably (a workflow's start, in its root's
+    /// spawn note, once its record is committed; its end), so that writing it costs no
+    /// sync of the disk. A crash of the host keeps it; one of the machine may lose what
+    /// no later synced write carried, which the next server makes again from the
+    /// journal (`noted.rs`, `Service::reattach`).
+    pub(super) fn put_journaled(&self, records: &[(&str, WorkflowRecord)]) -> anyhow::Result<()> {
         let mut batch = self.db.batch().durability(Some(PersistMode::Buffer));
         for (tenant, record) in records {
             batch.insert(&self.workflows, key(tenant, &record.id), serde_json::to_vec(record).map_err(failed)?);
@@ -641,7 +647,7 @@ mod tests {
             ("acme", record("w1", State::Completed)),
             ("acme", record("w2", State::Failed)),
         ];
-        registry.put_ends(&ends).expect("written");
+        registry.put_journaled(&ends).expect("written");
         registry.remove_workflow("acme", "w3").expect("removed");
         registry.remove_workflow("acme", "nothing").expect("nothing removed");
         assert_eq!((counts(&registry, "acme"), counts(&registry, "globex")), ([1, 2, 1], [1, 0, 0]));

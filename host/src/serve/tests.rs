@@ -94,6 +94,48 @@ fn an_end_the_registry_lost_is_settled_again_from_the_journal() {
     service.stop();
 }
 
+/// A start goes to the registry unsynced: the journal's spawn record holds the
+/// workflow's record in its note, and the start is answered once that is committed.
+/// Made here by removing the records of a running and an ended workflow (as a crash of
+/// the machine could lose them): the next server makes both again from the journal,
+/// the running one resumed under its pid and the ended one settled with its result.
+#[test]
+fn a_start_the_registry_lost_is_made_again_from_the_journal() {
+    let dir = scratch("start-from-journal");
+    let service = with_tour_in(&dir);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+    let (asleep, _) = service.start("acme", race("asleep", json!([60_000]))).expect("it starts");
+    service.start("acme", race("done", json!([0]))).expect("it starts");
+    runtime.block_on(service.wait("acme", "done", Duration::from_secs(10))).expect("its record");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while service.inner.registry.workflow("acme", "done").expect("the registry").map(|w| w.state)
+        != Some(State::Completed)
+    {
+        assert!(Instant::now() < deadline, "its end is never recorded");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    service.stop();
+    drop(service);
+    let registry = super::Registry::open(&dir.join("registry")).expect("the registry");
+    for id in ["asleep", "done"] {
+        registry.remove_workflow("acme", id).expect("removed");
+    }
+    assert_eq!(registry.counts("acme").of(State::Running) + registry.counts("acme").of(State::Completed), 0);
+    drop(registry);
+
+    let service = Service::open(ServiceConfig::new(&dir)).expect("the service opens again");
+    let again = service.workflow("acme", "asleep").expect("made again");
+    assert_eq!(again, asleep, "the same record: pid, input, grants, limits, start time");
+    let done = service.workflow("acme", "done").expect("made again");
+    assert_eq!((done.state, done.result), (State::Completed, Some(json!({"ok": 0}))));
+    let counts = service.counts("acme", &super::CountFilter::default()).expect("counts");
+    assert_eq!((counts.running, counts.completed, counts.exact), (1, 1, true));
+    service.terminate("acme", "asleep").expect("it runs, and is terminated");
+    let ended = runtime.block_on(service.wait("acme", "asleep", Duration::from_secs(20))).expect("its record");
+    assert_eq!(ended.state, State::Failed);
+    service.stop();
+}
+
 /// A listing is walked a page at a time (`after` = the last page's `next`) while other
 /// workflows are started: every workflow there before the walk is listed exactly once,
 /// in id order, and nothing is listed twice.
@@ -161,7 +203,7 @@ fn a_listing_reads_a_bounded_number_of_records_and_says_where_to_go_on() {
     let mut records: Vec<_> =
         (0..super::MOST_EXAMINED).map(|i| ("acme", record(format!("a-{i:05}"), State::Completed))).collect();
     records.push(("acme", record("b-failed".to_owned(), State::Failed)));
-    service.inner.registry.put_ends(&records).expect("the records");
+    service.inner.registry.put_journaled(&records).expect("the records");
 
     let failed = Filter { state: Some(State::Failed), ..Filter::default() };
     let first = service.workflows("acme", &failed).expect("a page");
