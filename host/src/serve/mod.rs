@@ -1057,12 +1057,12 @@ impl Service {
         let input = vec![input, id];
         let policy = self.policy_of(tenant);
         let profile = Profile::recorded(&policy, &record.grants, &record.limits, &inner.outside);
-        let kind = format!("{tenant}/{}@{}", record.component, record.id);
+        let kind = noted::kind(tenant, &record);
         let options = SpawnOptions::new(&record.method)
             .input(input)
             .capabilities(profile.caps.clone())
             .quota(inner.quotas.set(tenant, policy.max_processes))
-            .note(noted::note(tenant, &record));
+            .note(noted::note(&record));
         // Before the spawn: the kind and the providers find the workflow's limits and
         // grants here from its first process on.
         inner.profiles.insert(tenant, &record.id, profile);

@@ -1,32 +1,84 @@
-//! A workflow's record kept in the journal, in its root's spawn note
+//! A workflow's record kept in the journal, with its root's spawn
 //! ([`SpawnOptions::note`](crate::scheduler::SpawnOptions::note)).
 //!
-//! A start is answered once the journal has committed its root's spawn, and the note
-//! makes that commit hold the workflow's record too; the registry's copy is written
-//! without a sync of its own. A machine's crash can lose that copy and keep the journal's
-//! spawn: the next server, before it resumes anything, puts back every record the
-//! registry lacks from the notes of the journal's runs. (`forget` removes a run from
-//! the journal before its record from the registry, so a run the journal holds without
-//! a record is always a lost record, never a forgotten workflow.)
+//! A start is answered once the journal has committed its root's spawn, and that commit
+//! holds the workflow's record too, so the registry's copy is written without a sync of
+//! its own. A machine's crash can lose that copy and keep the journal's spawn: the next
+//! server, before it resumes anything, puts back every record the registry lacks from
+//! the journal's runs. (`forget` removes a run from the journal before its record from
+//! the registry, so a run the journal holds without a record is always a lost record,
+//! never a forgotten workflow.)
 //!
-//! The note leaves out the input, which the spawn itself holds as its first payload.
+//! Most of the record is the spawn's already: the tenant, the component and the id are
+//! its kind (`TENANT/sha256:HEX@ID`), the method is its entry, the input its first
+//! payload. The note holds the rest, small since the log store keeps every live record
+//! in memory: when it started, and its grants and limits.
 
 use serde::{Deserialize, Serialize};
 use wasmproc_types::Format;
 
+use super::code;
+use super::policy::{Grants, Limits};
 use super::registry::{Registry, State, WorkflowRecord};
 use crate::journal::HeldRun;
 
 #[derive(Serialize, Deserialize)]
 struct Note {
-    tenant: String,
-    workflow: WorkflowRecord,
+    started_ms: u64,
+    #[serde(default, skip_serializing_if = "is_default")]
+    grants: Grants,
+    #[serde(default, skip_serializing_if = "is_default")]
+    limits: Limits,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
+/// The kind of `tenant`'s workflow `record`'s processes, which names the workflow in its
+/// root's spawn (read back by [`code::parts`]).
+pub(super) fn kind(tenant: &str, record: &WorkflowRecord) -> String {
+    format!("{tenant}/{}@{}", record.component, record.id)
 }
 
 /// `record`'s note, for its root's spawn.
-pub(super) fn note(tenant: &str, record: &WorkflowRecord) -> Vec<u8> {
-    let workflow = WorkflowRecord { input: None, ..record.clone() };
-    serde_json::to_vec(&Note { tenant: tenant.to_owned(), workflow }).expect("a workflow record is JSON")
+pub(super) fn note(record: &WorkflowRecord) -> Vec<u8> {
+    let note = Note { started_ms: record.started_ms, grants: record.grants.clone(), limits: record.limits.clone() };
+    serde_json::to_vec(&note).expect("a note is JSON")
+}
+
+/// The tenant and the record of the workflow whose root `run` is, from its spawn and
+/// note; `None` for a run no start of the service made.
+fn workflow(run: &HeldRun) -> Option<(String, WorkflowRecord)> {
+    let note: Note = match serde_json::from_slice(run.note.as_deref()?) {
+        Ok(note) => note,
+        Err(error) => {
+            tracing::warn!(root = %run.root, %error, "a workflow's note in the journal does not read; left out");
+            return None;
+        }
+    };
+    let (tenant, component, id) = code::parts(run.kind.as_deref()?)?;
+    let id = id?;
+    let input = run
+        .input
+        .first()
+        .filter(|input| input.format == Format::Json)
+        .and_then(|input| serde_json::from_slice(&input.data).ok())
+        .filter(|input: &serde_json::Value| !input.is_null());
+    let record = WorkflowRecord {
+        id: id.to_owned(),
+        component: component.to_owned(),
+        method: run.method.clone(),
+        input,
+        pid: run.root.as_u64(),
+        state: State::Running,
+        started_ms: note.started_ms,
+        ended_ms: None,
+        result: None,
+        grants: note.grants,
+        limits: note.limits,
+    };
+    Some((tenant.to_owned(), record))
 }
 
 /// Puts back, as running, the records of the workflows `runs` hold that the registry
@@ -38,27 +90,10 @@ pub(super) fn note(tenant: &str, record: &WorkflowRecord) -> Vec<u8> {
 /// The registry's.
 pub(super) fn restore(registry: &Registry, runs: &[HeldRun]) -> anyhow::Result<usize> {
     let mut lost = Vec::new();
-    for run in runs {
-        let Some(note) = &run.note else { continue };
-        let Note { tenant, mut workflow } = match serde_json::from_slice(note) {
-            Ok(note) => note,
-            Err(error) => {
-                tracing::warn!(root = %run.root, %error, "a workflow's note in the journal does not read; left out");
-                continue;
-            }
-        };
-        if registry.workflow(&tenant, &workflow.id)?.is_some() {
-            continue;
+    for (tenant, record) in runs.iter().filter_map(workflow) {
+        if registry.workflow(&tenant, &record.id)?.is_none() {
+            lost.push((tenant, record));
         }
-        workflow.pid = run.root.as_u64();
-        workflow.state = State::Running;
-        workflow.input = run
-            .input
-            .first()
-            .filter(|input| input.format == Format::Json)
-            .and_then(|input| serde_json::from_slice(&input.data).ok())
-            .filter(|input: &serde_json::Value| !input.is_null());
-        lost.push((tenant, workflow));
     }
     if !lost.is_empty() {
         let records: Vec<(&str, WorkflowRecord)> = lost.iter().map(|(t, w)| (t.as_str(), w.clone())).collect();
