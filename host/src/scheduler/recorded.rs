@@ -2,7 +2,10 @@
 //! spawn (a service telling its client the workflow started) waits for that, not for a
 //! write of its own.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -12,8 +15,15 @@ pub struct Recorded(Arc<State>);
 
 #[derive(Debug, Default)]
 struct State {
-    outcome: Mutex<Option<Result<(), String>>>,
+    outcome: Mutex<Outcome>,
     done: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Outcome {
+    set: Option<Result<(), String>>,
+    /// The tasks awaiting it ([`Recorded::recorded`]), woken when it is set.
+    wakers: Vec<Waker>,
 }
 
 /// The committing side of a [`Recorded`]: set once, by the commit of the spawn's record
@@ -38,28 +48,59 @@ impl Recorded {
     pub fn wait(&self) -> Result<(), String> {
         let mut outcome = self.0.outcome.lock();
         loop {
-            if let Some(outcome) = &*outcome {
-                return outcome.clone();
+            if let Some(set) = &outcome.set {
+                return set.clone();
             }
             self.0.done.wait(&mut outcome);
         }
+    }
+
+    /// As [`Recorded::wait`], for an async task: the commit wakes it, and no thread
+    /// waits meanwhile.
+    pub fn recorded(&self) -> impl Future<Output = Result<(), String>> + Send + 'static {
+        Awaited(self.0.clone())
+    }
+}
+
+struct Awaited(Arc<State>);
+
+impl Future for Awaited {
+    type Output = Result<(), String>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut outcome = self.0.outcome.lock();
+        if let Some(set) = &outcome.set {
+            return Poll::Ready(set.clone());
+        }
+        if !outcome.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            outcome.wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
     }
 }
 
 impl Recorder {
     pub(super) fn set(self, outcome: Result<(), String>) {
-        self.0.outcome.lock().get_or_insert(outcome);
+        self.settle(outcome);
+    }
+
+    fn settle(&self, outcome: Result<(), String>) {
+        let wakers = {
+            let mut state = self.0.outcome.lock();
+            if state.set.is_some() {
+                return;
+            }
+            state.set = Some(outcome);
+            std::mem::take(&mut state.wakers)
+        };
         self.0.done.notify_all();
+        wakers.into_iter().for_each(Waker::wake);
     }
 }
 
 impl Drop for Recorder {
     fn drop(&mut self) {
-        let mut outcome = self.0.outcome.lock();
-        if outcome.is_none() {
-            *outcome = Some(Err("the scheduler stopped before the spawn's record was committed".to_owned()));
-            self.0.done.notify_all();
-        }
+        self.settle(Err("the scheduler stopped before the spawn's record was committed".to_owned()));
     }
 }
 
@@ -80,5 +121,24 @@ mod tests {
         let (recorded, recorder) = pair();
         drop(recorder);
         assert!(recorded.wait().unwrap_err().contains("stopped before"));
+    }
+
+    #[cfg(feature = "serve")]
+    #[test]
+    fn a_task_awaiting_the_record_is_woken_by_its_commit() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let (recorded, recorder) = pair();
+        let committer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            recorder.set(Err("a full disk".to_owned()));
+        });
+        let outcome = runtime.block_on(async {
+            let first = recorded.recorded();
+            let second = recorded.recorded();
+            tokio::time::timeout(std::time::Duration::from_secs(10), async { (first.await, second.await) }).await
+        });
+        committer.join().unwrap();
+        let failed = Err("a full disk".to_owned());
+        assert_eq!(outcome.expect("woken, not timed out"), (failed.clone(), failed));
     }
 }

@@ -629,7 +629,7 @@ async fn remove_component(Asker { service, tenant }: Asker, Segment(reference): 
             `max_running`); `rate`: past its requests a second", body = ErrorBody),
     ))]
 async fn start(Asker { service, tenant }: Asker, JsonBody(request): JsonBody<StartRequest>) -> Answer {
-    let (record, new) = blocking(move || service.start(&tenant, request)).await?;
+    let (record, new) = service.start_async(&tenant, request).await?;
     let status = if new { StatusCode::CREATED } else { StatusCode::OK };
     answer(status, WorkflowAnswer { workflow: workflow_view(record)? })
 }

@@ -935,6 +935,38 @@ impl Service {
     /// An unknown component or method, an id taken by another request (409), or a spawn
     /// the scheduler refuses.
     pub fn start(&self, tenant: &str, request: StartRequest) -> Result<(WorkflowRecord, bool), Refusal> {
+        match self.begin_start(tenant, request)? {
+            Begun::Existing(record) => Ok((record, false)),
+            Begun::New(started) => {
+                let recorded = started.recorded.wait();
+                started.answer(recorded)
+            }
+        }
+    }
+
+    /// As [`Service::start`], awaiting the journal's commit of the start without holding
+    /// a thread; the checks and the spawn (the root's `init`) still block.
+    ///
+    /// # Errors
+    ///
+    /// As [`Service::start`].
+    pub async fn start_async(&self, tenant: &str, request: StartRequest) -> Result<(WorkflowRecord, bool), Refusal> {
+        let (service, tenant) = (self.clone(), tenant.to_owned());
+        let begun = tokio::task::spawn_blocking(move || service.begin_start(&tenant, request))
+            .await
+            .unwrap_or_else(|e| Err(Refusal::internal(&anyhow::anyhow!("a start failed: {e}"))))?;
+        match begun {
+            Begun::Existing(record) => Ok((record, false)),
+            Begun::New(started) => {
+                let recorded = started.recorded.recorded().await;
+                started.answer(recorded)
+            }
+        }
+    }
+
+    /// A start up to the journal's commit of its spawn: the workflow running and watched,
+    /// or the same request's workflow from before.
+    fn begin_start(&self, tenant: &str, request: StartRequest) -> Result<Begun, Refusal> {
         let inner = &self.inner;
         let id = match request.id {
             Some(id) if code::valid_name(&id) => id,
@@ -982,7 +1014,7 @@ impl Service {
                 inner.started.wait(&mut starting);
             }
             if let Some(existing) = inner.registry.workflow(tenant, &record.id)? {
-                return same_request(existing, &record);
+                return same_request(existing, &record).map(|(existing, _)| Begun::Existing(existing));
             }
             let busy = starting.iter().filter(|(of, _)| of == tenant).count();
             let running = busy + inner.live.lock().keys().filter(|(of, _)| of == tenant).count();
@@ -1012,24 +1044,14 @@ impl Service {
             }
             starting.insert(key.clone());
         }
-        let started = self.spawn_workflow(tenant, record);
+        // Until the start is answered (or given up): a same id's start waits for it.
+        let starting = Starting { inner: self.inner.clone(), key };
+        let (record, handle, recorded) = self.spawn_workflow(tenant, record)?;
         // Watched at once, as it runs; answered once the journal holds the start (the
-        // record is in its spawn's note), which a same id's start waits for too.
-        let recorded = started.as_ref().ok().map(|(record, handle, recorded)| {
-            self.watch(tenant, record, handle.clone());
-            recorded.wait()
-        });
-        inner.starting.lock().remove(&key);
-        inner.started.notify_all();
-        let (record, _, _) = started?;
+        // record is in its spawn's note).
+        self.watch(tenant, &record, handle);
         inner.metrics.started();
-        if let Some(Err(error)) = recorded {
-            return Err(Refusal::internal(&anyhow::anyhow!(
-                "workflow `{}` started, but the journal did not record its start, which a crash may lose: {error}",
-                record.id
-            )));
-        }
-        Ok((record, true))
+        Ok(Begun::New(Started { record, recorded, _starting: starting }))
     }
 
     /// Spawns `record`'s workflow, writing its record with the new pid before the spawn
@@ -1446,6 +1468,48 @@ pub struct Listing {
 
 /// The answer to a start of an id that has a workflow: that workflow if `asked` is the
 /// same request, else a conflict.
+/// How [`Service::begin_start`] left a start.
+enum Begun {
+    /// The same request started this workflow before.
+    Existing(WorkflowRecord),
+    /// Started; answered once its spawn is in the journal.
+    New(Started),
+}
+
+/// A workflow started and not yet answered for.
+struct Started {
+    record: WorkflowRecord,
+    recorded: Recorded,
+    _starting: Starting,
+}
+
+impl Started {
+    /// The start's answer, once the journal's commit of its spawn has `recorded`.
+    fn answer(self, recorded: Result<(), String>) -> Result<(WorkflowRecord, bool), Refusal> {
+        match recorded {
+            Ok(()) => Ok((self.record, true)),
+            Err(error) => Err(Refusal::internal(&anyhow::anyhow!(
+                "workflow `{}` started, but the journal did not record its start, which a crash may lose: {error}",
+                self.record.id
+            ))),
+        }
+    }
+}
+
+/// A start's id, held in `starting` from its checks until it is answered, or given up
+/// (the request's task dropped while it awaited the journal).
+struct Starting {
+    inner: Arc<Inner>,
+    key: (String, String),
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        self.inner.starting.lock().remove(&self.key);
+        self.inner.started.notify_all();
+    }
+}
+
 fn same_request(existing: WorkflowRecord, asked: &WorkflowRecord) -> Result<(WorkflowRecord, bool), Refusal> {
     if existing.component == asked.component
         && existing.method == asked.method
