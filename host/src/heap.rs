@@ -6,11 +6,12 @@
 //! free page of every arena, but it walks the heaps under their locks, stalling the
 //! threads that allocate meanwhile (about 0.1 s after 100,000 processes hibernated), so
 //! it runs only once a wave is over: when the processes released since the last trim
-//! (those [`suspended`], and the memory slots and stacks the engine [`cooled`]) reach
-//! [`TRIM_AFTER`], none was suspended in the last second (a cooled slot is itself a sign
-//! of rest: no process took it for a second), and at most once every
-//! [`TRIM_EVERY`]. The engine's epoch thread looks once a second ([`trim_if_due`]). A
-//! host whose processes never stop being suspended keeps its heap as it is.
+//! (those [`suspended`], and the memory slots and stacks the engine [`cooled`]; a
+//! component [`compiled`] counts as a wave) reach [`TRIM_AFTER`], none was suspended in
+//! the last second (a cooled slot is itself a sign of rest: no process took it for a
+//! second), and at most once every [`TRIM_EVERY`]. The engine's epoch thread looks once
+//! a second ([`trim_if_due`]). A host whose processes never stop being suspended keeps
+//! its heap as it is.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -35,6 +36,13 @@ static RELEASED: AtomicUsize = AtomicUsize::new(0);
 #[cfg_attr(not(feature = "wasm"), allow(dead_code))]
 pub(crate) fn cooled(count: usize) {
     RELEASED.fetch_add(count, Ordering::Relaxed);
+}
+
+/// Notes that a component was compiled: the compiler's working memory, tens of MB for a
+/// guest written in Rust, went back to the heap, as much as a wave of processes gives.
+#[cfg_attr(not(feature = "wasm"), allow(dead_code))]
+pub(crate) fn compiled() {
+    RELEASED.fetch_add(TRIM_AFTER, Ordering::Relaxed);
 }
 
 /// Notes that a process was suspended, its memory given back to the heap.

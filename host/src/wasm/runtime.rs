@@ -367,6 +367,7 @@ impl Runtime {
         }
         .context("failed to compile")?;
         inner.compiled.fetch_add(1, Ordering::Relaxed);
+        crate::heap::compiled();
         if let Some(disk) = &inner.disk {
             let source = inner.sources.lock().get(digest).cloned();
             disk.write(&key, &compiled, source.as_deref());
