@@ -361,12 +361,7 @@ impl Writer {
                         // Known since its first lines were held, and `Known` not yet
                         // taken: the held lines go first, so that the log keeps the
                         // order the lines were logged in.
-                        if let Some(held) = self.held.remove(&root) {
-                            self.held_lines -= held.len();
-                            for line in held {
-                                self.write(logs, &workflow, line);
-                            }
-                        }
+                        self.release(logs, root);
                         self.write(logs, &workflow, work);
                     }
                     None if self.held_lines < HELD_LINES && alive() => {
@@ -376,14 +371,7 @@ impl Writer {
                     None => tracing::debug!("a line of process {root}, of no known workflow, is not kept"),
                 }
             }
-            Work::Known(root) => {
-                if let Some(lines) = self.held.remove(&root) {
-                    self.held_lines -= lines.len();
-                    for line in lines {
-                        self.take(logs, line);
-                    }
-                }
-            }
+            Work::Known(root) => self.release(logs, root),
             Work::Ended(workflow) => {
                 self.open.remove(&workflow);
                 logs.followers.lock().remove(&workflow);
@@ -399,6 +387,16 @@ impl Writer {
                         tracing::warn!("cannot remove `{}`: {error}", path.display());
                     }
                 }
+            }
+        }
+    }
+
+    /// Takes the lines held for `root`, in the order they came.
+    fn release(&mut self, logs: &Logs, root: Pid) {
+        if let Some(lines) = self.held.remove(&root) {
+            self.held_lines -= lines.len();
+            for line in lines {
+                self.take(logs, line);
             }
         }
     }
