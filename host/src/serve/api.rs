@@ -65,7 +65,7 @@ mod console;
 
 use super::{
     Answered, ComponentRecord, Filter, Listing, PolicyFields, Refusal, Service, ServiceConfig, StartRequest,
-    WorkflowRecord,
+    WorkflowRecord, blocking,
 };
 
 impl IntoResponse for Refusal {
@@ -300,13 +300,6 @@ impl FromRequest<Service> for Upload {
 
 fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Refusal> {
     query.map(|Query(q)| q).map_err(|e| Refusal::invalid(format!("invalid query: {}", e.body_text())))
-}
-
-/// Runs `work` on a thread that may block (synced writes, compiling a component).
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, Refusal> + Send + 'static) -> Result<T, Refusal> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .unwrap_or_else(|e| Err(Refusal::internal(&anyhow::anyhow!("a request's work failed: {e}"))))
 }
 
 fn component_view((record, names): (ComponentRecord, Vec<String>)) -> Component {

@@ -414,7 +414,8 @@ impl Service {
         let journal = journal.settings(settings);
         // Before anything reads the registry's workflows: the records a machine's crash
         // lost, from the journal's notes.
-        noted::restore(&registry, &journal.runs().context("cannot read the journal's runs")?)?;
+        let runs = journal.runs().context("cannot read the journal's runs")?;
+        noted::restore(&registry, &runs)?;
         // Every workflow that may have processes to resume: what it was started with.
         let profiles = Arc::new(Profiles::default());
         let outside = Arc::new(Outside::default());
@@ -501,7 +502,7 @@ impl Service {
             .spawn(move || chores(&weak, &chores_from))
             .context("cannot start the service's chores' thread")?;
         let service = Service { inner };
-        service.reattach()?;
+        service.reattach(&runs)?;
         requests::start(&service.inner)?;
         if let Some(retention) = service.inner.config.retention {
             let weak = Arc::downgrade(&service.inner);
@@ -535,14 +536,16 @@ impl Service {
     /// Watches again the workflows the journal resumed, settles those that ended while no
     /// server ran (their end is in the journal), and starts those whose record was
     /// written but whose spawn never reached the journal.
-    fn reattach(&self) -> anyhow::Result<()> {
+    ///
+    /// `runs` are the journal's as the service opened it, before anything was resumed:
+    /// a run not resumed is as it was then.
+    fn reattach(&self, runs: &[HeldRun]) -> anyhow::Result<()> {
         let inner = &self.inner;
         let resumed: HashMap<Pid, ProcessHandle> = {
             let scheduler = inner.scheduler.lock();
             let scheduler = scheduler.as_ref().expect("the scheduler runs while the service is open");
             scheduler.resumed().into_iter().map(|handle| (handle.pid(), handle)).collect()
         };
-        let mut runs = None;
         for (tenant, record) in inner.registry.all_workflows()? {
             if record.state != State::Running {
                 continue;
@@ -552,10 +555,6 @@ impl Service {
                 self.watch(&tenant, &record, handle.clone());
                 continue;
             }
-            let runs = match &runs {
-                Some(runs) => runs,
-                None => runs.insert(inner.journal.runs().context("cannot read the journal's runs")?),
-            };
             match HeldRun::end_of(runs, pid) {
                 Some(exited) => settle(inner, &[(tenant, record.id, exited, now_ms())], Ends::Journaled)?,
                 // Its record was written and its spawn never reached the journal (the
@@ -952,9 +951,7 @@ impl Service {
     /// As [`Service::start`].
     pub async fn start_async(&self, tenant: &str, request: StartRequest) -> Result<(WorkflowRecord, bool), Refusal> {
         let (service, tenant) = (self.clone(), tenant.to_owned());
-        let begun = tokio::task::spawn_blocking(move || service.begin_start(&tenant, request))
-            .await
-            .unwrap_or_else(|e| Err(Refusal::internal(&anyhow::anyhow!("a start failed: {e}"))))?;
+        let begun = blocking(move || service.begin_start(&tenant, request)).await?;
         match begun {
             Begun::Existing(record) => Ok((record, false)),
             Begun::New(started) => {
@@ -1466,8 +1463,14 @@ pub struct Listing {
     pub next: Option<String>,
 }
 
-/// The answer to a start of an id that has a workflow: that workflow if `asked` is the
-/// same request, else a conflict.
+/// Runs `work` on a thread that may block (synced writes, compiling a component, a
+/// process's `init`).
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, Refusal> + Send + 'static) -> Result<T, Refusal> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| Err(Refusal::internal(&anyhow::anyhow!("a request's work failed: {e}"))))
+}
+
 /// How [`Service::begin_start`] left a start.
 enum Begun {
     /// The same request started this workflow before.
@@ -1510,6 +1513,8 @@ impl Drop for Starting {
     }
 }
 
+/// The answer to a start of an id that has a workflow: that workflow if `asked` is the
+/// same request, else a conflict.
 fn same_request(existing: WorkflowRecord, asked: &WorkflowRecord) -> Result<(WorkflowRecord, bool), Refusal> {
     if existing.component == asked.component
         && existing.method == asked.method
