@@ -6,8 +6,9 @@
 //! processes until all have run their first step, or until the machine has less than
 //! 4 GiB available, and reads RSS, page tables (`VmPTE`) and memory mappings from
 //! `/proc/self` before and after, once they have hibernated and rested 3 s (a host at
-//! rest: the engine gives back the memory no process took for a second). Every tenth of the way it waits for the first steps
-//! to catch up and samples RSS: the RSS-versus-live-processes plot. The baseline is raw
+//! rest: the engine gives back the memory no process took for a second). Every tenth of
+//! the way it waits for the first steps to catch up and samples RSS: the
+//! RSS-versus-live-processes plot. The baseline is raw
 //! wasmtime's pooling allocator with copy-on-write images at 10k; without them, at 100k,
 //! it shows where its map-count wall is (it has no 100k figure to compare with).
 //!
