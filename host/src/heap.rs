@@ -1,4 +1,6 @@
-//! Giving the allocator's free memory back to the kernel after a wave of frees.
+//! The host's heap: long-lived allocations kept apart from the rest ([`Segregating`],
+//! [`lasting`]), and the allocator's free memory given back to the kernel after a wave of
+//! frees.
 //!
 //! glibc's `free` returns memory to the kernel only from the top of a heap, so the heap a
 //! burst of processes grew stays resident once they are gone: on a host at rest holding
@@ -13,8 +15,41 @@
 //! a second ([`trim_if_due`]). A host whose processes never stop being suspended keeps
 //! its heap as it is.
 
+mod lasting;
+
+pub use lasting::{Segregating, lasting, transient};
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+/// Sets the system allocator (glibc's) for a long-running host: call it once, at the
+/// start of `main`. Elsewhere it does nothing.
+///
+/// - **No fast bins.** A small chunk freed into a fast bin is merged with its neighbours
+///   only when the arena is next consolidated, which `malloc_trim` does without giving
+///   back the top of a thread's arena: the memory of a burst of processes ends in arena
+///   tops that nothing returns, megabytes each, in whichever arenas the burst's threads
+///   used. Freed chunks merged at once instead grow the top in the `free` that can shrink
+///   it. The per-thread cache in front of the bins keeps small allocations fast.
+/// - **Fixed thresholds.** glibc raises its mmap threshold to the largest mapped chunk
+///   freed (the compiler frees buffers of megabytes) and its trim threshold to twice
+///   that, up to 64 MiB an arena. Fixed, an arena's top is given back past [`TRIM_TOP`],
+///   and requests from [`MAP_FROM`] on are mapped on their own.
+pub fn tune_system_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `mallopt` only sets the allocator's parameters; it is thread-safe.
+    unsafe {
+        libc::mallopt(libc::M_MXFAST, 0);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_TOP as libc::c_int);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MAP_FROM as libc::c_int);
+    }
+}
+
+/// The free top of an arena past which it is given back to the kernel.
+const TRIM_TOP: usize = 1 << 20;
+
+/// The size from which a request gets a mapping of its own.
+const MAP_FROM: usize = 4 << 20;
 
 /// Processes released since the last trim past which the heap is trimmed.
 const TRIM_AFTER: usize = 64;
@@ -77,6 +112,11 @@ pub(crate) fn trim_if_due() {
 fn due(released: usize, wave: bool, last: Option<Instant>, now: Instant) -> bool {
     released >= TRIM_AFTER && !wave && last.is_none_or(|at| now.duration_since(at) >= TRIM_EVERY)
 }
+
+// The library's tests run on the allocator its binary uses.
+#[cfg(test)]
+#[global_allocator]
+static ALLOCATOR: Segregating = Segregating::new();
 
 #[cfg(test)]
 mod tests {

@@ -89,7 +89,7 @@ pub mod cluster;
 mod codec;
 pub mod error;
 pub mod handler;
-mod heap;
+pub mod heap;
 pub mod journal;
 mod limits;
 mod loom;

@@ -3,6 +3,11 @@
 
 mod cli;
 
+// Workflows' long-lived records apart from their instances' short-lived memory.
+#[global_allocator]
+static ALLOCATOR: wasmproc::heap::Segregating = wasmproc::heap::Segregating::new();
+
 fn main() -> std::process::ExitCode {
+    wasmproc::heap::tune_system_allocator();
     cli::main()
 }

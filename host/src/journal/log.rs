@@ -494,7 +494,11 @@ impl Store for LogStore {
             return Err(error);
         }
         let mut index = inner.index.write();
-        index.apply(batch.removals.iter().copied(), batch.puts.iter().map(|(key, value)| (*key, value.as_slice())));
+        // The index holds its records until they are removed, often for as long as their
+        // processes sleep: apart from the committer's short-lived buffers.
+        crate::heap::lasting(|| {
+            index.apply(batch.removals.iter().copied(), batch.puts.iter().map(|(key, value)| (*key, value.as_slice())));
+        });
         let total: u64 = writer.sizes.values().sum();
         if total >= writer.compact_at.max(inner.limits.compact_at) && index.live * 2 < total {
             let mut compaction = inner.compaction.lock();

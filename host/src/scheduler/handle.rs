@@ -117,7 +117,9 @@ impl Handle {
             Source::Kind(kind) => {
                 let (name, factory) =
                     self.shared.kinds.find(&kind, None).ok_or_else(|| SpawnError::UnknownKind(kind.clone()))?;
-                let process = factory.make().map_err(|source| SpawnError::Factory { kind, source })?;
+                // An instance's memory lasts no longer than its process's next suspension.
+                let process =
+                    crate::heap::transient(|| factory.make()).map_err(|source| SpawnError::Factory { kind, source })?;
                 Ok((process, Some(name)))
             }
         }

@@ -120,7 +120,9 @@ impl Shared {
         // SAFETY: the process is in `Init`: registered but in no queue, so this spawner
         // is its only owner.
         let init = unsafe {
-            cell.with_process(|p| catch_unwind(AssertUnwindSafe(|| p.init(port(&cell), &method, args.input))))
+            cell.with_process(|p| {
+                catch_unwind(AssertUnwindSafe(|| crate::heap::transient(|| p.init(port(&cell), &method, args.input))))
+            })
         }
         .expect("a process in `Init` is not closed");
         let init = match init {

@@ -114,7 +114,9 @@ impl<C: Member> Registry<C> {
         let pid = Pid::from_u64(
             (u64::from(generation) << (INDEX_BITS + SHARD_BITS)) | ((shard_index as u64) << INDEX_BITS) | index as u64,
         );
-        let cell = Arc::new(make(pid, parts));
+        // The cell lasts as long as its process, suspended or not: apart from the
+        // instance memory its spawn allocates around it.
+        let cell = crate::heap::lasting(|| Arc::new(make(pid, parts)));
         shard.slots.insert(Slot { generation, cell: cell.clone() });
         Ok(cell)
     }

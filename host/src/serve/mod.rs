@@ -576,6 +576,11 @@ impl Service {
 
     /// Records `handle`'s end when it comes, and wakes those waiting for it.
     fn watch(&self, tenant: &str, record: &WorkflowRecord, handle: ProcessHandle) {
+        // What is kept of a workflow lasts as long as it does, asleep or not.
+        crate::heap::lasting(|| self.watch_inner(tenant, record, handle));
+    }
+
+    fn watch_inner(&self, tenant: &str, record: &WorkflowRecord, handle: ProcessHandle) {
         let (id, record) = (record.id.as_str(), record.clone());
         let key = (tenant.to_owned(), id.to_owned());
         let live = Box::new(Live { handle: handle.clone(), record, ended: None, end: None });
@@ -962,8 +967,14 @@ impl Service {
     }
 
     /// A start up to the journal's commit of its spawn: the workflow running and watched,
-    /// or the same request's workflow from before.
+    /// or the same request's workflow from before. What it keeps of the workflow lasts as
+    /// long as the workflow, asleep or not; its root's instance and `init` do not
+    /// ([`crate::heap::lasting`]).
     fn begin_start(&self, tenant: &str, request: StartRequest) -> Result<Begun, Refusal> {
+        crate::heap::lasting(|| self.begin_start_lasting(tenant, request))
+    }
+
+    fn begin_start_lasting(&self, tenant: &str, request: StartRequest) -> Result<Begun, Refusal> {
         let inner = &self.inner;
         let id = match request.id {
             Some(id) if code::valid_name(&id) => id,
