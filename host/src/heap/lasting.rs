@@ -382,9 +382,9 @@ impl Pool {
                 0,
             )
         };
+        // Nothing is logged: logging allocates, and the lock is held.
         if mapped == libc::MAP_FAILED {
             state.failed = true;
-            tracing::debug!("no range for the pool of lasting allocations: they go to the system allocator");
             return false;
         }
         // Chunks aligned to their size, so that a block's alignment follows from its size.

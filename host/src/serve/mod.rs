@@ -967,14 +967,8 @@ impl Service {
     }
 
     /// A start up to the journal's commit of its spawn: the workflow running and watched,
-    /// or the same request's workflow from before. What it keeps of the workflow lasts as
-    /// long as the workflow, asleep or not; its root's instance and `init` do not
-    /// ([`crate::heap::lasting`]).
+    /// or the same request's workflow from before.
     fn begin_start(&self, tenant: &str, request: StartRequest) -> Result<Begun, Refusal> {
-        crate::heap::lasting(|| self.begin_start_lasting(tenant, request))
-    }
-
-    fn begin_start_lasting(&self, tenant: &str, request: StartRequest) -> Result<Begun, Refusal> {
         let inner = &self.inner;
         let id = match request.id {
             Some(id) if code::valid_name(&id) => id,
@@ -1070,7 +1064,18 @@ impl Service {
     /// alone, whose record the next server makes again from the note; never a process
     /// no record names. The record, the running workflow's handle, and what tells when
     /// its spawn is in the journal.
+    ///
+    /// What it keeps of the workflow lasts as long as the workflow, asleep or not; its
+    /// root's instance and `init` do not ([`crate::heap::lasting`]).
     fn spawn_workflow(
+        &self,
+        tenant: &str,
+        record: WorkflowRecord,
+    ) -> Result<(WorkflowRecord, ProcessHandle, Recorded), Refusal> {
+        crate::heap::lasting(|| self.spawn_workflow_lasting(tenant, record))
+    }
+
+    fn spawn_workflow_lasting(
         &self,
         tenant: &str,
         mut record: WorkflowRecord,
