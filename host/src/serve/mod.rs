@@ -268,6 +268,8 @@ struct Inner {
     starting: Mutex<HashSet<(String, String)>>,
     /// Signalled when a start ends, for a start of the same id waiting on it.
     started: parking_lot::Condvar,
+    /// Starts through the API doing their checks and spawn at once ([`STARTS_AT_ONCE`]).
+    start_slots: tokio::sync::Semaphore,
     /// Set once the service stops: ends seen from then on are suspensions, not ends.
     stopping: AtomicBool,
     metrics: metrics::Metrics,
@@ -476,6 +478,7 @@ impl Service {
             code,
             journal,
             live: Mutex::new(HashMap::new()),
+            start_slots: tokio::sync::Semaphore::new(STARTS_AT_ONCE),
             settled: parking_lot::Condvar::new(),
             unrecorded: Mutex::new(Unrecorded::default()),
             recorded: parking_lot::Condvar::new(),
@@ -956,8 +959,16 @@ impl Service {
     /// As [`Service::start`].
     pub async fn start_async(&self, tenant: &str, request: StartRequest) -> Result<(WorkflowRecord, bool), Refusal> {
         let (service, tenant) = (self.clone(), tenant.to_owned());
-        let begun = blocking(move || service.begin_start(&tenant, request)).await?;
-        match begun {
+        // Never closed: an error would be a bug, answered as one.
+        let slot = self
+            .inner
+            .start_slots
+            .acquire()
+            .await
+            .map_err(|e| Refusal::internal(&anyhow::anyhow!("no slot for a start: {e}")))?;
+        let begun = blocking(move || service.begin_start(&tenant, request)).await;
+        drop(slot);
+        match begun? {
             Begun::Existing(record) => Ok((record, false)),
             Begun::New(started) => {
                 let recorded = started.recorded.recorded().await;
@@ -1486,6 +1497,12 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, Refusal> +
         .await
         .unwrap_or_else(|e| Err(Refusal::internal(&anyhow::anyhow!("a request's work failed: {e}"))))
 }
+
+/// The starts through the API whose checks and spawn (the root's instance and `init`)
+/// run at once, each on a thread of the blocking pool; the rest wait their turn, in
+/// order, holding no thread. Many more at once only add threads taking turns on the
+/// same cores. A slow `init` holds its slot at most for the `init` time limit.
+const STARTS_AT_ONCE: usize = 8;
 
 /// How [`Service::begin_start`] left a start.
 enum Begun {
