@@ -241,6 +241,9 @@ pub(crate) struct Pool {
 // SAFETY: `state` is only touched with `locked` held.
 unsafe impl Sync for Pool {}
 
+// SAFETY: the pointers in `state` point into the pool's own mapping, valid from any thread.
+unsafe impl Send for Pool {}
+
 impl Pool {
     /// A pool that reserves `reserve` bytes of address space on its first allocation.
     pub(crate) const fn new(reserve: usize) -> Self {
@@ -569,6 +572,53 @@ mod tests {
             unsafe { (*pool.state.get()).used }
         };
         assert_eq!(used, after, "a spare chunk was taken before a new one");
+    }
+
+    /// Threads allocating at once, each freeing half of its blocks and handing the other
+    /// half to the next thread to free: no block is given twice, and all come back.
+    #[test]
+    fn threads_allocate_and_free_each_others_blocks() {
+        let pool = std::sync::Arc::new(Pool::new(64 << 20));
+        let threads = 4;
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..threads).map(|_| std::sync::mpsc::channel::<Vec<usize>>()).unzip();
+        let mut receivers = receivers.into_iter().map(Some).collect::<Vec<_>>();
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let pool = pool.clone();
+                let next = senders[(t + 1) % threads].clone();
+                let mine = receivers[t].take().unwrap();
+                std::thread::spawn(move || {
+                    let mut kept = Vec::new();
+                    for i in 0..5_000usize {
+                        let size = 16 + (i * 37 + t * 11) % 500;
+                        let block = pool.alloc(layout(size, 8)).unwrap();
+                        // SAFETY: the block holds at least `size` bytes.
+                        unsafe { ptr::write_bytes(block, t as u8, size) };
+                        if i % 2 == 0 {
+                            kept.push(block as usize);
+                        } else {
+                            // SAFETY: allocated above, freed once.
+                            unsafe { pool.free(block) };
+                        }
+                    }
+                    next.send(kept).unwrap();
+                    let theirs = mine.recv().unwrap();
+                    let unique: std::collections::HashSet<_> = theirs.iter().collect();
+                    assert_eq!(unique.len(), theirs.len(), "no block given twice");
+                    for block in theirs {
+                        // SAFETY: allocated by another thread, handed over, freed once.
+                        unsafe { pool.free(block as *mut u8) };
+                    }
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.join().unwrap();
+        }
+        let classes =
+            (16..=516).step_by(1).filter_map(|size| class_of(size, 8)).collect::<std::collections::HashSet<_>>();
+        assert!(pool.chunks_in_use() <= classes.len(), "every block came back");
     }
 
     #[test]
