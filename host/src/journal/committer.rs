@@ -61,6 +61,9 @@ struct Shared<T> {
     store: Arc<dyn Store>,
     sync: bool,
     window: Duration,
+    /// How long, after a group of [`BUSY_GROUP`] items or more, the next waits to be as
+    /// large (zero: it does not wait).
+    busy_wait: Duration,
     /// Whether anything waits for an item's commit (see [`Committer::start`]).
     waited_for: fn(&T) -> bool,
 }
@@ -89,6 +92,19 @@ const UNHURRIED_WAIT: Duration = Duration::from_millis(1);
 /// The most items a group that nothing waits for gathers before it commits.
 const UNHURRIED_ITEMS: usize = 1024;
 
+/// A group of at least this many items shows a busy journal (see [`BUSY_WAIT`]).
+const BUSY_GROUP: usize = 16;
+
+/// How long, after a group of [`BUSY_GROUP`] items or more, the next waits to be as large
+/// before it commits, on a host whose cores other busy threads share
+/// ([`JournalSettings::shared_cores`](super::JournalSettings::shared_cores)). Many
+/// processes are then stepping and submitting, and each commit costs a sync, whose CPU
+/// (the kernel's, and a virtual machine's exits to its host) those threads could use:
+/// fewer, larger commits leave the cores to the work. A journal that is not busy commits
+/// at once, so a lone workflow's latency is untouched; a busy one's records wait at most
+/// this long more. Where the scheduler has the cores to itself, the wait is only lost.
+pub(crate) const BUSY_WAIT: Duration = Duration::from_millis(1);
+
 impl<T: Send + 'static> Committer<T> {
     /// Starts the committer's thread. `window`: how long it waits after the first
     /// submission of a group for more to join it (zero: commit at once; what arrives
@@ -100,6 +116,7 @@ impl<T: Send + 'static> Committer<T> {
         store: Arc<dyn Store>,
         sync: bool,
         window: Duration,
+        busy_wait: Duration,
         waited_for: fn(&T) -> bool,
         on_commit: OnCommit<T>,
     ) -> io::Result<Committer<T>> {
@@ -120,6 +137,7 @@ impl<T: Send + 'static> Committer<T> {
             store,
             sync,
             window,
+            busy_wait,
             waited_for,
         });
         let committing = shared.clone();
@@ -209,10 +227,10 @@ impl<T: Send + 'static> Committer<T> {
         self.shared.pending.lock().stats
     }
 
-    /// Whether a submission has not been carried out yet: its effects, which may wake
+    /// How many submissions have not been carried out yet: their effects, which may wake
     /// processes, are still to come.
-    pub(crate) fn in_flight(&self) -> bool {
-        self.shared.in_flight.load(Ordering::Acquire) > 0
+    pub(crate) fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::Acquire)
     }
 
     /// How many submissions it has taken so far. Once [`Committer::committed`] reaches
@@ -301,6 +319,8 @@ impl<T: Send + 'static> Shared<T> {
         let mut flights: std::collections::VecDeque<Flight<T>> = std::collections::VecDeque::new();
         // When the pending group was first found ready to begin, and when its wait for
         // company (if nothing waits for it) ended: the window counts from there.
+        // The last group's size: a busy journal's next group waits to be as large.
+        let mut last_group = 0usize;
         let mut noticed: Option<Instant> = None;
         let mut gathered: Option<Instant> = None;
         let mut pending = self.pending.lock();
@@ -400,12 +420,24 @@ impl<T: Send + 'static> Shared<T> {
                 self.wake.wait_until(&mut pending, from + self.window);
                 continue;
             }
+            if !self.busy_wait.is_zero()
+                && last_group >= BUSY_GROUP
+                && pending.items.len() < last_group
+                && !pending.shut_down
+                && now < from + self.busy_wait
+            {
+                pending.wake_at = last_group;
+                self.wake.wait_until(&mut pending, from + self.busy_wait);
+                pending.wake_at = 0;
+                continue;
+            }
             noticed = None;
             gathered = None;
             pending.waited_for = false;
             let (spare_batch, spare_items) = spares.pop().unwrap_or_default();
             let batch = std::mem::replace(&mut pending.batch, spare_batch);
             let items = std::mem::replace(&mut pending.items, spare_items);
+            last_group = items.len();
             drop(pending);
             let outcome = if batch.is_empty() {
                 Outcome::Known(Ok(()))
@@ -504,8 +536,16 @@ mod tests {
                 tx.send(item).unwrap();
             }
         });
-        let committer =
-            Committer::start("test", store.clone(), true, Duration::from_micros(200), |_| true, on_commit).unwrap();
+        let committer = Committer::start(
+            "test",
+            store.clone(),
+            true,
+            Duration::from_micros(200),
+            Duration::ZERO,
+            |_| true,
+            on_commit,
+        )
+        .unwrap();
         for seq in 0..1000 {
             committer.submit([(key(1, seq), vec![seq as u8])], seq).unwrap();
         }
@@ -527,14 +567,62 @@ mod tests {
             items.for_each(|item| tx.send(item).unwrap());
         });
         // Every tenth item is waited for; the last one, alone, is not.
-        let committer =
-            Committer::start("test", store.clone(), true, Duration::ZERO, |item| item % 10 == 9, on_commit).unwrap();
+        let committer = Committer::start(
+            "test",
+            store.clone(),
+            true,
+            Duration::ZERO,
+            Duration::ZERO,
+            |item| item % 10 == 9,
+            on_commit,
+        )
+        .unwrap();
         for seq in 0..=100 {
             committer.submit([(key(1, seq), vec![seq as u8])], seq).unwrap();
         }
         let back: Vec<u64> = (0..=100).map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap()).collect();
         assert_eq!(back, (0..=100).collect::<Vec<_>>());
         assert!(holds(&store.store, key(1, 100)));
+        committer.shut_down();
+    }
+
+    /// With the wait of a busy journal (`JournalSettings::shared_cores`), submitters at
+    /// once: every item comes back once, each submitter's in its order, and the groups
+    /// gather several items each.
+    #[test]
+    fn a_busy_journal_gathers_larger_groups_and_loses_nothing() {
+        let store = Arc::new(Faulty::default());
+        let (tx, rx) = mpsc::channel();
+        let on_commit: OnCommit<u64> = Box::new(move |items, result| {
+            result.unwrap();
+            items.for_each(|item| tx.send(item).unwrap());
+        });
+        let committer = Arc::new(
+            Committer::start("test", store.clone(), true, Duration::ZERO, BUSY_WAIT, |_| true, on_commit).unwrap(),
+        );
+        let (submitters, each) = (4u64, 400u64);
+        let threads: Vec<_> = (0..submitters)
+            .map(|who| {
+                let committer = committer.clone();
+                std::thread::spawn(move || {
+                    for seq in 0..each {
+                        committer.submit([(key(who + 1, seq), vec![seq as u8])], who * each + seq).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        let back: Vec<u64> =
+            (0..submitters * each).map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap()).collect();
+        for who in 0..submitters {
+            let mine: Vec<u64> = back.iter().copied().filter(|item| item / each == who).collect();
+            assert_eq!(mine, (who * each..(who + 1) * each).collect::<Vec<_>>(), "submitter {who}'s items, in order");
+        }
+        let stats = committer.stats();
+        assert_eq!(stats.records, submitters * each);
+        assert!(stats.commits < stats.records, "groups of one item each: {stats:?}");
         committer.shut_down();
     }
 
@@ -546,7 +634,8 @@ mod tests {
         let on_commit: OnCommit<u64> = Box::new(move |items, result| {
             tx.send((items.collect::<Vec<_>>(), result.map_err(|e| e.to_string()))).unwrap();
         });
-        let committer = Committer::start("test", store.clone(), true, Duration::ZERO, |_| true, on_commit).unwrap();
+        let committer =
+            Committer::start("test", store.clone(), true, Duration::ZERO, Duration::ZERO, |_| true, on_commit).unwrap();
         committer.submit([(key(1, 0), vec![1])], 7).unwrap();
         let (items, result) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!(items, vec![7]);
@@ -599,7 +688,8 @@ mod tests {
             let ok = result.is_ok();
             items.for_each(|item| tx.send((item, ok)).unwrap());
         });
-        let committer = Committer::start("test", store.clone(), true, Duration::ZERO, |_| true, on_commit).unwrap();
+        let committer =
+            Committer::start("test", store.clone(), true, Duration::ZERO, Duration::ZERO, |_| true, on_commit).unwrap();
         let mut refused = 0;
         for seq in 0..2000 {
             if committer.submit([(key(1, seq), vec![1])], seq).is_err() {
@@ -624,8 +714,16 @@ mod tests {
     fn shut_down_commits_what_is_pending() {
         let store = Arc::new(Faulty::default());
         let on_commit: OnCommit<()> = Box::new(|_, result| result.unwrap());
-        let committer =
-            Committer::start("test", store.clone(), false, Duration::from_secs(60), |_| true, on_commit).unwrap();
+        let committer = Committer::start(
+            "test",
+            store.clone(),
+            false,
+            Duration::from_secs(60),
+            Duration::ZERO,
+            |_| true,
+            on_commit,
+        )
+        .unwrap();
         committer.submit([(key(2, 0), vec![1]), (key(2, 1), vec![2])], ()).unwrap();
         committer.shut_down();
         assert_eq!(store.store.len(), 2);

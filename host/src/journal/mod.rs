@@ -99,8 +99,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub(crate) use self::committer::{BUSY_WAIT, Committer, OnCommit};
 pub use self::committer::{CommitError, CommitStats};
-pub(crate) use self::committer::{Committer, OnCommit};
 pub use self::history::History;
 pub use self::log::{LOG_VERSION, LogStore};
 pub use self::now::{PendingCommand, ProcessNow};
@@ -146,6 +146,14 @@ pub struct JournalSettings {
     /// the tree sent messages outside itself: those trees are removed at the next start,
     /// once no message of theirs is waiting to be delivered again.
     pub keep_finished: bool,
+    /// The host's cores are shared with other busy threads (a server's HTTP workers), so
+    /// under load the scheduler leaves them more of the cores: after a group of 16
+    /// records or more the next waits up to 1 ms to be as large (fewer syncs), and a
+    /// worker out of work parks rather than stays on its core for a commit while more
+    /// than 8 submissions are in flight. A journal that is not busy is unaffected. Where
+    /// the scheduler has the cores to itself this only slows a busy journal. Default:
+    /// false; `wasmproc serve` sets it.
+    pub shared_cores: bool,
 }
 
 impl Default for JournalSettings {
@@ -155,6 +163,7 @@ impl Default for JournalSettings {
             group_window: Duration::ZERO,
             max_records_per_process: 100_000,
             keep_finished: false,
+            shared_cores: false,
         }
     }
 }

@@ -123,6 +123,11 @@ const SLOT_PATIENCE: Duration = Duration::from_millis(1);
 /// flight (a synced commit takes 0.1–0.3 ms here), before it parks as usual.
 const COMMIT_PATIENCE: Duration = Duration::from_millis(1);
 
+/// On a host whose cores other busy threads share, the most submissions in flight for
+/// which a worker out of work stays on its core for their commit (see
+/// `WorkerLoop::awaiting_commit`).
+const SPIN_WHILE_AT_MOST: usize = 8;
+
 /// One task from `steal`, retrying while it asks to; `None` when there is none.
 fn steal_one(steal: impl Fn() -> Steal<Arc<ProcessCell>>) -> Option<Arc<ProcessCell>> {
     loop {
@@ -518,9 +523,15 @@ impl WorkerLoop<'_> {
     /// durable scheduler's commit is in flight, and [`COMMIT_PATIENCE`] has not passed
     /// since `until` was set (on the first look of this search). The commit's effects
     /// wake processes as soon as it lands, and a parked worker would add a wake-up from
-    /// the kernel to every commit's round trip.
+    /// the kernel to every commit's round trip. On a host whose cores other busy threads
+    /// share (`JournalSettings::shared_cores`), not while more than
+    /// [`SPIN_WHILE_AT_MOST`] submissions are in flight: many processes are at work, and
+    /// the cores are busy with the threads that feed them, with which a worker staying
+    /// on its core would only take turns.
     fn awaiting_commit(&self, until: &mut Option<Instant>) -> bool {
-        if !self.shared.durable.as_ref().is_some_and(|durable| durable.in_flight()) {
+        let Some(durable) = self.shared.durable.as_ref() else { return false };
+        let in_flight = durable.in_flight();
+        if in_flight == 0 || (durable.shared_cores() && in_flight > SPIN_WHILE_AT_MOST) {
             return false;
         }
         let until = *until.get_or_insert_with(|| Instant::now() + COMMIT_PATIENCE);

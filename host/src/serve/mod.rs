@@ -412,7 +412,8 @@ impl Service {
             .collect();
         let journal = Journal::open(data.join("journal"))
             .with_context(|| format!("cannot open the journal in `{}`", data.join("journal").display()))?;
-        let settings = JournalSettings { keep_finished: true, ..JournalSettings::default() };
+        // The HTTP runtime's threads share the cores with the scheduler's.
+        let settings = JournalSettings { keep_finished: true, shared_cores: true, ..JournalSettings::default() };
         let journal = journal.settings(settings);
         // Before anything reads the registry's workflows: the records a machine's crash
         // lost, from the journal's notes.
