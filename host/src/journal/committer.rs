@@ -317,10 +317,10 @@ impl<T: Send + 'static> Shared<T> {
         // so a group grows into room an earlier one made instead of from nothing.
         let mut spares: Vec<(Batch, Vec<T>)> = Vec::new();
         let mut flights: std::collections::VecDeque<Flight<T>> = std::collections::VecDeque::new();
-        // When the pending group was first found ready to begin, and when its wait for
-        // company (if nothing waits for it) ended: the window counts from there.
         // The last group's size: a busy journal's next group waits to be as large.
         let mut last_group = 0usize;
+        // When the pending group was first found ready to begin, and when its wait for
+        // company (if nothing waits for it) ended: the window counts from there.
         let mut noticed: Option<Instant> = None;
         let mut gathered: Option<Instant> = None;
         let mut pending = self.pending.lock();
@@ -523,6 +523,16 @@ mod tests {
         Key { process, seq }
     }
 
+    /// What every commit must do: succeed, its items sent back as they come.
+    fn sent_back() -> (OnCommit<u64>, mpsc::Receiver<u64>) {
+        let (tx, rx) = mpsc::channel();
+        let on_commit: OnCommit<u64> = Box::new(move |items, result| {
+            result.unwrap();
+            items.for_each(|item| tx.send(item).unwrap());
+        });
+        (on_commit, rx)
+    }
+
     #[test]
     fn items_come_back_in_order_once_their_records_are_in_the_store() {
         let store = Arc::new(Faulty::default());
@@ -561,11 +571,7 @@ mod tests {
     #[test]
     fn items_nothing_waits_for_commit_on_their_own_and_in_order_with_the_others() {
         let store = Arc::new(Faulty::default());
-        let (tx, rx) = mpsc::channel();
-        let on_commit: OnCommit<u64> = Box::new(move |items, result| {
-            result.unwrap();
-            items.for_each(|item| tx.send(item).unwrap());
-        });
+        let (on_commit, rx) = sent_back();
         // Every tenth item is waited for; the last one, alone, is not.
         let committer = Committer::start(
             "test",
@@ -592,11 +598,7 @@ mod tests {
     #[test]
     fn a_busy_journal_gathers_larger_groups_and_loses_nothing() {
         let store = Arc::new(Faulty::default());
-        let (tx, rx) = mpsc::channel();
-        let on_commit: OnCommit<u64> = Box::new(move |items, result| {
-            result.unwrap();
-            items.for_each(|item| tx.send(item).unwrap());
-        });
+        let (on_commit, rx) = sent_back();
         let committer = Arc::new(
             Committer::start("test", store.clone(), true, Duration::ZERO, BUSY_WAIT, |_| true, on_commit).unwrap(),
         );

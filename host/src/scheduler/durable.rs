@@ -147,8 +147,6 @@ pub(super) struct Durable {
     /// Steps between two snapshots of a process (`Builder::snapshot_every`); `None`:
     /// none is taken.
     snapshot_every: Option<u64>,
-    /// [`JournalSettings::shared_cores`](crate::journal::JournalSettings::shared_cores).
-    shared_cores: bool,
     /// The process trees whose records go once they have all ended; `None` keeps them.
     trees: Option<Mutex<Trees>>,
     /// The last message (its identity) each process recorded from each sender of another
@@ -308,8 +306,8 @@ impl Durable {
             Err(error) => items.for_each(|item| item.fail(&error)),
         });
         let window = journal.settings.group_window;
-        let shared_cores = journal.settings.shared_cores;
-        let busy_wait = if shared_cores { crate::journal::BUSY_WAIT } else { std::time::Duration::ZERO };
+        let busy_wait =
+            if journal.settings.shared_cores { crate::journal::BUSY_WAIT } else { std::time::Duration::ZERO };
         let committer =
             Committer::start(name, journal.store.clone(), sync, window, busy_wait, AfterCommit::waited_for, on_commit)?;
         let trees = (!journal.settings.keep_finished).then(|| Mutex::new(Trees::default()));
@@ -318,7 +316,6 @@ impl Durable {
             journal: journal.clone(),
             max_records: journal.settings.max_records_per_process.max(2),
             snapshot_every: snapshot_every.map(|every| every.max(1)),
-            shared_cores,
             trees,
             received: Mutex::new(FxHashMap::default()),
         })
@@ -353,7 +350,7 @@ impl Durable {
     /// Whether the host's cores are shared with other busy threads
     /// ([`JournalSettings::shared_cores`](crate::journal::JournalSettings::shared_cores)).
     pub(super) fn shared_cores(&self) -> bool {
-        self.shared_cores
+        self.journal.settings.shared_cores
     }
 
     pub(super) fn shut_down(&self) {
