@@ -12,7 +12,9 @@
 //! The pool is one reserved range of address space, so a deallocation finds its allocator
 //! by its address alone, wherever it is freed and whatever scope it is freed in. The range
 //! is cut into [`CHUNK`]-byte chunks, each serving one size class; a chunk whose blocks are
-//! all free again is given back to the kernel and can serve any class next. Requests
+//! all free again can serve any class next. Up to [`KEEP_EMPTY`] such chunks are kept
+//! ready, so that a host starting and ending workflows at a high rate does not give pages
+//! back and fault them in again for each; the others are given back to the kernel. Requests
 //! larger than [`LARGEST`] or aligned beyond what a class gives, and any request once the
 //! range is full or could not be reserved, go to the system allocator, so a scope never
 //! changes whether an allocation succeeds.
@@ -27,6 +29,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// A chunk of the pool: the unit handed to a size class and given back to the kernel.
 pub(crate) const CHUNK: usize = 16 << 10;
+
+/// Empty chunks kept, not given back to the kernel: their pages are reused at once.
+pub(crate) const KEEP_EMPTY: u32 = 64;
 
 /// The largest allocation the pool serves.
 pub(crate) const LARGEST: usize = 2048;
@@ -220,6 +225,10 @@ struct State {
     used: u32,
     /// Chunks given back to the kernel, for any class (linked through `next`).
     spare: u32,
+    /// Empty chunks kept with their pages, for any class (linked through `next`).
+    kept: u32,
+    /// How many chunks `kept` lists, at most [`KEEP_EMPTY`].
+    kept_count: u32,
     /// Per class, the chunks with room.
     room: [u32; CLASSES.len()],
     /// Whether reserving the range failed, for good.
@@ -258,6 +267,8 @@ impl Pool {
                 capacity: 0,
                 used: 0,
                 spare: NONE,
+                kept: NONE,
+                kept_count: 0,
                 room: [NONE; CLASSES.len()],
                 failed: false,
             }),
@@ -321,7 +332,7 @@ impl Pool {
     ///
     /// `block` was returned by [`Pool::alloc`] and not freed since.
     pub(crate) unsafe fn free(&self, block: *mut u8) {
-        let _guard = self.lock();
+        let guard = self.lock();
         // SAFETY: the lock is held.
         let state = unsafe { &mut *self.state.get() };
         let index = ((block as usize - state.chunks) / CHUNK) as u32;
@@ -337,20 +348,35 @@ impl Pool {
         }
         // SAFETY: as above; `push` may have moved nothing but links.
         let header = unsafe { &mut *state.headers.add(index as usize) };
-        // An empty chunk goes back to the kernel unless it is its class's only one with
-        // room, which a class that frees and allocates in turn would otherwise give back
-        // and take again each time.
+        // An empty chunk leaves its class unless it is the class's only one with room,
+        // which a class that frees and allocates in turn would otherwise give up and take
+        // again each time.
         if header.live == 0 && (header.prev != NONE || header.next != NONE) {
             Self::unlink(state, index);
+            let keep = state.kept_count < KEEP_EMPTY;
+            // SAFETY: as above.
+            let header = unsafe { &mut *state.headers.add(index as usize) };
+            let next = if keep { state.kept } else { NONE };
+            *header = Header { class: UNASSIGNED, listed: false, live: 0, carved: 0, free: 0, prev: NONE, next };
+            if keep {
+                state.kept = index;
+                state.kept_count += 1;
+                return;
+            }
+            // Given back outside the lock: the chunk is in no list meanwhile, so nothing
+            // else touches it.
             let address = state.chunks + index as usize * CHUNK;
+            drop(guard);
             // SAFETY: the chunk is in the range and holds no live block; its pages read
             // as zeros when next touched.
             unsafe { libc::madvise(address as *mut libc::c_void, CHUNK, libc::MADV_DONTNEED) };
-            // SAFETY: as above.
-            let header = unsafe { &mut *state.headers.add(index as usize) };
-            *header =
-                Header { class: UNASSIGNED, listed: false, live: 0, carved: 0, free: 0, prev: NONE, next: state.spare };
-            state.spare = index;
+            let _guard = self.lock();
+            // SAFETY: the lock is held; the chunk is below `capacity`.
+            unsafe {
+                let state = &mut *self.state.get();
+                (*state.headers.add(index as usize)).next = state.spare;
+                state.spare = index;
+            }
         }
     }
 
@@ -400,9 +426,16 @@ impl Pool {
         true
     }
 
-    /// A chunk serving no class: a spare one, or one never used; `None` once the range is
-    /// full.
+    /// A chunk serving no class: a kept one, a spare one, or one never used; `None` once
+    /// the range is full.
     fn fresh_chunk(state: &mut State) -> Option<u32> {
+        if state.kept != NONE {
+            let index = state.kept;
+            // SAFETY: kept chunks are below `capacity`.
+            state.kept = unsafe { (*state.headers.add(index as usize)).next };
+            state.kept_count -= 1;
+            return Some(index);
+        }
         if state.spare != NONE {
             let index = state.spare;
             // SAFETY: spare chunks are below `capacity`.
@@ -452,7 +485,7 @@ impl Pool {
     }
 
     /// Takes the lock, spinning: waiting must not allocate, and the lock is held for a
-    /// few instructions (or one `madvise`).
+    /// few instructions.
     fn lock(&self) -> Guard<'_> {
         let mut spins = 0u32;
         while self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
@@ -619,6 +652,52 @@ mod tests {
         let classes =
             (16..=516).step_by(1).filter_map(|size| class_of(size, 8)).collect::<std::collections::HashSet<_>>();
         assert!(pool.chunks_in_use() <= classes.len(), "every block came back");
+    }
+
+    /// Emptied chunks are kept up to [`KEEP_EMPTY`], and the rest given back; a kept chunk
+    /// serves the next class that needs one before a given-back or a new one.
+    #[test]
+    fn empty_chunks_are_kept_up_to_a_bound_and_the_rest_given_back() {
+        let pool = Pool::new(64 << 20);
+        let per_chunk = CHUNK / 64;
+        let chunks = KEEP_EMPTY as usize + 10;
+        let blocks: Vec<_> = (0..chunks * per_chunk).map(|_| pool.alloc(layout(64, 8)).unwrap()).collect();
+        assert_eq!(pool.chunks_in_use(), chunks);
+        for block in blocks {
+            // SAFETY: allocated above, freed once.
+            unsafe { pool.free(block) };
+        }
+        let (kept, spare, used) = {
+            let _guard = pool.lock();
+            // SAFETY: the lock is held.
+            let state = unsafe { &*pool.state.get() };
+            let mut spare = 0;
+            let mut index = state.spare;
+            while index != NONE {
+                spare += 1;
+                // SAFETY: spare chunks are below `capacity`.
+                index = unsafe { (*state.headers.add(index as usize)).next };
+            }
+            (state.kept_count as usize, spare, state.used)
+        };
+        assert_eq!(pool.chunks_in_use(), 1, "the class keeps one chunk with room");
+        assert_eq!(kept, KEEP_EMPTY as usize);
+        assert_eq!(spare, chunks - 1 - KEEP_EMPTY as usize, "the others were given back");
+        let block = pool.alloc(layout(1024, 8)).unwrap();
+        let kept_after = {
+            let _guard = pool.lock();
+            // SAFETY: the lock is held.
+            unsafe { (*pool.state.get()).kept_count as usize }
+        };
+        assert_eq!(kept_after, kept - 1, "another class took a kept chunk");
+        // SAFETY: the block holds 1024 bytes; a kept chunk's old contents are overwritten.
+        unsafe { ptr::write_bytes(block, 7, 1024) };
+        let used_after = {
+            let _guard = pool.lock();
+            // SAFETY: the lock is held.
+            unsafe { (*pool.state.get()).used }
+        };
+        assert_eq!(used, used_after, "no new chunk was used");
     }
 
     #[test]
