@@ -255,6 +255,7 @@ impl Shared {
         };
         let (process, sandbox) =
             make_under(&*factory, self.sandbox_of(parent)).map_err(|e| format!("spawn failed: {e:#}"))?;
+        let identity = self.durable.is_some().then(|| factory.identity()).flatten();
         let args = SpawnArgs {
             parent: parent.pid(),
             origin,
@@ -270,6 +271,7 @@ impl Shared {
             linked_to: request.link.then(|| parent.clone()),
             lineage: Lineage::child_of(&parent.lineage).within(sandbox),
             note: None,
+            identity,
             recorder: None,
         };
         self.spawn_unqueued(process, args).map_err(|e| e.to_string())

@@ -21,8 +21,9 @@ use crate::limits::{Lineage, ProcessQuota};
 use crate::process::Process;
 use crate::step::{Event, Exited};
 
-/// A process to spawn, and the name its kind is recorded under.
-type Made = (Box<dyn Process>, Option<Arc<str>>);
+/// A process to spawn, the name its kind is recorded under, and the kind's identity for
+/// a durable spawn's record.
+type Made = (Box<dyn Process>, Option<Arc<str>>, Option<String>);
 
 /// Spawns, messages and inspects processes. Cheap to clone; usable from any thread,
 /// including from command handlers.
@@ -65,8 +66,8 @@ impl Handle {
         what: impl Into<Spawnable>,
         options: impl Into<SpawnOptions>,
     ) -> Result<ProcessHandle, SpawnError> {
-        let (process, kind) = self.make(what.into())?;
-        self.spawn_with(process, kind, options.into(), None, None)
+        let made = self.make(what.into())?;
+        self.spawn_with(made, options.into(), None, None)
     }
 
     /// As [`Handle::spawn`], handing the new process's pid to `admit` first: after its
@@ -85,8 +86,8 @@ impl Handle {
         options: impl Into<SpawnOptions>,
         mut admit: impl FnMut(Pid) -> Result<(), String>,
     ) -> Result<ProcessHandle, SpawnError> {
-        let (process, kind) = self.make(what.into())?;
-        self.spawn_with(process, kind, options.into(), Some(&mut admit), None)
+        let made = self.make(what.into())?;
+        self.spawn_with(made, options.into(), Some(&mut admit), None)
     }
 
     /// As [`Handle::spawn_admitted`], with what tells when the spawn's record is in the
@@ -104,31 +105,31 @@ impl Handle {
         options: impl Into<SpawnOptions>,
         mut admit: impl FnMut(Pid) -> Result<(), String>,
     ) -> Result<(ProcessHandle, Recorded), SpawnError> {
-        let (process, kind) = self.make(what.into())?;
+        let made = self.make(what.into())?;
         let (recorded, recorder) = recorded::pair();
-        let handle = self.spawn_with(process, kind, options.into(), Some(&mut admit), Some(recorder))?;
+        let handle = self.spawn_with(made, options.into(), Some(&mut admit), Some(recorder))?;
         Ok((handle, recorded))
     }
 
     /// The process `what` is, and its kind's recorded name.
     fn make(&self, what: Spawnable) -> Result<Made, SpawnError> {
         match what.0 {
-            Source::Process(process) => Ok((process, None)),
+            Source::Process(process) => Ok((process, None, None)),
             Source::Kind(kind) => {
                 let (name, factory) =
                     self.shared.kinds.find(&kind, None).ok_or_else(|| SpawnError::UnknownKind(kind.clone()))?;
                 // An instance's memory lasts no longer than its process's next suspension.
                 let process =
                     crate::heap::transient(|| factory.make()).map_err(|source| SpawnError::Factory { kind, source })?;
-                Ok((process, Some(name)))
+                let identity = self.shared.durable.is_some().then(|| factory.identity()).flatten();
+                Ok((process, Some(name), identity))
             }
         }
     }
 
     fn spawn_with(
         &self,
-        process: Box<dyn Process>,
-        kind: Option<Arc<str>>,
+        (process, kind, identity): Made,
         options: SpawnOptions,
         admit: Option<Admit<'_>>,
         recorder: Option<Recorder>,
@@ -159,6 +160,7 @@ impl Handle {
             linked_to: None,
             lineage: Lineage::default().within(sandbox).bounded(bound),
             note: options.note,
+            identity,
             recorder,
         };
         let cell = shared.spawn_admitted(process, args, admit)?;

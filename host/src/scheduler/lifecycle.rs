@@ -50,6 +50,10 @@ pub(super) struct SpawnArgs {
     pub(super) lineage: Lineage,
     /// The embedder's note, kept with the spawn's record.
     pub(super) note: Option<Vec<u8>>,
+    /// What the kind's factory says it is ([`Factory::identity`]), for a durable
+    /// spawn's record: taken from the factory the process was made by, not looked up
+    /// again. `None` without a journal.
+    pub(super) identity: Option<String>,
     /// Told when the spawn's record is committed; at once without a journal.
     pub(super) recorder: Option<Recorder>,
 }
@@ -144,12 +148,7 @@ impl Shared {
                 parent: args.parent,
                 origin: args.origin,
                 kind: cell.spec.kind.as_deref().map(str::to_owned),
-                identity: cell
-                    .spec
-                    .kind
-                    .as_deref()
-                    .and_then(|kind| self.kinds.factory(kind))
-                    .and_then(|f| f.identity()),
+                identity: args.identity,
                 method: method.clone(),
                 input,
                 caps: (*cell.spec.caps).clone(),

@@ -128,7 +128,7 @@ impl Code {
     /// or a name (`NAME`, `NAME:TAG`) it gave one.
     pub(super) fn find(&self, tenant: &str, reference: &str) -> anyhow::Result<Option<String>> {
         if reference.starts_with("sha256:") {
-            return Ok(self.registry.component(tenant, reference)?.map(|record| record.hash));
+            return Ok(self.registry.has_component(tenant, reference)?.then(|| reference.to_owned()));
         }
         self.registry.name(tenant, reference)
     }

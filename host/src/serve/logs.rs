@@ -30,7 +30,7 @@
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, OnceLock};
 
@@ -93,6 +93,10 @@ pub(super) struct Logs {
     queue_from: Mutex<Option<Receiver<Work>>>,
     /// Lines the sink found no room for, not yet reported.
     lost: AtomicU64,
+    /// Lines the writer holds for roots not known yet. Raised with `roots` read-locked
+    /// and read with it write-locked, so that a root made known either is seen by the
+    /// writer before it holds a line of it, or finds the line held and says so.
+    holding: AtomicUsize,
     followers: Mutex<HashMap<Workflow, broadcast::Sender<Followed>>>,
     /// Raised when the server stops: every follower's stream ends.
     closing: tokio::sync::watch::Sender<bool>,
@@ -110,6 +114,7 @@ impl Logs {
             queue,
             queue_from: Mutex::new(Some(queue_from)),
             lost: AtomicU64::new(0),
+            holding: AtomicUsize::new(0),
             followers: Mutex::default(),
             closing: tokio::sync::watch::channel(false).0,
         }
@@ -179,15 +184,25 @@ impl Logs {
 
     /// Knows `root` as the root process of `tenant`'s workflow `id`.
     pub(super) fn track(&self, root: Pid, tenant: &str, id: &str) {
-        self.roots.write().insert(root, (tenant.to_owned(), id.to_owned()));
-        // Blocking: the lines held for it wait for this.
-        let _ = self.queue.send(Work::Known(root));
+        let holding = {
+            let mut roots = self.roots.write();
+            roots.insert(root, (tenant.to_owned(), id.to_owned()));
+            self.holding.load(Ordering::Relaxed)
+        };
+        // Blocking: the lines held for it wait for this. With none held, the writer finds
+        // the root in `roots` for every line it takes from now on.
+        if holding > 0 {
+            let _ = self.queue.send(Work::Known(root));
+        }
     }
 
-    /// `tenant`'s workflow `id` has ended.
-    pub(super) fn ended(&self, tenant: &str, id: &str) {
+    /// `tenant`'s workflow `id`, whose root was `root` if known, has ended.
+    pub(super) fn ended(&self, root: Option<Pid>, tenant: &str, id: &str) {
         let workflow = (tenant.to_owned(), id.to_owned());
-        let root = self.roots.read().iter().find(|(_, w)| **w == workflow).map(|(root, _)| *root);
+        let root = match root {
+            Some(root) => self.roots.read().get(&root).is_some_and(|w| *w == workflow).then_some(root),
+            None => self.roots.read().iter().find(|(_, w)| **w == workflow).map(|(root, _)| *root),
+        };
         if let Some(root) = root {
             self.roots.write().remove(&root);
             self.ancestors.lock().retain(|_, r| *r != root);
@@ -352,12 +367,14 @@ impl Writer {
     fn take(&mut self, logs: &Logs, work: Work) {
         match work {
             Work::Line { root, .. } => {
-                let workflow = logs.roots.read().get(&root).cloned();
+                let roots = logs.roots.read();
+                let workflow = roots.get(&root).cloned();
                 // A root still alive is a workflow whose start is being recorded; the
                 // lines of one that has ended are late lines of a workflow ended.
                 let alive = || logs.handle.get().is_some_and(|handle| handle.parent_of(root).is_some());
                 match workflow {
                     Some(workflow) => {
+                        drop(roots);
                         // Known since its first lines were held, and `Known` not yet
                         // taken: the held lines go first, so that the log keeps the
                         // order the lines were logged in.
@@ -365,6 +382,9 @@ impl Writer {
                         self.write(logs, &workflow, work);
                     }
                     None if self.held_lines < HELD_LINES && alive() => {
+                        // Counted before `roots` is unlocked (see `Logs::holding`).
+                        logs.holding.fetch_add(1, Ordering::Relaxed);
+                        drop(roots);
                         self.held_lines += 1;
                         self.held.entry(root).or_default().push(work);
                     }
@@ -395,6 +415,7 @@ impl Writer {
     fn release(&mut self, logs: &Logs, root: Pid) {
         if let Some(lines) = self.held.remove(&root) {
             self.held_lines -= lines.len();
+            logs.holding.fetch_sub(lines.len(), Ordering::Relaxed);
             for line in lines {
                 self.take(logs, line);
             }
@@ -580,5 +601,68 @@ impl Following {
                 Err(broadcast::error::RecvError::Closed) => return None,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use wasmproc_types::Payload;
+
+    use super::*;
+    use crate::{Events, Port, Process, Scheduler, StepOutput};
+
+    /// A process that waits for ever: a root alive while its lines are held.
+    struct Idle;
+
+    impl Process for Idle {
+        fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
+            Ok(())
+        }
+
+        fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
+            out.set_status(crate::Status::Idle);
+            Ok(())
+        }
+    }
+
+    fn line(root: Pid, message: &str) -> Work {
+        Work::Line { root, pid: root, source: "info".into(), message: message.into(), ms: 1 }
+    }
+
+    /// A line of a root not known yet is held, and the root made known says so, so the
+    /// line is written; a root made known with nothing held costs the writer nothing.
+    #[test]
+    fn a_line_held_for_its_root_is_written_once_the_root_is_known() {
+        let dir = std::env::temp_dir().join(format!("wasmproc-logs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let logs = Logs::new(dir.clone(), 1 << 20);
+        let work = logs.queue_from.lock().take().unwrap();
+        let scheduler = Scheduler::builder().workers(1).build().unwrap();
+        logs.attach(scheduler.handle().clone());
+        let early = scheduler.handle().spawn(Box::new(Idle) as Box<dyn Process>, "main").unwrap();
+        let mut writer = Writer { open: HashMap::new(), held: HashMap::new(), held_lines: 0 };
+
+        writer.take(&logs, line(early.pid(), "before its start was recorded"));
+        assert_eq!(logs.holding.load(Ordering::Relaxed), 1);
+        logs.track(early.pid(), "acme", "early");
+        let known = work.try_recv().expect("the writer is told of a root it holds lines for");
+        assert!(matches!(known, Work::Known(root) if root == early.pid()));
+        writer.take(&logs, known);
+        assert_eq!(logs.holding.load(Ordering::Relaxed), 0);
+        let (lines, _) = logs.read("acme", "early").unwrap();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].contains("before its start was recorded"), "{lines:?}");
+
+        let later = scheduler.handle().spawn(Box::new(Idle) as Box<dyn Process>, "main").unwrap();
+        logs.track(later.pid(), "acme", "later");
+        assert!(work.try_recv().is_err(), "nothing held, nothing to tell");
+        writer.take(&logs, line(later.pid(), "after"));
+        let (lines, _) = logs.read("acme", "later").unwrap();
+        assert!(lines.len() == 1 && lines[0].contains("after"), "{lines:?}");
+
+        logs.ended(Some(later.pid()), "acme", "later");
+        assert!(!logs.roots.read().contains_key(&later.pid()), "an ended root is forgotten");
+        drop(scheduler);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

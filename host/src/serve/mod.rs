@@ -1611,9 +1611,11 @@ fn settle(inner: &Inner, ended: &[(String, String, Exited, u64)], ends: Ends) ->
         Ends::Journaled => inner.registry.put_journaled(&records)?,
         Ends::Unjournaled => inner.registry.put_workflows(&records)?,
     }
+    let roots: HashMap<(&str, &str), Pid> =
+        records.iter().map(|(tenant, record)| ((*tenant, record.id.as_str()), Pid::from_u64(record.pid))).collect();
     for (tenant, id, _, _) in ended {
         inner.requests.ended(tenant, id);
-        inner.logs.ended(tenant, id);
+        inner.logs.ended(roots.get(&(tenant.as_str(), id.as_str())).copied(), tenant, id);
     }
     let mut live = inner.live.lock();
     let mut unrecorded = inner.unrecorded.lock();

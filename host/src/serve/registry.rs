@@ -74,6 +74,13 @@ pub struct ComponentRecord {
     pub uploaded_ms: u64,
 }
 
+/// A workflow record's state alone: what counting its replacement needs, read without
+/// building the rest of the record.
+#[derive(Deserialize)]
+struct StateOf {
+    state: State,
+}
+
 /// Where a workflow is in its life.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -325,7 +332,7 @@ impl Registry {
         for &(tenant, id, state) in writes {
             let before = match replaced.get(&(tenant, id)) {
                 Some(before) => *before,
-                None => self.get::<WorkflowRecord>(&self.workflows, &key(tenant, id))?.map(|w| w.state),
+                None => self.get::<StateOf>(&self.workflows, &key(tenant, id))?.map(|w| w.state),
             };
             replaced.insert((tenant, id), state);
             let delta = deltas.entry(tenant).or_default();
@@ -398,6 +405,11 @@ impl Registry {
 
     pub(super) fn component(&self, tenant: &str, hash: &str) -> anyhow::Result<Option<ComponentRecord>> {
         self.get(&self.components, &key(tenant, hash))
+    }
+
+    /// Whether `tenant` has the component `hash`, without reading its record.
+    pub(super) fn has_component(&self, tenant: &str, hash: &str) -> anyhow::Result<bool> {
+        self.components.contains_key(key(tenant, hash)).map_err(failed)
     }
 
     pub(super) fn components(&self, tenant: &str) -> anyhow::Result<Vec<ComponentRecord>> {
