@@ -342,6 +342,17 @@ impl Reader<'_> {
     }
 }
 
+/// `bytes` as lowercase hex, two digits a byte.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(bytes.len() * 2);
+    for &byte in bytes {
+        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        text.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+    }
+    text
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -359,6 +370,15 @@ pub(crate) mod tests {
         ];
         every.extend(TrapKind::ALL.map(|kind| ExitReason::trap(kind, format!("a {kind} trap"))));
         every
+    }
+
+    #[test]
+    fn hex_is_two_lowercase_digits_a_byte() {
+        assert_eq!(hex(&[]), "");
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff, 0x10]), "000fa5ff10");
+        let every: Vec<u8> = (0..=255).collect();
+        let expected: String = every.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex(&every), expected);
     }
 
     #[test]

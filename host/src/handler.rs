@@ -283,7 +283,7 @@ impl Request<'_> {
     pub fn idempotency_key(&self) -> Option<String> {
         let record = self.record?;
         let seed = self.caller.random_seed().unwrap_or([0; 32]);
-        let run: String = seed[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let run = crate::codec::hex(&seed[..8]);
         Some(format!("{}-{record}-{}-{run}", self.caller.pid(), self.tag))
     }
 

@@ -336,7 +336,7 @@ impl JetStreamStore {
                 sizes: std::collections::BTreeMap::new(),
                 live: 0,
                 dead: 0,
-                nonce: nonce.iter().map(|b| format!("{b:02x}")).collect(),
+                nonce: crate::codec::hex(&nonce),
                 published: 0,
                 replayed: None,
             }),

@@ -183,7 +183,7 @@ pub fn check_id(id: &str) -> anyhow::Result<()> {
 /// `sha256:HEX` of `bytes`.
 pub fn hash_of(bytes: &[u8]) -> String {
     let digest: [u8; 32] = Sha256::digest(bytes).into();
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = crate::codec::hex(&digest);
     format!("sha256:{hex}")
 }
 

@@ -30,7 +30,7 @@ pub(super) struct Code {
 
 /// The hex of `bytes`' SHA-256.
 pub(super) fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    crate::codec::hex(&Sha256::digest(bytes))
 }
 
 /// Whether `name` may name a component: letters, digits, `-`, `_` and `.`, 1 to 64

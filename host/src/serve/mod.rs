@@ -329,7 +329,7 @@ fn now_ms() -> u64 {
 fn secret(prefix: &str) -> anyhow::Result<String> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness for a token: {e}"))?;
-    Ok(format!("{prefix}{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+    Ok(format!("{prefix}{}", crate::codec::hex(&bytes)))
 }
 
 /// Creates `dir` (mode 0700) if it is missing.

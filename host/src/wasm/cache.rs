@@ -52,6 +52,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
+use crate::codec::hex;
 use anyhow::{Context as _, bail};
 use sha2::{Digest as _, Sha256};
 use wasmtime::component::Component;
@@ -124,10 +125,6 @@ pub(crate) type Digest = [u8; 32];
 
 pub(crate) fn digest(bytes: &[u8]) -> Digest {
     Sha256::digest(bytes).into()
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Compiled components on disk, for one engine.

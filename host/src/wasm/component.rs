@@ -195,7 +195,7 @@ impl Component {
     /// The SHA-256 of the bytes it was loaded from, as `sha256:<hex>` (of the precompiled
     /// file, for one made by `Runtime::precompile`).
     pub fn hash(&self) -> String {
-        format!("sha256:{}", super::cache::hex(&self.loaded.digest))
+        format!("sha256:{}", crate::codec::hex(&self.loaded.digest))
     }
 
     /// The entry methods the component offers, as its `entries` export listed them

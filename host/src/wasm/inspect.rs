@@ -72,7 +72,7 @@ impl Runtime {
         Ok(Inspection {
             kind,
             size: bytes.len() as u64,
-            sha256: cache::hex(&digest),
+            sha256: crate::codec::hex(&digest),
             source_sha256: precompiled::header(bytes).map(|header| header.source_sha256().to_owned()),
             precompiled: is_precompiled,
             cached: found == Found::OnDisk,

@@ -91,7 +91,7 @@ pub(crate) fn write(
         kind: kind_name(compiled.kind_byte()).to_owned(),
         max_memory: config.max_memory,
         fuel: config.fuel.is_some(),
-        source_sha256: cache::hex(&cache::digest(source)),
+        source_sha256: crate::codec::hex(&cache::digest(source)),
     };
     let serialized = compiled.serialize()?;
     let line = serde_json::to_vec(&header).context("failed to write the header")?;

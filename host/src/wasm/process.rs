@@ -937,8 +937,8 @@ mod snapshot {
         anyhow::ensure!(
             of == digest,
             "the snapshot is of component sha256:{}, and this process's component is sha256:{}",
-            crate::wasm::cache::hex(of),
-            crate::wasm::cache::hex(digest)
+            crate::codec::hex(of),
+            crate::codec::hex(digest)
         );
         let cpu_ticks = r.u64()?;
         let fuel = if r.flag()? { Some(r.u64()?) } else { None };
