@@ -80,6 +80,39 @@ enum Work {
     Forget(Workflow),
 }
 
+/// The roots of processes that logged and are no roots themselves, and each root's
+/// such descendants, so that a workflow's end forgets its own without looking at others'.
+#[derive(Default)]
+struct Ancestors {
+    root_of: HashMap<Pid, Pid>,
+    under: HashMap<Pid, Vec<Pid>>,
+}
+
+impl Ancestors {
+    fn root_of(&self, pid: Pid) -> Option<Pid> {
+        self.root_of.get(&pid).copied()
+    }
+
+    fn insert(&mut self, pid: Pid, root: Pid) {
+        if let Some(before) = self.root_of.insert(pid, root) {
+            if before == root {
+                return;
+            }
+            if let Some(theirs) = self.under.get_mut(&before) {
+                theirs.retain(|p| *p != pid);
+            }
+        }
+        self.under.entry(root).or_default().push(pid);
+    }
+
+    /// Forgets `root`'s descendants.
+    fn forget(&mut self, root: Pid) {
+        for pid in self.under.remove(&root).unwrap_or_default() {
+            self.root_of.remove(&pid);
+        }
+    }
+}
+
 /// The service's logs: see the module's docs.
 pub(super) struct Logs {
     dir: PathBuf,
@@ -88,7 +121,7 @@ pub(super) struct Logs {
     /// Workflows by their root process.
     roots: RwLock<HashMap<Pid, Workflow>>,
     /// The root of each process that logged and is not a root itself.
-    ancestors: Mutex<HashMap<Pid, Pid>>,
+    ancestors: Mutex<Ancestors>,
     queue: SyncSender<Work>,
     queue_from: Mutex<Option<Receiver<Work>>>,
     /// Lines the sink found no room for, not yet reported.
@@ -151,8 +184,8 @@ impl Logs {
         if self.roots.read().contains_key(&pid) {
             return Some(pid);
         }
-        if let Some(root) = self.ancestors.lock().get(&pid) {
-            return Some(*root);
+        if let Some(root) = self.ancestors.lock().root_of(pid) {
+            return Some(root);
         }
         let handle = self.handle.get()?;
         let mut at = pid;
@@ -169,7 +202,7 @@ impl Logs {
                 at = parent;
                 break;
             }
-            if let Some(root) = self.ancestors.lock().get(&parent).copied() {
+            if let Some(root) = self.ancestors.lock().root_of(parent) {
                 at = root;
                 break;
             }
@@ -205,7 +238,7 @@ impl Logs {
         };
         if let Some(root) = root {
             self.roots.write().remove(&root);
-            self.ancestors.lock().retain(|_, r| *r != root);
+            self.ancestors.lock().forget(root);
         }
         // Blocking: the end must follow the workflow's last lines, and must not be lost.
         let _ = self.queue.send(Work::Ended(workflow));
@@ -627,6 +660,26 @@ mod tests {
 
     fn line(root: Pid, message: &str) -> Work {
         Work::Line { root, pid: root, source: "info".into(), message: message.into(), ms: 1 }
+    }
+
+    /// A workflow's end forgets its descendants' roots and no other's, whichever root a
+    /// descendant was first taken for.
+    #[test]
+    fn an_end_forgets_its_own_descendants_only() {
+        let (a, b) = (Pid::from_u64(1), Pid::from_u64(2));
+        let mut ancestors = Ancestors::default();
+        ancestors.insert(Pid::from_u64(10), a);
+        ancestors.insert(Pid::from_u64(11), a);
+        ancestors.insert(Pid::from_u64(20), b);
+        // Taken for `a` while its parent was unknown, then found to be `b`'s.
+        ancestors.insert(Pid::from_u64(11), b);
+        ancestors.insert(Pid::from_u64(11), b);
+        ancestors.forget(a);
+        assert_eq!(ancestors.root_of(Pid::from_u64(10)), None);
+        assert_eq!(ancestors.root_of(Pid::from_u64(11)), Some(b));
+        assert_eq!(ancestors.root_of(Pid::from_u64(20)), Some(b));
+        ancestors.forget(b);
+        assert!(ancestors.root_of.is_empty() && ancestors.under.is_empty());
     }
 
     /// A line of a root not known yet is held, and the root made known says so, so the

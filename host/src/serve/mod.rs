@@ -229,6 +229,52 @@ impl Live {
     }
 }
 
+/// The workflows in `live`, by tenant and id, and how many each tenant has: a start
+/// checks its tenant's count without looking at every other tenant's workflows. Read
+/// through `Deref`; changed only through its own methods, which keep the counts.
+#[derive(Default)]
+struct Watched {
+    by_id: HashMap<(String, String), Box<Live>>,
+    per_tenant: HashMap<String, usize>,
+}
+
+impl Watched {
+    fn insert(&mut self, key: (String, String), live: Box<Live>) {
+        let tenant = key.0.clone();
+        if self.by_id.insert(key, live).is_none() {
+            *self.per_tenant.entry(tenant).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, key: &(String, String)) -> Option<Box<Live>> {
+        let removed = self.by_id.remove(key)?;
+        if let Some(count) = self.per_tenant.get_mut(&key.0) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_tenant.remove(&key.0);
+            }
+        }
+        Some(removed)
+    }
+
+    fn get_mut(&mut self, key: &(String, String)) -> Option<&mut Live> {
+        self.by_id.get_mut(key).map(|live| &mut **live)
+    }
+
+    /// How many of `tenant`'s workflows are here (running, or ended and not yet recorded).
+    fn of_tenant(&self, tenant: &str) -> usize {
+        self.per_tenant.get(tenant).copied().unwrap_or(0)
+    }
+}
+
+impl std::ops::Deref for Watched {
+    type Target = HashMap<(String, String), Box<Live>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.by_id
+    }
+}
+
 /// The service: see the module's docs.
 #[derive(Clone)]
 pub struct Service {
@@ -243,7 +289,7 @@ struct Inner {
     scheduler: Mutex<Option<Scheduler>>,
     handle: Handle,
     /// Running workflows by tenant and id, and those whose end is not yet recorded.
-    live: Mutex<HashMap<(String, String), Box<Live>>>,
+    live: Mutex<Watched>,
     /// Signalled when ends are recorded and their workflows leave `live`.
     settled: parking_lot::Condvar,
     /// The ends in `live` (see [`Unrecorded`]). Taken after `live` when both are.
@@ -478,7 +524,7 @@ impl Service {
             registry,
             code,
             journal,
-            live: Mutex::new(HashMap::new()),
+            live: Mutex::new(Watched::default()),
             start_slots: tokio::sync::Semaphore::new(STARTS_AT_ONCE),
             settled: parking_lot::Condvar::new(),
             unrecorded: Mutex::new(Unrecorded::default()),
@@ -784,7 +830,7 @@ impl Service {
         if !self.inner.registry.tenants()?.iter().any(|t| t.name == name) {
             return Err(Refusal::not_found(format_args!("tenant `{name}`")));
         }
-        let running = self.inner.live.lock().keys().filter(|(tenant, _)| tenant == name).count();
+        let running = self.inner.live.lock().of_tenant(name);
         if running > 0 {
             return Err(Refusal::new(
                 409,
@@ -1031,7 +1077,7 @@ impl Service {
                 return same_request(existing, &record).map(|(existing, _)| Begun::Existing(existing));
             }
             let busy = starting.iter().filter(|(of, _)| of == tenant).count();
-            let running = busy + inner.live.lock().keys().filter(|(of, _)| of == tenant).count();
+            let running = busy + inner.live.lock().of_tenant(tenant);
             if running >= policy.max_running {
                 return Err(Refusal::new(
                     429,
@@ -1614,8 +1660,9 @@ fn settle(inner: &Inner, ended: &[(String, String, Exited, u64)], ends: Ends) ->
     let roots: HashMap<(&str, &str), Pid> =
         records.iter().map(|(tenant, record)| ((*tenant, record.id.as_str()), Pid::from_u64(record.pid))).collect();
     for (tenant, id, _, _) in ended {
-        inner.requests.ended(tenant, id);
-        inner.logs.ended(roots.get(&(tenant.as_str(), id.as_str())).copied(), tenant, id);
+        let root = roots.get(&(tenant.as_str(), id.as_str())).copied();
+        inner.requests.ended(root, tenant, id);
+        inner.logs.ended(root, tenant, id);
     }
     let mut live = inner.live.lock();
     let mut unrecorded = inner.unrecorded.lock();

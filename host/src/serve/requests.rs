@@ -163,9 +163,15 @@ impl Requests {
     }
 
     /// Forgets what is kept in memory for `tenant`'s workflow `id`, which has ended: its
-    /// waiting callers see the end (their channel closes).
-    pub(super) fn ended(&self, tenant: &str, id: &str) {
-        self.roots.write().retain(|_, (t, i)| !(t == tenant && i == id));
+    /// root `root` (none when a workflow ended before is forgotten: its root went at its
+    /// end), and its waiting callers, who see the end (their channel closes).
+    pub(super) fn ended(&self, root: Option<Pid>, tenant: &str, id: &str) {
+        if let Some(root) = root {
+            let mut roots = self.roots.write();
+            if roots.get(&root).is_some_and(|(t, i)| t == tenant && i == id) {
+                roots.remove(&root);
+            }
+        }
         self.waiting.lock().retain(|(t, i, _), _| !(t == tenant && i == id));
         self.unanswered.lock().remove(&(tenant.to_owned(), id.to_owned()));
     }
@@ -460,6 +466,6 @@ fn unanswered(workflow: &str, id: &str, state: Option<State>) -> Refusal {
 
 /// Forgets the requests of `tenant`'s workflow `workflow`, which is being forgotten.
 pub(super) fn forget(registry: &Registry, requests: &Requests, tenant: &str, workflow: &str) -> anyhow::Result<()> {
-    requests.ended(tenant, workflow);
+    requests.ended(None, tenant, workflow);
     registry.remove_requests(tenant, workflow)
 }
