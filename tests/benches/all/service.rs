@@ -19,6 +19,10 @@
 //!   the server has suspended them (`wasmproc_processes_suspended` in its `/metrics`
 //!   counts them all, after its default `--suspend-after`; at most two minutes) and
 //!   rested 3 s.
+//! - `service/workflows-2k-c64-beside-10k-asleep`: the throughput workload on that server
+//!   while its sleepers wait, against the throughput row's runs (a server holding none):
+//!   what a start and an end cost a host holding many waiting workflows. Nothing a start
+//!   or an end does may grow with the workflows held.
 //!
 //! The server is the `wasmproc` binary built with the bench, or `SERVICE_WASMPROC`'s
 //! (`serve --workers WORKERS`, quotas and rate lifted), run as a process of its own, so
@@ -73,7 +77,8 @@ pub fn run(options: &Options, report: &mut Report) {
     let throughput = format!("service/workflows-{}-c{CLIENTS}", short(workflows));
     let latency = format!("service/start-to-result-{}", short(sequential));
     let memory = format!("service/rss-{}-sleeping", short(sleepers));
-    if ![&throughput, &latency, &memory].iter().any(|name| options.selected(name)) {
+    let beside = format!("{throughput}-beside-{}-asleep", short(sleepers));
+    if ![&throughput, &latency, &memory, &beside].iter().any(|name| options.selected(name)) {
         return;
     }
     let (scratch, wasmproc, runtime) = served_bench("service");
@@ -86,6 +91,7 @@ pub fn run(options: &Options, report: &mut Report) {
         }
     };
 
+    let mut alone = None;
     if options.selected(&throughput) || options.selected(&latency) {
         let sides = Paired {
             wasmproc: &wasmproc,
@@ -94,24 +100,36 @@ pub fn run(options: &Options, report: &mut Report) {
             client: &client,
             restate: restate.as_ref(),
         };
-        paired(options, report, &sides, (&throughput, workflows), (&latency, sequential));
+        alone = paired(options, report, &sides, (&throughput, workflows), (&latency, sequential));
     }
-    if options.selected(&memory) {
+    if options.selected(&memory) || options.selected(&beside) {
         let server = Server::start(&wasmproc, &scratch.join("sleepers"), options.workers);
         let token = server.tenant(&runtime, &client);
         let idle = server.rss_kib();
         server.sleepers(&runtime, &client, &token, sleepers);
         let ours = server.rss_kib();
+        // The same workflows as the throughput row's, while the sleepers wait: what a
+        // host holding many waiting workflows pays to start and end others (its
+        // baseline, the throughput row's runs on a server holding none).
+        let runs: Vec<Duration> = (0..WARMUP + options.runs)
+            .map(|run| server.workflows(&runtime, &client, &token, &format!("b{run}"), workflows, CLIENTS))
+            .skip(WARMUP)
+            .collect();
         server.stop();
         println!("  (the server before its sleepers: {:.0} MiB resident)", idle as f64 / 1024.0);
-        let mut record = Record::single(&memory, "MiB", ours as f64 / 1024.0);
-        if let Some(restate) = &restate {
-            restate.sleepers(&runtime, &client, sleepers);
-            let theirs = restate.rss_kib();
-            record = record.with_baseline(theirs as f64 / 1024.0, ours as f64 / theirs as f64);
-            record = record.goal(Condition::ratio_at_most(0.1));
+        if options.selected(&memory) {
+            let mut record = Record::single(&memory, "MiB", ours as f64 / 1024.0);
+            if let Some(restate) = &restate {
+                restate.sleepers(&runtime, &client, sleepers);
+                let theirs = restate.rss_kib();
+                record = record.with_baseline(theirs as f64 / 1024.0, ours as f64 / theirs as f64);
+                record = record.goal(Condition::ratio_at_most(0.1));
+            }
+            report.push(record);
         }
-        report.push(record);
+        if options.selected(&beside) {
+            report.push(Record::rate(&beside, "workflows/s", workflows, &Sample::of(runs), alone.as_ref()));
+        }
     }
 }
 
@@ -131,7 +149,7 @@ fn paired(
     sides: &Paired<'_>,
     (throughput, workflows): (&str, u64),
     (latency, sequential): (&str, u64),
-) {
+) -> Option<Sample> {
     let Paired { wasmproc, scratch, runtime, client, restate } = *sides;
     let server = Server::start(wasmproc, &scratch.join("api"), options.workers);
     let token = server.tenant(runtime, client);
@@ -164,6 +182,7 @@ fn paired(
     println!("  (the server after the runs: {:.0} MiB resident)", rss_before_stop as f64 / 1024.0);
 
     let (api, lib) = (Sample::of(api), Sample::of(lib));
+    let alone = api;
     let them = (!them.is_empty()).then(|| Sample::of(them));
     // What the API costs over the library: no goal, the issue asks for the ratio.
     report.push(Record::rate(throughput, "workflows/s", workflows, &api, Some(&lib)));
@@ -182,6 +201,7 @@ fn paired(
             report.push(if label == "p50" { record.goal(Condition::ratio_at_most(0.2)) } else { record });
         }
     }
+    Some(alone)
 }
 
 /// What a bench of `wasmproc serve` named `name` starts from: an empty scratch directory
