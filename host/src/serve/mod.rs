@@ -571,13 +571,25 @@ impl Service {
     /// The registry or the journal cannot be read or written.
     pub fn purge(&self, retention: Duration) -> anyhow::Result<usize> {
         let cutoff = now_ms().saturating_sub(retention.as_millis() as u64);
+        let expired: Vec<_> = self
+            .inner
+            .registry
+            .all_workflows()?
+            .into_iter()
+            .filter(|(_, record)| record.ended_ms.is_some_and(|ended| ended <= cutoff))
+            .collect();
+        if expired.is_empty() {
+            return Ok(0);
+        }
+        // Read once for all of them: the runs of workflows that ended before the cutoff
+        // do not change meanwhile.
+        let runs: HashMap<u64, HeldRun> =
+            self.inner.journal.runs()?.into_iter().map(|run| (run.root.as_u64(), run)).collect();
         let mut purged = 0;
-        for (tenant, record) in self.inner.registry.all_workflows()? {
-            if record.ended_ms.is_some_and(|ended| ended <= cutoff) {
-                match self.forget(&tenant, &record.id) {
-                    Ok(()) => purged += 1,
-                    Err(refusal) => tracing::warn!("cannot purge workflow `{}`: {}", record.id, refusal.message),
-                }
+        for (tenant, record) in expired {
+            match self.forget_among(&tenant, &record.id, Some(&runs)) {
+                Ok(()) => purged += 1,
+                Err(refusal) => tracing::warn!("cannot purge workflow `{}`: {}", record.id, refusal.message),
             }
         }
         Ok(purged)
@@ -1327,6 +1339,12 @@ impl Service {
     ///
     /// No such workflow, or one still running.
     pub fn forget(&self, tenant: &str, id: &str) -> Result<(), Refusal> {
+        self.forget_among(tenant, id, None)
+    }
+
+    /// As [`Service::forget`], finding the workflow's run in the journal among `runs`
+    /// (by root pid) when given, instead of reading every run the journal holds.
+    fn forget_among(&self, tenant: &str, id: &str, runs: Option<&HashMap<u64, HeldRun>>) -> Result<(), Refusal> {
         let _one_at_a_time = self.inner.starting.lock();
         let record = self.workflow(tenant, id)?;
         if record.state == State::Running {
@@ -1344,8 +1362,15 @@ impl Service {
             }
         }
         drop(live);
-        let runs = self.inner.journal.runs().context("cannot read the journal's runs")?;
-        if let Some(run) = runs.iter().find(|run| run.root.as_u64() == record.pid) {
+        let read;
+        let run = match runs {
+            Some(runs) => runs.get(&record.pid),
+            None => {
+                read = self.inner.journal.runs().context("cannot read the journal's runs")?;
+                read.iter().find(|run| run.root.as_u64() == record.pid)
+            }
+        };
+        if let Some(run) = run {
             self.inner.journal.forget_run(run).context("cannot forget the workflow's history")?;
         }
         requests::forget(&self.inner.registry, &self.inner.requests, tenant, id)?;
