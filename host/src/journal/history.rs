@@ -9,7 +9,7 @@
 //!   13  exit   ok 5
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::ops::ControlFlow;
 
@@ -18,6 +18,7 @@ use wasmproc_types::{ExitReason, Format, Payload, Pid};
 use super::Journal;
 use super::read::Decode;
 use super::record::{Record, SpawnRecord, StepRecord};
+use super::store::Key;
 use crate::step::{Command, Event, ExitSignal, Exited, Outcome, Status};
 
 /// One process's history as a journal holds it: see [`Journal::history`].
@@ -54,18 +55,66 @@ impl Journal {
     ///
     /// The store's read error, or a damaged record (named by its key).
     pub fn history(&self) -> std::io::Result<Vec<History>> {
-        let mut all: Vec<History> = Vec::new();
+        let mut all = Vec::new();
+        self.histories(1, None, &mut all)?;
+        Ok(all)
+    }
+
+    /// The histories of `root` and of every process spawned under it, in pid order, as
+    /// [`Journal::history`] gives them: the rest of the journal is read only for its
+    /// spawners, without decoding it.
+    ///
+    /// # Errors
+    ///
+    /// The store's read error, or a damaged record (named by its key).
+    pub fn history_of(&self, root: Pid) -> std::io::Result<Vec<History>> {
+        let mut parents: HashMap<Pid, Pid> = HashMap::new();
+        self.store.scan(Key { process: 1, seq: 0 }, &mut |key, value| {
+            if let Some(parent) = Record::parent_of(value) {
+                parents.insert(Pid::from_u64(key.process), parent);
+            }
+            ControlFlow::Continue(())
+        })?;
+        let mut children: HashMap<Pid, Vec<Pid>> = HashMap::new();
+        for (&pid, &parent) in &parents {
+            children.entry(parent).or_default().push(pid);
+        }
+        // The tree, from the root down; a process is in it once, whatever a damaged
+        // journal's parents say.
+        let mut members = BTreeSet::from([root]);
+        let mut next = vec![root];
+        while let Some(pid) = next.pop() {
+            for &child in children.get(&pid).map_or(&[][..], Vec::as_slice) {
+                if members.insert(child) {
+                    next.push(child);
+                }
+            }
+        }
+        let mut all = Vec::new();
+        for pid in members {
+            let process = pid.as_u64();
+            self.histories(process, process.checked_add(1), &mut all)?;
+        }
+        Ok(all)
+    }
+
+    /// Appends to `all` the histories of the processes from `from` to `to` (every one
+    /// after `from` when `None`).
+    fn histories(&self, from: u64, to: Option<u64>, all: &mut Vec<History>) -> std::io::Result<()> {
+        let first = all.len();
         // The time of the last spawn or step read, which the next step's is shown after.
         let mut last_at = None;
         // The process's yields not completed yet, by tag: its `waiting_for` once its
         // records have all been read.
         let mut pending = BTreeMap::new();
-        self.scan_records(1, None, Decode::All, &mut |key, record| {
+        self.scan_records(from, to, Decode::All, &mut |key, record| {
             let Some(record) = record else { unreachable!("every record is decoded") };
             let pid = Pid::from_u64(key.process);
-            if all.last().is_none_or(|h| h.pid != pid) {
+            if all.len() == first || all.last().is_some_and(|h| h.pid != pid) {
                 last_at = None;
-                if let Some(previous) = all.last_mut() {
+                if all.len() > first
+                    && let Some(previous) = all.last_mut()
+                {
                     fill_waiting_for(previous, &mut pending);
                 }
                 all.push(History {
@@ -118,10 +167,12 @@ impl Journal {
             history.records.push(line(key.seq, &record, &mut last_at));
             ControlFlow::Continue(())
         })?;
-        if let Some(last) = all.last_mut() {
+        if all.len() > first
+            && let Some(last) = all.last_mut()
+        {
             fill_waiting_for(last, &mut pending);
         }
-        Ok(all)
+        Ok(())
     }
 }
 
@@ -550,6 +601,49 @@ mod tests {
         let long = "é".repeat(100);
         assert_eq!(excerpt(&long), format!("{:?}…(+80 bytes)", "é".repeat(60)));
         assert_eq!(payload(&Payload { format: Format::Text, data: vec![0xff] }), "(1 bytes of text: ff)");
+    }
+
+    /// One workflow's histories are those of its root and its tree, as the whole
+    /// journal's history shows them, and no other's.
+    #[test]
+    fn a_roots_history_is_its_trees_and_no_others() {
+        use super::super::store::{Batch, MemoryStore, Store as _};
+        let spawned = |parent: u64| {
+            Record::Spawn(SpawnRecord {
+                parent: Pid::from_u64(parent),
+                origin: None,
+                kind: Some("app".to_owned()),
+                identity: None,
+                method: "main".to_owned(),
+                input: Vec::new(),
+                caps: Capabilities::default(),
+                mailbox_capacity: 16,
+                at: AT,
+                seed: [1; 32],
+                note: (parent == 0).then(|| b"noted".to_vec()),
+            })
+        };
+        let store = MemoryStore::new();
+        // Roots 10 and 20; 10's child 30 and grandchild 5 (a pid below its root's); 20's
+        // child 40; each with a step after its spawn, 30 with its exit too.
+        let mut puts = Vec::new();
+        for (pid, parent) in [(10, 0), (20, 0), (30, 10), (5, 30), (40, 20)] {
+            puts.push((Key { process: pid, seq: 0 }, spawned(parent).encode()));
+            let stepped = step(AT + pid, Vec::new(), Vec::new(), Vec::new(), Status::Idle);
+            puts.push((Key { process: pid, seq: 1 }, stepped.encode()));
+        }
+        puts.push((Key { process: 30, seq: 2 }, Record::Exit(Exited::new(ExitReason::Normal(json("1")))).encode()));
+        store.commit(&Batch { puts, removals: Vec::new() }, true).unwrap();
+        let journal = Journal::with_store(store);
+        let all = journal.history().unwrap();
+        for (root, tree) in [(10, vec![5, 10, 30]), (20, vec![20, 40])] {
+            let expected: Vec<History> = all.iter().filter(|h| tree.contains(&h.pid.as_u64())).cloned().collect();
+            assert_eq!(expected.len(), tree.len());
+            assert_eq!(journal.history_of(Pid::from_u64(root)).unwrap(), expected, "root {root}");
+        }
+        assert_eq!(journal.history_of(Pid::from_u64(99)).unwrap(), Vec::new(), "no such root");
+        assert_eq!(Record::parent_of(&spawned(30).encode()), Some(Pid::from_u64(30)));
+        assert_eq!(Record::parent_of(&Record::Exit(Exited::new(ExitReason::Killed)).encode()), None);
     }
 
     #[test]

@@ -304,6 +304,23 @@ impl Record {
     ///
     /// A value of another format version, or damaged: the error names the record's kind
     /// and the field.
+    /// The spawner a spawn or snapshot record names, read without decoding the rest of
+    /// it; `None` for a record of another kind (or too short to say).
+    pub(crate) fn parent_of(bytes: &[u8]) -> Option<Pid> {
+        let mut r = Reader::new(bytes, "journal record");
+        if r.u8("version").ok()? != FORMAT_VERSION {
+            return None;
+        }
+        match r.u8("kind").ok()? {
+            SPAWN | SPAWN_NOTED => {}
+            SNAPSHOT => {
+                r.u8("snapshot version").ok()?;
+            }
+            _ => return None,
+        }
+        r.u64("parent").ok().map(Pid::from_u64)
+    }
+
     pub(crate) fn decode(bytes: &[u8]) -> Result<Record, Malformed> {
         let mut r = Reader::new(bytes, "journal record");
         let version = r.u8("version")?;
@@ -879,6 +896,7 @@ mod tests {
         for len in 0..bytes.len() {
             assert!(Record::decode(&bytes[..len]).is_err(), "cut at {len}");
         }
+        assert_eq!(Record::parent_of(&bytes), Some(snapshot.spawn.parent), "read without decoding the rest");
     }
 
     #[test]

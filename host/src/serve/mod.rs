@@ -1389,24 +1389,8 @@ impl Service {
     /// No such workflow, or a journal that cannot be read.
     pub fn history(&self, tenant: &str, id: &str) -> Result<Vec<crate::journal::History>, Refusal> {
         let record = self.workflow(tenant, id)?;
-        let all = self.inner.journal.history().context("cannot read the journal")?;
-        let parents: HashMap<Pid, Pid> = all.iter().filter_map(|h| Some((h.pid, h.parent?))).collect();
         let root = Pid::from_u64(record.pid);
-        // A process belongs to the workflow if its chain of parents reaches the root; a
-        // chain longer than the journal's processes is a damaged journal's cycle.
-        let belongs = |mut pid: Pid| {
-            for _ in 0..=parents.len() {
-                if pid == root {
-                    return true;
-                }
-                match parents.get(&pid) {
-                    Some(parent) => pid = *parent,
-                    None => return false,
-                }
-            }
-            false
-        };
-        Ok(all.into_iter().filter(|h| belongs(h.pid)).collect())
+        Ok(self.inner.journal.history_of(root).context("cannot read the journal")?)
     }
 
     fn running_pid(&self, tenant: &str, id: &str) -> Result<Pid, Refusal> {
