@@ -68,6 +68,17 @@ impl Journal {
     ///
     /// The store's read error, or a damaged record (named by its key).
     pub fn history_of(&self, root: Pid) -> std::io::Result<Vec<History>> {
+        let mut all = Vec::new();
+        for pid in self.tree_of(root)? {
+            let process = pid.as_u64();
+            self.histories(process, process.checked_add(1), &mut all)?;
+        }
+        Ok(all)
+    }
+
+    /// `root` and every process the journal holds spawned under it, found by reading
+    /// only the spawner each spawn (or snapshot) record names.
+    pub(crate) fn tree_of(&self, root: Pid) -> std::io::Result<BTreeSet<Pid>> {
         let mut parents: HashMap<Pid, Pid> = HashMap::new();
         self.store.scan(Key { process: 1, seq: 0 }, &mut |key, value| {
             if let Some(parent) = Record::parent_of(value) {
@@ -90,12 +101,7 @@ impl Journal {
                 }
             }
         }
-        let mut all = Vec::new();
-        for pid in members {
-            let process = pid.as_u64();
-            self.histories(process, process.checked_add(1), &mut all)?;
-        }
-        Ok(all)
+        Ok(members)
     }
 
     /// Appends to `all` the histories of the processes from `from` to `to` (every one
@@ -642,6 +648,15 @@ mod tests {
             assert_eq!(journal.history_of(Pid::from_u64(root)).unwrap(), expected, "root {root}");
         }
         assert_eq!(journal.history_of(Pid::from_u64(99)).unwrap(), Vec::new(), "no such root");
+        // A run found by its root alone is the one the list of every run holds.
+        let runs = journal.runs().unwrap();
+        for root in [10, 20] {
+            let listed = runs.iter().find(|run| run.root.as_u64() == root).unwrap();
+            let found = journal.run_of(Pid::from_u64(root)).unwrap().expect("a run");
+            assert_eq!(format!("{found:?}"), format!("{listed:?}"), "root {root}");
+        }
+        assert!(journal.run_of(Pid::from_u64(30)).unwrap().is_none(), "a child is no run's root");
+        assert!(journal.run_of(Pid::from_u64(99)).unwrap().is_none());
         assert_eq!(Record::parent_of(&spawned(30).encode()), Some(Pid::from_u64(30)));
         assert_eq!(Record::parent_of(&Record::Exit(Exited::new(ExitReason::Killed)).encode()), None);
     }

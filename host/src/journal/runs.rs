@@ -123,6 +123,37 @@ impl Journal {
             .collect())
     }
 
+    /// The run of root `root`, as [`Journal::runs`] would list it, reading only its own
+    /// processes' spawn and exit records (and the spawner of every other); `None` if the
+    /// journal holds no run of that root.
+    ///
+    /// # Errors
+    ///
+    /// The store's read error, or a damaged record (named by its key).
+    pub fn run_of(&self, root: Pid) -> std::io::Result<Option<HeldRun>> {
+        let mut seen = BTreeMap::new();
+        for pid in self.tree_of(root)? {
+            let process = pid.as_u64();
+            seen.extend(self.read_range(process, process.checked_add(1), Decode::SpawnsAndExits)?);
+        }
+        let Some(Recorded { spawn, exit, .. }) = seen.get(&root) else { return Ok(None) };
+        if spawn.parent != Pid::HOST {
+            return Ok(None);
+        }
+        let ended = seen.values().all(|recorded| recorded.exit.is_some());
+        Ok(Some(HeldRun {
+            root,
+            kind: spawn.kind.clone(),
+            identity: spawn.identity.clone(),
+            method: spawn.method.clone(),
+            input: spawn.input.clone(),
+            caps: spawn.caps.clone(),
+            result: if ended { exit.clone() } else { None },
+            note: spawn.note.clone(),
+            members: seen.iter().map(|(pid, recorded)| (*pid, recorded.next_seq)).collect(),
+        }))
+    }
+
     /// The runs whose every process has ended and whose records are still held (a host
     /// with [`JournalSettings::keep_finished`](super::JournalSettings), or one
     /// that stopped before it removed them). A host that reports results reads a run

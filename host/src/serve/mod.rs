@@ -1366,8 +1366,9 @@ impl Service {
         let run = match runs {
             Some(runs) => runs.get(&record.pid),
             None => {
-                read = self.inner.journal.runs().context("cannot read the journal's runs")?;
-                read.iter().find(|run| run.root.as_u64() == record.pid)
+                let root = Pid::from_u64(record.pid);
+                read = self.inner.journal.run_of(root).context("cannot read the workflow's run")?;
+                read.as_ref()
             }
         };
         if let Some(run) = run {
