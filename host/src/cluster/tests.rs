@@ -12,7 +12,7 @@ use wasmproc_tests::nats::Server;
 use super::shared::Cmd;
 use super::wire::{self, Announce, Body, Key, Peer};
 use super::{Cluster, ClusterConfig};
-use crate::testing::{PATIENCE, wait_until};
+use crate::testing::{Idle, PATIENCE, wait_until};
 use crate::{Command, Event, Events, ExitReason, Outcome, Payload, Pid, Port, Process, Scheduler, Status, StepOutput};
 
 const SECRET: &str = "test-secret";
@@ -259,18 +259,4 @@ fn a_clients_spawn_with_link_is_refused() {
         Some(Err(ExitReason::Error("spawn failed: a client's spawn cannot link".into())))
     );
     assert_eq!(scheduler.handle().live(), 0, "nothing started");
-}
-
-/// Waits for ever.
-struct Idle;
-
-impl Process for Idle {
-    fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
-        Ok(())
-    }
-
-    fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
-        out.set_status(Status::Idle);
-        Ok(())
-    }
 }

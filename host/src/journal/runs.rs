@@ -50,6 +50,23 @@ pub struct HeldRun {
 }
 
 impl HeldRun {
+    /// The run of `root`, whose records are `recorded`: its result only if `ended` (every
+    /// one of its `members` has ended).
+    fn of(root: Pid, recorded: &Recorded, ended: bool, members: Vec<(Pid, u64)>) -> HeldRun {
+        let Recorded { spawn, exit, .. } = recorded;
+        HeldRun {
+            root,
+            kind: spawn.kind.clone(),
+            identity: spawn.identity.clone(),
+            method: spawn.method.clone(),
+            input: spawn.input.clone(),
+            caps: spawn.caps.clone(),
+            result: if ended { exit.clone() } else { None },
+            note: spawn.note.clone(),
+            members,
+        }
+    }
+
     /// How many processes of the run the journal holds.
     pub fn processes(&self) -> usize {
         self.members.len()
@@ -104,23 +121,7 @@ impl Journal {
                 tree.1.push((*pid, recorded.next_seq));
             }
         }
-        Ok(trees
-            .into_iter()
-            .map(|(root, (ended, members))| {
-                let Recorded { spawn, exit, .. } = &seen[&root];
-                HeldRun {
-                    root,
-                    kind: spawn.kind.clone(),
-                    identity: spawn.identity.clone(),
-                    method: spawn.method.clone(),
-                    input: spawn.input.clone(),
-                    caps: spawn.caps.clone(),
-                    result: if ended { exit.clone() } else { None },
-                    note: spawn.note.clone(),
-                    members,
-                }
-            })
-            .collect())
+        Ok(trees.into_iter().map(|(root, (ended, members))| HeldRun::of(root, &seen[&root], ended, members)).collect())
     }
 
     /// The run of root `root`, as [`Journal::runs`] would list it, reading only its own
@@ -136,22 +137,12 @@ impl Journal {
             let process = pid.as_u64();
             seen.extend(self.read_range(process, process.checked_add(1), Decode::SpawnsAndExits)?);
         }
-        let Some(Recorded { spawn, exit, .. }) = seen.get(&root) else { return Ok(None) };
-        if spawn.parent != Pid::HOST {
+        let Some(recorded) = seen.get(&root).filter(|recorded| recorded.spawn.parent == Pid::HOST) else {
             return Ok(None);
-        }
+        };
         let ended = seen.values().all(|recorded| recorded.exit.is_some());
-        Ok(Some(HeldRun {
-            root,
-            kind: spawn.kind.clone(),
-            identity: spawn.identity.clone(),
-            method: spawn.method.clone(),
-            input: spawn.input.clone(),
-            caps: spawn.caps.clone(),
-            result: if ended { exit.clone() } else { None },
-            note: spawn.note.clone(),
-            members: seen.iter().map(|(pid, recorded)| (*pid, recorded.next_seq)).collect(),
-        }))
+        let members = seen.iter().map(|(pid, recorded)| (*pid, recorded.next_seq)).collect();
+        Ok(Some(HeldRun::of(root, recorded, ended, members)))
     }
 
     /// The runs whose every process has ended and whose records are still held (a host

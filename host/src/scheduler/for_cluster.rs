@@ -341,24 +341,10 @@ impl Handle {
 
 #[cfg(test)]
 mod tests {
-    use wasmproc_types::Payload;
-
     use super::*;
     use crate::limits::RunLimits;
-    use crate::{Events, Port, Process, Scheduler, StepOutput};
-
-    struct Idle;
-
-    impl Process for Idle {
-        fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
-            Ok(())
-        }
-
-        fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
-            out.set_status(crate::Status::Idle);
-            Ok(())
-        }
-    }
+    use crate::testing::Idle;
+    use crate::{Process, Scheduler};
 
     /// A spawn of the `main` method from node 3's host, asking for nothing.
     fn remote_spawn() -> RemoteSpawn {

@@ -639,24 +639,9 @@ impl Following {
 
 #[cfg(test)]
 mod tests {
-    use wasmproc_types::Payload;
-
     use super::*;
-    use crate::{Events, Port, Process, Scheduler, StepOutput};
-
-    /// A process that waits for ever: a root alive while its lines are held.
-    struct Idle;
-
-    impl Process for Idle {
-        fn init(&mut self, _: Port, _: &str, _: Vec<Payload>) -> anyhow::Result<()> {
-            Ok(())
-        }
-
-        fn step(&mut self, _: Events<'_>, out: &mut StepOutput) -> anyhow::Result<()> {
-            out.set_status(crate::Status::Idle);
-            Ok(())
-        }
-    }
+    use crate::testing::Idle;
+    use crate::{Process, Scheduler};
 
     fn line(root: Pid, message: &str) -> Work {
         Work::Line { root, pid: root, source: "info".into(), message: message.into(), ms: 1 }
