@@ -125,8 +125,8 @@ impl Metrics {
             self.journal_bytes.set(journal.bytes as i64);
         }
         self.running.clear();
-        for ((tenant, _), _) in service.inner.live.lock().iter().filter(|(_, live)| live.end.is_none()) {
-            self.running.get_or_create(&OfTenant { tenant: tenant.clone() }).inc();
+        for (tenant, running) in &service.inner.live.lock().running {
+            self.running.get_or_create(&OfTenant { tenant: tenant.clone() }).set(*running as i64);
         }
         let mut text = String::new();
         if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {

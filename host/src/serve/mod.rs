@@ -229,32 +229,81 @@ impl Live {
     }
 }
 
-/// The workflows in `live`, by tenant and id, and how many each tenant has: a start
-/// checks its tenant's count without looking at every other tenant's workflows. Read
-/// through `Deref`; changed only through its own methods, which keep the counts.
+/// The workflows in `live`, by tenant and id, and how many each tenant has there and
+/// running (with no end yet): a start checks its tenant's count, and the metrics and the
+/// console read theirs, without looking at every workflow held. Read through `Deref`;
+/// changed only through its own methods, which keep the counts.
 #[derive(Default)]
 struct Watched {
     by_id: HashMap<(String, String), Box<Live>>,
     per_tenant: HashMap<String, usize>,
+    running: HashMap<String, usize>,
+}
+
+/// Adds one to `tenant`'s count in `counts`.
+fn count_up(counts: &mut HashMap<String, usize>, tenant: &str) {
+    match counts.get_mut(tenant) {
+        Some(count) => *count += 1,
+        None => {
+            counts.insert(tenant.to_owned(), 1);
+        }
+    }
+}
+
+/// Takes one from `tenant`'s count in `counts`, which goes at zero.
+fn count_down(counts: &mut HashMap<String, usize>, tenant: &str) {
+    if let Some(count) = counts.get_mut(tenant) {
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(tenant);
+        }
+    }
 }
 
 impl Watched {
     fn insert(&mut self, key: (String, String), live: Box<Live>) {
         let tenant = key.0.clone();
-        if self.by_id.insert(key, live).is_none() {
-            *self.per_tenant.entry(tenant).or_default() += 1;
+        let running = live.end.is_none();
+        if let Some(before) = self.by_id.insert(key, live) {
+            if before.end.is_none() {
+                count_down(&mut self.running, &tenant);
+            }
+        } else {
+            count_up(&mut self.per_tenant, &tenant);
+        }
+        if running {
+            count_up(&mut self.running, &tenant);
         }
     }
 
     fn remove(&mut self, key: &(String, String)) -> Option<Box<Live>> {
         let removed = self.by_id.remove(key)?;
-        if let Some(count) = self.per_tenant.get_mut(&key.0) {
-            *count -= 1;
-            if *count == 0 {
-                self.per_tenant.remove(&key.0);
-            }
+        count_down(&mut self.per_tenant, &key.0);
+        if removed.end.is_none() {
+            count_down(&mut self.running, &key.0);
         }
         Some(removed)
+    }
+
+    /// Gives the workflow of `key` its end, unless it has one; the workflow, to wake
+    /// those waiting for it, if it is here.
+    fn end(&mut self, key: &(String, String), end: (Exited, u64)) -> Option<&mut Live> {
+        let live = self.by_id.get_mut(key)?;
+        if live.end.is_none() {
+            live.end = Some(end);
+            count_down(&mut self.running, &key.0);
+        }
+        Some(&mut **live)
+    }
+
+    /// How many workflows run, of every tenant.
+    fn running(&self) -> usize {
+        self.running.values().sum()
+    }
+
+    /// How many of `tenant`'s workflows run.
+    fn running_of(&self, tenant: &str) -> usize {
+        self.running.get(tenant).copied().unwrap_or(0)
     }
 
     fn get_mut(&mut self, key: &(String, String)) -> Option<&mut Live> {
@@ -660,8 +709,7 @@ impl Service {
             // The journal has the exit: those waiting for the result have it now.
             let at_ms = now_ms();
             let mut live = inner.live.lock();
-            if let Some(live) = live.get_mut(&key) {
-                live.end = Some((exited.clone(), at_ms));
+            if let Some(live) = live.end(&key, (exited.clone(), at_ms)) {
                 live.wake_waiters();
                 inner.unrecorded.lock().count(&key.0, exited, true);
             }
@@ -1408,7 +1456,7 @@ impl Service {
 
     /// How many workflows run now.
     pub fn running(&self) -> usize {
-        self.inner.live.lock().values().filter(|live| live.end.is_none()).count()
+        self.inner.live.lock().running()
     }
 
     /// The service's limits on requests.

@@ -95,8 +95,7 @@ impl Service {
     pub fn host_figures(&self, tenant: &str) -> HostFigures {
         let stats = self.inner.handle.stats();
         let journal = self.inner.handle.journal_stats();
-        let running =
-            self.inner.live.lock().iter().filter(|((of, _), live)| of == tenant && live.end.is_none()).count();
+        let running = self.inner.live.lock().running_of(tenant);
         HostFigures {
             at_ms: now_ms(),
             workers: stats.workers.iter().map(|w| WorkerFigures { steps: w.executed }).collect(),

@@ -286,3 +286,47 @@ fn the_counts_by_state_are_exact_while_ends_are_recorded_and_after_a_restart() {
     assert_eq!(counts(&service), (0, 39, 2, true));
     service.stop();
 }
+
+/// The counts kept beside the watched workflows follow every insert, end and removal:
+/// each tenant's workflows there, and those of them running.
+#[test]
+fn watched_workflows_are_counted_by_tenant_and_running() {
+    use crate::{Process, Scheduler};
+    let scheduler = Scheduler::builder().workers(1).build().expect("a scheduler");
+    let live = || {
+        let handle = scheduler.handle().spawn(Box::new(crate::testing::Idle) as Box<dyn Process>, "main").unwrap();
+        let record = super::WorkflowRecord {
+            id: String::new(),
+            component: String::new(),
+            method: "main".to_owned(),
+            input: None,
+            pid: handle.pid().as_u64(),
+            state: State::Running,
+            started_ms: 0,
+            ended_ms: None,
+            result: None,
+            grants: super::Grants::default(),
+            limits: super::Limits::default(),
+        };
+        Box::new(super::Live { handle, record, ended: None, end: None })
+    };
+    let key = |tenant: &str, id: &str| (tenant.to_owned(), id.to_owned());
+    let ended = || (crate::step::Exited::new(crate::ExitReason::Killed), 1);
+    let mut watched = super::Watched::default();
+    watched.insert(key("acme", "a"), live());
+    watched.insert(key("acme", "b"), live());
+    watched.insert(key("globex", "c"), live());
+    assert_eq!((watched.of_tenant("acme"), watched.running_of("acme"), watched.running()), (2, 2, 3));
+    assert!(watched.end(&key("acme", "a"), ended()).is_some());
+    assert!(watched.end(&key("acme", "a"), ended()).is_some(), "an end given twice counts once");
+    assert!(watched.end(&key("acme", "z"), ended()).is_none());
+    assert_eq!((watched.of_tenant("acme"), watched.running_of("acme"), watched.running()), (2, 1, 2));
+    assert!(watched.remove(&key("acme", "a")).is_some(), "an ended one leaves");
+    assert!(watched.remove(&key("acme", "b")).is_some(), "a running one leaves");
+    assert!(watched.remove(&key("acme", "b")).is_none());
+    assert_eq!((watched.of_tenant("acme"), watched.running_of("acme"), watched.running()), (0, 0, 1));
+    assert_eq!((watched.of_tenant("globex"), watched.running_of("globex")), (1, 1));
+    watched.insert(key("globex", "c"), live());
+    assert_eq!((watched.of_tenant("globex"), watched.running_of("globex")), (1, 1), "replaced, not added");
+    assert!(watched.per_tenant.keys().chain(watched.running.keys()).all(|tenant| tenant == "globex"));
+}
