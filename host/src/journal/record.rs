@@ -298,12 +298,6 @@ impl Record {
         w.into_bytes()
     }
 
-    /// Reads a record back.
-    ///
-    /// # Errors
-    ///
-    /// A value of another format version, or damaged: the error names the record's kind
-    /// and the field.
     /// The spawner a spawn or snapshot record names, read without decoding the rest of
     /// it; `None` for a record of another kind (or too short to say).
     pub(crate) fn parent_of(bytes: &[u8]) -> Option<Pid> {
@@ -321,6 +315,12 @@ impl Record {
         r.u64("parent").ok().map(Pid::from_u64)
     }
 
+    /// Reads a record back.
+    ///
+    /// # Errors
+    ///
+    /// A value of another format version, or damaged: the error names the record's kind
+    /// and the field.
     pub(crate) fn decode(bytes: &[u8]) -> Result<Record, Malformed> {
         let mut r = Reader::new(bytes, "journal record");
         let version = r.u8("version")?;
