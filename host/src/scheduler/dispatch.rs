@@ -255,7 +255,7 @@ impl Shared {
         };
         let (process, sandbox) =
             make_under(&*factory, self.sandbox_of(parent)).map_err(|e| format!("spawn failed: {e:#}"))?;
-        let identity = self.durable.is_some().then(|| factory.identity()).flatten();
+        let identity = self.identity_of(&*factory);
         let args = SpawnArgs {
             parent: parent.pid(),
             origin,

@@ -181,7 +181,7 @@ impl Handle {
             linked_to: None,
             lineage: Lineage::default().within(sandbox).in_run(run).bounded(bound),
             note: None,
-            identity: self.shared.durable.is_some().then(|| factory.identity()).flatten(),
+            identity: self.shared.identity_of(factory),
             recorder: None,
         };
         let cell = self.shared.spawn_unqueued(process, args)?;

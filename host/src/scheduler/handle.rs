@@ -121,7 +121,7 @@ impl Handle {
                 // An instance's memory lasts no longer than its process's next suspension.
                 let process =
                     crate::heap::transient(|| factory.make()).map_err(|source| SpawnError::Factory { kind, source })?;
-                let identity = self.shared.durable.is_some().then(|| factory.identity()).flatten();
+                let identity = self.shared.identity_of(&*factory);
                 Ok((process, Some(name), identity))
             }
         }

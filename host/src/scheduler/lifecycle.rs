@@ -18,6 +18,7 @@ use super::shared::Shared;
 use super::state::Wake;
 use super::worker;
 use crate::error::{SendError, SpawnError};
+use crate::handler::Factory;
 use crate::journal::{SpawnRecord, now_micros};
 use crate::limits::Lineage;
 use crate::process::Process;
@@ -59,6 +60,12 @@ pub(super) struct SpawnArgs {
 }
 
 impl Shared {
+    /// What a process made by `factory` records as its identity ([`SpawnArgs::identity`]):
+    /// the factory's, with a journal; nothing without one, which records no spawn.
+    pub(super) fn identity_of(&self, factory: &dyn Factory) -> Option<String> {
+        self.durable.as_ref().and_then(|_| factory.identity())
+    }
+
     /// Registers and initialises a process and moves it to `Ready`; the caller queues it.
     pub(super) fn spawn_unqueued(
         self: &Arc<Self>,
