@@ -107,7 +107,8 @@ impl Journal {
     /// Appends to `all` the histories of the processes from `from` to `to` (every one
     /// after `from` when `None`).
     fn histories(&self, from: u64, to: Option<u64>, all: &mut Vec<History>) -> std::io::Result<()> {
-        let first = all.len();
+        // The process whose records are being read: the last of `all`, once there is one.
+        let mut current: Option<Pid> = None;
         // The time of the last spawn or step read, which the next step's is shown after.
         let mut last_at = None;
         // The process's yields not completed yet, by tag: its `waiting_for` once its
@@ -116,13 +117,14 @@ impl Journal {
         self.scan_records(from, to, Decode::All, &mut |key, record| {
             let Some(record) = record else { unreachable!("every record is decoded") };
             let pid = Pid::from_u64(key.process);
-            if all.len() == first || all.last().is_some_and(|h| h.pid != pid) {
+            if current != Some(pid) {
                 last_at = None;
-                if all.len() > first
+                if current.is_some()
                     && let Some(previous) = all.last_mut()
                 {
                     fill_waiting_for(previous, &mut pending);
                 }
+                current = Some(pid);
                 all.push(History {
                     pid,
                     parent: None,
@@ -173,7 +175,7 @@ impl Journal {
             history.records.push(line(key.seq, &record, &mut last_at));
             ControlFlow::Continue(())
         })?;
-        if all.len() > first
+        if current.is_some()
             && let Some(last) = all.last_mut()
         {
             fill_waiting_for(last, &mut pending);
