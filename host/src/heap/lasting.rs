@@ -499,16 +499,23 @@ impl Pool {
         Guard(&self.locked)
     }
 
+    /// What `look` reads of the state, under the lock, for tests.
+    #[cfg(test)]
+    fn inspect<T>(&self, look: impl FnOnce(&State) -> T) -> T {
+        let _guard = self.lock();
+        // SAFETY: the lock is held.
+        look(unsafe { &*self.state.get() })
+    }
+
     /// Chunks in use by a class, for tests.
     #[cfg(test)]
     fn chunks_in_use(&self) -> usize {
-        let _guard = self.lock();
-        // SAFETY: the lock is held.
-        let state = unsafe { &*self.state.get() };
-        (0..state.used as usize)
-            // SAFETY: below `used`, so below `capacity`.
-            .filter(|&index| unsafe { (*state.headers.add(index)).class } != UNASSIGNED)
-            .count()
+        self.inspect(|state| {
+            (0..state.used as usize)
+                // SAFETY: below `used`, so below `capacity`.
+                .filter(|&index| unsafe { (*state.headers.add(index)).class } != UNASSIGNED)
+                .count()
+        })
     }
 }
 
@@ -550,9 +557,9 @@ mod tests {
     }
 
     /// Blocks are aligned, disjoint, and keep what was written in them while others come
-    /// and go; a chunk emptied goes back and serves another class.
+    /// and go; a chunk emptied serves another class.
     #[test]
-    fn blocks_are_disjoint_and_empty_chunks_are_given_back() {
+    fn blocks_are_disjoint_and_empty_chunks_serve_any_class() {
         let pool = Pool::new(64 << 20);
         let sizes = [24usize, 72, 200, 512, 1000, 2048];
         let mut live: Vec<(usize, *mut u8, u8)> = Vec::new();
@@ -590,21 +597,12 @@ mod tests {
             unsafe { pool.free(block) };
         }
         assert!(pool.chunks_in_use() <= classes.len(), "each class keeps at most one empty chunk");
-        // A given-back chunk reads as zeros, and serves any class.
-        let used = {
-            let _guard = pool.lock();
-            // SAFETY: the lock is held.
-            unsafe { (*pool.state.get()).used }
-        };
+        // An emptied chunk, kept or given back, serves any class before a new one does.
+        let used = pool.inspect(|state| state.used);
         for _ in 0..CHUNK / 64 {
             pool.alloc(layout(64, 8)).unwrap();
         }
-        let after = {
-            let _guard = pool.lock();
-            // SAFETY: the lock is held.
-            unsafe { (*pool.state.get()).used }
-        };
-        assert_eq!(used, after, "a spare chunk was taken before a new one");
+        assert_eq!(used, pool.inspect(|state| state.used), "a spare chunk was taken before a new one");
     }
 
     /// Threads allocating at once, each freeing half of its blocks and handing the other
@@ -667,10 +665,7 @@ mod tests {
             // SAFETY: allocated above, freed once.
             unsafe { pool.free(block) };
         }
-        let (kept, spare, used) = {
-            let _guard = pool.lock();
-            // SAFETY: the lock is held.
-            let state = unsafe { &*pool.state.get() };
+        let (kept, spare, used) = pool.inspect(|state| {
             let mut spare = 0;
             let mut index = state.spare;
             while index != NONE {
@@ -679,25 +674,15 @@ mod tests {
                 index = unsafe { (*state.headers.add(index as usize)).next };
             }
             (state.kept_count as usize, spare, state.used)
-        };
+        });
         assert_eq!(pool.chunks_in_use(), 1, "the class keeps one chunk with room");
         assert_eq!(kept, KEEP_EMPTY as usize);
         assert_eq!(spare, chunks - 1 - KEEP_EMPTY as usize, "the others were given back");
         let block = pool.alloc(layout(1024, 8)).unwrap();
-        let kept_after = {
-            let _guard = pool.lock();
-            // SAFETY: the lock is held.
-            unsafe { (*pool.state.get()).kept_count as usize }
-        };
-        assert_eq!(kept_after, kept - 1, "another class took a kept chunk");
+        assert_eq!(pool.inspect(|state| state.kept_count as usize), kept - 1, "another class took a kept chunk");
         // SAFETY: the block holds 1024 bytes; a kept chunk's old contents are overwritten.
         unsafe { ptr::write_bytes(block, 7, 1024) };
-        let used_after = {
-            let _guard = pool.lock();
-            // SAFETY: the lock is held.
-            unsafe { (*pool.state.get()).used }
-        };
-        assert_eq!(used, used_after, "no new chunk was used");
+        assert_eq!(used, pool.inspect(|state| state.used), "no new chunk was used");
     }
 
     #[test]
