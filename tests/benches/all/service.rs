@@ -100,7 +100,7 @@ pub fn run(options: &Options, report: &mut Report) {
             client: &client,
             restate: restate.as_ref(),
         };
-        alone = paired(options, report, &sides, (&throughput, workflows), (&latency, sequential));
+        alone = Some(paired(options, report, &sides, (&throughput, workflows), (&latency, sequential)));
     }
     if options.selected(&memory) || options.selected(&beside) {
         let server = Server::start(&wasmproc, &scratch.join("sleepers"), options.workers);
@@ -111,10 +111,14 @@ pub fn run(options: &Options, report: &mut Report) {
         // The same workflows as the throughput row's, while the sleepers wait: what a
         // host holding many waiting workflows pays to start and end others (its
         // baseline, the throughput row's runs on a server holding none).
-        let runs: Vec<Duration> = (0..WARMUP + options.runs)
-            .map(|run| server.workflows(&runtime, &client, &token, &format!("b{run}"), workflows, CLIENTS))
-            .skip(WARMUP)
-            .collect();
+        let runs: Vec<Duration> = if options.selected(&beside) {
+            (0..WARMUP + options.runs)
+                .map(|run| server.workflows(&runtime, &client, &token, &format!("b{run}"), workflows, CLIENTS))
+                .skip(WARMUP)
+                .collect()
+        } else {
+            Vec::new()
+        };
         server.stop();
         println!("  (the server before its sleepers: {:.0} MiB resident)", idle as f64 / 1024.0);
         if options.selected(&memory) {
@@ -142,14 +146,15 @@ struct Paired<'a> {
     restate: Option<&'a Restate>,
 }
 
-/// The throughput and latency workloads, each side after the other, run after run.
+/// The throughput and latency workloads, each side after the other, run after run; the
+/// API's throughput runs.
 fn paired(
     options: &Options,
     report: &mut Report,
     sides: &Paired<'_>,
     (throughput, workflows): (&str, u64),
     (latency, sequential): (&str, u64),
-) -> Option<Sample> {
+) -> Sample {
     let Paired { wasmproc, scratch, runtime, client, restate } = *sides;
     let server = Server::start(wasmproc, &scratch.join("api"), options.workers);
     let token = server.tenant(runtime, client);
@@ -182,7 +187,6 @@ fn paired(
     println!("  (the server after the runs: {:.0} MiB resident)", rss_before_stop as f64 / 1024.0);
 
     let (api, lib) = (Sample::of(api), Sample::of(lib));
-    let alone = api;
     let them = (!them.is_empty()).then(|| Sample::of(them));
     // What the API costs over the library: no goal, the issue asks for the ratio.
     report.push(Record::rate(throughput, "workflows/s", workflows, &api, Some(&lib)));
@@ -201,7 +205,7 @@ fn paired(
             report.push(if label == "p50" { record.goal(Condition::ratio_at_most(0.2)) } else { record });
         }
     }
-    Some(alone)
+    api
 }
 
 /// What a bench of `wasmproc serve` named `name` starts from: an empty scratch directory
